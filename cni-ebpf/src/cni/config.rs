@@ -1,0 +1,371 @@
+//! The network configuration on stdin: the spec's common fields and cni-ebpf's own.
+//!
+//! Invalid JSON is error 6; JSON of the wrong shape or with invalid values is error 7 and
+//! names the field; an unsupported `cniVersion` is error 1. Unknown fields are tolerated.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{
+    env::{check_identifier, Command},
+    result::{CniResult, Dns},
+    version::Version,
+};
+use crate::error::{Error, Result};
+
+/// Default root of the pinned eBPF objects.
+pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/cni-ebpf";
+/// Default root of the IPAM stores.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni-ebpf";
+/// Default MTU of both veth ends.
+pub const DEFAULT_MTU: u32 = 1500;
+
+/// One `runtimeConfig.portMappings` entry (capability `portMappings`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMapping {
+    /// Port on the node.
+    pub host_port: u16,
+    /// Port in the pod.
+    pub container_port: u16,
+    /// `tcp` (default) or `udp`.
+    #[serde(default = "default_protocol")]
+    pub protocol: String,
+    /// Only traffic to this node address is mapped (default: any node address).
+    #[serde(default, rename = "hostIP", deserialize_with = "empty_ip")]
+    pub host_ip: Option<IpAddr>,
+}
+
+fn default_protocol() -> String {
+    "tcp".into()
+}
+
+fn empty_ip<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> std::result::Result<Option<IpAddr>, D::Error> {
+    let s = Option::<String>::deserialize(d)?;
+    match s.as_deref() {
+        None | Some("") => Ok(None),
+        Some(s) => s.parse().map(Some).map_err(serde::de::Error::custom),
+    }
+}
+
+/// `runtimeConfig`: per-invocation values the runtime passes for our capabilities.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeConfig {
+    /// Capability `portMappings`.
+    #[serde(default)]
+    pub port_mappings: Vec<PortMapping>,
+    /// Capability `ips`: requested addresses (CIDR or bare).
+    #[serde(default)]
+    pub ips: Vec<String>,
+    /// Capability `mac`: MAC for the container interface.
+    #[serde(default)]
+    pub mac: Option<String>,
+}
+
+/// One entry of `cni.dev/valid-attachments` (GC).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Attachment {
+    /// Container ID.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// Interface name.
+    pub ifname: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Raw {
+    #[serde(default)]
+    cni_version: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, rename = "type")]
+    plugin_type: Option<String>,
+    #[serde(default)]
+    mtu: Option<u32>,
+    #[serde(default)]
+    uplink: Option<String>,
+    #[serde(default)]
+    ip_masq: Option<bool>,
+    #[serde(default, rename = "clusterCIDRs")]
+    cluster_cidrs: Option<Vec<IpNet>>,
+    #[serde(default)]
+    bpffs_root: Option<PathBuf>,
+    #[serde(default)]
+    data_dir: Option<PathBuf>,
+    #[serde(default)]
+    log_file: Option<PathBuf>,
+    #[serde(default)]
+    log_level: Option<String>,
+    #[serde(default)]
+    runtime_config: Option<RuntimeConfig>,
+    #[serde(default)]
+    prev_result: Option<Value>,
+    #[serde(default)]
+    args: Option<Value>,
+    #[serde(default)]
+    ipam: Option<Value>,
+    #[serde(default)]
+    dns: Option<Dns>,
+    #[serde(default, rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<Attachment>>,
+}
+
+/// The validated network configuration.
+#[derive(Debug, Clone)]
+pub struct NetConf {
+    /// `cniVersion`.
+    pub version: Version,
+    /// `name`: the network; selects the pin and data directories.
+    pub name: String,
+    /// `type`.
+    pub plugin_type: String,
+    /// `mtu` of both veth ends.
+    pub mtu: u32,
+    /// `uplink`: the node's outward interface (default: the default route's device).
+    pub uplink: Option<String>,
+    /// `ipMasq`.
+    pub ip_masq: bool,
+    /// `clusterCIDRs`: destinations never masqueraded.
+    pub cluster_cidrs: Vec<IpNet>,
+    /// `bpffsRoot`.
+    pub bpffs_root: PathBuf,
+    /// `dataDir`.
+    pub data_dir: PathBuf,
+    /// `logFile`.
+    pub log_file: Option<PathBuf>,
+    /// `logLevel`: error, warn, info, debug, trace.
+    pub log_level: String,
+    /// `runtimeConfig`.
+    pub runtime_config: RuntimeConfig,
+    /// `prevResult`, parsed.
+    pub prev_result: Option<CniResult>,
+    /// `args` (raw; `args.cni.ips` is read by IPAM).
+    pub args: Value,
+    /// `ipam` (raw; parsed by the IPAM module).
+    pub ipam: Value,
+    /// `dns`.
+    pub dns: Dns,
+    /// `cni.dev/valid-attachments` (GC).
+    pub valid_attachments: Vec<Attachment>,
+}
+
+impl NetConf {
+    /// Parses stdin for `command`. Error 6 for bytes that are not JSON, 7 for invalid
+    /// fields, 1 for an unsupported version or a verb the version lacks.
+    pub fn parse(bytes: &[u8], command: Command) -> Result<Self> {
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Err(Error::Decode {
+                what: "network configuration".into(),
+                reason: "stdin is empty; a JSON network configuration was expected".into(),
+            });
+        }
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+            what: "network configuration".into(),
+            reason: e.to_string(),
+        })?;
+        if !value.is_object() {
+            return Err(Error::Decode {
+                what: "network configuration".into(),
+                reason: "expected a JSON object".into(),
+            });
+        }
+        let raw: Raw = serde_path_to_error::deserialize(&value).map_err(|e| {
+            let path = e.path().to_string();
+            Error::config(
+                if path == "." {
+                    "(root)".to_owned()
+                } else {
+                    path
+                },
+                e.inner().to_string(),
+            )
+        })?;
+
+        // A missing cniVersion means 0.1.0, as libcni and the reference plugins read it.
+        let version = Version::parse(raw.cni_version.as_deref().unwrap_or("0.1.0"))?;
+        match command {
+            Command::Check if version < Version::V040 => {
+                return Err(Error::IncompatibleVersion(format!(
+                    "CHECK needs cniVersion 0.4.0 or later, the configuration has {version}"
+                )))
+            }
+            Command::Status | Command::Gc if version < Version::V110 => {
+                return Err(Error::IncompatibleVersion(format!(
+                    "{} needs cniVersion 1.1.0 or later, the configuration has {version}",
+                    command.as_str()
+                )))
+            }
+            _ => {}
+        }
+
+        let name = raw.name.unwrap_or_default();
+        if let Some(reason) = check_identifier(&name) {
+            return Err(Error::config("name", reason));
+        }
+
+        let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
+        if !(68..=65535).contains(&mtu) {
+            return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
+        }
+        if let Some(uplink) = &raw.uplink {
+            if let Some(reason) = super::env::check_ifname(uplink) {
+                return Err(Error::config("uplink", reason));
+            }
+        }
+        let log_level = raw
+            .log_level
+            .unwrap_or_else(|| "info".into())
+            .to_ascii_lowercase();
+        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
+            return Err(Error::config(
+                "logLevel",
+                format!("{log_level:?} is not one of error, warn, info, debug, trace"),
+            ));
+        }
+        let bpffs_root = absolute("bpffsRoot", raw.bpffs_root, DEFAULT_BPFFS_ROOT)?;
+        let data_dir = absolute("dataDir", raw.data_dir, DEFAULT_DATA_DIR)?;
+        if let Some(f) = &raw.log_file {
+            if !f.is_absolute() {
+                return Err(Error::config(
+                    "logFile",
+                    format!("{} is not an absolute path", f.display()),
+                ));
+            }
+        }
+
+        let runtime_config = raw.runtime_config.unwrap_or_default();
+        let mut seen = std::collections::HashSet::new();
+        for (i, pm) in runtime_config.port_mappings.iter().enumerate() {
+            let field = format!("runtimeConfig.portMappings[{i}]");
+            if pm.host_port == 0 {
+                return Err(Error::config(
+                    format!("{field}.hostPort"),
+                    "must be 1..=65535",
+                ));
+            }
+            if pm.container_port == 0 {
+                return Err(Error::config(
+                    format!("{field}.containerPort"),
+                    "must be 1..=65535",
+                ));
+            }
+            let proto = pm.protocol.to_ascii_lowercase();
+            if proto != "tcp" && proto != "udp" {
+                return Err(Error::config(
+                    format!("{field}.protocol"),
+                    format!("{:?} is not supported (tcp or udp)", pm.protocol),
+                ));
+            }
+            if !seen.insert((pm.host_port, proto, pm.host_ip)) {
+                return Err(Error::config(
+                    format!("{field}.hostPort"),
+                    format!("{}/{} is mapped twice", pm.host_port, pm.protocol),
+                ));
+            }
+        }
+        if let Some(mac) = &runtime_config.mac {
+            if parse_mac(mac).is_none() {
+                return Err(Error::config(
+                    "runtimeConfig.mac",
+                    format!("{mac:?} is not a MAC address"),
+                ));
+            }
+        }
+
+        let prev_result = raw
+            .prev_result
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .map(|v| CniResult::from_json(v, version))
+            .transpose()?;
+
+        Ok(Self {
+            version,
+            name,
+            plugin_type: raw.plugin_type.unwrap_or_else(|| "cni-ebpf".into()),
+            mtu,
+            uplink: raw.uplink,
+            ip_masq: raw.ip_masq.unwrap_or(false),
+            cluster_cidrs: raw.cluster_cidrs.unwrap_or_default(),
+            bpffs_root,
+            data_dir,
+            log_file: raw.log_file,
+            log_level,
+            runtime_config,
+            prev_result,
+            args: raw.args.unwrap_or(Value::Null),
+            ipam: raw.ipam.unwrap_or(Value::Null),
+            dns: raw.dns.unwrap_or_default(),
+            valid_attachments: raw.valid_attachments.unwrap_or_default(),
+        })
+    }
+
+    /// Where this network's eBPF objects are pinned.
+    #[must_use]
+    pub fn pin_dir(&self) -> PathBuf {
+        self.bpffs_root.join(&self.name)
+    }
+
+    /// Where this network's IPAM store lives.
+    #[must_use]
+    pub fn store_dir(&self) -> PathBuf {
+        self.data_dir.join(&self.name)
+    }
+}
+
+fn absolute(field: &str, value: Option<PathBuf>, default: &str) -> Result<PathBuf> {
+    let p = value.unwrap_or_else(|| PathBuf::from(default));
+    if !p.is_absolute()
+        || p.components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(Error::config(
+            field,
+            format!("{} must be an absolute path without `..`", p.display()),
+        ));
+    }
+    Ok(p)
+}
+
+/// Parses `aa:bb:cc:dd:ee:ff` (also `-` separated); refuses multicast and all-zero MACs.
+#[must_use]
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut out = [0u8; 6];
+    let mut parts = s.split([':', '-']);
+    for b in &mut out {
+        let p = parts.next()?;
+        if p.len() != 2 {
+            return None;
+        }
+        *b = u8::from_str_radix(p, 16).ok()?;
+    }
+    if parts.next().is_some() || out[0] & 1 == 1 || out == [0; 6] {
+        return None;
+    }
+    Some(out)
+}
+
+/// Formats a MAC the way results carry it.
+#[must_use]
+pub fn format_mac(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+/// Reads a small file, mapping errors to I/O errors naming the path.
+pub fn read_file(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+}

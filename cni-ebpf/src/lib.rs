@@ -1,0 +1,14 @@
+//! cni-ebpf: an eBPF-accelerated CNI interface plugin.
+//!
+//! The binary runs as a CNI plugin when `CNI_COMMAND` is set and as a CLI otherwise.
+//! Layout: [`cni`] (protocol), [`ipam`] (embedded allocator), [`netns`] and [`link`]
+//! (kernel plumbing), [`datapath`] (eBPF load/pin/attach/maps), [`cmd`] (the verbs),
+//! [`cli`] (the command line).
+
+pub mod cli;
+pub mod cmd;
+pub mod cni;
+pub mod error;
+pub mod logging;
+
+pub use error::{Error, Result};
