@@ -12,3 +12,5 @@ pub mod error;
 pub mod logging;
 
 pub use error::{Error, Result};
+pub mod link;
+pub mod netns;

@@ -1,1 +1,151 @@
-fn main() {}
+//! `cargo xtask`: the developer workflow of cni-ebpf.
+//!
+//! Every command first runs `setup`, which installs what the eBPF build and the tests need
+//! when it is missing, so a fresh machine needs nothing else.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+
+mod demo;
+mod setup;
+mod sim;
+
+#[derive(Parser)]
+#[command(about = "cni-ebpf developer tasks")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install the eBPF toolchain and test dependencies that are missing.
+    Setup,
+    /// Build the release binary (with the eBPF programs embedded).
+    Build,
+    /// Load, verify and pin the programs into a throwaway simulated node; print what was
+    /// pinned; clean up.
+    Load,
+    /// Run every test: unit tests, eBPF packet tests and privileged end-to-end tests.
+    Test {
+        /// Extra arguments for the test binaries (e.g. a test name filter).
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+    /// Demo: a simulated node with two pods networked by cni-ebpf.
+    Demo,
+    /// Benchmarks.
+    Bench {
+        /// Extra arguments.
+        #[arg(trailing_var_arg = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let root = workspace_root();
+    std::env::set_current_dir(&root)?;
+    setup::ensure_path();
+    match cli.cmd {
+        Cmd::Setup => setup::run(true),
+        Cmd::Build => {
+            setup::run(false)?;
+            build_release()?;
+            Ok(())
+        }
+        Cmd::Load => {
+            setup::run(false)?;
+            let bin = build_release()?;
+            sim::load(&bin)
+        }
+        Cmd::Test { args } => {
+            setup::run(false)?;
+            test(&args)
+        }
+        Cmd::Demo => {
+            setup::run(false)?;
+            let bin = build_release()?;
+            demo::run(&bin)
+        }
+        Cmd::Bench { args } => {
+            setup::run(false)?;
+            bench(&args)
+        }
+    }
+}
+
+/// The workspace root (parent of this crate's manifest dir).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Runs a command, failing with its command line when it does not succeed.
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn build_release() -> Result<PathBuf> {
+    eprintln!("xtask: building the release binary");
+    run(Command::new("cargo").args(["build", "--release", "-p", "cni-ebpf"]))?;
+    let bin = workspace_root().join("target/release/cni-ebpf");
+    let object_ok = Command::new(&bin)
+        .args(["version"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("eBPF programs: embedded"))
+        .unwrap_or(false);
+    if !object_ok {
+        bail!(
+            "{} was built without its eBPF programs (is bpf-linker on PATH?)",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+fn require_root(what: &str) -> Result<()> {
+    if !nix::unistd::geteuid().is_root() {
+        bail!("{what} needs root (network namespaces, bpffs, eBPF loading); run it as root");
+    }
+    Ok(())
+}
+
+fn test(args: &[String]) -> Result<()> {
+    require_root("cargo xtask test")?;
+    let bin = build_release()?;
+    let client = sim::build_libcni_client()?;
+    eprintln!("xtask: running unit, packet and privileged end-to-end tests");
+    // One release-profile run covers everything: plain tests and the privileged ones that
+    // plain `cargo test` lists as ignored.
+    let mut cmd = Command::new("cargo");
+    cmd.args([
+        "test",
+        "--release",
+        "--workspace",
+        "--",
+        "--include-ignored",
+    ])
+    .args(args)
+    .env("CNI_EBPF_BIN", &bin)
+    .env("LIBCNI_CLIENT", &client)
+    .env("RUST_BACKTRACE", "1");
+    run(&mut cmd)
+}
+
+fn bench(args: &[String]) -> Result<()> {
+    require_root("cargo xtask bench")?;
+    run(Command::new("cargo")
+        .args(["bench", "-p", "cni-ebpf", "--bench", "ipam", "--"])
+        .args(args))
+}

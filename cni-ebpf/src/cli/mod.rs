@@ -19,6 +19,9 @@ enum Cmd {
     Version,
 }
 
+/// Size of the embedded eBPF object (0 when built without the eBPF toolchain).
+const EBPF_OBJECT_LEN: usize = include_bytes!(concat!(env!("OUT_DIR"), "/cni-ebpf")).len();
+
 /// Runs the CLI.
 #[must_use]
 pub fn main() -> ExitCode {
@@ -30,6 +33,12 @@ pub fn main() -> ExitCode {
                 "CNI spec versions: {}",
                 crate::cni::version::SUPPORTED.join(", ")
             );
+            let embedded = if EBPF_OBJECT_LEN > 0 {
+                "embedded"
+            } else {
+                "MISSING (built without bpf-linker)"
+            };
+            println!("eBPF programs: {embedded}");
             ExitCode::SUCCESS
         }
     }

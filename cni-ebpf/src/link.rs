@@ -1,0 +1,457 @@
+//! Typed netlink helpers (rtnetlink). Everything the plugin does to links, addresses and
+//! routes goes through here; nothing shells out to `ip`.
+//!
+//! A [`Nl`] handle is bound to the network namespace its socket was created in, so one
+//! handle can serve the node while another serves the container.
+
+use std::net::IpAddr;
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use netlink_packet_route::{
+    address::{AddressAttribute, AddressFlags, AddressHeaderFlags},
+    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
+    AddressFamily,
+};
+use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+use crate::{
+    error::{Error, Result},
+    netns::Netns,
+};
+
+/// Routes we install carry this protocol number, so they are recognisable as ours
+/// (`ip route` shows `proto 206`).
+pub const RTPROT_CNI_EBPF: u8 = 206;
+
+/// Whether a netlink error carries `errno`.
+fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
+    matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -errno)
+}
+
+/// A link as read back from the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Link {
+    /// ifindex.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// MAC address.
+    pub mac: Vec<u8>,
+    /// MTU.
+    pub mtu: u32,
+    /// `IFLA_LINK`: for a veth, the peer's ifindex (in the peer's namespace).
+    pub peer_index: Option<u32>,
+    /// `IFLA_INFO_KIND`, e.g. `veth`.
+    pub kind: Option<String>,
+    /// Administratively up.
+    pub up: bool,
+}
+
+impl Link {
+    fn from_message(msg: &LinkMessage) -> Self {
+        let mut link = Self {
+            index: msg.header.index,
+            name: String::new(),
+            mac: Vec::new(),
+            mtu: 0,
+            peer_index: None,
+            kind: None,
+            up: msg.header.flags.contains(LinkFlags::Up),
+        };
+        for attr in &msg.attributes {
+            match attr {
+                LinkAttribute::IfName(n) => link.name.clone_from(n),
+                LinkAttribute::Address(a) => link.mac.clone_from(a),
+                LinkAttribute::Mtu(m) => link.mtu = *m,
+                LinkAttribute::Link(l) => link.peer_index = Some(*l),
+                LinkAttribute::LinkInfo(infos) => {
+                    for info in infos {
+                        if let LinkInfo::Kind(k) = info {
+                            link.kind = Some(k.to_string());
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        link
+    }
+}
+
+/// A route as read back from the kernel (main table unless stated).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteInfo {
+    /// Destination.
+    pub dst: IpNet,
+    /// Gateway.
+    pub gw: Option<IpAddr>,
+    /// Output interface.
+    pub oif: Option<u32>,
+    /// Table id.
+    pub table: u32,
+    /// Scope (`RT_SCOPE_*` value).
+    pub scope: u8,
+}
+
+/// A route to install.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewRoute {
+    /// Destination.
+    pub dst: IpNet,
+    /// Gateway, if any.
+    pub gw: Option<IpAddr>,
+    /// Output interface.
+    pub oif: u32,
+    /// `scope link` (for on-link host routes).
+    pub scope_link: bool,
+    /// Metric.
+    pub priority: Option<u32>,
+    /// Route MTU.
+    pub mtu: Option<u32>,
+}
+
+/// A netlink handle bound to one network namespace.
+pub struct Nl {
+    handle: Handle,
+}
+
+impl Nl {
+    /// Connects in the current thread's namespace. Must be called inside a tokio runtime.
+    pub fn connect() -> Result<Self> {
+        let (conn, handle, _) = rtnetlink::new_connection()
+            .map_err(|e| Error::netlink("opening a netlink socket", e))?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// Connects inside `ns`: the socket is created there and stays bound to it.
+    pub fn connect_in(ns: &Netns) -> Result<Self> {
+        let _guard = ns.enter()?;
+        Self::connect()
+    }
+
+    /// The link called `name`, if it exists.
+    pub async fn link_by_name(&self, name: &str) -> Result<Option<Link>> {
+        let mut stream = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_owned())
+            .execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(Some(Link::from_message(&msg))),
+            Ok(None) => Ok(None),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
+            Err(e) => Err(Error::netlink(format!("looking up link {name}"), e)),
+        }
+    }
+
+    /// The link with ifindex `index`, if it exists.
+    pub async fn link_by_index(&self, index: u32) -> Result<Option<Link>> {
+        let mut stream = self.handle.link().get().match_index(index).execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(Some(Link::from_message(&msg))),
+            Ok(None) => Ok(None),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
+            Err(e) => Err(Error::netlink(format!("looking up link #{index}"), e)),
+        }
+    }
+
+    /// Every link in this namespace.
+    pub async fn links(&self) -> Result<Vec<Link>> {
+        retry_dump("listing links", || async {
+            self.handle
+                .link()
+                .get()
+                .execute()
+                .map_ok(|m| Link::from_message(&m))
+                .try_collect()
+                .await
+        })
+        .await
+    }
+
+    /// Creates a veth pair in one request: `host` here with `host_mac`, and `peer` created
+    /// directly inside `peer_ns` with `peer_mac`; both with `mtu`. Neither is set up.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one request carries all of these"
+    )]
+    pub async fn create_veth(
+        &self,
+        host: &str,
+        host_mac: [u8; 6],
+        peer: &str,
+        peer_mac: [u8; 6],
+        mtu: u32,
+        peer_ns: &Netns,
+    ) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(peer.to_owned())
+            .address(peer_mac.to_vec())
+            .mtu(mtu)
+            .setns_by_fd(peer_ns.file().as_raw_fd())
+            .build();
+        let msg = LinkVeth::new(host, peer)
+            .address(host_mac.to_vec())
+            .mtu(mtu)
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+            .build();
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            if is_errno(&e, libc::EEXIST) {
+                Error::netlink(
+                    format!("creating veth {host}/{peer}"),
+                    "a link of that name already exists",
+                )
+            } else {
+                Error::netlink(format!("creating veth {host}/{peer}"), e)
+            }
+        })
+    }
+
+    /// Sets link `index` up.
+    pub async fn set_up(&self, index: u32) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).up().build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("setting link #{index} up"), e))
+    }
+
+    /// Deletes link `index`; a link that is already gone is not an error.
+    pub async fn del_link(&self, index: u32) -> Result<()> {
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(()),
+            Err(e) => Err(Error::netlink(format!("deleting link #{index}"), e)),
+        }
+    }
+
+    /// Adds `addr` to link `index`. With `nodad`, IPv6 duplicate address detection is
+    /// skipped so the address is usable at once.
+    pub async fn add_address(&self, index: u32, addr: IpNet, nodad: bool) -> Result<()> {
+        let mut req = self
+            .handle
+            .address()
+            .add(index, addr.addr(), addr.prefix_len());
+        if nodad && addr.addr().is_ipv6() {
+            let msg = req.message_mut();
+            msg.header.flags |= AddressHeaderFlags::Nodad;
+            msg.attributes
+                .push(AddressAttribute::Flags(AddressFlags::Nodad));
+        }
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::EEXIST) => Ok(()),
+            Err(e) => Err(Error::netlink(
+                format!("adding address {addr} to link #{index}"),
+                e,
+            )),
+        }
+    }
+
+    /// The addresses on link `index` (global and link scope).
+    pub async fn addresses(&self, index: u32) -> Result<Vec<IpNet>> {
+        let msgs: Vec<_> = retry_dump("listing addresses", || async {
+            self.handle
+                .address()
+                .get()
+                .set_link_index_filter(index)
+                .execute()
+                .try_collect()
+                .await
+        })
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter(|m| m.header.index == index)
+            .filter_map(|m| {
+                let addr = m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(ip) => Some(*ip),
+                    _ => None,
+                })?;
+                IpNet::new(addr, m.header.prefix_len).ok()
+            })
+            .collect())
+    }
+
+    /// Adds a route (replacing nothing: an identical existing route is not an error).
+    pub async fn add_route(&self, route: &NewRoute) -> Result<()> {
+        let msg = build_route(route);
+        match self.handle.route().add(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::EEXIST) => Ok(()),
+            Err(e) => Err(Error::netlink(
+                format!("adding route to {} on link #{}", route.dst, route.oif),
+                e,
+            )),
+        }
+    }
+
+    /// Deletes a route; a missing route is not an error.
+    pub async fn del_route(&self, route: &NewRoute) -> Result<()> {
+        let msg = build_route(route);
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ESRCH) || is_errno(&e, libc::ENODEV) => Ok(()),
+            Err(e) => Err(Error::netlink(
+                format!("deleting route to {}", route.dst),
+                e,
+            )),
+        }
+    }
+
+    /// Every route of both families in the main table.
+    pub async fn routes(&self) -> Result<Vec<RouteInfo>> {
+        let mut out = Vec::new();
+        for v6 in [false, true] {
+            let msg = if v6 {
+                RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+            } else {
+                RouteMessageBuilder::<std::net::Ipv4Addr>::new().build()
+            };
+            let msgs: Vec<RouteMessage> = retry_dump("listing routes", || async {
+                self.handle
+                    .route()
+                    .get(msg.clone())
+                    .execute()
+                    .try_collect()
+                    .await
+            })
+            .await?;
+            out.extend(
+                msgs.iter()
+                    .filter_map(route_info)
+                    .filter(|r| r.table == 254),
+            );
+        }
+        Ok(out)
+    }
+
+    /// The ifindex of the device of the IPv4 default route, if there is one.
+    pub async fn default_route_device(&self) -> Result<Option<u32>> {
+        Ok(self
+            .routes()
+            .await?
+            .into_iter()
+            .find(|r| r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4())
+            .and_then(|r| r.oif))
+    }
+}
+
+fn build_route(r: &NewRoute) -> RouteMessage {
+    let mut b = RouteMessageBuilder::<IpAddr>::new();
+    // The builder only fails on family mismatches, which `IpNet` rules out; fall back to a
+    // bare builder rather than panic.
+    b = match b
+        .clone()
+        .destination_prefix(r.dst.addr(), r.dst.prefix_len())
+    {
+        Ok(b) => b,
+        Err(_) => b,
+    };
+    if let Some(gw) = r.gw {
+        b = match b.clone().gateway(gw) {
+            Ok(b) => b,
+            Err(_) => b,
+        };
+    }
+    b = b
+        .output_interface(r.oif)
+        .protocol(RouteProtocol::Other(RTPROT_CNI_EBPF));
+    if r.scope_link {
+        b = b.scope(RouteScope::Link);
+    }
+    if let Some(p) = r.priority {
+        b = b.priority(p);
+    }
+    let mut msg = b.build();
+    if let Some(mtu) = r.mtu {
+        use netlink_packet_route::route::RouteMetric;
+        msg.attributes
+            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    }
+    msg
+}
+
+fn route_info(m: &RouteMessage) -> Option<RouteInfo> {
+    let mut dst = None;
+    let mut gw = None;
+    let mut oif = None;
+    let mut table = u32::from(m.header.table);
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some(IpAddr::V4(*ip)),
+            RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = Some(IpAddr::V6(*ip)),
+            RouteAttribute::Gateway(RouteAddress::Inet(ip)) => gw = Some(IpAddr::V4(*ip)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(ip)) => gw = Some(IpAddr::V6(*ip)),
+            RouteAttribute::Oif(i) => oif = Some(*i),
+            RouteAttribute::Table(t) => table = *t,
+            _ => {}
+        }
+    }
+    let dst = match (dst, m.header.address_family) {
+        (Some(ip), _) => IpNet::new(ip, m.header.destination_prefix_length).ok()?,
+        (None, AddressFamily::Inet) => IpNet::new(IpAddr::V4(0.into()), 0).ok()?,
+        (None, AddressFamily::Inet6) => IpNet::new(IpAddr::V6(0.into()), 0).ok()?,
+        (None, _) => return None,
+    };
+    Some(RouteInfo {
+        dst,
+        gw,
+        oif,
+        table,
+        scope: u8::from(m.header.scope),
+    })
+}
+
+/// Runs a dump, retrying when the kernel reports it was interrupted by a concurrent change
+/// (`NLM_F_DUMP_INTR` surfaces as `EINTR`/`EBUSY`).
+async fn retry_dump<T, F, Fut>(what: &str, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, rtnetlink::Error>>,
+{
+    let mut last = None;
+    for _ in 0..5 {
+        match f().await {
+            Ok(v) => return Ok(v),
+            Err(e) if is_errno(&e, libc::EINTR) || is_errno(&e, libc::EBUSY) => last = Some(e),
+            Err(e) => return Err(Error::netlink(what, e)),
+        }
+    }
+    Err(Error::netlink(
+        what,
+        last.map_or_else(|| "interrupted".to_owned(), |e| e.to_string()),
+    ))
+}
+
+/// A `tokio` current-thread runtime for one plugin invocation. Everything runs on the
+/// calling thread, which keeps namespace switches (thread-local) predictable.
+pub fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::io("creating the async runtime", e))
+}
+
+/// Writes a sysctl under `/proc/sys` in the current thread's network namespace, skipping
+/// the write when it already has the value.
+pub fn write_sysctl(key: &str, value: &str) -> Result<()> {
+    let path = format!("/proc/sys/{}", key.replace('.', "/"));
+    if std::fs::read_to_string(&path).is_ok_and(|v| v.trim() == value) {
+        return Ok(());
+    }
+    std::fs::write(&path, value).map_err(|e| Error::io(format!("writing {path}"), e))
+}
+
+/// `InfoKind` of veth, re-exported for checks.
+#[must_use]
+pub fn is_veth(link: &Link) -> bool {
+    link.kind.as_deref() == Some(&InfoKind::Veth.to_string())
+}

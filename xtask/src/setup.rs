@@ -1,0 +1,128 @@
+//! `cargo xtask setup`: installs what is missing, says what it did, skips the rest.
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{bail, Result};
+
+use crate::run as run_cmd;
+
+/// Debian packages: LLVM 22 for bpf-linker, and the tools the tests and benches use.
+const PACKAGES: &[&str] = &[
+    "llvm-22-dev",
+    "libpolly-22-dev",
+    "libzstd-dev",
+    "golang-go",
+    "golang-github-appc-cni-dev",
+    "containernetworking-plugins",
+    "iproute2",
+    "iputils-ping",
+    "iperf3",
+    "sockperf",
+    "bpftool",
+    "iptables",
+    "nftables",
+    "util-linux",
+    "socat",
+];
+
+/// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).
+pub fn ensure_path() {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
+    let cargo_bin = home.join(".cargo/bin");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut parts: Vec<PathBuf> = std::env::split_paths(&path).collect();
+    if !parts.contains(&cargo_bin) {
+        parts.insert(0, cargo_bin);
+        if let Ok(joined) = std::env::join_paths(parts) {
+            // SAFETY: single-threaded at this point (called first thing in main).
+            unsafe { std::env::set_var("PATH", joined) };
+        }
+    }
+}
+
+fn installed(pkg: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", pkg])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+        .unwrap_or(false)
+}
+
+fn has_rust_src() -> bool {
+    Command::new("rustup")
+        .args(["component", "list", "--toolchain", "nightly", "--installed"])
+        .output()
+        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("rust-src"))
+        .unwrap_or(false)
+}
+
+fn has_bpf_linker() -> bool {
+    Command::new("bpf-linker")
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Installs what is missing. With `verbose`, also reports what was already there.
+pub fn run(verbose: bool) -> Result<()> {
+    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        if verbose {
+            eprintln!("setup: Debian packages present ({})", PACKAGES.join(", "));
+        }
+    } else {
+        eprintln!("setup: installing Debian packages: {}", missing.join(" "));
+        run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
+        run_cmd(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .args(&missing)
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+
+    if has_rust_src() {
+        if verbose {
+            eprintln!("setup: nightly toolchain with rust-src present");
+        }
+    } else {
+        eprintln!("setup: installing the nightly toolchain with rust-src");
+        run_cmd(Command::new("rustup").args([
+            "toolchain",
+            "install",
+            "nightly",
+            "--profile",
+            "minimal",
+            "--component",
+            "rust-src",
+        ]))?;
+    }
+
+    if has_bpf_linker() {
+        if verbose {
+            eprintln!("setup: bpf-linker present");
+        }
+    } else {
+        eprintln!("setup: building bpf-linker against LLVM 22 (takes about 5 minutes)");
+        run_cmd(
+            Command::new("cargo")
+                .args([
+                    "install",
+                    "bpf-linker",
+                    "--version",
+                    "^0.13",
+                    "--no-default-features",
+                    "--features",
+                    "llvm-22",
+                ])
+                .env("LLVM_PREFIX", "/usr/lib/llvm-22"),
+        )?;
+        if !has_bpf_linker() {
+            bail!("bpf-linker was installed but is not runnable from PATH");
+        }
+    }
+    Ok(())
+}
