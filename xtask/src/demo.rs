@@ -1,10 +1,182 @@
 //! `cargo xtask demo`: a simulated node with two pods networked by cni-ebpf.
+//!
+//! Builds `node` + `ext` namespaces and two pod namespaces, runs the real plugin binary
+//! (ADD) for each pod inside the node namespace exactly as a runtime would, shows the
+//! addresses and a ping between the pods and out to `ext`, then DELs and removes
+//! everything — also when a step fails.
 
-use std::path::Path;
+use std::{io::Write, path::Path, process::Stdio};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use crate::sim::{Netns, Node};
+
+/// Pin and data directories of the demo, removed on drop.
+struct Dirs {
+    pins: String,
+    data: String,
+}
+
+impl Drop for Dirs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.data);
+    }
+}
+
+fn plugin(
+    node: &Netns,
+    bin: &Path,
+    command: &str,
+    cid: &str,
+    netns: &Path,
+    conf: &Value,
+) -> Result<Value> {
+    let mut child = node
+        .cmd(&[&bin.to_string_lossy()])
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", cid)
+        .env("CNI_NETNS", netns)
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("running the plugin")?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin.write_all(conf.to_string().as_bytes())?;
+    }
+    let out = child.wait_with_output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("{command} {cid} failed: {text}");
+    }
+    if text.trim().is_empty() {
+        return Ok(Value::Null);
+    }
+    Ok(serde_json::from_str(text.trim())?)
+}
+
+fn show(title: &str, ns: &Netns, argv: &[&str]) -> Result<()> {
+    println!("\n--- {title}: {}", argv.join(" "));
+    let out = ns.cmd(argv).output()?;
+    print!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!("{} failed", argv.join(" "));
+    }
+    Ok(())
+}
 
 /// Runs the demo.
-pub fn run(_bin: &Path) -> Result<()> {
-    bail!("the demo needs ADD, which is being built")
+pub fn run(bin: &Path) -> Result<()> {
+    let sim = Node::create("cni-demo")?;
+    let pods = [
+        Netns::create("cni-demo-pod-a")?,
+        Netns::create("cni-demo-pod-b")?,
+    ];
+    let pid = std::process::id();
+    let dirs = Dirs {
+        pins: format!("/sys/fs/bpf/cni-ebpf-demo-{pid}"),
+        data: format!("/tmp/cni-ebpf-demo-{pid}"),
+    };
+    let conf = json!({
+        "cniVersion": "1.1.0",
+        "name": "demo",
+        "type": "cni-ebpf",
+        "mtu": 1500,
+        "uplink": "uplink0",
+        "ipMasq": true,
+        "clusterCIDRs": ["10.244.0.0/16"],
+        "bpffsRoot": dirs.pins,
+        "dataDir": dirs.data,
+        "ipam": {
+            "ranges": [[{ "subnet": "10.244.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]],
+            "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]
+        }
+    });
+    println!(
+        "Simulated node: namespace {} (uplink0 198.18.0.1/24), outside world: {} (198.18.0.2)",
+        sim.node.name, sim.ext.name
+    );
+
+    let mut added = Vec::new();
+    let result = (|| -> Result<()> {
+        let mut addrs = Vec::new();
+        for (i, pod) in pods.iter().enumerate() {
+            let cid = format!("demo-pod-{i}");
+            let res = plugin(&sim.node, bin, "ADD", &cid, &pod.path(), &conf)?;
+            added.push((cid.clone(), pod.path()));
+            println!(
+                "\nADD {cid} ({}) → result:\n{}",
+                pod.name,
+                serde_json::to_string_pretty(&res)?
+            );
+            let v4 = res["ips"]
+                .as_array()
+                .and_then(|ips| {
+                    ips.iter()
+                        .find_map(|ip| ip["address"].as_str().filter(|a| a.contains('.')))
+                })
+                .and_then(|a| a.split('/').next())
+                .map(str::to_owned)
+                .context("no IPv4 address in the result")?;
+            addrs.push(v4);
+        }
+        show("pod a addresses", &pods[0], &["ip", "-br", "addr"])?;
+        show("pod a routes", &pods[0], &["ip", "route"])?;
+        show("node routes", &sim.node, &["ip", "route"])?;
+        show(
+            "pod a → pod b",
+            &pods[0],
+            &["ping", "-c", "3", "-i", "0.2", "-W", "1", &addrs[1]],
+        )?;
+        show(
+            "pod b → pod a",
+            &pods[1],
+            &["ping", "-c", "3", "-i", "0.2", "-W", "1", &addrs[0]],
+        )?;
+        show(
+            "pod a → node",
+            &pods[0],
+            &["ping", "-c", "2", "-i", "0.2", "-W", "1", "198.18.0.1"],
+        )?;
+        show(
+            "pod a → ext (masqueraded)",
+            &pods[0],
+            &["ping", "-c", "2", "-i", "0.2", "-W", "1", "198.18.0.2"],
+        )?;
+        let inspect = sim
+            .node
+            .cmd(&[
+                &bin.to_string_lossy(),
+                "inspect",
+                "--network",
+                "demo",
+                "--bpffs-root",
+                &dirs.pins,
+            ])
+            .output()?;
+        println!(
+            "\n--- cni-ebpf inspect\n{}",
+            String::from_utf8_lossy(&inspect.stdout)
+        );
+        Ok(())
+    })();
+
+    for (cid, netns) in added.iter().rev() {
+        match plugin(&sim.node, bin, "DEL", cid, netns, &conf) {
+            Ok(_) => println!("DEL {cid}: ok"),
+            Err(e) => eprintln!("DEL {cid}: {e:#}"),
+        }
+    }
+    drop(pods);
+    drop(sim);
+    drop(dirs);
+    println!("cleaned up: namespaces, pins and the IPAM store are gone");
+    result
 }
