@@ -1,1 +1,40 @@
+//! End-to-end test harness for cni-ebpf (test tiers 3 and 4 of STYLE.md).
+//!
+//! - [`SimNode`]: the simulated node of DESIGN.md — `node` and `ext` network namespaces
+//!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
+//!   namespaces. Everything is removed on drop, also when a test panics.
+//! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
+//!   node namespace; [`SimNode::libcni`]: runs a conflist through the real libcni
+//!   (`tests/libcni-client`, Go), with the reference plugins of `/usr/lib/cni` on
+//!   `CNI_PATH`.
+//! - [`ConfBuilder`]: network configurations and conflists per `cniVersion`.
+//! - [`Snapshot`]: links/addresses/routes of a namespace, for leak checks.
+//! - [`process`]: bounded command execution inside a namespace, `ip -j`.
+//! - [`net`]: ping, TCP/UDP requests and a "who am I" server, spoken natively (the
+//!   machines have no `ping`/`nc`/`socat`).
+//!
+//! The tests that need root are `#[ignore = "privileged: run via cargo xtask test"]`;
+//! `cargo xtask test` runs them with `--ignored` after building the plugin and pointing
+//! `CNI_EBPF_BIN` at it. Nothing here touches the machine's own network namespace.
+#![expect(
+    clippy::panic,
+    reason = "test harness: failures panic with a message, the test framework's protocol"
+)]
 
+pub mod conf;
+pub mod libcni;
+pub mod net;
+pub mod netns;
+pub mod node;
+pub mod plugin;
+pub mod process;
+pub mod snapshot;
+
+pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
+pub use libcni::{ClientFailure, ClientOutput};
+pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request, WhoAmIServer};
+pub use netns::NetNs;
+pub use node::{Pod, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK};
+pub use plugin::{plugin_bin, CniEnv, CniError, PluginOutput};
+pub use process::{ip_json, netns_exec, netns_exec_ok, Background, Output};
+pub use snapshot::Snapshot;

@@ -1,0 +1,376 @@
+//! Traffic from inside a namespace without external tools: ICMP echo (ping) and small
+//! TCP/UDP "who am I" servers and clients.
+//!
+//! Machines of this project have no `ping`, `nc` or `socat` (only iproute2), so the
+//! harness speaks these protocols itself. Each operation runs on a short-lived thread
+//! that `setns`es into the namespace (a network namespace switch is per thread), so the
+//! test thread never changes namespace. Sockets keep the namespace they were made in.
+//! Every wait is bounded.
+
+use std::{
+    fs::File,
+    io::{self, Read, Write},
+    mem,
+    net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, AtomicU16, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::sched::{setns, CloneFlags};
+
+/// Runs `f` on a new thread inside the network namespace at `netns` and returns its
+/// value. Panics if the namespace cannot be entered or `f` panics.
+#[track_caller]
+pub fn in_netns<R: Send + 'static>(netns: &Path, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let path = netns.to_path_buf();
+    let handle = thread::spawn(move || {
+        enter(&path);
+        f()
+    });
+    match handle.join() {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e),
+    }
+}
+
+/// Moves the calling thread into `netns` (for threads that stay there).
+#[track_caller]
+fn enter(netns: &Path) {
+    let file = File::open(netns).unwrap_or_else(|e| panic!("cannot open {}: {e}", netns.display()));
+    if let Err(e) = setns(&file, CloneFlags::CLONE_NEWNET) {
+        panic!("cannot enter {}: {e}", netns.display());
+    }
+}
+
+static ECHO_ID: AtomicU16 = AtomicU16::new(0);
+
+fn checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for chunk in data.chunks(2) {
+        let word = u16::from_be_bytes([chunk[0], *chunk.get(1).unwrap_or(&0)]);
+        sum += u32::from(word);
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    #[expect(clippy::cast_possible_truncation, reason = "folded to 16 bits above")]
+    let folded = sum as u16;
+    !folded
+}
+
+fn raw_socket(v6: bool) -> io::Result<OwnedFd> {
+    let (domain, proto) = if v6 {
+        (libc::AF_INET6, libc::IPPROTO_ICMPV6)
+    } else {
+        (libc::AF_INET, libc::IPPROTO_ICMP)
+    };
+    // SAFETY: plain socket(2) call; the descriptor is owned right away.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_RAW | libc::SOCK_CLOEXEC, proto) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn sockaddr(addr: IpAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    let mut ss: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    let len = match addr {
+        IpAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large enough and suitably aligned for sockaddr_in.
+            let sin = unsafe { &mut *std::ptr::from_mut(&mut ss).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.octets());
+            mem::size_of::<libc::sockaddr_in>()
+        }
+        IpAddr::V6(a) => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 = unsafe { &mut *std::ptr::from_mut(&mut ss).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_addr.s6_addr = a.octets();
+            mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    #[expect(
+        clippy::cast_possible_truncation,
+        reason = "sockaddr sizes fit socklen_t"
+    )]
+    (ss, len as libc::socklen_t)
+}
+
+/// Sends one ICMP(v6) echo request to `addr` from the current thread's namespace and
+/// waits up to `timeout` for the matching reply.
+fn ping_here(addr: IpAddr, timeout: Duration) -> io::Result<bool> {
+    let v6 = addr.is_ipv6();
+    let fd = raw_socket(v6)?;
+    let id = ECHO_ID.fetch_add(1, Ordering::Relaxed) ^ (std::process::id() as u16);
+    let seq: u16 = 1;
+    let mut pkt = vec![if v6 { 128 } else { 8 }, 0, 0, 0];
+    pkt.extend_from_slice(&id.to_be_bytes());
+    pkt.extend_from_slice(&seq.to_be_bytes());
+    pkt.extend_from_slice(b"cni-ebpf-harness");
+    if !v6 {
+        // The kernel computes ICMPv6 checksums on raw sockets, not ICMPv4 ones.
+        let c = checksum(&pkt);
+        pkt[2..4].copy_from_slice(&c.to_be_bytes());
+    }
+    let (ss, len) = sockaddr(addr);
+    // SAFETY: pkt and ss are valid for the lengths given.
+    let sent = unsafe {
+        libc::sendto(
+            fd.as_raw_fd(),
+            pkt.as_ptr().cast(),
+            pkt.len(),
+            0,
+            std::ptr::from_ref(&ss).cast(),
+            len,
+        )
+    };
+    if sent < 0 {
+        let e = io::Error::last_os_error();
+        // No route / unreachable network: a failed ping, not a harness error.
+        return if matches!(
+            e.raw_os_error(),
+            Some(libc::ENETUNREACH | libc::EHOSTUNREACH | libc::EACCES)
+        ) {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 2048];
+    let mut sock = File::from(fd);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Ok(false);
+        }
+        let tv = libc::timeval {
+            tv_sec: libc::time_t::try_from(left.as_secs()).unwrap_or(1),
+            tv_usec: libc::suseconds_t::from(left.subsec_micros().max(1)),
+        };
+        // SAFETY: setsockopt with a valid timeval of the right size.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                std::ptr::from_ref(&tv).cast(),
+                mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        let n = match sock.read(&mut buf) {
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Ok(false)
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        // IPv4 raw sockets deliver the IP header; IPv6 ones do not.
+        let icmp = if v6 {
+            &buf[..n]
+        } else {
+            let ihl = usize::from(buf[0] & 0x0f) * 4;
+            &buf[ihl.min(n)..n]
+        };
+        let reply_type = if v6 { 129 } else { 0 };
+        if icmp.len() >= 8
+            && icmp[0] == reply_type
+            && icmp[4..6] == id.to_be_bytes()
+            && icmp[6..8] == seq.to_be_bytes()
+        {
+            return Ok(true);
+        }
+    }
+}
+
+/// One ICMP echo from `netns` to `addr` with a 1 s timeout, retried up to `tries` times
+/// (the first probe may be spent on neighbour resolution). True if any was answered.
+#[track_caller]
+#[must_use]
+pub fn ping(netns: &Path, addr: &str, tries: u32) -> bool {
+    let ip: IpAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("ping: {addr:?} is not an IP address: {e}"));
+    in_netns(netns, move || {
+        (0..tries).any(|_| match ping_here(ip, Duration::from_secs(1)) {
+            Ok(ok) => ok,
+            Err(e) => panic!("ping {ip}: {e}"),
+        })
+    })
+}
+
+/// Panics unless [`ping`] from `netns` to `addr` succeeds within 3 tries.
+#[track_caller]
+pub fn assert_ping(netns: &Path, addr: &str) {
+    if !ping(netns, addr, 3) {
+        let routes = crate::process::netns_exec(netns, &["ip", "route", "show", "table", "all"]);
+        let addrs = crate::process::netns_exec(netns, &["ip", "addr"]);
+        panic!(
+            "no ping reply from {addr} in {}\naddresses:\n{}\nroutes:\n{}",
+            netns.display(),
+            addrs.stdout,
+            routes.stdout
+        );
+    }
+}
+
+/// Panics if a bounded ping from `netns` to `addr` gets an answer.
+#[track_caller]
+pub fn assert_no_ping(netns: &Path, addr: &str) {
+    assert!(
+        !ping(netns, addr, 1),
+        "unexpected ping reply from {addr} in {}",
+        netns.display()
+    );
+}
+
+/// A TCP and UDP server in a namespace that answers every connection or datagram with
+/// the peer's address as it sees it (`ip:port\n`) followed by the bytes it received — so
+/// masquerade and port-mapping tests can check which source address arrived. Listens on
+/// `[::]:port` (both families). Stopped and joined on drop.
+#[derive(Debug)]
+pub struct WhoAmIServer {
+    port: u16,
+    stop: Arc<AtomicBool>,
+    threads: Vec<thread::JoinHandle<()>>,
+    netns: PathBuf,
+}
+
+impl WhoAmIServer {
+    /// Starts the server in `netns` on `port` (TCP and UDP). Panics if it cannot bind.
+    #[track_caller]
+    #[must_use]
+    pub fn start(netns: &Path, port: u16) -> Self {
+        let bind = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        let (tcp, udp) = in_netns(netns, move || {
+            (TcpListener::bind(bind), UdpSocket::bind(bind))
+        });
+        let tcp = tcp.unwrap_or_else(|e| panic!("bind tcp {bind} in {}: {e}", netns.display()));
+        let udp = udp.unwrap_or_else(|e| panic!("bind udp {bind} in {}: {e}", netns.display()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tick = Some(Duration::from_millis(20));
+        let _ = tcp.set_nonblocking(true);
+        let _ = udp.set_read_timeout(tick);
+        let s = Arc::clone(&stop);
+        let tcp_thread = thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                match tcp.accept() {
+                    Ok((mut conn, peer)) => {
+                        let _ = conn.set_nonblocking(false);
+                        let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
+                        let mut buf = [0u8; 512];
+                        let n = conn.read(&mut buf).unwrap_or(0);
+                        let _ = writeln!(conn, "{}:{}", peer.ip().to_canonical(), peer.port());
+                        let _ = conn.write_all(&buf[..n]);
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        let s = Arc::clone(&stop);
+        let udp_thread = thread::spawn(move || {
+            let mut buf = [0u8; 512];
+            while !s.load(Ordering::Relaxed) {
+                if let Ok((n, peer)) = udp.recv_from(&mut buf) {
+                    let mut reply =
+                        format!("{}:{}\n", peer.ip().to_canonical(), peer.port()).into_bytes();
+                    reply.extend_from_slice(&buf[..n]);
+                    let _ = udp.send_to(&reply, peer);
+                }
+            }
+        });
+        Self {
+            port,
+            stop,
+            threads: vec![tcp_thread, udp_thread],
+            netns: netns.to_path_buf(),
+        }
+    }
+
+    /// The port it listens on.
+    #[must_use]
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for WhoAmIServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            if t.join().is_err() {
+                eprintln!(
+                    "warning: a server thread in {} panicked",
+                    self.netns.display()
+                );
+            }
+        }
+    }
+}
+
+/// Connects over TCP from `netns` to `addr` (e.g. `"198.18.0.2:8080"` or
+/// `"[fd00::1]:80"`), sends `payload`, and returns the whole answer; errors (refused,
+/// timed out) are returned, not panicked. Bounded by `timeout` per step.
+#[track_caller]
+pub fn tcp_request(
+    netns: &Path,
+    addr: &str,
+    payload: &[u8],
+    timeout: Duration,
+) -> io::Result<String> {
+    let to: SocketAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let payload = payload.to_vec();
+    in_netns(netns, move || {
+        let mut s = TcpStream::connect_timeout(&to, timeout)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.set_write_timeout(Some(timeout))?;
+        s.write_all(&payload)?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })
+}
+
+/// Sends one UDP datagram from `netns` to `addr` and returns the first answer.
+#[track_caller]
+pub fn udp_request(
+    netns: &Path,
+    addr: &str,
+    payload: &[u8],
+    timeout: Duration,
+) -> io::Result<String> {
+    let to: SocketAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let payload = payload.to_vec();
+    in_netns(netns, move || {
+        let bind: SocketAddr = if to.is_ipv6() {
+            (Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            ([0, 0, 0, 0], 0).into()
+        };
+        let s = UdpSocket::bind(bind)?;
+        s.set_read_timeout(Some(timeout))?;
+        s.send_to(&payload, to)?;
+        let mut buf = [0u8; 2048];
+        let (n, _) = s.recv_from(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
+    })
+}

@@ -1,0 +1,497 @@
+//! The simulated node of DESIGN.md ("Tests: the simulated node").
+//!
+//! ```text
+//!   pod netns (one per Pod)        node-<tag>                     ext-<tag>
+//!   eth0 (made by the plugin) ── host veths (plugin)
+//!                                  uplink0 198.18.0.1/24  ──veth── eth0 198.18.0.2/24
+//!                                          fd00:198:18::1/64       fd00:198:18::2/64
+//!                                  default via 198.18.0.2 / fd00:198:18::2
+//! ```
+//!
+//! Everything lives in namespaces the test creates; the machine's own network namespace
+//! is never touched. Each node has its own pin root (`/sys/fs/bpf/cni-ebpf-test-<tag>`),
+//! data dir, log file, libcni cache and `CNI_PATH` dir (in a temp dir), and removes all of
+//! it on drop — also when the test panics, in which case it first prints the tail of the
+//! plugin's log. Set `CNI_EBPF_TEST_KEEP=1` to keep the temp dir for a post-mortem.
+
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        OnceLock,
+    },
+    time::Duration,
+};
+
+use nix::sys::statfs::{statfs, BPF_FS_MAGIC};
+use serde_json::Value;
+
+use crate::{
+    conf::ConfBuilder,
+    libcni::{client_bin, ClientOutput, REFERENCE_PLUGINS},
+    netns::NetNs,
+    plugin::{exec_plugin_in, plugin_bin, CniEnv, PluginOutput},
+    process::{netns_exec, run, run_cmd, Background, Output, DEFAULT_TIMEOUT},
+    snapshot::Snapshot,
+};
+
+/// The node's uplink (its end of the veth to `ext`).
+pub const UPLINK: &str = "uplink0";
+/// The node's IPv4 address on the uplink.
+pub const NODE_IP4: &str = "198.18.0.1";
+/// The `ext` namespace's IPv4 address (the node's default gateway).
+pub const EXT_IP4: &str = "198.18.0.2";
+/// The node's IPv6 address on the uplink.
+pub const NODE_IP6: &str = "fd00:198:18::1";
+/// The `ext` namespace's IPv6 address (the node's default gateway).
+pub const EXT_IP6: &str = "fd00:198:18::2";
+
+/// Where bpffs is (or gets) mounted.
+pub const BPFFS: &str = "/sys/fs/bpf";
+
+static COUNTER: AtomicUsize = AtomicUsize::new(0);
+
+/// A name fragment unique to this test, process and call: `<short test name>-<pid>-<n>`.
+/// Only letters, digits and `-`, so it is valid in netns names, container IDs and paths.
+#[must_use]
+pub fn unique_tag(test: &str) -> String {
+    let short: String = test
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_lowercase())
+        .take(16)
+        .collect();
+    format!(
+        "{short}-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Mounts bpffs at `/sys/fs/bpf` unless a bpf filesystem is already there.
+#[track_caller]
+pub fn ensure_bpffs() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if statfs(BPFFS).is_ok_and(|s| s.filesystem_type() == BPF_FS_MAGIC) {
+            return;
+        }
+        run(&["mount", "-t", "bpf", "bpf", BPFFS]).ok();
+    });
+}
+
+/// A simulated node: `node` and `ext` namespaces joined by a veth, plus per-test pin,
+/// data, log and cache locations.
+#[derive(Debug)]
+pub struct SimNode {
+    tag: String,
+    pin_root: PathBuf,
+    // Field order is drop order: namespaces go before the temp dir.
+    node: NetNs,
+    ext: NetNs,
+    dir: Option<tempfile::TempDir>,
+    cni_bin: OnceLock<PathBuf>,
+    calls: AtomicUsize,
+}
+
+impl SimNode {
+    /// Builds a node for the test `test` (a name fragment; uniqueness is added).
+    #[track_caller]
+    #[must_use]
+    pub fn new(test: &str) -> Self {
+        ensure_bpffs();
+        let tag = unique_tag(test);
+        let dir = match tempfile::Builder::new()
+            .prefix(&format!("cni-ebpf-test-{tag}-"))
+            .tempdir()
+        {
+            Ok(d) => d,
+            Err(e) => panic!("cannot create a temp dir: {e}"),
+        };
+        for sub in ["data", "libcni-cache", "conf"] {
+            if let Err(e) = std::fs::create_dir(dir.path().join(sub)) {
+                panic!("cannot create {sub} in {}: {e}", dir.path().display());
+            }
+        }
+        // Created first so that a failure below still drops (removes) what exists.
+        let node = NetNs::create(&format!("node-{tag}"));
+        let ext = NetNs::create(&format!("ext-{tag}"));
+        let sim = Self {
+            pin_root: Path::new(BPFFS).join(format!("cni-ebpf-test-{tag}")),
+            tag,
+            node,
+            ext,
+            dir: Some(dir),
+            cni_bin: OnceLock::new(),
+            calls: AtomicUsize::new(0),
+        };
+        sim.wire_uplink();
+        sim
+    }
+
+    fn wire_uplink(&self) {
+        let (n, e) = (self.node.name(), self.ext.name());
+        run(&[
+            "ip", "-n", n, "link", "add", UPLINK, "type", "veth", "peer", "name", "eth0", "netns",
+            e,
+        ])
+        .ok();
+        for (ns, dev, v4, v6) in [
+            (n, UPLINK, NODE_IP4, NODE_IP6),
+            (e, "eth0", EXT_IP4, EXT_IP6),
+        ] {
+            run(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{v4}/24"),
+                "dev",
+                dev,
+            ])
+            .ok();
+            run(&[
+                "ip",
+                "-n",
+                ns,
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                dev,
+                "nodad",
+            ])
+            .ok();
+            run(&["ip", "-n", ns, "link", "set", dev, "up"]).ok();
+        }
+        run(&["ip", "-n", n, "route", "add", "default", "via", EXT_IP4]).ok();
+        run(&[
+            "ip", "-n", n, "-6", "route", "add", "default", "via", EXT_IP6,
+        ])
+        .ok();
+    }
+
+    /// The unique tag in every name this node created.
+    #[must_use]
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// `/run/netns/node-<tag>`: where the plugin runs.
+    #[must_use]
+    pub fn netns(&self) -> &Path {
+        self.node.path()
+    }
+
+    /// `/run/netns/ext-<tag>`: the outside world.
+    #[must_use]
+    pub fn ext_netns(&self) -> &Path {
+        self.ext.path()
+    }
+
+    /// The test's temp dir (data, log, caches).
+    #[must_use]
+    pub fn dir(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map_or(Path::new("/nonexistent"), tempfile::TempDir::path)
+    }
+
+    /// `bpffsRoot` for this test's configurations.
+    #[must_use]
+    pub fn pin_root(&self) -> &Path {
+        &self.pin_root
+    }
+
+    /// `dataDir` for this test's configurations.
+    #[must_use]
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir().join("data")
+    }
+
+    /// `logFile` for this test's configurations.
+    #[must_use]
+    pub fn log_file(&self) -> PathBuf {
+        self.dir().join("cni-ebpf.log")
+    }
+
+    /// The plugin's log so far (empty if it wrote none).
+    #[must_use]
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_file()).unwrap_or_default()
+    }
+
+    /// A configuration builder with this node's pin root, data dir, log file and uplink.
+    #[must_use]
+    pub fn conf(&self) -> ConfBuilder {
+        ConfBuilder::new(&self.pin_root, &self.data_dir(), &self.log_file()).uplink(UPLINK)
+    }
+
+    /// Creates a pod namespace `/run/netns/<name>-<tag>` (removed when the [`Pod`] drops).
+    #[track_caller]
+    #[must_use]
+    pub fn pod(&self, name: &str) -> Pod {
+        let id = format!("{name}-{}", self.tag);
+        Pod {
+            netns: NetNs::create(&id),
+            container_id: id,
+        }
+    }
+
+    /// Runs `argv` in the node namespace.
+    #[track_caller]
+    pub fn exec<S: AsRef<OsStr>>(&self, argv: &[S]) -> Output {
+        netns_exec(self.netns(), argv)
+    }
+
+    /// Runs `argv` in the `ext` namespace.
+    #[track_caller]
+    pub fn ext_exec<S: AsRef<OsStr>>(&self, argv: &[S]) -> Output {
+        netns_exec(self.ext_netns(), argv)
+    }
+
+    /// Starts a server (or any long-running program) in `ext`; killed when dropped.
+    #[track_caller]
+    pub fn spawn_ext<S: AsRef<OsStr>>(&self, argv: &[S]) -> Background {
+        Background::spawn(self.ext_netns(), argv)
+    }
+
+    /// Links, addresses and routes of the node namespace.
+    #[track_caller]
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::take(self.netns())
+    }
+
+    /// Every file and directory below the pin root (relative paths, sorted).
+    #[must_use]
+    pub fn pins(&self) -> Vec<PathBuf> {
+        list_tree(&self.pin_root)
+    }
+
+    /// Every file and directory below the data dir (relative paths, sorted).
+    #[must_use]
+    pub fn store_files(&self) -> Vec<PathBuf> {
+        list_tree(&self.data_dir())
+    }
+
+    /// A `CNI_PATH` directory holding the plugin (as `cni-ebpf`) and the reference
+    /// plugins of `/usr/lib/cni`, all as symlinks. Created on first use.
+    #[track_caller]
+    pub fn cni_bin_dir(&self) -> &Path {
+        self.cni_bin.get_or_init(|| {
+            let dir = self.dir().join("cni-bin");
+            let link = |target: &Path, name: &OsStr| {
+                if let Err(e) = std::os::unix::fs::symlink(target, dir.join(name)) {
+                    panic!(
+                        "cannot link {} into {}: {e}",
+                        target.display(),
+                        dir.display()
+                    );
+                }
+            };
+            if let Err(e) = std::fs::create_dir(&dir) {
+                panic!("cannot create {}: {e}", dir.display());
+            }
+            if let Ok(entries) = std::fs::read_dir(REFERENCE_PLUGINS) {
+                for e in entries.flatten() {
+                    link(&e.path(), &e.file_name());
+                }
+            }
+            link(&plugin_bin(), OsStr::new("cni-ebpf"));
+            dir
+        })
+    }
+
+    /// Runs the plugin with `CNI_COMMAND=cmd` in the node namespace, `conf` on stdin.
+    /// `CNI_PATH` defaults to [`Self::cni_bin_dir`].
+    #[track_caller]
+    pub fn exec_plugin(&self, cmd: &str, env: &CniEnv, conf: &Value) -> PluginOutput {
+        self.exec_plugin_raw(cmd, env, conf.to_string().as_bytes())
+    }
+
+    /// [`Self::exec_plugin`] with arbitrary stdin bytes (malformed-input tests).
+    #[track_caller]
+    pub fn exec_plugin_raw(&self, cmd: &str, env: &CniEnv, stdin: &[u8]) -> PluginOutput {
+        let mut env = env.clone();
+        if env.path.is_none() {
+            env.path = Some(self.cni_bin_dir().to_string_lossy().into_owned());
+        }
+        let bin = self.cni_bin_dir().join("cni-ebpf");
+        exec_plugin_in(self.netns(), &bin, cmd, &env, stdin, DEFAULT_TIMEOUT)
+    }
+
+    /// Runs the libcni client verb (`add`, `check`, `del`, `cached`, `validate`) on
+    /// `conflist` in the node namespace, with this node's `CNI_PATH` and libcni cache.
+    /// `env.extra` is passed to the client, and libcni passes it on to every plugin.
+    #[track_caller]
+    pub fn libcni(
+        &self,
+        verb: &str,
+        conflist: &Value,
+        env: &CniEnv,
+        cap_args: Option<&Value>,
+    ) -> ClientOutput {
+        let n = self.calls.fetch_add(1, Ordering::Relaxed);
+        let file = self
+            .dir()
+            .join("conf")
+            .join(format!("{n:04}-{verb}.conflist"));
+        if let Err(e) = std::fs::write(&file, conflist.to_string()) {
+            panic!("cannot write {}: {e}", file.display());
+        }
+        let mut args: Vec<String> = vec![
+            verb.into(),
+            "--conflist".into(),
+            file.to_string_lossy().into_owned(),
+            "--id".into(),
+            env.container_id.clone(),
+            "--netns".into(),
+            env.netns.clone(),
+            "--ifname".into(),
+            env.ifname.clone(),
+        ];
+        if let Some(p) = &env.path {
+            args.extend(["--cni-path".into(), p.clone()]);
+        }
+        if let Some(a) = &env.args {
+            args.extend(["--args".into(), a.clone()]);
+        }
+        if let Some(c) = cap_args {
+            args.extend(["--cap-args".into(), c.to_string()]);
+        }
+        self.libcni_raw(&args, &env.extra)
+    }
+
+    /// The plugin's VERSION answer through libcni (`GetVersionInfo`).
+    #[track_caller]
+    pub fn libcni_version(&self, plugin_type: &str) -> ClientOutput {
+        self.libcni_raw(&["version", "--type", plugin_type], &[])
+    }
+
+    /// Runs the client with `args` in the node namespace; `--cni-path` and `--cache-dir`
+    /// default to this node's (flags given later in `args` win).
+    #[track_caller]
+    pub fn libcni_raw<S: AsRef<OsStr>>(
+        &self,
+        args: &[S],
+        extra_env: &[(String, String)],
+    ) -> ClientOutput {
+        let mut cmd = std::process::Command::new(client_bin());
+        let Some((verb, rest)) = args.split_first() else {
+            panic!("libcni_raw needs a verb");
+        };
+        cmd.arg(verb)
+            .arg("--cni-path")
+            .arg(self.cni_bin_dir())
+            .arg("--cache-dir")
+            .arg(self.dir().join("libcni-cache"))
+            .args(rest);
+        for (k, v) in extra_env {
+            cmd.env(k, v);
+        }
+        crate::process::in_netns(&mut cmd, self.netns());
+        ClientOutput {
+            raw: run_cmd(cmd, None, DEFAULT_TIMEOUT + Duration::from_secs(30)),
+        }
+    }
+}
+
+impl Drop for SimNode {
+    fn drop(&mut self) {
+        if std::thread::panicking() && self.log_file().exists() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "--- SimNode {}: last plugin log lines ({}) ---",
+                self.tag,
+                self.log_file().display()
+            );
+            for l in tail.iter().rev() {
+                eprintln!("{l}");
+            }
+        }
+        if self.pin_root.exists() {
+            if let Err(e) = std::fs::remove_dir_all(&self.pin_root) {
+                eprintln!("warning: cannot remove {}: {e}", self.pin_root.display());
+            }
+        }
+        if std::env::var_os("CNI_EBPF_TEST_KEEP").is_some() {
+            if let Some(d) = self.dir.take() {
+                eprintln!("keeping {}", d.keep().display());
+            }
+        }
+        // The namespaces and the temp dir are removed by their own Drop.
+    }
+}
+
+/// A pod: a network namespace the plugin attaches interfaces to. Removed on drop.
+#[derive(Debug)]
+pub struct Pod {
+    netns: NetNs,
+    container_id: String,
+}
+
+impl Pod {
+    /// The namespace path (`CNI_NETNS`).
+    #[must_use]
+    pub fn netns(&self) -> &Path {
+        self.netns.path()
+    }
+
+    /// The namespace name under `/run/netns`.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        self.netns.name()
+    }
+
+    /// A container ID unique to this pod (`<name>-<tag>`).
+    #[must_use]
+    pub fn container_id(&self) -> &str {
+        &self.container_id
+    }
+
+    /// The CNI environment attaching `ifname` in this pod.
+    #[must_use]
+    pub fn env(&self, ifname: &str) -> CniEnv {
+        CniEnv::new(&self.container_id, self.netns(), ifname)
+    }
+
+    /// Runs `argv` inside the pod.
+    #[track_caller]
+    pub fn exec<S: AsRef<OsStr>>(&self, argv: &[S]) -> Output {
+        netns_exec(self.netns(), argv)
+    }
+
+    /// Links, addresses and routes inside the pod.
+    #[track_caller]
+    #[must_use]
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::take(self.netns())
+    }
+}
+
+/// All paths below `root`, relative and sorted; empty if `root` does not exist.
+#[must_use]
+pub fn list_tree(root: &Path) -> Vec<PathBuf> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if let Ok(rel) = p.strip_prefix(root) {
+                out.push(rel.to_path_buf());
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                walk(root, &p, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(root, root, &mut out);
+    out.sort();
+    out
+}
