@@ -9,6 +9,7 @@ pub mod cli;
 pub mod cmd;
 pub mod cni;
 pub mod error;
+pub mod ipam;
 pub mod logging;
 
 pub use error::{Error, Result};

@@ -1,0 +1,856 @@
+//! The on-disk store of one network: a checked directory, its lock, and the file primitives
+//! the allocator builds on. The layout and the crash-safety argument are in the
+//! [module documentation of `ipam`](super).
+//!
+//! Every path below the store directory is reached through directory file descriptors
+//! opened with `O_NOFOLLOW` (`openat`/`linkat`/`unlinkat`/`renameat`), so once the chain
+//! from `/` has been checked nothing can be swapped underneath us.
+
+use std::{
+    ffi::OsStr,
+    fs::File,
+    io::{ErrorKind, Read, Write},
+    net::IpAddr,
+    os::{
+        fd::{AsFd, OwnedFd},
+        unix::fs::FileExt,
+    },
+    path::{Component, Path, PathBuf},
+    thread,
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use ipnet::IpNet;
+use nix::{
+    dir::Dir,
+    errno::Errno,
+    fcntl::{openat, renameat, AtFlags, Flock, FlockArg, OFlag, AT_FDCWD},
+    sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag},
+    unistd::{geteuid, linkat, unlinkat, UnlinkatFlags},
+};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Version of the on-disk layout written in `meta`. A store with a newer version is refused.
+pub const FORMAT: u32 = 1;
+
+/// How long an operation waits for the store lock before failing with code 11.
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the kernel publishes the id of the current boot.
+pub const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+
+/// Largest record we read back; anything bigger is not ours.
+const MAX_RECORD: u64 = 64 * 1024;
+
+/// Options of [`Store::open`].
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// Bounded wait for the lock (then [`Error::TryAgain`]).
+    pub lock_timeout: Duration,
+    /// The boot id to record and compare; `None` reads [`BOOT_ID_PATH`]. Tests use this to
+    /// simulate a reboot.
+    pub boot_id: Option<String>,
+    /// Create the store directory (and missing parents, mode 0700) when it does not exist.
+    pub create: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+            boot_id: None,
+            create: true,
+        }
+    }
+}
+
+/// Identity of a file: device and inode. Two names with the same identity are hard links
+/// of one file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Ident {
+    /// `st_dev`.
+    pub dev: u64,
+    /// `st_ino`.
+    pub ino: u64,
+}
+
+impl From<&FileStat> for Ident {
+    fn from(st: &FileStat) -> Self {
+        #[expect(
+            clippy::useless_conversion,
+            reason = "dev_t/ino_t widths differ between targets"
+        )]
+        Self {
+            dev: u64::from(st.st_dev),
+            ino: u64::from(st.st_ino),
+        }
+    }
+}
+
+/// A reservation record as stored in `keys/<container ID>:<ifname>` (and shared, as a hard
+/// link, by `ips/<address>` for each of its addresses).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Record {
+    /// `CNI_CONTAINERID`.
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// The addresses with their range's prefix length, one per range set.
+    pub addresses: Vec<IpNet>,
+    /// `/proc/sys/kernel/random/boot_id` when the reservation was made.
+    pub boot_id: String,
+    /// `CNI_NETNS` at ADD time, for diagnostics.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netns: Option<String>,
+    /// Seconds since the Unix epoch when the reservation was made.
+    #[serde(default)]
+    pub created: u64,
+}
+
+impl Record {
+    /// The key file name of this record.
+    pub fn key_name(&self) -> Result<String> {
+        key_name(&self.container_id, &self.ifname)
+    }
+}
+
+/// The file name of the key `(container ID, ifname)`: `<container ID>:<ifname>`. A
+/// container ID never contains `:` (the spec restricts it to `[a-zA-Z0-9_.-]`), so the
+/// name splits back unambiguously at the first `:`.
+pub fn key_name(container_id: &str, ifname: &str) -> Result<String> {
+    if container_id.is_empty() || container_id.contains(['/', ':', '\0']) {
+        return Err(Error::env(
+            "CNI_CONTAINERID",
+            format!("{container_id:?} cannot name an IPAM reservation"),
+        ));
+    }
+    if ifname.is_empty() || ifname.contains(['/', '\0']) {
+        return Err(Error::env(
+            "CNI_IFNAME",
+            format!("{ifname:?} cannot name an IPAM reservation"),
+        ));
+    }
+    let name = format!("{container_id}:{ifname}");
+    if name.len() > 255 {
+        return Err(Error::env(
+            "CNI_CONTAINERID",
+            format!(
+                "is {} bytes long; the IPAM store supports container IDs of up to {} bytes \
+                 with this interface name",
+                container_id.len(),
+                254 - ifname.len()
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// Splits a key file name back into `(container ID, ifname)`.
+#[must_use]
+pub fn split_key_name(name: &str) -> Option<(&str, &str)> {
+    name.split_once(':')
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Meta {
+    format: u32,
+    boot_id: String,
+}
+
+/// An open, locked store. The lock is held until the value is dropped.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    root: OwnedFd,
+    ips: OwnedFd,
+    keys: OwnedFd,
+    tmp: OwnedFd,
+    index: OwnedFd,
+    _lock: Flock<File>,
+    boot_id: String,
+    previous_boot: Option<String>,
+    tmp_seq: u32,
+}
+
+/// A temporary file in `tmp/`, removed by [`Store::remove_tmp`] (or by the next repair if
+/// the process dies first).
+#[derive(Debug)]
+pub struct TmpFile {
+    name: String,
+}
+
+fn unsafe_path(path: &Path, why: impl std::fmt::Display) -> Error {
+    Error::config(
+        "dataDir",
+        format!("refusing the IPAM store path: {} {why}", path.display()),
+    )
+}
+
+fn errno_io(context: impl Into<String>, e: Errno) -> Error {
+    Error::io(context, std::io::Error::from(e))
+}
+
+/// Mode bits of a stat result.
+fn mode_of(st: &FileStat) -> u32 {
+    #[expect(
+        clippy::useless_conversion,
+        reason = "mode_t is u16 or u32 depending on the target"
+    )]
+    u32::from(st.st_mode)
+}
+
+/// Checks owner and write permissions of an opened directory or file. `strict` refuses a
+/// sticky world-writable directory too (only ancestors such as `/tmp` may be sticky).
+fn check_owner_mode(path: &Path, st: &FileStat, strict: bool) -> Result<()> {
+    let euid = geteuid().as_raw();
+    if st.st_uid != 0 && st.st_uid != euid {
+        return Err(unsafe_path(
+            path,
+            format!(
+                "is owned by uid {}, which is neither root nor the plugin's user (uid {euid})",
+                st.st_uid
+            ),
+        ));
+    }
+    let mode = mode_of(st) & 0o7777;
+    if mode & 0o022 != 0 {
+        let sticky = mode & 0o1000 != 0;
+        if strict || !sticky {
+            return Err(unsafe_path(
+                path,
+                format!(
+                    "is group- or world-writable (mode {mode:04o}); others could tamper with \
+                     address reservations"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Opens `name` in `parent` as a directory without following symlinks, creating it (mode
+/// 0700) if `create`. Returns `None` when it does not exist and `create` is false.
+fn open_dir_at(
+    parent: &OwnedFd,
+    name: &OsStr,
+    full: &Path,
+    create: bool,
+    strict: bool,
+) -> Result<Option<OwnedFd>> {
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let mut created = false;
+    let fd = loop {
+        match openat(parent, name, flags, Mode::empty()) {
+            Ok(fd) => break fd,
+            Err(Errno::ENOENT) if create && !created => {
+                match mkdirat(parent, name, Mode::from_bits_truncate(0o700)) {
+                    Ok(()) | Err(Errno::EEXIST) => created = true,
+                    Err(e) => {
+                        return Err(errno_io(format!("creating {}", full.display()), e));
+                    }
+                }
+            }
+            Err(Errno::ENOENT) => return Ok(None),
+            Err(Errno::ELOOP | Errno::ENOTDIR) => {
+                let is_link = fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok_and(|st| {
+                    SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) == SFlag::S_IFLNK
+                });
+                return Err(unsafe_path(
+                    full,
+                    if is_link {
+                        "is a symbolic link; symlinks are not followed in the store path"
+                    } else {
+                        "is not a directory"
+                    },
+                ));
+            }
+            Err(e) => return Err(errno_io(format!("opening {}", full.display()), e)),
+        }
+    };
+    let st = fstat(&fd).map_err(|e| errno_io(format!("inspecting {}", full.display()), e))?;
+    check_owner_mode(full, &st, strict)?;
+    Ok(Some(fd))
+}
+
+/// Walks `path` from `/`, checking every component (no symlink, owned by root or us, not
+/// group/world-writable except sticky ancestors). The last two components (the data
+/// directory and the store itself) must not be writable by others even if sticky.
+fn open_store_dir(path: &Path, create: bool) -> Result<Option<OwnedFd>> {
+    if !path.is_absolute() {
+        return Err(unsafe_path(path, "is not an absolute path"));
+    }
+    let mut names: Vec<&OsStr> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::RootDir => {}
+            Component::Normal(n) => names.push(n),
+            Component::CurDir => {}
+            Component::Prefix(_) | Component::ParentDir => {
+                return Err(unsafe_path(path, "contains `..`"));
+            }
+        }
+    }
+    let root = openat(
+        AT_FDCWD,
+        "/",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| errno_io("opening /", e))?;
+    let st = fstat(&root).map_err(|e| errno_io("inspecting /", e))?;
+    check_owner_mode(Path::new("/"), &st, names.is_empty())?;
+    let mut fd = root;
+    let mut full = PathBuf::from("/");
+    let n = names.len();
+    for (i, name) in names.into_iter().enumerate() {
+        full.push(name);
+        let strict = i + 2 >= n;
+        match open_dir_at(&fd, name, &full, create, strict)? {
+            Some(next) => fd = next,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(fd))
+}
+
+/// Reads the current boot id.
+pub fn current_boot_id() -> Result<String> {
+    let s = std::fs::read_to_string(BOOT_ID_PATH)
+        .map_err(|e| Error::io(format!("reading {BOOT_ID_PATH}"), e))?;
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(Error::io(
+            format!("reading {BOOT_ID_PATH}"),
+            std::io::Error::new(ErrorKind::InvalidData, "the boot id is empty"),
+        ));
+    }
+    Ok(s.to_owned())
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Takes the exclusive lock on `file`, polling with backoff until `timeout`.
+fn lock_with_timeout(mut file: File, path: &Path, timeout: Duration) -> Result<Flock<File>> {
+    let deadline = Instant::now() + timeout;
+    // Spread retries of concurrent waiters a little so they do not wake in lockstep.
+    let jitter = u64::from(std::process::id() % 7);
+    let mut wait = Duration::from_micros(200 + jitter * 50);
+    loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => return Ok(lock),
+            Err((f, Errno::EWOULDBLOCK | Errno::EINTR)) => {
+                file = f;
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Error::TryAgain(format!(
+                        "the IPAM store {} is locked by another operation; gave up after {} ms",
+                        path.display(),
+                        timeout.as_millis()
+                    )));
+                }
+                thread::sleep(wait.min(deadline - now));
+                wait = (wait * 2).min(Duration::from_millis(10));
+            }
+            Err((_, e)) => {
+                return Err(errno_io(format!("locking {}/lock", path.display()), e));
+            }
+        }
+    }
+}
+
+impl Store {
+    /// Opens (creating if `opts.create`) the store directory `path`, checks it, takes the
+    /// lock and reads the boot record. Returns `None` when the store does not exist and
+    /// `opts.create` is false.
+    pub fn open(path: &Path, opts: &StoreOptions) -> Result<Option<Self>> {
+        let Some(root) = open_store_dir(path, opts.create)? else {
+            return Ok(None);
+        };
+        let sub = |name: &str| -> Result<OwnedFd> {
+            open_dir_at(&root, OsStr::new(name), &path.join(name), true, true)?.ok_or_else(|| {
+                Error::io(
+                    format!("opening {}/{name}", path.display()),
+                    std::io::Error::from(ErrorKind::NotFound),
+                )
+            })
+        };
+        let lock_path = path.join("lock");
+        let lock_fd = openat(
+            &root,
+            "lock",
+            OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| match e {
+            Errno::ELOOP => unsafe_path(&lock_path, "is a symbolic link"),
+            e => errno_io(format!("opening {}", lock_path.display()), e),
+        })?;
+        let st = fstat(&lock_fd)
+            .map_err(|e| errno_io(format!("inspecting {}", lock_path.display()), e))?;
+        if SFlag::from_bits_truncate(st.st_mode & SFlag::S_IFMT.bits()) != SFlag::S_IFREG {
+            return Err(unsafe_path(&lock_path, "is not a regular file"));
+        }
+        check_owner_mode(&lock_path, &st, true)?;
+        let lock = lock_with_timeout(File::from(lock_fd), path, opts.lock_timeout)?;
+
+        let boot_id = match &opts.boot_id {
+            Some(b) => b.clone(),
+            None => current_boot_id()?,
+        };
+        let mut store = Self {
+            path: path.to_owned(),
+            ips: sub("ips")?,
+            keys: sub("keys")?,
+            tmp: sub("tmp")?,
+            index: sub("index")?,
+            root,
+            _lock: lock,
+            boot_id,
+            previous_boot: None,
+            tmp_seq: 0,
+        };
+        match store.read_meta()? {
+            Some(meta) if meta.format > FORMAT => {
+                return Err(Error::Ipam(format!(
+                    "the IPAM store {} has format {} but this plugin understands only up to \
+                     {FORMAT}; it was written by a newer cni-ebpf",
+                    path.display(),
+                    meta.format
+                )));
+            }
+            Some(meta) if meta.boot_id == store.boot_id => {}
+            Some(meta) => store.previous_boot = Some(meta.boot_id),
+            // No (or an unreadable) boot record: treat as a new boot; the sweep keeps
+            // every record made in this boot, so this is always safe.
+            None => store.previous_boot = Some(String::new()),
+        }
+        Ok(Some(store))
+    }
+
+    /// The store directory.
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The boot id of this boot.
+    #[must_use]
+    pub fn boot_id(&self) -> &str {
+        &self.boot_id
+    }
+
+    /// `Some(previous boot id)` when the store was last used in another boot (empty when
+    /// unknown), i.e. a reboot sweep is due.
+    #[must_use]
+    pub fn previous_boot(&self) -> Option<&str> {
+        self.previous_boot.as_deref()
+    }
+
+    fn read_meta(&self) -> Result<Option<Meta>> {
+        let Some(bytes) = read_small(&self.root, "meta", &self.path.join("meta"))? else {
+            return Ok(None);
+        };
+        Ok(serde_json::from_slice(&bytes).ok())
+    }
+
+    /// Records the current boot id (after a completed sweep).
+    pub fn write_meta(&mut self) -> Result<()> {
+        let meta = Meta {
+            format: FORMAT,
+            boot_id: self.boot_id.clone(),
+        };
+        let mut bytes = serde_json::to_vec(&meta).map_err(|e| Error::Decode {
+            what: "IPAM store meta".into(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        let tmp = self.write_tmp_bytes(&bytes, "meta")?;
+        let res = renameat(&self.tmp, tmp.name.as_str(), &self.root, "meta")
+            .map_err(|e| errno_io(format!("replacing {}/meta", self.path.display()), e));
+        if res.is_err() {
+            self.remove_tmp(&tmp);
+        }
+        res?;
+        self.previous_boot = None;
+        Ok(())
+    }
+
+    /// A new record for `(container_id, ifname)` in this boot.
+    #[must_use]
+    pub fn new_record(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        addresses: Vec<IpNet>,
+        netns: Option<String>,
+    ) -> Record {
+        Record {
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+            addresses,
+            boot_id: self.boot_id.clone(),
+            netns,
+            created: now_unix(),
+        }
+    }
+
+    fn next_tmp_name(&mut self, what: &str) -> String {
+        self.tmp_seq += 1;
+        format!("{what}.{}.{}", std::process::id(), self.tmp_seq)
+    }
+
+    fn write_tmp_bytes(&mut self, bytes: &[u8], what: &str) -> Result<TmpFile> {
+        let name = self.next_tmp_name(what);
+        let full = self.path.join("tmp").join(&name);
+        let create = || {
+            openat(
+                &self.tmp,
+                name.as_str(),
+                OFlag::O_WRONLY
+                    | OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o600),
+            )
+        };
+        let fd = match create() {
+            // A leftover of a killed process that had our PID: we hold the lock, so no
+            // temporary file is in flight and it can go.
+            Err(Errno::EEXIST) => {
+                unlink_at(&self.tmp, &name, &self.path.join("tmp"))?;
+                create()
+            }
+            other => other,
+        }
+        .map_err(|e| errno_io(format!("creating {}", full.display()), e))?;
+        let tmp = TmpFile { name };
+        let mut file = File::from(fd);
+        if let Err(e) = file.write_all(bytes) {
+            self.remove_tmp(&tmp);
+            return Err(Error::io(format!("writing {}", full.display()), e));
+        }
+        Ok(tmp)
+    }
+
+    /// Writes `record` to a new temporary file (the inode every name of the reservation
+    /// will share).
+    pub fn write_tmp_record(&mut self, record: &Record) -> Result<TmpFile> {
+        let mut bytes = serde_json::to_vec(record).map_err(|e| Error::Decode {
+            what: "IPAM record".into(),
+            reason: e.to_string(),
+        })?;
+        bytes.push(b'\n');
+        self.write_tmp_bytes(&bytes, "rec")
+    }
+
+    /// Removes a temporary file; failures are logged (the next repair removes leftovers).
+    pub fn remove_tmp(&self, tmp: &TmpFile) {
+        if let Err(e) = unlinkat(&self.tmp, tmp.name.as_str(), UnlinkatFlags::NoRemoveDir) {
+            if e != Errno::ENOENT {
+                tracing::warn!("removing {}/tmp/{}: {e}", self.path.display(), tmp.name);
+            }
+        }
+    }
+
+    /// Claims `ip` by linking the temporary record as `ips/<ip>`. `Ok(false)` when the
+    /// address is already claimed (the link is atomic: of two claimants exactly one wins).
+    pub fn link_ip(&self, tmp: &TmpFile, ip: IpAddr) -> Result<bool> {
+        let name = ip.to_string();
+        match linkat(
+            &self.tmp,
+            tmp.name.as_str(),
+            &self.ips,
+            name.as_str(),
+            AtFlags::empty(),
+        ) {
+            Ok(()) => Ok(true),
+            Err(Errno::EEXIST) => Ok(false),
+            Err(e) => Err(errno_io(
+                format!("claiming {}/ips/{name}", self.path.display()),
+                e,
+            )),
+        }
+    }
+
+    /// Commits the reservation by linking the temporary record as `keys/<key>`. This link
+    /// is the commit point. `Ok(false)` when the key already exists.
+    pub fn commit(&self, tmp: &TmpFile, key: &str) -> Result<bool> {
+        match linkat(
+            &self.tmp,
+            tmp.name.as_str(),
+            &self.keys,
+            key,
+            AtFlags::empty(),
+        ) {
+            Ok(()) => Ok(true),
+            Err(Errno::EEXIST) => Ok(false),
+            Err(e) => Err(errno_io(
+                format!("committing {}/keys/{key}", self.path.display()),
+                e,
+            )),
+        }
+    }
+
+    /// The identity of `ips/<ip>`, if it exists.
+    pub fn ip_ident(&self, ip: IpAddr) -> Result<Option<Ident>> {
+        stat_ident(&self.ips, &ip.to_string(), &self.path.join("ips"))
+    }
+
+    /// The identity of `keys/<key>`, if it exists.
+    pub fn key_ident(&self, key: &str) -> Result<Option<Ident>> {
+        stat_ident(&self.keys, key, &self.path.join("keys"))
+    }
+
+    /// Reads `keys/<key>`: the record (or `None` if it does not parse) and its identity.
+    /// `Ok(None)` when there is no such key.
+    pub fn read_key(&self, key: &str) -> Result<Option<(Option<Record>, Ident)>> {
+        read_record_at(&self.keys, key, &self.path.join("keys"))
+    }
+
+    /// Reads `ips/<ip>`: the record of the reservation that claimed it (or `None` if it
+    /// does not parse) and its identity. `Ok(None)` when the address is not claimed.
+    pub fn read_ip(&self, ip: IpAddr) -> Result<Option<(Option<Record>, Ident)>> {
+        read_record_at(&self.ips, &ip.to_string(), &self.path.join("ips"))
+    }
+
+    /// Removes `ips/<ip>` (missing is fine).
+    pub fn unlink_ip(&self, ip: IpAddr) -> Result<()> {
+        unlink_at(&self.ips, &ip.to_string(), &self.path.join("ips"))
+    }
+
+    /// Removes `keys/<key>` (missing is fine): the commit point of a release.
+    pub fn unlink_key(&self, key: &str) -> Result<()> {
+        unlink_at(&self.keys, key, &self.path.join("keys"))
+    }
+
+    /// Every key file with its identity.
+    pub fn list_keys(&self) -> Result<Vec<(String, Ident)>> {
+        list_dir(&self.keys, &self.path.join("keys"))
+    }
+
+    /// Every entry of `ips/` with its identity (names that are not addresses too).
+    pub fn list_ips(&self) -> Result<Vec<(String, Ident)>> {
+        list_dir(&self.ips, &self.path.join("ips"))
+    }
+
+    /// Removes an entry of `ips/` by name (for names that are not addresses).
+    pub fn unlink_ip_name(&self, name: &str) -> Result<()> {
+        unlink_at(&self.ips, name, &self.path.join("ips"))
+    }
+
+    /// Removes every temporary file (leftovers of killed processes: a lock holder has none
+    /// in flight). Returns how many were removed.
+    pub fn clear_tmp(&self) -> Result<usize> {
+        let entries = list_dir(&self.tmp, &self.path.join("tmp"))?;
+        for (name, _) in &entries {
+            unlink_at(&self.tmp, name, &self.path.join("tmp"))?;
+        }
+        Ok(entries.len())
+    }
+
+    /// Number of leftover temporary files (for audits).
+    pub fn count_tmp(&self) -> Result<usize> {
+        Ok(list_dir(&self.tmp, &self.path.join("tmp"))?.len())
+    }
+
+    /// The round-robin cursor of range set `set` (`last_reserved_ip.<set>`, as host-local
+    /// names it). A missing or unreadable cursor is `None`: it is only a hint.
+    #[must_use]
+    pub fn read_cursor(&self, set: usize) -> Option<IpAddr> {
+        let name = format!("last_reserved_ip.{set}");
+        let bytes = read_small(&self.root, &name, &self.path.join(&name)).ok()??;
+        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+    }
+
+    /// Stores the round-robin cursor of range set `set`. Best effort: a failure is logged.
+    pub fn write_cursor(&self, set: usize, ip: IpAddr) {
+        let name = format!("last_reserved_ip.{set}");
+        let res = openat(
+            &self.root,
+            name.as_str(),
+            OFlag::O_WRONLY
+                | OFlag::O_CREAT
+                | OFlag::O_TRUNC
+                | OFlag::O_NOFOLLOW
+                | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(std::io::Error::from)
+        .and_then(|fd| File::from(fd).write_all(ip.to_string().as_bytes()));
+        if let Err(e) = res {
+            tracing::warn!("updating {}/{name}: {e}", self.path.display());
+        }
+    }
+
+    /// Opens the index bitmap `index/<name>` if it exists with exactly `len` bytes.
+    pub fn open_bitmap(&self, name: &str, len: u64) -> Result<Option<File>> {
+        let full = self.path.join("index").join(name);
+        match openat(
+            &self.index,
+            name,
+            OFlag::O_RDWR | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => {
+                let file = File::from(fd);
+                let actual = file
+                    .metadata()
+                    .map_err(|e| Error::io(format!("inspecting {}", full.display()), e))?
+                    .len();
+                Ok((actual == len).then_some(file))
+            }
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(errno_io(format!("opening {}", full.display()), e)),
+        }
+    }
+
+    /// Atomically replaces the index bitmap `index/<name>` with `bytes`.
+    pub fn write_bitmap(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
+        let tmp = self.write_tmp_bytes(bytes, "index")?;
+        let res = renameat(&self.tmp, tmp.name.as_str(), &self.index, name)
+            .map_err(|e| errno_io(format!("replacing {}/index/{name}", self.path.display()), e));
+        if res.is_err() {
+            self.remove_tmp(&tmp);
+        }
+        res
+    }
+
+    /// Removes every index bitmap not named in `keep`.
+    pub fn prune_bitmaps(&self, keep: &[String]) -> Result<()> {
+        for (name, _) in list_dir(&self.index, &self.path.join("index"))? {
+            if !keep.contains(&name) {
+                unlink_at(&self.index, &name, &self.path.join("index"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that the store accepts a new file (STATUS): creates and removes a probe.
+    pub fn probe_writable(&mut self) -> Result<()> {
+        let tmp = self.write_tmp_bytes(b"probe\n", "probe")?;
+        self.remove_tmp(&tmp);
+        Ok(())
+    }
+}
+
+fn stat_ident(dir: &OwnedFd, name: &str, dir_path: &Path) -> Result<Option<Ident>> {
+    match fstatat(dir, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(Ident::from(&st))),
+        Err(Errno::ENOENT) => Ok(None),
+        Err(e) => Err(errno_io(
+            format!("inspecting {}", dir_path.join(name).display()),
+            e,
+        )),
+    }
+}
+
+fn unlink_at(dir: &OwnedFd, name: &str, dir_path: &Path) -> Result<()> {
+    match unlinkat(dir, name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(Errno::ENOENT) => Ok(()),
+        Err(e) => Err(errno_io(
+            format!("removing {}", dir_path.join(name).display()),
+            e,
+        )),
+    }
+}
+
+/// Reads a small file in `dir` without following symlinks; `None` if it does not exist.
+fn read_small(dir: &OwnedFd, name: &str, full: &Path) -> Result<Option<Vec<u8>>> {
+    match openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => {
+            let mut bytes = Vec::new();
+            File::from(fd)
+                .take(MAX_RECORD)
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io(format!("reading {}", full.display()), e))?;
+            Ok(Some(bytes))
+        }
+        Err(Errno::ENOENT) => Ok(None),
+        Err(Errno::ELOOP) => Err(unsafe_path(full, "is a symbolic link")),
+        Err(e) => Err(errno_io(format!("opening {}", full.display()), e)),
+    }
+}
+
+fn read_record_at(
+    dir: &OwnedFd,
+    name: &str,
+    dir_path: &Path,
+) -> Result<Option<(Option<Record>, Ident)>> {
+    let full = dir_path.join(name);
+    let fd = match openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT) => return Ok(None),
+        Err(Errno::ELOOP) => return Err(unsafe_path(&full, "is a symbolic link")),
+        Err(e) => return Err(errno_io(format!("opening {}", full.display()), e)),
+    };
+    let st = fstat(&fd).map_err(|e| errno_io(format!("inspecting {}", full.display()), e))?;
+    let mut bytes = Vec::new();
+    File::from(fd)
+        .take(MAX_RECORD)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(format!("reading {}", full.display()), e))?;
+    Ok(Some((
+        serde_json::from_slice(&bytes).ok(),
+        Ident::from(&st),
+    )))
+}
+
+fn list_dir(dir: &OwnedFd, dir_path: &Path) -> Result<Vec<(String, Ident)>> {
+    let mut d = Dir::openat(
+        dir.as_fd(),
+        ".",
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| errno_io(format!("listing {}", dir_path.display()), e))?;
+    let mut out = Vec::new();
+    for entry in d.iter() {
+        let entry = entry.map_err(|e| errno_io(format!("listing {}", dir_path.display()), e))?;
+        let bytes = entry.file_name().to_bytes();
+        if bytes == b"." || bytes == b".." {
+            continue;
+        }
+        let name = String::from_utf8_lossy(bytes).into_owned();
+        if let Some(ident) = stat_ident(dir, &name, dir_path)? {
+            out.push((name, ident));
+        }
+    }
+    Ok(out)
+}
+
+/// Reads `len` bytes at `offset` of an index file (short reads past the end give zeros).
+pub fn read_at_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < buf.len() {
+        match file.read_at(&mut buf[done..], offset + done as u64) {
+            Ok(0) => {
+                buf[done..].fill(0);
+                return Ok(());
+            }
+            Ok(n) => done += n,
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
