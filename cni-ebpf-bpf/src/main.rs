@@ -1,18 +1,147 @@
 #![no_std]
 #![no_main]
 //! The tc programs of cni-ebpf.
+//!
+//! - `from_pod` (host veth ingress): same-node pod → pod redirect straight into the
+//!   destination pod; hairpin (pod → own node's hostPort, including its own).
+//! - `uplink_ingress`: replies of masqueraded flows and ICMP errors about them back to the
+//!   pod; DNAT of nodeIP:hostPort to the pod, keeping the client's source address.
+//! - `uplink_egress`: masquerade (SNAT) of pod traffic leaving the cluster; replies of
+//!   host-port flows restored to nodeIP:hostPort.
+//!
+//! Every program passes what it does not own unchanged (`TC_ACT_UNSPEC`: "next program",
+//! then the stack; never a drop), and counts why in
+//! `REASONS`. NAT state is one LRU map of exact 5-tuples: each translated flow has one entry
+//! per direction, tagged with the program (hook) that applies it; see `cni-ebpf-common`.
 
 use aya_ebpf::{
-    bindings::TC_ACT_OK,
+    bindings::{
+        BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC,
+    },
+    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_peer},
     macros::{classifier, map},
-    maps::PerCpuArray,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
-use cni_ebpf_common::{Reason, REASON_SLOTS};
+use cni_ebpf_common::{
+    proto, EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
+    PortKey, PortTarget, Reason, CFG_F_MASQ, EP_F_ACTIVE, HOOK_POD, HOOK_UPLINK_IN,
+    HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS,
+    MAX_PORTMAPS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD,
+    NAT_SNAT_REV, REASON_SLOTS,
+};
 
+// Maps are pinned by name below the directory userspace passes as the default map pin
+// directory (`<bpffsRoot>/<network>/v1/maps`), so every later invocation reuses them.
+
+/// Local pods: pod IPv4 → delivery information.
+#[map]
+static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+/// Per-pod counters, keyed by host veth ifindex.
+#[map]
+static EP_STATS: PerCpuHashMap<u32, EndpointStats> = PerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
+/// Host ports.
+#[map]
+static PORTMAPS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_PORTMAPS, 0);
+/// NAT flows (both directions).
+#[map]
+static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_NAT, 0);
+/// Node configuration (index 0).
+#[map]
+static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
+/// The node's own IPv4 addresses.
+#[map]
+static NODE_ADDRS: HashMap<u32, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS, 0);
 /// Per-CPU counters indexed by [`Reason`].
 #[map]
-static REASONS: PerCpuArray<u64> = PerCpuArray::with_max_entries(REASON_SLOTS, 0);
+static REASONS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
+/// Owner names; written and read by userspace only, declared here so it is pinned with
+/// the rest.
+#[map]
+static OWNERS: HashMap<u64, Owner> = HashMap::pinned(MAX_OWNERS, 0);
+
+/// Verdict for packets we leave untouched: "next" (`TCX_NEXT` under tcx, the next filter
+/// under legacy clsact), so other tools' programs still see them; the stack gets them if
+/// nobody else decides.
+const PASS: i32 = TC_ACT_UNSPEC;
+
+const ETH_HLEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const IP_OFF: usize = ETH_HLEN;
+const IP_HLEN: usize = 20;
+const L4_OFF: usize = IP_OFF + IP_HLEN;
+/// Offset of the inner IPv4 header in an ICMP error.
+const INNER_IP_OFF: usize = L4_OFF + 8;
+const INNER_L4_OFF: usize = INNER_IP_OFF + IP_HLEN;
+
+const ICMP_ECHO_REPLY: u8 = 0;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_ECHO: u8 = 8;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMP_PARAMETER_PROB: u8 = 12;
+
+const TCP_SYN: u8 = 0x02;
+const TCP_ACK: u8 = 0x10;
+
+/// How many random SNAT ports are tried before giving up on a flow.
+const SNAT_TRIES: u32 = 16;
+
+/// The IPv4 header (no options).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Iphdr {
+    vihl: u8,
+    tos: u8,
+    tot_len: u16,
+    id: u16,
+    frag_off: u16,
+    ttl: u8,
+    proto: u8,
+    csum: u16,
+    saddr: u32,
+    daddr: u32,
+}
+
+/// What the programs need to know about an IPv4 packet. Addresses and ports network order.
+#[derive(Clone, Copy)]
+struct Pkt {
+    saddr: u32,
+    daddr: u32,
+    sport: u16,
+    dport: u16,
+    proto: u8,
+    /// ICMP type (0xff if not ICMP).
+    icmp_type: u8,
+    /// TCP flags (0 if not TCP).
+    tcp_flags: u8,
+    /// The packet has ports (TCP, UDP) or an echo id (ICMP echo): it can be translated.
+    natable: bool,
+}
+
+impl Pkt {
+    #[inline(always)]
+    fn key(&self) -> NatKey {
+        NatKey {
+            saddr: self.saddr,
+            daddr: self.daddr,
+            sport: self.sport,
+            dport: self.dport,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+
+    #[inline(always)]
+    fn is_tcp_syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
+
+    /// A packet that may open a host-port flow: TCP SYN or any UDP datagram.
+    #[inline(always)]
+    fn opens_hostport_flow(&self) -> bool {
+        (self.proto == proto::TCP && self.is_tcp_syn()) || self.proto == proto::UDP
+    }
+}
 
 #[inline(always)]
 fn count(reason: Reason) {
@@ -22,11 +151,711 @@ fn count(reason: Reason) {
     }
 }
 
+/// Parses Ethernet + IPv4 (+ the L4 ports). `Err` carries the reason to pass unchanged.
+#[inline(always)]
+fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
+    let ethertype: u16 = ctx.load(12).map_err(|_| Reason::PassMalformed)?;
+    if ethertype != ETH_P_IP.to_be() {
+        return Err(Reason::PassNotIpv4);
+    }
+    let ip: Iphdr = ctx.load(IP_OFF).map_err(|_| Reason::PassMalformed)?;
+    if ip.vihl >> 4 != 4 {
+        return Err(Reason::PassMalformed);
+    }
+    let ihl = ip.vihl & 0x0f;
+    if ihl < 5 {
+        return Err(Reason::PassMalformed);
+    }
+    if ihl != 5 {
+        return Err(Reason::PassIpOptions);
+    }
+    // More-fragments bit or a fragment offset.
+    if ip.frag_off & 0x3fffu16.to_be() != 0 {
+        return Err(Reason::PassFragment);
+    }
+    let tot_len = u16::from_be(ip.tot_len) as u32;
+    if tot_len < IP_HLEN as u32 || tot_len + ETH_HLEN as u32 > ctx.len() {
+        return Err(Reason::PassMalformed);
+    }
+    let mut p = Pkt {
+        saddr: ip.saddr,
+        daddr: ip.daddr,
+        sport: 0,
+        dport: 0,
+        proto: ip.proto,
+        icmp_type: 0xff,
+        tcp_flags: 0,
+        natable: false,
+    };
+    let l4_len = tot_len - IP_HLEN as u32;
+    match ip.proto {
+        proto::TCP => {
+            if l4_len < 20 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.tcp_flags = ctx.load(L4_OFF + 13).map_err(|_| Reason::PassMalformed)?;
+            p.natable = true;
+        }
+        proto::UDP => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.natable = true;
+        }
+        proto::ICMP => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ty: u8 = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.icmp_type = ty;
+            if ty == ICMP_ECHO || ty == ICMP_ECHO_REPLY {
+                let id: u16 = ctx.load(L4_OFF + 4).map_err(|_| Reason::PassMalformed)?;
+                if ty == ICMP_ECHO {
+                    p.sport = id;
+                } else {
+                    p.dport = id;
+                }
+                p.natable = true;
+            }
+        }
+        _ => {}
+    }
+    Ok(p)
+}
+
+/// Offset of the L4 checksum and the extra flags `bpf_l4_csum_replace` needs.
+#[inline(always)]
+fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
+    match proto_ {
+        proto::TCP => Some((l4_off + 16, 0)),
+        proto::UDP => Some((l4_off + 6, BPF_F_MARK_MANGLED_0 as u64)),
+        proto::ICMP => Some((l4_off + 2, 0)),
+        _ => None,
+    }
+}
+
+/// Rewrites the packet's tuple `p` into the entry's tuple `n`, fixing the IPv4 header
+/// checksum and the L4 checksum (pseudo-header included for TCP/UDP).
+#[inline(always)]
+fn rewrite(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
+    let csum = l4_csum(p.proto, L4_OFF);
+    let pseudo = p.proto == proto::TCP || p.proto == proto::UDP;
+    if n.saddr != p.saddr {
+        ctx.store(IP_OFF + 12, &n.saddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + 10, p.saddr as u64, n.saddr as u64, 4)?;
+        if let (true, Some((off, fl))) = (pseudo, csum) {
+            ctx.l4_csum_replace(
+                off,
+                p.saddr as u64,
+                n.saddr as u64,
+                fl | BPF_F_PSEUDO_HDR as u64 | 4,
+            )?;
+        }
+    }
+    if n.daddr != p.daddr {
+        ctx.store(IP_OFF + 16, &n.daddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, n.daddr as u64, 4)?;
+        if let (true, Some((off, fl))) = (pseudo, csum) {
+            ctx.l4_csum_replace(
+                off,
+                p.daddr as u64,
+                n.daddr as u64,
+                fl | BPF_F_PSEUDO_HDR as u64 | 4,
+            )?;
+        }
+    }
+    if let Some((off, fl)) = csum {
+        if pseudo {
+            if n.sport != p.sport {
+                ctx.store(L4_OFF, &n.sport, 0)?;
+                ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, fl | 2)?;
+            }
+            if n.dport != p.dport {
+                ctx.store(L4_OFF + 2, &n.dport, 0)?;
+                ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, fl | 2)?;
+            }
+        } else if p.icmp_type == ICMP_ECHO && n.sport != p.sport {
+            ctx.store(L4_OFF + 4, &n.sport, 0)?;
+            ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, 2)?;
+        } else if p.icmp_type == ICMP_ECHO_REPLY && n.dport != p.dport {
+            ctx.store(L4_OFF + 4, &n.dport, 0)?;
+            ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, 2)?;
+        }
+    }
+    Ok(())
+}
+
+#[inline(always)]
+fn add_stats(ifindex: u32, bytes: u32, rx: bool) {
+    if let Some(s) = EP_STATS.get_ptr_mut(ifindex) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        unsafe {
+            if rx {
+                (*s).rx_packets += 1;
+                (*s).rx_bytes += bytes as u64;
+            } else {
+                (*s).tx_packets += 1;
+                (*s).tx_bytes += bytes as u64;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
+    // SAFETY: the value is copied out at once.
+    let ep = unsafe { ENDPOINTS.get(EndpointKey { addr }) }.copied()?;
+    if ep.flags & EP_F_ACTIVE == 0 {
+        return None;
+    }
+    Some(ep)
+}
+
+/// Delivers the packet (whose destination is a local pod) straight into that pod:
+/// L2 rewrite, TTL decrement, `bpf_redirect_peer`. TTL expiry goes to the stack.
+#[inline(always)]
+fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+    let Ok(ttl) = ctx.load::<u8>(IP_OFF + 8) else {
+        return TC_ACT_OK as i32;
+    };
+    let Ok(ip_proto) = ctx.load::<u8>(IP_OFF + 9) else {
+        return TC_ACT_OK as i32;
+    };
+    if ttl <= 1 {
+        count(Reason::PassTtlExpired);
+        return TC_ACT_OK as i32;
+    }
+    let old = u16::from_ne_bytes([ttl, ip_proto]);
+    let new = u16::from_ne_bytes([ttl - 1, ip_proto]);
+    if ctx.store(IP_OFF + 8, &(ttl - 1), 0).is_err()
+        || ctx
+            .l3_csum_replace(IP_OFF + 10, old as u64, new as u64, 2)
+            .is_err()
+    {
+        return TC_ACT_OK as i32;
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(&ep.pod_mac);
+    macs[6..].copy_from_slice(&ep.host_mac);
+    if ctx.store(0, &macs, 0).is_err() {
+        return TC_ACT_OK as i32;
+    }
+    add_stats(ep.ifindex, ctx.len(), true);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+}
+
+/// After a translation: deliver into a local pod if the new destination is one, else hand
+/// the packet to the stack.
+#[inline(always)]
+fn deliver_or_stack(ctx: &TcContext, daddr: u32) -> i32 {
+    match local_endpoint(daddr) {
+        Some(ep) => deliver(ctx, &ep),
+        None => {
+            count(Reason::TranslatedToStack);
+            TC_ACT_OK as i32
+        }
+    }
+}
+
+#[inline(always)]
+fn node_config() -> Option<NodeConfig> {
+    NODE_CONFIG.get(0).copied()
+}
+
+#[inline(always)]
+fn is_node_addr(addr: u32) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { NODE_ADDRS.get(addr) }.is_some()
+}
+
+#[inline(always)]
+fn in_cluster(cfg: &NodeConfig, addr: u32) -> bool {
+    let n = cfg.n_cidrs as usize;
+    for i in 0..MAX_CLUSTER_CIDRS {
+        if i >= n {
+            break;
+        }
+        let c = cfg.cluster_cidrs[i];
+        if addr & c.mask == c.addr {
+            return true;
+        }
+    }
+    false
+}
+
+#[inline(always)]
+fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTarget> {
+    let mut key = PortKey {
+        addr: daddr,
+        port: dport,
+        proto: proto_,
+        _pad: 0,
+    };
+    // SAFETY: values are copied out at once.
+    if let Some(t) = unsafe { PORTMAPS.get(key) } {
+        return Some(*t);
+    }
+    key.addr = 0;
+    unsafe { PORTMAPS.get(key) }.copied()
+}
+
+/// Looks up the NAT entry for `p` if it belongs to `hook`, refreshing its timestamp.
+#[inline(always)]
+fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
+    if !p.natable {
+        return None;
+    }
+    let e = NAT.get_ptr_mut(p.key())?;
+    // SAFETY: LRU values may be recycled under us; we copy the value and only write a
+    // timestamp, which is harmless if the entry was reused.
+    unsafe {
+        if (*e).hook != hook {
+            return None;
+        }
+        (*e).last_seen_ns = bpf_ktime_get_ns();
+        Some(*e)
+    }
+}
+
+/// Inserts the reverse entry `rev_key → rev` with a free port in `rev_key.dport`, trying
+/// random ports of the configured SNAT range. Returns the chosen port (network order).
+#[inline(always)]
+fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry) -> Option<u16> {
+    let min = cfg.snat_port_min as u32;
+    let max = cfg.snat_port_max as u32;
+    if min == 0 || max < min {
+        return None;
+    }
+    let span = max - min + 1;
+    for _ in 0..SNAT_TRIES {
+        // SAFETY: plain helper call.
+        let r = unsafe { bpf_get_prandom_u32() };
+        let Some(off) = r.checked_rem(span) else {
+            return None;
+        };
+        let port = ((min + off) as u16).to_be();
+        if rev_key.proto != proto::ICMP
+            && port_mapping(rev_key.daddr, port, rev_key.proto).is_some()
+        {
+            continue;
+        }
+        rev_key.dport = port;
+        if NAT.insert(&*rev_key, rev, BPF_NOEXIST as u64).is_ok() {
+            return Some(port);
+        }
+    }
+    None
+}
+
+#[inline(always)]
+fn now() -> u64 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_ktime_get_ns() }
+}
+
+#[inline(always)]
+fn entry(saddr: u32, daddr: u32, sport: u16, dport: u16, hook: u8, kind: u8) -> NatEntry {
+    NatEntry {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        hook,
+        kind,
+        _pad: [0; 2],
+        last_seen_ns: now(),
+    }
+}
+
+#[inline(always)]
+fn apply(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> bool {
+    rewrite(ctx, p, n).is_ok()
+}
+
+// ---------------------------------------------------------------------------------------
+// from_pod
+
 /// Host veth ingress: traffic leaving a pod.
 #[classifier]
-pub fn from_pod(_ctx: TcContext) -> i32 {
+pub fn from_pod(ctx: TcContext) -> i32 {
     count(Reason::Seen);
-    TC_ACT_OK
+    // SAFETY: reading a field of the context.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    add_stats(ifindex, ctx.len(), false);
+    match try_from_pod(&ctx) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_from_pod(ctx: &TcContext) -> Result<i32, i32> {
+    let p = match parse(ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return Ok(PASS);
+        }
+    };
+
+    // An existing hairpin flow.
+    if let Some(n) = nat_lookup(&p, HOOK_POD) {
+        if !apply(ctx, &p, &n) {
+            return Ok(TC_ACT_OK as i32);
+        }
+        count(Reason::HairpinForward);
+        return Ok(deliver_or_stack(ctx, n.daddr));
+    }
+
+    // A new hairpin flow: a pod to one of this node's addresses on a host port.
+    if p.natable && p.opens_hostport_flow() && is_node_addr(p.daddr) {
+        if let Some(t) = port_mapping(p.daddr, p.dport, p.proto) {
+            return Ok(hairpin_new(ctx, &p, &t));
+        }
+    }
+
+    // Same-node pod → pod.
+    if let Some(ep) = local_endpoint(p.daddr) {
+        count(Reason::RedirectPod);
+        return Ok(deliver(ctx, &ep));
+    }
+    count(Reason::PassNoMatch);
+    Ok(PASS)
+}
+
+/// Client pod A → node N:hostPort, backed by pod B (possibly A itself).
+#[inline(always)]
+fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
+    let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+    let (b, bp) = (t.addr, t.port);
+    let fwd = if b == a {
+        // A pod reaching itself through its host port: the packet must not carry its own
+        // address as source (the pod would drop it as martian), so it comes from N.
+        let Some(cfg) = node_config() else {
+            count(Reason::PassNatInsertFailed);
+            return PASS;
+        };
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
+        let mut rev_key = NatKey {
+            saddr: a,
+            daddr: n,
+            sport: bp,
+            dport: 0,
+            proto: p.proto,
+            _pad: [0; 3],
+        };
+        let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+            count(Reason::DropNoSnatPort);
+            return TC_ACT_SHOT as i32;
+        };
+        entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+    } else {
+        let rev_key = NatKey {
+            saddr: b,
+            daddr: a,
+            sport: bp,
+            dport: ap,
+            proto: p.proto,
+            _pad: [0; 3],
+        };
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
+        if NAT.insert(&rev_key, &rev, BPF_NOEXIST as u64).is_err() {
+            count(Reason::PassNatInsertFailed);
+            return PASS;
+        }
+        entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+    };
+    if NAT.insert(&p.key(), &fwd, 0).is_err() {
+        count(Reason::PassNatInsertFailed);
+        return PASS;
+    }
+    if !apply(ctx, p, &fwd) {
+        return TC_ACT_OK as i32;
+    }
+    count(Reason::HairpinNew);
+    deliver_or_stack(ctx, fwd.daddr)
+}
+
+// ---------------------------------------------------------------------------------------
+// uplink_ingress
+
+/// Uplink ingress: reverse NAT of masqueraded flows, DNAT of host ports.
+#[classifier]
+pub fn uplink_ingress(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    match try_uplink_ingress(&ctx) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
+    let p = match parse(ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return Ok(PASS);
+        }
+    };
+
+    if p.proto == proto::ICMP
+        && (p.icmp_type == ICMP_DEST_UNREACH
+            || p.icmp_type == ICMP_TIME_EXCEEDED
+            || p.icmp_type == ICMP_PARAMETER_PROB)
+    {
+        return Ok(icmp_error_in(ctx, &p));
+    }
+
+    if let Some(n) = nat_lookup(&p, HOOK_UPLINK_IN) {
+        if !apply(ctx, &p, &n) {
+            return Ok(TC_ACT_OK as i32);
+        }
+        count(if n.kind == NAT_SNAT_REV {
+            Reason::SnatReply
+        } else {
+            Reason::DnatForward
+        });
+        return Ok(deliver_or_stack(ctx, n.daddr));
+    }
+
+    if p.natable && (p.proto == proto::TCP || p.proto == proto::UDP) && is_node_addr(p.daddr) {
+        if let Some(t) = port_mapping(p.daddr, p.dport, p.proto) {
+            if !p.opens_hostport_flow() {
+                count(Reason::PassStaleHostPortFlow);
+                return Ok(PASS);
+            }
+            // client C:cp → N:hp becomes C:cp → B:bp; the reply B:bp → C:cp leaves as N:hp.
+            let (c, cp, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+            let rev_key = NatKey {
+                saddr: t.addr,
+                daddr: c,
+                sport: t.port,
+                dport: cp,
+                proto: p.proto,
+                _pad: [0; 3],
+            };
+            let rev = entry(n, c, hp, cp, HOOK_UPLINK_OUT, NAT_DNAT_REV);
+            let fwd = entry(c, t.addr, cp, t.port, HOOK_UPLINK_IN, NAT_DNAT_FWD);
+            if NAT.insert(&rev_key, &rev, 0).is_err() || NAT.insert(&p.key(), &fwd, 0).is_err() {
+                count(Reason::PassNatInsertFailed);
+                return Ok(PASS);
+            }
+            if !apply(ctx, &p, &fwd) {
+                return Ok(TC_ACT_OK as i32);
+            }
+            count(Reason::DnatNew);
+            return Ok(deliver_or_stack(ctx, fwd.daddr));
+        }
+    }
+    count(Reason::PassNoMatch);
+    Ok(PASS)
+}
+
+/// An ICMP error (outer `p`) arriving from outside about a packet we translated on its
+/// way out: translate the quoted packet back and deliver the error to the pod.
+#[inline(always)]
+fn icmp_error_in(ctx: &TcContext, p: &Pkt) -> i32 {
+    match icmp_error_in_inner(ctx, p) {
+        Some(v) => v,
+        None => {
+            count(Reason::PassNoMatch);
+            PASS
+        }
+    }
+}
+
+#[inline(always)]
+fn icmp_error_in_inner(ctx: &TcContext, p: &Pkt) -> Option<i32> {
+    let ip: Iphdr = ctx.load(INNER_IP_OFF).ok()?;
+    if ip.vihl != 0x45 || ip.frag_off & 0x3fffu16.to_be() != 0 {
+        return None;
+    }
+    // The quoted packet's tuple as we sent it.
+    let (isport, idport) = match ip.proto {
+        proto::TCP | proto::UDP => {
+            let ports: [u16; 2] = ctx.load(INNER_L4_OFF).ok()?;
+            (ports[0], ports[1])
+        }
+        proto::ICMP => {
+            let ty: u8 = ctx.load(INNER_L4_OFF).ok()?;
+            let id: u16 = ctx.load(INNER_L4_OFF + 4).ok()?;
+            match ty {
+                ICMP_ECHO => (id, 0),
+                ICMP_ECHO_REPLY => (0, id),
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    if ip.saddr != p.daddr {
+        return None;
+    }
+    // The reply direction of the quoted packet is what our NAT entry is keyed by.
+    let key = NatKey {
+        saddr: ip.daddr,
+        daddr: ip.saddr,
+        sport: idport,
+        dport: isport,
+        proto: ip.proto,
+        _pad: [0; 3],
+    };
+    // SAFETY: copied out at once.
+    let e = unsafe { NAT.get(key) }.copied()?;
+    if e.hook != HOOK_UPLINK_IN {
+        return None;
+    }
+    // New quoted tuple: the entry's translation, reversed.
+    let (nsaddr, ndaddr, nsport, ndport) = (e.daddr, e.saddr, e.dport, e.sport);
+    let icmp_csum = L4_OFF + 2;
+
+    // Outer destination → the pod.
+    ctx.store(IP_OFF + 16, &nsaddr, 0).ok()?;
+    ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, nsaddr as u64, 4)
+        .ok()?;
+
+    // Quoted addresses, with the quoted header checksum; every changed byte of the ICMP
+    // payload is folded into the ICMP checksum.
+    let old_icsum: u16 = ctx.load(INNER_IP_OFF + 10).ok()?;
+    if nsaddr != ip.saddr {
+        ctx.store(INNER_IP_OFF + 12, &nsaddr, 0).ok()?;
+        ctx.l3_csum_replace(INNER_IP_OFF + 10, ip.saddr as u64, nsaddr as u64, 4)
+            .ok()?;
+        ctx.l4_csum_replace(icmp_csum, ip.saddr as u64, nsaddr as u64, 4)
+            .ok()?;
+    }
+    if ndaddr != ip.daddr {
+        ctx.store(INNER_IP_OFF + 16, &ndaddr, 0).ok()?;
+        ctx.l3_csum_replace(INNER_IP_OFF + 10, ip.daddr as u64, ndaddr as u64, 4)
+            .ok()?;
+        ctx.l4_csum_replace(icmp_csum, ip.daddr as u64, ndaddr as u64, 4)
+            .ok()?;
+    }
+    let new_icsum: u16 = ctx.load(INNER_IP_OFF + 10).ok()?;
+    if new_icsum != old_icsum {
+        ctx.l4_csum_replace(icmp_csum, old_icsum as u64, new_icsum as u64, 2)
+            .ok()?;
+    }
+    // Quoted ports / echo id (the quoted L4 checksum is left alone: receivers do not
+    // verify it, and it may be cut off).
+    if ip.proto == proto::ICMP {
+        let (old, new) = if isport != 0 {
+            (isport, nsport)
+        } else {
+            (idport, ndport)
+        };
+        if old != new {
+            ctx.store(INNER_L4_OFF + 4, &new, 0).ok()?;
+            ctx.l4_csum_replace(icmp_csum, old as u64, new as u64, 2)
+                .ok()?;
+        }
+    } else {
+        if nsport != isport {
+            ctx.store(INNER_L4_OFF, &nsport, 0).ok()?;
+            ctx.l4_csum_replace(icmp_csum, isport as u64, nsport as u64, 2)
+                .ok()?;
+        }
+        if ndport != idport {
+            ctx.store(INNER_L4_OFF + 2, &ndport, 0).ok()?;
+            ctx.l4_csum_replace(icmp_csum, idport as u64, ndport as u64, 2)
+                .ok()?;
+        }
+    }
+    count(Reason::IcmpErrorTranslated);
+    Some(deliver_or_stack(ctx, nsaddr))
+}
+
+// ---------------------------------------------------------------------------------------
+// uplink_egress
+
+/// Uplink egress: masquerade pod traffic leaving the cluster; restore replies of host-port
+/// flows to nodeIP:hostPort.
+#[classifier]
+pub fn uplink_egress(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    match try_uplink_egress(&ctx) {
+        Ok(v) | Err(v) => v,
+    }
+}
+
+#[inline(always)]
+fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
+    let p = match parse(ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return Ok(PASS);
+        }
+    };
+
+    if let Some(n) = nat_lookup(&p, HOOK_UPLINK_OUT) {
+        if apply(ctx, &p, &n) {
+            count(if n.kind == NAT_SNAT_FWD {
+                Reason::SnatForward
+            } else {
+                Reason::DnatReply
+            });
+        }
+        return Ok(TC_ACT_OK as i32);
+    }
+
+    // Masquerade: a local pod talking to something outside the cluster.
+    let cfg = match node_config() {
+        Some(c) => c,
+        None => {
+            count(Reason::PassNoMatch);
+            return Ok(PASS);
+        }
+    };
+    let echo_request = p.proto == proto::ICMP && p.icmp_type == ICMP_ECHO;
+    if cfg.flags & CFG_F_MASQ == 0
+        || cfg.node_addr == 0
+        || !p.natable
+        || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
+        || local_endpoint(p.saddr).is_none()
+        || in_cluster(&cfg, p.daddr)
+        || is_node_addr(p.daddr)
+    {
+        count(Reason::PassNoMatch);
+        return Ok(PASS);
+    }
+    // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
+    let node = cfg.node_addr;
+    let rev = entry(
+        p.daddr,
+        p.saddr,
+        p.dport,
+        p.sport,
+        HOOK_UPLINK_IN,
+        NAT_SNAT_REV,
+    );
+    let mut rev_key = NatKey {
+        saddr: p.daddr,
+        daddr: node,
+        sport: p.dport,
+        dport: 0,
+        proto: p.proto,
+        _pad: [0; 3],
+    };
+    let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+        count(Reason::DropNoSnatPort);
+        return Ok(TC_ACT_SHOT as i32);
+    };
+    let fwd = entry(node, p.daddr, np, p.dport, HOOK_UPLINK_OUT, NAT_SNAT_FWD);
+    if NAT.insert(&p.key(), &fwd, 0).is_err() {
+        let _ = NAT.remove(&rev_key);
+        count(Reason::PassNatInsertFailed);
+        return Ok(PASS);
+    }
+    if apply(ctx, &p, &fwd) {
+        count(Reason::SnatNew);
+    }
+    Ok(TC_ACT_OK as i32)
 }
 
 #[cfg(not(test))]

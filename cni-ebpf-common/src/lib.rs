@@ -3,19 +3,434 @@
 //!
 //! Every map key/value is `#[repr(C)]` with explicit padding and a compile-time size
 //! check; the byte order of each field is written in its doc comment.
+//!
+//! "Network order" below means: the bytes exactly as they appear on the wire, read as a
+//! native integer (what the eBPF program gets from `ctx.load::<u32>()`). Userspace builds
+//! such a value with `u32::from_ne_bytes(addr.octets())` / `u16::from_ne_bytes(port.to_be_bytes())`.
+
+use core::mem::size_of;
+
+/// Version of the pin layout and of every map layout below. Bump it whenever a map's
+/// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
+/// of another version (see `cni-ebpf/src/datapath/pins.rs`).
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Names of the programs in the object (also their pin names).
+pub mod prog {
+    /// Host veth ingress (packets leaving a pod).
+    pub const FROM_POD: &str = "from_pod";
+    /// Uplink ingress (packets arriving at the node from outside).
+    pub const UPLINK_INGRESS: &str = "uplink_ingress";
+    /// Uplink egress (packets leaving the node).
+    pub const UPLINK_EGRESS: &str = "uplink_egress";
+    /// Every program, in load order.
+    pub const ALL: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
+}
+
+/// Names of the maps in the object (also their pin names).
+pub mod map {
+    /// [`super::EndpointKey`] → [`super::EndpointInfo`].
+    pub const ENDPOINTS: &str = "ENDPOINTS";
+    /// Host veth ifindex (`u32`) → per-CPU [`super::EndpointStats`].
+    pub const EP_STATS: &str = "EP_STATS";
+    /// [`super::PortKey`] → [`super::PortTarget`].
+    pub const PORTMAPS: &str = "PORTMAPS";
+    /// [`super::NatKey`] → [`super::NatEntry`] (LRU).
+    pub const NAT: &str = "NAT";
+    /// Index 0 → [`super::NodeConfig`].
+    pub const NODE_CONFIG: &str = "NODE_CONFIG";
+    /// Node IPv4 address (`u32`, network order) → [`super::NodeAddr`].
+    pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    /// Per-CPU `u64` counters indexed by [`super::Reason`].
+    pub const REASONS: &str = "REASONS";
+    /// Owner id (`u64`, [`super::owner_id`]) → [`super::Owner`]; userspace only.
+    pub const OWNERS: &str = "OWNERS";
+    /// Every map.
+    pub const ALL: [&str; 8] = [
+        ENDPOINTS,
+        EP_STATS,
+        PORTMAPS,
+        NAT,
+        NODE_CONFIG,
+        NODE_ADDRS,
+        REASONS,
+        OWNERS,
+    ];
+}
+
+/// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
+pub const MAX_ENDPOINTS: u32 = 4096;
+/// Capacity of [`map::PORTMAPS`].
+pub const MAX_PORTMAPS: u32 = 8192;
+/// Capacity of [`map::NAT`]; every translated flow takes two entries.
+pub const MAX_NAT: u32 = 131_072;
+/// Capacity of [`map::NODE_ADDRS`].
+pub const MAX_NODE_ADDRS: u32 = 256;
+/// Capacity of [`map::OWNERS`].
+pub const MAX_OWNERS: u32 = 8192;
+/// Number of `clusterCIDRs` the programs consider.
+pub const MAX_CLUSTER_CIDRS: usize = 16;
 
 /// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
 /// Values start at 16 so they never collide with `TC_ACT_*` verdicts.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
-    /// Packet seen by a program at all.
+    /// Packet seen by one of our programs.
     Seen = 16,
-    /// Passed to the stack unchanged (not ours, or not IP).
-    PassNotIp = 17,
-    /// Passed: malformed or truncated header.
+    /// Passed unchanged: not IPv4 (ARP, IPv6, …).
+    PassNotIpv4 = 17,
+    /// Passed unchanged: truncated or malformed header.
     PassMalformed = 18,
+    /// Passed unchanged: IPv4 header with options.
+    PassIpOptions = 19,
+    /// Passed unchanged: IPv4 fragment.
+    PassFragment = 20,
+    /// Passed unchanged: nothing of ours applies (host-stack traffic).
+    PassNoMatch = 21,
+    /// Passed to the stack: TTL would expire (the stack sends the ICMP error).
+    PassTtlExpired = 22,
+    /// Same-node pod → pod redirected into the destination pod.
+    RedirectPod = 23,
+    /// New masquerade (SNAT) flow created.
+    SnatNew = 24,
+    /// Packet of an existing masqueraded flow translated (pod → outside).
+    SnatForward = 25,
+    /// Reply of a masqueraded flow translated back to the pod.
+    SnatReply = 26,
+    /// New host-port (DNAT) flow created.
+    DnatNew = 27,
+    /// Packet of an existing host-port flow translated (client → pod).
+    DnatForward = 28,
+    /// Reply of a host-port flow translated back to hostIP:hostPort.
+    DnatReply = 29,
+    /// New hairpin flow (pod → own node's hostPort) created.
+    HairpinNew = 30,
+    /// Packet of an existing hairpin flow translated.
+    HairpinForward = 31,
+    /// ICMP error about a translated flow translated.
+    IcmpErrorTranslated = 32,
+    /// Dropped: no free SNAT port for this destination.
+    DropNoSnatPort = 33,
+    /// Could not insert a NAT entry; packet passed unchanged.
+    PassNatInsertFailed = 34,
+    /// Translated packet handed to the stack (destination not a local pod).
+    TranslatedToStack = 35,
+    /// TCP packet to a hostPort without SYN and no flow entry: passed (never sent to a pod).
+    PassStaleHostPortFlow = 36,
+    /// Packet arrived on a host veth with no endpoint entry (counters not kept).
+    UnknownEndpoint = 37,
+}
+
+impl Reason {
+    /// Every reason, for userspace listings.
+    pub const ALL: [Reason; 22] = [
+        Reason::Seen,
+        Reason::PassNotIpv4,
+        Reason::PassMalformed,
+        Reason::PassIpOptions,
+        Reason::PassFragment,
+        Reason::PassNoMatch,
+        Reason::PassTtlExpired,
+        Reason::RedirectPod,
+        Reason::SnatNew,
+        Reason::SnatForward,
+        Reason::SnatReply,
+        Reason::DnatNew,
+        Reason::DnatForward,
+        Reason::DnatReply,
+        Reason::HairpinNew,
+        Reason::HairpinForward,
+        Reason::IcmpErrorTranslated,
+        Reason::DropNoSnatPort,
+        Reason::PassNatInsertFailed,
+        Reason::TranslatedToStack,
+        Reason::PassStaleHostPortFlow,
+        Reason::UnknownEndpoint,
+    ];
+
+    /// Stable snake-case name (used by `inspect`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Seen => "seen",
+            Reason::PassNotIpv4 => "pass_not_ipv4",
+            Reason::PassMalformed => "pass_malformed",
+            Reason::PassIpOptions => "pass_ip_options",
+            Reason::PassFragment => "pass_fragment",
+            Reason::PassNoMatch => "pass_no_match",
+            Reason::PassTtlExpired => "pass_ttl_expired",
+            Reason::RedirectPod => "redirect_pod",
+            Reason::SnatNew => "snat_new",
+            Reason::SnatForward => "snat_forward",
+            Reason::SnatReply => "snat_reply",
+            Reason::DnatNew => "dnat_new",
+            Reason::DnatForward => "dnat_forward",
+            Reason::DnatReply => "dnat_reply",
+            Reason::HairpinNew => "hairpin_new",
+            Reason::HairpinForward => "hairpin_forward",
+            Reason::IcmpErrorTranslated => "icmp_error_translated",
+            Reason::DropNoSnatPort => "drop_no_snat_port",
+            Reason::PassNatInsertFailed => "pass_nat_insert_failed",
+            Reason::TranslatedToStack => "translated_to_stack",
+            Reason::PassStaleHostPortFlow => "pass_stale_hostport_flow",
+            Reason::UnknownEndpoint => "unknown_endpoint",
+        }
+    }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
+const _: () = assert!((Reason::UnknownEndpoint as u32) < REASON_SLOTS);
+
+/// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointKey {
+    /// Pod IPv4 address, network order.
+    pub addr: u32,
+}
+const _: () = assert!(size_of::<EndpointKey>() == 4);
+
+/// [`EndpointInfo::flags`]: the entry is complete and may be used by the programs.
+pub const EP_F_ACTIVE: u32 = 1;
+
+/// Value of [`map::ENDPOINTS`]: where and how to deliver to a local pod.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointInfo {
+    /// Host-side veth ifindex (native order); `bpf_redirect_peer` target.
+    pub ifindex: u32,
+    /// `EP_F_*` bits (native order).
+    pub flags: u32,
+    /// MAC of the host-side veth (wire order): source MAC of frames delivered to the pod.
+    pub host_mac: [u8; 6],
+    /// MAC of the pod's interface (wire order): destination MAC of frames delivered to it.
+    pub pod_mac: [u8; 6],
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 4],
+    /// Owner of the entry ([`owner_id`] of container ID and ifname, native order).
+    pub owner: u64,
+}
+const _: () = assert!(size_of::<EndpointInfo>() == 32);
+
+/// Value of [`map::EP_STATS`] (per CPU): traffic of one pod as seen by our programs.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Packets from the pod (host veth ingress), native order.
+    pub tx_packets: u64,
+    /// Bytes from the pod, native order.
+    pub tx_bytes: u64,
+    /// Packets our programs redirected into the pod, native order.
+    pub rx_packets: u64,
+    /// Bytes redirected into the pod, native order.
+    pub rx_bytes: u64,
+}
+const _: () = assert!(size_of::<EndpointStats>() == 32);
+
+/// IP protocol numbers.
+pub mod proto {
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+}
+
+/// Key of [`map::PORTMAPS`]: one host port.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PortKey {
+    /// `hostIP` (network order); 0 = every node address.
+    pub addr: u32,
+    /// `hostPort`, network order.
+    pub port: u16,
+    /// [`proto::TCP`] or [`proto::UDP`].
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<PortKey>() == 8);
+
+/// Value of [`map::PORTMAPS`]: the pod behind a host port.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortTarget {
+    /// Pod IPv4 address, network order.
+    pub addr: u32,
+    /// `containerPort`, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+    /// Owner ([`owner_id`]), native order.
+    pub owner: u64,
+}
+const _: () = assert!(size_of::<PortTarget>() == 16);
+
+/// Key of [`map::NAT`]: the 5-tuple of a packet as it arrives at a program.
+///
+/// For ICMP echo, the identifier plays the port: a request is `(sport = id, dport = 0)`,
+/// a reply `(sport = 0, dport = id)`, so that a reply's tuple is the request's reversed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatKey {
+    /// Source address, network order.
+    pub saddr: u32,
+    /// Destination address, network order.
+    pub daddr: u32,
+    /// Source port (or echo id), network order.
+    pub sport: u16,
+    /// Destination port (or echo id), network order.
+    pub dport: u16,
+    /// IP protocol ([`proto`]).
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<NatKey>() == 16);
+
+/// [`NatEntry::hook`]: applied by `from_pod` (hairpin flows).
+pub const HOOK_POD: u8 = 1;
+/// [`NatEntry::hook`]: applied by `uplink_ingress`.
+pub const HOOK_UPLINK_IN: u8 = 2;
+/// [`NatEntry::hook`]: applied by `uplink_egress`.
+pub const HOOK_UPLINK_OUT: u8 = 3;
+
+/// [`NatEntry::kind`]: masquerade, pod → outside (forward direction).
+pub const NAT_SNAT_FWD: u8 = 1;
+/// [`NatEntry::kind`]: masquerade, reply to the pod.
+pub const NAT_SNAT_REV: u8 = 2;
+/// [`NatEntry::kind`]: host port, client → pod.
+pub const NAT_DNAT_FWD: u8 = 3;
+/// [`NatEntry::kind`]: host port, reply to the client.
+pub const NAT_DNAT_REV: u8 = 4;
+/// [`NatEntry::kind`]: hairpin, client pod → backend pod.
+pub const NAT_HAIRPIN_FWD: u8 = 5;
+/// [`NatEntry::kind`]: hairpin, reply to the client pod.
+pub const NAT_HAIRPIN_REV: u8 = 6;
+
+/// Value of [`map::NAT`]: the tuple a matching packet is rewritten to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    /// Translated source address, network order.
+    pub saddr: u32,
+    /// Translated destination address, network order.
+    pub daddr: u32,
+    /// Translated source port (or echo id), network order.
+    pub sport: u16,
+    /// Translated destination port (or echo id), network order.
+    pub dport: u16,
+    /// Which program applies the entry (`HOOK_*`).
+    pub hook: u8,
+    /// What the entry is (`NAT_*`), for inspection.
+    pub kind: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 2],
+    /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(size_of::<NatEntry>() == 24);
+
+/// [`NodeConfig::flags`]: masquerade traffic leaving the cluster (`ipMasq`).
+pub const CFG_F_MASQ: u32 = 1;
+
+/// One `clusterCIDRs` entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cidr4 {
+    /// Network address, network order.
+    pub addr: u32,
+    /// Netmask, network order (e.g. `/16` is the bytes ff ff 00 00).
+    pub mask: u32,
+}
+const _: () = assert!(size_of::<Cidr4>() == 8);
+
+/// Value of [`map::NODE_CONFIG`] (one entry, index 0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeConfig {
+    /// Node IPv4 address used as the masquerade source, network order; 0 = no SNAT.
+    pub node_addr: u32,
+    /// Uplink ifindex, native order.
+    pub uplink_ifindex: u32,
+    /// `CFG_F_*` bits, native order.
+    pub flags: u32,
+    /// Number of valid entries in `cluster_cidrs`, native order.
+    pub n_cidrs: u32,
+    /// First SNAT port (inclusive), native order.
+    pub snat_port_min: u16,
+    /// Last SNAT port (inclusive), native order.
+    pub snat_port_max: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+    /// `clusterCIDRs` (IPv4 ones), never masqueraded.
+    pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
+}
+const _: () = assert!(size_of::<NodeConfig>() == 24 + 8 * MAX_CLUSTER_CIDRS);
+
+/// Value of [`map::NODE_ADDRS`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeAddr {
+    /// ifindex the address is on, native order (informational).
+    pub ifindex: u32,
+}
+const _: () = assert!(size_of::<NodeAddr>() == 4);
+
+/// Longest container ID kept in an [`Owner`] record (longer IDs are refused by userspace).
+pub const OWNER_ID_LEN: usize = 240;
+/// Longest interface name kept in an [`Owner`] record.
+pub const OWNER_IFNAME_LEN: usize = 16;
+
+/// Value of [`map::OWNERS`]: who an owner id stands for (read by userspace only).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    /// Length of `container_id` in bytes, native order.
+    pub id_len: u32,
+    /// Length of `ifname` in bytes, native order.
+    pub ifname_len: u32,
+    /// Container ID bytes (ASCII), zero-padded.
+    pub container_id: [u8; OWNER_ID_LEN],
+    /// Interface name bytes (`CNI_IFNAME`), zero-padded.
+    pub ifname: [u8; OWNER_IFNAME_LEN],
+}
+const _: () = assert!(size_of::<Owner>() == 8 + OWNER_ID_LEN + OWNER_IFNAME_LEN);
+
+/// Owner id of (container ID, ifname): 64-bit FNV-1a over `id`, a 0 byte and `ifname`.
+/// Never 0.
+#[must_use]
+pub fn owner_id(container_id: &[u8], ifname: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h = OFFSET;
+    for &b in container_id.iter().chain(&[0u8]).chain(ifname) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY (all): `#[repr(C)]`, only integer fields and explicit padding, no implicit
+    // padding (checked by the size asserts), every bit pattern valid.
+    unsafe impl aya::Pod for super::EndpointKey {}
+    unsafe impl aya::Pod for super::EndpointInfo {}
+    unsafe impl aya::Pod for super::EndpointStats {}
+    unsafe impl aya::Pod for super::PortKey {}
+    unsafe impl aya::Pod for super::PortTarget {}
+    unsafe impl aya::Pod for super::NatKey {}
+    unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::Cidr4 {}
+    unsafe impl aya::Pod for super::NodeConfig {}
+    unsafe impl aya::Pod for super::NodeAddr {}
+    unsafe impl aya::Pod for super::Owner {}
+}

@@ -8,6 +8,7 @@
 pub mod cli;
 pub mod cmd;
 pub mod cni;
+pub mod datapath;
 pub mod error;
 pub mod ipam;
 pub mod logging;

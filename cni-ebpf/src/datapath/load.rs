@@ -1,0 +1,195 @@
+//! Loading the object once per network, pinning it, and opening the pins.
+//!
+//! Loading is serialised by an exclusive `flock` on the network's pin directory (flock
+//! works on any inode, bpffs directories included), with a bounded wait. Maps are created
+//! by aya's by-name pinning below `v1/maps` (existing pins are reused, so map contents
+//! survive a reload), then each program is verified and pinned. Readers that find every
+//! program pin present need no lock.
+
+use std::{
+    fs::File,
+    os::fd::AsRawFd,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use aya::{
+    maps::{Map, MapData},
+    programs::{ProgramError, SchedClassifier},
+    EbpfLoader,
+};
+use cni_ebpf_common::prog;
+
+use super::{object, pins::Pins};
+use crate::error::{Error, Result};
+
+/// `BPF_FS_MAGIC` from `linux/magic.h`.
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+/// How long a loader waits for another one holding the lock.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// Checks that `dir` (or, if it does not exist yet, its nearest existing ancestor) is on a
+/// bpf filesystem.
+pub fn check_bpffs(dir: &Path) -> Result<()> {
+    let mut probe = dir;
+    while !probe.exists() {
+        match probe.parent() {
+            Some(p) => probe = p,
+            None => break,
+        }
+    }
+    let fs = nix::sys::statfs::statfs(probe).map_err(|e| {
+        Error::NotAvailable(format!("cannot stat bpffsRoot {}: {e}", probe.display()))
+    })?;
+    let magic = fs.filesystem_type().0;
+    if magic != BPF_FS_MAGIC {
+        return Err(Error::NotAvailable(format!(
+            "{} is not on a bpf filesystem (bpffsRoot {}); mount one, e.g. \
+             `mount -t bpf bpf /sys/fs/bpf`",
+            probe.display(),
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
+/// An exclusive lock on the network's pin directory, released on drop.
+pub struct LoadLock {
+    _file: File,
+}
+
+impl LoadLock {
+    /// Takes the lock, waiting at most [`LOCK_WAIT`] (then error 11, try again).
+    pub fn acquire(pins: &Pins) -> Result<Self> {
+        let dir = pins.network_dir();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+        let file =
+            File::open(dir).map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+        let start = Instant::now();
+        loop {
+            // SAFETY: flock on a file descriptor we own.
+            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if rc == 0 {
+                return Ok(Self { _file: file });
+            }
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK)
+                && err.kind() != std::io::ErrorKind::Interrupted
+            {
+                return Err(Error::io(format!("locking {}", dir.display()), err));
+            }
+            if start.elapsed() > LOCK_WAIT {
+                return Err(Error::TryAgain(format!(
+                    "another cni-ebpf is loading the datapath of {} (lock held for more than {}s)",
+                    dir.display(),
+                    LOCK_WAIT.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// Formats a program error, verifier log included.
+pub fn program_error(e: &ProgramError) -> String {
+    match e {
+        ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => format!("BPF_PROG_LOAD failed: {io_error}; verifier log:\n{verifier_log}"),
+        other => {
+            let mut s = other.to_string();
+            let mut src = std::error::Error::source(other);
+            while let Some(e) = src {
+                s.push_str(": ");
+                s.push_str(&e.to_string());
+                src = e.source();
+            }
+            s
+        }
+    }
+}
+
+/// Loads and pins whatever is missing. The caller holds the [`LoadLock`].
+pub fn load_and_pin(pins: &Pins) -> Result<()> {
+    let bytes = object::bytes()?;
+    pins.create_dirs()?;
+    let maps_dir = pins.maps_dir();
+    let mut ebpf = EbpfLoader::new()
+        .default_map_pin_directory(&maps_dir)
+        .load(bytes)
+        .map_err(|e| {
+            Error::datapath(
+                format!(
+                    "loading the eBPF object (maps pinned in {})",
+                    maps_dir.display()
+                ),
+                chain(&e),
+            )
+        })?;
+    for name in prog::ALL {
+        let pin = pins.prog(name);
+        if pin.exists() {
+            continue;
+        }
+        let program: &mut SchedClassifier = ebpf
+            .program_mut(name)
+            .ok_or_else(|| {
+                Error::datapath(
+                    format!("loading program {name}"),
+                    "the embedded object has no such program",
+                )
+            })?
+            .try_into()
+            .map_err(|e: ProgramError| {
+                Error::datapath(format!("loading program {name}"), program_error(&e))
+            })?;
+        program
+            .load()
+            .map_err(|e| Error::datapath(format!("verifying program {name}"), program_error(&e)))?;
+        program.pin(&pin).map_err(|e| {
+            Error::datapath(
+                format!("pinning program {name} at {}", pin.display()),
+                chain(&e),
+            )
+        })?;
+    }
+    Ok(())
+}
+
+/// Opens a pinned map.
+pub fn open_map(pins: &Pins, name: &str) -> Result<Map> {
+    let path = pins.map(name);
+    let data = MapData::from_pin(&path).map_err(|e| {
+        Error::datapath(format!("opening pinned map {}", path.display()), chain(&e))
+    })?;
+    Map::from_map_data(data)
+        .map_err(|e| Error::datapath(format!("opening pinned map {}", path.display()), chain(&e)))
+}
+
+/// Opens a pinned program.
+pub fn open_program(pins: &Pins, name: &str) -> Result<SchedClassifier> {
+    let path = pins.prog(name);
+    SchedClassifier::from_pin(&path).map_err(|e| {
+        Error::datapath(
+            format!("opening pinned program {}", path.display()),
+            program_error(&e),
+        )
+    })
+}
+
+/// An error and its sources on one line.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(inner) = src {
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s
+}

@@ -1,0 +1,245 @@
+//! Typed access to the pinned maps, and the conversions between Rust types and the
+//! network-order fields of `cni-ebpf-common`.
+
+use std::net::Ipv4Addr;
+
+use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use cni_ebpf_common::{
+    map, EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
+    PortKey, PortTarget, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+};
+
+use super::{load, pins::Pins};
+use crate::error::{Error, Result};
+
+/// Every map of one network, opened from its pins.
+pub struct Maps {
+    pub(crate) endpoints: Map,
+    pub(crate) ep_stats: Map,
+    pub(crate) portmaps: Map,
+    pub(crate) nat: Map,
+    pub(crate) node_config: Map,
+    pub(crate) node_addrs: Map,
+    pub(crate) reasons: Map,
+    pub(crate) owners: Map,
+}
+
+fn map_err(name: &str, what: &str, e: &MapError) -> Error {
+    Error::datapath(format!("map {name}: {what}"), load::chain(e))
+}
+
+impl Maps {
+    /// Opens every map pin (checking key and value sizes against ours).
+    pub fn open(pins: &Pins) -> Result<Self> {
+        let mut m = Self {
+            endpoints: load::open_map(pins, map::ENDPOINTS)?,
+            ep_stats: load::open_map(pins, map::EP_STATS)?,
+            portmaps: load::open_map(pins, map::PORTMAPS)?,
+            nat: load::open_map(pins, map::NAT)?,
+            node_config: load::open_map(pins, map::NODE_CONFIG)?,
+            node_addrs: load::open_map(pins, map::NODE_ADDRS)?,
+            reasons: load::open_map(pins, map::REASONS)?,
+            owners: load::open_map(pins, map::OWNERS)?,
+        };
+        // Typed views fail on a key/value size mismatch: a layout this binary does not know.
+        m.endpoints()?;
+        m.ep_stats()?;
+        m.portmaps()?;
+        m.nat()?;
+        m.node_config()?;
+        m.node_addrs()?;
+        m.reasons()?;
+        m.owners()?;
+        Ok(m)
+    }
+
+    /// [`map::ENDPOINTS`].
+    pub fn endpoints(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>> {
+        HashMap::try_from(&mut self.endpoints).map_err(|e| map_err(map::ENDPOINTS, "open", &e))
+    }
+
+    /// [`map::EP_STATS`].
+    pub fn ep_stats(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, EndpointStats>> {
+        PerCpuHashMap::try_from(&mut self.ep_stats).map_err(|e| map_err(map::EP_STATS, "open", &e))
+    }
+
+    /// [`map::PORTMAPS`].
+    pub fn portmaps(&mut self) -> Result<HashMap<&mut MapData, PortKey, PortTarget>> {
+        HashMap::try_from(&mut self.portmaps).map_err(|e| map_err(map::PORTMAPS, "open", &e))
+    }
+
+    /// [`map::NAT`].
+    pub fn nat(&mut self) -> Result<HashMap<&mut MapData, NatKey, NatEntry>> {
+        HashMap::try_from(&mut self.nat).map_err(|e| map_err(map::NAT, "open", &e))
+    }
+
+    /// [`map::NODE_CONFIG`].
+    pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
+        Array::try_from(&mut self.node_config).map_err(|e| map_err(map::NODE_CONFIG, "open", &e))
+    }
+
+    /// [`map::NODE_ADDRS`].
+    pub fn node_addrs(&mut self) -> Result<HashMap<&mut MapData, u32, NodeAddr>> {
+        HashMap::try_from(&mut self.node_addrs).map_err(|e| map_err(map::NODE_ADDRS, "open", &e))
+    }
+
+    /// [`map::REASONS`].
+    pub fn reasons(&mut self) -> Result<PerCpuArray<&mut MapData, u64>> {
+        PerCpuArray::try_from(&mut self.reasons).map_err(|e| map_err(map::REASONS, "open", &e))
+    }
+
+    /// [`map::OWNERS`].
+    pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
+        HashMap::try_from(&mut self.owners).map_err(|e| map_err(map::OWNERS, "open", &e))
+    }
+}
+
+/// Whether a map error means "no such key".
+#[must_use]
+pub fn is_not_found(e: &MapError) -> bool {
+    match e {
+        MapError::KeyNotFound => true,
+        MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
+/// Wraps a map error with context.
+pub fn err(name: &str, what: impl AsRef<str>, e: &MapError) -> Error {
+    map_err(name, what.as_ref(), e)
+}
+
+/// Looks a key up, mapping "not found" to `None`.
+pub fn get<K: aya::Pod, V: aya::Pod>(
+    m: &HashMap<&mut MapData, K, V>,
+    key: &K,
+    name: &str,
+) -> Result<Option<V>> {
+    match m.get(key, 0) {
+        Ok(v) => Ok(Some(v)),
+        Err(e) if is_not_found(&e) => Ok(None),
+        Err(e) => Err(map_err(name, "lookup", &e)),
+    }
+}
+
+/// Removes a key; a missing key is fine.
+pub fn remove<K: aya::Pod, V: aya::Pod>(
+    m: &mut HashMap<&mut MapData, K, V>,
+    key: &K,
+    name: &str,
+) -> Result<()> {
+    match m.remove(key) {
+        Ok(()) => Ok(()),
+        Err(e) if is_not_found(&e) => Ok(()),
+        Err(e) => Err(map_err(name, "delete", &e)),
+    }
+}
+
+/// Every (key, value) of a hash map (entries that vanish while iterating are skipped).
+pub fn entries<K: aya::Pod, V: aya::Pod>(m: &HashMap<&mut MapData, K, V>) -> Vec<(K, V)> {
+    m.iter().filter_map(std::result::Result::ok).collect()
+}
+
+/// Sum of per-CPU values.
+#[must_use]
+pub fn sum_stats(v: &PerCpuValues<EndpointStats>) -> EndpointStats {
+    v.iter().fold(EndpointStats::default(), |mut a, s| {
+        a.tx_packets += s.tx_packets;
+        a.tx_bytes += s.tx_bytes;
+        a.rx_packets += s.rx_packets;
+        a.rx_bytes += s.rx_bytes;
+        a
+    })
+}
+
+/// Zeroed per-CPU values.
+pub fn zero_percpu<T: aya::Pod + Default>() -> Result<PerCpuValues<T>> {
+    let n = aya::util::nr_cpus()
+        .map_err(|(what, e)| Error::io(format!("reading the CPU count ({what})"), e))?;
+    PerCpuValues::try_from(vec![T::default(); n])
+        .map_err(|e| Error::io("building per-CPU values", e))
+}
+
+/// An IPv4 address as a network-order map field.
+#[must_use]
+pub fn addr(a: Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(a.octets())
+}
+
+/// A network-order map field as an IPv4 address.
+#[must_use]
+pub fn to_addr(a: u32) -> Ipv4Addr {
+    Ipv4Addr::from(a.to_ne_bytes())
+}
+
+/// A port as a network-order map field.
+#[must_use]
+pub fn port(p: u16) -> u16 {
+    u16::from_ne_bytes(p.to_be_bytes())
+}
+
+/// A network-order map field as a port.
+#[must_use]
+pub fn to_port(p: u16) -> u16 {
+    u16::from_be_bytes(p.to_ne_bytes())
+}
+
+/// Builds an [`Owner`] record; container IDs and ifnames that do not fit are refused.
+pub fn owner_record(container_id: &str, ifname: &str) -> Result<Owner> {
+    let id = container_id.as_bytes();
+    let ifn = ifname.as_bytes();
+    if id.len() > OWNER_ID_LEN {
+        return Err(Error::datapath(
+            "recording the endpoint owner",
+            format!("container ID is longer than {OWNER_ID_LEN} bytes"),
+        ));
+    }
+    if ifn.len() > OWNER_IFNAME_LEN {
+        return Err(Error::datapath(
+            "recording the endpoint owner",
+            format!("ifname {ifname:?} is longer than {OWNER_IFNAME_LEN} bytes"),
+        ));
+    }
+    let mut o = Owner {
+        id_len: u32::try_from(id.len()).unwrap_or(0),
+        ifname_len: u32::try_from(ifn.len()).unwrap_or(0),
+        container_id: [0; OWNER_ID_LEN],
+        ifname: [0; OWNER_IFNAME_LEN],
+    };
+    o.container_id[..id.len()].copy_from_slice(id);
+    o.ifname[..ifn.len()].copy_from_slice(ifn);
+    Ok(o)
+}
+
+/// (container ID, ifname) of an [`Owner`] record.
+#[must_use]
+pub fn owner_names(o: &Owner) -> (String, String) {
+    let id_len = (o.id_len as usize).min(OWNER_ID_LEN);
+    let if_len = (o.ifname_len as usize).min(OWNER_IFNAME_LEN);
+    (
+        String::from_utf8_lossy(&o.container_id[..id_len]).into_owned(),
+        String::from_utf8_lossy(&o.ifname[..if_len]).into_owned(),
+    )
+}
+
+#[cfg(test)]
+#[expect(clippy::panic, reason = "tests")]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_order_round_trips() {
+        let a = Ipv4Addr::new(10, 244, 1, 5);
+        assert_eq!(addr(a).to_ne_bytes(), [10, 244, 1, 5]);
+        assert_eq!(to_addr(addr(a)), a);
+        assert_eq!(port(8080).to_ne_bytes(), [0x1f, 0x90]);
+        assert_eq!(to_port(port(8080)), 8080);
+    }
+
+    #[test]
+    fn owner_round_trip() {
+        let o = owner_record("abc123", "eth0").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(owner_names(&o), ("abc123".to_owned(), "eth0".to_owned()));
+        assert!(owner_record(&"x".repeat(OWNER_ID_LEN + 1), "eth0").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! What the programs need to know about the node: uplink, its IPv4 address, every local
+//! IPv4 address, the SNAT port range. Read with netlink on a helper thread (the callers may
+//! already be inside a tokio runtime; a new thread inherits the caller's network namespace).
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use futures::TryStreamExt;
+use netlink_packet_route::address::AddressAttribute;
+
+use crate::{
+    error::{Error, Result},
+    link::{self, Nl},
+};
+
+/// Facts about the node gathered in one netlink session.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeFacts {
+    /// Uplink name and ifindex.
+    pub uplink: Option<(String, u32)>,
+    /// First global IPv4 address of the uplink (masquerade source).
+    pub uplink_addr: Option<Ipv4Addr>,
+    /// Every IPv4 address of the node with its ifindex.
+    pub addrs: Vec<(Ipv4Addr, u32)>,
+}
+
+/// Runs `f` on a fresh thread with its own current-thread runtime.
+fn on_helper_thread<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(f)
+            .join()
+            .unwrap_or_else(|_| Err(Error::netlink("netlink helper thread", "panicked")))
+    })
+}
+
+/// Reads the node facts. `uplink` is the configured uplink; `None` means the device of the
+/// IPv4 default route. `want_uplink = false` skips the uplink (addresses only).
+pub fn read(uplink: Option<&str>, want_uplink: bool) -> Result<NodeFacts> {
+    let uplink = uplink.map(str::to_owned);
+    on_helper_thread(move || {
+        let rt = link::runtime()?;
+        rt.block_on(async move {
+            let nl = Nl::connect()?;
+            let mut facts = NodeFacts {
+                addrs: all_ipv4().await?,
+                ..NodeFacts::default()
+            };
+            if want_uplink {
+                let dev = match &uplink {
+                    Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
+                        Error::config("uplink", format!("no interface named {name} on the node"))
+                    })?,
+                    None => {
+                        let idx = nl.default_route_device().await?.ok_or_else(|| {
+                            Error::config(
+                                "uplink",
+                                "not set and the node has no IPv4 default route to take it from",
+                            )
+                        })?;
+                        nl.link_by_index(idx).await?.ok_or_else(|| {
+                            Error::netlink(
+                                "finding the default route's device",
+                                format!("ifindex {idx} vanished"),
+                            )
+                        })?
+                    }
+                };
+                facts.uplink_addr = facts
+                    .addrs
+                    .iter()
+                    .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
+                    .map(|(a, _)| *a);
+                facts.uplink = Some((dev.name, dev.index));
+            }
+            Ok(facts)
+        })
+    })
+}
+
+async fn all_ipv4() -> Result<Vec<(Ipv4Addr, u32)>> {
+    let (conn, handle, _) =
+        rtnetlink::new_connection().map_err(|e| Error::netlink("opening a netlink socket", e))?;
+    tokio::spawn(conn);
+    let mut last = None;
+    for _ in 0..5 {
+        let res: std::result::Result<Vec<_>, _> =
+            handle.address().get().execute().try_collect().await;
+        match res {
+            Ok(msgs) => {
+                return Ok(msgs
+                    .iter()
+                    .filter_map(|m| {
+                        m.attributes.iter().find_map(|a| match a {
+                            AddressAttribute::Local(IpAddr::V4(ip))
+                            | AddressAttribute::Address(IpAddr::V4(ip)) => {
+                                Some((*ip, m.header.index))
+                            }
+                            _ => None,
+                        })
+                    })
+                    .collect())
+            }
+            Err(e) => last = Some(e.to_string()),
+        }
+    }
+    Err(Error::netlink(
+        "listing the node's addresses",
+        last.unwrap_or_default(),
+    ))
+}
+
+/// The SNAT port range: ports the kernel never picks for the node's own connections,
+/// i.e. outside `net.ipv4.ip_local_port_range` — above it when at least 1024 ports are
+/// free there, else below it (never under 1024).
+pub fn snat_port_range() -> (u16, u16) {
+    let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| {
+            let mut it = s.split_whitespace().filter_map(|p| p.parse::<u32>().ok());
+            Some((it.next()?, it.next()?))
+        })
+        .unwrap_or((32768, 60999));
+    pick_range(lo, hi)
+}
+
+fn pick_range(lo: u32, hi: u32) -> (u16, u16) {
+    let clamp = |v: u32| u16::try_from(v.min(65535)).unwrap_or(u16::MAX);
+    if hi < 65535 && 65535 - hi >= 1024 {
+        (clamp(hi + 1), 65535)
+    } else if lo > 1024 && lo - 1024 >= 1024 {
+        (clamp(lo.saturating_sub(1024).max(1024)), clamp(lo - 1))
+    } else {
+        // No room outside the local range: share it (documented limitation).
+        (clamp(lo.max(1024)), clamp(hi))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_range;
+
+    #[test]
+    fn snat_range_avoids_local_ports() {
+        assert_eq!(pick_range(32768, 60999), (61000, 65535));
+        assert_eq!(pick_range(10000, 65535), (8976, 9999));
+        assert_eq!(pick_range(1024, 65535), (1024, 65535));
+    }
+}

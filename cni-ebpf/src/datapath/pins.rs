@@ -1,0 +1,224 @@
+//! The one place that defines where everything of a network lives in bpffs.
+//!
+//! ```text
+//! <bpffsRoot>/<network>/                 network directory; flock()ed while loading
+//! <bpffsRoot>/<network>/v1/              layout version (cni_ebpf_common::LAYOUT_VERSION)
+//!     maps/<MAP>                         every map of the object, pinned by name
+//!     progs/<program>                    from_pod, uplink_ingress, uplink_egress
+//!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress)
+//!     links/uplink-<ifname>-ingress      tcx link of uplink_ingress
+//!     links/uplink-<ifname>-egress       tcx link of uplink_egress
+//! ```
+//! A binary only uses the `v<LAYOUT_VERSION>` tree; finding another `v*` directory means
+//! another (older or newer) cni-ebpf owns this network's datapath and is reported as such.
+//! Maps are pinned before programs and programs in a fixed order, so "every program pin
+//! present" means "fully loaded".
+
+use std::{
+    io,
+    path::{Path, PathBuf},
+};
+
+use cni_ebpf_common::{map, prog, LAYOUT_VERSION};
+
+use crate::error::{Error, Result};
+
+/// Name of the version directory this binary uses.
+#[must_use]
+pub fn version_dir_name() -> String {
+    format!("v{LAYOUT_VERSION}")
+}
+
+/// Paths of one network's pins.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pins {
+    network: PathBuf,
+}
+
+/// Direction of an uplink attachment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    /// tc ingress.
+    Ingress,
+    /// tc egress.
+    Egress,
+}
+
+impl Direction {
+    /// `ingress` / `egress`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+}
+
+impl Pins {
+    /// The pins of the network whose directory is `network_dir` (`<bpffsRoot>/<network>`).
+    #[must_use]
+    pub fn new(network_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            network: network_dir.into(),
+        }
+    }
+
+    /// `<bpffsRoot>/<network>`.
+    #[must_use]
+    pub fn network_dir(&self) -> &Path {
+        &self.network
+    }
+
+    /// `<bpffsRoot>/<network>/v1`.
+    #[must_use]
+    pub fn version_dir(&self) -> PathBuf {
+        self.network.join(version_dir_name())
+    }
+
+    /// Directory of the map pins.
+    #[must_use]
+    pub fn maps_dir(&self) -> PathBuf {
+        self.version_dir().join("maps")
+    }
+
+    /// Pin of map `name`.
+    #[must_use]
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    /// Directory of the program pins.
+    #[must_use]
+    pub fn progs_dir(&self) -> PathBuf {
+        self.version_dir().join("progs")
+    }
+
+    /// Pin of program `name`.
+    #[must_use]
+    pub fn prog(&self, name: &str) -> PathBuf {
+        self.progs_dir().join(name)
+    }
+
+    /// Directory of the link pins.
+    #[must_use]
+    pub fn links_dir(&self) -> PathBuf {
+        self.version_dir().join("links")
+    }
+
+    /// Pin of the `from_pod` link on host veth `host_ifname`.
+    #[must_use]
+    pub fn endpoint_link(&self, host_ifname: &str) -> PathBuf {
+        self.links_dir().join(format!("ep-{host_ifname}"))
+    }
+
+    /// Pin of an uplink program's link.
+    #[must_use]
+    pub fn uplink_link(&self, ifname: &str, dir: Direction) -> PathBuf {
+        self.links_dir()
+            .join(format!("uplink-{ifname}-{}", dir.as_str()))
+    }
+
+    /// Every program pin present.
+    #[must_use]
+    pub fn programs_pinned(&self) -> bool {
+        prog::ALL.iter().all(|p| self.prog(p).exists())
+    }
+
+    /// Every map pin present.
+    #[must_use]
+    pub fn maps_pinned(&self) -> bool {
+        map::ALL.iter().all(|m| self.map(m).exists())
+    }
+
+    /// Fully loaded: every map and program pinned.
+    #[must_use]
+    pub fn complete(&self) -> bool {
+        self.maps_pinned() && self.programs_pinned()
+    }
+
+    /// The missing pins, for error messages.
+    #[must_use]
+    pub fn missing(&self) -> Vec<PathBuf> {
+        map::ALL
+            .iter()
+            .map(|m| self.map(m))
+            .chain(prog::ALL.iter().map(|p| self.prog(p)))
+            .filter(|p| !p.exists())
+            .collect()
+    }
+
+    /// Layout versions other than ours found in the network directory.
+    pub fn foreign_versions(&self) -> Result<Vec<String>> {
+        let entries = match std::fs::read_dir(&self.network) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("reading {}", self.network.display()), e)),
+        };
+        let ours = version_dir_name();
+        Ok(entries
+            .filter_map(std::result::Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| {
+                n.len() > 1 && n.starts_with('v') && n[1..].bytes().all(|b| b.is_ascii_digit())
+            })
+            .filter(|n| *n != ours)
+            .collect())
+    }
+
+    /// Creates the directory tree (idempotent).
+    pub fn create_dirs(&self) -> Result<()> {
+        for d in [self.maps_dir(), self.progs_dir(), self.links_dir()] {
+            std::fs::create_dir_all(&d)
+                .map_err(|e| Error::io(format!("creating pin directory {}", d.display()), e))?;
+        }
+        Ok(())
+    }
+
+    /// Host veth names that have a pinned endpoint link.
+    pub fn endpoint_links(&self) -> Result<Vec<String>> {
+        let dir = self.links_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
+        };
+        Ok(entries
+            .filter_map(std::result::Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter_map(|n| n.strip_prefix("ep-").map(str::to_owned))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout() {
+        let p = Pins::new("/sys/fs/bpf/cni-ebpf/net1");
+        assert_eq!(
+            p.map("NAT"),
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/maps/NAT")
+        );
+        assert_eq!(
+            p.prog("from_pod"),
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/progs/from_pod")
+        );
+        assert_eq!(
+            p.endpoint_link("veth1234"),
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/links/ep-veth1234")
+        );
+        assert_eq!(
+            p.uplink_link("eth0", Direction::Egress),
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/links/uplink-eth0-egress")
+        );
+    }
+
+    #[test]
+    fn foreign_versions_of_missing_dir_is_empty() {
+        let p = Pins::new("/nonexistent/cni-ebpf/x");
+        assert!(matches!(p.foreign_versions(), Ok(v) if v.is_empty()));
+    }
+}

@@ -1,0 +1,419 @@
+//! Shared by the `packet_*` tests: a throwaway bpffs with the datapath loaded into it,
+//! `BPF_PROG_TEST_RUN` through aya, packet builders and an independent checksum check.
+//!
+//! Nothing here touches a network namespace: test runs are synthetic, and the bpffs is a
+//! fresh instance mounted on a temporary directory and unmounted on drop (also when the
+//! test panics).
+
+#![allow(dead_code, reason = "each test file uses a different subset")]
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+use std::net::Ipv4Addr;
+
+use aya::{TestRun as _, TestRunOptions};
+use cni_ebpf::datapath::{Datapath, Endpoint, NodeSettings};
+
+/// `TC_ACT_OK`.
+pub const OK: u32 = 0;
+/// `TC_ACT_SHOT`.
+pub const SHOT: u32 = 2;
+/// `TC_ACT_REDIRECT`.
+pub const REDIRECT: u32 = 7;
+/// `TC_ACT_UNSPEC` (-1): passed unchanged to the next program / the stack.
+pub const PASS: u32 = u32::MAX;
+
+pub const NODE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const NODE2: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 3);
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 1);
+pub const EXT: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
+pub const POD_A: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 2);
+pub const POD_B: Ipv4Addr = Ipv4Addr::new(10, 244, 1, 3);
+pub const REMOTE_POD: Ipv4Addr = Ipv4Addr::new(10, 244, 2, 5);
+pub const SNAT_PORTS: (u16, u16) = (61000, 65535);
+
+pub const HOST_MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0xa, 1];
+pub const POD_MAC_A: [u8; 6] = [0x02, 0, 0, 0, 0xa, 2];
+pub const HOST_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 1];
+pub const POD_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 2];
+pub const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 1];
+pub const EXT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 2];
+pub const IFINDEX_A: u32 = 41;
+pub const IFINDEX_B: u32 = 42;
+
+pub const TCP: u8 = 6;
+pub const UDP: u8 = 17;
+pub const ICMP: u8 = 1;
+pub const SYN: u8 = 0x02;
+pub const ACK: u8 = 0x10;
+
+/// A datapath loaded into a private bpffs instance.
+pub struct Fixture {
+    pub dp: Option<Datapath>,
+    mnt: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// Mounts a fresh bpffs and loads the programs into `<mnt>/net`.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mnt = dir.path().join("bpffs");
+        std::fs::create_dir(&mnt).expect("mkdir bpffs");
+        nix::mount::mount(
+            Some("bpf"),
+            &mnt,
+            Some("bpf"),
+            nix::mount::MsFlags::empty(),
+            Some("mode=0700"),
+        )
+        .unwrap_or_else(|e| panic!("mounting a bpffs on {} (needs root): {e}", mnt.display()));
+        let mut fx = Self {
+            dp: None,
+            mnt: mnt.clone(),
+            _dir: dir,
+        };
+        let dp = Datapath::load_at(mnt.join("net"))
+            .unwrap_or_else(|e| panic!("loading the datapath: {e}"));
+        fx.dp = Some(dp);
+        fx
+    }
+
+    /// The network directory in the private bpffs.
+    pub fn network_dir(&self) -> std::path::PathBuf {
+        self.mnt.join("net")
+    }
+
+    pub fn dp(&self) -> &Datapath {
+        self.dp.as_ref().expect("datapath")
+    }
+
+    /// Node config: node address NODE, masquerade on, cluster 10.244.0.0/16.
+    pub fn standard_node(&self, masq: bool) {
+        self.dp()
+            .configure_node(&NodeSettings {
+                node_addr: Some(NODE),
+                uplink_ifindex: 2,
+                ip_masq: masq,
+                cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+                snat_ports: SNAT_PORTS,
+            })
+            .unwrap_or_else(|e| panic!("configure_node: {e}"));
+        self.dp()
+            .set_node_addrs(&[
+                (NODE, 2),
+                (NODE2, 2),
+                (GATEWAY, IFINDEX_A),
+                (GATEWAY, IFINDEX_B),
+            ])
+            .unwrap_or_else(|e| panic!("set_node_addrs: {e}"));
+    }
+
+    /// Endpoint entries for pods A and B (no attachment).
+    pub fn two_pods(&self) {
+        for (id, ip, ifindex, host_mac, pod_mac) in [
+            ("ctr-a", POD_A, IFINDEX_A, HOST_MAC_A, POD_MAC_A),
+            ("ctr-b", POD_B, IFINDEX_B, HOST_MAC_B, POD_MAC_B),
+        ] {
+            self.dp()
+                .put_endpoint_entries(&Endpoint {
+                    container_id: id.into(),
+                    ifname: "eth0".into(),
+                    host_ifindex: ifindex,
+                    host_ifname: format!("veth-{id}"),
+                    host_mac,
+                    pod_mac,
+                    ips: vec![ip.into()],
+                })
+                .unwrap_or_else(|e| panic!("put_endpoint_entries {id}: {e}"));
+        }
+    }
+
+    /// Runs `prog` on `pkt`; returns the verdict and the packet as the program left it.
+    pub fn run(&self, prog: &str, pkt: &[u8]) -> (u32, Vec<u8>) {
+        let program = self
+            .dp()
+            .program(prog)
+            .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
+        let mut out = vec![0u8; pkt.len() + 512];
+        let res = program
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ..TestRunOptions::default()
+            })
+            .unwrap_or_else(|e| {
+                let src = std::error::Error::source(&e)
+                    .map(ToString::to_string)
+                    .unwrap_or_default();
+                panic!(
+                    "BPF_PROG_TEST_RUN of {prog} on {} bytes: {e}: {src}",
+                    pkt.len()
+                )
+            });
+        out.truncate(res.data_size_out as usize);
+        (res.return_value, out)
+    }
+
+    /// Runs `prog` and asserts it passed the packet unchanged.
+    pub fn assert_passes_unchanged(&self, prog: &str, pkt: &[u8], what: &str) {
+        let (v, out) = self.run(prog, pkt);
+        assert_eq!(
+            v, PASS,
+            "{prog}: {what}: verdict {v:#x}, expected pass (-1)"
+        );
+        assert_eq!(out, pkt, "{prog}: {what}: the packet was modified");
+    }
+
+    pub fn reason(&self, r: cni_ebpf_common::Reason) -> u64 {
+        self.dp()
+            .reason_count(r)
+            .unwrap_or_else(|e| panic!("reasons: {e}"))
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        // Close every fd into the bpffs, then detach the mount; the tempdir goes after.
+        self.dp = None;
+        let _ = nix::mount::umount2(&self.mnt, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+// ------------------------------------------------------------------- checksums
+
+/// RFC 1071 Internet checksum, written independently of the kernel's helpers.
+pub fn inet_csum(chunks: &[&[u8]]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut odd: Option<u8> = None;
+    for chunk in chunks {
+        for &b in *chunk {
+            match odd.take() {
+                None => odd = Some(b),
+                Some(hi) => sum += u32::from(u16::from_be_bytes([hi, b])),
+            }
+        }
+    }
+    if let Some(hi) = odd {
+        sum += u32::from(u16::from_be_bytes([hi, 0]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+fn pseudo(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, len: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(12);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.push(0);
+    p.push(proto);
+    p.extend_from_slice(&(len as u16).to_be_bytes());
+    p
+}
+
+// ------------------------------------------------------------------- builders
+
+pub fn eth(dst: [u8; 6], src: [u8; 6], ethertype: u16, payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::new();
+    f.extend_from_slice(&dst);
+    f.extend_from_slice(&src);
+    f.extend_from_slice(&ethertype.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+pub fn ipv4(src: Ipv4Addr, dst: Ipv4Addr, proto: u8, ttl: u8, payload: &[u8]) -> Vec<u8> {
+    let mut h = vec![0u8; 20];
+    h[0] = 0x45;
+    h[2..4].copy_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
+    h[4..6].copy_from_slice(&0x1234u16.to_be_bytes());
+    h[6] = 0x40; // DF
+    h[8] = ttl;
+    h[9] = proto;
+    h[12..16].copy_from_slice(&src.octets());
+    h[16..20].copy_from_slice(&dst.octets());
+    let c = inet_csum(&[&h]);
+    h[10..12].copy_from_slice(&c.to_be_bytes());
+    h.extend_from_slice(payload);
+    h
+}
+
+pub fn tcp(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    flags: u8,
+    data: &[u8],
+) -> Vec<u8> {
+    let mut s = vec![0u8; 20];
+    s[0..2].copy_from_slice(&sport.to_be_bytes());
+    s[2..4].copy_from_slice(&dport.to_be_bytes());
+    s[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    s[12] = 5 << 4;
+    s[13] = flags;
+    s[14..16].copy_from_slice(&65535u16.to_be_bytes());
+    s.extend_from_slice(data);
+    let c = inet_csum(&[&pseudo(src, dst, TCP, s.len()), &s]);
+    s[16..18].copy_from_slice(&c.to_be_bytes());
+    s
+}
+
+pub fn udp(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    data: &[u8],
+    with_csum: bool,
+) -> Vec<u8> {
+    let mut s = vec![0u8; 8];
+    s[0..2].copy_from_slice(&sport.to_be_bytes());
+    s[2..4].copy_from_slice(&dport.to_be_bytes());
+    s[4..6].copy_from_slice(&((8 + data.len()) as u16).to_be_bytes());
+    s.extend_from_slice(data);
+    if with_csum {
+        let mut c = inet_csum(&[&pseudo(src, dst, UDP, s.len()), &s]);
+        if c == 0 {
+            c = 0xffff;
+        }
+        s[6..8].copy_from_slice(&c.to_be_bytes());
+    }
+    s
+}
+
+pub fn icmp(ty: u8, code: u8, rest: [u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut s = vec![ty, code, 0, 0];
+    s.extend_from_slice(&rest);
+    s.extend_from_slice(data);
+    let c = inet_csum(&[&s]);
+    s[2..4].copy_from_slice(&c.to_be_bytes());
+    s
+}
+
+pub fn echo(ty: u8, id: u16, seq: u16) -> Vec<u8> {
+    let mut rest = [0u8; 4];
+    rest[..2].copy_from_slice(&id.to_be_bytes());
+    rest[2..].copy_from_slice(&seq.to_be_bytes());
+    icmp(ty, 0, rest, b"ping payload 0123456789")
+}
+
+/// A full frame: Ethernet + IPv4 + the given L4 bytes.
+pub fn frame(
+    dmac: [u8; 6],
+    smac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    proto: u8,
+    l4: &[u8],
+) -> Vec<u8> {
+    eth(dmac, smac, 0x0800, &ipv4(src, dst, proto, 64, l4))
+}
+
+pub fn tcp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16, flags: u8) -> Vec<u8> {
+    frame(
+        UPLINK_MAC,
+        EXT_MAC,
+        src,
+        dst,
+        TCP,
+        &tcp(src, dst, sport, dport, flags, b"hello"),
+    )
+}
+
+pub fn udp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8> {
+    frame(
+        UPLINK_MAC,
+        EXT_MAC,
+        src,
+        dst,
+        UDP,
+        &udp(src, dst, sport, dport, b"datagram", true),
+    )
+}
+
+// ------------------------------------------------------------------- parsing
+
+/// What the tests look at in a (rewritten) frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    pub src: Ipv4Addr,
+    pub dst: Ipv4Addr,
+    pub ttl: u8,
+    pub proto: u8,
+    pub sport: u16,
+    pub dport: u16,
+    /// ICMP type, or 0xff.
+    pub icmp_type: u8,
+    /// ICMP echo id.
+    pub icmp_id: u16,
+    pub l4: Vec<u8>,
+}
+
+/// Parses a frame and asserts every checksum (IPv4 header, TCP/UDP with pseudo-header,
+/// ICMP) is right, computed here from scratch.
+pub fn parse_checked(f: &[u8]) -> Parsed {
+    assert!(f.len() >= 34, "frame too short: {}", f.len());
+    let ip = &f[14..34];
+    assert_eq!(ip[0], 0x45, "not a plain IPv4 header");
+    assert_eq!(
+        inet_csum(&[ip]),
+        0,
+        "IPv4 header checksum is wrong: {:02x?}",
+        ip
+    );
+    let tot = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    let src = Ipv4Addr::new(ip[12], ip[13], ip[14], ip[15]);
+    let dst = Ipv4Addr::new(ip[16], ip[17], ip[18], ip[19]);
+    let l4 = f[34..14 + tot].to_vec();
+    let mut p = Parsed {
+        dmac: f[0..6].try_into().unwrap(),
+        smac: f[6..12].try_into().unwrap(),
+        src,
+        dst,
+        ttl: ip[8],
+        proto: ip[9],
+        sport: 0,
+        dport: 0,
+        icmp_type: 0xff,
+        icmp_id: 0,
+        l4: l4.clone(),
+    };
+    match ip[9] {
+        TCP => {
+            assert_eq!(
+                inet_csum(&[&pseudo(src, dst, TCP, l4.len()), &l4]),
+                0,
+                "TCP checksum is wrong"
+            );
+            p.sport = u16::from_be_bytes([l4[0], l4[1]]);
+            p.dport = u16::from_be_bytes([l4[2], l4[3]]);
+        }
+        UDP => {
+            if l4[6..8] != [0, 0] {
+                assert_eq!(
+                    inet_csum(&[&pseudo(src, dst, UDP, l4.len()), &l4]),
+                    0,
+                    "UDP checksum is wrong"
+                );
+            }
+            p.sport = u16::from_be_bytes([l4[0], l4[1]]);
+            p.dport = u16::from_be_bytes([l4[2], l4[3]]);
+        }
+        ICMP => {
+            assert_eq!(inet_csum(&[&l4]), 0, "ICMP checksum is wrong");
+            p.icmp_type = l4[0];
+            p.icmp_id = u16::from_be_bytes([l4[4], l4[5]]);
+        }
+        _ => {}
+    }
+    p
+}
