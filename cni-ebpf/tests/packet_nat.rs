@@ -1,0 +1,318 @@
+//! Packet tests (BPF_PROG_TEST_RUN) of masquerade: SNAT on uplink egress, reverse NAT on
+//! uplink ingress, ICMP echo and ICMP errors, and what is never masqueraded.
+//! Root and the eBPF object are needed: run through `cargo xtask test`.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod packet_support;
+
+use cni_ebpf_common::Reason;
+use packet_support::*;
+
+fn in_snat_range(p: u16) -> bool {
+    (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&p)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn tcp_is_masqueraded_and_the_reply_reaches_the_pod() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+
+    // Pod A → EXT:80, as it leaves through the uplink after the stack routed it.
+    let syn = tcp_frame(POD_A, 40000, EXT, 80, SYN);
+    let (v, out) = fx.run("uplink_egress", &syn);
+    assert_eq!(v, OK, "masqueraded packets continue out of the uplink");
+    let p = parse_checked(&out);
+    assert_eq!(p.src, NODE, "source must be the node address");
+    assert_eq!(p.dst, EXT);
+    assert_eq!(p.dport, 80);
+    assert!(
+        in_snat_range(p.sport),
+        "SNAT port {} outside {SNAT_PORTS:?}",
+        p.sport
+    );
+    assert_eq!(p.ttl, 64, "the stack already routed it: no TTL change here");
+    assert_eq!(out[..14], syn[..14], "L2 untouched");
+    let nport = p.sport;
+    assert_eq!(fx.reason(Reason::SnatNew), 1);
+
+    // The next packet of the flow gets the same port.
+    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, ACK));
+    assert_eq!(v, OK);
+    assert_eq!(
+        parse_checked(&out).sport,
+        nport,
+        "same flow, same SNAT port"
+    );
+    assert_eq!(fx.reason(Reason::SnatForward), 1);
+
+    // Another pod flow with the same source port gets a different one.
+    let (_, out) = fx.run("uplink_egress", &tcp_frame(POD_B, 40000, EXT, 80, SYN));
+    let other = parse_checked(&out).sport;
+    assert_ne!(
+        other, nport,
+        "two flows to the same destination share an SNAT port"
+    );
+
+    // The reply, arriving on the uplink.
+    let reply = tcp_frame(EXT, 80, NODE, nport, SYN | ACK);
+    let (v, out) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, REDIRECT, "the reply goes straight into the pod");
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (EXT, 80, POD_A, 40000));
+    assert_eq!((p.dmac, p.smac), (POD_MAC_A, HOST_MAC_A), "L2 for pod A");
+    assert_eq!(p.ttl, 63);
+    assert_eq!(fx.reason(Reason::SnatReply), 1);
+
+    let nat = fx.dp().nat_entries().unwrap();
+    assert!(nat
+        .iter()
+        .any(|e| e.kind == "snat" && e.src == POD_A && e.new_src == NODE));
+    assert!(nat
+        .iter()
+        .any(|e| e.kind == "snat-reply" && e.dst == NODE && e.new_dst == POD_A));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_is_masqueraded_with_and_without_checksum() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+
+    let (v, out) = fx.run("uplink_egress", &udp_frame(POD_A, 5353, EXT, 53));
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!(p.src, NODE);
+    assert!(in_snat_range(p.sport));
+    let nport = p.sport;
+
+    let (v, out) = fx.run("uplink_ingress", &udp_frame(EXT, 53, NODE, nport));
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!((p.dst, p.dport), (POD_A, 5353));
+
+    // A datagram without checksum keeps having none.
+    let l4 = udp(POD_B, EXT, 7000, 53, b"no checksum", false);
+    let (v, out) = fx.run(
+        "uplink_egress",
+        &frame(UPLINK_MAC, EXT_MAC, POD_B, EXT, UDP, &l4),
+    );
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!(p.src, NODE);
+    assert_eq!(p.l4[6..8], [0, 0], "a zero UDP checksum must stay zero");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmp_echo_is_masqueraded_by_identifier() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+
+    let req = frame(UPLINK_MAC, EXT_MAC, POD_A, EXT, ICMP, &echo(8, 0x1234, 1));
+    let (v, out) = fx.run("uplink_egress", &req);
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.dst, p.icmp_type), (NODE, EXT, 8));
+    assert!(
+        in_snat_range(p.icmp_id),
+        "echo id {} outside the SNAT range",
+        p.icmp_id
+    );
+    let nid = p.icmp_id;
+
+    let rep = frame(UPLINK_MAC, EXT_MAC, EXT, NODE, ICMP, &echo(0, nid, 1));
+    let (v, out) = fx.run("uplink_ingress", &rep);
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!(
+        (p.src, p.dst, p.icmp_type, p.icmp_id),
+        (EXT, POD_A, 0, 0x1234)
+    );
+}
+
+/// An ICMP error from a router about a datagram we masqueraded.
+fn icmp_error_about(ty: u8, code: u8, quoted: &[u8]) -> Vec<u8> {
+    let router = std::net::Ipv4Addr::new(198, 18, 0, 254);
+    // The quote: the IPv4 header and the first 8 bytes of L4, as the router saw it.
+    let l4 = icmp(ty, code, [0; 4], &quoted[14..14 + 28]);
+    frame(UPLINK_MAC, EXT_MAC, router, NODE, ICMP, &l4)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmp_errors_about_masqueraded_flows_reach_the_pod() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+
+    for (proto, first) in [
+        (UDP, udp_frame(POD_A, 5353, EXT, 53)),
+        (TCP, tcp_frame(POD_A, 40001, EXT, 443, SYN)),
+        (
+            ICMP,
+            frame(UPLINK_MAC, EXT_MAC, POD_A, EXT, ICMP, &echo(8, 0x4321, 9)),
+        ),
+    ] {
+        let (_, sent) = fx.run("uplink_egress", &first);
+        let sent_p = parse_checked(&sent);
+        assert_eq!(sent_p.src, NODE);
+        for (ty, code) in [(3u8, 3u8), (11, 0), (3, 4)] {
+            let err = icmp_error_about(ty, code, &sent);
+            let (v, out) = fx.run("uplink_ingress", &err);
+            assert_eq!(
+                v, REDIRECT,
+                "proto {proto}: ICMP {ty}/{code} must reach the pod"
+            );
+            let p = parse_checked(&out);
+            assert_eq!(p.dst, POD_A, "outer destination must be the pod");
+            assert_eq!(p.icmp_type, ty);
+            // The quoted header, now as the pod sent it.
+            let q = &p.l4[8..];
+            assert_eq!(
+                inet_csum(&[&q[..20]]),
+                0,
+                "quoted IPv4 header checksum is wrong"
+            );
+            assert_eq!(q[12..16], POD_A.octets(), "quoted source must be the pod");
+            assert_eq!(q[16..20], EXT.octets(), "quoted destination unchanged");
+            match proto {
+                ICMP => assert_eq!(u16::from_be_bytes([q[24], q[25]]), 0x4321, "quoted echo id"),
+                _ => {
+                    let orig = parse_checked(&first);
+                    assert_eq!(
+                        u16::from_be_bytes([q[20], q[21]]),
+                        orig.sport,
+                        "quoted source port"
+                    );
+                    assert_eq!(
+                        u16::from_be_bytes([q[22], q[23]]),
+                        orig.dport,
+                        "quoted destination port"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(fx.reason(Reason::IcmpErrorTranslated), 9);
+
+    // An ICMP error about nothing we translated passes untouched.
+    let unrelated = tcp_frame(NODE, 33333, EXT, 22, SYN);
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &icmp_error_about(3, 3, &unrelated),
+        "ICMP error about node traffic",
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn cluster_node_and_foreign_traffic_is_never_masqueraded() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    for (pkt, what) in [
+        (
+            tcp_frame(POD_A, 40000, REMOTE_POD, 80, SYN),
+            "pod → clusterCIDR",
+        ),
+        (
+            tcp_frame(POD_A, 40000, NODE2, 80, SYN),
+            "pod → a node address",
+        ),
+        (
+            tcp_frame(NODE, 40000, EXT, 80, SYN),
+            "the node's own traffic",
+        ),
+        (
+            tcp_frame(std::net::Ipv4Addr::new(10, 244, 1, 99), 40000, EXT, 80, SYN),
+            "an address that is no local pod",
+        ),
+        (
+            frame(
+                UPLINK_MAC,
+                EXT_MAC,
+                POD_A,
+                EXT,
+                ICMP,
+                &icmp(3, 3, [0; 4], &[0u8; 28]),
+            ),
+            "an ICMP error from a pod",
+        ),
+    ] {
+        fx.assert_passes_unchanged("uplink_egress", &pkt, what);
+    }
+    // Replies to ports we never handed out.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 80, NODE, 62000, ACK),
+        "unknown reply",
+    );
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 80, NODE, 40000, ACK),
+        "node socket traffic",
+    );
+    assert!(
+        fx.dp().nat_entries().unwrap().is_empty(),
+        "no NAT state created"
+    );
+
+    // ipMasq off: nothing is masqueraded.
+    fx.standard_node(false);
+    fx.assert_passes_unchanged(
+        "uplink_egress",
+        &tcp_frame(POD_A, 40000, EXT, 80, SYN),
+        "ipMasq false",
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn detaching_a_pod_purges_its_flows() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    let (_, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    let nport = parse_checked(&out).sport;
+    fx.run("uplink_egress", &tcp_frame(POD_B, 40000, EXT, 80, SYN));
+    assert_eq!(fx.dp().nat_entries().unwrap().len(), 4);
+
+    fx.dp()
+        .detach_endpoint("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()])
+        .unwrap();
+    let left = fx.dp().nat_entries().unwrap();
+    assert_eq!(left.len(), 2, "only pod B's flow is left: {left:?}");
+    assert!(left.iter().all(|e| e.src != POD_A && e.new_dst != POD_A));
+    // A late reply of A's flow no longer goes anywhere near a pod.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 80, NODE, nport, ACK),
+        "late reply after DEL",
+    );
+    // Idempotent, and B untouched.
+    fx.dp()
+        .detach_endpoint("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()])
+        .unwrap();
+    let eps = fx.dp().endpoints().unwrap();
+    assert_eq!(eps.len(), 1);
+    assert_eq!(eps[0].container_id, "ctr-b");
+    // Someone else's container ID never removes B.
+    fx.dp()
+        .detach_endpoint("ctr-x", "eth0", "veth-ctr-x", &[POD_B.into()])
+        .unwrap();
+    assert_eq!(
+        fx.dp().endpoints().unwrap().len(),
+        1,
+        "B must survive a foreign DEL"
+    );
+}
