@@ -1,0 +1,334 @@
+//! Packet tests (BPF_PROG_TEST_RUN) of host ports: DNAT on uplink ingress keeping the
+//! client address, replies restored on uplink egress, hairpin (also to itself), hostIP,
+//! conflicts, and that removed mappings never lead an old flow to a new pod.
+//! Root and the eBPF object are needed: run through `cargo xtask test`.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod packet_support;
+
+use cni_ebpf::cni::config::PortMapping;
+use cni_ebpf_common::Reason;
+use packet_support::*;
+
+fn pm(host_port: u16, container_port: u16, protocol: &str, host_ip: Option<&str>) -> PortMapping {
+    PortMapping {
+        host_port,
+        container_port,
+        protocol: protocol.into(),
+        host_ip: host_ip.map(|s| s.parse().unwrap()),
+    }
+}
+
+/// Pod A serves 8080/tcp → 80 and 5353/udp → 53.
+fn with_mappings() -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            POD_A,
+            &[pm(8080, 80, "tcp", None), pm(5353, 53, "udp", None)],
+        )
+        .unwrap_or_else(|e| panic!("add_port_mappings: {e}"));
+    fx
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn tcp_host_port_reaches_the_pod_with_the_client_address() {
+    let fx = with_mappings();
+    let (v, out) = fx.run("uplink_ingress", &tcp_frame(EXT, 45000, NODE, 8080, SYN));
+    assert_eq!(v, REDIRECT, "DNAT must deliver straight into the pod");
+    let p = parse_checked(&out);
+    assert_eq!(
+        (p.src, p.sport),
+        (EXT, 45000),
+        "client address and port preserved"
+    );
+    assert_eq!((p.dst, p.dport), (POD_A, 80));
+    assert_eq!((p.dmac, p.smac, p.ttl), (POD_MAC_A, HOST_MAC_A, 63));
+    assert_eq!(fx.reason(Reason::DnatNew), 1);
+
+    // Later packets of the flow, then the reply leaving the node.
+    let (v, out) = fx.run("uplink_ingress", &tcp_frame(EXT, 45000, NODE, 8080, ACK));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(parse_checked(&out).dport, 80);
+    // The reply passes from_pod to the stack (the client is outside)...
+    fx.assert_passes_unchanged(
+        "from_pod",
+        &tcp_frame(POD_A, 80, EXT, 45000, SYN | ACK),
+        "host-port reply at the veth",
+    );
+    // ...and is restored to node:hostPort on the uplink.
+    let (v, out) = fx.run(
+        "uplink_egress",
+        &tcp_frame(POD_A, 80, EXT, 45000, SYN | ACK),
+    );
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 8080, EXT, 45000));
+    assert_eq!(fx.reason(Reason::DnatReply), 1);
+    assert_eq!(
+        fx.reason(Reason::SnatNew),
+        0,
+        "a host-port reply is not a new masquerade flow"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_host_port_round_trip() {
+    let fx = with_mappings();
+    let (v, out) = fx.run("uplink_ingress", &udp_frame(EXT, 40053, NODE2, 5353));
+    assert_eq!(
+        v, REDIRECT,
+        "a wildcard mapping answers on every node address"
+    );
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (EXT, 40053, POD_A, 53));
+    let (v, out) = fx.run("uplink_egress", &udp_frame(POD_A, 53, EXT, 40053));
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!(
+        (p.src, p.sport),
+        (NODE2, 5353),
+        "the reply comes from the address asked"
+    );
+    // The wrong protocol is not mapped.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 1, NODE, 5353, SYN),
+        "tcp to a udp host port",
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn host_ip_limits_the_mapping_to_that_address() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            POD_B,
+            &[pm(9090, 90, "tcp", Some("198.18.0.3"))],
+        )
+        .unwrap();
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 1000, NODE, 9090, SYN),
+        "other node address",
+    );
+    let (v, out) = fx.run("uplink_ingress", &tcp_frame(EXT, 1000, NODE2, 9090, SYN));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(parse_checked(&out).dst, POD_B);
+    // Not a node address at all: never DNATed (traffic routed through the node).
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 1000, EXT, 9090, SYN),
+        "foreign destination",
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn hairpin_from_another_pod() {
+    let fx = with_mappings();
+    // Pod B → node:8080 (served by A).
+    let syn = frame(
+        HOST_MAC_B,
+        POD_MAC_B,
+        POD_B,
+        NODE,
+        TCP,
+        &tcp(POD_B, NODE, 50000, 8080, SYN, b"hi"),
+    );
+    let (v, out) = fx.run("from_pod", &syn);
+    assert_eq!(v, REDIRECT, "hairpin goes straight to the backend pod");
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (POD_B, 50000, POD_A, 80));
+    assert_eq!((p.dmac, p.smac), (POD_MAC_A, HOST_MAC_A));
+    // A's reply, entering A's host veth, goes back to B as node:8080.
+    let reply = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        POD_B,
+        TCP,
+        &tcp(POD_A, POD_B, 80, 50000, SYN | ACK, b""),
+    );
+    let (v, out) = fx.run("from_pod", &reply);
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 8080, POD_B, 50000));
+    assert_eq!((p.dmac, p.smac), (POD_MAC_B, HOST_MAC_B));
+    assert_eq!(fx.reason(Reason::HairpinNew), 1);
+    assert_eq!(fx.reason(Reason::HairpinForward), 1);
+
+    // Through the gateway address too.
+    let (v, out) = fx.run(
+        "from_pod",
+        &frame(
+            HOST_MAC_B,
+            POD_MAC_B,
+            POD_B,
+            GATEWAY,
+            UDP,
+            &udp(POD_B, GATEWAY, 50001, 5353, b"q", true),
+        ),
+    );
+    assert_eq!(v, REDIRECT);
+    assert_eq!(parse_checked(&out).dst, POD_A);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn hairpin_to_itself() {
+    let fx = with_mappings();
+    // Pod A → node:8080, served by A itself.
+    let syn = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        NODE,
+        TCP,
+        &tcp(POD_A, NODE, 50000, 8080, SYN, b""),
+    );
+    let (v, out) = fx.run("from_pod", &syn);
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!((p.dst, p.dport), (POD_A, 80));
+    assert_eq!(
+        p.src, NODE,
+        "the pod must not see its own address as source"
+    );
+    assert!((SNAT_PORTS.0..=SNAT_PORTS.1).contains(&p.sport));
+    let np = p.sport;
+    // A (as server) replies to node:np; it returns to A (as client) from node:8080.
+    let reply = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        NODE,
+        TCP,
+        &tcp(POD_A, NODE, 80, np, SYN | ACK, b""),
+    );
+    let (v, out) = fx.run("from_pod", &reply);
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 8080, POD_A, 50000));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn taken_host_port_names_the_owner() {
+    let fx = with_mappings();
+    let err = fx
+        .dp()
+        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 8080, "tcp", None)])
+        .expect_err("8080/tcp is taken by ctr-a");
+    assert!(
+        err.to_string().contains("ctr-a"),
+        "error must name the owner: {err}"
+    );
+    // A specific hostIP collides with the wildcard as well.
+    let err = fx
+        .dp()
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            POD_B,
+            &[pm(8080, 80, "tcp", Some("198.18.0.2"))],
+        )
+        .expect_err("wildcard 8080/tcp is taken");
+    assert!(err.to_string().contains("ctr-a"), "{err}");
+    // Same port, other protocol: fine. A failed call left nothing behind.
+    fx.dp()
+        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 80, "udp", None)])
+        .unwrap();
+    let all = fx.dp().port_mappings().unwrap();
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert!(all
+        .iter()
+        .any(|m| m.container_id == "ctr-b" && m.protocol == "udp"));
+    // The owner re-adding its own mapping is idempotent.
+    fx.dp()
+        .add_port_mappings(("ctr-a", "eth0"), POD_A, &[pm(8080, 80, "tcp", None)])
+        .unwrap();
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn removed_mapping_never_leads_an_old_flow_to_a_new_pod() {
+    let fx = with_mappings();
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 45000, NODE, 8080, SYN));
+    assert_eq!(v, REDIRECT);
+    // The pod goes away.
+    fx.dp().remove_port_mappings(("ctr-a", "eth0")).unwrap();
+    fx.dp()
+        .detach_endpoint("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()])
+        .unwrap();
+    assert!(fx.dp().port_mappings().unwrap().is_empty());
+    assert!(
+        fx.dp().nat_entries().unwrap().is_empty(),
+        "flows of the pod are gone"
+    );
+    // A new pod (B) takes the host port.
+    fx.dp()
+        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 80, "tcp", None)])
+        .unwrap();
+    // The old client's next segment is not a new connection: never sent to B.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(EXT, 45000, NODE, 8080, ACK),
+        "old flow after DEL",
+    );
+    assert_eq!(fx.reason(Reason::PassStaleHostPortFlow), 1);
+    // A new connection is.
+    let (v, out) = fx.run("uplink_ingress", &tcp_frame(EXT, 45001, NODE, 8080, SYN));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(parse_checked(&out).dst, POD_B);
+    // Removing is idempotent.
+    fx.dp().remove_port_mappings(("ctr-a", "eth0")).unwrap();
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn snat_never_picks_a_host_port() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    // Map most of the SNAT range as host ports: masquerade must avoid them.
+    let maps: Vec<_> = (SNAT_PORTS.0..SNAT_PORTS.1 - 8)
+        .map(|p| pm(p, 80, "tcp", None))
+        .collect();
+    fx.dp()
+        .add_port_mappings(("ctr-b", "eth0"), POD_B, &maps)
+        .unwrap();
+    let mut got = 0;
+    for sport in 1000..1040 {
+        let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, sport, EXT, 80, SYN));
+        if v == OK {
+            let p = parse_checked(&out);
+            assert!(
+                p.sport > SNAT_PORTS.1 - 9,
+                "SNAT port {} is a host port",
+                p.sport
+            );
+            got += 1;
+        } else {
+            assert_eq!(v, SHOT, "no port found: counted drop");
+        }
+    }
+    assert!(
+        got > 0,
+        "some flows should have found one of the free ports"
+    );
+}
