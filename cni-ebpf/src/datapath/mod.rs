@@ -53,6 +53,16 @@ use crate::{
 /// legacy clsact filters (which cannot be pinned or queried like tcx links).
 const CFG_F_UPLINK_LEGACY: u32 = 1 << 16;
 
+/// The uplink programs and where they go.
+const UPLINK_PROGS: [(&str, Direction, TcAttachType); 2] = [
+    (
+        prog::UPLINK_INGRESS,
+        Direction::Ingress,
+        TcAttachType::Ingress,
+    ),
+    (prog::UPLINK_EGRESS, Direction::Egress, TcAttachType::Egress),
+];
+
 /// One pod interface as the datapath sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Endpoint {
@@ -392,7 +402,7 @@ impl Datapath {
 
     // ---------------------------------------------------------------- node
 
-    /// Attaches the uplink programs to `name` unless they already are. Returns whether
+    /// Attaches the uplink programs to `name` where they are not already. Returns whether
     /// legacy clsact was used.
     fn ensure_uplink(&self, name: &str, ifindex: u32) -> Result<bool> {
         let cfg = self.node_config_raw()?;
@@ -403,18 +413,11 @@ impl Datapath {
             return Ok(false);
         }
         let _lock = load::LoadLock::acquire(&self.pins)?;
-        if self.uplink_attached(name)? {
-            return Ok(false);
-        }
         let mut legacy = false;
-        for (p, dir, tc_dir) in [
-            (
-                prog::UPLINK_INGRESS,
-                Direction::Ingress,
-                TcAttachType::Ingress,
-            ),
-            (prog::UPLINK_EGRESS, Direction::Egress, TcAttachType::Egress),
-        ] {
+        for (p, dir, tc_dir) in UPLINK_PROGS {
+            if self.uplink_dir_attached(name, p, dir, tc_dir)? {
+                continue;
+            }
             let mut program = self.program(p)?;
             let mode = attach::attach(
                 &mut program,
@@ -429,23 +432,26 @@ impl Datapath {
 
     /// Whether both uplink programs are attached to `name` through their pinned links.
     fn uplink_attached(&self, name: &str) -> Result<bool> {
-        for (p, dir, tc_dir) in [
-            (
-                prog::UPLINK_INGRESS,
-                Direction::Ingress,
-                TcAttachType::Ingress,
-            ),
-            (prog::UPLINK_EGRESS, Direction::Egress, TcAttachType::Egress),
-        ] {
-            let id = attach::program_id(&self.program(p)?)?;
-            if attach::pinned_link_program(&self.pins.uplink_link(name, dir))? != Some(id) {
-                return Ok(false);
-            }
-            if attach::tcx_attached(name, tc_dir, id)? == Some(false) {
+        for (p, dir, tc_dir) in UPLINK_PROGS {
+            if !self.uplink_dir_attached(name, p, dir, tc_dir)? {
                 return Ok(false);
             }
         }
         Ok(true)
+    }
+
+    fn uplink_dir_attached(
+        &self,
+        name: &str,
+        p: &str,
+        dir: Direction,
+        tc_dir: TcAttachType,
+    ) -> Result<bool> {
+        let id = attach::program_id(&self.program(p)?)?;
+        if attach::pinned_link_program(&self.pins.uplink_link(name, dir))? != Some(id) {
+            return Ok(false);
+        }
+        Ok(attach::tcx_attached(name, tc_dir, id)? != Some(false))
     }
 
     fn node_config_raw(&self) -> Result<NodeConfig> {
