@@ -455,3 +455,101 @@ pub fn write_sysctl(key: &str, value: &str) -> Result<()> {
 pub fn is_veth(link: &Link) -> bool {
     link.kind.as_deref() == Some(&InfoKind::Veth.to_string())
 }
+
+/// FNV-1a, 64 bit: a stable hash for deterministic names and MACs (not security relevant).
+fn fnv1a(parts: &[&str]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            h ^= 0xff;
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        for b in p.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// The host-side veth name of an attachment: `ceb` + 12 hex digits of a hash of
+/// (container ID, ifname). Stable across calls, so DEL and GC find it with no state;
+/// 15 bytes, the kernel's limit.
+#[must_use]
+pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
+    format!(
+        "ceb{:012x}",
+        fnv1a(&[container_id, ifname]) & 0xffff_ffff_ffff
+    )
+}
+
+/// The alias written on every host veth we create:
+/// `cni-ebpf/<network>/<container ID>/<ifname>` (none of these may contain `/`). DEL and GC
+/// delete a link only when its alias names the attachment they work for.
+#[must_use]
+pub fn host_veth_alias(network: &str, container_id: &str, ifname: &str) -> String {
+    format!("{}{container_id}/{ifname}", alias_prefix(network))
+}
+
+/// The alias prefix of every host veth of `network`.
+#[must_use]
+pub fn alias_prefix(network: &str) -> String {
+    format!("cni-ebpf/{network}/")
+}
+
+/// A deterministic, locally administered unicast MAC for (container ID, ifname, role).
+#[must_use]
+pub fn derived_mac(container_id: &str, ifname: &str, role: &str) -> [u8; 6] {
+    let h = fnv1a(&[container_id, ifname, role]).to_be_bytes();
+    [(h[0] & 0xfe) | 0x02, h[1], h[2], h[3], h[4], h[5]]
+}
+
+impl Nl {
+    /// Sets the alias (`IFLA_IFALIAS`) of link `index`.
+    pub async fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index)
+            .alias(alias.to_owned())
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("setting the alias of link #{index}"), e))
+    }
+
+    /// The alias of link `index`, if any.
+    pub async fn alias(&self, index: u32) -> Result<Option<String>> {
+        let mut stream = self.handle.link().get().match_index(index).execute();
+        match stream.try_next().await {
+            Ok(Some(msg)) => Ok(msg.attributes.iter().find_map(|a| match a {
+                LinkAttribute::IfAlias(s) => Some(s.clone()),
+                _ => None,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(None),
+            Err(e) => Err(Error::netlink(
+                format!("reading the alias of link #{index}"),
+                e,
+            )),
+        }
+    }
+
+    /// Every link whose alias starts with `prefix`, with its alias.
+    pub async fn links_with_alias(&self, prefix: &str) -> Result<Vec<(Link, String)>> {
+        let msgs: Vec<LinkMessage> = retry_dump("listing links", || async {
+            self.handle.link().get().execute().try_collect().await
+        })
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter_map(|m| {
+                let alias = m.attributes.iter().find_map(|a| match a {
+                    LinkAttribute::IfAlias(s) if s.starts_with(prefix) => Some(s.clone()),
+                    _ => None,
+                })?;
+                Some((Link::from_message(m), alias))
+            })
+            .collect())
+    }
+}

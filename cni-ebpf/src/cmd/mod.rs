@@ -19,6 +19,11 @@ use crate::{
     error::{Error, Result},
 };
 
+pub mod add;
+pub mod check;
+pub mod del;
+pub mod gc;
+pub mod status;
 pub mod version;
 
 /// Runs one CNI operation from the process environment and stdin.
@@ -82,7 +87,7 @@ pub fn run(stdin: &[u8]) -> Result<Option<Value>> {
         network = %conf.name,
         "start"
     );
-    let out = dispatch(&env, &conf);
+    let out = dispatch(&env, &conf, stdin);
     match &out {
         Ok(_) => {
             tracing::info!(command = env.command.as_str(), container = %env.container_id, "done")
@@ -94,18 +99,13 @@ pub fn run(stdin: &[u8]) -> Result<Option<Value>> {
     out
 }
 
-fn dispatch(env: &Env, conf: &NetConf) -> Result<Option<Value>> {
+fn dispatch(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Option<Value>> {
     match env.command {
-        Command::Version => version::run(&[]).map(Some),
-        Command::Add | Command::Del | Command::Check | Command::Status | Command::Gc => {
-            Err(Error::UnsupportedField {
-                field: "CNI_COMMAND".into(),
-                value: format!(
-                    "{} (not implemented yet in {})",
-                    env.command.as_str(),
-                    conf.name
-                ),
-            })
-        }
+        Command::Version => version::run(stdin).map(Some),
+        Command::Add => add::run(env, conf, stdin).map(Some),
+        Command::Del => del::run(env, conf, stdin).map(|()| None),
+        Command::Check => check::run(env, conf, stdin).map(|()| None),
+        Command::Status => status::run(env, conf, stdin).map(|()| None),
+        Command::Gc => gc::run(env, conf, stdin).map(|()| None),
     }
 }

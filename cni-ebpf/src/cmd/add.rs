@@ -1,0 +1,378 @@
+//! ADD: validate everything, then IPAM → veth → addresses and routes → datapath, as one
+//! transaction. Each step registers its undo; on failure the undos run in reverse and the
+//! first error is returned.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+use crate::{
+    cni::{
+        config::{format_mac, parse_mac, NetConf},
+        env::Env,
+        result::{CniResult, Interface, IpConfig, Route},
+    },
+    datapath::{Datapath, Endpoint},
+    error::{Error, Result},
+    ipam,
+    link::{self, NewRoute, Nl},
+    netns::Netns,
+};
+
+/// What has been done so far and must be undone if a later step fails.
+enum Undo {
+    Ipam,
+    HostLink(u32),
+    Endpoint {
+        host_ifname: String,
+        ips: Vec<IpAddr>,
+    },
+    PortMappings,
+}
+
+/// Runs ADD and returns the result document.
+pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
+    // Validate everything before changing anything.
+    ipam::validate(conf, env)?;
+    let netns_path = env
+        .netns
+        .as_deref()
+        .ok_or_else(|| Error::env("CNI_NETNS", "is required for ADD"))?;
+    let netns = Netns::open(netns_path).map_err(|e| Error::env("CNI_NETNS", e.to_string()))?;
+    let host_ifname = link::host_veth_name(&env.container_id, &env.ifname);
+    let ctr_mac = match (&conf.runtime_config.mac, env.args.get("MAC")) {
+        (Some(m), _) => parse_mac(m)
+            .ok_or_else(|| Error::config("runtimeConfig.mac", format!("{m:?} is not a MAC")))?,
+        (None, Some(m)) => {
+            parse_mac(m).ok_or_else(|| Error::env("CNI_ARGS", format!("MAC={m:?} is not a MAC")))?
+        }
+        (None, None) => link::derived_mac(&env.container_id, &env.ifname, "pod"),
+    };
+    let host_mac = link::derived_mac(&env.container_id, &env.ifname, "host");
+
+    let rt = link::runtime()?;
+    rt.block_on(async {
+        let node = Nl::connect()?;
+        let ctr = Nl::connect_in(&netns)?;
+        if ctr.link_by_name(&env.ifname).await?.is_some() {
+            return Err(Error::InterfaceExists {
+                ifname: env.ifname.clone(),
+                netns: netns_path.display().to_string(),
+            });
+        }
+        if node.link_by_name(&host_ifname).await?.is_some() {
+            return Err(Error::InterfaceExists {
+                ifname: host_ifname.clone(),
+                netns: "the node".into(),
+            });
+        }
+        // Loading is per network and idempotent (no per-pod state), so it is part of
+        // validation: a node that cannot run our programs gets no half-made pod.
+        let dp = Datapath::open_or_load(conf)?;
+
+        let mut undo = Vec::new();
+        let out = attach(
+            env,
+            conf,
+            stdin,
+            &netns,
+            &node,
+            &ctr,
+            &dp,
+            &host_ifname,
+            host_mac,
+            ctr_mac,
+            &mut undo,
+        )
+        .await;
+        if let Err(e) = &out {
+            tracing::warn!(container = %env.container_id, "ADD failed, rolling back: {e}");
+            rollback(env, conf, stdin, &node, &dp, undo).await;
+        }
+        out
+    })
+}
+
+#[expect(clippy::too_many_arguments, reason = "the transaction's whole context")]
+async fn attach(
+    env: &Env,
+    conf: &NetConf,
+    stdin: &[u8],
+    netns: &Netns,
+    node: &Nl,
+    ctr: &Nl,
+    dp: &Datapath,
+    host_ifname: &str,
+    host_mac: [u8; 6],
+    ctr_mac: [u8; 6],
+    undo: &mut Vec<Undo>,
+) -> Result<Value> {
+    #[cfg(feature = "fault-injection")]
+    let fault = |step: &str| fault_injection(step);
+    #[cfg(not(feature = "fault-injection"))]
+    let fault = |_: &str| Ok(());
+
+    // 1. Addresses.
+    let ipam_result = ipam::add(conf, env, stdin)?;
+    undo.push(Undo::Ipam);
+    fault("ipam")?;
+    if ipam_result.ips.is_empty() {
+        return Err(Error::Ipam("the IPAM returned no address".into()));
+    }
+    for ip in &ipam_result.ips {
+        if ip.gateway.is_none() {
+            return Err(Error::Ipam(format!(
+                "address {} has no gateway; cni-ebpf routes pod traffic through the gateway",
+                ip.address
+            )));
+        }
+    }
+
+    // 2. The veth pair, container end created directly in the pod's namespace.
+    node.create_veth(host_ifname, host_mac, &env.ifname, ctr_mac, conf.mtu, netns)
+        .await?;
+    let host = node.link_by_name(host_ifname).await?.ok_or_else(|| {
+        Error::netlink(
+            "reading back the host veth",
+            format!("{host_ifname} vanished"),
+        )
+    })?;
+    undo.push(Undo::HostLink(host.index));
+    fault("veth")?;
+    node.set_alias(
+        host.index,
+        &link::host_veth_alias(&conf.name, &env.container_id, &env.ifname),
+    )
+    .await?;
+
+    // 3. Node side: the host end owns each gateway address; a host route per pod address.
+    let has_v6 = ipam_result.ips.iter().any(|ip| ip.address.addr().is_ipv6());
+    link::write_sysctl("net.ipv4.ip_forward", "1")?;
+    if has_v6 {
+        link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
+    }
+    // The host end must not autoconfigure from router advertisements of the pod.
+    if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
+        link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
+    }
+    for ip in &ipam_result.ips {
+        if let Some(gw) = ip.gateway {
+            node.add_address(host.index, IpNet::from(gw), true).await?;
+        }
+    }
+    node.set_up(host.index).await?;
+    for ip in &ipam_result.ips {
+        node.add_route(&NewRoute {
+            dst: IpNet::from(ip.address.addr()),
+            gw: None,
+            oif: host.index,
+            scope_link: true,
+            priority: None,
+            mtu: None,
+        })
+        .await?;
+    }
+    fault("host-routes")?;
+
+    // 4. Container side: host-route-only addresses, the gateway on-link, routes via it.
+    let ctr_link = ctr.link_by_name(&env.ifname).await?.ok_or_else(|| {
+        Error::netlink(
+            "reading back the container interface",
+            format!("{} vanished", env.ifname),
+        )
+    })?;
+    for ip in &ipam_result.ips {
+        ctr.add_address(ctr_link.index, IpNet::from(ip.address.addr()), true)
+            .await?;
+    }
+    ctr.set_up(ctr_link.index).await?;
+    let routes = container_routes(&ipam_result);
+    for ip in &ipam_result.ips {
+        if let Some(gw) = ip.gateway {
+            ctr.add_route(&NewRoute {
+                dst: IpNet::from(gw),
+                gw: None,
+                oif: ctr_link.index,
+                scope_link: true,
+                priority: None,
+                mtu: None,
+            })
+            .await?;
+        }
+    }
+    for r in &routes {
+        ctr.add_route(&NewRoute {
+            dst: r.dst,
+            gw: r.gw,
+            oif: ctr_link.index,
+            scope_link: false,
+            priority: r.priority,
+            mtu: r.mtu,
+        })
+        .await?;
+    }
+    fault("container")?;
+
+    // 5. Datapath: program on the host veth, endpoint entries, host ports.
+    let pod_ips: Vec<IpAddr> = ipam_result.ips.iter().map(|ip| ip.address.addr()).collect();
+    let ep = Endpoint {
+        container_id: env.container_id.clone(),
+        ifname: env.ifname.clone(),
+        host_ifindex: host.index,
+        host_ifname: host_ifname.to_owned(),
+        host_mac,
+        pod_mac: ctr_mac,
+        ips: pod_ips.clone(),
+    };
+    undo.push(Undo::Endpoint {
+        host_ifname: host_ifname.to_owned(),
+        ips: pod_ips.clone(),
+    });
+    dp.attach_endpoint(&ep)?;
+    fault("datapath")?;
+    if !conf.runtime_config.port_mappings.is_empty() {
+        let pod_v4 = pod_ips.iter().find_map(|ip| match ip {
+            IpAddr::V4(v4) => Some(*v4),
+            IpAddr::V6(_) => None,
+        });
+        let pod_v4 = pod_v4.ok_or_else(|| {
+            Error::config(
+                "runtimeConfig.portMappings",
+                "host ports need an IPv4 pod address (no IPv4 range configured)",
+            )
+        })?;
+        undo.push(Undo::PortMappings);
+        dp.add_port_mappings(
+            (&env.container_id, &env.ifname),
+            pod_v4,
+            &conf.runtime_config.port_mappings,
+        )?;
+    }
+    fault("port-mappings")?;
+
+    // 6. The result.
+    let mut result = CniResult {
+        interfaces: vec![
+            Interface {
+                name: host_ifname.to_owned(),
+                mac: Some(format_mac(&host_mac)),
+                mtu: Some(conf.mtu),
+                ..Interface::default()
+            },
+            Interface {
+                name: env.ifname.clone(),
+                mac: Some(format_mac(&ctr_mac)),
+                mtu: Some(conf.mtu),
+                sandbox: Some(netns.path().display().to_string()),
+                ..Interface::default()
+            },
+        ],
+        ips: ipam_result
+            .ips
+            .iter()
+            .map(|ip| IpConfig {
+                address: IpNet::from(ip.address.addr()),
+                gateway: ip.gateway,
+                interface: Some(1),
+            })
+            .collect(),
+        routes,
+        dns: if ipam_result.dns.is_empty() {
+            conf.dns.clone()
+        } else {
+            ipam_result.dns.clone()
+        },
+    };
+    if let Some(prev) = &conf.prev_result {
+        result = merge_prev(prev, result);
+    }
+    Ok(result.to_json(conf.version))
+}
+
+/// The routes installed in the container: IPAM's `routes` with the gateway of their family
+/// filled in, or a default route per family when IPAM lists none.
+fn container_routes(ipam: &CniResult) -> Vec<Route> {
+    let gw_of = |v6: bool| {
+        ipam.ips
+            .iter()
+            .find(|ip| ip.address.addr().is_ipv6() == v6)
+            .and_then(|ip| ip.gateway)
+    };
+    if ipam.routes.is_empty() {
+        return ipam
+            .ips
+            .iter()
+            .filter_map(|ip| {
+                let dst = if ip.address.addr().is_ipv6() {
+                    IpNet::new(IpAddr::V6(0.into()), 0).ok()?
+                } else {
+                    IpNet::new(IpAddr::V4(0.into()), 0).ok()?
+                };
+                Some(Route::new(dst, ip.gateway))
+            })
+            .collect();
+    }
+    ipam.routes
+        .iter()
+        .filter_map(|r| {
+            let gw = r.gw.or_else(|| gw_of(r.dst.addr().is_ipv6()))?;
+            Some(Route {
+                gw: Some(gw),
+                ..r.clone()
+            })
+        })
+        .collect()
+}
+
+/// Appends our result to a `prevResult` (we are not the first plugin of the chain).
+fn merge_prev(prev: &CniResult, ours: CniResult) -> CniResult {
+    let offset = prev.interfaces.len();
+    let mut out = prev.clone();
+    out.interfaces.extend(ours.interfaces);
+    out.ips.extend(ours.ips.into_iter().map(|mut ip| {
+        ip.interface = ip.interface.map(|i| i + offset);
+        ip
+    }));
+    out.routes.extend(ours.routes);
+    if out.dns.is_empty() {
+        out.dns = ours.dns;
+    }
+    out
+}
+
+async fn rollback(
+    env: &Env,
+    conf: &NetConf,
+    stdin: &[u8],
+    node: &Nl,
+    dp: &Datapath,
+    undo: Vec<Undo>,
+) {
+    for step in undo.into_iter().rev() {
+        let res = match step {
+            Undo::PortMappings => dp.remove_port_mappings((&env.container_id, &env.ifname)),
+            Undo::Endpoint { host_ifname, ips } => {
+                dp.detach_endpoint(&env.container_id, &env.ifname, &host_ifname, &ips)
+            }
+            // Deleting the host end takes the container end, and every address and route
+            // on either, with it.
+            Undo::HostLink(index) => node.del_link(index).await,
+            Undo::Ipam => ipam::del(conf, env, stdin),
+        };
+        if let Err(e) = res {
+            tracing::error!(container = %env.container_id, "rollback step failed: {e}");
+        }
+    }
+}
+
+/// Test-only fault injection: `CNI_EBPF_FAIL_AT=<step>` makes ADD fail right after that
+/// step, to prove the rollback leaves nothing behind. Compiled only with the
+/// `fault-injection` feature, never into release builds used by runtimes.
+#[cfg(feature = "fault-injection")]
+fn fault_injection(step: &str) -> Result<()> {
+    if std::env::var("CNI_EBPF_FAIL_AT").is_ok_and(|s| s == step) {
+        return Err(Error::Ipam(format!("injected failure after step {step}")));
+    }
+    Ok(())
+}
