@@ -61,6 +61,8 @@ fn main() -> Result<()> {
         }
         Cmd::Load => {
             setup::run(false)?;
+            require_root("cargo xtask load")?;
+            ensure_bpffs()?;
             let bin = build_release()?;
             sim::load(&bin)
         }
@@ -70,6 +72,8 @@ fn main() -> Result<()> {
         }
         Cmd::Demo => {
             setup::run(false)?;
+            require_root("cargo xtask demo")?;
+            ensure_bpffs()?;
             let bin = build_release()?;
             demo::run(&bin)
         }
@@ -100,7 +104,32 @@ fn build_release() -> Result<PathBuf> {
     eprintln!("xtask: building the release binary");
     run(Command::new("cargo").args(["build", "--release", "-p", "cni-ebpf"]))?;
     let bin = workspace_root().join("target/release/cni-ebpf");
-    let object_ok = Command::new(&bin)
+    check_embedded(&bin)?;
+    Ok(bin)
+}
+
+/// Builds the test-only binary with the `fault-injection` feature (ADD fails after the
+/// step named in `CNI_EBPF_FAIL_AT`) and sets it aside as `cni-ebpf-fault`.
+fn build_fault_binary() -> Result<PathBuf> {
+    eprintln!("xtask: building the fault-injection test binary");
+    run(Command::new("cargo").args([
+        "build",
+        "--release",
+        "-p",
+        "cni-ebpf",
+        "--features",
+        "fault-injection",
+    ]))?;
+    let dir = workspace_root().join("target/release");
+    let fault = dir.join("cni-ebpf-fault");
+    std::fs::copy(dir.join("cni-ebpf"), &fault)
+        .context("copying the fault-injection binary aside")?;
+    check_embedded(&fault)?;
+    Ok(fault)
+}
+
+fn check_embedded(bin: &Path) -> Result<()> {
+    let object_ok = Command::new(bin)
         .args(["version"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("eBPF programs: embedded"))
@@ -111,7 +140,22 @@ fn build_release() -> Result<PathBuf> {
             bin.display()
         );
     }
-    Ok(bin)
+    Ok(())
+}
+
+/// Mounts bpffs at /sys/fs/bpf when nothing is mounted there (the plugin refuses to pin
+/// elsewhere than on bpffs).
+fn ensure_bpffs() -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mounted = mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.get(1) == Some(&"/sys/fs/bpf") && f.get(2) == Some(&"bpf")
+    });
+    if !mounted {
+        eprintln!("xtask: mounting bpffs at /sys/fs/bpf");
+        run(Command::new("mount").args(["-t", "bpf", "bpf", "/sys/fs/bpf"]))?;
+    }
+    Ok(())
 }
 
 fn require_root(what: &str) -> Result<()> {
@@ -123,6 +167,8 @@ fn require_root(what: &str) -> Result<()> {
 
 fn test(args: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
+    ensure_bpffs()?;
+    let fault = build_fault_binary()?;
     let bin = build_release()?;
     let client = sim::build_libcni_client()?;
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
@@ -138,6 +184,7 @@ fn test(args: &[String]) -> Result<()> {
     ])
     .args(args)
     .env("CNI_EBPF_BIN", &bin)
+    .env("CNI_EBPF_FAULT_BIN", &fault)
     .env("LIBCNI_CLIENT", &client)
     .env("RUST_BACKTRACE", "1");
     run(&mut cmd)

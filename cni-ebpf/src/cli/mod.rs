@@ -138,7 +138,7 @@ fn load(net: &NetworkArgs, uplink: Option<String>, ip_masq: bool) -> Result<()> 
                 },
                 "maps" => match aya::maps::MapInfo::from_pin(&p) {
                     Ok(info) => println!(
-                        "  map  {name:<24} id {:<6} {:?}, {} entries × ({} + {}) bytes",
+                        "  map  {name:<24} id {:<6} {}, {} entries × ({} + {}) bytes",
                         info.id(),
                         info.map_type()
                             .map_or_else(|e| e.to_string(), |t| format!("{t:?}")),
