@@ -661,3 +661,68 @@ fn validate_has_no_side_effects() {
         other => panic!("a missing delegate must be a config error: {other:?}"),
     }
 }
+
+/// Unmounts (lazily) on drop, also when the test panics.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = nix::mount::umount2(&self.0, nix::mount::MntFlags::MNT_DETACH) {
+            eprintln!("unmounting {}: {e}", self.0.display());
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs root: run via cargo xtask test"]
+fn full_filesystem_is_a_clear_error_and_the_store_survives() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test mounts a tmpfs and must run as root"
+    );
+    let dir = data_dir();
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).unwrap_or_else(|e| panic!("{e}"));
+    nix::mount::mount(
+        Some("tmpfs"),
+        &mnt,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+        Some("size=64k,mode=0755"),
+    )
+    .unwrap_or_else(|e| panic!("mounting a tmpfs on {}: {e}", mnt.display()));
+    let _guard = Mount(mnt.clone());
+
+    let conf = netconf(&mnt, v4("10.50.0.0/24"));
+    let mut held = Vec::new();
+    let err = loop {
+        let cid = format!("c{}", held.len());
+        match ipam::add(&conf, &env("ADD", &cid, "eth0", &[]), b"{}") {
+            Ok(r) => held.push((cid, r.ips[0].address)),
+            Err(e) => break e,
+        }
+        assert!(held.len() < 250, "a 64 KiB tmpfs never filled up");
+    };
+    assert!(!held.is_empty(), "nothing fit at all: {err}");
+    let msg = err.to_string();
+    eprintln!("full after {} reservations: {msg}", held.len());
+    assert_eq!(err.code(), 5, "{msg}");
+    assert!(
+        msg.contains("No space left on device")
+            && msg.contains(&format!("container c{}", held.len())),
+        "the error must say the disk is full and for whom: {msg}"
+    );
+    // The store is intact: every earlier reservation is there, nothing else.
+    let audit = audit_clean(&conf);
+    assert_eq!(audit.reservations.len(), held.len());
+    assert!(audit.orphans.is_empty(), "{:?}", audit.orphans);
+    for (cid, addr) in &held {
+        ipam::check(&conf, &env("CHECK", cid, "eth0", &[]), b"{}", &[*addr])
+            .unwrap_or_else(|e| panic!("{cid} lost {addr}: {e}"));
+    }
+    // Releasing frees space; allocation works again.
+    let (cid, _) = held.remove(0);
+    del(&conf, &cid);
+    add(&conf, "after-full");
+    audit_clean(&conf);
+}
