@@ -571,6 +571,12 @@ fn unsafe_store_paths_are_refused() {
     let conf = netconf(&link, v4("10.26.0.0/24"));
     let e = add_err(&conf, "c1", &[]);
     assert_eq!(e.code(), 7);
+    // ADD's validation already sees it, before any side effect.
+    let v = ipam::validate(&conf, &env("ADD", "c1", "eth0", &[]));
+    assert!(
+        matches!(&v, Err(Error::InvalidConfig { field, .. }) if field == "dataDir"),
+        "{v:?}"
+    );
     assert!(
         e.to_string()
             .contains(&format!("{} is a symbolic link", link.display())),
@@ -724,5 +730,29 @@ fn full_filesystem_is_a_clear_error_and_the_store_survives() {
     let (cid, _) = held.remove(0);
     del(&conf, &cid);
     add(&conf, "after-full");
+    audit_clean(&conf);
+}
+
+#[test]
+fn large_ranges() {
+    let dir = data_dir();
+    let conf = netconf(
+        dir.path(),
+        json!({"ranges": [[{"subnet": "10.0.0.0/8"}], [{"subnet": "fd00:60::/64"}]]}),
+    );
+    assert_eq!(add(&conf, "a"), vec![ip("10.0.0.2"), ip("fd00:60::2")]);
+    assert_eq!(add(&conf, "b"), vec![ip("10.0.0.3"), ip("fd00:60::3")]);
+    del(&conf, "a");
+    assert_eq!(add(&conf, "c"), vec![ip("10.0.0.4"), ip("fd00:60::4")]);
+    // The /8 has a 2 MiB index bitmap, written sparse; the /64 has none (probed).
+    let index = conf.store_dir().join("index");
+    let entries: Vec<_> = std::fs::read_dir(&index)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .map(|e| e.unwrap_or_else(|e| panic!("{e}")).path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    let meta = std::fs::metadata(&entries[0]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(meta.len(), (1u64 << 24) / 8);
+    assert!(meta.blocks() * 512 <= 64 * 1024, "{} blocks", meta.blocks());
     audit_clean(&conf);
 }

@@ -166,7 +166,7 @@ pub fn validate(conf: &NetConf, env: &Env) -> Result<()> {
             cfg.assign_requests(&requested)?;
             store::key_name(&env.container_id, &env.ifname)?;
             cfg.result_dns(conf)?;
-            Ok(())
+            store::check_path(&store_dir(conf))
         }
     }
 }

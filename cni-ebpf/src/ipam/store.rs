@@ -321,6 +321,12 @@ fn open_store_dir(path: &Path, create: bool) -> Result<Option<OwnedFd>> {
     Ok(Some(fd))
 }
 
+/// Checks the existing part of the store path (no symlink, no foreign owner, no
+/// group/world write) without creating anything: ADD's validation before side effects.
+pub fn check_path(path: &Path) -> Result<()> {
+    open_store_dir(path, false).map(|_| ())
+}
+
 /// Reads the current boot id.
 pub fn current_boot_id() -> Result<String> {
     let s = std::fs::read_to_string(BOOT_ID_PATH)
@@ -476,7 +482,7 @@ impl Store {
             reason: e.to_string(),
         })?;
         bytes.push(b'\n');
-        let tmp = self.write_tmp_bytes(&bytes, "meta")?;
+        let tmp = self.write_tmp_bytes(&bytes, "meta", false)?;
         let res = renameat(&self.tmp, tmp.name.as_str(), &self.root, "meta")
             .map_err(|e| errno_io(format!("replacing {}/meta", self.path.display()), e));
         if res.is_err() {
@@ -511,7 +517,9 @@ impl Store {
         format!("{what}.{}.{}", std::process::id(), self.tmp_seq)
     }
 
-    fn write_tmp_bytes(&mut self, bytes: &[u8], what: &str) -> Result<TmpFile> {
+    /// Writes `bytes` to a new temporary file. `sparse`: only the non-zero 4 KiB blocks are
+    /// written (index bitmaps of large, mostly free ranges stay small on disk).
+    fn write_tmp_bytes(&mut self, bytes: &[u8], what: &str, sparse: bool) -> Result<TmpFile> {
         let name = self.next_tmp_name(what);
         let full = self.path.join("tmp").join(&name);
         let create = || {
@@ -538,7 +546,18 @@ impl Store {
         .map_err(|e| errno_io(format!("creating {}", full.display()), e))?;
         let tmp = TmpFile { name };
         let mut file = File::from(fd);
-        if let Err(e) = file.write_all(bytes) {
+        let written = if sparse {
+            file.set_len(bytes.len() as u64).and_then(|()| {
+                bytes
+                    .chunks(4096)
+                    .enumerate()
+                    .filter(|(_, chunk)| chunk.iter().any(|b| *b != 0))
+                    .try_for_each(|(i, chunk)| file.write_all_at(chunk, (i * 4096) as u64))
+            })
+        } else {
+            file.write_all(bytes)
+        };
+        if let Err(e) = written {
             self.remove_tmp(&tmp);
             return Err(Error::io(format!("writing {}", full.display()), e));
         }
@@ -553,7 +572,7 @@ impl Store {
             reason: e.to_string(),
         })?;
         bytes.push(b'\n');
-        self.write_tmp_bytes(&bytes, "rec")
+        self.write_tmp_bytes(&bytes, "rec", false)
     }
 
     /// Removes a temporary file; failures are logged (the next repair removes leftovers).
@@ -722,7 +741,7 @@ impl Store {
 
     /// Atomically replaces the index bitmap `index/<name>` with `bytes`.
     pub fn write_bitmap(&mut self, name: &str, bytes: &[u8]) -> Result<()> {
-        let tmp = self.write_tmp_bytes(bytes, "index")?;
+        let tmp = self.write_tmp_bytes(bytes, "index", true)?;
         let res = renameat(&self.tmp, tmp.name.as_str(), &self.index, name)
             .map_err(|e| errno_io(format!("replacing {}/index/{name}", self.path.display()), e));
         if res.is_err() {
@@ -743,7 +762,7 @@ impl Store {
 
     /// Checks that the store accepts a new file (STATUS): creates and removes a probe.
     pub fn probe_writable(&mut self) -> Result<()> {
-        let tmp = self.write_tmp_bytes(b"probe\n", "probe")?;
+        let tmp = self.write_tmp_bytes(b"probe\n", "probe", false)?;
         self.remove_tmp(&tmp);
         Ok(())
     }
