@@ -22,6 +22,7 @@
 )]
 
 pub mod conf;
+pub mod inspect;
 pub mod libcni;
 pub mod net;
 pub mod netns;
@@ -31,10 +32,11 @@ pub mod process;
 pub mod snapshot;
 
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
+pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};
 pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request, WhoAmIServer};
 pub use netns::NetNs;
 pub use node::{Pod, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK};
-pub use plugin::{plugin_bin, CniEnv, CniError, PluginOutput};
+pub use plugin::{fault_bin, plugin_bin, CniEnv, CniError, PluginOutput, FAULT_BIN_ENV};
 pub use process::{ip_json, netns_exec, netns_exec_ok, Background, Output};
 pub use snapshot::Snapshot;

@@ -29,6 +29,7 @@ use serde_json::Value;
 
 use crate::{
     conf::ConfBuilder,
+    inspect::{ResultView, StoreView},
     libcni::{client_bin, ClientOutput, REFERENCE_PLUGINS},
     netns::NetNs,
     plugin::{exec_plugin_in, plugin_bin, CniEnv, PluginOutput},
@@ -164,6 +165,13 @@ impl SimNode {
                 "nodad",
             ])
             .ok();
+            // No DAD on the uplink: its link-local address is final at once, so snapshots
+            // taken early do not see it change from `tentative` later.
+            crate::inspect::set_sysctl(
+                &Path::new(crate::netns::NETNS_DIR).join(ns),
+                &format!("net.ipv6.conf.{dev}.accept_dad"),
+                "0",
+            );
             run(&["ip", "-n", ns, "link", "set", dev, "up"]).ok();
         }
         run(&["ip", "-n", n, "route", "add", "default", "via", EXT_IP4]).ok();
@@ -275,6 +283,104 @@ impl SimNode {
     #[must_use]
     pub fn store_files(&self) -> Vec<PathBuf> {
         list_tree(&self.data_dir())
+    }
+
+    /// The IPAM store of `network` (`<dataDir>/<network>/`), classified.
+    #[must_use]
+    pub fn store(&self, network: &str) -> StoreView {
+        StoreView::read(&self.data_dir().join(network))
+    }
+
+    /// The datapath of `network` as `cni-ebpf inspect --json` shows it (node config,
+    /// `endpoints`, `portMappings`, `nat`, `reasons`), or `None` when nothing is pinned.
+    #[track_caller]
+    #[must_use]
+    pub fn datapath(&self, network: &str) -> Option<Value> {
+        if !self.pin_root.join(network).exists() {
+            return None;
+        }
+        let bin = plugin_bin();
+        let root = self.pin_root.to_string_lossy().into_owned();
+        let out = netns_exec(
+            self.netns(),
+            &[
+                bin.to_string_lossy().as_ref(),
+                "inspect",
+                "--network",
+                network,
+                "--bpffs-root",
+                &root,
+                "--json",
+            ],
+        );
+        assert!(out.success(), "cni-ebpf inspect failed: {out}");
+        Some(out.json())
+    }
+
+    /// The `endpoints` of [`Self::datapath`] (empty when nothing is pinned).
+    #[track_caller]
+    #[must_use]
+    pub fn endpoints(&self, network: &str) -> Vec<Value> {
+        self.datapath(network)
+            .and_then(|d| d.get("endpoints").and_then(Value::as_array).cloned())
+            .unwrap_or_default()
+    }
+
+    /// ADD `pod`'s `ifname` with the single-plugin configuration of `conf`; panics with
+    /// the plugin's output unless it succeeds. Returns the result.
+    #[track_caller]
+    pub fn add(&self, pod: &Pod, ifname: &str, conf: &ConfBuilder) -> ResultView {
+        let out = self.exec_plugin("ADD", &pod.env(ifname), &conf.plugin());
+        ResultView::parse(&out.result())
+    }
+
+    /// DEL `pod`'s `ifname` (no prevResult); panics unless it succeeds with empty stdout.
+    #[track_caller]
+    pub fn del(&self, pod: &Pod, ifname: &str, conf: &ConfBuilder) {
+        self.exec_plugin("DEL", &pod.env(ifname), &conf.plugin())
+            .assert_empty_success();
+    }
+
+    /// CHECK `pod`'s `ifname` against `prev` (a result).
+    #[track_caller]
+    pub fn check(&self, pod: &Pod, ifname: &str, conf: &ConfBuilder, prev: &Value) -> PluginOutput {
+        let conf = conf.clone().set("prevResult", prev.clone());
+        self.exec_plugin("CHECK", &pod.env(ifname), &conf.plugin())
+    }
+
+    /// ADDs and DELs a throwaway pod with `conf`, so that what the first ADD does once per
+    /// node (loading and pinning the programs, attaching the uplink, enabling forwarding,
+    /// and the anycast routes forwarding brings) is in place before a test takes its
+    /// baseline [`Snapshot`]. Panics if either fails.
+    #[track_caller]
+    pub fn warm_up(&self, conf: &ConfBuilder) {
+        let pod = self.pod("warmup");
+        self.add(&pod, "eth0", conf);
+        self.del(&pod, "eth0", conf);
+    }
+
+    /// Runs another build of the plugin (e.g. the fault-injection one) like
+    /// [`Self::exec_plugin`].
+    #[track_caller]
+    pub fn exec_plugin_bin(
+        &self,
+        bin: &Path,
+        cmd: &str,
+        env: &CniEnv,
+        conf: &Value,
+    ) -> PluginOutput {
+        let mut env = env.clone();
+        if env.path.is_none() {
+            env.path = Some(self.cni_bin_dir().to_string_lossy().into_owned());
+        }
+        exec_plugin_in(
+            self.netns(),
+            bin,
+            cmd,
+            &env,
+            conf.to_string().as_bytes(),
+            DEFAULT_TIMEOUT,
+        )
     }
 
     /// A `CNI_PATH` directory holding the plugin (as `cni-ebpf`) and the reference

@@ -39,6 +39,31 @@ pub fn plugin_bin() -> PathBuf {
     path
 }
 
+/// The environment variable naming the plugin built with `--features fault-injection`.
+pub const FAULT_BIN_ENV: &str = "CNI_EBPF_FAULT_BIN";
+
+/// The fault-injection build of the plugin (`$CNI_EBPF_FAULT_BIN`): with
+/// `CNI_EBPF_FAIL_AT=<step>` in its environment, ADD fails right after that step and rolls
+/// back. Panics with instructions when it is not set or does not exist.
+#[track_caller]
+#[must_use]
+pub fn fault_bin() -> PathBuf {
+    let Some(p) = std::env::var_os(FAULT_BIN_ENV) else {
+        panic!(
+            "{FAULT_BIN_ENV} is not set: the fault-injection tests need the plugin built with \
+             `cargo build --release -p cni-ebpf --features fault-injection`, copied aside, and \
+             {FAULT_BIN_ENV} pointing at the copy (`cargo xtask test` does this)"
+        );
+    };
+    let p = PathBuf::from(p);
+    assert!(
+        p.is_file(),
+        "{FAULT_BIN_ENV}={} does not exist",
+        p.display()
+    );
+    p
+}
+
 /// The `CNI_*` environment of one invocation (everything but `CNI_COMMAND`).
 #[derive(Debug, Clone, Default)]
 pub struct CniEnv {
