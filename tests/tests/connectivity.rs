@@ -1,0 +1,166 @@
+//! Connectivity through the real plugin for every spec version: pod ↔ pod on one node and
+//! pod ↔ node, IPv4 and IPv6, with the Result in each version's shape.
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+use tests::{
+    assert_no_ping, assert_ping, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4, NODE_IP6,
+};
+
+const GW4: &str = "10.244.1.1";
+const GW6: &str = "fd00:10:244:1::1";
+
+fn has_check(version: &str) -> bool {
+    !matches!(version, "0.1.0" | "0.2.0" | "0.3.0" | "0.3.1")
+}
+
+/// Asserts the Result of one ADD has the shape of its `version`.
+#[track_caller]
+fn assert_shape(version: &str, r: &ResultView, pod: &Pod) {
+    assert_eq!(r.version, version, "cniVersion: {r}");
+    let (v4, v6) = (r.ip(false), r.ip(true));
+    assert!(
+        v4.address.ends_with("/32") && v4.address.starts_with("10.244.1."),
+        "IPv4 address should be a /32 in 10.244.1.0/24: {r}"
+    );
+    assert!(
+        v6.address.ends_with("/128") && v6.address.starts_with("fd00:10:244:1::"),
+        "IPv6 address should be a /128 in fd00:10:244:1::/64: {r}"
+    );
+    assert_eq!(v4.gateway.as_deref(), Some(GW4), "{r}");
+    assert_eq!(v6.gateway.as_deref(), Some(GW6), "{r}");
+    assert_ne!(v4.ip(), GW4, "the gateway was handed out: {r}");
+    for (dst, gw) in [("0.0.0.0/0", GW4), ("::/0", GW6)] {
+        assert!(
+            r.routes
+                .iter()
+                .any(|x| x.dst == dst && x.gw.as_deref() == Some(gw)),
+            "no route {dst} via {gw}: {r}"
+        );
+    }
+    let raw = &r.raw;
+    if r.is_legacy() {
+        for key in ["interfaces", "ips", "routes"] {
+            assert!(raw.get(key).is_none(), "{version} result has `{key}`: {r}");
+        }
+        return;
+    }
+    assert!(
+        raw.get("ip4").is_none() && raw.get("ip6").is_none(),
+        "{version} result has legacy ip4/ip6: {r}"
+    );
+    assert_eq!(
+        r.interfaces.len(),
+        2,
+        "host veth + container interface: {r}"
+    );
+    let host = &r.interfaces[0];
+    assert!(
+        tests::inspect::is_host_veth_name(&host.name) && host.sandbox.is_none(),
+        "interfaces[0] should be the host veth (ceb + 12 hex, no sandbox): {r}"
+    );
+    let ctr = &r.interfaces[1];
+    assert_eq!(ctr.name, "eth0", "{r}");
+    assert_eq!(
+        ctr.sandbox.as_deref(),
+        Some(pod.netns().to_string_lossy().as_ref()),
+        "sandbox should be CNI_NETNS: {r}"
+    );
+    assert!(
+        host.mac.is_some() && ctr.mac.is_some(),
+        "interfaces should carry MACs: {r}"
+    );
+    let want_mtu = (version == "1.1.0").then_some(1500);
+    for i in &r.interfaces {
+        assert_eq!(i.mtu, want_mtu, "interface mtu only in 1.1.0: {r}");
+    }
+    let legacy_version_field = matches!(version, "0.3.0" | "0.3.1" | "0.4.0");
+    for ip in &r.ips {
+        assert_eq!(
+            ip.interface,
+            Some(1),
+            "ips point at the container interface: {r}"
+        );
+        let want = legacy_version_field.then(|| if ip.is_v6() { "6" } else { "4" }.to_owned());
+        assert_eq!(
+            ip.version, want,
+            "`version` in ips only for 0.3.x/0.4.0: {r}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_reach_each_other_and_the_node_in_every_version() {
+    let node = SimNode::new("connectivity");
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    let mut last = None;
+    for version in ALL_VERSIONS {
+        let conf = node.conf().version(version);
+        let ra = node.add(&a, "eth0", &conf);
+        let rb = node.add(&b, "eth0", &conf);
+        assert_shape(version, &ra, &a);
+        assert_shape(version, &rb, &b);
+        assert_ne!(ra.ip4(), rb.ip4(), "two pods got one address");
+        if has_check(version) {
+            for (pod, r) in [(&a, &ra), (&b, &rb)] {
+                node.check(pod, "eth0", &conf, &r.raw)
+                    .assert_empty_success();
+            }
+        }
+
+        // pod ↔ pod, both directions, both families.
+        for (from, to) in [(&a, &rb), (&b, &ra)] {
+            assert_ping(from.netns(), &to.ip4());
+            assert_ping(from.netns(), &to.ip6());
+        }
+        // pod ↔ node (the node's own uplink addresses and the gateways).
+        for pod in [&a, &b] {
+            for dst in [NODE_IP4, NODE_IP6, GW4, GW6] {
+                assert_ping(pod.netns(), dst);
+            }
+        }
+        for r in [&ra, &rb] {
+            assert_ping(node.netns(), &r.ip4());
+            assert_ping(node.netns(), &r.ip6());
+        }
+
+        node.del(&a, "eth0", &conf);
+        node.del(&b, "eth0", &conf);
+        last = Some(ra);
+    }
+    // After DEL the addresses are unreachable (checked once: each miss costs a timeout).
+    let Some(ra) = last else {
+        panic!("no version ran")
+    };
+    assert_no_ping(node.netns(), &ra.ip4());
+    assert!(
+        tests::inspect::host_veths(node.netns()).is_empty(),
+        "host veths left after DEL"
+    );
+    node.store("testnet").assert_empty("after DEL of every pod");
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_new_pod_is_reachable_over_ipv6_at_once() {
+    // "No DAD delay" (issue 4): the pod's IPv6 address is usable the moment ADD returns,
+    // also for traffic the node forwards to it (from another pod), not only for the node's
+    // own. One probe, one second.
+    let node = SimNode::new("ipv6_at_once");
+    let conf = node.conf();
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    node.add(&a, "eth0", &conf);
+    // a's neighbour entry for its gateway is resolved before b exists.
+    assert_ping(a.netns(), GW6);
+    let rb = node.add(&b, "eth0", &conf);
+    assert!(
+        tests::ping(a.netns(), &rb.ip6(), 1),
+        "the first IPv6 echo from pod a to the new pod b ({}) got no answer within 1 s",
+        rb.ip6()
+    );
+    assert!(
+        tests::ping(a.netns(), &rb.ip4(), 1),
+        "the first IPv4 echo from pod a to the new pod b got no answer within 1 s"
+    );
+}
