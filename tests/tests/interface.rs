@@ -1,0 +1,405 @@
+//! ADD through the real plugin: the Result agrees with the kernel (addresses, routes, MACs,
+//! MTU, host veth), the documented sysctls and nothing else change, and every refusal
+//! leaves the node, the pod and the store as they were.
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+use std::{collections::BTreeSet, path::Path};
+
+use serde_json::json;
+use tests::{
+    assert_ping,
+    inspect::{
+        global_addresses, host_alias, host_veths, is_host_veth_name, link, main_routes,
+        net_sysctls, sysctl, RouteInfo,
+    },
+    process::netns_exec_ok,
+    SimNode,
+};
+
+const GW4: &str = "10.244.1.1";
+const GW6: &str = "fd00:10:244:1::1";
+
+/// The routes a test installed (anything the kernel did not add itself), as
+/// `(dst, gateway, scope)`.
+fn installed(
+    routes: &[RouteInfo],
+    dev: &str,
+) -> BTreeSet<(String, Option<String>, Option<String>)> {
+    routes
+        .iter()
+        .filter(|r| r.dev.as_deref() == Some(dev) && r.protocol.as_deref() != Some("kernel"))
+        .map(|r| (r.dst.clone(), r.gw.clone(), r.scope.clone()))
+        .collect()
+}
+
+/// The sysctl changes an ADD may make: forwarding (node-wide, documented), what the kernel
+/// itself changes with `ip_forward` (`conf.all.accept_redirects` = !forwarding, see
+/// `inet_forward_change`), and the per-device entries of the new host veth.
+fn allowed_sysctl_change(key: &str, host: &str) -> bool {
+    key == "net.ipv4.ip_forward"
+        || key == "net.ipv4.conf.all.accept_redirects"
+        || (key.starts_with("net.ipv4.conf.") || key.starts_with("net.ipv6.conf."))
+            && key.ends_with(".forwarding")
+        || key.split('.').any(|part| part == host)
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn result_agrees_with_the_kernel_and_only_documented_sysctls_change() {
+    let node = SimNode::new("result_kernel");
+    let pod = node.pod("p");
+    let mac = "0a:58:0a:f4:01:99";
+    let dns = json!({ "nameservers": ["10.96.0.10"], "search": ["svc.cluster.local"] });
+    let conf = node
+        .conf()
+        .version("1.1.0")
+        .set("mtu", json!(1400))
+        .set("dns", dns.clone())
+        .set("runtimeConfig", json!({ "mac": mac }));
+
+    // A fresh node: the first ADD may enable forwarding, nothing else node-wide.
+    let sysctls_before = net_sysctls(node.netns());
+    let pod_before = pod.snapshot();
+    let r = node.add(&pod, "eth0", &conf);
+
+    // Interfaces: host veth first (no sandbox), then eth0 in CNI_NETNS, both at mtu 1400.
+    assert_eq!(r.interfaces.len(), 2, "{r}");
+    let host = r.host_interface().clone();
+    let (ctr_idx, ctr) = r.container_interface("eth0");
+    let ctr = ctr.clone();
+    assert_eq!(ctr_idx, 1, "{r}");
+    assert!(
+        is_host_veth_name(&host.name),
+        "host veth name {:?}",
+        host.name
+    );
+    assert_eq!(
+        ctr.mac.as_deref(),
+        Some(mac),
+        "runtimeConfig.mac not honoured: {r}"
+    );
+    assert_eq!((host.mtu, ctr.mtu), (Some(1400), Some(1400)), "{r}");
+    assert_eq!(r.dns, dns, "dns of the configuration: {r}");
+
+    let Some(h) = link(node.netns(), &host.name) else {
+        panic!("host veth {} is not in the node", host.name)
+    };
+    let Some(c) = link(pod.netns(), "eth0") else {
+        panic!("eth0 is not in the pod")
+    };
+    assert_eq!(h.kind.as_deref(), Some("veth"), "{:?}", h.raw);
+    assert_eq!(
+        Some(h.mac.as_str()),
+        host.mac.as_deref(),
+        "host MAC vs result"
+    );
+    assert_eq!(c.mac, mac, "container MAC in the kernel");
+    assert_eq!((h.mtu, c.mtu), (1400, 1400), "MTU of both veth ends");
+    assert!(h.up && c.up, "both ends up: {:?} {:?}", h.raw, c.raw);
+    assert_eq!(c.peer_index, Some(h.index), "eth0's peer is the host veth");
+    assert_eq!(
+        h.alias.as_deref(),
+        Some(host_alias("testnet", pod.container_id(), "eth0").as_str()),
+        "host veth alias"
+    );
+    let pod_links: Vec<String> = tests::inspect::links(pod.netns())
+        .into_iter()
+        .map(|l| l.name)
+        .collect();
+    assert_eq!(pod_links, ["lo", "eth0"], "links in the pod");
+
+    // Addresses: the pod's as host routes (/32, /128, IPv6 without DAD); the host veth
+    // owns the gateways.
+    let (ip4, ip6) = (r.ip4(), r.ip6());
+    for ip in &r.ips {
+        assert_eq!(ip.interface, Some(1), "{r}");
+        let gw = if ip.is_v6() { GW6 } else { GW4 };
+        assert_eq!(ip.gateway.as_deref(), Some(gw), "{r}");
+    }
+    let mut want = vec![format!("{ip4}/32"), format!("{ip6}/128")];
+    want.sort();
+    assert_eq!(global_addresses(pod.netns(), "eth0"), want, "pod addresses");
+    for a in tests::inspect::addresses(pod.netns(), "eth0") {
+        if a.local == ip6 {
+            assert!(
+                a.flag("nodad") && !a.flag("tentative") && !a.flag("dadfailed"),
+                "the pod's IPv6 address must skip DAD: {}",
+                a.raw
+            );
+        }
+    }
+    let mut want_gw = vec![format!("{GW4}/32"), format!("{GW6}/128")];
+    want_gw.sort();
+    assert_eq!(
+        global_addresses(node.netns(), &host.name),
+        want_gw,
+        "gateway addresses on the host veth"
+    );
+
+    // Routes in the pod: gateway on-link, default via gateway, per family; the Result's
+    // routes are exactly those defaults.
+    let got = installed(&main_routes(pod.netns()), "eth0");
+    let want: BTreeSet<_> = [
+        (format!("{GW4}/32"), None, Some("link".to_owned())),
+        ("0.0.0.0/0".to_owned(), Some(GW4.to_owned()), None),
+        (format!("{GW6}/128"), None, None),
+        ("::/0".to_owned(), Some(GW6.to_owned()), None),
+    ]
+    .into_iter()
+    .collect();
+    // IPv6 routes have no scope in `ip -j` output; compare IPv4 scope, ignore IPv6's.
+    let strip = |s: &BTreeSet<(String, Option<String>, Option<String>)>| -> BTreeSet<_> {
+        s.iter()
+            .map(|(d, g, sc)| {
+                (
+                    d.clone(),
+                    g.clone(),
+                    if d.contains(':') { None } else { sc.clone() },
+                )
+            })
+            .collect()
+    };
+    assert_eq!(strip(&got), want, "routes in the pod");
+    let result_routes: BTreeSet<(String, Option<String>)> = r
+        .routes
+        .iter()
+        .map(|x| (x.dst.clone(), x.gw.clone()))
+        .collect();
+    let want_routes: BTreeSet<(String, Option<String>)> = [
+        ("0.0.0.0/0".to_owned(), Some(GW4.to_owned())),
+        ("::/0".to_owned(), Some(GW6.to_owned())),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(result_routes, want_routes, "Result routes: {r}");
+
+    // Node: one host route per pod address via the host veth, proto 206, and nothing
+    // else installed.
+    let node_routes = main_routes(node.netns());
+    let got: BTreeSet<_> = node_routes
+        .iter()
+        .filter(|r| r.protocol.as_deref() != Some("kernel") && r.dev.as_deref() == Some(&host.name))
+        .map(|r| (r.dst.clone(), r.protocol.clone()))
+        .collect();
+    let want: BTreeSet<_> = [
+        (format!("{ip4}/32"), Some("206".to_owned())),
+        (format!("{ip6}/128"), Some("206".to_owned())),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(got, want, "node routes to the pod");
+
+    // Sysctls: forwarding on, accept_ra off on the host veth, nothing else touched.
+    assert_eq!(
+        sysctl(node.netns(), "net.ipv4.ip_forward").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        sysctl(node.netns(), "net.ipv6.conf.all.forwarding").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        sysctl(
+            node.netns(),
+            &format!("net.ipv6.conf.{}.accept_ra", host.name)
+        )
+        .as_deref(),
+        Some("0"),
+        "accept_ra of the host veth"
+    );
+    let sysctls_after = net_sysctls(node.netns());
+    let changed: Vec<String> = sysctls_before
+        .keys()
+        .chain(sysctls_after.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|k| sysctls_before.get(*k) != sysctls_after.get(*k))
+        .filter(|k| !allowed_sysctl_change(k, &host.name))
+        .map(|k| {
+            format!(
+                "{k}: {:?} -> {:?}",
+                sysctls_before.get(k),
+                sysctls_after.get(k)
+            )
+        })
+        .collect();
+    assert!(
+        changed.is_empty(),
+        "ADD changed sysctls it does not document:\n{}",
+        changed.join("\n")
+    );
+
+    // It works, and CHECK agrees right away.
+    assert_ping(pod.netns(), GW4);
+    assert_ping(pod.netns(), GW6);
+    node.check(&pod, "eth0", &conf, &r.raw)
+        .assert_empty_success();
+
+    node.del(&pod, "eth0", &conf);
+    pod.snapshot().assert_same_as(&pod_before);
+    assert!(
+        host_veths(node.netns()).is_empty(),
+        "host veth left after DEL"
+    );
+    node.store("testnet").assert_empty("after DEL");
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ipam_routes_and_the_cni_args_mac_are_installed() {
+    let node = SimNode::new("ipam_routes");
+    let pod = node.pod("p");
+    let conf = node.conf().version("1.0.0").ipam(json!({
+        "ranges": [[{ "subnet": "10.244.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]],
+        "routes": [{ "dst": "10.96.0.0/12" }, { "dst": "fd00:96::/108" }],
+    }));
+    let mac = "0a:58:00:00:00:42";
+    let env = pod
+        .env("eth0")
+        .with_args(&format!("IgnoreUnknown=1;MAC={mac}"));
+    let r = tests::ResultView::parse(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
+
+    let result_routes: BTreeSet<(String, Option<String>)> = r
+        .routes
+        .iter()
+        .map(|x| (x.dst.clone(), x.gw.clone()))
+        .collect();
+    let want: BTreeSet<(String, Option<String>)> = [
+        ("10.96.0.0/12".to_owned(), Some(GW4.to_owned())),
+        ("fd00:96::/108".to_owned(), Some(GW6.to_owned())),
+    ]
+    .into_iter()
+    .collect();
+    assert_eq!(
+        result_routes, want,
+        "ipam.routes with the gateway filled in: {r}"
+    );
+    let installed: BTreeSet<(String, Option<String>)> =
+        installed(&main_routes(pod.netns()), "eth0")
+            .into_iter()
+            .filter(|(_, gw, _)| gw.is_some())
+            .map(|(d, g, _)| (d, g))
+            .collect();
+    assert_eq!(
+        installed, want,
+        "routes via the gateway in the pod (no default route)"
+    );
+
+    let (_, ctr) = r.container_interface("eth0");
+    assert_eq!(ctr.mac.as_deref(), Some(mac), "CNI_ARGS MAC: {r}");
+    let Some(c) = link(pod.netns(), "eth0") else {
+        panic!("no eth0 in the pod")
+    };
+    assert_eq!(c.mac, mac);
+    node.check(&pod, "eth0", &conf, &r.raw)
+        .assert_empty_success();
+    node.del(&pod, "eth0", &conf);
+    node.store("testnet").assert_empty("after DEL");
+}
+
+/// Asserts that a refused ADD changed nothing: node, pod, store, host veths.
+#[track_caller]
+fn assert_untouched(
+    node: &SimNode,
+    what: &str,
+    node_before: &tests::Snapshot,
+    pod: &tests::Pod,
+    pod_before: &tests::Snapshot,
+) {
+    node.snapshot().assert_same_as(node_before);
+    pod.snapshot().assert_same_as(pod_before);
+    assert!(
+        host_veths(node.netns()).is_empty(),
+        "{what}: a host veth was created"
+    );
+    let store = node.store("testnet");
+    assert!(
+        !store.has_key(pod.container_id(), "eth0") && store.ips.is_empty(),
+        "{what}: an address was reserved: {store:?}"
+    );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn add_refuses_an_existing_interface_and_bad_namespaces_and_changes_nothing() {
+    let node = SimNode::new("add_refusals");
+    let conf = node.conf();
+    let pod = node.pod("p");
+    let node_before = node.snapshot();
+
+    // An interface named CNI_IFNAME already exists in the container.
+    netns_exec_ok(
+        pod.netns(),
+        &[
+            "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "peer0",
+        ],
+    );
+    let pod_before = pod.snapshot();
+    let e = node
+        .exec_plugin("ADD", &pod.env("eth0"), &conf.plugin())
+        .assert_error(105);
+    assert!(
+        e.msg.contains("eth0") || e.details.contains("eth0"),
+        "{e:?}"
+    );
+    assert_untouched(&node, "existing eth0", &node_before, &pod, &pod_before);
+
+    // Namespaces that are not a pod's network namespace: error 4 naming CNI_NETNS.
+    let file = node.dir().join("not-a-netns");
+    std::fs::write(&file, b"").ok();
+    let cases: [(&str, &Path); 5] = [
+        ("the node's own namespace", node.netns()),
+        ("a regular file", &file),
+        ("a mount namespace", Path::new("/proc/self/ns/mnt")),
+        (
+            "a missing path",
+            Path::new("/run/netns/cni-ebpf-test-does-not-exist"),
+        ),
+        ("an empty CNI_NETNS", Path::new("")),
+    ];
+    let pod_before = pod.snapshot();
+    for (what, path) in cases {
+        let env = pod.env("eth1").with_netns(path);
+        let out = node.exec_plugin("ADD", &env, &conf.plugin());
+        let e = out.error();
+        assert_eq!(e.code, 4, "{what}: {}", out.raw);
+        assert!(
+            e.msg.contains("CNI_NETNS") || e.details.contains("CNI_NETNS"),
+            "{what}: the error should name CNI_NETNS: {e:?}"
+        );
+        assert_untouched(&node, what, &node_before, &pod, &pod_before);
+    }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn add_refuses_a_taken_host_veth_name_and_changes_nothing() {
+    let node = SimNode::new("taken_name");
+    let conf = node.conf();
+    node.warm_up(&conf);
+    let pod = node.pod("p");
+    // Learn the host veth name of (pod, eth0), then take it with a foreign link.
+    let r = node.add(&pod, "eth0", &conf);
+    let host = r.host_interface().name.clone();
+    node.del(&pod, "eth0", &conf);
+    node.exec(&[
+        "ip", "link", "add", &host, "type", "veth", "peer", "name", "foreign0",
+    ])
+    .ok();
+    let node_before = node.snapshot();
+    let pod_before = pod.snapshot();
+    let e = node
+        .exec_plugin("ADD", &pod.env("eth0"), &conf.plugin())
+        .assert_error(105);
+    assert!(e.msg.contains(&host) || e.details.contains(&host), "{e:?}");
+    node.snapshot().assert_same_as(&node_before);
+    pod.snapshot().assert_same_as(&pod_before);
+    node.store("testnet").assert_empty("after a refused ADD");
+    // DEL must not delete a link whose alias does not name the attachment.
+    node.del(&pod, "eth0", &conf);
+    assert!(
+        link(node.netns(), &host).is_some(),
+        "DEL deleted a foreign link that merely has the host veth's name"
+    );
+}
