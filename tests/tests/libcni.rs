@@ -1,0 +1,186 @@
+//! A real runtime client: libcni 1.1.2 (the library containerd and CRI-O embed) drives
+//! ADD / CHECK / DEL of conflists with cni-ebpf first, alone and chained with the
+//! reference `tuning` and `bandwidth` plugins, with capability arguments.
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+use serde_json::{json, Value};
+use tests::{
+    assert_ping,
+    inspect::{host_veths, link, sysctl},
+    ResultView, SimNode, LIBCNI_VERSIONS,
+};
+
+fn has_check(version: &str) -> bool {
+    !matches!(version, "0.1.0" | "0.2.0" | "0.3.0" | "0.3.1")
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn libcni_adds_checks_and_deletes_in_every_version_it_speaks() {
+    let node = SimNode::new("libcni_versions");
+    let pod = node.pod("p");
+    let env = pod.env("eth0");
+    for version in LIBCNI_VERSIONS {
+        let conflist = node.conf().version(version).conflist();
+        let r = ResultView::parse(&node.libcni("add", &conflist, &env, None).result());
+        assert_eq!(r.version, *version, "libcni converts nothing here: {r}");
+        assert!(
+            r.ip4().starts_with("10.244.1.") && r.ip6().starts_with("fd00:10:244:1::"),
+            "{r}"
+        );
+        assert_ping(pod.netns(), "10.244.1.1");
+        let cached = node.libcni("cached", &conflist, &env, None).result();
+        assert_eq!(
+            ResultView::parse(&cached).ips,
+            r.ips,
+            "libcni's cached result"
+        );
+        if has_check(version) {
+            node.libcni("check", &conflist, &env, None).assert_success();
+        }
+        node.libcni("del", &conflist, &env, None).assert_success();
+        assert!(
+            link(pod.netns(), "eth0").is_none(),
+            "{version}: eth0 left after DEL"
+        );
+        assert!(
+            host_veths(node.netns()).is_empty(),
+            "{version}: host veth left after DEL"
+        );
+        node.store("testnet")
+            .assert_empty(&format!("{version}: after DEL"));
+        // A runtime may repeat DEL (e.g. after a restart): still success.
+        node.libcni("del", &conflist, &env, None).assert_success();
+    }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn capability_args_mac_and_ips_reach_the_plugin() {
+    let node = SimNode::new("libcni_caps");
+    let pod = node.pod("p");
+    let env = pod.env("eth0");
+    let conflist = node.conf().version("1.0.0").conflist();
+    let mac = "0a:58:0a:f4:01:5c";
+    let caps = json!({ "mac": mac, "ips": ["10.244.1.77/24", "fd00:10:244:1::77/64"] });
+    let r = ResultView::parse(&node.libcni("add", &conflist, &env, Some(&caps)).result());
+    assert_eq!(r.ip4(), "10.244.1.77", "runtimeConfig.ips (IPv4): {r}");
+    assert_eq!(
+        r.ip6(),
+        "fd00:10:244:1::77",
+        "runtimeConfig.ips (IPv6): {r}"
+    );
+    let (_, ctr) = r.container_interface("eth0");
+    assert_eq!(ctr.mac.as_deref(), Some(mac), "runtimeConfig.mac: {r}");
+    let Some(c) = link(pod.netns(), "eth0") else {
+        panic!("no eth0 in the pod")
+    };
+    assert_eq!(c.mac, mac);
+    node.libcni("check", &conflist, &env, Some(&caps))
+        .assert_success();
+    node.libcni("del", &conflist, &env, Some(&caps))
+        .assert_success();
+    node.store("testnet").assert_empty("after DEL");
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
+    let node = SimNode::new("libcni_chain");
+    // cni-ebpf does not take the `mac` capability here, so the MAC is tuning's alone: the
+    // final result can only show it if prevResult flowed through tuning.
+    let base = node
+        .conf()
+        .version("1.0.0")
+        .set("capabilities", json!({ "ips": true, "portMappings": true }));
+    node.warm_up(&base);
+    let before = node.snapshot();
+    let conflist = base
+        .clone()
+        .then(json!({
+            "type": "tuning",
+            "capabilities": { "mac": true },
+            "sysctl": { "net.ipv4.conf.eth0.arp_notify": "1" },
+        }))
+        .then(json!({
+            "type": "bandwidth",
+            "ingressRate": 80_000_000, "ingressBurst": 800_000,
+            "egressRate": 80_000_000, "egressBurst": 800_000,
+        }))
+        .conflist();
+    let a = node.pod("a");
+    let env = a.env("eth0");
+    let mac = "0a:58:0a:f4:01:aa";
+    let caps = json!({ "mac": mac });
+
+    let out = node.libcni("add", &conflist, &env, Some(&caps));
+    let r = ResultView::parse(&out.result());
+    assert_eq!(r.version, "1.0.0", "{r}");
+    // cni-ebpf's part survived both plugins (bandwidth appends its ifb device)...
+    assert!(r.interfaces.len() >= 2, "{r}");
+    assert_eq!(r.container_interface("eth0").0, 1, "{r}");
+    let host = r.host_interface().name.clone();
+    assert!(
+        r.ip4().starts_with("10.244.1.") && r.ip6().starts_with("fd00:10:244:1::"),
+        "{r}"
+    );
+    assert!(r.routes.iter().any(|x| x.dst == "0.0.0.0/0"), "{r}");
+    // ... and tuning's MAC change is in the final result and the kernel.
+    let (_, ctr) = r.container_interface("eth0");
+    assert_eq!(
+        ctr.mac.as_deref(),
+        Some(mac),
+        "tuning's MAC in the final result: {r}"
+    );
+    let Some(c) = link(a.netns(), "eth0") else {
+        panic!("no eth0 in pod a")
+    };
+    assert_eq!(c.mac, mac, "tuning's MAC in the kernel");
+    assert_eq!(
+        sysctl(a.netns(), "net.ipv4.conf.eth0.arp_notify").as_deref(),
+        Some("1"),
+        "tuning's sysctl"
+    );
+    // bandwidth shaped the host veth (found through the result's interfaces).
+    let qdisc = node.exec(&["tc", "-j", "qdisc", "show", "dev", &host]);
+    assert!(
+        qdisc.ok().contains("\"tbf\""),
+        "no tbf on {host}: {}",
+        qdisc.stdout
+    );
+    let cached: Value = node.libcni("cached", &conflist, &env, None).result();
+    assert_eq!(cached, r.raw, "libcni caches the chain's final result");
+
+    // CHECK of the whole chain (every plugin gets the final result as prevResult).
+    let check = node.libcni("check", &conflist, &env, Some(&caps));
+    assert!(
+        check.success(),
+        "CHECK of cni-ebpf → tuning → bandwidth failed after tuning changed the MAC: {}",
+        check.raw
+    );
+
+    // The pod still talks to a neighbour and the node with its new MAC.
+    let b = node.pod("b");
+    let rb = node.add(&b, "eth0", &base);
+    for dst in [rb.ip4(), rb.ip6()] {
+        assert_ping(a.netns(), &dst);
+    }
+    for dst in [r.ip4(), r.ip6()] {
+        assert_ping(b.netns(), &dst);
+        assert_ping(node.netns(), &dst);
+    }
+
+    node.libcni("del", &conflist, &env, Some(&caps))
+        .assert_success();
+    node.del(&b, "eth0", &base);
+    let d = node.snapshot().diff(&before);
+    assert!(
+        d.is_empty(),
+        "the chain's DEL left the node changed:\n{}",
+        d.join("\n")
+    );
+    node.store("testnet").assert_empty("after the chain's DEL");
+    node.libcni("del", &conflist, &env, Some(&caps))
+        .assert_success();
+}
