@@ -1,0 +1,57 @@
+//! Leak check: many ADD+DEL cycles leave the node with the same links, routes and
+//! addresses, the same pins, an empty datapath and an empty store.
+
+use std::time::Instant;
+
+use tests::{inspect::host_veths, CniEnv, SimNode};
+
+const CYCLES: usize = 200;
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn two_hundred_add_del_cycles_leak_nothing() {
+    let node = SimNode::new("leak");
+    let conf = node.conf().version("1.1.0");
+    let plugin = conf.plugin();
+    node.warm_up(&conf);
+    let before = node.snapshot();
+    let pins_before = node.pins();
+    let pod = node.pod("p");
+    let pod_before = pod.snapshot();
+
+    let started = Instant::now();
+    for i in 0..CYCLES {
+        // A new container ID each time: new host veth names, new reservation keys.
+        let env = CniEnv::new(&format!("{}-{i}", pod.container_id()), pod.netns(), "eth0");
+        let add = node.exec_plugin("ADD", &env, &plugin);
+        assert!(add.success(), "cycle {i}: ADD failed: {}", add.raw);
+        let del = node.exec_plugin("DEL", &env, &plugin);
+        assert!(
+            del.success() && del.raw.stdout.trim().is_empty(),
+            "cycle {i}: DEL failed: {}",
+            del.raw
+        );
+    }
+    eprintln!(
+        "{CYCLES} ADD+DEL cycles in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+
+    let d = node.snapshot().diff(&before);
+    assert!(
+        d.is_empty(),
+        "after {CYCLES} cycles the node differs:\n{}",
+        d.join("\n")
+    );
+    pod.snapshot().assert_same_as(&pod_before);
+    assert!(host_veths(node.netns()).is_empty(), "host veths left");
+    assert_eq!(
+        node.pins(),
+        pins_before,
+        "pins changed over {CYCLES} cycles"
+    );
+    let eps = node.endpoints("testnet");
+    assert!(eps.is_empty(), "endpoint entries left: {eps:?}");
+    node.store("testnet")
+        .assert_empty(&format!("after {CYCLES} cycles"));
+}
