@@ -361,8 +361,21 @@ fn sigkill_at_random_points_loses_nothing() {
             children.push(spawn_worker(&spec));
             logs.push(log);
         }
-        // Let them start (exec + test harness) and run a random while, then kill.
-        std::thread::sleep(Duration::from_micros(4_000 + rng.below(25_000)));
+        // Wait until every worker has begun its first operation (exec and the test
+        // harness take a while on a loaded machine), let them run a random while, kill.
+        let round_logs = &logs[logs.len() - children.len()..];
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !round_logs
+            .iter()
+            .all(|l| std::fs::metadata(l).is_ok_and(|m| m.len() > 0))
+        {
+            assert!(
+                Instant::now() < deadline,
+                "workers did not start within 30 s"
+            );
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        std::thread::sleep(Duration::from_micros(rng.below(20_000)));
         for child in &mut children {
             let pid = Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
             kill(pid, Signal::SIGKILL).unwrap_or_else(|e| panic!("killing worker {pid}: {e}"));
