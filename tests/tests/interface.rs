@@ -403,3 +403,105 @@ fn add_refuses_a_taken_host_veth_name_and_changes_nothing() {
         "DEL deleted a foreign link that merely has the host veth's name"
     );
 }
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn add_with_prev_result_appends_to_it() {
+    // cni-ebpf chained after another plugin: its interfaces and addresses are appended,
+    // with `interface` indexes shifted past the earlier ones.
+    let node = SimNode::new("prev_result");
+    let pod = node.pod("p");
+    let prev = json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{ "name": "lo", "sandbox": pod.netns() }],
+        "ips": [{ "address": "127.0.0.1/8", "interface": 0 }],
+        "dns": { "nameservers": ["192.0.2.53"] },
+    });
+    let conf = node.conf().set("prevResult", prev);
+    let r = node.add(&pod, "eth0", &conf);
+    let names: Vec<&str> = r.interfaces.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names.len(), 3, "{r}");
+    assert_eq!(names[0], "lo", "prevResult's interfaces come first: {r}");
+    assert!(is_host_veth_name(names[1]) && names[2] == "eth0", "{r}");
+    assert_eq!(
+        r.ips[0].address, "127.0.0.1/8",
+        "prevResult's ips come first: {r}"
+    );
+    for ip in &r.ips[1..] {
+        assert_eq!(
+            ip.interface,
+            Some(2),
+            "our ips point at eth0 (index 2): {r}"
+        );
+    }
+    assert_eq!(r.ips.len(), 3, "{r}");
+    assert_eq!(
+        r.dns["nameservers"],
+        json!(["192.0.2.53"]),
+        "prevResult's dns kept: {r}"
+    );
+    node.check(&pod, "eth0", &node.conf(), &r.raw)
+        .assert_empty_success();
+    node.del(&pod, "eth0", &node.conf());
+    node.store("testnet").assert_empty("after DEL");
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn two_networks_in_one_pod_are_independent_attachments() {
+    // Multus-style: eth0 on the default network, eth1 on a second one whose routes cover
+    // only its own prefix. Attachments are keyed by (container ID, ifname) and network.
+    let node = SimNode::new("two_ifs");
+    let pod = node.pod("p");
+    let conf = node.conf();
+    let conf2 = node.conf().name("net2").ipam(json!({
+        "ranges": [[{ "subnet": "10.245.1.0/24" }], [{ "subnet": "fd00:10:245:1::/64" }]],
+        "routes": [{ "dst": "10.245.0.0/16" }, { "dst": "fd00:10:245::/48" }],
+    }));
+    let r0 = node.add(&pod, "eth0", &conf);
+    let r1 = node.add(&pod, "eth1", &conf2);
+    assert_ne!(
+        r0.host_interface().name,
+        r1.host_interface().name,
+        "one host veth per (container ID, ifname)"
+    );
+    assert!(r1.ip4().starts_with("10.245.1."), "{r1}");
+    assert!(node.store("testnet").has_key(pod.container_id(), "eth0"));
+    assert!(node.store("net2").has_key(pod.container_id(), "eth1"));
+    node.check(&pod, "eth0", &conf, &r0.raw)
+        .assert_empty_success();
+    node.check(&pod, "eth1", &conf2, &r1.raw)
+        .assert_empty_success();
+    assert_ping(pod.netns(), "10.245.1.1");
+    assert_ping(pod.netns(), "10.244.1.1");
+
+    // A second interface on the *same* network: the spec does not require it to work,
+    // but if it fails it must fail cleanly and leave eth0 alone.
+    let before = node.snapshot();
+    let pod_before = pod.snapshot();
+    let out = node.exec_plugin("ADD", &pod.env("eth2"), &conf.plugin());
+    if out.success() {
+        node.del(&pod, "eth2", &conf);
+    } else {
+        node.snapshot().assert_same_as(&before);
+        pod.snapshot().assert_same_as(&pod_before);
+        assert!(
+            !node.store("testnet").has_key(pod.container_id(), "eth2"),
+            "a failed ADD of eth2 kept its reservation"
+        );
+    }
+
+    // DEL of eth1 leaves eth0 whole.
+    node.del(&pod, "eth1", &conf2);
+    assert!(link(pod.netns(), "eth1").is_none(), "eth1 survived its DEL");
+    assert!(
+        link(node.netns(), &r1.host_interface().name).is_none(),
+        "eth1's host veth survived its DEL"
+    );
+    node.store("net2").assert_empty("after DEL of eth1");
+    node.check(&pod, "eth0", &conf, &r0.raw)
+        .assert_empty_success();
+    assert_ping(node.netns(), &r0.ip4());
+    node.del(&pod, "eth0", &conf);
+    node.store("testnet").assert_empty("after both DELs");
+}
