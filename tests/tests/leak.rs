@@ -55,3 +55,44 @@ fn two_hundred_add_del_cycles_leak_nothing() {
     node.store("testnet")
         .assert_empty(&format!("after {CYCLES} cycles"));
 }
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn concurrent_adds_on_a_fresh_node_all_succeed() {
+    // A node that just booted gets many pods at once: the first ADDs race to load and pin
+    // the programs and to create the store. Every one must succeed with its own address.
+    const PODS: usize = 8;
+    let node = SimNode::new("concurrent");
+    let conf = node.conf();
+    let pods: Vec<tests::Pod> = (0..PODS).map(|i| node.pod(&format!("c{i}"))).collect();
+    let results: Vec<tests::ResultView> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .map(|p| s.spawn(|| node.add(p, "eth0", &conf)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h.join() {
+                Ok(r) => r,
+                Err(e) => std::panic::resume_unwind(e),
+            })
+            .collect()
+    });
+    let mut ips: Vec<String> = results.iter().map(tests::ResultView::ip4).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(ips.len(), PODS, "addresses handed out twice: {ips:?}");
+    for r in &results {
+        tests::assert_ping(node.netns(), &r.ip4());
+    }
+    for (p, r) in pods.iter().zip(&results) {
+        node.check(p, "eth0", &conf, &r.raw).assert_empty_success();
+    }
+    std::thread::scope(|s| {
+        for p in &pods {
+            s.spawn(|| node.del(p, "eth0", &conf));
+        }
+    });
+    assert!(host_veths(node.netns()).is_empty(), "host veths left");
+    node.store("testnet").assert_empty("after concurrent DELs");
+}
