@@ -11,7 +11,13 @@ use tests::{
 /// Panics unless nothing of `pod`'s attachment is left: host veth, endpoint entries,
 /// reservation; and the node is back to `before`.
 #[track_caller]
-fn assert_gone(node: &SimNode, pod: &Pod, before: &tests::Snapshot, what: &str) {
+fn assert_gone(
+    node: &SimNode,
+    pod: &Pod,
+    before: &(tests::Snapshot, Vec<std::path::PathBuf>),
+    what: &str,
+) {
+    let (before, pins_before) = before;
     // A deleted namespace is torn down asynchronously by the kernel: allow it a moment.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
     let mut d = node.snapshot().diff(before);
@@ -27,6 +33,11 @@ fn assert_gone(node: &SimNode, pod: &Pod, before: &tests::Snapshot, what: &str) 
     assert!(
         host_veths(node.netns()).is_empty(),
         "{what}: host veth left"
+    );
+    assert_eq!(
+        &node.pins(),
+        pins_before,
+        "{what}: pins differ from before ADD"
     );
     let store = node.store("testnet");
     assert!(
@@ -47,7 +58,7 @@ fn del_is_idempotent_and_restores_the_node_in_every_case() {
     let node = SimNode::new("del_cases");
     let conf = node.conf();
     node.warm_up(&conf);
-    let before = node.snapshot();
+    let before = (node.snapshot(), node.pins());
     let other = node.pod("other");
 
     // 1. With prevResult, then again (nothing left to delete), then without prevResult.

@@ -76,6 +76,7 @@ fn a_failure_after_each_add_step_rolls_everything_back() {
     let other = node.pod("other");
     let _ = f.run("ADD", &other, &base.plugin(), None).result();
     let before = node.snapshot();
+    let pins_before = node.pins();
     let pod = node.pod("p");
     let pod_before = pod.snapshot();
 
@@ -104,6 +105,11 @@ fn a_failure_after_each_add_step_rolls_everything_back() {
         assert!(
             !store.has_key(pod.container_id(), "eth0") && store.ips.len() == 2 && store.tmp.is_empty(),
             "failure after {step}: the store should hold only the neighbour's two addresses: {store:#?}"
+        );
+        assert_eq!(
+            node.pins(),
+            pins_before,
+            "failure after {step}: pins changed"
         );
         let left = datapath_mentions(&node, pod.container_id());
         assert!(

@@ -85,6 +85,7 @@ fn gc_removes_what_is_not_valid_and_keeps_the_valid_pod_working() {
     let conf = node.conf().version("1.1.0");
     node.warm_up(&conf);
     let before = node.snapshot();
+    let pins_before = node.pins();
     let (a, b) = (node.pod("a"), node.pod("b"));
     let ra: ResultView = node.add(&a, "eth0", &conf);
     let rb: ResultView = node.add(&b, "eth0", &conf);
@@ -125,6 +126,12 @@ fn gc_removes_what_is_not_valid_and_keeps_the_valid_pod_working() {
         !eps.iter().any(|e| e.to_string().contains(b.container_id())),
         "b's endpoint entries survived GC: {eps:?}"
     );
+    let pins: Vec<_> = node
+        .pins()
+        .into_iter()
+        .filter(|p| p.to_string_lossy().contains(&b_host))
+        .collect();
+    assert!(pins.is_empty(), "b's pins survived GC: {pins:?}");
 
     // a keeps working and CHECK still agrees.
     for dst in [NODE_IP4, NODE_IP6, "10.244.1.1"] {
@@ -140,6 +147,7 @@ fn gc_removes_what_is_not_valid_and_keeps_the_valid_pod_working() {
     let d = node.snapshot().diff(&before);
     assert!(d.is_empty(), "GC of everything left:\n{}", d.join("\n"));
     node.store("testnet").assert_empty("after GC of everything");
+    assert_eq!(node.pins(), pins_before, "pins after GC of everything");
     assert!(
         node.endpoints("testnet").is_empty(),
         "endpoint entries left"
