@@ -164,3 +164,31 @@ fn a_new_pod_is_reachable_over_ipv6_at_once() {
         "the first IPv4 echo from pod a to the new pod b got no answer within 1 s"
     );
 }
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn single_stack_networks_connect_pods_and_node() {
+    let node = SimNode::new("single_stack");
+    for (net, subnet, v6) in [
+        ("v4only", "10.244.2.0/24", false),
+        ("v6only", "fd00:10:244:2::/64", true),
+    ] {
+        let conf = node.conf().name(net).subnets(&[subnet]);
+        let (a, b) = (node.pod(&format!("{net}a")), node.pod(&format!("{net}b")));
+        let ra = node.add(&a, "eth0", &conf);
+        let rb = node.add(&b, "eth0", &conf);
+        assert_eq!(ra.ips.len(), 1, "{net}: one address: {ra}");
+        assert_eq!(ra.ips[0].is_v6(), v6, "{net}: {ra}");
+        assert_eq!(ra.routes.len(), 1, "{net}: one default route: {ra}");
+        node.check(&a, "eth0", &conf, &ra.raw)
+            .assert_empty_success();
+        let (pa, pb) = (ra.ips[0].ip().to_owned(), rb.ips[0].ip().to_owned());
+        assert_ping(a.netns(), &pb);
+        assert_ping(b.netns(), &pa);
+        assert_ping(a.netns(), if v6 { NODE_IP6 } else { NODE_IP4 });
+        assert_ping(node.netns(), &pa);
+        node.del(&a, "eth0", &conf);
+        node.del(&b, "eth0", &conf);
+        node.store(net).assert_empty(&format!("{net}: after DEL"));
+    }
+}

@@ -21,8 +21,10 @@ fn two_hundred_add_del_cycles_leak_nothing() {
 
     let started = Instant::now();
     for i in 0..CYCLES {
-        // A new container ID each time: new host veth names, new reservation keys.
-        let env = CniEnv::new(&format!("{}-{i}", pod.container_id()), pod.netns(), "eth0");
+        // A new container ID each time (64 hex digits, as Kubernetes runtimes make them):
+        // new host veth names, aliases and reservation keys.
+        let cid = format!("{:032x}{:032x}", std::process::id(), i);
+        let env = CniEnv::new(&cid, pod.netns(), "eth0");
         let add = node.exec_plugin("ADD", &env, &plugin);
         assert!(add.success(), "cycle {i}: ADD failed: {}", add.raw);
         let del = node.exec_plugin("DEL", &env, &plugin);
