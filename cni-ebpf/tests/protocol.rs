@@ -255,6 +255,13 @@ fn bad_inputs_get_the_right_code_and_name_the_culprit() {
         ("CHECK with 0.3.1", with(ok_add.clone(), "CNI_COMMAND", "CHECK"), conf("0.3.1", "net1"), 1, "CHECK"),
         ("STATUS with 1.0.0", cmd("STATUS"), conf("1.0.0", "net1"), 1, "STATUS"),
         ("GC with 1.0.0", with(cmd("GC"), "CNI_PATH", "/usr/lib/cni"), conf("1.0.0", "net1"), 1, "GC"),
+        (
+            "GC without cni.dev/valid-attachments",
+            with(cmd("GC"), "CNI_PATH", "/usr/lib/cni"),
+            conf("1.1.0", "net1"),
+            7,
+            "cni.dev/valid-attachments",
+        ),
         ("network name with /", ok_add.clone(), conf("1.0.0", "a/b"), 7, "name"),
         ("empty network name", ok_add.clone(), conf("1.0.0", ""), 7, "name"),
         ("mtu of the wrong type", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"mtu\":\"big\""), 7, "mtu"),

@@ -179,6 +179,8 @@ fn test(args: &[String]) -> Result<()> {
         "test",
         "--release",
         "--workspace",
+        "--exclude",
+        "cni-ebpf-bpf",
         "--",
         "--include-ignored",
     ])

@@ -10,7 +10,6 @@ use crate::{
     cni::{
         config::{format_mac, NetConf},
         env::Env,
-        result::CniResult,
     },
     datapath::{Datapath, Endpoint},
     error::{Error, Result},
@@ -194,6 +193,5 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         ips: pod_ips.iter().map(IpNet::addr).collect::<Vec<IpAddr>>(),
     };
     dp.check_endpoint(&ep, &conf.runtime_config.port_mappings)?;
-    let _: &CniResult = prev;
     Ok(())
 }

@@ -19,6 +19,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let valid: HashSet<(&str, &str)> = conf
         .valid_attachments
         .iter()
+        .flatten()
         .map(|a| (a.container_id.as_str(), a.ifname.as_str()))
         .collect();
     let mut errors = Vec::new();
@@ -94,6 +95,29 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             }
         }
         Err(e) => errors.push(e),
+    }
+
+    // Datapath state whose owner is not valid, even with no reservation or veth left.
+    if let Some(dp) = &dp {
+        match dp.attachments() {
+            Ok(states) => {
+                for s in states {
+                    if valid.contains(&(s.container_id.as_str(), s.ifname.as_str())) {
+                        continue;
+                    }
+                    let host = link::host_veth_name(&s.container_id, &s.ifname);
+                    if let Err(e) = dp.remove_port_mappings((&s.container_id, &s.ifname)) {
+                        errors.push(e);
+                    }
+                    let ips: Vec<std::net::IpAddr> =
+                        s.ips.iter().copied().map(std::net::IpAddr::V4).collect();
+                    if let Err(e) = dp.detach_endpoint(&s.container_id, &s.ifname, &host, &ips) {
+                        errors.push(e);
+                    }
+                }
+            }
+            Err(e) => errors.push(e),
+        }
     }
 
     match errors.len() {

@@ -156,8 +156,8 @@ pub struct NetConf {
     pub ipam: Value,
     /// `dns`.
     pub dns: Dns,
-    /// `cni.dev/valid-attachments` (GC).
-    pub valid_attachments: Vec<Attachment>,
+    /// `cni.dev/valid-attachments` (GC); `None` when the key is absent.
+    pub valid_attachments: Option<Vec<Attachment>>,
 }
 
 impl NetConf {
@@ -205,6 +205,14 @@ impl NetConf {
                     "{} needs cniVersion 1.1.0 or later, the configuration has {version}",
                     command.as_str()
                 )))
+            }
+            Command::Gc if raw.valid_attachments.is_none() => {
+                // Without the list every attachment would look stale; refuse rather than
+                // release everything.
+                return Err(Error::config(
+                    "cni.dev/valid-attachments",
+                    "is required for GC (an empty list releases every attachment)",
+                ));
             }
             _ => {}
         }
@@ -307,7 +315,7 @@ impl NetConf {
             args: raw.args.unwrap_or(Value::Null),
             ipam: raw.ipam.unwrap_or(Value::Null),
             dns: raw.dns.unwrap_or_default(),
-            valid_attachments: raw.valid_attachments.unwrap_or_default(),
+            valid_attachments: raw.valid_attachments,
         })
     }
 

@@ -270,6 +270,7 @@ pub fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Vec<Reservation>> {
     let valid: HashSet<(String, String)> = conf
         .valid_attachments
         .iter()
+        .flatten()
         .map(|a| (a.container_id.clone(), a.ifname.clone()))
         .collect();
     let mut released = alloc.swept().to_vec();
