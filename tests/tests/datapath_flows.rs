@@ -1,0 +1,167 @@
+//! Issue 5, end to end: thousands of concurrent masqueraded flows. One pod holds 5000 TCP
+//! connections and 2000 UDP flows to `ext` open at the same time; every one must succeed,
+//! be seen by ext as coming from the node on a distinct SNAT port, and have its NAT entry.
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+mod datapath_support;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::SocketAddr,
+    time::Instant,
+};
+
+use datapath_support::{
+    add, del, inspect, ip_of, list, many_udp, masq_conf, nofile, open_many_tcp, pod_ip,
+    raise_nofile, read_line, reason, seen_peer, Mode, TaggedServer,
+};
+use tests::{SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
+
+const TCP_FLOWS: usize = 5000;
+const UDP_FLOWS: usize = 2000;
+/// Destination ports in ext: each holds a third of the flows, well inside the SNAT range.
+const PORTS: [u16; 3] = [7001, 7002, 7003];
+/// UDP servers (a WhoAmIServer also binds TCP, so not on [`PORTS`]).
+const UDP_PORTS: [u16; 3] = [7101, 7102, 7103];
+const THREADS: usize = 32;
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn thousands_of_concurrent_masqueraded_flows_all_succeed() {
+    raise_nofile();
+    let need = u64::try_from(2 * TCP_FLOWS + UDP_FLOWS + 256).unwrap_or(u64::MAX);
+    assert!(
+        nofile() >= need,
+        "open-file limit {} is below the {need} this test needs",
+        nofile()
+    );
+    let node = SimNode::new("dp_flows");
+    let conf = masq_conf(&node);
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    let servers: Vec<TaggedServer> = PORTS
+        .iter()
+        .map(|p| TaggedServer::start(node.ext_netns(), *p, "ext", Mode::Greet))
+        .collect();
+    let udp_servers: Vec<WhoAmIServer> = UDP_PORTS
+        .iter()
+        .map(|p| WhoAmIServer::start(node.ext_netns(), *p))
+        .collect();
+    let ext = |ports: &[u16]| -> Vec<SocketAddr> {
+        ports
+            .iter()
+            .map(|p| SocketAddr::new(EXT_IP4.parse().unwrap_or([0, 0, 0, 0].into()), *p))
+            .collect()
+    };
+    let (targets, udp_targets) = (ext(&PORTS), ext(&UDP_PORTS));
+    let before = inspect(&node);
+
+    // TCP: all connections open at once.
+    let started = Instant::now();
+    let conns = open_many_tcp(a.netns(), &targets, TCP_FLOWS, THREADS);
+    let connect_time = started.elapsed();
+    let failed: Vec<String> = conns
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.as_ref().err().map(|e| format!("#{i}: {e}")))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {TCP_FLOWS} TCP connections failed (first: {:?})",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    let doc = inspect(&node);
+    let snat_tcp: Vec<_> = list(&doc, "nat")
+        .iter()
+        .filter(|n| n["kind"] == "snat" && n["protocol"] == "tcp" && n["src"] == ip.as_str())
+        .collect();
+    assert!(
+        snat_tcp.len() >= TCP_FLOWS,
+        "{} TCP SNAT entries for {TCP_FLOWS} open connections",
+        snat_tcp.len()
+    );
+    let replies = list(&doc, "nat")
+        .iter()
+        .filter(|n| {
+            n["kind"] == "snat-reply" && n["protocol"] == "tcp" && n["new_dst"] == ip.as_str()
+        })
+        .count();
+    assert!(replies >= TCP_FLOWS, "{replies} TCP reverse entries");
+
+    // Every server greeting names the node as the peer, on a distinct port per destination.
+    let mut ports: BTreeMap<u16, BTreeSet<String>> = BTreeMap::new();
+    let mut wrong = Vec::new();
+    for (i, c) in conns.iter().enumerate() {
+        let Ok(c) = c else { continue };
+        let line = read_line(c).unwrap_or_else(|e| format!("<read error {e}>"));
+        let peer = seen_peer(&line);
+        if ip_of(&peer) != NODE_IP4 {
+            wrong.push(format!("#{i}: {line:?}"));
+        }
+        let dport = c.peer_addr().map(|a| a.port()).unwrap_or(0);
+        ports.entry(dport).or_default().insert(peer);
+    }
+    assert!(
+        wrong.is_empty(),
+        "{} of {TCP_FLOWS} flows not seen as {NODE_IP4} (first: {:?})",
+        wrong.len(),
+        &wrong[..wrong.len().min(5)]
+    );
+    let distinct: usize = ports.values().map(BTreeSet::len).sum();
+    assert_eq!(
+        distinct, TCP_FLOWS,
+        "each flow needs its own node port per destination: {distinct} distinct"
+    );
+    let accepted: usize = servers.iter().map(TaggedServer::accepted).sum();
+    assert_eq!(accepted, TCP_FLOWS, "ext accepted {accepted}");
+    drop(conns);
+
+    // UDP: every flow keeps its socket while the others run.
+    let started = Instant::now();
+    let (answers, socks) = many_udp(a.netns(), &udp_targets, UDP_FLOWS, THREADS);
+    let udp_time = started.elapsed();
+    let bad: Vec<String> = answers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| match r {
+            Ok(s) if ip_of(&seen_peer(s)) == NODE_IP4 => None,
+            Ok(s) => Some(format!("#{i}: seen as {s:?}")),
+            Err(e) => Some(format!("#{i}: {e}")),
+        })
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "{} of {UDP_FLOWS} UDP flows failed (first: {:?})",
+        bad.len(),
+        &bad[..bad.len().min(5)]
+    );
+    assert_eq!(socks.len(), UDP_FLOWS);
+    let doc = inspect(&node);
+    let snat_udp = list(&doc, "nat")
+        .iter()
+        .filter(|n| n["kind"] == "snat" && n["protocol"] == "udp" && n["src"] == ip.as_str())
+        .count();
+    assert!(
+        snat_udp >= UDP_FLOWS,
+        "{snat_udp} UDP SNAT entries for {UDP_FLOWS} flows"
+    );
+    let dropped = reason(&doc, "drop_no_snat_port") - reason(&before, "drop_no_snat_port");
+    let failed_inserts =
+        reason(&doc, "pass_nat_insert_failed") - reason(&before, "pass_nat_insert_failed");
+    assert_eq!(
+        (dropped, failed_inserts),
+        (0, 0),
+        "no flow may have been refused a port or a NAT entry"
+    );
+    eprintln!(
+        "{TCP_FLOWS} TCP connections open in {connect_time:?}, {UDP_FLOWS} UDP exchanges in \
+         {udp_time:?}; NAT entries: {}",
+        list(&doc, "nat").len()
+    );
+    drop((socks, servers, udp_servers));
+    del(&node, &a, &conf);
+    let nat = list(&inspect(&node), "nat").len();
+    assert_eq!(nat, 0, "DEL must purge the pod's NAT entries");
+}

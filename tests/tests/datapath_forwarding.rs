@@ -1,0 +1,427 @@
+//! Issue 5, end to end on the simulated node: the eBPF datapath forwards real traffic.
+//! Pod ↔ pod through `from_pod`'s redirect (proved by its counters), masquerade of pod
+//! traffic leaving the cluster (TCP, UDP, ICMP echo) and none for cluster or node
+//! destinations, host ports from outside with the client's address kept (also on a
+//! `hostIP`), and hairpin to host ports from pods, including a pod's own.
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+mod datapath_support;
+
+use datapath_support::{
+    add, del, endpoint, greet, inspect, ip_of, list, masq_conf, nat_mentioning, num, pod_ip,
+    reason, seen_peer, tcp_udp, udp_exchange, with_ports, IcmpSniffer, Mode, TaggedServer, GW4, T,
+};
+use serde_json::Value;
+use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
+
+/// The `[lo, hi]` SNAT port range the datapath was configured with.
+fn snat_range(doc: &Value) -> (u64, u64) {
+    let r = &doc["node"]["snat_ports"];
+    (r[0].as_u64().unwrap_or(0), r[1].as_u64().unwrap_or(0))
+}
+
+#[track_caller]
+fn port_of(peer: &str) -> u64 {
+    peer.rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or_else(|| panic!("{peer:?} is not ip:port"))
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pod_to_pod_on_one_node_is_redirected_by_from_pod() {
+    let node = SimNode::new("dp_pod_pod");
+    let conf = masq_conf(&node);
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    let (ra, rb) = (add(&node, &a, &conf), add(&node, &b, &conf));
+    let (ipa, ipb) = (pod_ip(&ra), pod_ip(&rb));
+    let before = inspect(&node);
+    for ip in [&ipa, &ipb] {
+        assert!(
+            endpoint(&before, ip).is_some(),
+            "no endpoint entry for {ip}: {before:#}"
+        );
+    }
+
+    assert_ping(a.netns(), &ipb);
+    assert_ping(b.netns(), &ipa);
+    let srv = TaggedServer::start(b.netns(), 8080, "b", Mode::Greet);
+    let answer = greet(a.netns(), &format!("{ipb}:8080"))
+        .unwrap_or_else(|e| panic!("TCP from pod a to pod b {ipb}:8080: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        ipa,
+        "pod b must see pod a's own address (no NAT between pods): {answer:?}"
+    );
+    assert_eq!(srv.accepted(), 1);
+
+    let after = inspect(&node);
+    // Ping both ways (request + reply each) and a TCP handshake, data and close: every one
+    // of these packets is redirected by from_pod, none goes through the node's stack.
+    let redirected = reason(&after, "redirect_pod") - reason(&before, "redirect_pod");
+    assert!(
+        redirected >= 8,
+        "redirect_pod grew by {redirected}, expected ≥ 8 (2 pings both ways + TCP): {:#}",
+        after["reasons"]
+    );
+    for (ip, name) in [(&ipa, "a"), (&ipb, "b")] {
+        let (b0, a0) = (
+            endpoint(&before, ip).map_or(0, |e| num(e, "rx_packets")),
+            endpoint(&after, ip).map_or(0, |e| num(e, "rx_packets")),
+        );
+        assert!(
+            a0 >= b0 + 4,
+            "pod {name} ({ip}): rx_packets (redirected into it) went {b0} → {a0}, expected ≥ +4: {after:#}"
+        );
+        let tx = endpoint(&after, ip).map_or(0, |e| num(e, "tx_packets"));
+        assert!(tx >= 4, "pod {name} ({ip}): tx_packets {tx}: {after:#}");
+    }
+    for ip in [&ipa, &ipb] {
+        let nat = nat_mentioning(&after, ip);
+        assert!(nat.is_empty(), "pod ↔ pod must not be translated: {nat:#?}");
+    }
+    drop(srv);
+    del(&node, &a, &conf);
+    del(&node, &b, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pod_to_ext_is_masqueraded_to_the_node_address_for_tcp_udp_and_icmp() {
+    let node = SimNode::new("dp_masq");
+    let conf = masq_conf(&node);
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    let doc = inspect(&node);
+    assert_eq!(doc["node"]["ip_masq"], true, "{doc:#}");
+    assert_eq!(doc["node"]["node_addr"], NODE_IP4, "{doc:#}");
+    let (lo, hi) = snat_range(&doc);
+
+    // TCP: ext's server sees the node, on a port of the SNAT range.
+    let tcp = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
+    let answer = greet(a.netns(), &format!("{EXT_IP4}:8080"))
+        .unwrap_or_else(|e| panic!("TCP pod → ext: {e}"));
+    let peer = seen_peer(&answer);
+    assert_eq!(
+        ip_of(&peer),
+        NODE_IP4,
+        "ext must see the node address: {answer:?}"
+    );
+    assert!(
+        (lo..=hi).contains(&port_of(&peer)),
+        "SNAT port of {peer} outside the range {lo}-{hi}"
+    );
+
+    // UDP: likewise, and the answer comes back from ext's own address and port.
+    let udp = WhoAmIServer::start(node.ext_netns(), 8081);
+    let (answer, from) = udp_exchange(a.netns(), &format!("{EXT_IP4}:8081"), b"who")
+        .unwrap_or_else(|e| panic!("UDP pod → ext: {e}"));
+    let peer = seen_peer(&answer);
+    assert_eq!(
+        ip_of(&peer),
+        NODE_IP4,
+        "ext must see the node address: {answer:?}"
+    );
+    assert!(
+        (lo..=hi).contains(&port_of(&peer)),
+        "SNAT port of {peer} outside {lo}-{hi}"
+    );
+    assert_eq!(
+        from.to_string(),
+        format!("{EXT_IP4}:8081"),
+        "reply source as the pod sees it"
+    );
+
+    // ICMP echo: every request arriving in ext comes from the node (ext has no route to
+    // the pods, so an untranslated reply could not come back either).
+    let sniffer = IcmpSniffer::start(node.ext_netns());
+    assert_ping(a.netns(), EXT_IP4);
+    let seen = sniffer.take();
+    let requests: Vec<_> = seen.iter().filter(|(_, t)| *t == 8).collect();
+    assert!(!requests.is_empty(), "ext saw no echo request: {seen:?}");
+    assert!(
+        requests.iter().all(|(src, _)| src.to_string() == NODE_IP4),
+        "every echo request must come from {NODE_IP4}, pod is {ip}: {seen:?}"
+    );
+
+    let doc = inspect(&node);
+    for proto in ["tcp", "udp", "icmp"] {
+        let snat: Vec<&Value> = list(&doc, "nat")
+            .iter()
+            .filter(|n| n["kind"] == "snat" && n["protocol"] == proto && n["src"] == ip.as_str())
+            .collect();
+        assert!(
+            snat.iter()
+                .any(|n| n["new_src"] == NODE_IP4 && n["dst"] == EXT_IP4),
+            "no {proto} SNAT entry {ip} → {EXT_IP4} rewritten to {NODE_IP4}: {:#}",
+            doc["nat"]
+        );
+    }
+    for r in ["snat_new", "snat_reply"] {
+        assert!(
+            reason(&doc, r) >= 3,
+            "{r} = {}, expected ≥ 3 (one per protocol): {:#}",
+            reason(&doc, r),
+            doc["reasons"]
+        );
+    }
+    assert!(
+        tcp.peers()
+            .iter()
+            .all(|p| p.ip().to_canonical().to_string() == NODE_IP4),
+        "{:?}",
+        tcp.peers()
+    );
+    drop((tcp, udp));
+    del(&node, &a, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn cluster_and_node_destinations_are_not_masqueraded() {
+    let node = SimNode::new("dp_nomasq");
+    let conf = masq_conf(&node);
+    // Another node's pod, simulated in ext: an address of the clusterCIDR, routed there
+    // by the node's default route, and a route back to this node's pods.
+    let remote_pod = "10.244.2.5";
+    node.ext_exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{remote_pod}/32"),
+        "dev",
+        "eth0",
+    ])
+    .ok();
+    node.ext_exec(&["ip", "route", "add", "10.244.1.0/24", "via", NODE_IP4])
+        .ok();
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    let before = inspect(&node);
+
+    let ext = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
+    let answer = greet(a.netns(), &format!("{remote_pod}:8080"))
+        .unwrap_or_else(|e| panic!("TCP pod → clusterCIDR {remote_pod}: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        ip,
+        "a clusterCIDR destination must see the pod address: {answer:?}"
+    );
+    let ext_udp = WhoAmIServer::start(node.ext_netns(), 8081);
+    // (The answer's source is whatever ext's wildcard-bound socket picks: not ours.)
+    let (answer, _) = udp_exchange(a.netns(), &format!("{remote_pod}:8081"), b"x")
+        .unwrap_or_else(|e| panic!("UDP pod → clusterCIDR {remote_pod}: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        ip,
+        "UDP to {remote_pod}: {answer:?}"
+    );
+
+    let node_srv = TaggedServer::start(node.netns(), 8090, "node", Mode::Greet);
+    for dst in [NODE_IP4, GW4] {
+        let answer = greet(a.netns(), &format!("{dst}:8090"))
+            .unwrap_or_else(|e| panic!("TCP pod → node {dst}: {e}"));
+        assert_eq!(
+            ip_of(&seen_peer(&answer)),
+            ip,
+            "the node ({dst}) must see the pod address: {answer:?}"
+        );
+    }
+    let udp = WhoAmIServer::start(node.netns(), 8091);
+    let (answer, _) = udp_exchange(a.netns(), &format!("{NODE_IP4}:8091"), b"x")
+        .unwrap_or_else(|e| panic!("UDP pod → node: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        ip,
+        "UDP to the node: {answer:?}"
+    );
+
+    let after = inspect(&node);
+    assert_eq!(
+        reason(&after, "snat_new"),
+        reason(&before, "snat_new"),
+        "nothing may have been masqueraded: {:#}",
+        after["reasons"]
+    );
+    let nat = nat_mentioning(&after, &ip);
+    assert!(nat.is_empty(), "no NAT entry may involve the pod: {nat:#?}");
+    drop((ext, ext_udp, node_srv, udp));
+    del(&node, &a, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ext_reaches_a_pod_through_a_host_port_with_its_own_address() {
+    let node = SimNode::new("dp_hostport");
+    let conf = with_ports(&masq_conf(&node), &tcp_udp(8080, 80, None));
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    let _srv = WhoAmIServer::start(a.netns(), 80);
+    let before = inspect(&node);
+    let pms = list(&before, "portMappings");
+    assert_eq!(pms.len(), 2, "a TCP and a UDP host port: {pms:#?}");
+    for pm in pms {
+        assert_eq!(pm["host_port"], 8080, "{pm}");
+        assert_eq!(pm["pod_ip"], ip.as_str(), "{pm}");
+        assert_eq!(pm["container_port"], 80, "{pm}");
+        assert!(pm["host_ip"].is_null(), "no hostIP: {pm}");
+    }
+
+    let answer = tcp_request(node.ext_netns(), &format!("{NODE_IP4}:8080"), b"hello", T)
+        .unwrap_or_else(|e| panic!("TCP ext → {NODE_IP4}:8080: {e}"));
+    // The handshake completing proves the replies came back from node:hostPort.
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        EXT_IP4,
+        "the pod must see the client's address: {answer:?}"
+    );
+    assert!(answer.ends_with("hello"), "payload echoed: {answer:?}");
+
+    let (answer, from) = udp_exchange(node.ext_netns(), &format!("{NODE_IP4}:8080"), b"hi")
+        .unwrap_or_else(|e| panic!("UDP ext → {NODE_IP4}:8080: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        EXT_IP4,
+        "the pod must see the client's address: {answer:?}"
+    );
+    assert_eq!(
+        from.to_string(),
+        format!("{NODE_IP4}:8080"),
+        "the UDP reply must come from node:hostPort"
+    );
+
+    let after = inspect(&node);
+    for r in ["dnat_new", "dnat_reply"] {
+        let grew = reason(&after, r) - reason(&before, r);
+        assert!(grew >= 2, "{r} grew by {grew}: {:#}", after["reasons"]);
+    }
+    let dnat: Vec<_> = list(&after, "nat")
+        .iter()
+        .filter(|n| n["kind"] == "dnat" && n["src"] == EXT_IP4)
+        .collect();
+    assert!(
+        dnat.iter().all(|n| n["new_dst"] == ip.as_str()
+            && n["new_dport"] == 80
+            && n["new_src"] == EXT_IP4),
+        "DNAT keeps the client and targets the pod: {dnat:#?}"
+    );
+    assert!(
+        dnat.len() >= 2,
+        "TCP and UDP DNAT entries: {:#}",
+        after["nat"]
+    );
+    del(&node, &a, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_host_port_on_a_host_ip_answers_only_there() {
+    let node = SimNode::new("dp_hostip");
+    let host_ip = "198.18.0.11";
+    // A second node address on the uplink, there before the ADD that maps it.
+    node.exec(&[
+        "ip",
+        "addr",
+        "add",
+        &format!("{host_ip}/24"),
+        "dev",
+        tests::UPLINK,
+    ])
+    .ok();
+    let conf = with_ports(&masq_conf(&node), &tcp_udp(9090, 80, Some(host_ip)));
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    let _srv = WhoAmIServer::start(a.netns(), 80);
+    let doc = inspect(&node);
+    let pms = list(&doc, "portMappings");
+    assert!(
+        pms.len() == 2
+            && pms
+                .iter()
+                .all(|p| p["host_ip"] == host_ip && p["pod_ip"] == ip.as_str()),
+        "two mappings on {host_ip}: {pms:#?}"
+    );
+
+    let answer = tcp_request(node.ext_netns(), &format!("{host_ip}:9090"), b"hello", T)
+        .unwrap_or_else(|e| panic!("TCP ext → {host_ip}:9090: {e}"));
+    assert_eq!(ip_of(&seen_peer(&answer)), EXT_IP4, "{answer:?}");
+    let (answer, from) = udp_exchange(node.ext_netns(), &format!("{host_ip}:9090"), b"hi")
+        .unwrap_or_else(|e| panic!("UDP ext → {host_ip}:9090: {e}"));
+    assert_eq!(ip_of(&seen_peer(&answer)), EXT_IP4, "{answer:?}");
+    assert_eq!(
+        from.to_string(),
+        format!("{host_ip}:9090"),
+        "the reply must come from hostIP:hostPort"
+    );
+
+    // The node's other address does not have this host port.
+    let other = tcp_request(node.ext_netns(), &format!("{NODE_IP4}:9090"), b"x", T);
+    assert!(
+        other.is_err(),
+        "{NODE_IP4}:9090 must not be mapped (hostIP is {host_ip}): {other:?}"
+    );
+    let other = udp_exchange(node.ext_netns(), &format!("{NODE_IP4}:9090"), b"x");
+    assert!(other.is_err(), "UDP {NODE_IP4}:9090 answered: {other:?}");
+    del(&node, &a, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_reach_host_ports_of_their_own_node_including_their_own() {
+    let node = SimNode::new("dp_hairpin");
+    let base = masq_conf(&node);
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    let ipa = pod_ip(&add(&node, &a, &base));
+    let ipb = pod_ip(&add(
+        &node,
+        &b,
+        &with_ports(&base, &tcp_udp(8080, 80, None)),
+    ));
+    let _srv = WhoAmIServer::start(b.netns(), 80);
+    let before = inspect(&node);
+
+    // Pod a → node:hostPort → pod b: b sees a (the client's address is kept).
+    for dst in [NODE_IP4, GW4] {
+        let answer = tcp_request(a.netns(), &format!("{dst}:8080"), b"hello", T)
+            .unwrap_or_else(|e| panic!("TCP pod a → {dst}:8080 (hairpin to b): {e}"));
+        assert_eq!(
+            ip_of(&seen_peer(&answer)),
+            ipa,
+            "pod b must see pod a through {dst}:8080: {answer:?}"
+        );
+    }
+    let (answer, from) = udp_exchange(a.netns(), &format!("{NODE_IP4}:8080"), b"hi")
+        .unwrap_or_else(|e| panic!("UDP pod a → {NODE_IP4}:8080: {e}"));
+    assert_eq!(ip_of(&seen_peer(&answer)), ipa, "{answer:?}");
+    assert_eq!(
+        from.to_string(),
+        format!("{NODE_IP4}:8080"),
+        "the reply must come from node:hostPort"
+    );
+
+    // Pod b → its own host port: it arrives from the node (a pod would drop a packet
+    // carrying its own address as source), and the reply comes from node:hostPort.
+    let answer = tcp_request(b.netns(), &format!("{NODE_IP4}:8080"), b"self", T)
+        .unwrap_or_else(|e| panic!("TCP pod b → its own host port {NODE_IP4}:8080: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        NODE_IP4,
+        "pod b reaching itself sees the node: {answer:?}"
+    );
+    let (answer, from) = udp_exchange(b.netns(), &format!("{NODE_IP4}:8080"), b"self")
+        .unwrap_or_else(|e| panic!("UDP pod b → its own host port: {e}"));
+    assert_eq!(ip_of(&seen_peer(&answer)), NODE_IP4, "{answer:?}");
+    assert_eq!(from.to_string(), format!("{NODE_IP4}:8080"));
+    assert_ne!(ipa, ipb);
+
+    let after = inspect(&node);
+    let grew = reason(&after, "hairpin_new") - reason(&before, "hairpin_new");
+    assert!(
+        grew >= 5,
+        "hairpin_new grew by {grew}, expected ≥ 5 (3 TCP + 2 UDP flows): {:#}",
+        after["reasons"]
+    );
+    del(&node, &a, &base);
+    del(&node, &b, &base);
+}
