@@ -10,7 +10,8 @@ mod datapath_support;
 
 use datapath_support::{
     add, del, endpoint, greet, inspect, ip_of, list, masq_conf, nat_mentioning, num, pod_ip,
-    reason, seen_peer, tcp_udp, udp_exchange, with_ports, IcmpSniffer, Mode, TaggedServer, GW4, T,
+    reason, seen_peer, tcp_udp, udp_error, udp_exchange, with_ports, IcmpSniffer, Mode,
+    TaggedServer, GW4, T,
 };
 use serde_json::Value;
 use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
@@ -132,6 +133,17 @@ fn pod_to_ext_is_masqueraded_to_the_node_address_for_tcp_udp_and_icmp() {
         format!("{EXT_IP4}:8081"),
         "reply source as the pod sees it"
     );
+
+    // An ICMP error about a masqueraded flow (port unreachable from ext) is translated
+    // back and reaches the pod's socket.
+    let before_err = reason(&inspect(&node), "icmp_error_translated");
+    let refused = udp_error(a.netns(), &format!("{EXT_IP4}:9"));
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "UDP to a closed port of ext: the port-unreachable error must reach the pod: {refused:?}"
+    );
+    let grew = reason(&inspect(&node), "icmp_error_translated") - before_err;
+    assert!(grew >= 1, "icmp_error_translated grew by {grew}");
 
     // ICMP echo: every request arriving in ext comes from the node (ext has no route to
     // the pods, so an untranslated reply could not come back either).

@@ -538,6 +538,34 @@ pub fn udp_exchange(netns: &Path, addr: &str, payload: &[u8]) -> io::Result<(Str
     })
 }
 
+/// Sends a datagram from a connected UDP socket in `netns` to `addr`, where nothing
+/// listens, and returns what the next receive says: `ConnectionRefused` means the ICMP
+/// port-unreachable error made it back to the socket. Bounded by 1 s per try, 3 tries.
+#[track_caller]
+pub fn udp_error(netns: &Path, addr: &str) -> io::Result<usize> {
+    let to: SocketAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    in_netns(netns, move || {
+        let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
+        s.connect(to)?;
+        s.set_read_timeout(Some(Duration::from_secs(1)))?;
+        let mut last = Ok(0);
+        for _ in 0..3 {
+            if let Err(e) = s.send(b"anyone?") {
+                return Err(e);
+            }
+            let mut buf = [0u8; 64];
+            last = s.recv(&mut buf);
+            if !matches!(&last, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
+            {
+                return last;
+            }
+        }
+        last
+    })
+}
+
 /// The first line of a WhoAmIServer / TaggedServer answer, without the tag.
 #[must_use]
 pub fn seen_peer(answer: &str) -> String {
