@@ -552,9 +552,7 @@ pub fn udp_error(netns: &Path, addr: &str) -> io::Result<usize> {
         s.set_read_timeout(Some(Duration::from_secs(1)))?;
         let mut last = Ok(0);
         for _ in 0..3 {
-            if let Err(e) = s.send(b"anyone?") {
-                return Err(e);
-            }
+            s.send(b"anyone?")?;
             let mut buf = [0u8; 64];
             last = s.recv(&mut buf);
             if !matches!(&last, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
