@@ -971,6 +971,14 @@ impl Datapath {
         Ok(())
     }
 
+    /// Whether this network's datapath has never been loaded since bpffs was mounted (the
+    /// node booted): no version directory under `<bpffsRoot>/<network>`. The first ADD
+    /// loads it. bpffs itself must be usable.
+    pub fn never_loaded(conf: &NetConf) -> Result<bool> {
+        load::check_bpffs(&conf.bpffs_root)?;
+        Ok(!Pins::new(conf.pin_dir()).version_dir().exists())
+    }
+
     /// STATUS: bpffs mounted, object embedded, pins present and of our layout; otherwise
     /// [`Error::NotAvailable`] with the reason.
     pub fn status(conf: &NetConf) -> Result<()> {

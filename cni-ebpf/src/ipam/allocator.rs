@@ -609,8 +609,8 @@ impl<'a> Allocator<'a> {
         }))
     }
 
-    /// CHECK: the key holds exactly `expected` (addresses and prefix lengths), and every
-    /// one of them is still claimed by it. Error 104 naming the difference otherwise.
+    /// CHECK: the key holds exactly the addresses of `expected` (prefix lengths are not
+    /// compared), and every one is still claimed by it. Error 104 naming the difference.
     pub fn check(&self, container_id: &str, ifname: &str, expected: &[IpNet]) -> Result<()> {
         let who = Self::describe_key(container_id, ifname);
         let key = key_name(container_id, ifname)?;
@@ -642,14 +642,8 @@ impl<'a> Allocator<'a> {
                         join(&record.addresses)
                     )));
                 }
-                Some(have) if have.prefix_len() != want.prefix_len() => {
-                    return Err(Error::Check(format!(
-                        "{} is reserved for {who} with prefix /{}, not /{}",
-                        want.addr(),
-                        have.prefix_len(),
-                        want.prefix_len()
-                    )));
-                }
+                // Only the address is compared: the pod carries it as a host route
+                // (/32, /128) while the reservation records the range's prefix.
                 Some(_) => {}
             }
         }
