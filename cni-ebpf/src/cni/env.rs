@@ -297,7 +297,8 @@ mod tests {
 
     #[test]
     fn cni_args() {
-        let a = CniArgs::parse("IgnoreUnknown=1;FOO=bar;IP=10.0.0.5,fd00::5").unwrap_or_else(|e| panic!("{e}"));
+        let a = CniArgs::parse("IgnoreUnknown=1;FOO=bar;IP=10.0.0.5,fd00::5")
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(a.get("FOO"), Some("bar"));
         assert_eq!(a.ips().map(|v| v.len()).ok(), Some(2));
         assert!(CniArgs::parse("FOO=bar").is_err());
