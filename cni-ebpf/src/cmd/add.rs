@@ -20,6 +20,20 @@ use crate::{
     netns::Netns,
 };
 
+/// The MAC ADD gives the container interface: `runtimeConfig.mac` (capability `mac`),
+/// else `CNI_ARGS MAC=`, else one derived from (container ID, ifname). A later chained
+/// plugin (e.g. `tuning`) may change it; CHECK accepts either.
+pub fn pod_mac(conf: &NetConf, env: &Env) -> Result<[u8; 6]> {
+    match (&conf.runtime_config.mac, env.args.get("MAC")) {
+        (Some(m), _) => parse_mac(m)
+            .ok_or_else(|| Error::config("runtimeConfig.mac", format!("{m:?} is not a MAC"))),
+        (None, Some(m)) => {
+            parse_mac(m).ok_or_else(|| Error::env("CNI_ARGS", format!("MAC={m:?} is not a MAC")))
+        }
+        (None, None) => Ok(link::derived_mac(&env.container_id, &env.ifname, "pod")),
+    }
+}
+
 /// What has been done so far and must be undone if a later step fails.
 enum Undo {
     Ipam,
@@ -41,14 +55,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
         .ok_or_else(|| Error::env("CNI_NETNS", "is required for ADD"))?;
     let netns = Netns::open(netns_path).map_err(|e| Error::env("CNI_NETNS", e.to_string()))?;
     let host_ifname = link::host_veth_name(&env.container_id, &env.ifname);
-    let ctr_mac = match (&conf.runtime_config.mac, env.args.get("MAC")) {
-        (Some(m), _) => parse_mac(m)
-            .ok_or_else(|| Error::config("runtimeConfig.mac", format!("{m:?} is not a MAC")))?,
-        (None, Some(m)) => {
-            parse_mac(m).ok_or_else(|| Error::env("CNI_ARGS", format!("MAC={m:?} is not a MAC")))?
-        }
-        (None, None) => link::derived_mac(&env.container_id, &env.ifname, "pod"),
-    };
+    let ctr_mac = pod_mac(conf, env)?;
     let host_mac = link::derived_mac(&env.container_id, &env.ifname, "host");
 
     let rt = link::runtime()?;
@@ -152,9 +159,13 @@ async fn attach(
     if has_v6 {
         link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
-    // The host end must not autoconfigure from router advertisements of the pod.
+    // The host end must not autoconfigure from router advertisements of the pod, and its
+    // link-local address must be usable at once: while it is in DAD the kernel sends no
+    // neighbour solicitation for forwarded IPv6 packets, so a new pod would be unreachable
+    // over IPv6 for a second or two.
     if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
         link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
+        link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
     }
     for ip in &ipam_result.ips {
         if let Some(gw) = ip.gateway {
