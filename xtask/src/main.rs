@@ -11,6 +11,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
+mod bench;
 mod demo;
 mod setup;
 mod sim;
@@ -39,12 +40,9 @@ enum Cmd {
     },
     /// Demo: a simulated node with two pods networked by cni-ebpf.
     Demo,
-    /// Benchmarks.
-    Bench {
-        /// Extra arguments.
-        #[arg(trailing_var_arg = true)]
-        args: Vec<String>,
-    },
+    /// Benchmarks: the IPAM microbench, then cni-ebpf side by side with the reference
+    /// plugins and a bare veth on simulated nodes (control plane, data plane, scale).
+    Bench(bench::Args),
 }
 
 fn main() -> Result<()> {
@@ -77,9 +75,9 @@ fn main() -> Result<()> {
             let bin = build_release()?;
             demo::run(&bin)
         }
-        Cmd::Bench { args } => {
+        Cmd::Bench(args) => {
             setup::run(false)?;
-            bench(&args)
+            bench::run(&args)
         }
     }
 }
@@ -190,11 +188,4 @@ fn test(args: &[String]) -> Result<()> {
     .env("LIBCNI_CLIENT", &client)
     .env("RUST_BACKTRACE", "1");
     run(&mut cmd)
-}
-
-fn bench(args: &[String]) -> Result<()> {
-    require_root("cargo xtask bench")?;
-    run(Command::new("cargo")
-        .args(["bench", "-p", "cni-ebpf", "--bench", "ipam", "--"])
-        .args(args))
 }

@@ -1,0 +1,366 @@
+//! `cargo xtask bench`: cni-ebpf side by side with the reference plugins (bridge with
+//! `ipMasq` + host-local + portmap) and a bare veth pair, on simulated nodes (issue 6).
+//!
+//! Phases (`--only` picks some):
+//! - `ipam`: the IPAM allocate+release microbench (`cargo bench -p cni-ebpf --bench ipam`);
+//! - `control`: ADD/CHECK/DEL latency percentiles, pods/s with 1 and 2 workers, peak RSS
+//!   of one ADD — through the libcni client and by direct exec ([`control`]);
+//! - `data`: TCP throughput (iperf3), request/response and connect/request/close rates for
+//!   pod → pod, pod → ext (masquerade) and ext → node:hostPort → pod, interleaved repeats,
+//!   medians ([`data`]);
+//! - `scale`: ADD latency and host-port connect latency with growing numbers of pods that
+//!   hold a host port, and pinned map memory per pod ([`scale`]).
+//!
+//! Everything runs in namespaces the bench creates (`cebb<pid>-…`); the machine's own
+//! network namespace is never touched, and no packet leaves those namespaces. Every loop is
+//! bounded; a Ctrl-C stops the current step, then guards delete namespaces, pins and temp
+//! files. Results go to `results/bench-<UTC timestamp>/`: `report.md`, `report.json` and
+//! SVG charts; the targets of issue 6 are printed as met / not met.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+    time::SystemTime,
+};
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use serde_json::json;
+
+mod chart;
+mod control;
+mod data;
+mod proc;
+mod report;
+mod scale;
+mod topo;
+
+use report::Report;
+use topo::{Via, Workspace};
+
+/// A phase of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Phase {
+    /// IPAM microbench (cargo bench).
+    Ipam,
+    /// ADD/CHECK/DEL latency, pods/s, peak RSS.
+    Control,
+    /// Throughput, transactions/s, connect rate.
+    Data,
+    /// Host-port pods: ADD and connect latency, map memory.
+    Scale,
+}
+
+/// `cargo xtask bench` options. Defaults finish in well under 20 minutes on 2 cores;
+/// `--quick` is a 1–2 minute smoke run.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Smoke preset: 20 pods, one 1 s data-plane repeat, scale levels 0 and 50, no IPAM
+    /// microbench. Explicit size flags still override it.
+    #[arg(long)]
+    pub quick: bool,
+    /// Phases to run, comma-separated [default: all].
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub only: Vec<Phase>,
+    /// Pods per control-plane run (≥ 100 for the issue's percentiles) [default: 100].
+    #[arg(long)]
+    pub pods: Option<usize>,
+    /// Control-plane worker counts, comma-separated [default: 1,2].
+    #[arg(long, value_delimiter = ',')]
+    pub workers: Vec<usize>,
+    /// Interleaved data-plane repeats (the median is reported) [default: 5].
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Seconds per data-plane measurement [default: 2].
+    #[arg(long)]
+    pub seconds: Option<f64>,
+    /// Host-port pod counts of the scale phase, comma-separated [default: 0,200,1000].
+    #[arg(long, value_delimiter = ',')]
+    pub scale: Vec<usize>,
+    /// Probe ADDs (and DELs) measured at each scale level [default: 30].
+    #[arg(long)]
+    pub scale_probes: Option<usize>,
+    /// Connections measured at each scale level [default: 500].
+    #[arg(long)]
+    pub scale_connects: Option<usize>,
+    /// Results directory [default: results/bench-<UTC timestamp>].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Benchmark this cni-ebpf binary instead of building one.
+    #[arg(long)]
+    pub plugin: Option<PathBuf>,
+    /// Use this libcni client binary instead of building it.
+    #[arg(long)]
+    pub libcni_client: Option<PathBuf>,
+    /// `logLevel` of cni-ebpf during the bench (it logs to a file in the bench's temp dir).
+    #[arg(long, default_value = "info")]
+    pub log_level: String,
+}
+
+/// Resolved sizes.
+#[derive(Debug, Clone)]
+pub struct Sizes {
+    /// Control plane.
+    pub control: control::Params,
+    /// Data plane.
+    pub data: data::Params,
+    /// Scale.
+    pub scale: scale::Params,
+}
+
+impl Args {
+    fn phases(&self) -> Vec<Phase> {
+        if !self.only.is_empty() {
+            return self.only.clone();
+        }
+        if self.quick {
+            vec![Phase::Control, Phase::Data, Phase::Scale]
+        } else {
+            vec![Phase::Ipam, Phase::Control, Phase::Data, Phase::Scale]
+        }
+    }
+
+    fn sizes(&self) -> Sizes {
+        let q = self.quick;
+        let pick =
+            |v: Option<usize>, quick: usize, full: usize| v.unwrap_or(if q { quick } else { full });
+        Sizes {
+            control: control::Params {
+                pods: pick(self.pods, 20, 100),
+                workers: if self.workers.is_empty() {
+                    vec![1, 2]
+                } else {
+                    self.workers.clone()
+                },
+                vias: vec![Via::Direct, Via::Libcni],
+            },
+            data: data::Params {
+                repeats: pick(self.repeats, 1, 5),
+                seconds: self.seconds.unwrap_or(if q { 1.0 } else { 2.0 }),
+            },
+            scale: scale::Params {
+                levels: if !self.scale.is_empty() {
+                    self.scale.clone()
+                } else if q {
+                    vec![0, 50]
+                } else {
+                    vec![0, 200, 1000]
+                },
+                probes: pick(self.scale_probes, 5, 30),
+                connects: pick(self.scale_connects, 100, 500),
+            },
+        }
+    }
+}
+
+/// UTC `YYYYMMDD-HHMMSS`.
+fn timestamp() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+fn sh(argv: &[&str]) -> String {
+    Command::new(argv[0])
+        .args(&argv[1..])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// The IPAM microbench, its output kept in the results dir.
+fn ipam_microbench(out: &Path) -> Result<()> {
+    eprintln!("bench: IPAM microbench (cargo bench -p cni-ebpf --bench ipam)");
+    let o = Command::new("cargo")
+        .args(["bench", "-p", "cni-ebpf", "--bench", "ipam"])
+        .output()
+        .context("running cargo bench")?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    print!("{text}");
+    std::fs::write(out.join("ipam.txt"), text.as_bytes())?;
+    if !o.status.success() {
+        anyhow::bail!(
+            "the IPAM microbench failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Runs the bench.
+pub fn run(args: &Args) -> Result<()> {
+    crate::require_root("cargo xtask bench")?;
+    let phases = args.phases();
+    let sizes = args.sizes();
+    let out = args.out.clone().unwrap_or_else(|| {
+        crate::workspace_root()
+            .join("results")
+            .join(format!("bench-{}", timestamp()))
+    });
+    std::fs::create_dir_all(&out).with_context(|| format!("creating {}", out.display()))?;
+    let mut report = Report::default();
+    let started = std::time::Instant::now();
+    if phases.contains(&Phase::Ipam) {
+        if let Err(e) = ipam_microbench(&out) {
+            report.notes.push(format!("IPAM microbench: {e:#}"));
+        } else {
+            report
+                .notes
+                .push("IPAM microbench output: ipam.txt in this directory.".into());
+        }
+    }
+    let net_phases: Vec<Phase> = phases
+        .iter()
+        .copied()
+        .filter(|p| *p != Phase::Ipam)
+        .collect();
+    let mut result = Ok(());
+    if !net_phases.is_empty() {
+        crate::ensure_bpffs()?;
+        let plugin = match &args.plugin {
+            Some(p) => p.clone(),
+            None => crate::build_release()?,
+        };
+        let client = match &args.libcni_client {
+            Some(p) => p.clone(),
+            None => crate::sim::build_libcni_client()?,
+        };
+        proc::install_signal_handler()?;
+        fill_meta(&mut report, args, &sizes, &plugin);
+        let ws = Workspace::create(&plugin, &client, &args.log_level)?;
+        for phase in &net_phases {
+            let r = match phase {
+                Phase::Control => control::run(&ws, &sizes.control, &mut report),
+                Phase::Data => data::run(&ws, &sizes.data, &mut report),
+                Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
+                Phase::Ipam => Ok(()),
+            };
+            if let Err(e) = r {
+                let msg = format!("{phase:?} phase stopped: {e:#}");
+                eprintln!("bench: {msg}");
+                report.notes.push(msg);
+                if proc::interrupted() {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        drop(ws);
+    }
+    report.meta.insert(
+        "bench duration".into(),
+        json!(format!("{:.0} s", started.elapsed().as_secs_f64())),
+    );
+    write_outputs(&out, &report)?;
+    print!("{}", report.markdown("cni-ebpf benchmark"));
+    report.print_targets();
+    println!("\nresults: {}", out.display());
+    result
+}
+
+fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
+    let m = &mut report.meta;
+    m.insert("date (UTC)".into(), json!(timestamp()));
+    m.insert("kernel".into(), json!(sh(&["uname", "-r"])));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default();
+    m.insert("cpu".into(), json!(format!("{cpu} × {}", sh(&["nproc"]))));
+    let version = sh(&[&plugin.to_string_lossy(), "version"]);
+    m.insert(
+        "cni-ebpf".into(),
+        json!(version.lines().next().unwrap_or_default()),
+    );
+    m.insert(
+        "reference".into(),
+        json!(format!(
+            "containernetworking-plugins {} (bridge ipMasq + host-local + portmap), {}",
+            sh(&[
+                "dpkg-query",
+                "-W",
+                "-f=${Version}",
+                "containernetworking-plugins"
+            ]),
+            sh(&["iptables", "--version"])
+        )),
+    );
+    m.insert(
+        "sizes".into(),
+        json!(format!(
+            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects{}",
+            sizes.control.pods,
+            sizes.control.workers,
+            sizes.data.repeats,
+            sizes.data.seconds,
+            sizes.scale.levels,
+            sizes.scale.probes,
+            sizes.scale.connects,
+            if args.quick { " (--quick)" } else { "" }
+        )),
+    );
+}
+
+fn write_outputs(out: &Path, report: &Report) -> Result<()> {
+    std::fs::write(
+        out.join("report.json"),
+        serde_json::to_vec_pretty(&report.json())?,
+    )?;
+    std::fs::write(out.join("report.md"), report.markdown("cni-ebpf benchmark"))?;
+    if let Err(e) = charts(out, report) {
+        eprintln!("bench: charts: {e:#}");
+    }
+    Ok(())
+}
+
+fn charts(out: &Path, report: &Report) -> Result<()> {
+    // Control-plane latency percentiles (direct exec and libcni, sequential).
+    for via in ["direct", "libcni"] {
+        let mut groups = Vec::new();
+        for verb in ["add", "check", "del"] {
+            for p in ["p50", "p90", "p99"] {
+                let key = format!("cp.{via}.w1.{verb}.{p}");
+                let Some(row) = report.rows.iter().find(|r| r.key == key) else {
+                    continue;
+                };
+                groups.push(chart::Group {
+                    label: format!("{} {p}", verb.to_uppercase()),
+                    bars: row.values.iter().map(|(k, v)| (k.clone(), *v)).collect(),
+                });
+            }
+        }
+        if !groups.is_empty() {
+            chart::grouped_bars(
+                &out.join(format!("control-latency-{via}.svg")),
+                &format!("ADD / CHECK / DEL latency, {via}, sequential (lower is better)"),
+                "ms",
+                &groups,
+                &["cni-ebpf", "reference"],
+            )?;
+        }
+    }
+    scale::chart(out, report)?;
+    data::chart(out, report)?;
+    Ok(())
+}

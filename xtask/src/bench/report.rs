@@ -1,0 +1,407 @@
+//! Statistics, the comparison table (markdown), the JSON document and the targets of
+//! issue 6, evaluated as met / not met.
+
+use std::{collections::BTreeMap, fmt::Write as _};
+
+use serde_json::{json, Map, Value};
+
+/// Percentiles of a sample.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Summary {
+    /// Sample count.
+    pub n: usize,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest value.
+    pub max: f64,
+    /// Mean.
+    pub mean: f64,
+}
+
+impl Summary {
+    /// Nearest-rank percentiles of `samples` (empty: all zero).
+    pub fn of(samples: &[f64]) -> Self {
+        let mut v: Vec<f64> = samples.iter().copied().filter(|x| x.is_finite()).collect();
+        if v.is_empty() {
+            return Self::default();
+        }
+        v.sort_by(f64::total_cmp);
+        Self {
+            n: v.len(),
+            p50: percentile(&v, 50.0),
+            p90: percentile(&v, 90.0),
+            p99: percentile(&v, 99.0),
+            max: v[v.len() - 1],
+            mean: v.iter().sum::<f64>() / v.len() as f64,
+        }
+    }
+
+    /// As JSON.
+    pub fn json(&self) -> Value {
+        json!({ "n": self.n, "p50": self.p50, "p90": self.p90, "p99": self.p99,
+                "max": self.max, "mean": self.mean })
+    }
+}
+
+/// Nearest-rank percentile of sorted `v` (non-empty).
+pub fn percentile(v: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// Median of `samples` (0 when empty).
+pub fn median(samples: &[f64]) -> f64 {
+    let mut v: Vec<f64> = samples.to_vec();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[m - 1] + v[m]) / 2.0
+    } else {
+        v[m]
+    }
+}
+
+/// The columns of the comparison, in display order.
+pub const COLUMNS: [&str; 3] = ["bare veth", "cni-ebpf", "reference"];
+
+/// One compared figure.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Stable id (targets and JSON refer to it).
+    pub key: String,
+    /// Table it belongs to.
+    pub section: String,
+    /// What it is.
+    pub label: String,
+    /// Unit.
+    pub unit: String,
+    /// Direction of "better".
+    pub higher_is_better: bool,
+    /// Value per column (`COLUMNS`).
+    pub values: BTreeMap<String, f64>,
+}
+
+impl Row {
+    /// cni-ebpf ÷ reference.
+    pub fn ratio(&self) -> Option<f64> {
+        let e = self.values.get("cni-ebpf")?;
+        let r = self.values.get("reference")?;
+        (*r != 0.0).then(|| e / r)
+    }
+}
+
+/// How a target is judged.
+#[derive(Debug, Clone)]
+pub enum Rule {
+    /// `cni-ebpf` of `key` ≤ factor × `other` column of the same row.
+    AtMost(&'static str, &'static str, f64),
+    /// `cni-ebpf` of `key` ≥ factor × `other` column of the same row.
+    AtLeast(&'static str, &'static str, f64),
+    /// `cni-ebpf` of `key` ≥ a fixed value.
+    AtLeastAbs(&'static str, f64),
+    /// `cni-ebpf` of key A ≤ factor × `cni-ebpf` of key B.
+    AtMostOf(&'static str, &'static str, f64),
+}
+
+/// A target of the issue and its verdict.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// The target as the issue words it.
+    pub name: String,
+    /// Measured (ratio or absolute).
+    pub measured: Option<f64>,
+    /// Threshold.
+    pub threshold: f64,
+    /// met / not met / not measured.
+    pub met: Option<bool>,
+    /// What was compared.
+    pub detail: String,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Default)]
+pub struct Report {
+    /// Compared figures.
+    pub rows: Vec<Row>,
+    /// Raw measurements per phase.
+    pub details: Map<String, Value>,
+    /// Run parameters and machine facts.
+    pub meta: Map<String, Value>,
+    /// Notes for the reader (what limits a figure, what was skipped).
+    pub notes: Vec<String>,
+}
+
+impl Report {
+    /// Adds (or extends) a row.
+    pub fn put(
+        &mut self,
+        key: &str,
+        section: &str,
+        label: &str,
+        unit: &str,
+        higher_is_better: bool,
+        column: &str,
+        value: f64,
+    ) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.key == key) {
+            r.values.insert(column.to_owned(), value);
+            return;
+        }
+        self.rows.push(Row {
+            key: key.to_owned(),
+            section: section.to_owned(),
+            label: label.to_owned(),
+            unit: unit.to_owned(),
+            higher_is_better,
+            values: BTreeMap::from([(column.to_owned(), value)]),
+        });
+    }
+
+    fn get(&self, key: &str, column: &str) -> Option<f64> {
+        self.rows
+            .iter()
+            .find(|r| r.key == key)
+            .and_then(|r| r.values.get(column).copied())
+    }
+
+    /// Judges every target of issue 6 that this run measured.
+    pub fn verdicts(&self) -> Vec<Verdict> {
+        let targets: Vec<(&str, Rule)> = vec![
+            (
+                "ADD p50 ≤ 0.2× reference (direct exec)",
+                Rule::AtMost("cp.direct.w1.add.p50", "reference", 0.2),
+            ),
+            (
+                "ADD p50 ≤ 0.2× reference (libcni)",
+                Rule::AtMost("cp.libcni.w1.add.p50", "reference", 0.2),
+            ),
+            (
+                "DEL p50 ≤ 0.1× reference (direct exec)",
+                Rule::AtMost("cp.direct.w1.del.p50", "reference", 0.1),
+            ),
+            (
+                "DEL p50 ≤ 0.1× reference (libcni)",
+                Rule::AtMost("cp.libcni.w1.del.p50", "reference", 0.1),
+            ),
+            (
+                "≥ 100 pods/s with 2 workers (direct exec ADD)",
+                Rule::AtLeastAbs("cp.direct.w2.add.pods_per_s", 100.0),
+            ),
+            (
+                "≥ 100 pods/s with 2 workers (libcni ADD)",
+                Rule::AtLeastAbs("cp.libcni.w2.add.pods_per_s", 100.0),
+            ),
+            (
+                "ADD p50 at the largest host-port pod count ≤ 1.1× at 0",
+                Rule::AtMostOf("scale.add.p50.max", "scale.add.p50.0", 1.1),
+            ),
+            (
+                "pod → pod throughput ≥ 0.95× bare veth",
+                Rule::AtLeast("dp.pod2pod.tput", "bare veth", 0.95),
+            ),
+            (
+                "pod → pod transactions/s ≥ 0.95× bare veth",
+                Rule::AtLeast("dp.pod2pod.rr_tps", "bare veth", 0.95),
+            ),
+            (
+                "pod → pod connect rate ≥ 1.15× reference",
+                Rule::AtLeast("dp.pod2pod.crr_cps", "reference", 1.15),
+            ),
+            (
+                "pod → ext transactions/s ≥ 1.2× reference",
+                Rule::AtLeast("dp.pod2ext.rr_tps", "reference", 1.2),
+            ),
+            (
+                "pod → ext connect rate ≥ 1.25× reference",
+                Rule::AtLeast("dp.pod2ext.crr_cps", "reference", 1.25),
+            ),
+            (
+                "ext → hostPort transactions/s ≥ 1.2× reference",
+                Rule::AtLeast("dp.hostport.rr_tps", "reference", 1.2),
+            ),
+            (
+                "ext → hostPort connect rate ≥ 1.25× reference",
+                Rule::AtLeast("dp.hostport.crr_cps", "reference", 1.25),
+            ),
+        ];
+        targets
+            .into_iter()
+            .map(|(name, rule)| self.judge(name, &rule))
+            .collect()
+    }
+
+    fn judge(&self, name: &str, rule: &Rule) -> Verdict {
+        let e = |k: &str| self.get(k, "cni-ebpf");
+        let (measured, threshold, met, detail) = match *rule {
+            Rule::AtMost(k, other, f) | Rule::AtLeast(k, other, f) => {
+                let ratio = e(k)
+                    .zip(self.get(k, other))
+                    .and_then(|(a, b)| (b != 0.0).then(|| a / b));
+                let at_most = matches!(rule, Rule::AtMost(..));
+                let met = ratio.map(|r| if at_most { r <= f } else { r >= f });
+                (ratio, f, met, format!("cni-ebpf ÷ {other} of {k}"))
+            }
+            Rule::AtLeastAbs(k, min) => {
+                let v = e(k);
+                (v, min, v.map(|v| v >= min), format!("cni-ebpf {k}"))
+            }
+            Rule::AtMostOf(a, b, f) => {
+                let ratio = e(a).zip(e(b)).and_then(|(x, y)| (y != 0.0).then(|| x / y));
+                (
+                    ratio,
+                    f,
+                    ratio.map(|r| r <= f),
+                    format!("cni-ebpf {a} ÷ {b}"),
+                )
+            }
+        };
+        Verdict {
+            name: name.to_owned(),
+            measured,
+            threshold,
+            met,
+            detail,
+        }
+    }
+
+    /// The markdown report.
+    pub fn markdown(&self, title: &str) -> String {
+        let mut md = String::new();
+        let _ = writeln!(md, "# {title}\n");
+        for (k, v) in &self.meta {
+            let v = v.as_str().map_or_else(|| v.to_string(), str::to_owned);
+            let _ = writeln!(md, "- {k}: {v}");
+        }
+        let mut sections: Vec<&str> = Vec::new();
+        for r in &self.rows {
+            if !sections.contains(&r.section.as_str()) {
+                sections.push(&r.section);
+            }
+        }
+        for s in sections {
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.section == s).collect();
+            let cols: Vec<&str> = COLUMNS
+                .iter()
+                .copied()
+                .filter(|c| rows.iter().any(|r| r.values.contains_key(*c)))
+                .collect();
+            let _ = writeln!(md, "\n## {s}\n");
+            let _ = write!(md, "| metric |");
+            for c in &cols {
+                let _ = write!(md, " {c} |");
+            }
+            let _ = writeln!(md, " cni-ebpf ÷ reference |");
+            let _ = write!(md, "|---|");
+            for _ in &cols {
+                let _ = write!(md, "---:|");
+            }
+            let _ = writeln!(md, "---:|");
+            for r in rows {
+                let _ = write!(md, "| {} ({}) |", r.label, r.unit);
+                for c in &cols {
+                    let v = r
+                        .values
+                        .get(*c)
+                        .map_or_else(|| "–".to_owned(), |v| fmt_num(*v));
+                    let _ = write!(md, " {v} |");
+                }
+                let ratio = r.ratio().map_or_else(
+                    || "–".to_owned(),
+                    |x| {
+                        let better = if r.higher_is_better { x > 1.0 } else { x < 1.0 };
+                        format!("{x:.2}×{}", if better { "" } else { " ⚠" })
+                    },
+                );
+                let _ = writeln!(md, " {ratio} |");
+            }
+        }
+        let _ = writeln!(md, "\n## Targets (issue 6)\n");
+        let _ = writeln!(md, "| target | measured | threshold | verdict |");
+        let _ = writeln!(md, "|---|---:|---:|---|");
+        for v in self.verdicts() {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} |",
+                v.name,
+                v.measured
+                    .map_or_else(|| "–".to_owned(), |m| format!("{m:.3}")),
+                v.threshold,
+                verdict_word(v.met)
+            );
+        }
+        if !self.notes.is_empty() {
+            let _ = writeln!(md, "\n## Notes\n");
+            for n in &self.notes {
+                let _ = writeln!(md, "- {n}");
+            }
+        }
+        md
+    }
+
+    /// The JSON document.
+    pub fn json(&self) -> Value {
+        let rows: Vec<Value> = self
+            .rows
+            .iter()
+            .map(|r| {
+                json!({ "key": r.key, "section": r.section, "label": r.label, "unit": r.unit,
+                        "higherIsBetter": r.higher_is_better, "values": r.values,
+                        "ratioEbpfToReference": r.ratio() })
+            })
+            .collect();
+        let targets: Vec<Value> = self
+            .verdicts()
+            .into_iter()
+            .map(|v| {
+                json!({ "target": v.name, "measured": v.measured, "threshold": v.threshold,
+                        "met": v.met, "compares": v.detail })
+            })
+            .collect();
+        json!({ "meta": self.meta, "rows": rows, "targets": targets,
+                "details": self.details, "notes": self.notes })
+    }
+
+    /// The targets as terminal lines.
+    pub fn print_targets(&self) {
+        println!("\nTargets (issue 6):");
+        for v in self.verdicts() {
+            println!(
+                "  [{:^11}] {} — measured {} (threshold {})",
+                verdict_word(v.met),
+                v.name,
+                v.measured
+                    .map_or_else(|| "–".to_owned(), |m| format!("{m:.3}")),
+                v.threshold
+            );
+        }
+    }
+}
+
+fn verdict_word(met: Option<bool>) -> &'static str {
+    match met {
+        Some(true) => "met",
+        Some(false) => "not met",
+        None => "not measured",
+    }
+}
+
+/// A number with a sensible number of digits.
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1000.0 {
+        format!("{v:.0}")
+    } else if a >= 100.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else {
+        format!("{v:.3}")
+    }
+}

@@ -1,0 +1,527 @@
+//! The bench's simulated nodes: a `node` namespace (where the plugins run) joined to an
+//! `ext` namespace (the outside world, 198.18.0.0/24) by `sim::Node`, with its own pin
+//! root, IPAM/data dir, libcni cache and `CNI_PATH` directory, and pod namespaces. Two
+//! flavours of node run the same operations:
+//!
+//! - [`Variant::Ebpf`]: a conflist with cni-ebpf alone (`ipMasq`, host ports in eBPF);
+//! - [`Variant::Reference`]: Debian's `bridge` (`isGateway`, `ipMasq`, host-local IPAM)
+//!   followed by `portmap` (iptables DNAT/SNAT), as clusters run them today.
+//!
+//! Both at cniVersion 1.0.0 (the newest libcni 1.1.2 speaks) on the same IPv4 /16, so the
+//! results compare like for like. Operations go through the libcni client or are executed
+//! directly the way libcni would (each plugin of the chain in turn, `prevResult` passed on,
+//! DEL in reverse order) — the direct path leaves out the client's own start-up cost.
+
+use std::{
+    ffi::OsStr,
+    path::{Path, PathBuf},
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use super::proc::{self, Exec, Spec};
+use crate::sim::{Netns, Node};
+
+/// The pod subnet (both variants; a /16 so that 1 000+ pods fit).
+pub const POD_SUBNET: &str = "10.244.0.0/16";
+/// The node's address on its uplink.
+pub const NODE_IP: &str = "198.18.0.1";
+/// The `ext` namespace's address.
+pub const EXT_IP: &str = "198.18.0.2";
+/// Bound for one plugin or client invocation.
+pub const OP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Which plugin configuration a node runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Variant {
+    /// cni-ebpf.
+    Ebpf,
+    /// bridge + host-local + portmap.
+    Reference,
+}
+
+impl Variant {
+    /// Key used in tables and JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Ebpf => "cni-ebpf",
+            Self::Reference => "reference",
+        }
+    }
+
+    /// Short tag for namespace names.
+    fn tag(self) -> &'static str {
+        match self {
+            Self::Ebpf => "e",
+            Self::Reference => "r",
+        }
+    }
+}
+
+/// How an operation reaches the plugins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// The Go libcni client (a real runtime library).
+    Libcni,
+    /// Executing each plugin ourselves, like libcni does.
+    Direct,
+}
+
+impl Via {
+    /// Key used in tables and JSON.
+    pub fn key(self) -> &'static str {
+        match self {
+            Self::Libcni => "libcni",
+            Self::Direct => "direct",
+        }
+    }
+}
+
+/// One TCP host port mapping.
+#[derive(Debug, Clone, Copy)]
+pub struct PortMap {
+    /// On the node.
+    pub host: u16,
+    /// In the pod.
+    pub container: u16,
+}
+
+/// The `portMappings` capability argument.
+pub fn port_mappings(ports: &[PortMap]) -> Value {
+    Value::Array(
+        ports
+            .iter()
+            .map(|p| json!({ "hostPort": p.host, "containerPort": p.container, "protocol": "tcp" }))
+            .collect(),
+    )
+}
+
+/// Where the bench's files and names live: one run tag (`cebb<pid>`), a temp dir and a pin
+/// root, both removed on drop. A tag of a dead earlier run is swept at start.
+pub struct Workspace {
+    /// Prefix of every name the run creates.
+    pub tag: String,
+    /// Temp dir of the run.
+    pub tmp: PathBuf,
+    /// The plugin binary.
+    pub plugin: PathBuf,
+    /// The libcni client binary.
+    pub client: PathBuf,
+    /// Log level given to cni-ebpf.
+    pub log_level: String,
+}
+
+impl Workspace {
+    /// Creates the temp dir (and sweeps what a killed earlier run left).
+    pub fn create(plugin: &Path, client: &Path, log_level: &str) -> Result<Self> {
+        sweep_stale();
+        let tag = format!("cebb{}", std::process::id());
+        let tmp = std::env::temp_dir().join(&tag);
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        Ok(Self {
+            tag,
+            tmp,
+            plugin: plugin.to_path_buf(),
+            client: client.to_path_buf(),
+            log_level: log_level.to_owned(),
+        })
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+/// Removes namespaces, pins and temp dirs of earlier bench runs whose process is gone
+/// (killed with SIGKILL, so their guards never ran). Only names with our `cebb<pid>`
+/// prefix are considered.
+fn sweep_stale() {
+    let dead = |name: &str| -> bool {
+        let Some(rest) = name.strip_prefix("cebb") else {
+            return false;
+        };
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        !digits.is_empty() && !Path::new("/proc").join(&digits).exists()
+    };
+    for (dir, is_netns) in [
+        (PathBuf::from("/run/netns"), true),
+        (PathBuf::from("/sys/fs/bpf"), false),
+        (std::env::temp_dir(), false),
+    ] {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !dead(&name) {
+                continue;
+            }
+            if is_netns {
+                let _ = std::process::Command::new("ip")
+                    .args(["netns", "del", &name])
+                    .status();
+            } else {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// A pod: a network namespace (removed on drop) and its container ID.
+pub struct Pod {
+    /// Its namespace.
+    pub netns: Netns,
+    /// `CNI_CONTAINERID`.
+    pub id: String,
+}
+
+impl Pod {
+    /// `/run/netns/<name>`.
+    pub fn path(&self) -> PathBuf {
+        self.netns.path()
+    }
+}
+
+/// The outcome of one verb on one pod (the whole chain).
+#[derive(Debug, Clone)]
+pub struct Op {
+    /// Wall time of the verb (sum over the chain's plugins on the direct path).
+    pub wall: Duration,
+    /// Peak RSS of any process of the verb, KiB.
+    pub maxrss_kib: u64,
+    /// The final result (ADD), else `Null`.
+    pub result: Value,
+}
+
+/// A simulated node running one [`Variant`].
+pub struct BenchNode {
+    /// What it runs.
+    pub variant: Variant,
+    /// node + ext namespaces.
+    pub sim: Node,
+    /// Short label, unique in the run.
+    pub label: String,
+    tag: String,
+    dir: PathBuf,
+    pins: PathBuf,
+    plugin: PathBuf,
+    client: PathBuf,
+    log_level: String,
+    portmap_check_bug: AtomicBool,
+}
+
+impl Drop for BenchNode {
+    fn drop(&mut self) {
+        // Pins first (detaches the tcx links), the namespaces when `sim` drops.
+        let _ = std::fs::remove_dir_all(&self.pins);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl BenchNode {
+    /// Builds node + ext for `variant`; `label` makes names unique within the run.
+    pub fn create(ws: &Workspace, variant: Variant, label: &str) -> Result<Self> {
+        let label = format!("{}{label}", variant.tag());
+        let sim = Node::create(&format!("{}-{label}", ws.tag))?;
+        let dir = ws.tmp.join(&label);
+        let node = Self {
+            variant,
+            sim,
+            pins: Path::new("/sys/fs/bpf").join(format!("{}-{label}", ws.tag)),
+            tag: ws.tag.clone(),
+            dir,
+            label,
+            plugin: ws.plugin.clone(),
+            client: ws.client.clone(),
+            log_level: ws.log_level.clone(),
+            portmap_check_bug: AtomicBool::new(false),
+        };
+        for sub in ["data", "cache", "cni-bin", "ipam"] {
+            std::fs::create_dir_all(node.dir.join(sub))?;
+        }
+        // CNI_PATH: the reference plugins and cni-ebpf, side by side.
+        let bin = node.dir.join("cni-bin");
+        for e in std::fs::read_dir("/usr/lib/cni").context("reading /usr/lib/cni")? {
+            let e = e?;
+            std::os::unix::fs::symlink(e.path(), bin.join(e.file_name()))?;
+        }
+        std::os::unix::fs::symlink(&node.plugin, bin.join("cni-ebpf"))?;
+        std::fs::write(
+            node.conflist_path(),
+            serde_json::to_vec_pretty(&node.conflist())?,
+        )?;
+        // Clients in this namespace may open many short connections.
+        for (k, v) in [
+            ("net.ipv4.tcp_tw_reuse", "1"),
+            ("net.ipv4.ip_local_port_range", "1024 65000"),
+        ] {
+            for ns in [&node.sim.node, &node.sim.ext] {
+                ns.sh(&["sysctl", "-q", "-w", &format!("{k}={v}")])?;
+            }
+        }
+        Ok(node)
+    }
+
+    /// The node namespace path.
+    pub fn netns(&self) -> PathBuf {
+        self.sim.node.path()
+    }
+
+    /// The ext namespace path.
+    pub fn ext_netns(&self) -> PathBuf {
+        self.sim.ext.path()
+    }
+
+    /// The pin root given to cni-ebpf.
+    pub fn pin_root(&self) -> &Path {
+        &self.pins
+    }
+
+    /// The network name.
+    pub fn network(&self) -> &'static str {
+        match self.variant {
+            Variant::Ebpf => "benchnet",
+            Variant::Reference => "refnet",
+        }
+    }
+
+    fn conflist_path(&self) -> PathBuf {
+        self.dir.join("conflist.json")
+    }
+
+    /// The plugin objects of the conflist.
+    fn plugins(&self) -> Vec<Value> {
+        let ipam_ranges = json!([[{ "subnet": POD_SUBNET }]]);
+        let routes = json!([{ "dst": "0.0.0.0/0" }]);
+        match self.variant {
+            Variant::Ebpf => vec![json!({
+                "type": "cni-ebpf",
+                "mtu": 1500,
+                "uplink": "uplink0",
+                "ipMasq": true,
+                "clusterCIDRs": [POD_SUBNET],
+                "bpffsRoot": self.pins,
+                "dataDir": self.dir.join("data"),
+                "logFile": self.dir.join("cni-ebpf.log"),
+                "logLevel": self.log_level,
+                "capabilities": { "portMappings": true },
+                "ipam": { "ranges": ipam_ranges, "routes": routes },
+            })],
+            Variant::Reference => vec![
+                json!({
+                    "type": "bridge",
+                    "bridge": "cni0",
+                    "isGateway": true,
+                    "ipMasq": true,
+                    "hairpinMode": true,
+                    "mtu": 1500,
+                    "ipam": {
+                        "type": "host-local",
+                        "ranges": ipam_ranges,
+                        "routes": routes,
+                        "dataDir": self.dir.join("ipam"),
+                    },
+                }),
+                json!({ "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }),
+            ],
+        }
+    }
+
+    /// The conflist (cniVersion 1.0.0).
+    pub fn conflist(&self) -> Value {
+        json!({ "cniVersion": "1.0.0", "name": self.network(), "plugins": self.plugins() })
+    }
+
+    /// Creates pod namespace number `i` (name unique in the run).
+    pub fn pod(&self, i: usize) -> Result<Pod> {
+        let id = format!("{}-{}-p{i}", self.tag, self.label);
+        Ok(Pod {
+            netns: Netns::create(&id)?,
+            id,
+        })
+    }
+
+    /// Runs a verb on `pod` through `path`. `prev` is the ADD result (CHECK, DEL).
+    pub fn op(
+        &self,
+        verb: &str,
+        path: Via,
+        pod: &Pod,
+        ports: &[PortMap],
+        prev: Option<&Value>,
+    ) -> Result<Op> {
+        match path {
+            Via::Libcni => self.libcni(verb, pod, ports),
+            Via::Direct => self.direct(verb, pod, ports, prev),
+        }
+    }
+
+    fn libcni(&self, verb: &str, pod: &Pod, ports: &[PortMap]) -> Result<Op> {
+        let conflist = self.conflist_path();
+        let netns = pod.path();
+        let cni_path = self.dir.join("cni-bin");
+        let cache = self.dir.join("cache");
+        let caps = json!({ "portMappings": port_mappings(ports) }).to_string();
+        let verb_l = verb.to_ascii_lowercase();
+        let argv: Vec<&OsStr> = vec![
+            self.client.as_os_str(),
+            OsStr::new(&verb_l),
+            OsStr::new("--conflist"),
+            conflist.as_os_str(),
+            OsStr::new("--netns"),
+            netns.as_os_str(),
+            OsStr::new("--id"),
+            OsStr::new(&pod.id),
+            OsStr::new("--cni-path"),
+            cni_path.as_os_str(),
+            OsStr::new("--cache-dir"),
+            cache.as_os_str(),
+            OsStr::new("--cap-args"),
+            OsStr::new(&caps),
+        ];
+        let node = self.netns();
+        let out = proc::exec(&Spec {
+            argv,
+            env: Vec::new(),
+            netns: Some(&node),
+            stdin: b"",
+            timeout: OP_TIMEOUT,
+        })?;
+        self.expect_ok(verb, pod, &out)?;
+        Ok(Op {
+            wall: out.wall,
+            maxrss_kib: out.maxrss_kib,
+            result: parse_result(&out.stdout),
+        })
+    }
+
+    fn direct(&self, verb: &str, pod: &Pod, ports: &[PortMap], prev: Option<&Value>) -> Result<Op> {
+        let mut plugins = self.plugins();
+        if verb == "DEL" {
+            plugins.reverse();
+        }
+        let cni_path = self.dir.join("cni-bin");
+        let netns = pod.path();
+        let node = self.netns();
+        let mut op = Op {
+            wall: Duration::ZERO,
+            maxrss_kib: 0,
+            result: Value::Null,
+        };
+        let mut prev_result = prev.cloned();
+        for mut p in plugins {
+            let ty = p["type"].as_str().unwrap_or_default().to_owned();
+            let obj = p.as_object_mut().context("plugin object")?;
+            obj.insert("cniVersion".into(), json!("1.0.0"));
+            obj.insert("name".into(), json!(self.network()));
+            let wants_ports = obj
+                .get("capabilities")
+                .and_then(|c| c.get("portMappings"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if wants_ports && !ports.is_empty() {
+                obj.insert(
+                    "runtimeConfig".into(),
+                    json!({ "portMappings": port_mappings(ports) }),
+                );
+            }
+            if let Some(prev) = &prev_result {
+                obj.insert("prevResult".into(), prev.clone());
+            }
+            let stdin = p.to_string();
+            let bin = cni_path.join(&ty);
+            let out = proc::exec(&Spec {
+                argv: vec![bin.as_os_str()],
+                env: vec![
+                    ("CNI_COMMAND", OsStr::new(verb)),
+                    ("CNI_CONTAINERID", OsStr::new(&pod.id)),
+                    ("CNI_NETNS", netns.as_os_str()),
+                    ("CNI_IFNAME", OsStr::new("eth0")),
+                    ("CNI_PATH", cni_path.as_os_str()),
+                ],
+                netns: Some(&node),
+                stdin: stdin.as_bytes(),
+                timeout: OP_TIMEOUT,
+            })?;
+            self.expect_ok(&format!("{verb} ({ty})"), pod, &out)?;
+            op.wall += out.wall;
+            op.maxrss_kib = op.maxrss_kib.max(out.maxrss_kib);
+            if verb == "ADD" {
+                let r = parse_result(&out.stdout);
+                prev_result = Some(r.clone());
+                op.result = r;
+            }
+        }
+        Ok(op)
+    }
+
+    fn expect_ok(&self, verb: &str, pod: &Pod, out: &Exec) -> Result<()> {
+        if !out.ok() && self.known_failure(verb, out) {
+            return Ok(());
+        }
+        if !out.ok() {
+            bail!(
+                "{} {verb} of {} failed ({}): {} {}",
+                self.variant.key(),
+                pod.id,
+                if out.timed_out {
+                    "timed out".to_owned()
+                } else {
+                    format!("exit {:?}", out.code)
+                },
+                out.stdout.trim(),
+                out.stderr.trim()
+            );
+        }
+        Ok(())
+    }
+
+    /// Debian's portmap 1.1.1 fails every CHECK of an IPv4 pod while looking for IPv6 rules
+    /// it never made (containernetworking/plugins#819, fixed upstream later). It is the
+    /// last plugin of the reference chain, so its CHECK did all its work when it fails
+    /// that way: the bench counts it as done and says so in the report.
+    fn known_failure(&self, verb: &str, out: &Exec) -> bool {
+        let known = self.variant == Variant::Reference
+            && verb.starts_with("CHECK")
+            && !out.timed_out
+            && (out.stdout.contains("could not check ipv6 dnat")
+                || out.stderr.contains("could not check ipv6 dnat"));
+        if known {
+            self.portmap_check_bug.store(true, Ordering::Relaxed);
+        }
+        known
+    }
+
+    /// Whether a reference CHECK hit the portmap bug of [`Self::known_failure`].
+    pub fn hit_portmap_check_bug(&self) -> bool {
+        self.portmap_check_bug.load(Ordering::Relaxed)
+    }
+
+    /// The cni-ebpf log so far (empty for the reference).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("cni-ebpf.log")).unwrap_or_default()
+    }
+}
+
+fn parse_result(stdout: &str) -> Value {
+    serde_json::from_str(stdout.trim()).unwrap_or(Value::Null)
+}
+
+/// The pod's first IPv4 address in an ADD result.
+pub fn pod_ip(result: &Value) -> Result<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains('.'))
+        .and_then(|a| a.split('/').next())
+        .map(str::to_owned)
+        .with_context(|| format!("no IPv4 address in {result}"))
+}
