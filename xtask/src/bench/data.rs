@@ -1,9 +1,40 @@
-//! Data plane (stub).
-use std::path::Path;
+//! Data plane: single-stream TCP throughput (iperf3), TCP request/response (one
+//! connection, 64-byte request and answer, one at a time: transactions/s and latency
+//! percentiles) and TCP connect/request/close (a new connection per transaction:
+//! connections/s), for
+//! - pod → pod on one node (with the bare veth pair as the floor),
+//! - pod → ext (masqueraded to the node address),
+//! - ext → node:hostPort → pod.
+//!
+//! Repeats are interleaved (each repeat measures every variant once per figure, in a
+//! rotating order) and the median over repeats is reported, so slow drifts of a shared
+//! machine hit every variant alike. The request/response client and the echo servers are
+//! threads of this process that entered the right namespace; iperf3 runs as processes.
 
-use anyhow::Result;
+use std::{
+    collections::BTreeMap,
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    os::fd::AsRawFd,
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
 
-use super::{report::Report, topo::Workspace};
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Map, Value};
+
+use super::{
+    chart,
+    proc::{self, check_interrupt, Background},
+    report::{median, Report, Summary},
+    topo::{pod_ip, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
+};
+use crate::sim::Netns;
 
 /// Sizes of the data-plane phase.
 #[derive(Debug, Clone)]
@@ -14,13 +45,521 @@ pub struct Params {
     pub seconds: f64,
 }
 
-/// Runs the data-plane phase.
-pub fn run(_ws: &Workspace, _p: &Params, report: &mut Report) -> Result<()> {
-    report.notes.push("data plane: not implemented yet".into());
+/// iperf3 port in servers (pods, ext, bare).
+const IPERF_PORT: u16 = 5201;
+/// Echo server port.
+const ECHO_PORT: u16 = 7000;
+/// Host ports mapped to the server pod.
+const IPERF_HOST_PORT: u16 = 15201;
+const ECHO_HOST_PORT: u16 = 17000;
+/// Request and answer size of the transaction tests.
+const MSG: usize = 64;
+/// Bound on any single socket step.
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// An echo server thread in a namespace: answers every read with the same bytes, one
+/// connection at a time. Stopped and joined on drop.
+struct EchoServer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EchoServer {
+    fn start(netns: &Path, port: u16) -> Result<Self> {
+        let listener = proc::join(proc::in_netns(netns, move || {
+            let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))?;
+            Ok(l)
+        }))?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let thread = std::thread::spawn(move || serve(&listener, &s));
+        Ok(Self {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+fn serve(listener: &TcpListener, stop: &AtomicBool) {
+    let mut buf = [0u8; 4096];
+    while !stop.load(Ordering::Relaxed) {
+        // Wait for a connection without busy-polling, waking every 100 ms to check `stop`.
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&raw mut pfd, 1, 100) } <= 0 {
+            continue;
+        }
+        let Ok((mut conn, _)) = listener.accept() else {
+            continue;
+        };
+        let _ = conn.set_nodelay(true);
+        let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
+        let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
+        while !stop.load(Ordering::Relaxed) {
+            match conn.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if conn.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One request/response run: transactions/s and latency percentiles (µs).
+#[derive(Debug, Clone, Copy)]
+struct Rr {
+    per_s: f64,
+    lat: Summary,
+}
+
+fn transact(s: &mut TcpStream, req: &[u8; MSG], resp: &mut [u8; MSG]) -> std::io::Result<()> {
+    s.write_all(req)?;
+    s.read_exact(resp)
+}
+
+/// Request/response on one connection for `secs` (from `netns` to `to`).
+fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
+    proc::join(proc::in_netns(netns, move || {
+        let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+            .with_context(|| format!("connecting to {to}"))?;
+        s.set_nodelay(true)?;
+        s.set_read_timeout(Some(IO_TIMEOUT))?;
+        s.set_write_timeout(Some(IO_TIMEOUT))?;
+        let req = [0x5a_u8; MSG];
+        let mut resp = [0u8; MSG];
+        // Warm-up: neighbour entries, conntrack, NAT state, caches.
+        for _ in 0..100 {
+            transact(&mut s, &req, &mut resp)?;
+        }
+        let dur = Duration::from_secs_f64(secs);
+        let mut lat = Vec::with_capacity(200_000);
+        let start = Instant::now();
+        while start.elapsed() < dur && lat.len() < 5_000_000 {
+            let t = Instant::now();
+            transact(&mut s, &req, &mut resp).with_context(|| format!("request to {to}"))?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let el = start.elapsed().as_secs_f64();
+        Ok(Rr {
+            per_s: lat.len() as f64 / el,
+            lat: Summary::of(&lat),
+        })
+    }))
+}
+
+/// Connect/request/close for `secs`: a new connection per transaction.
+fn crr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
+    proc::join(proc::in_netns(netns, move || {
+        let req = [0xa5_u8; MSG];
+        let mut resp = [0u8; MSG];
+        let one = |req: &[u8; MSG], resp: &mut [u8; MSG]| -> Result<()> {
+            let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
+                .with_context(|| format!("connecting to {to}"))?;
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(IO_TIMEOUT))?;
+            transact(&mut s, req, resp).with_context(|| format!("request to {to}"))?;
+            Ok(())
+        };
+        for _ in 0..20 {
+            one(&req, &mut resp)?;
+        }
+        let dur = Duration::from_secs_f64(secs);
+        let mut lat = Vec::with_capacity(50_000);
+        let start = Instant::now();
+        while start.elapsed() < dur && lat.len() < 1_000_000 {
+            let t = Instant::now();
+            one(&req, &mut resp)?;
+            lat.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        let el = start.elapsed().as_secs_f64();
+        Ok(Rr {
+            per_s: lat.len() as f64 / el,
+            lat: Summary::of(&lat),
+        })
+    }))
+}
+
+/// Single-stream iperf3 throughput in Gbit/s.
+fn iperf(netns: &Path, ip: &str, port: u16, secs: f64) -> Result<f64> {
+    let secs_arg = format!("{}", secs.max(1.0).round());
+    let port_arg = port.to_string();
+    let out = proc::exec(&proc::Spec {
+        argv: [
+            "iperf3",
+            "-c",
+            ip,
+            "-p",
+            &port_arg,
+            "-t",
+            &secs_arg,
+            "-J",
+            "--connect-timeout",
+            "2000",
+        ]
+        .iter()
+        .map(std::ffi::OsStr::new)
+        .collect(),
+        env: Vec::new(),
+        netns: Some(netns),
+        stdin: b"",
+        timeout: Duration::from_secs_f64(secs + 20.0),
+    })?;
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+    let bps = v["end"]["sum_received"]["bits_per_second"].as_f64();
+    match bps {
+        Some(b) if out.ok() => Ok(b / 1e9),
+        _ => bail!(
+            "iperf3 to {ip}:{port} failed: {} {}",
+            v["error"].as_str().unwrap_or_default(),
+            out.stderr.trim()
+        ),
+    }
+}
+
+/// Where one variant's client runs and what it talks to, per scenario.
+struct Target {
+    column: &'static str,
+    client: PathBuf,
+    ip: String,
+    iperf_port: u16,
+    echo_port: u16,
+}
+
+/// The bare veth floor: two namespaces and a veth pair with static addresses.
+struct Bare {
+    a: Netns,
+    b: Netns,
+}
+
+impl Bare {
+    fn create(tag: &str) -> Result<Self> {
+        let a = Netns::create(&format!("{tag}-bare-a"))?;
+        let b = Netns::create(&format!("{tag}-bare-b"))?;
+        a.sh(&[
+            "ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b.name,
+        ])?;
+        a.sh(&["ip", "addr", "add", "10.99.0.1/24", "dev", "veth0"])?;
+        b.sh(&["ip", "addr", "add", "10.99.0.2/24", "dev", "veth0"])?;
+        a.sh(&["ip", "link", "set", "veth0", "up"])?;
+        b.sh(&["ip", "link", "set", "veth0", "up"])?;
+        client_sysctls(&a)?;
+        Ok(Self { a, b })
+    }
+}
+
+/// Many short connections from one namespace: reuse TIME_WAIT ports, use a wide range.
+fn client_sysctls(ns: &Netns) -> Result<()> {
+    ns.sh(&["sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1"])?;
+    ns.sh(&[
+        "sysctl",
+        "-q",
+        "-w",
+        "net.ipv4.ip_local_port_range=1024 65000",
+    ])
+}
+
+/// A node with a client pod and a server pod (host ports mapped to the servers).
+struct DpNode {
+    node: BenchNode,
+    client: Pod,
+    server: Pod,
+    server_ip: String,
+    server_result: Value,
+}
+
+impl DpNode {
+    fn create(ws: &Workspace, variant: Variant) -> Result<Self> {
+        let node = BenchNode::create(ws, variant, "dp")?;
+        let client = node.pod(0)?;
+        let server = node.pod(1)?;
+        node.op("ADD", Via::Direct, &client, &[], None)?;
+        let r = node.op("ADD", Via::Direct, &server, &ports(), None)?;
+        client_sysctls(&client.netns)?;
+        Ok(Self {
+            server_ip: pod_ip(&r.result)?,
+            server_result: r.result,
+            node,
+            client,
+            server,
+        })
+    }
+}
+
+impl Drop for DpNode {
+    fn drop(&mut self) {
+        // DEL so that the reference's iptables state and our pins go the regular way; the
+        // namespaces and directories go anyway when the fields drop.
+        let _ = self.node.op(
+            "DEL",
+            Via::Direct,
+            &self.server,
+            &ports(),
+            Some(&self.server_result),
+        );
+    }
+}
+
+fn ports() -> [PortMap; 2] {
+    [
+        PortMap {
+            host: IPERF_HOST_PORT,
+            container: IPERF_PORT,
+        },
+        PortMap {
+            host: ECHO_HOST_PORT,
+            container: ECHO_PORT,
+        },
+    ]
+}
+
+/// Per scenario, metric and column: the value of each repeat.
+type Samples = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<f64>>>>;
+
+/// Scenario keys and titles.
+const SCENARIOS: [(&str, &str); 3] = [
+    ("pod2pod", "pod → pod (same node)"),
+    ("pod2ext", "pod → ext (masquerade)"),
+    ("hostport", "ext → node:hostPort → pod"),
+];
+
+/// Runs the data-plane phase into `report`.
+pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
+    eprintln!("bench: data plane: setting up bare veth, cni-ebpf and reference nodes");
+    let bare = Bare::create(&ws.tag)?;
+    let nodes = [
+        DpNode::create(ws, Variant::Ebpf)?,
+        DpNode::create(ws, Variant::Reference)?,
+    ];
+    // Servers: in the bare server namespace, in each server pod and in each ext.
+    let mut servers: Vec<(Background, EchoServer)> = Vec::new();
+    let mut server_nss: Vec<PathBuf> = vec![bare.b.path()];
+    for n in &nodes {
+        server_nss.push(n.server.path());
+        server_nss.push(n.node.ext_netns());
+    }
+    let iperf_port = IPERF_PORT.to_string();
+    for ns in &server_nss {
+        servers.push((
+            Background::spawn(ns, &["iperf3", "-s", "-p", &iperf_port])?,
+            EchoServer::start(ns, ECHO_PORT)?,
+        ));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+
+    let targets = |scenario: &str| -> Vec<Target> {
+        let mut t = Vec::new();
+        if scenario == "pod2pod" {
+            t.push(Target {
+                column: "bare veth",
+                client: bare.a.path(),
+                ip: "10.99.0.2".into(),
+                iperf_port: IPERF_PORT,
+                echo_port: ECHO_PORT,
+            });
+        }
+        for n in &nodes {
+            let column = n.node.variant.key();
+            t.push(match scenario {
+                "pod2pod" => Target {
+                    column,
+                    client: n.client.path(),
+                    ip: n.server_ip.clone(),
+                    iperf_port: IPERF_PORT,
+                    echo_port: ECHO_PORT,
+                },
+                "pod2ext" => Target {
+                    column,
+                    client: n.client.path(),
+                    ip: EXT_IP.into(),
+                    iperf_port: IPERF_PORT,
+                    echo_port: ECHO_PORT,
+                },
+                _ => Target {
+                    column,
+                    client: n.node.ext_netns(),
+                    ip: NODE_IP.into(),
+                    iperf_port: IPERF_HOST_PORT,
+                    echo_port: ECHO_HOST_PORT,
+                },
+            });
+        }
+        t
+    };
+
+    // samples[scenario][metric][column] = per-repeat values
+    let mut samples: Samples = BTreeMap::new();
+    let mut push = |scen: &str, metric: &str, col: &str, v: f64| {
+        samples
+            .entry(scen.to_owned())
+            .or_default()
+            .entry(metric.to_owned())
+            .or_default()
+            .entry(col.to_owned())
+            .or_default()
+            .push(v);
+    };
+    let secs = p.seconds;
+    for rep in 0..p.repeats {
+        for (scen, title) in SCENARIOS {
+            let mut ts = targets(scen);
+            // Rotate the order each repeat so no variant always goes first.
+            let k = rep % ts.len();
+            ts.rotate_left(k);
+            eprintln!(
+                "bench: data plane repeat {}/{}: {title}",
+                rep + 1,
+                p.repeats
+            );
+            for t in &ts {
+                check_interrupt()?;
+                let addr: SocketAddr = format!("{}:{}", t.ip, t.echo_port).parse()?;
+                match iperf(&t.client, &t.ip, t.iperf_port, secs) {
+                    Ok(g) => push(scen, "tput", t.column, g),
+                    Err(e) => report.notes.push(format!("{title}, {}: {e:#}", t.column)),
+                }
+                check_interrupt()?;
+                match rr(&t.client, addr, secs) {
+                    Ok(r) => {
+                        push(scen, "rr_tps", t.column, r.per_s);
+                        push(scen, "rr_p50", t.column, r.lat.p50);
+                        push(scen, "rr_p99", t.column, r.lat.p99);
+                    }
+                    Err(e) => report
+                        .notes
+                        .push(format!("{title} request/response, {}: {e:#}", t.column)),
+                }
+                check_interrupt()?;
+                match crr(&t.client, addr, secs) {
+                    Ok(r) => {
+                        push(scen, "crr_cps", t.column, r.per_s);
+                        push(scen, "crr_p50", t.column, r.lat.p50);
+                        push(scen, "crr_p99", t.column, r.lat.p99);
+                    }
+                    Err(e) => report.notes.push(format!(
+                        "{title} connect/request/close, {}: {e:#}",
+                        t.column
+                    )),
+                }
+            }
+        }
+    }
+    let metrics: [(&str, &str, &str, bool); 7] = [
+        ("tput", "TCP throughput, 1 stream", "Gbit/s", true),
+        ("rr_tps", "request/response", "transactions/s", true),
+        ("rr_p50", "request/response latency p50", "µs", false),
+        ("rr_p99", "request/response latency p99", "µs", false),
+        ("crr_cps", "connect/request/close", "connections/s", true),
+        ("crr_p50", "connect/request/close latency p50", "µs", false),
+        ("crr_p99", "connect/request/close latency p99", "µs", false),
+    ];
+    for (scen, title) in SCENARIOS {
+        for (metric, label, unit, higher) in metrics {
+            let Some(cols) = samples.get(scen).and_then(|m| m.get(metric)) else {
+                continue;
+            };
+            for (col, v) in cols {
+                report.put(
+                    &format!("dp.{scen}.{metric}"),
+                    &format!("Data plane: {title} (median of {} repeats)", p.repeats),
+                    label,
+                    unit,
+                    higher,
+                    col,
+                    median(v),
+                );
+            }
+        }
+    }
+    let mut details = Map::new();
+    details.insert("perRepeat".into(), json!(samples));
+    if let Some(counters) = ebpf_reasons(&nodes[0].node) {
+        details.insert("cniEbpfReasonCounters".into(), counters);
+    }
+    report
+        .details
+        .insert("dataPlane".into(), Value::Object(details));
+    drop(servers);
     Ok(())
 }
 
-/// Data-plane chart.
-pub fn chart(_out: &Path, _report: &Report) -> Result<()> {
-    Ok(())
+/// The per-reason packet counters of cni-ebpf after the runs (which path packets took).
+fn ebpf_reasons(node: &BenchNode) -> Option<Value> {
+    let out = proc::exec(&proc::Spec {
+        argv: vec![
+            node.plugin().as_os_str(),
+            std::ffi::OsStr::new("inspect"),
+            std::ffi::OsStr::new("--json"),
+            std::ffi::OsStr::new("--network"),
+            std::ffi::OsStr::new(node.network()),
+            std::ffi::OsStr::new("--bpffs-root"),
+            node.pin_root().as_os_str(),
+        ],
+        env: Vec::new(),
+        netns: Some(&node.netns()),
+        stdin: b"",
+        timeout: Duration::from_secs(30),
+    })
+    .ok()?;
+    let v: Value = serde_json::from_str(&out.stdout).ok()?;
+    Some(v["reasons"].clone())
+}
+
+/// Bars of the main data-plane figures, normalised to the reference (= 1).
+pub fn chart(out: &Path, report: &Report) -> Result<()> {
+    let mut groups = Vec::new();
+    for (scen, title) in SCENARIOS {
+        for (metric, short) in [
+            ("tput", "Gbit/s"),
+            ("rr_tps", "trans/s"),
+            ("crr_cps", "conn/s"),
+        ] {
+            let Some(row) = report
+                .rows
+                .iter()
+                .find(|r| r.key == format!("dp.{scen}.{metric}"))
+            else {
+                continue;
+            };
+            let Some(reference) = row.values.get("reference").copied().filter(|r| *r > 0.0) else {
+                continue;
+            };
+            groups.push(chart::Group {
+                label: format!(
+                    "{} {short}",
+                    title.split(' ').take(3).collect::<Vec<_>>().join(" ")
+                ),
+                bars: row
+                    .values
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v / reference))
+                    .collect(),
+            });
+        }
+    }
+    if groups.is_empty() {
+        return Ok(());
+    }
+    chart::grouped_bars(
+        &out.join("data-plane.svg"),
+        "Data plane relative to the reference chain (= 1, higher is better)",
+        "× reference",
+        &groups,
+        &["bare veth", "cni-ebpf", "reference"],
+    )
 }

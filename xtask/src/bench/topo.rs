@@ -278,6 +278,11 @@ impl BenchNode {
         self.sim.ext.path()
     }
 
+    /// The cni-ebpf binary.
+    pub fn plugin(&self) -> &Path {
+        &self.plugin
+    }
+
     /// The pin root given to cni-ebpf.
     pub fn pin_root(&self) -> &Path {
         &self.pins
