@@ -176,6 +176,7 @@ fn test(args: &[String]) -> Result<()> {
     cmd.args([
         "test",
         "--release",
+        "--no-fail-fast",
         "--workspace",
         "--exclude",
         "cni-ebpf-bpf",
