@@ -36,7 +36,8 @@ pub fn grouped_bars(
     groups: &[Group],
     series: &[&str],
 ) -> Result<()> {
-    let root = SVGBackend::new(out, (1000, 520)).into_drawing_area();
+    let width = u32::try_from(groups.len() * 130).unwrap_or(1000).max(1000);
+    let root = SVGBackend::new(out, (width, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let ymax = groups
         .iter()
@@ -55,6 +56,8 @@ pub fn grouped_bars(
     chart
         .configure_mesh()
         .disable_x_mesh()
+        .light_line_style(WHITE)
+        .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
         .x_labels(n * 2 + 1)
         .x_label_formatter(&|x| {
             let i = x.floor() as usize;
@@ -137,6 +140,8 @@ pub fn line_panels(out: &Path, x_desc: &str, panels: &[(String, String, Vec<Line
             .map_err(err)?;
         chart
             .configure_mesh()
+            .light_line_style(WHITE)
+            .bold_line_style(RGBColor(0xdd, 0xdd, 0xdd))
             .x_desc(x_desc)
             .y_desc(y_desc.as_str())
             .draw()

@@ -59,13 +59,14 @@ const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// An echo server thread in a namespace: answers every read with the same bytes, one
 /// connection at a time. Stopped and joined on drop.
-struct EchoServer {
+pub struct EchoServer {
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl EchoServer {
-    fn start(netns: &Path, port: u16) -> Result<Self> {
+    /// Starts the server on `port` in `netns`.
+    pub fn start(netns: &Path, port: u16) -> Result<Self> {
         let listener = proc::join(proc::in_netns(netns, move || {
             let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))?;
             Ok(l)
@@ -81,6 +82,7 @@ impl EchoServer {
 }
 
 fn serve(listener: &TcpListener, stop: &AtomicBool) {
+    proc::pin_to_last_cpu();
     let mut buf = [0u8; 4096];
     while !stop.load(Ordering::Relaxed) {
         // Wait for a connection without busy-polling, waking every 100 ms to check `stop`.
@@ -136,6 +138,7 @@ fn transact(s: &mut TcpStream, req: &[u8; MSG], resp: &mut [u8; MSG]) -> std::io
 /// Request/response on one connection for `secs` (from `netns` to `to`).
 fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
     proc::join(proc::in_netns(netns, move || {
+        proc::pin_to_last_cpu();
         let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
             .with_context(|| format!("connecting to {to}"))?;
         s.set_nodelay(true)?;
@@ -166,6 +169,7 @@ fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
 /// Connect/request/close for `secs`: a new connection per transaction.
 fn crr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
     proc::join(proc::in_netns(netns, move || {
+        proc::pin_to_last_cpu();
         let req = [0xa5_u8; MSG];
         let mut resp = [0u8; MSG];
         let one = |req: &[u8; MSG], resp: &mut [u8; MSG]| -> Result<()> {
@@ -520,10 +524,18 @@ fn ebpf_reasons(node: &BenchNode) -> Option<Value> {
     Some(v["reasons"].clone())
 }
 
+fn short_name(scenario: &str) -> &'static str {
+    match scenario {
+        "pod2pod" => "pod→pod",
+        "pod2ext" => "pod→ext",
+        _ => "ext→hostPort",
+    }
+}
+
 /// Bars of the main data-plane figures, normalised to the reference (= 1).
 pub fn chart(out: &Path, report: &Report) -> Result<()> {
     let mut groups = Vec::new();
-    for (scen, title) in SCENARIOS {
+    for (scen, _) in SCENARIOS {
         for (metric, short) in [
             ("tput", "Gbit/s"),
             ("rr_tps", "trans/s"),
@@ -540,10 +552,7 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
                 continue;
             };
             groups.push(chart::Group {
-                label: format!(
-                    "{} {short}",
-                    title.split(' ').take(3).collect::<Vec<_>>().join(" ")
-                ),
+                label: format!("{} {short}", short_name(scen)),
                 bars: row
                     .values
                     .iter()

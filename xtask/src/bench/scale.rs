@@ -1,9 +1,31 @@
-//! Scale (stub).
-use std::path::Path;
+//! Scale: with 0, 200, 1 000 … pods each holding a TCP host port on the node, how long does
+//! one more ADD (and DEL) take, and how long does ext take to connect to a host port? The
+//! reference's portmap appends one iptables chain and DNAT jump per pod, so both grow with
+//! the pod count there; cni-ebpf uses hash-map lookups. Also the pinned map memory per pod
+//! (cni-ebpf, from bpftool) and the iptables rules per pod (reference).
+//!
+//! At each level the probe pods (ADD + DEL, timed) and the server pod (ADDed after all
+//! holders, so its DNAT rule is the last one the reference evaluates) are fresh; the
+//! holders stay and grow to the next level. Holders are ADDed by direct exec and their ADD
+//! times are kept too (a continuous curve).
 
-use anyhow::Result;
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpStream},
+    path::Path,
+    time::{Duration, Instant},
+};
 
-use super::{report::Report, topo::Workspace};
+use anyhow::{Context, Result};
+use serde_json::{json, Map, Value};
+
+use super::{
+    chart,
+    data::EchoServer,
+    proc::{self, check_interrupt},
+    report::{median, Report, Summary},
+    topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, NODE_IP},
+};
 
 /// Sizes of the scale phase.
 #[derive(Debug, Clone)]
@@ -16,13 +38,426 @@ pub struct Params {
     pub connects: usize,
 }
 
-/// Runs the scale phase.
-pub fn run(_ws: &Workspace, _p: &Params, report: &mut Report) -> Result<()> {
-    report.notes.push("scale: not implemented yet".into());
+const SERVER_PORT: u16 = 7000;
+const SERVER_HOST_PORT: u16 = 18_080;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn holder_port(i: usize) -> PortMap {
+    PortMap {
+        host: 20_000 + u16::try_from(i % 20_000).unwrap_or(0),
+        container: 80,
+    }
+}
+
+fn probe_port(j: usize) -> PortMap {
+    PortMap {
+        host: 45_000 + u16::try_from(j % 10_000).unwrap_or(0),
+        container: 80,
+    }
+}
+
+/// `n` connect/request/close from `netns` to `to`: (connect µs, whole transaction µs).
+fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
+    proc::join(proc::in_netns(netns, move || {
+        proc::pin_to_last_cpu();
+        let mut conn = Vec::with_capacity(n);
+        let mut total = Vec::with_capacity(n);
+        let req = [7u8; 64];
+        let mut resp = [0u8; 64];
+        for i in 0..n + 10 {
+            let t = Instant::now();
+            let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))
+                .with_context(|| format!("connecting to {to}"))?;
+            let c = t.elapsed();
+            s.set_nodelay(true)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            s.write_all(&req)?;
+            s.read_exact(&mut resp)?;
+            drop(s);
+            // The first few warm up neighbour and conntrack state.
+            if i >= 10 {
+                conn.push(c.as_secs_f64() * 1e6);
+                total.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+        }
+        Ok((conn, total))
+    }))
+}
+
+/// Pinned maps of the cni-ebpf network: (total memlock bytes, bytes held by live entries).
+fn map_memory(node: &BenchNode) -> Result<(u64, u64, Map<String, Value>)> {
+    let dir = node.pin_root().join(node.network()).join("v1").join("maps");
+    let ncpu = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+    let mut memlock = 0;
+    let mut live = 0;
+    let mut per_map = Map::new();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let path = e?.path();
+        let p = path.to_string_lossy().into_owned();
+        let show: Value = serde_json::from_str(&proc::run_in(
+            None,
+            &["bpftool", "-j", "map", "show", "pinned", &p],
+            Duration::from_secs(30),
+        )?)?;
+        let dump: Value = serde_json::from_str(&proc::run_in(
+            None,
+            &["bpftool", "-j", "map", "dump", "pinned", &p],
+            Duration::from_secs(60),
+        )?)
+        .unwrap_or(Value::Null);
+        let ty = show["type"].as_str().unwrap_or_default().to_owned();
+        let entries = match ty.as_str() {
+            // Arrays always hold max_entries values.
+            t if t.contains("array") => show["max_entries"].as_u64().unwrap_or(0),
+            _ => dump.as_array().map_or(0, |a| a.len() as u64),
+        };
+        let k = show["bytes_key"].as_u64().unwrap_or(0);
+        let v = show["bytes_value"].as_u64().unwrap_or(0);
+        let per_entry = k + v * if ty.starts_with("percpu") { ncpu } else { 1 };
+        let m = show["bytes_memlock"].as_u64().unwrap_or(0);
+        memlock += m;
+        live += entries * per_entry;
+        per_map.insert(
+            path.file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            json!({ "type": ty, "maxEntries": show["max_entries"], "entries": entries,
+                    "bytesPerEntry": per_entry, "bytesMemlock": m }),
+        );
+    }
+    Ok((memlock, live, per_map))
+}
+
+/// iptables rules in the node namespace (all tables).
+fn iptables_rules(node: &BenchNode) -> Result<u64> {
+    let out = proc::run_in(
+        Some(&node.netns()),
+        &["iptables-save"],
+        Duration::from_secs(60),
+    )?;
+    Ok(out.lines().filter(|l| l.starts_with("-A")).count() as u64)
+}
+
+/// What one level measured.
+#[derive(Default, Clone)]
+struct Level {
+    pods: usize,
+    add: Vec<f64>,
+    del: Vec<f64>,
+    connect: Vec<f64>,
+    crr: Vec<f64>,
+}
+
+/// Runs the scale phase into `report`.
+pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
+    let mut levels = p.levels.clone();
+    levels.sort_unstable();
+    levels.dedup();
+    let mut details = Map::new();
+    for variant in [Variant::Ebpf, Variant::Reference] {
+        let node = BenchNode::create(ws, variant, "sc")?;
+        let probes = (0..p.probes)
+            .map(|j| node.pod(100_000 + j))
+            .collect::<Result<Vec<Pod>>>()?;
+        let server = node.pod(200_000)?;
+        let mut holders: Vec<Pod> = Vec::new();
+        let mut holder_add: Vec<f64> = Vec::new();
+        let mut results: Vec<Level> = Vec::new();
+        let mut vd = Map::new();
+        let mut mem0: Option<(u64, u64, usize)> = None;
+        for &level in &levels {
+            eprintln!(
+                "bench: scale, {}: growing to {level} host-port pods",
+                variant.key()
+            );
+            while holders.len() < level {
+                check_interrupt()?;
+                let i = holders.len();
+                let pod = node.pod(i)?;
+                let op = node.op("ADD", Via::Direct, &pod, &[holder_port(i)], None)?;
+                holder_add.push(ms(op.wall));
+                holders.push(pod);
+            }
+            let mut lv = Level {
+                pods: level,
+                ..Level::default()
+            };
+            // Probe ADD + DEL.
+            for (j, pod) in probes.iter().enumerate() {
+                check_interrupt()?;
+                let ports = [probe_port(j)];
+                let a: Op = node.op("ADD", Via::Direct, pod, &ports, None)?;
+                let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
+                lv.add.push(ms(a.wall));
+                lv.del.push(ms(d.wall));
+            }
+            // Connect latency ext → node:hostPort → the newest pod.
+            check_interrupt()?;
+            let sports = [PortMap {
+                host: SERVER_HOST_PORT,
+                container: SERVER_PORT,
+            }];
+            let added = node.op("ADD", Via::Direct, &server, &sports, None)?;
+            let measured = (|| -> Result<(Vec<f64>, Vec<f64>)> {
+                let _srv = EchoServer::start(&server.path(), SERVER_PORT)?;
+                let to: SocketAddr = format!("{NODE_IP}:{SERVER_HOST_PORT}").parse()?;
+                connects(&node.ext_netns(), to, p.connects)
+            })();
+            node.op("DEL", Via::Direct, &server, &sports, Some(&added.result))?;
+            let (c, t) = measured?;
+            lv.connect = c;
+            lv.crr = t;
+            // Memory.
+            let mut ld = Map::new();
+            match variant {
+                Variant::Ebpf => match map_memory(&node) {
+                    Ok((memlock, live, per_map)) => {
+                        ld.insert("bytesMemlock".into(), json!(memlock));
+                        ld.insert("bytesLiveEntries".into(), json!(live));
+                        ld.insert("maps".into(), Value::Object(per_map));
+                        if let Some((m0, l0, n0)) = mem0 {
+                            if level > n0 {
+                                let per = (live - l0.min(live)) as f64 / (level - n0) as f64;
+                                let per_memlock =
+                                    memlock.saturating_sub(m0) as f64 / (level - n0) as f64;
+                                report.put(
+                                    "scale.mem.live_per_pod",
+                                    "Scale: host-port pods",
+                                    "pinned map entry bytes per pod",
+                                    "bytes",
+                                    false,
+                                    variant.key(),
+                                    per,
+                                );
+                                report.put(
+                                    "scale.mem.memlock_per_pod",
+                                    "Scale: host-port pods",
+                                    "pinned map memlock growth per pod",
+                                    "bytes",
+                                    false,
+                                    variant.key(),
+                                    per_memlock,
+                                );
+                            }
+                        } else {
+                            mem0 = Some((memlock, live, level));
+                        }
+                        report.put(
+                            "scale.mem.memlock",
+                            "Scale: host-port pods",
+                            "pinned map memlock, total (preallocated)",
+                            "MiB",
+                            false,
+                            variant.key(),
+                            memlock as f64 / 1_048_576.0,
+                        );
+                    }
+                    Err(e) => report.notes.push(format!("map memory: {e:#}")),
+                },
+                Variant::Reference => match iptables_rules(&node) {
+                    Ok(n) => {
+                        ld.insert("iptablesRules".into(), json!(n));
+                        if let Some((_, r0, n0)) = mem0 {
+                            if level > n0 {
+                                report.put(
+                                    "scale.rules_per_pod",
+                                    "Scale: host-port pods",
+                                    "iptables rules per pod",
+                                    "rules",
+                                    false,
+                                    variant.key(),
+                                    (n.saturating_sub(r0)) as f64 / (level - n0) as f64,
+                                );
+                            }
+                        } else {
+                            mem0 = Some((0, n, level));
+                        }
+                    }
+                    Err(e) => report.notes.push(format!("iptables rules: {e:#}")),
+                },
+            }
+            record(report, variant, &lv, p);
+            ld.insert("add".into(), Summary::of(&lv.add).json());
+            ld.insert("del".into(), Summary::of(&lv.del).json());
+            ld.insert("connectUs".into(), Summary::of(&lv.connect).json());
+            ld.insert("connectRequestCloseUs".into(), Summary::of(&lv.crr).json());
+            vd.insert(level.to_string(), Value::Object(ld));
+            results.push(lv);
+        }
+        if let (Some(first), Some(last)) = (results.first(), results.last()) {
+            let a0 = median(&first.add);
+            if a0 > 0.0 && last.pods > first.pods {
+                report.put(
+                    "scale.add.growth",
+                    "Scale: host-port pods",
+                    &format!("ADD p50 at {} pods ÷ at {}", last.pods, first.pods),
+                    "×",
+                    false,
+                    variant.key(),
+                    median(&last.add) / a0,
+                );
+            }
+        }
+        vd.insert("holderAddMs".into(), json!(holder_add));
+        details.insert(variant.key().into(), Value::Object(vd));
+        // Holders are not DELed one by one: dropping the node and pod namespaces, pins and
+        // directories removes everything, much faster.
+        drop(holders);
+        drop(probes);
+        drop(server);
+        drop(node);
+    }
+    report
+        .details
+        .insert("scale".into(), Value::Object(details));
     Ok(())
 }
 
-/// Scaling chart.
-pub fn chart(_out: &Path, _report: &Report) -> Result<()> {
-    Ok(())
+fn record(report: &mut Report, variant: Variant, lv: &Level, p: &Params) {
+    let col = variant.key();
+    let s = "Scale: host-port pods";
+    let n = lv.pods;
+    let add = Summary::of(&lv.add);
+    let del = Summary::of(&lv.del);
+    let con = Summary::of(&lv.connect);
+    let crr = Summary::of(&lv.crr);
+    report.put(
+        &format!("scale.add.p50.{n}"),
+        s,
+        &format!("ADD p50 with {n} pods ({} probes)", p.probes),
+        "ms",
+        false,
+        col,
+        add.p50,
+    );
+    report.put(
+        &format!("scale.del.p50.{n}"),
+        s,
+        &format!("DEL p50 with {n} pods"),
+        "ms",
+        false,
+        col,
+        del.p50,
+    );
+    report.put(
+        &format!("scale.connect.p50.{n}"),
+        s,
+        &format!(
+            "ext → hostPort connect p50 with {n} pods ({} connects)",
+            p.connects
+        ),
+        "µs",
+        false,
+        col,
+        con.p50,
+    );
+    report.put(
+        &format!("scale.connect.p99.{n}"),
+        s,
+        &format!("ext → hostPort connect p99 with {n} pods"),
+        "µs",
+        false,
+        col,
+        con.p99,
+    );
+    report.put(
+        &format!("scale.crr.p50.{n}"),
+        s,
+        &format!("ext → hostPort connect/request/close p50 with {n} pods"),
+        "µs",
+        false,
+        col,
+        crr.p50,
+    );
+}
+
+/// The host-port scaling curve: ADD p50 and connect p50 against the pod count.
+pub fn chart(out: &Path, report: &Report) -> Result<()> {
+    let series = |prefix: &str, col: &str| -> Vec<(f64, f64)> {
+        let mut pts: Vec<(f64, f64)> = report
+            .rows
+            .iter()
+            .filter_map(|r| {
+                let n: f64 = r.key.strip_prefix(prefix)?.parse().ok()?;
+                Some((n, *r.values.get(col)?))
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+        pts
+    };
+    let holder_curve = |col: &str| -> Vec<(f64, f64)> {
+        let Some(v) = report
+            .details
+            .get("scale")
+            .and_then(|s| s.get(col))
+            .and_then(|c| c.get("holderAddMs"))
+            .and_then(Value::as_array)
+        else {
+            return Vec::new();
+        };
+        let v: Vec<f64> = v.iter().filter_map(Value::as_f64).collect();
+        // Rolling median over windows of 25 ADDs.
+        v.chunks(25)
+            .enumerate()
+            .map(|(i, c)| ((i * 25 + c.len() / 2) as f64, median(c)))
+            .collect()
+    };
+    let mut add_lines = Vec::new();
+    let mut con_lines = Vec::new();
+    for col in ["cni-ebpf", "reference"] {
+        let a = series("scale.add.p50.", col);
+        if !a.is_empty() {
+            add_lines.push(chart::Line {
+                name: format!("{col} probe ADD p50"),
+                points: a,
+                thin: false,
+            });
+        }
+        let h = holder_curve(col);
+        if !h.is_empty() {
+            add_lines.push(chart::Line {
+                name: format!("{col} holder ADDs (median of 25)"),
+                points: h,
+                thin: true,
+            });
+        }
+        let c = series("scale.connect.p50.", col);
+        if !c.is_empty() {
+            con_lines.push(chart::Line {
+                name: format!("{col} connect p50"),
+                points: c,
+                thin: false,
+            });
+        }
+        let c99 = series("scale.connect.p99.", col);
+        if !c99.is_empty() {
+            con_lines.push(chart::Line {
+                name: format!("{col} connect p99"),
+                points: c99,
+                thin: true,
+            });
+        }
+    }
+    if add_lines.is_empty() {
+        return Ok(());
+    }
+    chart::line_panels(
+        &out.join("hostport-scaling.svg"),
+        "pods holding a host port",
+        &[
+            (
+                "ADD latency with N host-port pods (lower is better)".into(),
+                "ms".into(),
+                add_lines,
+            ),
+            (
+                "ext → node:hostPort connect latency (lower is better)".into(),
+                "µs".into(),
+                con_lines,
+            ),
+        ],
+    )
 }
