@@ -617,8 +617,16 @@ impl IcmpSniffer {
                 let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
                 let _ = ready_tx.send(Ok(()));
                 let mut buf = [0u8; 2048];
-                while !s.load(Ordering::Relaxed) {
-                    let Ok(n) = sock.recv(&mut buf) else { continue };
+                // Stop only once the queue is drained (a recv timing out after `stop`):
+                // on a loaded machine this thread may not run before the traffic is over.
+                loop {
+                    let stopping = s.load(Ordering::Relaxed);
+                    let Ok(n) = sock.recv(&mut buf) else {
+                        if stopping {
+                            break;
+                        }
+                        continue;
+                    };
                     let ihl = usize::from(buf[0] & 0x0f) * 4;
                     if n >= ihl + 8 && n >= 20 {
                         let src = Ipv4Addr::new(buf[12], buf[13], buf[14], buf[15]);
