@@ -183,6 +183,16 @@ impl Error {
         }
     }
 
+    /// `Ok` for no errors, the error itself for one, [`Error::Multiple`] for several
+    /// (best-effort operations collect their failures and report them all).
+    pub fn from_list(mut errors: Vec<Self>) -> Result<()> {
+        match errors.len() {
+            0 => Ok(()),
+            1 => Err(errors.remove(0)),
+            _ => Err(Self::Multiple(errors)),
+        }
+    }
+
     /// Shorthand for [`Error::InvalidConfig`].
     pub fn config(field: impl Into<String>, reason: impl Into<String>) -> Self {
         Self::InvalidConfig {

@@ -369,7 +369,7 @@ async fn rollback(
             // Deleting the host end takes the container end, and every address and route
             // on either, with it.
             Undo::HostLink(index) => node.del_link(index).await,
-            Undo::Ipam => ipam::del(conf, env, stdin),
+            Undo::Ipam => ipam::del(conf, env, stdin).map(|_| ()),
         };
         if let Err(e) = res {
             tracing::error!(container = %env.container_id, "rollback step failed: {e}");

@@ -16,18 +16,12 @@ use crate::{
 pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut errors = Vec::new();
 
-    // The pod's addresses: from our store, else from prevResult (delegated IPAM).
-    let mut ips: Vec<IpAddr> = match ipam::list(conf) {
-        Ok(list) => list
-            .into_iter()
-            .filter(|r| r.container_id == env.container_id && r.ifname == env.ifname)
-            .flat_map(|r| r.addresses)
-            .collect(),
-        Err(e) => {
-            errors.push(e);
-            Vec::new()
-        }
-    };
+    // 1. Release the addresses first: whatever else fails, they are not leaked.
+    let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
+        errors.push(e);
+        Vec::new()
+    });
+    // With a delegated IPAM the addresses are only known from prevResult.
     if let Some(prev) = &conf.prev_result {
         for ip in &prev.ips {
             if !ips.contains(&ip.address.addr()) {
@@ -36,40 +30,49 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         }
     }
 
-    // 1. Release the addresses first: whatever else fails, they are not leaked.
-    if let Err(e) = ipam::del(conf, env, stdin) {
+    // 2. Datapath entries, host ports and the veth.
+    let dp = Datapath::open(conf).unwrap_or_else(|e| {
         errors.push(e);
-    }
+        None
+    });
+    teardown(
+        conf,
+        dp.as_ref(),
+        &env.container_id,
+        &env.ifname,
+        &ips,
+        &mut errors,
+    );
+    Error::from_list(errors)
+}
 
-    // 2. Datapath entries and host ports.
-    let host_ifname = link::host_veth_name(&env.container_id, &env.ifname);
-    match Datapath::open(conf) {
-        Ok(Some(dp)) => {
-            if let Err(e) = dp.remove_port_mappings((&env.container_id, &env.ifname)) {
-                errors.push(e);
-            }
-            if let Err(e) = dp.detach_endpoint(&env.container_id, &env.ifname, &host_ifname, &ips) {
-                errors.push(e);
-            }
+/// Removes the datapath entries, host ports and host veth of (container ID, ifname),
+/// collecting failures in `errors` and carrying on (DEL and GC).
+pub fn teardown(
+    conf: &NetConf,
+    dp: Option<&Datapath>,
+    container_id: &str,
+    ifname: &str,
+    ips: &[IpAddr],
+    errors: &mut Vec<Error>,
+) {
+    let host_ifname = link::host_veth_name(container_id, ifname);
+    if let Some(dp) = dp {
+        if let Err(e) = dp.remove_port_mappings((container_id, ifname)) {
+            errors.push(e);
         }
-        Ok(None) => {}
-        Err(e) => errors.push(e),
+        if let Err(e) = dp.detach_endpoint(container_id, ifname, &host_ifname, ips) {
+            errors.push(e);
+        }
     }
-
-    // 3. The veth (its routes and the container end go with it).
-    if let Err(e) = delete_host_veth_of(&conf.name, &env.container_id, &env.ifname, &host_ifname) {
+    // The veth last: its routes and the container end go with it.
+    if let Err(e) = delete_host_veth_of(&conf.name, container_id, ifname, &host_ifname) {
         errors.push(e);
-    }
-
-    match errors.len() {
-        0 => Ok(()),
-        1 => Err(errors.remove(0)),
-        _ => Err(Error::Multiple(errors)),
     }
 }
 
 /// Deletes the host veth of (container ID, ifname) when its alias confirms the owner.
-pub fn delete_host_veth_of(
+fn delete_host_veth_of(
     network: &str,
     container_id: &str,
     ifname: &str,
@@ -83,9 +86,7 @@ pub fn delete_host_veth_of(
         match node.alias(l.index).await? {
             Some(alias) if alias == want => node.del_link(l.index).await,
             other => {
-                tracing::warn!(
-                    "not deleting {host_ifname}: its alias {other:?} does not name {container_id}/{ifname}"
-                );
+                tracing::warn!("not deleting {host_ifname}: its alias {other:?} does not name {container_id}/{ifname}");
                 Ok(())
             }
         }

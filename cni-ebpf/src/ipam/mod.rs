@@ -204,26 +204,23 @@ pub fn add(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniResult> {
 }
 
 /// Idempotent release of `(env.container_id, env.ifname)`; never frees an address now
-/// held by another key. A store that does not exist holds nothing: success.
-pub fn del(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
+/// held by another key. A store that does not exist holds nothing: success. Returns the
+/// addresses released (none for a delegated plugin, which does not say).
+pub fn del(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Vec<IpAddr>> {
     let cfg = match Ipam::parse(&conf.ipam)? {
         Ipam::Delegate(plugin) => {
-            return delegate::exec(&plugin, Command::Del, env, stdin).map(|_| ())
+            return delegate::exec(&plugin, Command::Del, env, stdin).map(|_| Vec::new())
         }
         Ipam::Embedded(cfg) => cfg,
     };
     let Some(mut alloc) = open(conf, &cfg, false)? else {
-        return Ok(());
+        return Ok(Vec::new());
     };
-    if let Some(r) = alloc.release(&env.container_id, &env.ifname)? {
-        tracing::info!(
-            container = %r.container_id,
-            ifname = %r.ifname,
-            "released {:?}",
-            r.addresses
-        );
-    }
-    Ok(())
+    let Some(r) = alloc.release(&env.container_id, &env.ifname)? else {
+        return Ok(Vec::new());
+    };
+    tracing::info!(container = %r.container_id, ifname = %r.ifname, "released {:?}", r.addresses);
+    Ok(r.addresses)
 }
 
 /// CHECK: the store (or the delegate) holds exactly `expected` for this key (address and
