@@ -280,16 +280,24 @@ impl Nl {
             .collect())
     }
 
-    /// Adds a route (replacing nothing: an identical existing route is not an error).
+    /// Adds a route. A route to the same destination that already exists (another
+    /// network's default route in the pod, the same network attached twice, a duplicate
+    /// pod address on the node) is an error that says so: replacing it would break
+    /// someone else's traffic, and ignoring it would report a route we did not install.
     pub async fn add_route(&self, route: &NewRoute) -> Result<()> {
         let msg = build_route(route);
+        let context = || format!("adding route to {} on link #{}", route.dst, route.oif);
         match self.handle.route().add(msg).execute().await {
             Ok(()) => Ok(()),
-            Err(e) if is_errno(&e, libc::EEXIST) => Ok(()),
-            Err(e) => Err(Error::netlink(
-                format!("adding route to {} on link #{}", route.dst, route.oif),
-                e,
+            Err(e) if is_errno(&e, libc::EEXIST) => Err(Error::netlink(
+                context(),
+                format!(
+                    "a route to {} already exists (is this network already attached, or does \
+                     another one own that route?)",
+                    route.dst
+                ),
             )),
+            Err(e) => Err(Error::netlink(context(), e)),
         }
     }
 
