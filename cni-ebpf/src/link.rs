@@ -175,10 +175,6 @@ impl Nl {
 
     /// Creates a veth pair in one request: `host` here with `host_mac`, and `peer` created
     /// directly inside `peer_ns` with `peer_mac`; both with `mtu`. Neither is set up.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one request carries all of these"
-    )]
     pub async fn create_veth(
         &self,
         host: &str,

@@ -43,8 +43,7 @@ impl Netns {
         let file = File::open(path).map_err(|e| ns_err(path, format!("cannot open: {e}")))?;
         let fs = nix::sys::statfs::fstatfs(file.as_fd())
             .map_err(|e| ns_err(path, format!("fstatfs: {e}")))?;
-        #[expect(clippy::cast_possible_wrap, reason = "magic numbers fit in i64")]
-        let magic = fs.filesystem_type().0 as i64;
+        let magic = fs.filesystem_type().0;
         if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
             return Err(ns_err(path, "is not a namespace file (not on nsfs)"));
         }
@@ -56,8 +55,7 @@ impl Netns {
                 "is not a namespace file (NS_GET_NSTYPE failed)",
             ));
         }
-        #[expect(clippy::cast_possible_wrap, reason = "CLONE_NEWNET fits in i32")]
-        if kind != libc::CLONE_NEWNET as i32 {
+        if kind != libc::CLONE_NEWNET {
             return Err(ns_err(path, "is a namespace, but not a network namespace"));
         }
         let ns = Self {

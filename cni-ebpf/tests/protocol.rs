@@ -1,6 +1,7 @@
 //! Protocol tests (tier 1, no root): results in every version against golden documents
 //! written by hand from the spec texts, `prevResult` round trips, and a table of bad
 //! inputs run through the real binary, each with its expected code and message fragment.
+#![expect(clippy::panic, reason = "tests panic with a message")]
 
 use std::{
     io::Write,
@@ -227,7 +228,9 @@ fn bad_inputs_get_the_right_code_and_name_the_culprit() {
     ];
     let cmd = |c: &str| vec![("CNI_COMMAND".to_owned(), c.to_owned())];
 
-    let cases: Vec<(&str, Vec<(String, String)>, String, u32, &str)> = vec![
+    // (what, environment, stdin, expected code, fragment the message must contain)
+    type Case<'a> = (&'a str, Vec<(String, String)>, String, u32, &'a str);
+    let cases: Vec<Case> = vec![
         ("empty CNI_COMMAND", cmd(""), good.clone(), 4, "CNI_COMMAND"),
         ("unknown CNI_COMMAND", cmd("FROB"), good.clone(), 4, "CNI_COMMAND"),
         ("ADD without CNI_CONTAINERID", without(ok_add.clone(), "CNI_CONTAINERID"), good.clone(), 4, "CNI_CONTAINERID"),

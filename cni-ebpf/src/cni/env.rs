@@ -265,6 +265,7 @@ impl Env {
 }
 
 #[cfg(test)]
+#[expect(clippy::panic, reason = "tests panic with a message")]
 mod tests {
     use super::*;
 

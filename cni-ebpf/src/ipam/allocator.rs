@@ -635,16 +635,13 @@ impl<'a> Allocator<'a> {
             }
         }
         for want in expected {
-            match record.addresses.iter().find(|a| a.addr() == want.addr()) {
-                None => {
-                    return Err(Error::Check(format!(
-                        "{want} is not reserved for {who} (it holds {})",
-                        join(&record.addresses)
-                    )));
-                }
-                // Only the address is compared: the pod carries it as a host route
-                // (/32, /128) while the reservation records the range's prefix.
-                Some(_) => {}
+            // Only the address is compared: the pod carries it as a host route (/32,
+            // /128) while the reservation records the range's prefix.
+            if !record.addresses.iter().any(|a| a.addr() == want.addr()) {
+                return Err(Error::Check(format!(
+                    "{want} is not reserved for {who} (it holds {})",
+                    join(&record.addresses)
+                )));
             }
         }
         if let Some(extra) = record
