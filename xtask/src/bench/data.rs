@@ -268,7 +268,7 @@ impl Bare {
 }
 
 /// Many short connections from one namespace: reuse TIME_WAIT ports, use a wide range.
-fn client_sysctls(ns: &Netns) -> Result<()> {
+pub fn client_sysctls(ns: &Netns) -> Result<()> {
     ns.sh(&["sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1"])?;
     ns.sh(&[
         "sysctl",

@@ -83,6 +83,10 @@ pub struct Args {
     /// Connections measured at each scale level [default: 500].
     #[arg(long)]
     pub scale_connects: Option<usize>,
+    /// Short masqueraded connections opened before ADD/DEL are measured again on a busy
+    /// node (flow state in the NAT map / conntrack); 0 skips it [default: 60000].
+    #[arg(long)]
+    pub busy_flows: Option<usize>,
     /// Results directory [default: results/bench-<UTC timestamp>].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -148,6 +152,7 @@ impl Args {
                 },
                 probes: pick(self.scale_probes, 5, 30),
                 connects: pick(self.scale_connects, 100, 500),
+                busy_flows: pick(self.busy_flows, 3000, 60_000),
             },
         }
     }
@@ -309,7 +314,7 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
     m.insert(
         "sizes".into(),
         json!(format!(
-            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects{}",
+            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects, busy node after {} connections{}",
             sizes.control.pods,
             sizes.control.workers,
             sizes.data.repeats,
@@ -317,6 +322,7 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
             sizes.scale.levels,
             sizes.scale.probes,
             sizes.scale.connects,
+            sizes.scale.busy_flows,
             if args.quick { " (--quick)" } else { "" }
         )),
     );

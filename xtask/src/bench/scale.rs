@@ -24,7 +24,7 @@ use super::{
     data::EchoServer,
     proc::{self, check_interrupt},
     report::{median, Report, Summary},
-    topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, NODE_IP},
+    topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
 };
 
 /// Sizes of the scale phase.
@@ -36,10 +36,13 @@ pub struct Params {
     pub probes: usize,
     /// Connections per level.
     pub connects: usize,
+    /// Masqueraded connections opened before the busy-node probes (0: skip).
+    pub busy_flows: usize,
 }
 
 const SERVER_PORT: u16 = 7000;
 const SERVER_HOST_PORT: u16 = 18_080;
+const BUSY_PORT: u16 = 7001;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
@@ -287,6 +290,62 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             vd.insert(level.to_string(), Value::Object(ld));
             results.push(lv);
         }
+        if p.busy_flows > 0 {
+            check_interrupt()?;
+            match busy_node(&node, &probes, p) {
+                Ok((live, lv)) => {
+                    let col = variant.key();
+                    let s = "Scale: host-port pods";
+                    let what = match variant {
+                        Variant::Ebpf => "NAT map",
+                        Variant::Reference => "conntrack",
+                    };
+                    report.put(
+                        "scale.busy.add.p50",
+                        s,
+                        &format!(
+                            "ADD p50 on a busy node (after {} masqueraded connections)",
+                            p.busy_flows
+                        ),
+                        "ms",
+                        false,
+                        col,
+                        median(&lv.add),
+                    );
+                    report.put(
+                        "scale.busy.del.p50",
+                        s,
+                        "DEL p50 on a busy node",
+                        "ms",
+                        false,
+                        col,
+                        median(&lv.del),
+                    );
+                    report.put(
+                        "scale.busy.entries",
+                        s,
+                        "live flow entries on the busy node (NAT map / conntrack)",
+                        "entries",
+                        false,
+                        col,
+                        live as f64,
+                    );
+                    vd.insert(
+                        "busy".into(),
+                        json!({ "flowTable": what, "liveEntries": live,
+                        "add": Summary::of(&lv.add).json(), "del": Summary::of(&lv.del).json() }),
+                    );
+                }
+                Err(e) => {
+                    if proc::interrupted() {
+                        return Err(e);
+                    }
+                    report
+                        .notes
+                        .push(format!("busy node, {}: {e:#}", variant.key()));
+                }
+            }
+        }
         if let (Some(first), Some(last)) = (results.first(), results.last()) {
             let a0 = median(&first.add);
             if a0 > 0.0 && last.pods > first.pods {
@@ -314,6 +373,86 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         .details
         .insert("scale".into(), Value::Object(details));
     Ok(())
+}
+
+/// A busy node: a pod opens `p.busy_flows` short masqueraded connections to ext (bounded
+/// to 60 s), leaving that many flows in the NAT map (cni-ebpf) or in conntrack (reference,
+/// TIME_WAIT entries live 120 s); then the probe pods are ADDed and DELed again. Returns
+/// the live flow entries and the probe timings.
+fn busy_node(node: &BenchNode, probes: &[Pod], p: &Params) -> Result<(u64, Level)> {
+    eprintln!(
+        "bench: scale, {}: busy node ({} masqueraded connections)",
+        node.variant.key(),
+        p.busy_flows
+    );
+    let client = node.pod(300_000)?;
+    let added = node.op("ADD", Via::Direct, &client, &[], None)?;
+    super::data::client_sysctls(&client.netns)?;
+    let opened = (|| -> Result<()> {
+        let _srv = EchoServer::start(&node.ext_netns(), BUSY_PORT)?;
+        let to: SocketAddr = format!("{EXT_IP}:{BUSY_PORT}").parse()?;
+        let n = p.busy_flows;
+        proc::join(proc::in_netns(&client.path(), move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            let mut buf = [0u8; 8];
+            for _ in 0..n {
+                if Instant::now() > deadline || proc::interrupted() {
+                    break;
+                }
+                let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+                s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                s.write_all(b"busy....")?;
+                s.read_exact(&mut buf)?;
+            }
+            Ok(())
+        }))
+    })();
+    let live = live_flows(node).unwrap_or(0);
+    let mut lv = Level::default();
+    let measured = opened.and_then(|()| {
+        for (j, pod) in probes.iter().enumerate() {
+            check_interrupt()?;
+            let ports = [probe_port(j)];
+            let a: Op = node.op("ADD", Via::Direct, pod, &ports, None)?;
+            let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
+            lv.add.push(ms(a.wall));
+            lv.del.push(ms(d.wall));
+        }
+        Ok(())
+    });
+    node.op("DEL", Via::Direct, &client, &[], Some(&added.result))?;
+    measured?;
+    Ok((live, lv))
+}
+
+/// Live flow entries: the NAT map (cni-ebpf) or the node namespace's conntrack count.
+fn live_flows(node: &BenchNode) -> Result<u64> {
+    match node.variant {
+        Variant::Ebpf => {
+            let nat = node.pin_root().join(node.network()).join("v1/maps/NAT");
+            let dump: Value = serde_json::from_str(&proc::run_in(
+                None,
+                &[
+                    "bpftool",
+                    "-j",
+                    "map",
+                    "dump",
+                    "pinned",
+                    &nat.to_string_lossy(),
+                ],
+                Duration::from_secs(120),
+            )?)?;
+            Ok(dump.as_array().map_or(0, |a| a.len() as u64))
+        }
+        Variant::Reference => Ok(proc::run_in(
+            Some(&node.netns()),
+            &["cat", "/proc/sys/net/netfilter/nf_conntrack_count"],
+            Duration::from_secs(10),
+        )?
+        .trim()
+        .parse()
+        .unwrap_or(0)),
+    }
 }
 
 fn record(report: &mut Report, variant: Variant, lv: &Level, p: &Params) {
