@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long)]
     pub scale_connects: Option<usize>,
     /// Short masqueraded connections opened before ADD/DEL are measured again on a busy
-    /// node (flow state in the NAT map / conntrack); 0 skips it [default: 60000].
+    /// node (flow state in the NAT map / conntrack); 0 skips it [default: 30000].
     #[arg(long)]
     pub busy_flows: Option<usize>,
     /// Results directory [default: results/bench-<UTC timestamp>].
@@ -152,7 +152,7 @@ impl Args {
                 },
                 probes: pick(self.scale_probes, 5, 30),
                 connects: pick(self.scale_connects, 100, 500),
-                busy_flows: pick(self.busy_flows, 3000, 60_000),
+                busy_flows: pick(self.busy_flows, 3000, 30_000),
             },
         }
     }

@@ -507,11 +507,6 @@ impl BenchNode {
     pub fn hit_portmap_check_bug(&self) -> bool {
         self.portmap_check_bug.load(Ordering::Relaxed)
     }
-
-    /// The cni-ebpf log so far (empty for the reference).
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("cni-ebpf.log")).unwrap_or_default()
-    }
 }
 
 fn parse_result(stdout: &str) -> Value {
