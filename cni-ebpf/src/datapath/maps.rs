@@ -136,8 +136,97 @@ pub fn remove<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Every (key, value) of a hash map (entries that vanish while iterating are skipped).
+///
+/// Read with `BPF_MAP_LOOKUP_BATCH`, a few thousand entries per syscall: DEL and GC scan
+/// the NAT table, which can hold 100 000 live flows, and one `get_next_key` + `lookup`
+/// pair per entry made them slow down with the node's traffic. Kernels without batch
+/// support for the map fall back to plain iteration.
 pub fn entries<K: aya::Pod, V: aya::Pod>(m: &HashMap<&mut MapData, K, V>) -> Vec<(K, V)> {
-    m.iter().filter_map(std::result::Result::ok).collect()
+    use aya::maps::IterableMap as _;
+    match lookup_batch::<K, V>(m.map()) {
+        Some(all) => all,
+        None => m.iter().filter_map(std::result::Result::ok).collect(),
+    }
+}
+
+/// `union bpf_attr` as `BPF_MAP_*_BATCH` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// `BPF_MAP_LOOKUP_BATCH` from `linux/bpf.h`.
+const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
+/// Entries per batch; also bounds how many entries one hash bucket may hold (ENOSPC
+/// otherwise), far above what a bucket ever holds.
+const BATCH: usize = 4096;
+
+/// Reads the whole map in batches; `None` when the kernel cannot batch this map.
+fn lookup_batch<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Option<Vec<(K, V)>> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let fd = u32::try_from(map.fd().as_fd().as_raw_fd()).ok()?;
+    let mut keys: Vec<K> = Vec::with_capacity(BATCH);
+    let mut values: Vec<V> = Vec::with_capacity(BATCH);
+    let mut out = Vec::new();
+    // htab batches are resumed by bucket number (a u32 token).
+    let mut token_in: u64 = 0;
+    let mut token_out: u64 = 0;
+    let mut first = true;
+    loop {
+        let mut attr = BatchAttr {
+            in_batch: if first {
+                0
+            } else {
+                std::ptr::from_ref(&token_in) as u64
+            },
+            out_batch: std::ptr::from_mut(&mut token_out) as u64,
+            keys: keys.as_mut_ptr() as u64,
+            values: values.as_mut_ptr() as u64,
+            count: u32::try_from(BATCH).ok()?,
+            map_fd: fd,
+            ..BatchAttr::default()
+        };
+        // SAFETY: the kernel writes at most `count` keys and values into buffers of that
+        // capacity, and a bucket token into `token_out`; `attr` outlives the call.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_bpf,
+                BPF_MAP_LOOKUP_BATCH,
+                std::ptr::from_mut(&mut attr),
+                std::mem::size_of::<BatchAttr>(),
+            )
+        };
+        let errno = if rc < 0 {
+            std::io::Error::last_os_error().raw_os_error()
+        } else {
+            None
+        };
+        if rc < 0 && errno != Some(libc::ENOENT) {
+            // EINVAL/ENOTSUPP: no batch support; ENOSPC: a bucket larger than BATCH.
+            return None;
+        }
+        let n = usize::try_from(attr.count).ok()?.min(BATCH);
+        // SAFETY: the kernel initialised the first `n` elements of both buffers, and K and
+        // V are plain-old-data types of the map's key and value sizes.
+        unsafe {
+            keys.set_len(n);
+            values.set_len(n);
+        }
+        out.extend(keys.drain(..).zip(values.drain(..)));
+        if errno == Some(libc::ENOENT) {
+            return Some(out);
+        }
+        token_in = token_out;
+        first = false;
+    }
 }
 
 /// Sum of per-CPU values.
