@@ -89,16 +89,38 @@ pub fn run(verbose: bool) -> Result<()> {
             eprintln!("setup: nightly toolchain with rust-src present");
         }
     } else {
-        eprintln!("setup: installing the nightly toolchain with rust-src");
-        run_cmd(Command::new("rustup").args([
-            "toolchain",
-            "install",
-            "nightly",
-            "--profile",
-            "minimal",
-            "--component",
-            "rust-src",
-        ]))?;
+        let has_nightly = Command::new("rustup")
+            .args(["toolchain", "list"])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.starts_with("nightly"))
+            })
+            .unwrap_or(false);
+        if has_nightly {
+            // Only the component: reinstalling the toolchain could fetch a newer nightly
+            // whose LLVM no longer matches bpf-linker's.
+            eprintln!("setup: adding rust-src to the nightly toolchain");
+            run_cmd(Command::new("rustup").args([
+                "component",
+                "add",
+                "rust-src",
+                "--toolchain",
+                "nightly",
+            ]))?;
+        } else {
+            eprintln!("setup: installing the nightly toolchain with rust-src");
+            run_cmd(Command::new("rustup").args([
+                "toolchain",
+                "install",
+                "nightly",
+                "--profile",
+                "minimal",
+                "--component",
+                "rust-src",
+            ]))?;
+        }
     }
 
     if has_bpf_linker() {
