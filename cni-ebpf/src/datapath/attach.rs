@@ -40,8 +40,25 @@ pub fn attach(
     let what = format!("attaching {} to {ifname} ({dir:?})", program_name(program));
     let context = || what.clone();
     remove_pin(pin)?;
-    match program.attach_with_options(ifname, dir, TcAttachOptions::TcxOrder(LinkOrder::default()))
-    {
+    // Dropping the last reference of a link (the pin just removed) detaches it
+    // asynchronously; until the kernel has, attaching the same program to the same device
+    // fails with EEXIST. Wait for it, bounded (50 × 2 ms).
+    let mut tries = 0;
+    let attached = loop {
+        let r = program.attach_with_options(
+            ifname,
+            dir,
+            TcAttachOptions::TcxOrder(LinkOrder::default()),
+        );
+        match &r {
+            Err(e) if errno_of(e) == Some(libc::EEXIST) && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            _ => break r,
+        }
+    };
+    match attached {
         Ok(id) => {
             let link = program
                 .take_link(id)
