@@ -155,7 +155,7 @@ async fn attach(
 
     // 3. Node side: the host end owns each gateway address; a host route per pod address.
     let has_v6 = ipam_result.ips.iter().any(|ip| ip.address.addr().is_ipv6());
-    link::write_sysctl("net.ipv4.ip_forward", "1")?;
+    // (IPv4 forwarding is enabled by `Datapath::open_or_load`.)
     if has_v6 {
         link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
     }
@@ -167,11 +167,18 @@ async fn attach(
         link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
         link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
     }
+    let mut node_addrs = Vec::new();
     for ip in &ipam_result.ips {
         if let Some(gw) = ip.gateway {
             node.add_address(host.index, IpNet::from(gw), true).await?;
+            if let IpAddr::V4(v4) = gw {
+                node_addrs.push((v4, host.index));
+            }
         }
     }
+    // The gateway is now a node address (host ports are reachable on it, and traffic to
+    // it is never masqueraded).
+    dp.add_node_addrs(&node_addrs)?;
     node.set_up(host.index).await?;
     for ip in &ipam_result.ips {
         node.add_route(&NewRoute {

@@ -183,27 +183,18 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             conf.pin_dir().display()
         ))
     })?;
-    // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
-    // endpoint entry; the spec has CHECK allow that, so the entry may hold either the MAC
-    // ADD set or the live one.
-    let added_mac = super::add::pod_mac(conf, env)?;
-    let entry_has_added_mac = dp.endpoints()?.iter().any(|e| {
-        pod_ips.iter().any(|ip| ip.addr() == IpAddr::V4(e.ip))
-            && e.pod_mac.eq_ignore_ascii_case(&format_mac(&added_mac))
-    });
     let ep = Endpoint {
         container_id: env.container_id.clone(),
         ifname: env.ifname.clone(),
         host_ifindex: host_index,
         host_ifname,
         host_mac,
-        pod_mac: if entry_has_added_mac {
-            added_mac
-        } else {
-            pod_mac
-        },
+        pod_mac,
         ips: pod_ips.iter().map(IpNet::addr).collect::<Vec<IpAddr>>(),
     };
-    dp.check_endpoint(&ep, &conf.runtime_config.port_mappings)?;
+    // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
+    // endpoint entry; the entry may hold either the live MAC or the one ADD set.
+    let accepted = [pod_mac, super::add::pod_mac(conf, env)?];
+    dp.check_endpoint_accepting(&ep, &accepted, &conf.runtime_config.port_mappings)?;
     Ok(())
 }

@@ -533,10 +533,21 @@ impl Datapath {
         Ok(())
     }
 
-    /// Re-reads the node's addresses (a new host veth brings its gateway address).
-    fn refresh_node_addrs(&self) -> Result<()> {
-        let facts = node::read(None, false)?;
-        self.set_node_addrs(&facts.addrs)
+    /// Adds addresses to the set the programs treat as "this node" (the gateway addresses
+    /// ADD puts on a new host veth), without re-reading the node: `open_or_load` resyncs
+    /// the whole set from the kernel once per ADD.
+    pub fn add_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.node_addrs()?;
+        for (a, i) in addrs {
+            let k = addr(*a);
+            if maps::get(&h, &k, map_name::NODE_ADDRS)?.is_some() {
+                continue;
+            }
+            h.insert(k, NodeAddr { ifindex: *i }, 0)
+                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
+        }
+        Ok(())
     }
 
     // ---------------------------------------------------------------- endpoints
@@ -601,7 +612,6 @@ impl Datapath {
         // An old flow of a previous holder of these addresses must not reach this pod.
         self.purge_nat(&v4s(&ep.ips))?;
         self.put_endpoint_entries(ep)?;
-        self.refresh_node_addrs()?;
         let mut program = self.program(prog::FROM_POD)?;
         attach::attach(
             &mut program,
@@ -815,6 +825,18 @@ impl Datapath {
     /// Compares the live datapath with what ADD set up for `ep` and `mappings`; the first
     /// mismatch is an [`Error::Check`] naming it.
     pub fn check_endpoint(&self, ep: &Endpoint, mappings: &[PortMapping]) -> Result<()> {
+        self.check_endpoint_accepting(ep, &[ep.pod_mac], mappings)
+    }
+
+    /// [`Datapath::check_endpoint`], with the endpoint entry's pod MAC allowed to be any of
+    /// `pod_macs` (a later chained plugin may have changed the pod's MAC after ADD wrote
+    /// the entry; the spec has CHECK allow that).
+    pub fn check_endpoint_accepting(
+        &self,
+        ep: &Endpoint,
+        pod_macs: &[[u8; 6]],
+        mappings: &[PortMapping],
+    ) -> Result<()> {
         let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
         let ips = v4s(&ep.ips);
         {
@@ -848,7 +870,7 @@ impl Datapath {
                         format_mac(&ep.host_mac)
                     )));
                 }
-                if v.pod_mac != ep.pod_mac {
+                if !pod_macs.contains(&v.pod_mac) {
                     return Err(Error::Check(format!(
                         "the endpoint entry for {ip} has pod MAC {}, expected {}",
                         format_mac(&v.pod_mac),
