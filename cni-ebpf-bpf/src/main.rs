@@ -3,7 +3,8 @@
 //! The tc programs of cni-ebpf.
 //!
 //! - `from_pod` (host veth ingress): same-node pod → pod redirect straight into the
-//!   destination pod; hairpin (pod → own node's hostPort, including its own).
+//!   destination pod; hairpin (pod → own node's hostPort, including its own); traffic
+//!   routed out of the uplink redirected straight to it (FIB lookup, no kernel forwarding).
 //! - `uplink_ingress`: replies of masqueraded flows and ICMP errors about them back to the
 //!   pod; DNAT of nodeIP:hostPort to the pod, keeping the client's source address.
 //! - `uplink_egress`: masquerade (SNAT) of pod traffic leaving the cluster; replies of
@@ -16,10 +17,14 @@
 
 use aya_ebpf::{
     bindings::{
-        BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC,
+        bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_MARK_MANGLED_0,
+        BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC,
     },
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect_peer},
+    helpers::{
+        bpf_check_mtu, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_peer,
+    },
     macros::{classifier, map},
+    EbpfContext,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
 };
@@ -317,19 +322,20 @@ fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
     Some(ep)
 }
 
-/// Delivers the packet (whose destination is a local pod) straight into that pod:
-/// L2 rewrite, TTL decrement, `bpf_redirect_peer`. TTL expiry goes to the stack.
+/// Routes the packet one hop in place: TTL decremented (header checksum fixed) and the
+/// Ethernet addresses set to `dst`/`src`. `false` when the TTL would expire (counted; the
+/// stack then sends the ICMP error) or the packet could not be written.
 #[inline(always)]
-fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+fn route_hop(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
     let Ok(ttl) = ctx.load::<u8>(IP_OFF + 8) else {
-        return TC_ACT_OK as i32;
+        return false;
     };
     let Ok(ip_proto) = ctx.load::<u8>(IP_OFF + 9) else {
-        return TC_ACT_OK as i32;
+        return false;
     };
     if ttl <= 1 {
         count(Reason::PassTtlExpired);
-        return TC_ACT_OK as i32;
+        return false;
     }
     let old = u16::from_ne_bytes([ttl, ip_proto]);
     let new = u16::from_ne_bytes([ttl - 1, ip_proto]);
@@ -338,12 +344,19 @@ fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
             .l3_csum_replace(IP_OFF + 10, old as u64, new as u64, 2)
             .is_err()
     {
-        return TC_ACT_OK as i32;
+        return false;
     }
     let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&ep.pod_mac);
-    macs[6..].copy_from_slice(&ep.host_mac);
-    if ctx.store(0, &macs, 0).is_err() {
+    macs[..6].copy_from_slice(dst);
+    macs[6..].copy_from_slice(src);
+    ctx.store(0, &macs, 0).is_ok()
+}
+
+/// Delivers the packet (whose destination is a local pod) straight into that pod:
+/// one routed hop, then `bpf_redirect_peer`. TTL expiry goes to the stack.
+#[inline(always)]
+fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+    if !route_hop(ctx, &ep.pod_mac, &ep.host_mac) {
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
@@ -489,13 +502,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
     // SAFETY: reading a field of the context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     add_stats(ifindex, ctx.len(), false);
-    match try_from_pod(&ctx) {
+    match try_from_pod(&ctx, ifindex) {
         Ok(v) | Err(v) => v,
     }
 }
 
 #[inline(always)]
-fn try_from_pod(ctx: &TcContext) -> Result<i32, i32> {
+fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {
@@ -525,8 +538,114 @@ fn try_from_pod(ctx: &TcContext) -> Result<i32, i32> {
         count(Reason::RedirectPod);
         return Ok(deliver(ctx, &ep));
     }
-    count(Reason::PassNoMatch);
-    Ok(PASS)
+
+    // Leaving the node through the uplink.
+    Ok(to_uplink(ctx, &p, ifindex))
+}
+
+/// `struct bpf_fib_lookup` (IPv4 use). Addresses and ports network order.
+#[repr(C)]
+struct FibLookup {
+    family: u8,
+    l4_protocol: u8,
+    sport: u16,
+    dport: u16,
+    /// In: `tot_len` (0: the kernel checks the skb against the egress MTU, GSO-aware).
+    /// Out: the egress MTU.
+    tot_len: u16,
+    /// In: ingress ifindex. Out: egress ifindex.
+    ifindex: u32,
+    tos: u32,
+    src: [u32; 4],
+    /// In: destination. Out (IPv4): the next hop.
+    dst: [u32; 4],
+    vlan: u32,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+const _: () = assert!(core::mem::size_of::<FibLookup>() == 64);
+
+const AF_INET: u8 = 2;
+/// `bpf_check_mtu` flag: check every GSO segment, not the whole packet.
+const BPF_MTU_CHK_SEGS: u64 = 1;
+/// `bpf_check_mtu` result: fits.
+const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
+
+/// Pod traffic whose route leads out of the uplink is handed straight to the uplink's
+/// egress (where `uplink_egress` masquerades it), skipping the kernel's forwarding path.
+/// Everything else — other routes, an unresolved next hop, a packet too big for the
+/// uplink, an expiring TTL, a source address that is not this pod's — goes to the stack
+/// unchanged, which routes, fragments or answers it as before.
+#[inline(always)]
+fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> i32 {
+    match fib_uplink(ctx, p, ifindex) {
+        Some(fib) if route_hop(ctx, &fib.dmac, &fib.smac) => {
+            count(Reason::RedirectUplink);
+            // SAFETY: plain helper call.
+            unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
+        }
+        _ => {
+            count(Reason::PassKernelRoute);
+            PASS
+        }
+    }
+}
+
+/// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
+/// uplink, next hop resolved, fits".
+#[inline(always)]
+fn fib_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> Option<FibLookup> {
+    let cfg = node_config()?;
+    if cfg.uplink_ifindex == 0 {
+        return None;
+    }
+    // Anti-spoofing: only the pod's own address takes the fast path (the stack's reverse
+    // path filter still judges anything else).
+    match local_endpoint(p.saddr) {
+        Some(ep) if ep.ifindex == ifindex => {}
+        _ => return None,
+    }
+    let tos: u8 = ctx.load(IP_OFF + 1).ok()?;
+    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
+        (p.sport, p.dport)
+    } else {
+        (0, 0)
+    };
+    let mut fib = FibLookup {
+        family: AF_INET,
+        l4_protocol: p.proto,
+        sport,
+        dport,
+        tot_len: 0,
+        ifindex,
+        tos: tos as u32,
+        src: [p.saddr, 0, 0, 0],
+        dst: [p.daddr, 0, 0, 0],
+        vlan: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
+            core::mem::size_of::<FibLookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != cfg.uplink_ifindex {
+        return None;
+    }
+    // The lookup's own MTU check lets every GSO packet through; check each segment
+    // against the uplink's MTU so that the stack answers "fragmentation needed".
+    let mut mtu: u32 = 0;
+    // SAFETY: plain helper call with a pointer to our stack.
+    let rc = unsafe { bpf_check_mtu(ctx.as_ptr(), fib.ifindex, &mut mtu, 0, BPF_MTU_CHK_SEGS) };
+    if rc != BPF_MTU_CHK_RET_SUCCESS {
+        return None;
+    }
+    Some(fib)
 }
 
 /// Client pod A → node N:hostPort, backed by pod B (possibly A itself).

@@ -120,11 +120,18 @@ pub enum Reason {
     PassStaleHostPortFlow = 36,
     /// Packet arrived on a host veth with no endpoint entry (counters not kept).
     UnknownEndpoint = 37,
+    /// Pod traffic leaving through the uplink, redirected straight to it (the kernel's
+    /// forwarding path skipped; masquerade still applied by `uplink_egress`).
+    RedirectUplink = 38,
+    /// Pod traffic left to the kernel's routing: not routed via the uplink, next hop not
+    /// resolved yet, too big for the uplink, TTL expiring or a source address that is not
+    /// the sending pod's.
+    PassKernelRoute = 39,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 22] = [
+    pub const ALL: [Reason; 24] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -147,6 +154,8 @@ impl Reason {
         Reason::TranslatedToStack,
         Reason::PassStaleHostPortFlow,
         Reason::UnknownEndpoint,
+        Reason::RedirectUplink,
+        Reason::PassKernelRoute,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -175,13 +184,15 @@ impl Reason {
             Reason::TranslatedToStack => "translated_to_stack",
             Reason::PassStaleHostPortFlow => "pass_stale_hostport_flow",
             Reason::UnknownEndpoint => "unknown_endpoint",
+            Reason::RedirectUplink => "redirect_uplink",
+            Reason::PassKernelRoute => "pass_kernel_route",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::UnknownEndpoint as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::PassKernelRoute as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]

@@ -437,3 +437,125 @@ fn pods_reach_host_ports_of_their_own_node_including_their_own() {
     del(&node, &a, &base);
     del(&node, &b, &base);
 }
+
+/// `Ip: ForwDatagrams` of a namespace: packets its kernel forwarded.
+#[track_caller]
+fn forwarded_datagrams(node: &SimNode) -> u64 {
+    let out = node.exec(&["cat", "/proc/net/snmp"]);
+    let text = out.stdout.clone();
+    let mut lines = text.lines().filter(|l| l.starts_with("Ip:"));
+    let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "ForwDatagrams")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no ForwDatagrams in /proc/net/snmp: {text}"))
+}
+
+/// Sends `len` bytes over TCP from `netns` to a sink in `ext` on `port` and returns how
+/// many the sink received (bounded by [`T`] per read).
+#[track_caller]
+fn upload(node: &SimNode, netns: &std::path::Path, port: u16, len: usize) -> usize {
+    use std::io::{Read, Write};
+    let bind = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+    let listener = tests::net::in_netns(node.ext_netns(), move || std::net::TcpListener::bind(bind))
+        .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
+    let sink = std::thread::spawn(move || -> std::io::Result<usize> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(T))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0;
+        loop {
+            match conn.read(&mut buf)? {
+                0 => return Ok(total),
+                n => total += n,
+            }
+        }
+    });
+    let mut s = datapath_support::connect(netns, &format!("{EXT_IP4}:{port}"))
+        .unwrap_or_else(|e| panic!("TCP pod → ext:{port}: {e}"));
+    s.set_write_timeout(Some(T)).ok();
+    let data = vec![0x5au8; len];
+    if let Err(e) = s.write_all(&data) {
+        panic!("upload of {len} bytes to ext:{port}: {e}");
+    }
+    drop(s);
+    match sink.join() {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => panic!("sink in ext: {e}"),
+        Err(_) => panic!("sink thread panicked"),
+    }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
+    let node = SimNode::new("dp_fast");
+    let conf = masq_conf(&node);
+    let a = node.pod("a");
+    let ip = pod_ip(&add(&node, &a, &conf));
+    // The first packet resolves the uplink's next hop through the kernel.
+    assert_ping(a.netns(), EXT_IP4);
+
+    let (before, fwd_before) = (inspect(&node), forwarded_datagrams(&node));
+    let srv = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
+    for i in 0..20 {
+        let answer = greet(a.netns(), &format!("{EXT_IP4}:8080"))
+            .unwrap_or_else(|e| panic!("TCP pod → ext #{i}: {e}"));
+        assert_eq!(
+            ip_of(&seen_peer(&answer)),
+            NODE_IP4,
+            "still masqueraded: {answer:?}"
+        );
+    }
+    assert_ping(a.netns(), EXT_IP4);
+    let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node));
+    let fast = reason(&after, "redirect_uplink") - reason(&before, "redirect_uplink");
+    // Per connection at least SYN, ACK and FIN leave the pod; plus the echo requests.
+    assert!(
+        fast >= 60,
+        "redirect_uplink grew by {fast}, expected ≥ 60: {:#}",
+        after["reasons"]
+    );
+    assert!(
+        fwd_after - fwd_before <= 2,
+        "the node's kernel forwarded {} packets; pod → ext must bypass it",
+        fwd_after - fwd_before
+    );
+    drop(srv);
+
+    // A source address that is not the pod's own is left to the kernel (and its reverse
+    // path filter), never put on the fast path.
+    let spoofed = "10.244.1.250";
+    let out = a.exec(&["ip", "addr", "add", &format!("{spoofed}/32"), "dev", "eth0"]);
+    assert!(out.status.success(), "{out:?}");
+    let before = inspect(&node);
+    let sock = tests::net::in_netns(a.netns(), move || {
+        let s = std::net::UdpSocket::bind((spoofed, 0))?;
+        s.send_to(b"x", (EXT_IP4, 9))
+    });
+    assert!(sock.is_ok(), "sending from {spoofed}: {sock:?}");
+    let after = inspect(&node);
+    assert_eq!(
+        reason(&after, "redirect_uplink"),
+        reason(&before, "redirect_uplink"),
+        "a packet from {spoofed} (pod is {ip}) took the fast path: {:#}",
+        after["reasons"]
+    );
+    assert!(reason(&after, "pass_kernel_route") > reason(&before, "pass_kernel_route"));
+
+    // Too big for the uplink: the kernel gets the packet and tells the pod the path MTU
+    // (a blind redirect would never), after which the upload completes on the fast path.
+    let out = node.exec(&["ip", "link", "set", "dev", tests::UPLINK, "mtu", "1400"]);
+    assert!(out.status.success(), "{out:?}");
+    let sent = 256 * 1024;
+    assert_eq!(upload(&node, a.netns(), 8082, sent), sent);
+    let route = a.exec(&["ip", "-4", "route", "get", EXT_IP4]);
+    let route = route.stdout.clone();
+    assert!(
+        route.contains("mtu 1400"),
+        "the pod must have learned the uplink's MTU 1400: {route}"
+    );
+    del(&node, &a, &conf);
+}
