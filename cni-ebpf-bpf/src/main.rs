@@ -21,19 +21,21 @@ use aya_ebpf::{
         BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC,
     },
     helpers::{
-        bpf_check_mtu, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect, bpf_redirect_peer,
+        bpf_check_mtu, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect,
+        bpf_redirect_peer,
     },
     macros::{classifier, map},
-    EbpfContext,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
     programs::TcContext,
+    EbpfContext,
 };
 use cni_ebpf_common::{
     proto, EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
     PortKey, PortTarget, Reason, CFG_F_MASQ, EP_F_ACTIVE, HOOK_POD, HOOK_UPLINK_IN,
     HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS,
-    MAX_PORTMAPS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD,
-    NAT_SNAT_REV, REASON_SLOTS,
+    MAX_PORTMAPS, NAT_CLOSED_GRACE_NS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN, NAT_F_FIRST_FIN,
+    NAT_F_RST, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_ICMP_IDLE_NS, NAT_SNAT_FWD, NAT_SNAT_REV,
+    NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS, REASON_SLOTS,
 };
 
 // Maps are pinned by name below the directory userspace passes as the default map pin
@@ -85,7 +87,9 @@ const ICMP_ECHO: u8 = 8;
 const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROB: u8 = 12;
 
+const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 
 /// How many random SNAT ports are tried before giving up on a flow.
@@ -419,26 +423,135 @@ fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTarget> {
     unsafe { PORTMAPS.get(key) }.copied()
 }
 
-/// Looks up the NAT entry for `p` if it belongs to `hook`, refreshing its timestamp.
+/// Looks up the NAT entry for `p` if it belongs to `hook`, refreshing its timestamp and
+/// noting FIN/RST (a SYN reopening a closed flow clears them).
 #[inline(always)]
 fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
     if !p.natable {
         return None;
     }
     let e = NAT.get_ptr_mut(p.key())?;
-    // SAFETY: LRU values may be recycled under us; we copy the value and only write a
-    // timestamp, which is harmless if the entry was reused.
+    // SAFETY: LRU values may be recycled under us; we copy the value and only write the
+    // timestamp and close flags, which is harmless if the entry was reused.
     unsafe {
         if (*e).hook != hook {
             return None;
         }
-        (*e).last_seen_ns = bpf_ktime_get_ns();
+        if p.proto == proto::TCP {
+            if (*e).flags != 0 && p.is_tcp_syn() {
+                // The tuple of a closed flow opens again: it is open again in both
+                // directions, unless its other half is gone or now belongs to another
+                // flow (its port was handed out again), when it is set up afresh.
+                let o = NAT.get_ptr_mut(opposite(&*e, proto::TCP))?;
+                if opposite(&*o, proto::TCP) != p.key() {
+                    return None;
+                }
+                (*o).flags = 0;
+                (*e).flags = 0;
+            }
+            if p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+                note_close(&mut *e, p.tcp_flags);
+            }
+        }
+        (*e).last_seen_ns = now();
         Some(*e)
     }
 }
 
+/// The key of the entry for the other direction of `e`'s flow: its translated tuple,
+/// reversed.
+#[inline(always)]
+fn opposite(e: &NatEntry, proto_: u8) -> NatKey {
+    NatKey {
+        saddr: e.daddr,
+        daddr: e.saddr,
+        sport: e.dport,
+        dport: e.sport,
+        proto: proto_,
+        _pad: [0; 3],
+    }
+}
+
+/// Records a FIN or RST seen in `e`'s direction (the first FIN of the flow also marks
+/// which side closed first).
+#[inline(always)]
+fn note_close(e: &mut NatEntry, tcp_flags: u8) {
+    if tcp_flags & TCP_RST != 0 {
+        e.flags |= NAT_F_RST;
+    }
+    if tcp_flags & TCP_FIN != 0 && e.flags & NAT_F_FIN == 0 {
+        // SAFETY: copied out at once.
+        let peer_fin =
+            unsafe { NAT.get(opposite(e, proto::TCP)) }.is_some_and(|o| o.flags & NAT_F_FIN != 0);
+        e.flags |= if peer_fin {
+            NAT_F_FIN
+        } else {
+            NAT_F_FIN | NAT_F_FIRST_FIN
+        };
+    }
+}
+
+/// Whether the flow holding a translated port (its reverse entry `rev`, keyed by the
+/// outside peer → node:port, and its forward entry `fwd`) is over: closed (RST, or FINs
+/// both ways) past its grace time, or idle past its protocol's timeout.
+#[inline(always)]
+fn flow_is_over(rev: &NatEntry, fwd: Option<&NatEntry>, proto_: u8, now: u64) -> bool {
+    let (fwd_flags, fwd_seen) = fwd.map_or((0, 0), |f| (f.flags, f.last_seen_ns));
+    let last = if fwd_seen > rev.last_seen_ns {
+        fwd_seen
+    } else {
+        rev.last_seen_ns
+    };
+    let idle = now.saturating_sub(last);
+    let limit = match proto_ {
+        proto::TCP => {
+            // Without a forward entry (evicted, or replaced by a reopened flow) the pod
+            // side counts as closed.
+            let fwd_fin = fwd.is_none() || fwd_flags & NAT_F_FIN != 0;
+            if (rev.flags | fwd_flags) & NAT_F_RST != 0 {
+                NAT_CLOSED_GRACE_NS
+            } else if rev.flags & NAT_F_FIN != 0 && fwd_fin {
+                if rev.flags & NAT_F_FIRST_FIN != 0 {
+                    NAT_TIME_WAIT_NS
+                } else {
+                    NAT_CLOSED_GRACE_NS
+                }
+            } else {
+                NAT_TCP_IDLE_NS
+            }
+        }
+        proto::UDP => NAT_UDP_IDLE_NS,
+        _ => NAT_ICMP_IDLE_NS,
+    };
+    idle >= limit
+}
+
+/// Frees translated port `key.dport` (reverse entry `key`) if its flow is over: both
+/// entries are removed. `true` when the port is free now.
+#[inline(always)]
+fn reclaim(key: &NatKey) -> bool {
+    // SAFETY: copied out at once.
+    let Some(rev) = (unsafe { NAT.get(*key) }).copied() else {
+        return true;
+    };
+    let fkey = opposite(&rev, key.proto);
+    // SAFETY: copied out at once.
+    let fwd = unsafe { NAT.get(fkey) }.copied();
+    // The forward entry belongs to this port only if it still translates to it.
+    let fwd = fwd.filter(|f| f.sport == key.dport && f.saddr == key.daddr);
+    if !flow_is_over(&rev, fwd.as_ref(), key.proto, now()) {
+        return false;
+    }
+    if fwd.is_some() {
+        let _ = NAT.remove(&fkey);
+    }
+    let _ = NAT.remove(key);
+    true
+}
+
 /// Inserts the reverse entry `rev_key → rev` with a free port in `rev_key.dport`, trying
-/// random ports of the configured SNAT range. Returns the chosen port (network order).
+/// random ports of the configured SNAT range; a port whose flow is over is taken back.
+/// Returns the chosen port (network order).
 #[inline(always)]
 fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry) -> Option<u16> {
     let min = cfg.snat_port_min as u32;
@@ -463,6 +576,10 @@ fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry) -> Option<
         if NAT.insert(&*rev_key, rev, BPF_NOEXIST as u64).is_ok() {
             return Some(port);
         }
+        if reclaim(rev_key) && NAT.insert(&*rev_key, rev, BPF_NOEXIST as u64).is_ok() {
+            count(Reason::SnatPortReclaimed);
+            return Some(port);
+        }
     }
     None
 }
@@ -482,7 +599,8 @@ fn entry(saddr: u32, daddr: u32, sport: u16, dport: u16, hook: u8, kind: u8) -> 
         dport,
         hook,
         kind,
-        _pad: [0; 2],
+        flags: 0,
+        _pad: 0,
         last_seen_ns: now(),
     }
 }

@@ -127,11 +127,14 @@ pub enum Reason {
     /// resolved yet, too big for the uplink, TTL expiring or a source address that is not
     /// the sending pod's.
     PassKernelRoute = 39,
+    /// A translated source port was taken back from a flow that is over (closed or
+    /// idle) and given to a new flow.
+    SnatPortReclaimed = 40,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 25] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -156,6 +159,7 @@ impl Reason {
         Reason::UnknownEndpoint,
         Reason::RedirectUplink,
         Reason::PassKernelRoute,
+        Reason::SnatPortReclaimed,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -186,13 +190,14 @@ impl Reason {
             Reason::UnknownEndpoint => "unknown_endpoint",
             Reason::RedirectUplink => "redirect_uplink",
             Reason::PassKernelRoute => "pass_kernel_route",
+            Reason::SnatPortReclaimed => "snat_port_reclaimed",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::PassKernelRoute as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::SnatPortReclaimed as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -322,6 +327,28 @@ pub const NAT_HAIRPIN_FWD: u8 = 5;
 /// [`NatEntry::kind`]: hairpin, reply to the client pod.
 pub const NAT_HAIRPIN_REV: u8 = 6;
 
+/// [`NatEntry::flags`]: a FIN was seen in this entry's direction.
+pub const NAT_F_FIN: u8 = 1;
+/// [`NatEntry::flags`]: a RST was seen in this entry's direction.
+pub const NAT_F_RST: u8 = 2;
+/// [`NatEntry::flags`]: this direction sent the first FIN (its peer ends in TIME_WAIT
+/// on the other side of the translation).
+pub const NAT_F_FIRST_FIN: u8 = 4;
+
+/// A translated source port whose flow closed with a RST, or with FINs both ways where
+/// the pod closed first, may be handed out again after this long (in-flight packets).
+pub const NAT_CLOSED_GRACE_NS: u64 = 1_000_000_000;
+/// … and after this long when the outside peer closed first: it holds the tuple in
+/// TIME_WAIT (60 s on Linux) and could refuse a new connection reusing it.
+pub const NAT_TIME_WAIT_NS: u64 = 60_000_000_000;
+/// … and after this long without a packet for an open TCP flow (just above the default
+/// 2 h TCP keepalive time, so kept-alive idle connections keep their port).
+pub const NAT_TCP_IDLE_NS: u64 = 7_440_000_000_000;
+/// … for UDP.
+pub const NAT_UDP_IDLE_NS: u64 = 60_000_000_000;
+/// … for ICMP echo.
+pub const NAT_ICMP_IDLE_NS: u64 = 30_000_000_000;
+
 /// Value of [`map::NAT`]: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -338,8 +365,10 @@ pub struct NatEntry {
     pub hook: u8,
     /// What the entry is (`NAT_*`), for inspection.
     pub kind: u8,
+    /// `NAT_F_*`: how far the (TCP) flow has closed, as seen by this entry's direction.
+    pub flags: u8,
     /// Explicit padding, always zero.
-    pub _pad: [u8; 2],
+    pub _pad: u8,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
 }

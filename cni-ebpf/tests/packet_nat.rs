@@ -316,3 +316,181 @@ fn detaching_a_pod_purges_its_flows() {
         "B must survive a foreign DEL"
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// SNAT ports of flows that are over are handed out again.
+
+const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
+const ONE_PORT: u16 = 61000;
+
+/// A node whose SNAT range is the single port [`ONE_PORT`], so that a second flow to the
+/// same destination needs the first one's port.
+fn one_port_node() -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.dp()
+        .configure_node(&cni_ebpf::datapath::NodeSettings {
+            node_addr: Some(NODE),
+            uplink_ifindex: 2,
+            ip_masq: true,
+            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+            snat_ports: (ONE_PORT, ONE_PORT),
+        })
+        .unwrap();
+    fx.two_pods();
+    fx
+}
+
+/// Makes every NAT entry look `by` older (as if no packet had been seen for that long).
+fn age_nat(fx: &Fixture, by: std::time::Duration) {
+    use aya::maps::{HashMap, Map, MapData};
+    use cni_ebpf_common::{NatEntry, NatKey};
+    let pin = fx.network_dir().join("v1/maps/NAT");
+    let data = MapData::from_pin(&pin).unwrap();
+    let mut nat: HashMap<MapData, NatKey, NatEntry> =
+        HashMap::try_from(Map::LruHashMap(data)).unwrap();
+    let all: Vec<(NatKey, NatEntry)> = nat.iter().map(Result::unwrap).collect();
+    assert!(!all.is_empty(), "no NAT entries to age");
+    for (k, mut v) in all {
+        v.last_seen_ns = v.last_seen_ns.saturating_sub(by.as_nanos() as u64);
+        nat.insert(k, v, 0).unwrap();
+    }
+}
+
+/// Pod A opens a TCP flow to EXT:80 on [`ONE_PORT`].
+fn open_a(fx: &Fixture) {
+    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    assert_eq!(v, OK);
+    assert_eq!(parse_checked(&out).sport, ONE_PORT);
+}
+
+/// Pod B's SYN to EXT:80: the verdict and, when it got through, its SNAT port.
+fn syn_b(fx: &Fixture) -> (u32, u16) {
+    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_B, 40001, EXT, 80, SYN));
+    (
+        v,
+        if v == OK {
+            parse_checked(&out).sport
+        } else {
+            0
+        },
+    )
+}
+
+fn fin_from_pod_a(fx: &Fixture) {
+    let (v, _) = fx.run(
+        "uplink_egress",
+        &tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK),
+    );
+    assert_eq!(v, OK);
+}
+
+fn fin_from_ext(fx: &Fixture) {
+    let (v, _) = fx.run(
+        "uplink_ingress",
+        &tcp_frame(EXT, 80, NODE, ONE_PORT, FIN | ACK),
+    );
+    assert_eq!(v, REDIRECT, "ext's FIN reaches pod A");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn snat_port_of_a_flow_the_pod_closed_is_reused_after_a_second() {
+    let fx = one_port_node();
+    open_a(&fx);
+    assert_eq!(syn_b(&fx).0, SHOT, "the only port is held by A's open flow");
+    assert_eq!(fx.reason(Reason::DropNoSnatPort), 1);
+    fin_from_pod_a(&fx);
+    fin_from_ext(&fx);
+    assert_eq!(
+        syn_b(&fx).0,
+        SHOT,
+        "closed this instant: in-flight packets may follow"
+    );
+    age_nat(&fx, std::time::Duration::from_secs(2));
+    assert_eq!(syn_b(&fx), (OK, ONE_PORT), "A's port, taken back");
+    assert_eq!(fx.reason(Reason::SnatPortReclaimed), 1);
+
+    // The port now leads to B, and A's old forward entry is gone.
+    let (v, out) = fx.run(
+        "uplink_ingress",
+        &tcp_frame(EXT, 80, NODE, ONE_PORT, SYN | ACK),
+    );
+    assert_eq!(v, REDIRECT);
+    let p = parse_checked(&out);
+    assert_eq!((p.dst, p.dport), (POD_B, 40001));
+    let nat = fx.dp().nat_entries().unwrap();
+    assert!(
+        !nat.iter().any(|e| e.src == POD_A),
+        "A's entries must be gone: {nat:#?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn snat_port_of_a_flow_the_outside_closed_first_waits_out_time_wait() {
+    let fx = one_port_node();
+    open_a(&fx);
+    fin_from_ext(&fx);
+    fin_from_pod_a(&fx);
+    age_nat(&fx, std::time::Duration::from_secs(2));
+    assert_eq!(
+        syn_b(&fx).0,
+        SHOT,
+        "ext holds the tuple in TIME_WAIT: the port may not be reused yet"
+    );
+    age_nat(&fx, std::time::Duration::from_secs(60));
+    assert_eq!(syn_b(&fx), (OK, ONE_PORT));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn snat_port_of_a_reset_flow_is_reused_and_open_flows_keep_theirs() {
+    let fx = one_port_node();
+    open_a(&fx);
+    // Open and quiet for an hour: still A's (TCP idles for 2 h 4 min).
+    age_nat(&fx, std::time::Duration::from_secs(3600));
+    assert_eq!(syn_b(&fx).0, SHOT, "an open TCP flow keeps its port");
+    // Half-closed by the pod only: still open.
+    fin_from_pod_a(&fx);
+    age_nat(&fx, std::time::Duration::from_secs(2));
+    assert_eq!(syn_b(&fx).0, SHOT, "a half-closed flow keeps its port");
+    // A RST ends it.
+    let (v, _) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, RST));
+    assert_eq!(v, OK);
+    age_nat(&fx, std::time::Duration::from_secs(2));
+    assert_eq!(syn_b(&fx), (OK, ONE_PORT));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_closed_flow_reopened_with_the_same_tuple_keeps_its_port() {
+    let fx = one_port_node();
+    open_a(&fx);
+    fin_from_pod_a(&fx);
+    fin_from_ext(&fx);
+    // The pod reuses its source port at once (tcp_tw_reuse): same tuple, open again.
+    open_a(&fx);
+    age_nat(&fx, std::time::Duration::from_secs(2));
+    assert_eq!(
+        syn_b(&fx).0,
+        SHOT,
+        "the reopened flow is open: its port may not be handed out"
+    );
+    assert_eq!(fx.reason(Reason::SnatPortReclaimed), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_snat_ports_are_reused_after_a_minute_of_silence() {
+    let fx = one_port_node();
+    let (v, out) = fx.run("uplink_egress", &udp_frame(POD_A, 5000, EXT, 53));
+    assert_eq!(v, OK);
+    assert_eq!(parse_checked(&out).sport, ONE_PORT);
+    let b = || fx.run("uplink_egress", &udp_frame(POD_B, 5001, EXT, 53)).0;
+    age_nat(&fx, std::time::Duration::from_secs(30));
+    assert_eq!(b(), SHOT, "30 s of silence: A's UDP flow keeps its port");
+    age_nat(&fx, std::time::Duration::from_secs(31));
+    assert_eq!(b(), OK, "61 s of silence: the port is B's");
+}

@@ -459,8 +459,9 @@ fn forwarded_datagrams(node: &SimNode) -> u64 {
 fn upload(node: &SimNode, netns: &std::path::Path, port: u16, len: usize) -> usize {
     use std::io::{Read, Write};
     let bind = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-    let listener = tests::net::in_netns(node.ext_netns(), move || std::net::TcpListener::bind(bind))
-        .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
+    let listener =
+        tests::net::in_netns(node.ext_netns(), move || std::net::TcpListener::bind(bind))
+            .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
     let sink = std::thread::spawn(move || -> std::io::Result<usize> {
         let (mut conn, _) = listener.accept()?;
         conn.set_read_timeout(Some(T))?;

@@ -112,8 +112,11 @@ async fn all_ipv4() -> Result<Vec<(Ipv4Addr, u32)>> {
 }
 
 /// The SNAT port range: ports the kernel never picks for the node's own connections,
-/// i.e. outside `net.ipv4.ip_local_port_range` — above it when at least 1024 ports are
-/// free there, else below it (never under 1024).
+/// i.e. outside `net.ipv4.ip_local_port_range` — the larger of the gaps below it (from
+/// 1024) and above it. With the default 32768–60999 that is 1024–32767: a node service
+/// listening on such a port is unaffected, since a masqueraded flow only ever shares a
+/// full 4-tuple with a node socket if the outside peer connects from the flow's own
+/// destination port.
 pub fn snat_port_range() -> (u16, u16) {
     let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -127,13 +130,15 @@ pub fn snat_port_range() -> (u16, u16) {
 
 fn pick_range(lo: u32, hi: u32) -> (u16, u16) {
     let clamp = |v: u32| u16::try_from(v.min(65535)).unwrap_or(u16::MAX);
-    if hi < 65535 && 65535 - hi >= 1024 {
-        (clamp(hi + 1), 65535)
-    } else if lo > 1024 && lo - 1024 >= 1024 {
-        (clamp(lo.saturating_sub(1024).max(1024)), clamp(lo - 1))
-    } else {
+    let above = 65535u32.saturating_sub(hi);
+    let below = lo.saturating_sub(1024);
+    if above.max(below) < 1024 {
         // No room outside the local range: share it (documented limitation).
         (clamp(lo.max(1024)), clamp(hi))
+    } else if above >= below {
+        (clamp(hi + 1), 65535)
+    } else {
+        (1024, clamp(lo - 1))
     }
 }
 
@@ -143,8 +148,11 @@ mod tests {
 
     #[test]
     fn snat_range_avoids_local_ports() {
-        assert_eq!(pick_range(32768, 60999), (61000, 65535));
-        assert_eq!(pick_range(10000, 65535), (8976, 9999));
+        assert_eq!(pick_range(32768, 60999), (1024, 32767));
+        assert_eq!(pick_range(10000, 65535), (1024, 9999));
+        assert_eq!(pick_range(50000, 52000), (1024, 49999));
+        assert_eq!(pick_range(1024, 50000), (50001, 65535));
+        assert_eq!(pick_range(1500, 65000), (1500, 65000));
         assert_eq!(pick_range(1024, 65535), (1024, 65535));
     }
 }

@@ -240,12 +240,16 @@ pub fn run(args: &Args) -> Result<()> {
     let mut result = Ok(());
     if !net_phases.is_empty() {
         crate::ensure_bpffs()?;
+        // Absolute: the bench links these into its own directories.
         let plugin = match &args.plugin {
-            Some(p) => p.clone(),
+            Some(p) => {
+                std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?
+            }
             None => crate::build_release()?,
         };
         let client = match &args.libcni_client {
-            Some(p) => p.clone(),
+            Some(p) => std::fs::canonicalize(p)
+                .with_context(|| format!("--libcni-client {}", p.display()))?,
             None => crate::sim::build_libcni_client()?,
         };
         proc::install_signal_handler()?;
