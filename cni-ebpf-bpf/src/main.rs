@@ -15,14 +15,16 @@
 //! `REASONS`. NAT state is one LRU map of exact 5-tuples: each translated flow has one entry
 //! per direction, tagged with the program (hook) that applies it; see `cni-ebpf-common`.
 
+use core::ffi::c_void;
+
 use aya_ebpf::{
     bindings::{
         bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, BPF_F_MARK_MANGLED_0,
         BPF_F_PSEUDO_HDR, BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC,
     },
     helpers::{
-        bpf_check_mtu, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_redirect,
-        bpf_redirect_peer,
+        bpf_check_mtu, bpf_fib_lookup, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop,
+        bpf_redirect, bpf_redirect_peer,
     },
     macros::{classifier, map},
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
@@ -92,8 +94,9 @@ const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 
-/// How many random SNAT ports are tried before giving up on a flow.
-const SNAT_TRIES: u32 = 16;
+/// How many random SNAT ports are tried before giving up on a flow (a `bpf_loop`, so the
+/// verifier checks one try whatever the count).
+const SNAT_TRIES: u32 = 128;
 
 /// The IPv4 header (no options).
 #[repr(C)]
@@ -559,29 +562,69 @@ fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry) -> Option<
     if min == 0 || max < min {
         return None;
     }
-    let span = max - min + 1;
-    for _ in 0..SNAT_TRIES {
-        // SAFETY: plain helper call.
-        let r = unsafe { bpf_get_prandom_u32() };
-        let Some(off) = r.checked_rem(span) else {
-            return None;
-        };
-        let port = ((min + off) as u16).to_be();
-        if rev_key.proto != proto::ICMP
-            && port_mapping(rev_key.daddr, port, rev_key.proto).is_some()
-        {
-            continue;
-        }
-        rev_key.dport = port;
-        if NAT.insert(&*rev_key, rev, BPF_NOEXIST as u64).is_ok() {
-            return Some(port);
-        }
-        if reclaim(rev_key) && NAT.insert(&*rev_key, rev, BPF_NOEXIST as u64).is_ok() {
-            count(Reason::SnatPortReclaimed);
-            return Some(port);
-        }
+    let mut a = PortSearch {
+        min,
+        span: max - min + 1,
+        key: *rev_key,
+        rev: *rev,
+        port: 0,
+        found: 0,
+    };
+    // `bpf_loop`: the verifier checks one try, not SNAT_TRIES unrolled ones.
+    // SAFETY: `port_try` has the callback signature and `a` outlives the call.
+    unsafe {
+        bpf_loop(
+            SNAT_TRIES,
+            port_try as *const () as *mut c_void,
+            &mut a as *mut PortSearch as *mut c_void,
+            0,
+        );
     }
-    None
+    if a.found == 0 {
+        return None;
+    }
+    *rev_key = a.key;
+    Some(a.port)
+}
+
+/// State of [`alloc_port`]'s search, shared with [`port_try`].
+#[repr(C)]
+struct PortSearch {
+    min: u32,
+    span: u32,
+    key: NatKey,
+    rev: NatEntry,
+    port: u16,
+    found: u8,
+}
+
+/// One try of [`alloc_port`]: 1 (stop) once a port is taken, else 0.
+#[inline(never)]
+extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
+    // SAFETY: `ctx` is the `PortSearch` passed to `bpf_loop` by `alloc_port`.
+    let a = unsafe { &mut *(ctx as *mut PortSearch) };
+    // SAFETY: plain helper call.
+    let r = unsafe { bpf_get_prandom_u32() };
+    let Some(off) = r.checked_rem(a.span) else {
+        return 1;
+    };
+    let port = ((a.min + off) as u16).to_be();
+    if a.key.proto != proto::ICMP && port_mapping(a.key.daddr, port, a.key.proto).is_some() {
+        return 0;
+    }
+    a.key.dport = port;
+    if NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+        a.port = port;
+        a.found = 1;
+        return 1;
+    }
+    if reclaim(&a.key) && NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+        count(Reason::SnatPortReclaimed);
+        a.port = port;
+        a.found = 1;
+        return 1;
+    }
+    0
 }
 
 #[inline(always)]

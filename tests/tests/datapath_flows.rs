@@ -1,6 +1,8 @@
 //! Issue 5, end to end: thousands of concurrent masqueraded flows. One pod holds 5000 TCP
 //! connections and 2000 UDP flows to `ext` open at the same time; every one must succeed,
 //! be seen by ext as coming from the node on a distinct SNAT port, and have its NAT entry.
+//! And many more short connections to one destination than there are SNAT ports all
+//! succeed, because the ports of closed flows are handed out again.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -164,4 +166,120 @@ fn thousands_of_concurrent_masqueraded_flows_all_succeed() {
     del(&node, &a, &conf);
     let nat = list(&inspect(&node), "nat").len();
     assert_eq!(nat, 0, "DEL must purge the pod's NAT entries");
+}
+
+/// A TCP server in `ext` for short connections the client closes first: greets with the
+/// peer it sees, then waits for the client's FIN before closing (so ext never holds the
+/// tuple in TIME_WAIT). One connection at a time; stops after `n`.
+fn client_closes_first_server(
+    node: &SimNode,
+    port: u16,
+    n: usize,
+) -> std::thread::JoinHandle<Vec<SocketAddr>> {
+    use std::io::{Read, Write};
+    let bind = SocketAddr::from(([0, 0, 0, 0], port));
+    let listener =
+        tests::net::in_netns(node.ext_netns(), move || std::net::TcpListener::bind(bind))
+            .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
+    std::thread::spawn(move || {
+        let mut peers = Vec::new();
+        for _ in 0..n {
+            let Ok((mut c, peer)) = listener.accept() else {
+                break;
+            };
+            peers.push(peer);
+            let _ = c.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = c.write_all(format!("ext {peer}\n").as_bytes());
+            let mut b = [0u8; 64];
+            while matches!(c.read(&mut b), Ok(n) if n > 0) {}
+        }
+        peers
+    })
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn short_connections_beyond_the_snat_port_count_all_succeed() {
+    let node = SimNode::new("dp_reuse");
+    // 1 024 SNAT ports: the node's local range leaves only 64512-65535 free.
+    let out = node.exec(&["sysctl", "-qw", "net.ipv4.ip_local_port_range=1024 64511"]);
+    assert!(out.status.success(), "{out:?}");
+    let conf = masq_conf(&node);
+    let a = node.pod("a");
+    let _ = pod_ip(&add(&node, &a, &conf));
+    let out = a.exec(&[
+        "sysctl",
+        "-qw",
+        "net.ipv4.tcp_tw_reuse=1",
+        "net.ipv4.ip_local_port_range=1024 65000",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let doc = inspect(&node);
+    assert_eq!(
+        doc["node"]["snat_ports"],
+        serde_json::json!([64512, 65535]),
+        "{doc:#}"
+    );
+
+    // Three rounds of 900 (2 700 connections for 1 024 ports); between rounds the
+    // closed flows pass their 1 s grace.
+    const ROUND: usize = 900;
+    let srv = client_closes_first_server(&node, 7201, 3 * ROUND);
+    let before = inspect(&node);
+    let mut ports = BTreeSet::new();
+    for round in 0..3 {
+        if round > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(1100));
+        }
+        let failures: Vec<String> = tests::net::in_netns(a.netns(), move || {
+            let to = SocketAddr::new(EXT_IP4.parse().unwrap_or([0, 0, 0, 0].into()), 7201);
+            let mut bad = Vec::new();
+            for i in 0..ROUND {
+                let r =
+                    std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(3))
+                        .and_then(|s| read_line(&s));
+                if let Err(e) = r {
+                    bad.push(format!("#{i}: {e}"));
+                }
+            }
+            bad
+        });
+        assert!(
+            failures.is_empty(),
+            "round {round}: {} of {ROUND} failed: {:?}",
+            failures.len(),
+            &failures[..failures.len().min(5)]
+        );
+    }
+    let peers = srv
+        .join()
+        .unwrap_or_else(|_| panic!("server thread panicked"));
+    assert_eq!(peers.len(), 3 * ROUND);
+    for p in &peers {
+        assert_eq!(
+            p.ip().to_canonical().to_string(),
+            NODE_IP4,
+            "masqueraded: {p}"
+        );
+        ports.insert(p.port());
+    }
+    assert!(
+        ports.iter().all(|p| (64512..=65535).contains(p)),
+        "ports outside the SNAT range"
+    );
+    assert!(ports.len() <= 1024);
+    let after = inspect(&node);
+    let reclaimed = reason(&after, "snat_port_reclaimed") - reason(&before, "snat_port_reclaimed");
+    assert!(
+        reclaimed >= 3 * ROUND as u64 - 1024,
+        "only {reclaimed} ports were taken back: {:#}",
+        after["reasons"]
+    );
+    assert_eq!(
+        reason(&after, "drop_no_snat_port"),
+        reason(&before, "drop_no_snat_port"),
+        "{:#}",
+        after["reasons"]
+    );
+    del(&node, &a, &conf);
 }
