@@ -678,24 +678,30 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
         }
     };
 
-    // An existing hairpin flow.
-    if let Some(n) = nat_lookup(&p, HOOK_POD) {
-        if !apply(ctx, &p, &n) {
-            return Ok(TC_ACT_OK as i32);
+    // Hairpin flows only ever go to a node address (client → hostPort) or to a local pod
+    // (the replies): traffic leaving the node skips their lookups.
+    let dst_ep = local_endpoint(p.daddr);
+    let to_node = dst_ep.is_none() && is_node_addr(p.daddr);
+    if dst_ep.is_some() || to_node {
+        // An existing hairpin flow.
+        if let Some(n) = nat_lookup(&p, HOOK_POD) {
+            if !apply(ctx, &p, &n) {
+                return Ok(TC_ACT_OK as i32);
+            }
+            count(Reason::HairpinForward);
+            return Ok(deliver_or_stack(ctx, n.daddr));
         }
-        count(Reason::HairpinForward);
-        return Ok(deliver_or_stack(ctx, n.daddr));
     }
 
     // A new hairpin flow: a pod to one of this node's addresses on a host port.
-    if p.natable && p.opens_hostport_flow() && is_node_addr(p.daddr) {
+    if to_node && p.natable && p.opens_hostport_flow() {
         if let Some(t) = port_mapping(p.daddr, p.dport, p.proto) {
             return Ok(hairpin_new(ctx, &p, &t));
         }
     }
 
     // Same-node pod → pod.
-    if let Some(ep) = local_endpoint(p.daddr) {
+    if let Some(ep) = dst_ep {
         count(Reason::RedirectPod);
         return Ok(deliver(ctx, &ep));
     }

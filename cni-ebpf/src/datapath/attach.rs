@@ -37,8 +37,10 @@ pub fn attach(
     dir: TcAttachType,
     pin: &Path,
 ) -> Result<AttachMode> {
-    let what = format!("attaching {} to {ifname} ({dir:?})", program_name(program));
-    let context = || what.clone();
+    // Built only on failure: reading the program's name costs a syscall.
+    let context = |program: &SchedClassifier| {
+        format!("attaching {} to {ifname} ({dir:?})", program_name(program))
+    };
     remove_pin(pin)?;
     // Dropping the last reference of a link (the pin just removed) detaches it
     // asynchronously; until the kernel has, attaching the same program to the same device
@@ -62,13 +64,17 @@ pub fn attach(
         Ok(id) => {
             let link = program
                 .take_link(id)
-                .map_err(|e| Error::datapath(context(), load::program_error(&e)))?;
+                .map_err(|e| Error::datapath(context(program), load::program_error(&e)))?;
             let fd_link: FdLink = link
                 .try_into()
-                .map_err(|e: LinkError| Error::datapath(context(), load::chain(&e)))?;
+                .map_err(|e: LinkError| Error::datapath(context(program), load::chain(&e)))?;
             fd_link.pin(pin).map_err(|e| {
                 Error::datapath(
-                    format!("{}: pinning the link at {}", context(), pin.display()),
+                    format!(
+                        "{}: pinning the link at {}",
+                        context(program),
+                        pin.display()
+                    ),
                     load::chain(&e),
                 )
             })?;
@@ -78,7 +84,7 @@ pub fn attach(
         Err(e) if matches!(errno_of(&e), Some(libc::EINVAL | libc::EOPNOTSUPP | 524)) => {
             attach_legacy(program, ifname, dir).map_err(|e2| {
                 Error::datapath(
-                    context(),
+                    context(program),
                     format!(
                         "tcx failed ({}), legacy clsact failed too: {e2}",
                         load::program_error(&e)
@@ -87,7 +93,7 @@ pub fn attach(
             })?;
             Ok(AttachMode::Legacy)
         }
-        Err(e) => Err(Error::datapath(context(), load::program_error(&e))),
+        Err(e) => Err(Error::datapath(context(program), load::program_error(&e))),
     }
 }
 
@@ -111,11 +117,14 @@ fn attach_legacy(
     Ok(())
 }
 
+/// The program's kernel name. (`ProgramInfo::name_as_str` would make aya probe kernel
+/// features first: ~17 syscalls in every process that calls it.)
 fn program_name(program: &SchedClassifier) -> String {
     program
         .info()
         .ok()
-        .and_then(|i| i.name_as_str().map(str::to_owned))
+        .map(|i| String::from_utf8_lossy(i.name()).into_owned())
+        .filter(|n| !n.is_empty())
         .unwrap_or_else(|| "program".into())
 }
 
