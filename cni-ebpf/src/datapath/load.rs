@@ -15,7 +15,7 @@ use std::{
 
 use aya::{
     maps::{Map, MapData},
-    programs::{ProgramError, SchedClassifier},
+    programs::{ProgramError, ProgramInfo, SchedClassifier},
     EbpfLoader,
 };
 use cni_ebpf_common::prog;
@@ -168,15 +168,19 @@ pub fn open_map(pins: &Pins, name: &str) -> Result<Map> {
         .map_err(|e| Error::datapath(format!("opening pinned map {}", path.display()), chain(&e)))
 }
 
-/// Opens a pinned program.
+/// Opens a pinned program. (Through `ProgramInfo`: `SchedClassifier::from_pin` reads the
+/// name with `name_as_str`, which makes aya probe kernel features — ~17 syscalls — in
+/// every process.)
 pub fn open_program(pins: &Pins, name: &str) -> Result<SchedClassifier> {
     let path = pins.prog(name);
-    SchedClassifier::from_pin(&path).map_err(|e| {
+    let err = |e: &ProgramError| {
         Error::datapath(
             format!("opening pinned program {}", path.display()),
-            program_error(&e),
+            program_error(e),
         )
-    })
+    };
+    let info = ProgramInfo::from_pin(&path).map_err(|e| err(&e))?;
+    SchedClassifier::from_program_info(info, name.to_owned().into()).map_err(|e| err(&e))
 }
 
 /// An error and its sources on one line.
