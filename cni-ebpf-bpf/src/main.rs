@@ -163,14 +163,26 @@ fn count(reason: Reason) {
     }
 }
 
+/// Reads a `T` at `off`: straight from the packet when those bytes are in its linear part
+/// (no helper call), else with `bpf_skb_load_bytes`.
+#[inline(always)]
+fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, ()> {
+    let start = ctx.data();
+    if start + off + core::mem::size_of::<T>() <= ctx.data_end() {
+        // SAFETY: within [data, data_end), checked just above; any alignment.
+        return Ok(unsafe { core::ptr::read_unaligned((start + off) as *const T) });
+    }
+    ctx.load(off).map_err(|_| ())
+}
+
 /// Parses Ethernet + IPv4 (+ the L4 ports). `Err` carries the reason to pass unchanged.
 #[inline(always)]
 fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
-    let ethertype: u16 = ctx.load(12).map_err(|_| Reason::PassMalformed)?;
+    let ethertype: u16 = read(ctx, 12).map_err(|_| Reason::PassMalformed)?;
     if ethertype != ETH_P_IP.to_be() {
         return Err(Reason::PassNotIpv4);
     }
-    let ip: Iphdr = ctx.load(IP_OFF).map_err(|_| Reason::PassMalformed)?;
+    let ip: Iphdr = read(ctx, IP_OFF).map_err(|_| Reason::PassMalformed)?;
     if ip.vihl >> 4 != 4 {
         return Err(Reason::PassMalformed);
     }
@@ -205,17 +217,17 @@ fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
             if l4_len < 20 {
                 return Err(Reason::PassMalformed);
             }
-            let ports: [u16; 2] = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            let ports: [u16; 2] = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
             p.sport = ports[0];
             p.dport = ports[1];
-            p.tcp_flags = ctx.load(L4_OFF + 13).map_err(|_| Reason::PassMalformed)?;
+            p.tcp_flags = read(ctx, L4_OFF + 13).map_err(|_| Reason::PassMalformed)?;
             p.natable = true;
         }
         proto::UDP => {
             if l4_len < 8 {
                 return Err(Reason::PassMalformed);
             }
-            let ports: [u16; 2] = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            let ports: [u16; 2] = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
             p.sport = ports[0];
             p.dport = ports[1];
             p.natable = true;
@@ -224,10 +236,10 @@ fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
             if l4_len < 8 {
                 return Err(Reason::PassMalformed);
             }
-            let ty: u8 = ctx.load(L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            let ty: u8 = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
             p.icmp_type = ty;
             if ty == ICMP_ECHO || ty == ICMP_ECHO_REPLY {
-                let id: u16 = ctx.load(L4_OFF + 4).map_err(|_| Reason::PassMalformed)?;
+                let id: u16 = read(ctx, L4_OFF + 4).map_err(|_| Reason::PassMalformed)?;
                 if ty == ICMP_ECHO {
                     p.sport = id;
                 } else {
@@ -334,6 +346,40 @@ fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
 /// stack then sends the ICMP error) or the packet could not be written.
 #[inline(always)]
 fn route_hop(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
+    let start = ctx.data();
+    if start + IP_OFF + IP_HLEN > ctx.data_end() {
+        return route_hop_slow(ctx, dst, src);
+    }
+    let ip = (start + IP_OFF) as *mut u8;
+    // SAFETY: the Ethernet and IPv4 headers are within [data, data_end), checked above;
+    // byte accesses only (no alignment), and the skb is made writable by the verifier's
+    // direct-write prologue.
+    unsafe {
+        let ttl = *ip.add(8);
+        if ttl <= 1 {
+            count(Reason::PassTtlExpired);
+            return false;
+        }
+        *ip.add(8) = ttl - 1;
+        // RFC 1624 incremental update for the TTL byte (high byte of its 16-bit word)
+        // going down by one, as the kernel's ip_decrease_ttl.
+        let c = u16::from_be_bytes([*ip.add(10), *ip.add(11)]) as u32 + 0x0100;
+        let c = ((c & 0xffff) + (c >> 16)) as u16;
+        let [hi, lo] = c.to_be_bytes();
+        *ip.add(10) = hi;
+        *ip.add(11) = lo;
+        let eth = start as *mut u8;
+        for i in 0..6 {
+            *eth.add(i) = dst[i];
+            *eth.add(6 + i) = src[i];
+        }
+    }
+    true
+}
+
+/// [`route_hop`] through helpers, for headers outside the packet's linear part.
+#[inline(always)]
+fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
     let Ok(ttl) = ctx.load::<u8>(IP_OFF + 8) else {
         return false;
     };
@@ -772,7 +818,7 @@ fn fib_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> Option<FibLookup> {
         Some(ep) if ep.ifindex == ifindex => {}
         _ => return None,
     }
-    let tos: u8 = ctx.load(IP_OFF + 1).ok()?;
+    let tos: u8 = read(ctx, IP_OFF + 1).ok()?;
     let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
         (p.sport, p.dport)
     } else {
