@@ -404,8 +404,9 @@ pub struct NodeConfig {
     pub snat_port_min: u16,
     /// Last SNAT port (inclusive), native order.
     pub snat_port_max: u16,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// When userspace last listed every node address (`CLOCK_BOOTTIME` seconds, native
+    /// order; 0 = never). Userspace only.
+    pub addrs_listed_s: u32,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
 }

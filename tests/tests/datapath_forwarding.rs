@@ -560,3 +560,67 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     );
     del(&node, &a, &conf);
 }
+
+/// The node addresses the datapath knows (`inspect`).
+fn known_node_addrs(node: &SimNode) -> Vec<String> {
+    inspect(&node)["node"]["node_addrs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect()
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn node_addresses_are_relisted_for_an_unknown_host_ip_and_every_ten_seconds() {
+    let node = SimNode::new("dp_addrs");
+    // A node interface that is neither the uplink nor a pod's.
+    let out = node.exec(&[
+        "ip", "link", "add", "side0", "type", "veth", "peer", "name", "side1",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    let conf = masq_conf(&node);
+    let a = node.pod("a");
+    add(&node, &a, &conf);
+    assert!(known_node_addrs(&node).contains(&NODE_IP4.to_owned()));
+
+    // Added right after that ADD: the next ADD lists the uplink's addresses only...
+    for addr in ["192.0.2.7/32", "192.0.2.8/32"] {
+        let out = node.exec(&["ip", "addr", "add", addr, "dev", "side0"]);
+        assert!(out.status.success(), "{out:?}");
+    }
+    let b = node.pod("b");
+    add(&node, &b, &conf);
+    let known = known_node_addrs(&node);
+    assert!(
+        !known.contains(&"192.0.2.8".to_owned()),
+        "listed again within 10 s: {known:?}"
+    );
+    // ...unless a hostIP is not known yet: then every address is listed at once.
+    let c = node.pod("c");
+    let host_ip_conf = with_ports(&conf, &tcp_udp(9191, 80, Some("192.0.2.7")));
+    add(&node, &c, &host_ip_conf);
+    let known = known_node_addrs(&node);
+    for want in ["192.0.2.7", "192.0.2.8", NODE_IP4] {
+        assert!(
+            known.contains(&want.to_owned()),
+            "{want} missing: {known:?}"
+        );
+    }
+
+    // A removed address goes at the first ADD 10 s after the last full listing.
+    let out = node.exec(&["ip", "addr", "del", "192.0.2.8/32", "dev", "side0"]);
+    assert!(out.status.success(), "{out:?}");
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    let d = node.pod("d");
+    add(&node, &d, &conf);
+    let known = known_node_addrs(&node);
+    assert!(
+        !known.contains(&"192.0.2.8".to_owned()) && known.contains(&"192.0.2.7".to_owned()),
+        "after 10 s the listing is complete again: {known:?}"
+    );
+    for (p, cf) in [(&a, &conf), (&b, &conf), (&c, &host_ip_conf), (&d, &conf)] {
+        del(&node, p, cf);
+    }
+}

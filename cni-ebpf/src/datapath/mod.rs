@@ -285,7 +285,21 @@ impl Datapath {
         load::check_bpffs(&conf.bpffs_root)
             .map_err(|e| Error::datapath("checking bpffsRoot", e))?;
         let dp = Self::load_at(conf.pin_dir())?;
-        let facts = node::read(conf.uplink.as_deref(), true)?;
+        // Every node address is listed at most every NODE_ADDRS_EVERY_S (a node with 1 000
+        // pods has 1 000 gateway addresses on host veths: ~3 ms per listing); in between,
+        // only the uplink's, and each ADD adds its own gateway address.
+        let now = node::boottime_s();
+        let listed = dp.node_config_raw()?.addrs_listed_s;
+        let mut all = listed == 0 || now.saturating_sub(listed) >= node::NODE_ADDRS_EVERY_S;
+        // A `hostIP` the datapath does not know as a node address yet: list them all now.
+        for pm in &conf.runtime_config.port_mappings {
+            if let Some(IpAddr::V4(a)) = pm.host_ip {
+                if !all && !a.is_unspecified() && !dp.is_node_addr(a)? {
+                    all = true;
+                }
+            }
+        }
+        let facts = node::read(conf.uplink.as_deref(), true, all)?;
         let (uplink_name, uplink_ifindex) = facts
             .uplink
             .clone()
@@ -319,7 +333,12 @@ impl Datapath {
         if legacy {
             dp.set_config_flag(CFG_F_UPLINK_LEGACY, true)?;
         }
-        dp.set_node_addrs(&facts.addrs)?;
+        if all {
+            dp.set_node_addrs(&facts.addrs)?;
+            dp.set_addrs_listed(now)?;
+        } else {
+            dp.add_node_addrs(&facts.addrs)?;
+        }
         Ok(dp)
     }
 
@@ -490,7 +509,7 @@ impl Datapath {
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,
-            _pad: 0,
+            addrs_listed_s: old.addrs_listed_s,
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
         };
         if old.uplink_ifindex != s.uplink_ifindex {
@@ -536,6 +555,23 @@ impl Datapath {
     /// Adds addresses to the set the programs treat as "this node" (the gateway addresses
     /// ADD puts on a new host veth), without re-reading the node: `open_or_load` resyncs
     /// the whole set from the kernel once per ADD.
+    /// Whether `a` is in the node-address map.
+    fn is_node_addr(&self, a: Ipv4Addr) -> Result<bool> {
+        let mut m = self.maps()?;
+        let h = m.node_addrs()?;
+        Ok(maps::get(&h, &addr(a), map_name::NODE_ADDRS)?.is_some())
+    }
+
+    /// Records when every node address was last listed (see [`NodeConfig::addrs_listed_s`]).
+    fn set_addrs_listed(&self, now_s: u32) -> Result<()> {
+        let mut cfg = self.node_config_raw()?;
+        cfg.addrs_listed_s = now_s;
+        let mut m = self.maps()?;
+        let mut arr = m.node_config()?;
+        arr.set(0, cfg, 0)
+            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", &e))
+    }
+
     pub fn add_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
         let mut m = self.maps()?;
         let mut h = m.node_addrs()?;

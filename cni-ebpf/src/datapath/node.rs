@@ -6,6 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use futures::TryStreamExt;
 use netlink_packet_route::address::AddressAttribute;
+use rtnetlink::sys::AsyncSocket as _;
 
 use crate::{
     error::{Error, Result},
@@ -32,18 +33,29 @@ fn on_helper_thread<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> 
     })
 }
 
+/// How often (seconds) ADD lists every node address rather than the uplink's only.
+pub const NODE_ADDRS_EVERY_S: u32 = 10;
+
+/// `CLOCK_BOOTTIME` in whole seconds (never 0).
+#[must_use]
+pub fn boottime_s() -> u32 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME)
+        .map_or(1, |t| u32::try_from(t.tv_sec()).unwrap_or(u32::MAX).max(1))
+}
+
 /// Reads the node facts. `uplink` is the configured uplink; `None` means the device of the
-/// IPv4 default route. `want_uplink = false` skips the uplink (addresses only).
-pub fn read(uplink: Option<&str>, want_uplink: bool) -> Result<NodeFacts> {
+/// IPv4 default route. `want_uplink = false` skips the uplink (addresses only). `all`:
+/// every IPv4 address of the node in `addrs`, else the uplink's only.
+pub fn read(uplink: Option<&str>, want_uplink: bool, all: bool) -> Result<NodeFacts> {
     let uplink = uplink.map(str::to_owned);
     on_helper_thread(move || {
         let rt = link::runtime()?;
         rt.block_on(async move {
             let nl = Nl::connect()?;
-            let mut facts = NodeFacts {
-                addrs: all_ipv4().await?,
-                ..NodeFacts::default()
-            };
+            let mut facts = NodeFacts::default();
+            if all || !want_uplink {
+                facts.addrs = ipv4_addrs(None).await?;
+            }
             if want_uplink {
                 let dev = match &uplink {
                     Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
@@ -64,6 +76,9 @@ pub fn read(uplink: Option<&str>, want_uplink: bool) -> Result<NodeFacts> {
                         })?
                     }
                 };
+                if facts.addrs.is_empty() {
+                    facts.addrs = ipv4_addrs(Some(dev.index)).await?;
+                }
                 facts.uplink_addr = facts
                     .addrs
                     .iter()
@@ -76,16 +91,28 @@ pub fn read(uplink: Option<&str>, want_uplink: bool) -> Result<NodeFacts> {
     })
 }
 
-async fn all_ipv4() -> Result<Vec<(Ipv4Addr, u32)>> {
-    let (conn, handle, _) =
+/// The node's IPv4 addresses (of interface `index` only, if given), with their ifindex.
+async fn ipv4_addrs(index: Option<u32>) -> Result<Vec<(Ipv4Addr, u32)>> {
+    let (mut conn, handle, _) =
         rtnetlink::new_connection().map_err(|e| Error::netlink("opening a netlink socket", e))?;
+    if index.is_some() {
+        // Strict checking makes the kernel honour the interface filter of a dump (else it
+        // would dump every interface's addresses for us to discard).
+        conn.socket_mut()
+            .socket_mut()
+            .set_netlink_get_strict_chk(true)
+            .map_err(|e| Error::netlink("enabling strict netlink checking", e))?;
+    }
     tokio::spawn(conn);
     let mut last = None;
     for _ in 0..5 {
         // IPv4 only, filtered by the kernel: each host veth also carries two IPv6
-        // addresses, which would triple the dump a busy node answers on every ADD.
+        // addresses, which would triple the dump.
         let mut req = handle.address().get();
         req.message_mut().header.family = netlink_packet_route::AddressFamily::Inet;
+        if let Some(i) = index {
+            req.message_mut().header.index = i;
+        }
         let res: std::result::Result<Vec<_>, _> = req.execute().try_collect().await;
         match res {
             Ok(msgs) => {
@@ -100,6 +127,7 @@ async fn all_ipv4() -> Result<Vec<(Ipv4Addr, u32)>> {
                             _ => None,
                         })
                     })
+                    .filter(|(_, i)| index.is_none_or(|want| *i == want))
                     .collect())
             }
             Err(e) => last = Some(e.to_string()),
