@@ -563,7 +563,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
 
 /// The node addresses the datapath knows (`inspect`).
 fn known_node_addrs(node: &SimNode) -> Vec<String> {
-    inspect(&node)["node"]["node_addrs"]
+    inspect(node)["node"]["node_addrs"]
         .as_array()
         .into_iter()
         .flatten()
