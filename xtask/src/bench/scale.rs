@@ -300,6 +300,16 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                         Variant::Ebpf => "NAT map",
                         Variant::Reference => "conntrack",
                     };
+                    if lv.pods < p.busy_flows {
+                        report.notes.push(format!(
+                            "busy node, {}: only {} of {} masqueraded connections could be \
+                             opened; its busy-node ADD/DEL figures are of a node with that \
+                             many flows, not comparable with the other column's",
+                            variant.key(),
+                            lv.pods,
+                            p.busy_flows
+                        ));
+                    }
                     report.put(
                         "scale.busy.add.p50",
                         s,
