@@ -403,6 +403,15 @@ fn snat_port_of_a_flow_the_pod_closed_is_reused_after_a_second() {
     assert_eq!(fx.reason(Reason::DropNoSnatPort), 1);
     fin_from_pod_a(&fx);
     fin_from_ext(&fx);
+    let nat = fx.dp().nat_entries().unwrap();
+    let state = |kind: &str| {
+        nat.iter()
+            .find(|e| e.kind == kind)
+            .map(|e| e.state)
+            .unwrap_or("missing")
+    };
+    assert_eq!(state("snat"), "fin-first", "the pod closed first: {nat:#?}");
+    assert_eq!(state("snat-reply"), "fin", "{nat:#?}");
     assert_eq!(
         syn_b(&fx).0,
         SHOT,

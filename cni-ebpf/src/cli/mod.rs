@@ -229,12 +229,12 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     }
     println!("\nNAT ({})", nat.len());
     println!(
-        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8}",
-        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS"
+        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<5}",
+        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS", "STATE"
     );
     for n in &nat {
         println!(
-            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8}",
+            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<5}",
             n.kind,
             n.hook,
             n.protocol,
@@ -242,7 +242,8 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
             format!("{}:{}", n.dst, n.dport),
             format!("{}:{}", n.new_src, n.new_sport),
             format!("{}:{}", n.new_dst, n.new_dport),
-            n.idle_ms
+            n.idle_ms,
+            n.state
         );
     }
     println!("\nREASONS");

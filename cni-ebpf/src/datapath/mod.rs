@@ -33,8 +33,8 @@ use aya::programs::{SchedClassifier, TcAttachType};
 use cni_ebpf_common::{
     map as map_name, owner_id, prog, proto, Cidr4, EndpointInfo, EndpointKey, EndpointStats,
     NodeAddr, NodeConfig, PortKey, PortTarget, Reason, CFG_F_MASQ, EP_F_ACTIVE, HOOK_POD,
-    HOOK_UPLINK_IN, HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, NAT_DNAT_FWD, NAT_DNAT_REV,
-    NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
+    HOOK_UPLINK_IN, HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN,
+    NAT_F_FIRST_FIN, NAT_F_RST, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
 };
 use ipnet::{IpNet, Ipv4Net};
 use serde::Serialize;
@@ -168,6 +168,9 @@ pub struct NatView {
     pub new_dport: u16,
     /// Time since the last packet, in milliseconds.
     pub idle_ms: u64,
+    /// What this direction of a TCP flow has sent: `open`, `fin` (a FIN; `fin-first` if
+    /// it closed first) or `rst`.
+    pub state: &'static str,
 }
 
 /// A reason counter, for `inspect`.
@@ -1165,6 +1168,15 @@ impl Datapath {
                 new_dst: to_addr(v.daddr),
                 new_dport: to_port(v.dport),
                 idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
+                state: if v.flags & NAT_F_RST != 0 {
+                    "rst"
+                } else if v.flags & NAT_F_FIRST_FIN != 0 {
+                    "fin-first"
+                } else if v.flags & NAT_F_FIN != 0 {
+                    "fin"
+                } else {
+                    "open"
+                },
             })
             .collect())
     }
