@@ -24,6 +24,10 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "parsed once per run; the bench's flags are the large variant"
+)]
 enum Cmd {
     /// Install the eBPF toolchain and test dependencies that are missing.
     Setup,

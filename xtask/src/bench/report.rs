@@ -61,7 +61,7 @@ pub fn median(samples: &[f64]) -> f64 {
     }
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
-    if v.len() % 2 == 0 {
+    if v.len().is_multiple_of(2) {
         (v[m - 1] + v[m]) / 2.0
     } else {
         v[m]
@@ -101,13 +101,13 @@ impl Row {
 #[derive(Debug, Clone)]
 pub enum Rule {
     /// `cni-ebpf` of `key` ≤ factor × `other` column of the same row.
-    AtMost(&'static str, &'static str, f64),
+    Max(&'static str, &'static str, f64),
     /// `cni-ebpf` of `key` ≥ factor × `other` column of the same row.
-    AtLeast(&'static str, &'static str, f64),
+    Min(&'static str, &'static str, f64),
     /// `cni-ebpf` of `key` ≥ a fixed value.
-    AtLeastAbs(&'static str, f64),
+    MinAbs(&'static str, f64),
     /// `cni-ebpf` of `key` ≤ a fixed value.
-    AtMostAbs(&'static str, f64),
+    MaxAbs(&'static str, f64),
 }
 
 /// A target of the issue and its verdict.
@@ -140,6 +140,10 @@ pub struct Report {
 
 impl Report {
     /// Adds (or extends) a row.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one table cell and its row: key, section, label, unit, direction, column, value"
+    )]
     pub fn put(
         &mut self,
         key: &str,
@@ -176,59 +180,59 @@ impl Report {
         let targets: Vec<(&str, Rule)> = vec![
             (
                 "ADD p50 ≤ 0.2× reference (direct exec)",
-                Rule::AtMost("cp.direct.w1.add.p50", "reference", 0.2),
+                Rule::Max("cp.direct.w1.add.p50", "reference", 0.2),
             ),
             (
                 "ADD p50 ≤ 0.2× reference (libcni)",
-                Rule::AtMost("cp.libcni.w1.add.p50", "reference", 0.2),
+                Rule::Max("cp.libcni.w1.add.p50", "reference", 0.2),
             ),
             (
                 "DEL p50 ≤ 0.1× reference (direct exec)",
-                Rule::AtMost("cp.direct.w1.del.p50", "reference", 0.1),
+                Rule::Max("cp.direct.w1.del.p50", "reference", 0.1),
             ),
             (
                 "DEL p50 ≤ 0.1× reference (libcni)",
-                Rule::AtMost("cp.libcni.w1.del.p50", "reference", 0.1),
+                Rule::Max("cp.libcni.w1.del.p50", "reference", 0.1),
             ),
             (
                 "≥ 100 pods/s with 2 workers (direct exec ADD)",
-                Rule::AtLeastAbs("cp.direct.w2.add.pods_per_s", 100.0),
+                Rule::MinAbs("cp.direct.w2.add.pods_per_s", 100.0),
             ),
             (
                 "≥ 100 pods/s with 2 workers (libcni ADD)",
-                Rule::AtLeastAbs("cp.libcni.w2.add.pods_per_s", 100.0),
+                Rule::MinAbs("cp.libcni.w2.add.pods_per_s", 100.0),
             ),
             (
                 "ADD p50 at the largest host-port pod count ≤ 1.1× at the smallest",
-                Rule::AtMostAbs("scale.add.growth", 1.1),
+                Rule::MaxAbs("scale.add.growth", 1.1),
             ),
             (
                 "pod → pod throughput ≥ 0.95× bare veth",
-                Rule::AtLeast("dp.pod2pod.tput", "bare veth", 0.95),
+                Rule::Min("dp.pod2pod.tput", "bare veth", 0.95),
             ),
             (
                 "pod → pod transactions/s ≥ 0.95× bare veth",
-                Rule::AtLeast("dp.pod2pod.rr_tps", "bare veth", 0.95),
+                Rule::Min("dp.pod2pod.rr_tps", "bare veth", 0.95),
             ),
             (
                 "pod → pod connect rate ≥ 1.15× reference",
-                Rule::AtLeast("dp.pod2pod.crr_cps", "reference", 1.15),
+                Rule::Min("dp.pod2pod.crr_cps", "reference", 1.15),
             ),
             (
                 "pod → ext transactions/s ≥ 1.2× reference",
-                Rule::AtLeast("dp.pod2ext.rr_tps", "reference", 1.2),
+                Rule::Min("dp.pod2ext.rr_tps", "reference", 1.2),
             ),
             (
                 "pod → ext connect rate ≥ 1.25× reference",
-                Rule::AtLeast("dp.pod2ext.crr_cps", "reference", 1.25),
+                Rule::Min("dp.pod2ext.crr_cps", "reference", 1.25),
             ),
             (
                 "ext → hostPort transactions/s ≥ 1.2× reference",
-                Rule::AtLeast("dp.hostport.rr_tps", "reference", 1.2),
+                Rule::Min("dp.hostport.rr_tps", "reference", 1.2),
             ),
             (
                 "ext → hostPort connect rate ≥ 1.25× reference",
-                Rule::AtLeast("dp.hostport.crr_cps", "reference", 1.25),
+                Rule::Min("dp.hostport.crr_cps", "reference", 1.25),
             ),
         ];
         targets
@@ -240,19 +244,19 @@ impl Report {
     fn judge(&self, name: &str, rule: &Rule) -> Verdict {
         let e = |k: &str| self.get(k, "cni-ebpf");
         let (measured, threshold, met, detail) = match *rule {
-            Rule::AtMost(k, other, f) | Rule::AtLeast(k, other, f) => {
+            Rule::Max(k, other, f) | Rule::Min(k, other, f) => {
                 let ratio = e(k)
                     .zip(self.get(k, other))
                     .and_then(|(a, b)| (b != 0.0).then(|| a / b));
-                let at_most = matches!(rule, Rule::AtMost(..));
+                let at_most = matches!(rule, Rule::Max(..));
                 let met = ratio.map(|r| if at_most { r <= f } else { r >= f });
                 (ratio, f, met, format!("cni-ebpf ÷ {other} of {k}"))
             }
-            Rule::AtLeastAbs(k, min) => {
+            Rule::MinAbs(k, min) => {
                 let v = e(k);
                 (v, min, v.map(|v| v >= min), format!("cni-ebpf {k}"))
             }
-            Rule::AtMostAbs(k, max) => {
+            Rule::MaxAbs(k, max) => {
                 let v = e(k);
                 (v, max, v.map(|v| v <= max), format!("cni-ebpf {k}"))
             }
