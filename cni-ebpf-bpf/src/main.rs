@@ -361,51 +361,23 @@ fn l4_csum_fix(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
 /// [`rewrite`] through helpers only, for headers outside the packet's linear part.
 #[inline(always)]
 fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
-    let csum = l4_csum(p.proto, L4_OFF);
-    let pseudo = p.proto == proto::TCP || p.proto == proto::UDP;
     if n.saddr != p.saddr {
         ctx.store(IP_OFF + 12, &n.saddr, 0)?;
         ctx.l3_csum_replace(IP_OFF + 10, p.saddr as u64, n.saddr as u64, 4)?;
-        if let (true, Some((off, fl))) = (pseudo, csum) {
-            ctx.l4_csum_replace(
-                off,
-                p.saddr as u64,
-                n.saddr as u64,
-                fl | BPF_F_PSEUDO_HDR as u64 | 4,
-            )?;
-        }
     }
     if n.daddr != p.daddr {
         ctx.store(IP_OFF + 16, &n.daddr, 0)?;
         ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, n.daddr as u64, 4)?;
-        if let (true, Some((off, fl))) = (pseudo, csum) {
-            ctx.l4_csum_replace(
-                off,
-                p.daddr as u64,
-                n.daddr as u64,
-                fl | BPF_F_PSEUDO_HDR as u64 | 4,
-            )?;
-        }
     }
-    if let Some((off, fl)) = csum {
-        if pseudo {
-            if n.sport != p.sport {
-                ctx.store(L4_OFF, &n.sport, 0)?;
-                ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, fl | 2)?;
-            }
-            if n.dport != p.dport {
-                ctx.store(L4_OFF + 2, &n.dport, 0)?;
-                ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, fl | 2)?;
-            }
-        } else if p.icmp_type == ICMP_ECHO && n.sport != p.sport {
-            ctx.store(L4_OFF + 4, &n.sport, 0)?;
-            ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, 2)?;
-        } else if p.icmp_type == ICMP_ECHO_REPLY && n.dport != p.dport {
-            ctx.store(L4_OFF + 4, &n.dport, 0)?;
-            ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, 2)?;
-        }
+    if p.proto == proto::TCP || p.proto == proto::UDP {
+        ctx.store(L4_OFF, &n.sport, 0)?;
+        ctx.store(L4_OFF + 2, &n.dport, 0)?;
+    } else if p.icmp_type == ICMP_ECHO {
+        ctx.store(L4_OFF + 4, &n.sport, 0)?;
+    } else if p.icmp_type == ICMP_ECHO_REPLY {
+        ctx.store(L4_OFF + 4, &n.dport, 0)?;
     }
-    Ok(())
+    l4_csum_fix(ctx, p, n)
 }
 
 #[inline(always)]
