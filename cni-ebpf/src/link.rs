@@ -4,7 +4,7 @@
 //! A [`Nl`] handle is bound to the network namespace its socket was created in, so one
 //! handle can serve the node while another serves the container.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
@@ -14,7 +14,9 @@ use netlink_packet_route::{
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
     AddressFamily,
 };
-use rtnetlink::{Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{
+    sys::AsyncSocket as _, Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+};
 
 use crate::{
     error::{Error, Result},
@@ -122,6 +124,21 @@ impl Nl {
     pub fn connect() -> Result<Self> {
         let (conn, handle, _) = rtnetlink::new_connection()
             .map_err(|e| Error::netlink("opening a netlink socket", e))?;
+        tokio::spawn(conn);
+        Ok(Self { handle })
+    }
+
+    /// Connects like [`Nl::connect`] with netlink strict checking on: the kernel then
+    /// honours the filters of dump requests (e.g. one interface's addresses) instead of
+    /// dumping everything for us to discard. Route dumps as [`Nl::routes`] sends them are
+    /// refused in this mode.
+    pub fn connect_strict() -> Result<Self> {
+        let (mut conn, handle, _) = rtnetlink::new_connection()
+            .map_err(|e| Error::netlink("opening a netlink socket", e))?;
+        conn.socket_mut()
+            .socket_mut()
+            .set_netlink_get_strict_chk(true)
+            .map_err(|e| Error::netlink("enabling strict netlink checking", e))?;
         tokio::spawn(conn);
         Ok(Self { handle })
     }
@@ -272,6 +289,32 @@ impl Nl {
                     _ => None,
                 })?;
                 IpNet::new(addr, m.header.prefix_len).ok()
+            })
+            .collect())
+    }
+
+    /// IPv4 addresses with their ifindex: every interface's, or `index`'s only (filtered by
+    /// the kernel on a [`Nl::connect_strict`] handle, here otherwise). The family is
+    /// filtered by the kernel in any mode: each host veth also carries IPv6 addresses.
+    pub async fn ipv4_addresses(&self, index: Option<u32>) -> Result<Vec<(Ipv4Addr, u32)>> {
+        let msgs: Vec<_> = retry_dump("listing the node's IPv4 addresses", || async {
+            let mut req = self.handle.address().get();
+            req.message_mut().header.family = AddressFamily::Inet;
+            if let Some(i) = index {
+                req.message_mut().header.index = i;
+            }
+            req.execute().try_collect().await
+        })
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter(|m| index.is_none_or(|i| m.header.index == i))
+            .filter_map(|m| {
+                m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Local(IpAddr::V4(ip))
+                    | AddressAttribute::Address(IpAddr::V4(ip)) => Some((*ip, m.header.index)),
+                    _ => None,
+                })
             })
             .collect())
     }

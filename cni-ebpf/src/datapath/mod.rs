@@ -292,7 +292,8 @@ impl Datapath {
         // pods has 1 000 gateway addresses on host veths: ~3 ms per listing); in between,
         // only the uplink's, and each ADD adds its own gateway address.
         let now = node::boottime_s();
-        let listed = dp.node_config_raw()?.addrs_listed_s;
+        let old = dp.node_config_raw()?;
+        let listed = old.addrs_listed_s;
         let mut all = listed == 0 || now.saturating_sub(listed) >= node::NODE_ADDRS_EVERY_S;
         // A `hostIP` the datapath does not know as a node address yet: list them all now.
         for pm in &conf.runtime_config.port_mappings {
@@ -302,7 +303,7 @@ impl Datapath {
                 }
             }
         }
-        let facts = node::read(conf.uplink.as_deref(), true, all)?;
+        let facts = node::read(conf.uplink.as_deref(), all)?;
         let (uplink_name, uplink_ifindex) = facts
             .uplink
             .clone()
@@ -325,20 +326,17 @@ impl Datapath {
             );
         }
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
-        let legacy = dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
-        dp.configure_node(&NodeSettings {
+        let legacy = dp.ensure_uplink(&old, &uplink_name, uplink_ifindex)?;
+        let settings = NodeSettings {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
             ip_masq: conf.ip_masq,
             cluster_cidrs: cidrs,
             snat_ports: node::snat_port_range(),
-        })?;
-        if legacy {
-            dp.set_config_flag(CFG_F_UPLINK_LEGACY, true)?;
-        }
+        };
+        dp.write_node_config(&old, &settings, legacy, all.then_some(now))?;
         if all {
             dp.set_node_addrs(&facts.addrs)?;
-            dp.set_addrs_listed(now)?;
         } else {
             dp.add_node_addrs(&facts.addrs)?;
         }
@@ -426,8 +424,7 @@ impl Datapath {
 
     /// Attaches the uplink programs to `name` where they are not already. Returns whether
     /// legacy clsact was used.
-    fn ensure_uplink(&self, name: &str, ifindex: u32) -> Result<bool> {
-        let cfg = self.node_config_raw()?;
+    fn ensure_uplink(&self, cfg: &NodeConfig, name: &str, ifindex: u32) -> Result<bool> {
         if cfg.flags & CFG_F_UPLINK_LEGACY != 0 && cfg.uplink_ifindex == ifindex {
             return Ok(true);
         }
@@ -483,48 +480,48 @@ impl Datapath {
             .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", &e))
     }
 
-    fn set_config_flag(&self, flag: u32, on: bool) -> Result<()> {
-        let mut cfg = self.node_config_raw()?;
-        if on {
-            cfg.flags |= flag;
-        } else {
-            cfg.flags &= !flag;
-        }
-        let mut m = self.maps()?;
-        let mut arr = m.node_config()?;
-        arr.set(0, cfg, 0)
-            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", &e))
-    }
-
     /// Writes the node configuration the programs use (keeps userspace-only flags).
     pub fn configure_node(&self, s: &NodeSettings) -> Result<()> {
+        self.write_node_config(&self.node_config_raw()?, s, false, None)
+    }
+
+    /// Writes the node configuration for `s` over `old` (the current one): the legacy
+    /// uplink flag is kept while the uplink stays and set when `legacy`; the time of the
+    /// last full node-address listing is `addrs_listed_s`, else kept. Nothing is written
+    /// when nothing changes.
+    fn write_node_config(
+        &self,
+        old: &NodeConfig,
+        s: &NodeSettings,
+        legacy: bool,
+        addrs_listed_s: Option<u32>,
+    ) -> Result<()> {
         if s.cluster_cidrs.len() > MAX_CLUSTER_CIDRS {
             return Err(Error::config(
                 "clusterCIDRs",
                 format!("at most {MAX_CLUSTER_CIDRS} IPv4 CIDRs are supported"),
             ));
         }
-        let old = self.node_config_raw()?;
+        let same_uplink = old.uplink_ifindex == s.uplink_ifindex;
+        let legacy = legacy || (same_uplink && old.flags & CFG_F_UPLINK_LEGACY != 0);
         let mut cfg = NodeConfig {
             node_addr: s.node_addr.map_or(0, addr),
             uplink_ifindex: s.uplink_ifindex,
-            flags: (old.flags & CFG_F_UPLINK_LEGACY) | if s.ip_masq { CFG_F_MASQ } else { 0 },
+            flags: if legacy { CFG_F_UPLINK_LEGACY } else { 0 }
+                | if s.ip_masq { CFG_F_MASQ } else { 0 },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,
-            addrs_listed_s: old.addrs_listed_s,
+            addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
         };
-        if old.uplink_ifindex != s.uplink_ifindex {
-            cfg.flags &= !CFG_F_UPLINK_LEGACY;
-        }
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {
             *slot = Cidr4 {
                 addr: addr(c.network()),
                 mask: addr(c.netmask()),
             };
         }
-        if cfg == old {
+        if cfg == *old {
             return Ok(());
         }
         let mut m = self.maps()?;
@@ -539,14 +536,17 @@ impl Datapath {
         let mut m = self.maps()?;
         let mut h = m.node_addrs()?;
         let want: BTreeMap<u32, u32> = addrs.iter().map(|(a, i)| (addr(*a), *i)).collect();
-        let have = maps::entries(&h);
-        for (k, _) in &have {
+        let have: BTreeMap<u32, u32> = maps::entries(&h)
+            .into_iter()
+            .map(|(k, v)| (k, v.ifindex))
+            .collect();
+        for k in have.keys() {
             if !want.contains_key(k) {
                 maps::remove(&mut h, k, map_name::NODE_ADDRS)?;
             }
         }
         for (k, i) in want {
-            if have.iter().any(|(hk, hv)| *hk == k && hv.ifindex == i) {
+            if have.get(&k) == Some(&i) {
                 continue;
             }
             h.insert(k, NodeAddr { ifindex: i }, 0)
@@ -555,9 +555,6 @@ impl Datapath {
         Ok(())
     }
 
-    /// Adds addresses to the set the programs treat as "this node" (the gateway addresses
-    /// ADD puts on a new host veth), without re-reading the node: `open_or_load` resyncs
-    /// the whole set from the kernel once per ADD.
     /// Whether `a` is in the node-address map.
     fn is_node_addr(&self, a: Ipv4Addr) -> Result<bool> {
         let mut m = self.maps()?;
@@ -565,16 +562,10 @@ impl Datapath {
         Ok(maps::get(&h, &addr(a), map_name::NODE_ADDRS)?.is_some())
     }
 
-    /// Records when every node address was last listed (see [`NodeConfig::addrs_listed_s`]).
-    fn set_addrs_listed(&self, now_s: u32) -> Result<()> {
-        let mut cfg = self.node_config_raw()?;
-        cfg.addrs_listed_s = now_s;
-        let mut m = self.maps()?;
-        let mut arr = m.node_config()?;
-        arr.set(0, cfg, 0)
-            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", &e))
-    }
-
+    /// Adds addresses to the set the programs treat as "this node" (the uplink's, and the
+    /// gateway addresses ADD puts on a new host veth), without removing any: `open_or_load`
+    /// replaces the whole set from a full listing at most every
+    /// [`node::NODE_ADDRS_EVERY_S`].
     pub fn add_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
         let mut m = self.maps()?;
         let mut h = m.node_addrs()?;

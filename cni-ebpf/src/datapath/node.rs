@@ -2,11 +2,7 @@
 //! IPv4 address, the SNAT port range. Read with netlink on a helper thread (the callers may
 //! already be inside a tokio runtime; a new thread inherits the caller's network namespace).
 
-use std::net::{IpAddr, Ipv4Addr};
-
-use futures::TryStreamExt;
-use netlink_packet_route::address::AddressAttribute;
-use rtnetlink::sys::AsyncSocket as _;
+use std::net::Ipv4Addr;
 
 use crate::{
     error::{Error, Result},
@@ -44,99 +40,51 @@ pub fn boottime_s() -> u32 {
 }
 
 /// Reads the node facts. `uplink` is the configured uplink; `None` means the device of the
-/// IPv4 default route. `want_uplink = false` skips the uplink (addresses only). `all`:
-/// every IPv4 address of the node in `addrs`, else the uplink's only.
-pub fn read(uplink: Option<&str>, want_uplink: bool, all: bool) -> Result<NodeFacts> {
+/// IPv4 default route. `all`: every IPv4 address of the node in `addrs`, else the
+/// uplink's only.
+pub fn read(uplink: Option<&str>, all: bool) -> Result<NodeFacts> {
     let uplink = uplink.map(str::to_owned);
     on_helper_thread(move || {
         let rt = link::runtime()?;
         rt.block_on(async move {
             let nl = Nl::connect()?;
-            let mut facts = NodeFacts::default();
-            if all || !want_uplink {
-                facts.addrs = ipv4_addrs(None).await?;
-            }
-            if want_uplink {
-                let dev = match &uplink {
-                    Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
-                        Error::config("uplink", format!("no interface named {name} on the node"))
-                    })?,
-                    None => {
-                        let idx = nl.default_route_device().await?.ok_or_else(|| {
-                            Error::config(
-                                "uplink",
-                                "not set and the node has no IPv4 default route to take it from",
-                            )
-                        })?;
-                        nl.link_by_index(idx).await?.ok_or_else(|| {
-                            Error::netlink(
-                                "finding the default route's device",
-                                format!("ifindex {idx} vanished"),
-                            )
-                        })?
-                    }
-                };
-                if facts.addrs.is_empty() {
-                    facts.addrs = ipv4_addrs(Some(dev.index)).await?;
+            let dev = match &uplink {
+                Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
+                    Error::config("uplink", format!("no interface named {name} on the node"))
+                })?,
+                None => {
+                    let idx = nl.default_route_device().await?.ok_or_else(|| {
+                        Error::config(
+                            "uplink",
+                            "not set and the node has no IPv4 default route to take it from",
+                        )
+                    })?;
+                    nl.link_by_index(idx).await?.ok_or_else(|| {
+                        Error::netlink(
+                            "finding the default route's device",
+                            format!("ifindex {idx} vanished"),
+                        )
+                    })?
                 }
-                facts.uplink_addr = facts
-                    .addrs
-                    .iter()
-                    .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
-                    .map(|(a, _)| *a);
-                facts.uplink = Some((dev.name, dev.index));
-            }
-            Ok(facts)
+            };
+            let addrs = if all {
+                nl.ipv4_addresses(None).await?
+            } else {
+                Nl::connect_strict()?
+                    .ipv4_addresses(Some(dev.index))
+                    .await?
+            };
+            let uplink_addr = addrs
+                .iter()
+                .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
+                .map(|(a, _)| *a);
+            Ok(NodeFacts {
+                uplink: Some((dev.name, dev.index)),
+                uplink_addr,
+                addrs,
+            })
         })
     })
-}
-
-/// The node's IPv4 addresses (of interface `index` only, if given), with their ifindex.
-async fn ipv4_addrs(index: Option<u32>) -> Result<Vec<(Ipv4Addr, u32)>> {
-    let (mut conn, handle, _) =
-        rtnetlink::new_connection().map_err(|e| Error::netlink("opening a netlink socket", e))?;
-    if index.is_some() {
-        // Strict checking makes the kernel honour the interface filter of a dump (else it
-        // would dump every interface's addresses for us to discard).
-        conn.socket_mut()
-            .socket_mut()
-            .set_netlink_get_strict_chk(true)
-            .map_err(|e| Error::netlink("enabling strict netlink checking", e))?;
-    }
-    tokio::spawn(conn);
-    let mut last = None;
-    for _ in 0..5 {
-        // IPv4 only, filtered by the kernel: each host veth also carries two IPv6
-        // addresses, which would triple the dump.
-        let mut req = handle.address().get();
-        req.message_mut().header.family = netlink_packet_route::AddressFamily::Inet;
-        if let Some(i) = index {
-            req.message_mut().header.index = i;
-        }
-        let res: std::result::Result<Vec<_>, _> = req.execute().try_collect().await;
-        match res {
-            Ok(msgs) => {
-                return Ok(msgs
-                    .iter()
-                    .filter_map(|m| {
-                        m.attributes.iter().find_map(|a| match a {
-                            AddressAttribute::Local(IpAddr::V4(ip))
-                            | AddressAttribute::Address(IpAddr::V4(ip)) => {
-                                Some((*ip, m.header.index))
-                            }
-                            _ => None,
-                        })
-                    })
-                    .filter(|(_, i)| index.is_none_or(|want| *i == want))
-                    .collect())
-            }
-            Err(e) => last = Some(e.to_string()),
-        }
-    }
-    Err(Error::netlink(
-        "listing the node's addresses",
-        last.unwrap_or_default(),
-    ))
 }
 
 /// The SNAT port range: ports the kernel never picks for the node's own connections,
