@@ -17,12 +17,7 @@ use crate::{
 
 /// Runs GC.
 pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
-    let valid: HashSet<(String, String)> = conf
-        .valid_attachments
-        .iter()
-        .flatten()
-        .map(|a| (a.container_id.clone(), a.ifname.clone()))
-        .collect();
+    let valid = conf.valid_attachment_keys();
     let mut errors = Vec::new();
 
     let released = ipam::gc(conf, env, stdin).unwrap_or_else(|e| {

@@ -161,6 +161,16 @@ pub struct NetConf {
 }
 
 impl NetConf {
+    /// The (container ID, ifname) keys of `cni.dev/valid-attachments` (empty if absent).
+    #[must_use]
+    pub fn valid_attachment_keys(&self) -> std::collections::HashSet<(String, String)> {
+        self.valid_attachments
+            .iter()
+            .flatten()
+            .map(|a| (a.container_id.clone(), a.ifname.clone()))
+            .collect()
+    }
+
     /// Parses stdin for `command`. Error 6 for bytes that are not JSON, 7 for invalid
     /// fields, 1 for an unsupported version or a verb the version lacks.
     pub fn parse(bytes: &[u8], command: Command) -> Result<Self> {

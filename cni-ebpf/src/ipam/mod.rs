@@ -71,7 +71,7 @@
 //! directory, so allocate+release stays flat as the store grows. Listing, GC, repair and
 //! the reboot sweep are O(reservations).
 
-use std::{collections::HashSet, net::IpAddr, path::PathBuf};
+use std::{net::IpAddr, path::PathBuf};
 
 use ipnet::IpNet;
 
@@ -264,14 +264,8 @@ pub fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Vec<Reservation>> {
     let Some(mut alloc) = open(conf, &cfg, false)? else {
         return Ok(Vec::new());
     };
-    let valid: HashSet<(String, String)> = conf
-        .valid_attachments
-        .iter()
-        .flatten()
-        .map(|a| (a.container_id.clone(), a.ifname.clone()))
-        .collect();
     let mut released = alloc.swept().to_vec();
-    released.extend(alloc.gc(&valid)?);
+    released.extend(alloc.gc(&conf.valid_attachment_keys())?);
     Ok(released)
 }
 
