@@ -94,6 +94,15 @@ impl Exec {
     pub fn ok(&self) -> bool {
         self.code == Some(0) && !self.timed_out
     }
+
+    /// How it failed, for messages: `timed out` or `exit <code>`.
+    pub fn failure(&self) -> String {
+        if self.timed_out {
+            "timed out".to_owned()
+        } else {
+            format!("exit {:?}", self.code)
+        }
+    }
 }
 
 /// A program to run.
@@ -249,11 +258,7 @@ pub fn run_in(netns: Option<&Path>, argv: &[&str], timeout: Duration) -> Result<
     if !out.ok() {
         bail!(
             "{argv:?} failed ({}): {}{}",
-            if out.timed_out {
-                "timed out".to_owned()
-            } else {
-                format!("exit {:?}", out.code)
-            },
+            out.failure(),
             out.stdout.trim(),
             out.stderr.trim()
         );

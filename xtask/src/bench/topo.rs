@@ -475,11 +475,7 @@ impl BenchNode {
                 "{} {verb} of {} failed ({}): {} {}",
                 self.variant.key(),
                 pod.id,
-                if out.timed_out {
-                    "timed out".to_owned()
-                } else {
-                    format!("exit {:?}", out.code)
-                },
+                out.failure(),
                 out.stdout.trim(),
                 out.stderr.trim()
             );
