@@ -323,6 +323,15 @@ impl Drop for WhoAmIServer {
     }
 }
 
+/// `addr` as a socket address (`"198.18.0.2:8080"`, `"[fd00::1]:80"`); panics naming it
+/// otherwise.
+#[track_caller]
+#[must_use]
+pub fn sock_addr(addr: &str) -> SocketAddr {
+    addr.parse()
+        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"))
+}
+
 /// Connects over TCP from `netns` to `addr` (e.g. `"198.18.0.2:8080"` or
 /// `"[fd00::1]:80"`), sends `payload`, and returns the whole answer; errors (refused,
 /// timed out) are returned, not panicked. Bounded by `timeout` per step.
@@ -333,9 +342,7 @@ pub fn tcp_request(
     payload: &[u8],
     timeout: Duration,
 ) -> io::Result<String> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     let payload = payload.to_vec();
     in_netns(netns, move || {
         let mut s = TcpStream::connect_timeout(&to, timeout)?;
@@ -356,9 +363,7 @@ pub fn udp_request(
     payload: &[u8],
     timeout: Duration,
 ) -> io::Result<String> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     let payload = payload.to_vec();
     in_netns(netns, move || {
         let bind: SocketAddr = if to.is_ipv6() {

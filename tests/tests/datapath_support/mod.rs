@@ -27,7 +27,10 @@ use std::{
 };
 
 use serde_json::{json, Value};
-use tests::{net::in_netns, plugin_bin, ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4};
+use tests::{
+    net::{in_netns, sock_addr},
+    plugin_bin, ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4,
+};
 
 /// The network name of every configuration here (the `ConfBuilder` default).
 pub const NET: &str = "testnet";
@@ -479,9 +482,7 @@ impl Drop for TaggedServer {
 /// Connects from `netns` to a [`TaggedServer`] at `addr` and returns its greeting line.
 #[track_caller]
 pub fn greet(netns: &Path, addr: &str) -> io::Result<String> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     in_netns(netns, move || {
         let s = TcpStream::connect_timeout(&to, T)?;
         read_line(&s)
@@ -506,9 +507,7 @@ pub fn read_line(mut s: &TcpStream) -> io::Result<String> {
 /// A long-lived TCP connection opened from a namespace (the socket keeps it).
 #[track_caller]
 pub fn connect(netns: &Path, addr: &str) -> io::Result<TcpStream> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     in_netns(netns, move || TcpStream::connect_timeout(&to, T))
 }
 
@@ -516,9 +515,7 @@ pub fn connect(netns: &Path, addr: &str) -> io::Result<TcpStream> {
 /// returns the first answer with the address it came from.
 #[track_caller]
 pub fn udp_exchange(netns: &Path, addr: &str, payload: &[u8]) -> io::Result<(String, SocketAddr)> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     let payload = payload.to_vec();
     in_netns(netns, move || {
         let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
@@ -543,9 +540,7 @@ pub fn udp_exchange(netns: &Path, addr: &str, payload: &[u8]) -> io::Result<(Str
 /// port-unreachable error made it back to the socket. Bounded by 1 s per try, 3 tries.
 #[track_caller]
 pub fn udp_error(netns: &Path, addr: &str) -> io::Result<usize> {
-    let to: SocketAddr = addr
-        .parse()
-        .unwrap_or_else(|e| panic!("{addr:?} is not ip:port: {e}"));
+    let to = sock_addr(addr);
     in_netns(netns, move || {
         let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
         s.connect(to)?;
