@@ -58,12 +58,7 @@ pub fn teardown(
 ) {
     let host_ifname = link::host_veth_name(container_id, ifname);
     if let Some(dp) = dp {
-        if let Err(e) = dp.remove_port_mappings((container_id, ifname)) {
-            errors.push(e);
-        }
-        if let Err(e) = dp.detach_endpoint(container_id, ifname, &host_ifname, ips) {
-            errors.push(e);
-        }
+        dp.remove_pod(container_id, ifname, &host_ifname, ips, errors);
     }
     // The veth last: its routes and the container end go with it.
     if let Err(e) = delete_host_veth_of(&conf.name, container_id, ifname, &host_ifname) {

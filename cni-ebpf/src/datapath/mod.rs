@@ -663,44 +663,85 @@ impl Datapath {
         ips: &[IpAddr],
     ) -> Result<()> {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
-        let mut gone = Vec::new();
-        let mut ifindexes = HashSet::new();
-        {
-            let mut m = self.maps()?;
-            let mut h = m.endpoints()?;
-            let mut keys: Vec<EndpointKey> = maps::entries(&h)
-                .into_iter()
-                .filter(|(_, v)| v.owner == owner)
-                .map(|(k, _)| k)
-                .collect();
-            for ip in v4s(ips) {
-                let k = EndpointKey { addr: addr(ip) };
-                if !keys.contains(&k) {
-                    if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
-                        if v.owner == owner {
-                            keys.push(k);
-                        }
+        let gone = self.take_endpoint_entries(owner, ips)?;
+        attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
+        self.forget(owner, &gone)
+    }
+
+    /// Everything DEL and GC remove of (container ID, ifname) — host ports, endpoint
+    /// entries, counters, the link pin, NAT state, the owner record — reading each map
+    /// once (the NAT table is scanned once for all the pod's addresses). Best effort: every
+    /// step is tried and each failure lands in `errors`.
+    pub fn remove_pod(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_ifname: &str,
+        ips: &[IpAddr],
+        errors: &mut Vec<Error>,
+    ) {
+        let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
+        let mut addrs = Vec::new();
+        for taken in [
+            self.take_port_mappings(owner),
+            self.take_endpoint_entries(owner, ips),
+        ] {
+            match taken {
+                Ok(a) => addrs.extend(a),
+                Err(e) => errors.push(e),
+            }
+        }
+        for r in [
+            attach::remove_pin(&self.pins.endpoint_link(host_ifname)),
+            self.forget(owner, &addrs),
+        ] {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+    }
+
+    /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
+    /// counters; returns the addresses removed.
+    fn take_endpoint_entries(&self, owner: u64, ips: &[IpAddr]) -> Result<Vec<Ipv4Addr>> {
+        let mut m = self.maps()?;
+        let mut h = m.endpoints()?;
+        let mut doomed: Vec<(EndpointKey, EndpointInfo)> = maps::entries(&h)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .collect();
+        for ip in v4s(ips) {
+            let k = EndpointKey { addr: addr(ip) };
+            if !doomed.iter().any(|(dk, _)| *dk == k) {
+                if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
+                    if v.owner == owner {
+                        doomed.push((k, v));
                     }
                 }
             }
-            for k in keys {
-                if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
-                    ifindexes.insert(v.ifindex);
-                }
-                maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
-                gone.push(to_addr(k.addr));
-            }
-            let mut st = m.ep_stats()?;
-            for i in &ifindexes {
-                match st.remove(i) {
-                    Ok(()) => {}
-                    Err(e) if maps::is_not_found(&e) => {}
-                    Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
-                }
+        }
+        let mut gone = Vec::new();
+        let mut ifindexes = HashSet::new();
+        for (k, v) in doomed {
+            ifindexes.insert(v.ifindex);
+            maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
+            gone.push(to_addr(k.addr));
+        }
+        let mut st = m.ep_stats()?;
+        for i in &ifindexes {
+            match st.remove(i) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
             }
         }
-        attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
-        self.purge_nat(&gone)?;
+        Ok(gone)
+    }
+
+    /// After `owner`'s entries are gone: the NAT state of `addrs`, and the owner record
+    /// if nothing refers to it any more.
+    fn forget(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
+        self.purge_nat(addrs)?;
         self.drop_owner_if_unused(owner)
     }
 
@@ -833,21 +874,24 @@ impl Datapath {
     /// so an old flow never reaches a new pod. Idempotent.
     pub fn remove_port_mappings(&self, owner: (&str, &str)) -> Result<()> {
         let oid = owner_id(owner.0.as_bytes(), owner.1.as_bytes());
+        let pods = self.take_port_mappings(oid)?;
+        self.forget(oid, &pods)
+    }
+
+    /// Removes `owner`'s host ports; returns the pod addresses they led to.
+    fn take_port_mappings(&self, owner: u64) -> Result<Vec<Ipv4Addr>> {
         let mut pods = Vec::new();
-        {
-            let mut m = self.maps()?;
-            let mut h = m.portmaps()?;
-            for (k, v) in maps::entries(&h) {
-                if v.owner == oid {
-                    maps::remove(&mut h, &k, map_name::PORTMAPS)?;
-                    if !pods.contains(&to_addr(v.addr)) {
-                        pods.push(to_addr(v.addr));
-                    }
+        let mut m = self.maps()?;
+        let mut h = m.portmaps()?;
+        for (k, v) in maps::entries(&h) {
+            if v.owner == owner {
+                maps::remove(&mut h, &k, map_name::PORTMAPS)?;
+                if !pods.contains(&to_addr(v.addr)) {
+                    pods.push(to_addr(v.addr));
                 }
             }
         }
-        self.purge_nat(&pods)?;
-        self.drop_owner_if_unused(oid)
+        Ok(pods)
     }
 
     // ---------------------------------------------------------------- CHECK / STATUS
