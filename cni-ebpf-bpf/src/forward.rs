@@ -1,0 +1,213 @@
+//! Forwarding without the kernel's forwarding path: one routed hop in place, then
+//! `bpf_redirect_peer` into a local pod or `bpf_redirect` to the uplink.
+
+use aya_ebpf::{
+    bindings::{bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK},
+    helpers::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
+    programs::TcContext,
+    EbpfContext,
+};
+use cni_ebpf_common::{proto, EndpointInfo, Reason};
+
+use crate::{
+    maps::{add_stats, count, local_endpoint, node_config},
+    parse::{read, Pkt, IP_HLEN, IP_OFF},
+    PASS,
+};
+
+/// Routes the packet one hop in place: TTL decremented (header checksum fixed) and the
+/// Ethernet addresses set to `dst`/`src`. `false` when the TTL would expire (counted; the
+/// stack then sends the ICMP error) or the packet could not be written.
+#[inline(always)]
+pub(crate) fn route_hop(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
+    let start = ctx.data();
+    if start + IP_OFF + IP_HLEN > ctx.data_end() {
+        return route_hop_slow(ctx, dst, src);
+    }
+    let ip = (start + IP_OFF) as *mut u8;
+    // SAFETY: the Ethernet and IPv4 headers are within [data, data_end), checked above;
+    // byte accesses only (no alignment), and the skb is made writable by the verifier's
+    // direct-write prologue.
+    unsafe {
+        let ttl = *ip.add(8);
+        if ttl <= 1 {
+            count(Reason::PassTtlExpired);
+            return false;
+        }
+        *ip.add(8) = ttl - 1;
+        // RFC 1624 incremental update for the TTL byte (high byte of its 16-bit word)
+        // going down by one, as the kernel's ip_decrease_ttl.
+        let c = u16::from_be_bytes([*ip.add(10), *ip.add(11)]) as u32 + 0x0100;
+        let c = ((c & 0xffff) + (c >> 16)) as u16;
+        let [hi, lo] = c.to_be_bytes();
+        *ip.add(10) = hi;
+        *ip.add(11) = lo;
+        let eth = start as *mut u8;
+        for i in 0..6 {
+            *eth.add(i) = dst[i];
+            *eth.add(6 + i) = src[i];
+        }
+    }
+    true
+}
+
+/// [`route_hop`] through helpers, for headers outside the packet's linear part.
+#[inline(always)]
+pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
+    let Ok(ttl) = ctx.load::<u8>(IP_OFF + 8) else {
+        return false;
+    };
+    let Ok(ip_proto) = ctx.load::<u8>(IP_OFF + 9) else {
+        return false;
+    };
+    if ttl <= 1 {
+        count(Reason::PassTtlExpired);
+        return false;
+    }
+    let old = u16::from_ne_bytes([ttl, ip_proto]);
+    let new = u16::from_ne_bytes([ttl - 1, ip_proto]);
+    if ctx.store(IP_OFF + 8, &(ttl - 1), 0).is_err()
+        || ctx
+            .l3_csum_replace(IP_OFF + 10, old as u64, new as u64, 2)
+            .is_err()
+    {
+        return false;
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(dst);
+    macs[6..].copy_from_slice(src);
+    ctx.store(0, &macs, 0).is_ok()
+}
+
+/// Delivers the packet (whose destination is a local pod) straight into that pod:
+/// one routed hop, then `bpf_redirect_peer`. TTL expiry goes to the stack.
+#[inline(always)]
+pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+    if !route_hop(ctx, &ep.pod_mac, &ep.host_mac) {
+        return TC_ACT_OK as i32;
+    }
+    add_stats(ep.ifindex, ctx.len(), true);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+}
+
+/// After a translation: deliver into a local pod if the new destination is one, else hand
+/// the packet to the stack.
+#[inline(always)]
+pub(crate) fn deliver_or_stack(ctx: &TcContext, daddr: u32) -> i32 {
+    match local_endpoint(daddr) {
+        Some(ep) => deliver(ctx, &ep),
+        None => {
+            count(Reason::TranslatedToStack);
+            TC_ACT_OK as i32
+        }
+    }
+}
+
+/// `struct bpf_fib_lookup` (IPv4 use). Addresses and ports network order.
+#[repr(C)]
+pub(crate) struct FibLookup {
+    family: u8,
+    l4_protocol: u8,
+    sport: u16,
+    dport: u16,
+    /// In: `tot_len` (0: the kernel checks the skb against the egress MTU, GSO-aware).
+    /// Out: the egress MTU.
+    tot_len: u16,
+    /// In: ingress ifindex. Out: egress ifindex.
+    ifindex: u32,
+    tos: u32,
+    src: [u32; 4],
+    /// In: destination. Out (IPv4): the next hop.
+    dst: [u32; 4],
+    vlan: u32,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+
+const _: () = assert!(core::mem::size_of::<FibLookup>() == 64);
+
+pub(crate) const AF_INET: u8 = 2;
+
+/// `bpf_check_mtu` flag: check every GSO segment, not the whole packet.
+pub(crate) const BPF_MTU_CHK_SEGS: u64 = 1;
+
+/// `bpf_check_mtu` result: fits.
+pub(crate) const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
+
+/// Pod traffic whose route leads out of the uplink is handed straight to the uplink's
+/// egress (where `uplink_egress` masquerades it), skipping the kernel's forwarding path.
+/// Everything else — other routes, an unresolved next hop, a packet too big for the
+/// uplink, an expiring TTL, a source address that is not this pod's — goes to the stack
+/// unchanged, which routes, fragments or answers it as before.
+#[inline(always)]
+pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> i32 {
+    match fib_uplink(ctx, p, ifindex) {
+        Some(fib) if route_hop(ctx, &fib.dmac, &fib.smac) => {
+            count(Reason::RedirectUplink);
+            // SAFETY: plain helper call.
+            unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
+        }
+        _ => {
+            count(Reason::PassKernelRoute);
+            PASS
+        }
+    }
+}
+
+/// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
+/// uplink, next hop resolved, fits".
+#[inline(always)]
+pub(crate) fn fib_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> Option<FibLookup> {
+    let cfg = node_config()?;
+    if cfg.uplink_ifindex == 0 {
+        return None;
+    }
+    // Anti-spoofing: only the pod's own address takes the fast path (the stack's reverse
+    // path filter still judges anything else).
+    match local_endpoint(p.saddr) {
+        Some(ep) if ep.ifindex == ifindex => {}
+        _ => return None,
+    }
+    let tos: u8 = read(ctx, IP_OFF + 1).ok()?;
+    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
+        (p.sport, p.dport)
+    } else {
+        (0, 0)
+    };
+    let mut fib = FibLookup {
+        family: AF_INET,
+        l4_protocol: p.proto,
+        sport,
+        dport,
+        tot_len: 0,
+        ifindex,
+        tos: tos as u32,
+        src: [p.saddr, 0, 0, 0],
+        dst: [p.daddr, 0, 0, 0],
+        vlan: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
+            core::mem::size_of::<FibLookup>() as i32,
+            0,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != cfg.uplink_ifindex {
+        return None;
+    }
+    // The lookup's own MTU check lets every GSO packet through; check each segment
+    // against the uplink's MTU so that the stack answers "fragmentation needed".
+    let mut mtu: u32 = 0;
+    // SAFETY: plain helper call with a pointer to our stack.
+    let rc = unsafe { bpf_check_mtu(ctx.as_ptr(), fib.ifindex, &mut mtu, 0, BPF_MTU_CHK_SEGS) };
+    if rc != BPF_MTU_CHK_RET_SUCCESS {
+        return None;
+    }
+    Some(fib)
+}

@@ -1,0 +1,107 @@
+//! Host ports: DNAT of nodeIP:hostPort to the pod from outside, and hairpin from pods.
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
+use cni_ebpf_common::{
+    proto, NatKey, PortTarget, Reason, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DNAT_FWD,
+    NAT_DNAT_REV, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV,
+};
+
+use crate::{
+    forward::deliver_or_stack,
+    maps::{count, is_node_addr, node_config, port_mapping, NAT},
+    nat::{alloc_port, entry},
+    parse::Pkt,
+    rewrite::apply,
+    PASS,
+};
+
+/// Client pod A → node N:hostPort, backed by pod B (possibly A itself).
+#[inline(always)]
+pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
+    let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+    let (b, bp) = (t.addr, t.port);
+    let fwd = if b == a {
+        // A pod reaching itself through its host port: the packet must not carry its own
+        // address as source (the pod would drop it as martian), so it comes from N.
+        let Some(cfg) = node_config() else {
+            count(Reason::PassNatInsertFailed);
+            return PASS;
+        };
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
+        let mut rev_key = NatKey {
+            saddr: a,
+            daddr: n,
+            sport: bp,
+            dport: 0,
+            proto: p.proto,
+            _pad: [0; 3],
+        };
+        let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+            count(Reason::DropNoSnatPort);
+            return TC_ACT_SHOT as i32;
+        };
+        entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+    } else {
+        let rev_key = NatKey {
+            saddr: b,
+            daddr: a,
+            sport: bp,
+            dport: ap,
+            proto: p.proto,
+            _pad: [0; 3],
+        };
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
+        if NAT.insert(&rev_key, &rev, BPF_NOEXIST as u64).is_err() {
+            count(Reason::PassNatInsertFailed);
+            return PASS;
+        }
+        entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+    };
+    if NAT.insert(&p.key(), &fwd, 0).is_err() {
+        count(Reason::PassNatInsertFailed);
+        return PASS;
+    }
+    if !apply(ctx, p, &fwd) {
+        return TC_ACT_OK as i32;
+    }
+    count(Reason::HairpinNew);
+    deliver_or_stack(ctx, fwd.daddr)
+}
+
+/// A new host-port flow from outside: client C:cp → N:hp (N a node address) becomes
+/// C:cp → B:bp, and the reply B:bp → C:cp leaves as N:hp. `None` when `p` is not for a
+/// host port.
+#[inline(always)]
+pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
+    if !(p.natable && (p.proto == proto::TCP || p.proto == proto::UDP) && is_node_addr(p.daddr)) {
+        return None;
+    }
+    let t = port_mapping(p.daddr, p.dport, p.proto)?;
+    if !p.opens_hostport_flow() {
+        count(Reason::PassStaleHostPortFlow);
+        return Some(PASS);
+    }
+    let (c, cp, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+    let rev_key = NatKey {
+        saddr: t.addr,
+        daddr: c,
+        sport: t.port,
+        dport: cp,
+        proto: p.proto,
+        _pad: [0; 3],
+    };
+    let rev = entry(n, c, hp, cp, HOOK_UPLINK_OUT, NAT_DNAT_REV);
+    let fwd = entry(c, t.addr, cp, t.port, HOOK_UPLINK_IN, NAT_DNAT_FWD);
+    if NAT.insert(&rev_key, &rev, 0).is_err() || NAT.insert(&p.key(), &fwd, 0).is_err() {
+        count(Reason::PassNatInsertFailed);
+        return Some(PASS);
+    }
+    if !apply(ctx, p, &fwd) {
+        return Some(TC_ACT_OK as i32);
+    }
+    count(Reason::DnatNew);
+    Some(deliver_or_stack(ctx, fwd.daddr))
+}

@@ -1,0 +1,124 @@
+//! The pinned maps shared with userspace, and small typed reads of them.
+//!
+//! Maps are pinned by name below the directory userspace passes as the default map pin
+//! directory (`<bpffsRoot>/<network>/v1/maps`), so every later invocation reuses them.
+
+use aya_ebpf::{
+    macros::map,
+    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+};
+use cni_ebpf_common::{
+    EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
+    PortKey, PortTarget, Reason, EP_F_ACTIVE, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_NAT,
+    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, REASON_SLOTS,
+};
+
+/// Local pods: pod IPv4 → delivery information.
+#[map]
+pub(crate) static ENDPOINTS: HashMap<EndpointKey, EndpointInfo> = HashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// Per-pod counters, keyed by host veth ifindex.
+#[map]
+pub(crate) static EP_STATS: PerCpuHashMap<u32, EndpointStats> =
+    PerCpuHashMap::pinned(MAX_ENDPOINTS, 0);
+
+/// Host ports.
+#[map]
+pub(crate) static PORTMAPS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_PORTMAPS, 0);
+
+/// NAT flows (both directions).
+#[map]
+pub(crate) static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_NAT, 0);
+
+/// Node configuration (index 0).
+#[map]
+pub(crate) static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
+
+/// The node's own IPv4 addresses.
+#[map]
+pub(crate) static NODE_ADDRS: HashMap<u32, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS, 0);
+
+/// Per-CPU counters indexed by [`Reason`].
+#[map]
+pub(crate) static REASONS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 0);
+
+/// Owner names; written and read by userspace only, declared here so it is pinned with
+/// the rest.
+#[map]
+pub(crate) static OWNERS: HashMap<u64, Owner> = HashMap::pinned(MAX_OWNERS, 0);
+
+#[inline(always)]
+pub(crate) fn count(reason: Reason) {
+    if let Some(slot) = REASONS.get_ptr_mut(reason as u32) {
+        // SAFETY: per-CPU slot, no concurrent writer on this CPU.
+        unsafe { *slot += 1 };
+    }
+}
+
+#[inline(always)]
+pub(crate) fn add_stats(ifindex: u32, bytes: u32, rx: bool) {
+    if let Some(s) = EP_STATS.get_ptr_mut(ifindex) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        unsafe {
+            if rx {
+                (*s).rx_packets += 1;
+                (*s).rx_bytes += bytes as u64;
+            } else {
+                (*s).tx_packets += 1;
+                (*s).tx_bytes += bytes as u64;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+pub(crate) fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
+    // SAFETY: the value is copied out at once.
+    let ep = unsafe { ENDPOINTS.get(EndpointKey { addr }) }.copied()?;
+    if ep.flags & EP_F_ACTIVE == 0 {
+        return None;
+    }
+    Some(ep)
+}
+
+#[inline(always)]
+pub(crate) fn node_config() -> Option<NodeConfig> {
+    NODE_CONFIG.get(0).copied()
+}
+
+#[inline(always)]
+pub(crate) fn is_node_addr(addr: u32) -> bool {
+    // SAFETY: only presence is read.
+    unsafe { NODE_ADDRS.get(addr) }.is_some()
+}
+
+#[inline(always)]
+pub(crate) fn in_cluster(cfg: &NodeConfig, addr: u32) -> bool {
+    let n = cfg.n_cidrs as usize;
+    for i in 0..MAX_CLUSTER_CIDRS {
+        if i >= n {
+            break;
+        }
+        let c = cfg.cluster_cidrs[i];
+        if addr & c.mask == c.addr {
+            return true;
+        }
+    }
+    false
+}
+
+#[inline(always)]
+pub(crate) fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTarget> {
+    let mut key = PortKey {
+        addr: daddr,
+        port: dport,
+        proto: proto_,
+        _pad: 0,
+    };
+    // SAFETY: values are copied out at once.
+    if let Some(t) = unsafe { PORTMAPS.get(key) } {
+        return Some(*t);
+    }
+    key.addr = 0;
+    unsafe { PORTMAPS.get(key) }.copied()
+}

@@ -1,0 +1,75 @@
+//! Masquerade: a local pod's flow towards a destination outside `clusterCIDRs` leaves
+//! with the node's address and a port of the SNAT range.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    programs::TcContext,
+};
+use cni_ebpf_common::{
+    proto, NatKey, Reason, CFG_F_MASQ, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_SNAT_FWD, NAT_SNAT_REV,
+};
+
+use crate::{
+    maps::{count, in_cluster, is_node_addr, local_endpoint, node_config, NAT},
+    nat::{alloc_port, entry},
+    parse::{Pkt, ICMP_ECHO},
+    rewrite::apply,
+    PASS,
+};
+
+/// A packet leaving through the uplink with no NAT entry: a new masqueraded flow if it is
+/// a local pod's towards the outside, else passed unchanged.
+#[inline(always)]
+pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt) -> i32 {
+    let cfg = match node_config() {
+        Some(c) => c,
+        None => {
+            count(Reason::PassNoMatch);
+            return PASS;
+        }
+    };
+    let echo_request = p.proto == proto::ICMP && p.icmp_type == ICMP_ECHO;
+    if cfg.flags & CFG_F_MASQ == 0
+        || cfg.node_addr == 0
+        || !p.natable
+        || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
+        || local_endpoint(p.saddr).is_none()
+        || in_cluster(&cfg, p.daddr)
+        || is_node_addr(p.daddr)
+    {
+        count(Reason::PassNoMatch);
+        return PASS;
+    }
+    // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
+    let node = cfg.node_addr;
+    let rev = entry(
+        p.daddr,
+        p.saddr,
+        p.dport,
+        p.sport,
+        HOOK_UPLINK_IN,
+        NAT_SNAT_REV,
+    );
+    let mut rev_key = NatKey {
+        saddr: p.daddr,
+        daddr: node,
+        sport: p.dport,
+        dport: 0,
+        proto: p.proto,
+        _pad: [0; 3],
+    };
+    let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+        count(Reason::DropNoSnatPort);
+        return TC_ACT_SHOT as i32;
+    };
+    let fwd = entry(node, p.daddr, np, p.dport, HOOK_UPLINK_OUT, NAT_SNAT_FWD);
+    if NAT.insert(&p.key(), &fwd, 0).is_err() {
+        let _ = NAT.remove(&rev_key);
+        count(Reason::PassNatInsertFailed);
+        return PASS;
+    }
+    if apply(ctx, &p, &fwd) {
+        count(Reason::SnatNew);
+    }
+    TC_ACT_OK as i32
+}

@@ -1,0 +1,184 @@
+//! Header layout and parsing: Ethernet + IPv4 + the L4 fields the programs decide on.
+
+use aya_ebpf::programs::TcContext;
+use cni_ebpf_common::{proto, NatKey, Reason};
+
+pub(crate) const ETH_HLEN: usize = 14;
+
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+
+pub(crate) const IP_OFF: usize = ETH_HLEN;
+
+pub(crate) const IP_HLEN: usize = 20;
+
+pub(crate) const L4_OFF: usize = IP_OFF + IP_HLEN;
+
+/// Offset of the inner IPv4 header in an ICMP error.
+pub(crate) const INNER_IP_OFF: usize = L4_OFF + 8;
+
+pub(crate) const INNER_L4_OFF: usize = INNER_IP_OFF + IP_HLEN;
+
+pub(crate) const ICMP_ECHO_REPLY: u8 = 0;
+
+pub(crate) const ICMP_DEST_UNREACH: u8 = 3;
+
+pub(crate) const ICMP_ECHO: u8 = 8;
+
+pub(crate) const ICMP_TIME_EXCEEDED: u8 = 11;
+
+pub(crate) const ICMP_PARAMETER_PROB: u8 = 12;
+
+pub(crate) const TCP_FIN: u8 = 0x01;
+
+pub(crate) const TCP_SYN: u8 = 0x02;
+
+pub(crate) const TCP_RST: u8 = 0x04;
+
+pub(crate) const TCP_ACK: u8 = 0x10;
+
+/// The IPv4 header (no options).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Iphdr {
+    pub(crate) vihl: u8,
+    pub(crate) tos: u8,
+    pub(crate) tot_len: u16,
+    pub(crate) id: u16,
+    pub(crate) frag_off: u16,
+    pub(crate) ttl: u8,
+    pub(crate) proto: u8,
+    pub(crate) csum: u16,
+    pub(crate) saddr: u32,
+    pub(crate) daddr: u32,
+}
+
+/// What the programs need to know about an IPv4 packet. Addresses and ports network order.
+#[derive(Clone, Copy)]
+pub(crate) struct Pkt {
+    pub(crate) saddr: u32,
+    pub(crate) daddr: u32,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) proto: u8,
+    /// ICMP type (0xff if not ICMP).
+    pub(crate) icmp_type: u8,
+    /// TCP flags (0 if not TCP).
+    pub(crate) tcp_flags: u8,
+    /// The packet has ports (TCP, UDP) or an echo id (ICMP echo): it can be translated.
+    pub(crate) natable: bool,
+}
+
+impl Pkt {
+    #[inline(always)]
+    pub(crate) fn key(&self) -> NatKey {
+        NatKey {
+            saddr: self.saddr,
+            daddr: self.daddr,
+            sport: self.sport,
+            dport: self.dport,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+
+    #[inline(always)]
+    pub(crate) fn is_tcp_syn(&self) -> bool {
+        self.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+    }
+
+    /// A packet that may open a host-port flow: TCP SYN or any UDP datagram.
+    #[inline(always)]
+    pub(crate) fn opens_hostport_flow(&self) -> bool {
+        (self.proto == proto::TCP && self.is_tcp_syn()) || self.proto == proto::UDP
+    }
+}
+
+/// Reads a `T` at `off`: straight from the packet when those bytes are in its linear part
+/// (no helper call), else with `bpf_skb_load_bytes`.
+#[inline(always)]
+pub(crate) fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, ()> {
+    let start = ctx.data();
+    if start + off + core::mem::size_of::<T>() <= ctx.data_end() {
+        // SAFETY: within [data, data_end), checked just above; any alignment.
+        return Ok(unsafe { core::ptr::read_unaligned((start + off) as *const T) });
+    }
+    ctx.load(off).map_err(|_| ())
+}
+
+/// Parses Ethernet + IPv4 (+ the L4 ports). `Err` carries the reason to pass unchanged.
+#[inline(always)]
+pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
+    let ethertype: u16 = read(ctx, 12).map_err(|_| Reason::PassMalformed)?;
+    if ethertype != ETH_P_IP.to_be() {
+        return Err(Reason::PassNotIpv4);
+    }
+    let ip: Iphdr = read(ctx, IP_OFF).map_err(|_| Reason::PassMalformed)?;
+    if ip.vihl >> 4 != 4 {
+        return Err(Reason::PassMalformed);
+    }
+    let ihl = ip.vihl & 0x0f;
+    if ihl < 5 {
+        return Err(Reason::PassMalformed);
+    }
+    if ihl != 5 {
+        return Err(Reason::PassIpOptions);
+    }
+    // More-fragments bit or a fragment offset.
+    if ip.frag_off & 0x3fffu16.to_be() != 0 {
+        return Err(Reason::PassFragment);
+    }
+    let tot_len = u16::from_be(ip.tot_len) as u32;
+    if tot_len < IP_HLEN as u32 || tot_len + ETH_HLEN as u32 > ctx.len() {
+        return Err(Reason::PassMalformed);
+    }
+    let mut p = Pkt {
+        saddr: ip.saddr,
+        daddr: ip.daddr,
+        sport: 0,
+        dport: 0,
+        proto: ip.proto,
+        icmp_type: 0xff,
+        tcp_flags: 0,
+        natable: false,
+    };
+    let l4_len = tot_len - IP_HLEN as u32;
+    match ip.proto {
+        proto::TCP => {
+            if l4_len < 20 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.tcp_flags = read(ctx, L4_OFF + 13).map_err(|_| Reason::PassMalformed)?;
+            p.natable = true;
+        }
+        proto::UDP => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.natable = true;
+        }
+        proto::ICMP => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ty: u8 = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
+            p.icmp_type = ty;
+            if ty == ICMP_ECHO || ty == ICMP_ECHO_REPLY {
+                let id: u16 = read(ctx, L4_OFF + 4).map_err(|_| Reason::PassMalformed)?;
+                if ty == ICMP_ECHO {
+                    p.sport = id;
+                } else {
+                    p.dport = id;
+                }
+                p.natable = true;
+            }
+        }
+        _ => {}
+    }
+    Ok(p)
+}

@@ -1,0 +1,141 @@
+//! Rewriting a packet's tuple in place with its IPv4 and L4 checksums (RFC 1624).
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    programs::TcContext,
+};
+use cni_ebpf_common::{proto, NatEntry};
+
+use crate::parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF};
+
+/// Offset of the L4 checksum and the extra flags `bpf_l4_csum_replace` needs.
+#[inline(always)]
+pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
+    match proto_ {
+        proto::TCP => Some((l4_off + 16, 0)),
+        proto::UDP => Some((l4_off + 6, BPF_F_MARK_MANGLED_0 as u64)),
+        proto::ICMP => Some((l4_off + 2, 0)),
+        _ => None,
+    }
+}
+
+/// Adds the one's-complement difference of replacing 32-bit word `old` by `new` (both as
+/// they are on the wire) to `sum` (RFC 1624).
+#[inline(always)]
+pub(crate) fn csum_add_change(sum: u32, old: u32, new: u32) -> u32 {
+    let [a, b, c, d] = old.to_ne_bytes();
+    let [e, f, g, h] = new.to_ne_bytes();
+    sum + (!u16::from_be_bytes([a, b])) as u32
+        + (!u16::from_be_bytes([c, d])) as u32
+        + u16::from_be_bytes([e, f]) as u32
+        + u16::from_be_bytes([g, h]) as u32
+}
+
+/// Rewrites the packet's tuple `p` into the entry's tuple `n`, fixing the IPv4 header
+/// checksum and the L4 checksum (pseudo-header included for TCP/UDP). Addresses, ports
+/// and the IPv4 checksum are written in place; the L4 checksum goes through
+/// `bpf_l4_csum_replace`, which knows whether the skb carries a partial (offloaded) one.
+#[inline(always)]
+pub(crate) fn rewrite(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
+    let start = ctx.data();
+    if start + L4_OFF + 8 > ctx.data_end() {
+        return rewrite_slow(ctx, p, n);
+    }
+    let ip = (start + IP_OFF) as *mut u8;
+    let l4 = (start + L4_OFF) as *mut u8;
+    let pseudo = p.proto == proto::TCP || p.proto == proto::UDP;
+    // SAFETY: IPv4 header and the first 8 L4 bytes are within [data, data_end), checked
+    // above; byte accesses only.
+    unsafe {
+        if n.saddr != p.saddr || n.daddr != p.daddr {
+            let mut sum = (!u16::from_be_bytes([*ip.add(10), *ip.add(11)])) as u32;
+            sum = csum_add_change(sum, p.saddr, n.saddr);
+            sum = csum_add_change(sum, p.daddr, n.daddr);
+            sum = (sum & 0xffff) + (sum >> 16);
+            sum = (sum & 0xffff) + (sum >> 16);
+            let [hi, lo] = (!(sum as u16)).to_be_bytes();
+            *ip.add(10) = hi;
+            *ip.add(11) = lo;
+            let sa = n.saddr.to_ne_bytes();
+            let da = n.daddr.to_ne_bytes();
+            for i in 0..4 {
+                *ip.add(12 + i) = sa[i];
+                *ip.add(16 + i) = da[i];
+            }
+        }
+        if pseudo {
+            let [a, b] = n.sport.to_ne_bytes();
+            let [c, d] = n.dport.to_ne_bytes();
+            *l4 = a;
+            *l4.add(1) = b;
+            *l4.add(2) = c;
+            *l4.add(3) = d;
+        } else if p.icmp_type == ICMP_ECHO || p.icmp_type == ICMP_ECHO_REPLY {
+            let id = if p.icmp_type == ICMP_ECHO {
+                n.sport
+            } else {
+                n.dport
+            };
+            let [a, b] = id.to_ne_bytes();
+            *l4.add(4) = a;
+            *l4.add(5) = b;
+        }
+    }
+    l4_csum_fix(ctx, p, n)
+}
+
+/// The L4 checksum update for [`rewrite`]: addresses (pseudo-header, TCP/UDP) and ports
+/// or the echo id.
+#[inline(always)]
+pub(crate) fn l4_csum_fix(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
+    let Some((off, fl)) = l4_csum(p.proto, L4_OFF) else {
+        return Ok(());
+    };
+    if p.proto == proto::TCP || p.proto == proto::UDP {
+        let pf = fl | BPF_F_PSEUDO_HDR as u64 | 4;
+        if n.saddr != p.saddr {
+            ctx.l4_csum_replace(off, p.saddr as u64, n.saddr as u64, pf)?;
+        }
+        if n.daddr != p.daddr {
+            ctx.l4_csum_replace(off, p.daddr as u64, n.daddr as u64, pf)?;
+        }
+        if n.sport != p.sport {
+            ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, fl | 2)?;
+        }
+        if n.dport != p.dport {
+            ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, fl | 2)?;
+        }
+    } else if p.icmp_type == ICMP_ECHO && n.sport != p.sport {
+        ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, 2)?;
+    } else if p.icmp_type == ICMP_ECHO_REPLY && n.dport != p.dport {
+        ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, 2)?;
+    }
+    Ok(())
+}
+
+/// [`rewrite`] through helpers only, for headers outside the packet's linear part.
+#[inline(always)]
+pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
+    if n.saddr != p.saddr {
+        ctx.store(IP_OFF + 12, &n.saddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + 10, p.saddr as u64, n.saddr as u64, 4)?;
+    }
+    if n.daddr != p.daddr {
+        ctx.store(IP_OFF + 16, &n.daddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, n.daddr as u64, 4)?;
+    }
+    if p.proto == proto::TCP || p.proto == proto::UDP {
+        ctx.store(L4_OFF, &n.sport, 0)?;
+        ctx.store(L4_OFF + 2, &n.dport, 0)?;
+    } else if p.icmp_type == ICMP_ECHO {
+        ctx.store(L4_OFF + 4, &n.sport, 0)?;
+    } else if p.icmp_type == ICMP_ECHO_REPLY {
+        ctx.store(L4_OFF + 4, &n.dport, 0)?;
+    }
+    l4_csum_fix(ctx, p, n)
+}
+
+#[inline(always)]
+pub(crate) fn apply(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> bool {
+    rewrite(ctx, p, n).is_ok()
+}
