@@ -10,6 +10,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
+    flows,
     forward::deliver_or_stack,
     maps::{count, is_node_addr, node_config, port_mapping, NAT},
     nat::{alloc_port, entry},
@@ -99,6 +100,8 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         count(Reason::PassNatInsertFailed);
         return Some(PASS);
     }
+    // Netfilter never sees this flow (delivered past the stack): its replies may bypass it.
+    flows::note_own_inbound(&rev_key);
     if !apply(ctx, p, &fwd) {
         return Some(TC_ACT_OK as i32);
     }

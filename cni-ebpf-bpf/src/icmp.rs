@@ -1,7 +1,7 @@
 //! ICMP errors about translated flows, translated back for the pod.
 
-use aya_ebpf::programs::TcContext;
-use cni_ebpf_common::{proto, NatKey, Reason, HOOK_UPLINK_IN};
+use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
+use cni_ebpf_common::{proto, NatKey, Reason, HOOK_UPLINK_IN, NAT_DELIVER_STACK};
 
 use crate::{
     forward::deliver_or_stack,
@@ -120,5 +120,8 @@ pub(crate) fn icmp_error_in_inner(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         }
     }
     count(Reason::IcmpErrorTranslated);
+    if e.deliver == NAT_DELIVER_STACK {
+        return Some(TC_ACT_OK as i32);
+    }
     Some(deliver_or_stack(ctx, nsaddr))
 }

@@ -19,11 +19,14 @@
 //! - [`maps`]: the pinned maps and typed reads of them;
 //! - [`rewrite`]: tuple rewrite with checksums;
 //! - [`nat`]: NAT entries, TCP close tracking, SNAT port search;
+//! - [`flows`]: which pod flows may bypass the stack (living next to netfilter);
 //! - [`forward`]: the routed hop, redirect into a pod or to the uplink;
 //! - [`hostport`]: host-port DNAT and hairpin;
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
-//! - [`icmp`]: ICMP errors about translated flows.
+//! - [`icmp`]: ICMP errors about translated flows;
+//! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs).
 
+mod flows;
 mod forward;
 mod hostport;
 mod icmp;
@@ -32,6 +35,7 @@ mod masq;
 mod nat;
 mod parse;
 mod rewrite;
+mod sock;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
@@ -39,12 +43,13 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Reason, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_SNAT_FWD, NAT_SNAT_REV,
+    proto, Reason, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DELIVER_STACK, NAT_SNAT_FWD,
+    NAT_SNAT_REV,
 };
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
-    maps::{add_stats, count, is_node_addr, local_endpoint, port_mapping},
+    maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping},
     nat::nat_lookup,
     parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
     rewrite::apply,
@@ -99,14 +104,24 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
         }
     }
 
-    // Same-node pod → pod.
+    // Same-node pod → pod, unless netfilter must see it (the reply of a Service flow, or
+    // a packet whose flow we cannot tell).
     if let Some(ep) = dst_ep {
+        if !p.natable || flows::is_translated_reply(&p) {
+            count(Reason::PassTranslatedReply);
+            return Ok(PASS);
+        }
         count(Reason::RedirectPod);
         return Ok(deliver(ctx, &ep));
     }
 
-    // Leaving the node through the uplink.
-    Ok(to_uplink(ctx, &p, ifindex))
+    // Leaving the node (or for the node itself): straight to the uplink once the flow is
+    // known to leave untranslated, else through the stack.
+    if flows::may_bypass_stack(&p) {
+        return Ok(to_uplink(ctx, &p, ifindex));
+    }
+    flows::to_stack(&p, ifindex);
+    Ok(PASS)
 }
 
 /// Uplink ingress: reverse NAT of masqueraded flows, DNAT of host ports.
@@ -141,6 +156,10 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
         if !apply(ctx, &p, &n) {
             return Ok(TC_ACT_OK as i32);
         }
+        if n.deliver == NAT_DELIVER_STACK {
+            count(Reason::SnatReplyToStack);
+            return Ok(TC_ACT_OK as i32);
+        }
         count(if n.kind == NAT_SNAT_REV {
             Reason::SnatReply
         } else {
@@ -151,6 +170,9 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
 
     if let Some(v) = hostport::dnat_new(ctx, &p) {
         return Ok(v);
+    }
+    if let Some(cfg) = node_config() {
+        flows::note_inbound(&p, &cfg);
     }
     count(Reason::PassNoMatch);
     Ok(PASS)
@@ -176,6 +198,7 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     };
 
+    let flow = flows::seen_leaving(&p);
     if let Some(n) = nat_lookup(&p, HOOK_UPLINK_OUT) {
         if apply(ctx, &p, &n) {
             count(if n.kind == NAT_SNAT_FWD {
@@ -187,7 +210,7 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
         return Ok(TC_ACT_OK as i32);
     }
 
-    Ok(masq::masquerade_new(ctx, &p))
+    Ok(masq::masquerade_new(ctx, &p, flow))
 }
 
 #[cfg(not(test))]

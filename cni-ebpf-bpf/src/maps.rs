@@ -1,16 +1,17 @@
 //! The pinned maps shared with userspace, and small typed reads of them.
 //!
 //! Maps are pinned by name below the directory userspace passes as the default map pin
-//! directory (`<bpffsRoot>/<network>/v1/maps`), so every later invocation reuses them.
+//! directory (`<bpffsRoot>/<network>/v<LAYOUT_VERSION>/maps`), so every later invocation reuses them.
 
 use aya_ebpf::{
     macros::map,
     maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
-    PortKey, PortTarget, Reason, EP_F_ACTIVE, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_NAT,
-    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, REASON_SLOTS,
+    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr, NodeConfig,
+    Owner, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue, EP_F_ACTIVE,
+    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS,
+    MAX_SOCK_REVNAT, MAX_STACK_SOCKETS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -30,6 +31,17 @@ pub(crate) static PORTMAPS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_P
 #[map]
 pub(crate) static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_NAT, 0);
 
+/// Pod flows: whether each may bypass the node's stack (see `flows`).
+#[map]
+pub(crate) static FLOWS: LruHashMap<NatKey, FlowEntry> = LruHashMap::pinned(MAX_FLOWS, 0);
+/// Pod sockets whose traffic went through the stack, and the peer they addressed.
+#[map]
+pub(crate) static STACK_SOCKETS: LruHashMap<SockKey, SockPeer> =
+    LruHashMap::pinned(MAX_STACK_SOCKETS, 0);
+/// Node sockets translated to a pod by the socket hooks → the host port they asked for.
+#[map]
+pub(crate) static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
+    LruHashMap::pinned(MAX_SOCK_REVNAT, 0);
 /// Node configuration (index 0).
 #[map]
 pub(crate) static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);

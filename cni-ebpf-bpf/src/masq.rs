@@ -6,21 +6,24 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, NatKey, Reason, CFG_F_MASQ, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_SNAT_FWD, NAT_SNAT_REV,
+    proto, NatKey, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT,
+    NAT_DELIVER_STACK, NAT_SNAT_FWD, NAT_SNAT_REV,
 };
 
 use crate::{
     maps::{count, in_cluster, is_node_addr, local_endpoint, node_config, NAT},
     nat::{alloc_port, entry},
-    parse::{Pkt, ICMP_ECHO},
+    parse::{Pkt, ICMP_ECHO, TCP_ACK, TCP_SYN},
     rewrite::apply,
     PASS,
 };
 
-/// A packet leaving through the uplink with no NAT entry: a new masqueraded flow if it is
-/// a local pod's towards the outside, else passed unchanged.
+/// A packet leaving through the uplink with no NAT entry: a new masqueraded flow if a
+/// local pod opened it towards the outside, else passed unchanged. `flow` is what
+/// [`crate::flows::seen_leaving`] knows of it: `None` when netfilter translated the packet on
+/// its way here, so the replies go back through the stack after our reverse NAT.
 #[inline(always)]
-pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt) -> i32 {
+pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32 {
     let cfg = match node_config() {
         Some(c) => c,
         None => {
@@ -40,9 +43,17 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt) -> i32 {
         count(Reason::PassNoMatch);
         return PASS;
     }
+    // MASQUERADE semantics: a pod's replies in a flow opened from outside keep the pod's
+    // address (a SYN-ACK never opens one).
+    if flow.is_some_and(|f| f & FLOW_F_INBOUND != 0)
+        || (p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK)
+    {
+        count(Reason::PassInboundReply);
+        return PASS;
+    }
     // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
     let node = cfg.node_addr;
-    let rev = entry(
+    let mut rev = entry(
         p.daddr,
         p.saddr,
         p.dport,
@@ -50,6 +61,9 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt) -> i32 {
         HOOK_UPLINK_IN,
         NAT_SNAT_REV,
     );
+    if flow.is_none() {
+        rev.deliver = NAT_DELIVER_STACK;
+    }
     let mut rev_key = NatKey {
         saddr: p.daddr,
         daddr: node,

@@ -9,8 +9,9 @@ use aya_ebpf::{
     helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatEntry, NatKey, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_F_FIN, NAT_F_FIRST_FIN,
-    NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
+    proto, NatEntry, NatKey, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
+    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS,
+    NAT_UDP_IDLE_NS,
 };
 
 use crate::{
@@ -246,7 +247,7 @@ pub(crate) fn entry(
         hook,
         kind,
         flags: 0,
-        _pad: 0,
+        deliver: NAT_DELIVER_DIRECT,
         last_seen_ns: now(),
     }
 }

@@ -13,7 +13,7 @@ use core::mem::size_of;
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
 /// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
 /// of another version (see `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Names of the programs in the object (also their pin names).
 pub mod prog {
@@ -23,8 +23,28 @@ pub mod prog {
     pub const UPLINK_INGRESS: &str = "uplink_ingress";
     /// Uplink egress (packets leaving the node).
     pub const UPLINK_EGRESS: &str = "uplink_egress";
+    /// `connect()` of the node's own sockets (cgroup `connect4`).
+    pub const SOCK_CONNECT4: &str = "sock_connect4";
+    /// `sendmsg()` of the node's own unconnected UDP sockets (cgroup `sendmsg4`).
+    pub const SOCK_SENDMSG4: &str = "sock_sendmsg4";
+    /// `recvmsg()` of the node's own unconnected UDP sockets (cgroup `recvmsg4`).
+    pub const SOCK_RECVMSG4: &str = "sock_recvmsg4";
+    /// `getpeername()` of the node's own sockets (cgroup `getpeername4`).
+    pub const SOCK_GETPEERNAME4: &str = "sock_getpeername4";
+    /// The tc programs.
+    pub const TC: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
+    /// The socket (cgroup sock_addr) programs.
+    pub const SOCK: [&str; 4] = [SOCK_CONNECT4, SOCK_SENDMSG4, SOCK_RECVMSG4, SOCK_GETPEERNAME4];
     /// Every program, in load order.
-    pub const ALL: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
+    pub const ALL: [&str; 7] = [
+        FROM_POD,
+        UPLINK_INGRESS,
+        UPLINK_EGRESS,
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
 }
 
 /// Names of the maps in the object (also their pin names).
@@ -45,8 +65,17 @@ pub mod map {
     pub const REASONS: &str = "REASONS";
     /// Owner id (`u64`, [`super::owner_id`]) → [`super::Owner`]; userspace only.
     pub const OWNERS: &str = "OWNERS";
+    /// [`super::NatKey`] (a pod flow's tuple as the pod sends it) → [`super::FlowEntry`]
+    /// (LRU): whether the flow may bypass the node's stack.
+    pub const FLOWS: &str = "FLOWS";
+    /// [`super::SockKey`] (a pod's socket) → [`super::SockPeer`] (LRU): the last peer
+    /// that socket addressed through the node's stack.
+    pub const STACK_SOCKETS: &str = "STACK_SOCKETS";
+    /// [`super::SockRevKey`] → [`super::SockRevValue`] (LRU): what a node socket's host-port
+    /// peer was before the socket hooks translated it.
+    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
     /// Every map.
-    pub const ALL: [&str; 8] = [
+    pub const ALL: [&str; 11] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -55,6 +84,9 @@ pub mod map {
         NODE_ADDRS,
         REASONS,
         OWNERS,
+        FLOWS,
+        STACK_SOCKETS,
+        SOCK_REVNAT,
     ];
 }
 
@@ -68,6 +100,12 @@ pub const MAX_NAT: u32 = 131_072;
 pub const MAX_NODE_ADDRS: u32 = 256;
 /// Capacity of [`map::OWNERS`].
 pub const MAX_OWNERS: u32 = 8192;
+/// Capacity of [`map::FLOWS`].
+pub const MAX_FLOWS: u32 = 131_072;
+/// Capacity of [`map::STACK_SOCKETS`].
+pub const MAX_STACK_SOCKETS: u32 = 65_536;
+/// Capacity of [`map::SOCK_REVNAT`].
+pub const MAX_SOCK_REVNAT: u32 = 65_536;
 /// Number of `clusterCIDRs` the programs consider.
 pub const MAX_CLUSTER_CIDRS: usize = 16;
 
@@ -130,11 +168,30 @@ pub enum Reason {
     /// A translated source port was taken back from a flow that is over (closed or
     /// idle) and given to a new flow.
     SnatPortReclaimed = 40,
+    /// A pod's packet leaving the node on a flow not yet seen to leave unchanged (its
+    /// first packets, a TCP SYN, or a flow the node's netfilter translates): handed to the
+    /// stack so that netfilter (kube-proxy) sees it.
+    PassUnverifiedFlow = 41,
+    /// `uplink_egress` saw a pod flow's packet leave exactly as the pod sent it: netfilter
+    /// did not translate it, so its later packets may take the fast path.
+    FlowVerified = 42,
+    /// A packet for a local pod's socket whose traffic goes through the stack to another
+    /// peer (a reply of a Service flow): handed to the stack to be un-NATed.
+    PassTranslatedReply = 43,
+    /// A pod's reply in a flow opened from outside the cluster: left with the pod's own
+    /// address (masquerade only translates flows the pod opened).
+    PassInboundReply = 44,
+    /// Reply of a masqueraded flow whose forward packets netfilter also translated: handed
+    /// to the stack after our reverse NAT so that netfilter undoes its part.
+    SnatReplyToStack = 45,
+    /// A node socket's connect/sendmsg to nodeIP:hostPort (or 127.0.0.1:hostPort)
+    /// translated to the pod.
+    SockHostPort = 46,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 25] = [
+    pub const ALL: [Reason; 31] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -160,6 +217,12 @@ impl Reason {
         Reason::RedirectUplink,
         Reason::PassKernelRoute,
         Reason::SnatPortReclaimed,
+        Reason::PassUnverifiedFlow,
+        Reason::FlowVerified,
+        Reason::PassTranslatedReply,
+        Reason::PassInboundReply,
+        Reason::SnatReplyToStack,
+        Reason::SockHostPort,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -191,13 +254,19 @@ impl Reason {
             Reason::RedirectUplink => "redirect_uplink",
             Reason::PassKernelRoute => "pass_kernel_route",
             Reason::SnatPortReclaimed => "snat_port_reclaimed",
+            Reason::PassUnverifiedFlow => "pass_unverified_flow",
+            Reason::FlowVerified => "flow_verified",
+            Reason::PassTranslatedReply => "pass_translated_reply",
+            Reason::PassInboundReply => "pass_inbound_reply",
+            Reason::SnatReplyToStack => "snat_reply_to_stack",
+            Reason::SockHostPort => "sock_host_port",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::SnatPortReclaimed as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::SockHostPort as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -335,6 +404,12 @@ pub const NAT_F_RST: u8 = 2;
 /// on the other side of the translation).
 pub const NAT_F_FIRST_FIN: u8 = 4;
 
+/// [`NatEntry::deliver`]: straight into the local pod it is now addressed to, if any.
+pub const NAT_DELIVER_DIRECT: u8 = 0;
+/// [`NatEntry::deliver`]: to the node's stack, because netfilter translated this flow
+/// too (its other direction reached us already translated) and must undo its part.
+pub const NAT_DELIVER_STACK: u8 = 1;
+
 /// A translated source port whose flow closed with a RST, or with FINs both ways where
 /// the pod closed first, may be handed out again after this long (in-flight packets).
 pub const NAT_CLOSED_GRACE_NS: u64 = 1_000_000_000;
@@ -367,12 +442,91 @@ pub struct NatEntry {
     pub kind: u8,
     /// `NAT_F_*`: how far the (TCP) flow has closed, as seen by this entry's direction.
     pub flags: u8,
-    /// Explicit padding, always zero.
-    pub _pad: u8,
+    /// `NAT_DELIVER_*`: where a translated packet goes next.
+    pub deliver: u8,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
 }
 const _: () = assert!(size_of::<NatEntry>() == 24);
+
+/// [`FlowEntry::flags`]: `from_pod` handed a packet of this flow to the stack and waits
+/// for `uplink_egress` to see it leave unchanged.
+pub const FLOW_F_PENDING: u32 = 1;
+/// [`FlowEntry::flags`]: a packet of this flow left the uplink exactly as the pod sent it
+/// (netfilter did not translate it): later packets may bypass the stack.
+pub const FLOW_F_VERIFIED: u32 = 2;
+/// [`FlowEntry::flags`]: the flow was opened from outside the cluster towards the pod;
+/// its packets from the pod are never masqueraded.
+pub const FLOW_F_INBOUND: u32 = 4;
+
+/// Value of [`map::FLOWS`], keyed by a pod flow's [`NatKey`] as the pod sends it.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FlowEntry {
+    /// `FLOW_F_*` bits, native order.
+    pub flags: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+    /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
+    pub last_seen_ns: u64,
+}
+const _: () = assert!(size_of::<FlowEntry>() == 16);
+
+/// Key of [`map::STACK_SOCKETS`]: one pod socket.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockKey {
+    /// Pod address, network order.
+    pub addr: u32,
+    /// Pod port (or ICMP echo id), network order.
+    pub port: u16,
+    /// IP protocol ([`proto`]).
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<SockKey>() == 8);
+
+/// Value of [`map::STACK_SOCKETS`]: the peer a pod socket last addressed through the stack.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SockPeer {
+    /// Peer address as the pod addressed it, network order.
+    pub addr: u32,
+    /// Peer port as the pod addressed it, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockPeer>() == 8);
+
+/// Key of [`map::SOCK_REVNAT`]: a node socket and the pod address it was sent to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockRevKey {
+    /// `bpf_get_socket_cookie` of the socket, native order.
+    pub cookie: u64,
+    /// Pod address, network order.
+    pub addr: u32,
+    /// Pod port, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevKey>() == 16);
+
+/// Value of [`map::SOCK_REVNAT`]: the host-port address the socket asked for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SockRevValue {
+    /// Address the socket addressed (a node address or 127.0.0.0/8), network order.
+    pub addr: u32,
+    /// Host port, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevValue>() == 8);
 
 /// [`NodeConfig::flags`]: masquerade traffic leaving the cluster (`ipMasq`).
 pub const CFG_F_MASQ: u32 = 1;
@@ -409,8 +563,11 @@ pub struct NodeConfig {
     pub addrs_listed_s: u32,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
+    /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
+    /// socket hooks translate only sockets of this namespace (0: none).
+    pub netns_cookie: u64,
 }
-const _: () = assert!(size_of::<NodeConfig>() == 24 + 8 * MAX_CLUSTER_CIDRS);
+const _: () = assert!(size_of::<NodeConfig>() == 24 + 8 * MAX_CLUSTER_CIDRS + 8);
 
 /// Value of [`map::NODE_ADDRS`].
 #[repr(C)]
@@ -474,4 +631,9 @@ mod pod {
     unsafe impl aya::Pod for super::NodeConfig {}
     unsafe impl aya::Pod for super::NodeAddr {}
     unsafe impl aya::Pod for super::Owner {}
+    unsafe impl aya::Pod for super::FlowEntry {}
+    unsafe impl aya::Pod for super::SockKey {}
+    unsafe impl aya::Pod for super::SockPeer {}
+    unsafe impl aya::Pod for super::SockRevKey {}
+    unsafe impl aya::Pod for super::SockRevValue {}
 }

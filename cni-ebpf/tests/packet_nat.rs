@@ -27,7 +27,7 @@ fn tcp_is_masqueraded_and_the_reply_reaches_the_pod() {
 
     // Pod A → EXT:80, as it leaves through the uplink after the stack routed it.
     let syn = tcp_frame(POD_A, 40000, EXT, 80, SYN);
-    let (v, out) = fx.run("uplink_egress", &syn);
+    let (v, out) = fx.egress(&syn);
     assert_eq!(v, OK, "masqueraded packets continue out of the uplink");
     let p = parse_checked(&out);
     assert_eq!(p.src, NODE, "source must be the node address");
@@ -44,7 +44,7 @@ fn tcp_is_masqueraded_and_the_reply_reaches_the_pod() {
     assert_eq!(fx.reason(Reason::SnatNew), 1);
 
     // The next packet of the flow gets the same port.
-    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, ACK));
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, ACK));
     assert_eq!(v, OK);
     assert_eq!(
         parse_checked(&out).sport,
@@ -54,7 +54,7 @@ fn tcp_is_masqueraded_and_the_reply_reaches_the_pod() {
     assert_eq!(fx.reason(Reason::SnatForward), 1);
 
     // Another pod flow with the same source port gets a different one.
-    let (_, out) = fx.run("uplink_egress", &tcp_frame(POD_B, 40000, EXT, 80, SYN));
+    let (_, out) = fx.egress(&tcp_frame(POD_B, 40000, EXT, 80, SYN));
     let other = parse_checked(&out).sport;
     assert_ne!(
         other, nport,
@@ -87,7 +87,7 @@ fn udp_is_masqueraded_with_and_without_checksum() {
     fx.standard_node(true);
     fx.two_pods();
 
-    let (v, out) = fx.run("uplink_egress", &udp_frame(POD_A, 5353, EXT, 53));
+    let (v, out) = fx.egress(&udp_frame(POD_A, 5353, EXT, 53));
     assert_eq!(v, OK);
     let p = parse_checked(&out);
     assert_eq!(p.src, NODE);
@@ -101,10 +101,7 @@ fn udp_is_masqueraded_with_and_without_checksum() {
 
     // A datagram without checksum keeps having none.
     let l4 = udp(POD_B, EXT, 7000, 53, b"no checksum", false);
-    let (v, out) = fx.run(
-        "uplink_egress",
-        &frame(UPLINK_MAC, EXT_MAC, POD_B, EXT, UDP, &l4),
-    );
+    let (v, out) = fx.egress(&frame(UPLINK_MAC, EXT_MAC, POD_B, EXT, UDP, &l4));
     assert_eq!(v, OK);
     let p = parse_checked(&out);
     assert_eq!(p.src, NODE);
@@ -119,7 +116,7 @@ fn icmp_echo_is_masqueraded_by_identifier() {
     fx.two_pods();
 
     let req = frame(UPLINK_MAC, EXT_MAC, POD_A, EXT, ICMP, &echo(8, 0x1234, 1));
-    let (v, out) = fx.run("uplink_egress", &req);
+    let (v, out) = fx.egress(&req);
     assert_eq!(v, OK);
     let p = parse_checked(&out);
     assert_eq!((p.src, p.dst, p.icmp_type), (NODE, EXT, 8));
@@ -163,7 +160,7 @@ fn icmp_errors_about_masqueraded_flows_reach_the_pod() {
             frame(UPLINK_MAC, EXT_MAC, POD_A, EXT, ICMP, &echo(8, 0x4321, 9)),
         ),
     ] {
-        let (_, sent) = fx.run("uplink_egress", &first);
+        let (_, sent) = fx.egress(&first);
         let sent_p = parse_checked(&sent);
         assert_eq!(sent_p.src, NODE);
         for (ty, code) in [(3u8, 3u8), (11, 0), (3, 4)] {
@@ -282,9 +279,9 @@ fn detaching_a_pod_purges_its_flows() {
     let fx = Fixture::new();
     fx.standard_node(true);
     fx.two_pods();
-    let (_, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    let (_, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN));
     let nport = parse_checked(&out).sport;
-    fx.run("uplink_egress", &tcp_frame(POD_B, 40000, EXT, 80, SYN));
+    fx.egress(&tcp_frame(POD_B, 40000, EXT, 80, SYN));
     assert_eq!(fx.dp().nat_entries().unwrap().len(), 4);
 
     fx.dp()
@@ -346,7 +343,9 @@ fn one_port_node() -> Fixture {
 fn age_nat(fx: &Fixture, by: std::time::Duration) {
     use aya::maps::{HashMap, Map, MapData};
     use cni_ebpf_common::{NatEntry, NatKey};
-    let pin = fx.network_dir().join("v1/maps/NAT");
+    let pin = fx
+        .network_dir()
+        .join(format!("v{}/maps/NAT", cni_ebpf_common::LAYOUT_VERSION));
     let data = MapData::from_pin(&pin).unwrap();
     let mut nat: HashMap<MapData, NatKey, NatEntry> =
         HashMap::try_from(Map::LruHashMap(data)).unwrap();
@@ -360,14 +359,14 @@ fn age_nat(fx: &Fixture, by: std::time::Duration) {
 
 /// Pod A opens a TCP flow to EXT:80 on [`ONE_PORT`].
 fn open_a(fx: &Fixture) {
-    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN));
     assert_eq!(v, OK);
     assert_eq!(parse_checked(&out).sport, ONE_PORT);
 }
 
 /// Pod B's SYN to EXT:80: the verdict and, when it got through, its SNAT port.
 fn syn_b(fx: &Fixture) -> (u32, u16) {
-    let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_B, 40001, EXT, 80, SYN));
+    let (v, out) = fx.egress(&tcp_frame(POD_B, 40001, EXT, 80, SYN));
     (
         v,
         if v == OK {
@@ -379,10 +378,7 @@ fn syn_b(fx: &Fixture) -> (u32, u16) {
 }
 
 fn fin_from_pod_a(fx: &Fixture) {
-    let (v, _) = fx.run(
-        "uplink_egress",
-        &tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK),
-    );
+    let (v, _) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK));
     assert_eq!(v, OK);
 }
 
@@ -466,7 +462,7 @@ fn snat_port_of_a_reset_flow_is_reused_and_open_flows_keep_theirs() {
     age_nat(&fx, std::time::Duration::from_secs(2));
     assert_eq!(syn_b(&fx).0, SHOT, "a half-closed flow keeps its port");
     // A RST ends it.
-    let (v, _) = fx.run("uplink_egress", &tcp_frame(POD_A, 40000, EXT, 80, RST));
+    let (v, _) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, RST));
     assert_eq!(v, OK);
     age_nat(&fx, std::time::Duration::from_secs(2));
     assert_eq!(syn_b(&fx), (OK, ONE_PORT));
@@ -494,10 +490,10 @@ fn a_closed_flow_reopened_with_the_same_tuple_keeps_its_port() {
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn udp_snat_ports_are_reused_after_a_minute_of_silence() {
     let fx = one_port_node();
-    let (v, out) = fx.run("uplink_egress", &udp_frame(POD_A, 5000, EXT, 53));
+    let (v, out) = fx.egress(&udp_frame(POD_A, 5000, EXT, 53));
     assert_eq!(v, OK);
     assert_eq!(parse_checked(&out).sport, ONE_PORT);
-    let b = || fx.run("uplink_egress", &udp_frame(POD_B, 5001, EXT, 53)).0;
+    let b = || fx.egress(&udp_frame(POD_B, 5001, EXT, 53)).0;
     age_nat(&fx, std::time::Duration::from_secs(30));
     assert_eq!(b(), SHOT, "30 s of silence: A's UDP flow keeps its port");
     age_nat(&fx, std::time::Duration::from_secs(31));

@@ -15,7 +15,7 @@ use std::{
 
 use aya::{
     maps::{Map, MapData},
-    programs::{ProgramError, ProgramInfo, SchedClassifier},
+    programs::{Program, ProgramError, ProgramInfo, SchedClassifier},
     EbpfLoader,
 };
 use cni_ebpf_common::prog;
@@ -133,22 +133,32 @@ pub fn load_and_pin(pins: &Pins) -> Result<()> {
         if pin.exists() {
             continue;
         }
-        let program: &mut SchedClassifier = ebpf
-            .program_mut(name)
-            .ok_or_else(|| {
-                Error::datapath(
+        let program = ebpf.program_mut(name).ok_or_else(|| {
+            Error::datapath(
+                format!("loading program {name}"),
+                "the embedded object has no such program",
+            )
+        })?;
+        let verify = |e: ProgramError| {
+            Error::datapath(format!("verifying program {name}"), program_error(&e))
+        };
+        let pinned = match program {
+            Program::SchedClassifier(p) => {
+                p.load().map_err(verify)?;
+                p.pin(&pin)
+            }
+            Program::CgroupSockAddr(p) => {
+                p.load().map_err(verify)?;
+                p.pin(&pin)
+            }
+            _ => {
+                return Err(Error::datapath(
                     format!("loading program {name}"),
-                    "the embedded object has no such program",
-                )
-            })?
-            .try_into()
-            .map_err(|e: ProgramError| {
-                Error::datapath(format!("loading program {name}"), program_error(&e))
-            })?;
-        program
-            .load()
-            .map_err(|e| Error::datapath(format!("verifying program {name}"), program_error(&e)))?;
-        program.pin(&pin).map_err(|e| {
+                    "the embedded object's program has an unexpected type",
+                ))
+            }
+        };
+        pinned.map_err(|e| {
             Error::datapath(
                 format!("pinning program {name} at {}", pin.display()),
                 chain(&e),

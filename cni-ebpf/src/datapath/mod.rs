@@ -514,6 +514,7 @@ impl Datapath {
             snat_port_max: s.snat_ports.1,
             addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
+            netns_cookie: old.netns_cookie,
         };
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {
             *slot = Cidr4 {

@@ -42,7 +42,9 @@ pub const HOST_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 1];
 pub const POD_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 2];
 pub const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 1];
 pub const EXT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 2];
-pub const IFINDEX_A: u32 = 41;
+/// Pod A's host veth is ifindex 1: `BPF_PROG_TEST_RUN` runs tc programs on the loopback
+/// device (ifindex 1), so `from_pod` runs see pod A's packets arriving on its own veth.
+pub const IFINDEX_A: u32 = 1;
 pub const IFINDEX_B: u32 = 42;
 
 pub const TCP: u8 = 6;
@@ -167,6 +169,47 @@ impl Fixture {
             "{prog}: {what}: verdict {v:#x}, expected pass (-1)"
         );
         assert_eq!(out, pkt, "{prog}: {what}: the packet was modified");
+    }
+
+    /// A pod's packet leaving through the uplink as the pod sent it: records the flow as
+    /// pending the way `from_pod` does when it hands a packet to the stack (pods other than
+    /// A cannot run `from_pod` here: `BPF_PROG_TEST_RUN` runs on ifindex 1), then runs
+    /// `uplink_egress`.
+    pub fn egress(&self, pkt: &[u8]) -> (u32, Vec<u8>) {
+        self.set_flow(&flow_key(pkt), cni_ebpf_common::FLOW_F_PENDING);
+        self.run("uplink_egress", pkt)
+    }
+
+    /// The `FLOWS` entry of `key` (`None`: no entry).
+    pub fn flow(&self, key: &cni_ebpf_common::NatKey) -> Option<u32> {
+        let map = self.map("FLOWS");
+        let flows: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::FlowEntry> =
+            aya::maps::HashMap::try_from(&map).unwrap();
+        flows.get(key, 0).ok().map(|e| e.flags)
+    }
+
+    /// Writes the `FLOWS` entry of `key`.
+    pub fn set_flow(&self, key: &cni_ebpf_common::NatKey, flags: u32) {
+        let mut map = self.map("FLOWS");
+        let mut flows: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::FlowEntry> =
+            aya::maps::HashMap::try_from(&mut map).unwrap();
+        let e = cni_ebpf_common::FlowEntry {
+            flags,
+            ..Default::default()
+        };
+        flows.insert(key, e, 0).unwrap();
+    }
+
+    /// One map of the loaded datapath, opened from its pin.
+    pub fn map(&self, name: &str) -> aya::maps::Map {
+        let pin = self
+            .network_dir()
+            .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+            .join("maps")
+            .join(name);
+        let data = aya::maps::MapData::from_pin(&pin)
+            .unwrap_or_else(|e| panic!("opening map pin {}: {e}", pin.display()));
+        aya::maps::Map::LruHashMap(data)
     }
 
     pub fn reason(&self, r: cni_ebpf_common::Reason) -> u64 {
@@ -339,6 +382,26 @@ pub fn udp_frame(src: Ipv4Addr, sport: u16, dst: Ipv4Addr, dport: u16) -> Vec<u8
 }
 
 // ------------------------------------------------------------------- parsing
+
+/// The `NatKey` of a frame's flow as the eBPF programs build it (addresses and ports in
+/// network order; an ICMP echo request's id is its source port, a reply's its destination).
+pub fn flow_key(f: &[u8]) -> cni_ebpf_common::NatKey {
+    let p = parse_checked(f);
+    let (sport, dport) = match (p.proto, p.icmp_type) {
+        (ICMP, 8) => (p.icmp_id, 0),
+        (ICMP, 0) => (0, p.icmp_id),
+        (ICMP, _) => (0, 0),
+        _ => (p.sport, p.dport),
+    };
+    cni_ebpf_common::NatKey {
+        saddr: u32::from_ne_bytes(p.src.octets()),
+        daddr: u32::from_ne_bytes(p.dst.octets()),
+        sport: sport.to_be(),
+        dport: dport.to_be(),
+        proto: p.proto,
+        _pad: [0; 3],
+    }
+}
 
 /// What the tests look at in a (rewritten) frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

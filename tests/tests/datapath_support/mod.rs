@@ -124,10 +124,12 @@ pub fn host_veth(result: &Value) -> String {
         .unwrap_or_else(|| panic!("no host interface in the result: {result}"))
 }
 
-/// `<bpffsRoot>/<network>/v1`.
+/// `<bpffsRoot>/<network>/v<LAYOUT_VERSION>`.
 #[must_use]
 pub fn pin_dir(node: &SimNode) -> PathBuf {
-    node.pin_root().join(NET).join("v1")
+    node.pin_root()
+        .join(NET)
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
 }
 
 /// The pin of map `name`.
@@ -280,10 +282,10 @@ pub fn rulesets(node: &SimNode) -> String {
     out
 }
 
-/// Relative pin paths below the network's `v1` directory.
+/// Relative pin paths below the network's `v<LAYOUT_VERSION>` directory.
 #[must_use]
 pub fn pin_set(node: &SimNode) -> BTreeSet<String> {
-    let prefix = Path::new(NET).join("v1");
+    let prefix = Path::new(NET).join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION));
     node.pins()
         .into_iter()
         .filter_map(|p| {

@@ -92,7 +92,11 @@ fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64
 
 /// Pinned maps of the cni-ebpf network: (total memlock bytes, bytes held by live entries).
 fn map_memory(node: &BenchNode) -> Result<(u64, u64, Map<String, Value>)> {
-    let dir = node.pin_root().join(node.network()).join("v1").join("maps");
+    let dir = node
+        .pin_root()
+        .join(node.network())
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+        .join("maps");
     let ncpu = std::thread::available_parallelism().map_or(1, usize::from) as u64;
     let mut memlock = 0;
     let mut live = 0;

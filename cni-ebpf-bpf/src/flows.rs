@@ -1,0 +1,203 @@
+//! Living next to netfilter: which pod flows may bypass the node's stack.
+//!
+//! The rule (DESIGN.md, "Living next to Kubernetes"): a fast path never bypasses
+//! netfilter for a flow that netfilter translates — kube-proxy's DNAT of a ClusterIP or
+//! NodePort and its un-DNAT of the replies, a portmap-style rule, an admin's NAT. We cannot
+//! read netfilter's decisions, but for pod traffic leaving the node we own a hook on each
+//! side of the stack: `from_pod` before it, `uplink_egress` after it. So we watch what the
+//! stack does to a flow's first packets ("own flow tracking"):
+//!
+//! - A pod's packet leaving the node (not for a local pod) on a flow that is not verified
+//!   goes to the stack, and `from_pod` records its tuple as pending in `FLOWS`. A TCP SYN
+//!   always does, so a new connection on a reused tuple is judged afresh.
+//! - When `uplink_egress` sees a pending tuple leave exactly as the pod sent it, netfilter
+//!   left the flow alone: it is verified, and its later packets take the fast path
+//!   (`forward::to_uplink`). A translated flow leaves with another tuple (or not through
+//!   the uplink at all) and stays on the kernel path for as long as it lives.
+//! - Same-node pod → pod packets are redirected from the first packet — unless they are
+//!   for a pod socket that talks through the stack to another peer (`STACK_SOCKETS`): then
+//!   they are the replies of a Service flow (endpoint → client) that netfilter must
+//!   un-DNAT, and go to the stack.
+//! - `uplink_ingress` marks flows opened from outside the cluster towards a pod as
+//!   inbound, so that masquerade leaves the pod's replies alone (iptables MASQUERADE only
+//!   translates connections the pod opened).
+//!
+//! The alternative, asking the kernel's conntrack (`bpf_skb_ct_lookup`), needs kfunc calls
+//! that aya 0.14 cannot relocate, and conntrack entries exist only where a netfilter user
+//! enabled conntrack in the namespace; tracking at our own hooks works on every node and
+//! costs one LRU lookup per fast-pathed packet. What it gives up: after its first packets a
+//! fast-pathed flow is no longer seen by netfilter (FORWARD rules, conntrack), see the
+//! README's "Kubernetes" section.
+
+use cni_ebpf_common::{
+    proto, FlowEntry, NatKey, NodeConfig, Reason, SockKey, SockPeer, FLOW_F_INBOUND,
+    FLOW_F_PENDING, FLOW_F_VERIFIED,
+};
+
+use crate::{
+    maps::{count, in_cluster, local_endpoint, FLOWS, STACK_SOCKETS},
+    nat::now,
+    parse::Pkt,
+};
+
+/// The key of the other direction of `k`'s flow.
+#[inline(always)]
+pub(crate) fn reversed(k: &NatKey) -> NatKey {
+    NatKey {
+        saddr: k.daddr,
+        daddr: k.saddr,
+        sport: k.dport,
+        dport: k.sport,
+        proto: k.proto,
+        _pad: [0; 3],
+    }
+}
+
+/// Whether a pod's packet leaving the node may skip the stack: its flow was verified to
+/// leave untranslated, and it is not a TCP SYN.
+#[inline(always)]
+pub(crate) fn may_bypass_stack(p: &Pkt) -> bool {
+    if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
+        return false;
+    }
+    let Some(f) = FLOWS.get_ptr_mut(p.key()) else {
+        return false;
+    };
+    // SAFETY: LRU values may be recycled under us; only the timestamp is written.
+    unsafe {
+        if (*f).flags & FLOW_F_VERIFIED == 0 {
+            return false;
+        }
+        (*f).last_seen_ns = now();
+    }
+    true
+}
+
+/// Records that a packet of the pod on host veth `ifindex` goes to the stack: its flow is
+/// pending verification, and its socket addresses this peer through the stack. Only the
+/// pod's own source address is recorded (a spoofed one cannot steer another pod's flows).
+#[inline(always)]
+pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
+    count(Reason::PassUnverifiedFlow);
+    if !p.natable {
+        return;
+    }
+    match local_endpoint(p.saddr) {
+        Some(ep) if ep.ifindex == ifindex => {}
+        _ => return,
+    }
+    let key = p.key();
+    let syn = p.proto == proto::TCP && p.is_tcp_syn();
+    match FLOWS.get_ptr_mut(key) {
+        // SAFETY: as in `may_bypass_stack`; a SYN starts the flow afresh (the pod opens it).
+        Some(f) => unsafe {
+            (*f).flags = if syn {
+                FLOW_F_PENDING
+            } else {
+                ((*f).flags & !FLOW_F_VERIFIED) | FLOW_F_PENDING
+            };
+            (*f).last_seen_ns = now();
+        },
+        None => {
+            let e = FlowEntry {
+                flags: FLOW_F_PENDING,
+                _pad: 0,
+                last_seen_ns: now(),
+            };
+            let _ = FLOWS.insert(&key, &e, 0);
+        }
+    }
+    let sock = SockKey {
+        addr: p.saddr,
+        port: p.sport,
+        proto: p.proto,
+        _pad: 0,
+    };
+    let peer = SockPeer {
+        addr: p.daddr,
+        port: p.dport,
+        _pad: 0,
+    };
+    let _ = STACK_SOCKETS.insert(&sock, &peer, 0);
+}
+
+/// Whether `p`, for a local pod, is a reply that netfilter must un-NAT: the destination
+/// socket sent through the stack to a peer other than `p`'s source.
+#[inline(always)]
+pub(crate) fn is_translated_reply(p: &Pkt) -> bool {
+    let sock = SockKey {
+        addr: p.daddr,
+        port: p.dport,
+        proto: p.proto,
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    match unsafe { STACK_SOCKETS.get(sock) } {
+        Some(peer) => peer.addr != p.saddr || peer.port != p.sport,
+        None => false,
+    }
+}
+
+/// `uplink_egress`: the flags of `p`'s flow if a pod sent exactly this tuple (`None`: it
+/// reached the uplink translated by netfilter, or from the node itself). A pending flow
+/// becomes verified.
+#[inline(always)]
+pub(crate) fn seen_leaving(p: &Pkt) -> Option<u32> {
+    if !p.natable {
+        return None;
+    }
+    let f = FLOWS.get_ptr_mut(p.key())?;
+    // SAFETY: as in `may_bypass_stack`.
+    unsafe {
+        let flags = (*f).flags;
+        if flags & FLOW_F_PENDING != 0 {
+            (*f).flags = (flags & !FLOW_F_PENDING) | FLOW_F_VERIFIED;
+            count(Reason::FlowVerified);
+        }
+        Some(flags)
+    }
+}
+
+/// `uplink_ingress`: a packet for local pod `p.daddr` that we do not translate. If it comes
+/// from outside the cluster, its flow is marked inbound so that the pod's replies are not
+/// masqueraded; a TCP SYN opens the flow afresh (and unverified).
+#[inline(always)]
+pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
+    if !p.natable || in_cluster(cfg, p.saddr) || local_endpoint(p.daddr).is_none() {
+        return;
+    }
+    let key = reversed(&p.key());
+    let syn = p.proto == proto::TCP && p.is_tcp_syn();
+    match FLOWS.get_ptr_mut(key) {
+        // SAFETY: as in `may_bypass_stack`.
+        Some(f) => unsafe {
+            if syn {
+                (*f).flags = FLOW_F_INBOUND;
+            } else {
+                (*f).flags |= FLOW_F_INBOUND;
+            }
+            (*f).last_seen_ns = now();
+        },
+        None => {
+            let e = FlowEntry {
+                flags: FLOW_F_INBOUND,
+                _pad: 0,
+                last_seen_ns: now(),
+            };
+            let _ = FLOWS.insert(&key, &e, 0);
+        }
+    }
+}
+
+/// A flow we translate ourselves and deliver without the stack (a host port): its replies
+/// from the pod (`reply`, as the pod sends them) may bypass the stack at once and are
+/// never masqueraded.
+#[inline(always)]
+pub(crate) fn note_own_inbound(reply: &NatKey) {
+    let e = FlowEntry {
+        flags: FLOW_F_VERIFIED | FLOW_F_INBOUND,
+        _pad: 0,
+        last_seen_ns: now(),
+    };
+    let _ = FLOWS.insert(reply, &e, 0);
+}

@@ -1,0 +1,228 @@
+//! Issue 10: the datapath next to netfilter, one decision per test through
+//! `BPF_PROG_TEST_RUN`. A flow's first packets go to the stack; a flow seen leaving the
+//! uplink untranslated takes the fast path; a flow netfilter translated stays on the
+//! kernel path; replies to a pod socket that talks through the stack go to the stack;
+//! replies in flows opened from outside are never masqueraded.
+//!
+//! Pod A's host veth is the loopback device (see `IFINDEX_A`), so `from_pod` runs here
+//! see pod A's packets as arriving on A's own veth.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+mod packet_support;
+
+use std::net::Ipv4Addr;
+
+use cni_ebpf_common::{Reason, FLOW_F_INBOUND, FLOW_F_PENDING, FLOW_F_VERIFIED};
+use packet_support::*;
+
+/// A Service's ClusterIP (never routed anywhere: netfilter DNATs it).
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+/// A host-network endpoint of that Service on another node (outside clusterCIDRs).
+const HOSTNET_EP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 50);
+
+fn node() -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.two_pods();
+    fx
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_flows_first_packet_goes_to_the_stack_and_is_recorded_pending() {
+    let fx = node();
+    let syn = tcp_frame(POD_A, 40000, EXT, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &syn, "first packet of a flow leaving the node");
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 1);
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_PENDING));
+
+    // A spoofed source is never recorded (it cannot steer another pod's flows).
+    let spoofed = tcp_frame(POD_B, 40000, EXT, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &spoofed, "pod A sending as pod B");
+    assert_eq!(fx.flow(&flow_key(&spoofed)), None);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_untranslated_flow_is_verified_at_the_uplink_and_then_fast_pathed() {
+    let fx = node();
+    let syn = tcp_frame(POD_A, 40000, EXT, 80, SYN);
+    fx.run("from_pod", &syn);
+    // The stack forwarded it unchanged: uplink_egress sees the very tuple.
+    let (v, _) = fx.run("uplink_egress", &syn);
+    assert_eq!(v, OK);
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_VERIFIED));
+    assert_eq!(fx.reason(Reason::FlowVerified), 1);
+
+    // The next packet is not handed to the stack by the flow check: it goes to the
+    // uplink fast path (whose FIB lookup here, outside any node, then leaves it to the
+    // kernel route).
+    let ack = tcp_frame(POD_A, 40000, EXT, 80, ACK);
+    let before = fx.reason(Reason::PassUnverifiedFlow);
+    fx.run("from_pod", &ack);
+    assert_eq!(
+        fx.reason(Reason::PassUnverifiedFlow),
+        before,
+        "ACK of a verified flow"
+    );
+    assert_eq!(
+        fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute),
+        1,
+        "the verified flow's packet must reach the uplink fast path"
+    );
+
+    // A SYN is always judged afresh (a new connection on a reused tuple).
+    fx.assert_passes_unchanged("from_pod", &syn, "SYN of a verified tuple");
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), before + 1);
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_PENDING));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_flow_netfilter_translates_stays_on_the_kernel_path() {
+    let fx = node();
+    let to_vip = tcp_frame(POD_A, 40000, VIP, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &to_vip, "pod → ClusterIP");
+    // kube-proxy DNATs it to a remote pod: the uplink sees another tuple.
+    let dnated = tcp_frame(POD_A, 40000, REMOTE_POD, 8080, SYN);
+    fx.assert_passes_unchanged("uplink_egress", &dnated, "DNATed packet to a cluster pod");
+    assert_eq!(fx.flow(&flow_key(&to_vip)), Some(FLOW_F_PENDING));
+    assert_eq!(fx.reason(Reason::FlowVerified), 0);
+
+    // Every later packet of the flow still goes to the stack.
+    for _ in 0..3 {
+        fx.assert_passes_unchanged(
+            "from_pod",
+            &tcp_frame(POD_A, 40000, VIP, 80, ACK),
+            "later packet of a translated flow",
+        );
+    }
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 4);
+    assert_eq!(fx.reason(Reason::RedirectUplink), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_service_reply_between_local_pods_goes_to_the_stack() {
+    let fx = node();
+    // Pod A calls the ClusterIP; kube-proxy DNATs it to pod B on this node.
+    fx.run("from_pod", &tcp_frame(POD_A, 40000, VIP, 80, SYN));
+    // B's reply to A:40000 must be un-DNATed by the stack (A called VIP, not B).
+    let reply = tcp_frame(POD_B, 8080, POD_A, 40000, SYN | ACK);
+    fx.assert_passes_unchanged("from_pod", &reply, "endpoint → client of a Service flow");
+    assert_eq!(fx.reason(Reason::PassTranslatedReply), 1);
+    assert_eq!(fx.reason(Reason::RedirectPod), 0);
+
+    // Pod → pod traffic to another of A's sockets is still redirected at once.
+    let (v, _) = fx.run("from_pod", &tcp_frame(POD_B, 8080, POD_A, 40001, SYN));
+    assert_eq!(v, REDIRECT, "plain pod → pod is fast from its first packet");
+    // And a reply from the very peer A's socket addressed is too.
+    fx.run("from_pod", &udp_frame(POD_A, 5353, POD_B, 53));
+    let (v, _) = fx.run("from_pod", &udp_frame(POD_B, 53, POD_A, 5353));
+    assert_eq!(v, REDIRECT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn replies_in_flows_opened_from_outside_are_not_masqueraded() {
+    let fx = node();
+    for (syn_in, reply_out, what) in [
+        (
+            tcp_frame(EXT, 50000, POD_A, 8080, SYN),
+            tcp_frame(POD_A, 8080, EXT, 50000, SYN | ACK),
+            "TCP",
+        ),
+        (
+            udp_frame(EXT, 50001, POD_A, 53),
+            udp_frame(POD_A, 53, EXT, 50001),
+            "UDP",
+        ),
+    ] {
+        fx.assert_passes_unchanged("uplink_ingress", &syn_in, &format!("{what} from outside"));
+        assert_eq!(
+            fx.flow(&flow_key(&reply_out)),
+            Some(FLOW_F_INBOUND),
+            "{what}"
+        );
+        fx.run("from_pod", &reply_out);
+        fx.assert_passes_unchanged("uplink_egress", &reply_out, &format!("{what} reply"));
+    }
+    assert_eq!(fx.reason(Reason::PassInboundReply), 2);
+    assert_eq!(fx.reason(Reason::SnatNew), 0);
+
+    // A SYN-ACK never opens a masqueraded flow, even with no record of the inbound SYN.
+    let stray = tcp_frame(POD_B, 8080, EXT, 50002, SYN | ACK);
+    fx.assert_passes_unchanged("uplink_egress", &stray, "SYN-ACK without a record");
+    // Cluster sources are not recorded (their replies are never masqueraded anyway).
+    let from_cluster = tcp_frame(REMOTE_POD, 50003, POD_A, 8080, SYN);
+    fx.run("uplink_ingress", &from_cluster);
+    assert_eq!(
+        fx.flow(&flow_key(&tcp_frame(POD_A, 8080, REMOTE_POD, 50003, ACK))),
+        None
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn masquerade_of_a_flow_netfilter_translated_returns_through_the_stack() {
+    let fx = node();
+    // Pod A → ClusterIP, DNATed by kube-proxy to a host-network endpoint outside the
+    // cluster CIDRs: we masquerade what reaches the uplink, but the reply must go back
+    // through the stack so that netfilter can undo its DNAT.
+    fx.run("from_pod", &tcp_frame(POD_A, 40000, VIP, 80, SYN));
+    let (v, out) = fx.run(
+        "uplink_egress",
+        &tcp_frame(POD_A, 40000, HOSTNET_EP, 8080, SYN),
+    );
+    assert_eq!(v, OK);
+    let p = parse_checked(&out);
+    assert_eq!(p.src, NODE);
+    let (v, out) = fx.run(
+        "uplink_ingress",
+        &tcp_frame(HOSTNET_EP, 8080, NODE, p.sport, SYN | ACK),
+    );
+    assert_eq!(
+        v, OK,
+        "the reply goes to the stack, not straight into the pod"
+    );
+    let r = parse_checked(&out);
+    assert_eq!(
+        (r.src, r.sport, r.dst, r.dport),
+        (HOSTNET_EP, 8080, POD_A, 40000)
+    );
+    assert_eq!(fx.reason(Reason::SnatReplyToStack), 1);
+    assert_eq!(fx.reason(Reason::SnatReply), 0);
+
+    // An untranslated masqueraded flow's reply still goes straight into the pod.
+    let (_, out) = fx.egress(&tcp_frame(POD_A, 40001, EXT, 80, SYN));
+    let np = parse_checked(&out).sport;
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 80, NODE, np, SYN | ACK));
+    assert_eq!(v, REDIRECT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn host_port_replies_may_bypass_the_stack_at_once() {
+    let fx = node();
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            POD_B,
+            &[cni_ebpf::cni::config::PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None,
+            }],
+        )
+        .unwrap();
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 50000, NODE, 8080, SYN));
+    assert_eq!(v, REDIRECT);
+    // We translated and delivered it past netfilter: B's replies need no verification,
+    // and are never masqueraded.
+    assert_eq!(
+        fx.flow(&flow_key(&tcp_frame(POD_B, 80, EXT, 50000, ACK))),
+        Some(FLOW_F_VERIFIED | FLOW_F_INBOUND)
+    );
+}
