@@ -1,0 +1,205 @@
+//! CHECK's read-back: the live endpoint entries, `from_pod` on the host veth, the host
+//! ports and the uplink programs compared with what ADD set up. Each mismatch is an
+//! [`Error::Check`] naming it.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use aya::programs::TcAttachType;
+use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE};
+
+use super::{
+    attach,
+    maps::{self, addr, to_addr, to_port},
+    node_config::CFG_F_UPLINK_LEGACY,
+    owner_label,
+    portmaps::proto_number,
+    proto_name, v4s, Datapath, Endpoint,
+};
+use crate::{
+    cni::config::{format_mac, PortMapping},
+    error::{Error, Result},
+};
+
+impl Datapath {
+    /// Compares the live datapath with what ADD set up for `ep` and `mappings`; the first
+    /// mismatch is an [`Error::Check`] naming it.
+    pub fn check_endpoint(&self, ep: &Endpoint, mappings: &[PortMapping]) -> Result<()> {
+        self.check_endpoint_accepting(ep, &[ep.pod_mac], mappings)
+    }
+
+    /// [`Datapath::check_endpoint`], with the endpoint entry's pod MAC allowed to be any of
+    /// `pod_macs` (a later chained plugin may have changed the pod's MAC after ADD wrote
+    /// the entry; the spec has CHECK allow that).
+    pub fn check_endpoint_accepting(
+        &self,
+        ep: &Endpoint,
+        pod_macs: &[[u8; 6]],
+        mappings: &[PortMapping],
+    ) -> Result<()> {
+        let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
+        let ips = v4s(&ep.ips);
+        {
+            let mut m = self.maps()?;
+            let h = m.endpoints()?;
+            for ip in &ips {
+                let Some(v) = maps::get(&h, &EndpointKey { addr: addr(*ip) }, map_name::ENDPOINTS)?
+                else {
+                    return Err(Error::Check(format!(
+                        "the endpoint map has no entry for {ip} (container {}, {})",
+                        ep.container_id, ep.ifname
+                    )));
+                };
+                if v.owner != owner {
+                    let who = owner_label(&mut m, v.owner);
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} belongs to {who}, not container {} ({})",
+                        ep.container_id, ep.ifname
+                    )));
+                }
+                if v.ifindex != ep.host_ifindex {
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} points at ifindex {}, but host veth {} is ifindex {}",
+                        v.ifindex, ep.host_ifname, ep.host_ifindex
+                    )));
+                }
+                if v.host_mac != ep.host_mac {
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} has host MAC {}, expected {}",
+                        format_mac(&v.host_mac),
+                        format_mac(&ep.host_mac)
+                    )));
+                }
+                if !pod_macs.contains(&v.pod_mac) {
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} has pod MAC {}, expected {}",
+                        format_mac(&v.pod_mac),
+                        format_mac(&ep.pod_mac)
+                    )));
+                }
+                if v.flags & EP_F_ACTIVE == 0 {
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} is not active"
+                    )));
+                }
+            }
+        }
+
+        // Our program on the host veth.
+        let id = attach::program_id(&self.program(prog::FROM_POD)?)?;
+        let pin = self.pins.endpoint_link(&ep.host_ifname);
+        match attach::tcx_attached(&ep.host_ifname, TcAttachType::Ingress, id)? {
+            Some(true) => {}
+            Some(false) => {
+                return Err(Error::Check(format!(
+                    "the cni-ebpf program is not attached to host veth {} (ingress)",
+                    ep.host_ifname
+                )))
+            }
+            None => {} // legacy clsact: not queryable this way
+        }
+        if attach::tcx_attached(&ep.host_ifname, TcAttachType::Ingress, id)?.is_some()
+            && attach::pinned_link_program(&pin)? != Some(id)
+        {
+            return Err(Error::Check(format!(
+                "the pinned link {} of host veth {} is missing or runs another program",
+                pin.display(),
+                ep.host_ifname
+            )));
+        }
+
+        self.check_port_mappings(owner, &ips, mappings)?;
+        self.check_uplink()
+    }
+
+    fn check_port_mappings(
+        &self,
+        owner: u64,
+        ips: &[Ipv4Addr],
+        mappings: &[PortMapping],
+    ) -> Result<()> {
+        let mut m = self.maps()?;
+        let live: Vec<_> = maps::entries(&m.portmaps()?)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .collect();
+        let mut expected = Vec::new();
+        for pm in mappings {
+            let p = proto_number(&pm.protocol)?;
+            let host = match pm.host_ip {
+                Some(IpAddr::V4(a)) if !a.is_unspecified() => addr(a),
+                _ => 0,
+            };
+            let key = PortKey {
+                addr: host,
+                port: maps::port(pm.host_port),
+                proto: p,
+                _pad: 0,
+            };
+            let label = format!(
+                "hostPort {}/{}{} → containerPort {}",
+                pm.host_port,
+                proto_name(p),
+                pm.host_ip.map(|i| format!(" on {i}")).unwrap_or_default(),
+                pm.container_port
+            );
+            let found = maps::get(&m.portmaps()?, &key, map_name::PORTMAPS)?;
+            let Some(v) = found else {
+                return Err(Error::Check(format!("port mapping {label} is missing")));
+            };
+            if v.owner != owner {
+                let who = owner_label(&mut m, v.owner);
+                return Err(Error::Check(format!(
+                    "port mapping {label} belongs to {who}"
+                )));
+            }
+            if to_port(v.port) != pm.container_port || !ips.contains(&to_addr(v.addr)) {
+                return Err(Error::Check(format!(
+                    "port mapping {label} points at {}:{}",
+                    to_addr(v.addr),
+                    to_port(v.port)
+                )));
+            }
+            expected.push(key);
+        }
+        if let Some((k, v)) = live.iter().find(|(k, _)| !expected.contains(k)) {
+            return Err(Error::Check(format!(
+                "unexpected port mapping hostPort {}/{} → {}:{} (not in runtimeConfig.portMappings)",
+                to_port(k.port),
+                proto_name(k.proto),
+                to_addr(v.addr),
+                to_port(v.port)
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_uplink(&self) -> Result<()> {
+        let cfg = self.node_config_raw()?;
+        if cfg.flags & CFG_F_UPLINK_LEGACY != 0 {
+            return Ok(());
+        }
+        let name = ifname_of(cfg.uplink_ifindex).ok_or_else(|| {
+            Error::Check(format!(
+                "the uplink (ifindex {}) the programs were configured for no longer exists",
+                cfg.uplink_ifindex
+            ))
+        })?;
+        if !self.uplink_attached(&name)? {
+            return Err(Error::Check(format!(
+                "the uplink programs are not attached to {name}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn ifname_of(ifindex: u32) -> Option<String> {
+    let mut buf = [0u8; libc::IF_NAMESIZE];
+    // SAFETY: the buffer is IF_NAMESIZE bytes as if_indextoname requires.
+    let p = unsafe { libc::if_indextoname(ifindex, buf.as_mut_ptr().cast()) };
+    if p.is_null() {
+        return None;
+    }
+    let len = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8(buf[..len].to_vec()).ok()
+}

@@ -1,0 +1,221 @@
+//! A pod's interface in the datapath: its endpoint entries (one per IPv4 address, with
+//! the owner record and per-pod counters), `from_pod` attached to its host veth, and the
+//! removal of all of it again (DEL, GC, ADD's undo).
+//!
+//! Removal ends in [`Datapath::forget`]: per-flow state of the pod's addresses (see
+//! `flows.rs`) and the owner record once nothing refers to it.
+
+use std::{
+    collections::HashSet,
+    net::{IpAddr, Ipv4Addr},
+};
+
+use aya::programs::TcAttachType;
+use cni_ebpf_common::{
+    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, EP_F_ACTIVE,
+};
+
+use super::{
+    attach,
+    maps::{self, addr, to_addr},
+    owner_label, v4s, Datapath,
+};
+use crate::error::{Error, Result};
+
+/// One pod interface as the datapath sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// ifindex of the host end of the veth.
+    pub host_ifindex: u32,
+    /// Name of the host end of the veth.
+    pub host_ifname: String,
+    /// MAC of the host end (gateway side).
+    pub host_mac: [u8; 6],
+    /// MAC of the pod's interface.
+    pub pod_mac: [u8; 6],
+    /// The pod's addresses (IPv4 ones get endpoint entries; IPv6 is routed by the kernel).
+    pub ips: Vec<IpAddr>,
+}
+
+impl Datapath {
+    /// Writes the endpoint's map entries (owner record, per-pod counters, one entry per
+    /// IPv4 address) without attaching anything. An address held by another container is
+    /// an error naming it.
+    pub fn put_endpoint_entries(&self, ep: &Endpoint) -> Result<()> {
+        let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
+        let record = maps::owner_record(&ep.container_id, &ep.ifname)?;
+        let ips = v4s(&ep.ips);
+        let mut m = self.maps()?;
+        {
+            let h = m.endpoints()?;
+            for ip in &ips {
+                if let Some(old) =
+                    maps::get(&h, &EndpointKey { addr: addr(*ip) }, map_name::ENDPOINTS)?
+                {
+                    if old.owner != owner {
+                        let who = owner_label(&mut m, old.owner);
+                        return Err(Error::datapath(
+                            format!("adding endpoint {ip}"),
+                            format!("the address is already attached to {who}"),
+                        ));
+                    }
+                }
+            }
+        }
+        m.owners()?
+            .insert(owner, record, 0)
+            .map_err(|e| maps::err(map_name::OWNERS, "insert", &e))?;
+        let zero = maps::zero_percpu::<EndpointStats>()?;
+        m.ep_stats()?
+            .insert(ep.host_ifindex, zero, 0)
+            .map_err(|e| maps::err(map_name::EP_STATS, "insert", &e))?;
+        let mut h = m.endpoints()?;
+        for ip in &ips {
+            let info = EndpointInfo {
+                ifindex: ep.host_ifindex,
+                flags: EP_F_ACTIVE,
+                host_mac: ep.host_mac,
+                pod_mac: ep.pod_mac,
+                _pad: [0; 4],
+                owner,
+            };
+            h.insert(EndpointKey { addr: addr(*ip) }, info, 0)
+                .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), &e))?;
+        }
+        Ok(())
+    }
+
+    /// Makes a pod reachable: endpoint map entries, per-pod counters, stale NAT state of
+    /// its addresses purged, and `from_pod` attached to the host veth's ingress (tcx link
+    /// pinned; legacy clsact fallback).
+    pub fn attach_endpoint(&self, ep: &Endpoint) -> Result<()> {
+        if ep.host_ifindex == 0 {
+            return Err(Error::datapath(
+                format!("attaching {}", ep.host_ifname),
+                "host ifindex 0",
+            ));
+        }
+        // An old flow of a previous holder of these addresses must not reach this pod.
+        self.purge_nat(&v4s(&ep.ips))?;
+        self.put_endpoint_entries(ep)?;
+        let mut program = self.program(prog::FROM_POD)?;
+        attach::attach(
+            &mut program,
+            &ep.host_ifname,
+            TcAttachType::Ingress,
+            &self.pins.endpoint_link(&ep.host_ifname),
+        )?;
+        Ok(())
+    }
+
+    /// Removes everything of (container ID, ifname): endpoint entries (those of `ips` and
+    /// any other it owns), counters, the host veth's link pin, NAT state of its addresses.
+    /// Idempotent; never touches entries owned by another container.
+    pub fn detach_endpoint(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_ifname: &str,
+        ips: &[IpAddr],
+    ) -> Result<()> {
+        let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
+        let gone = self.take_endpoint_entries(owner, ips)?;
+        attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
+        self.forget(owner, &gone)
+    }
+
+    /// Everything DEL and GC remove of (container ID, ifname) — host ports, endpoint
+    /// entries, counters, the link pin, NAT state, the owner record — reading each map
+    /// once (the NAT table is scanned once for all the pod's addresses). Best effort: every
+    /// step is tried and each failure lands in `errors`.
+    pub fn remove_pod(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_ifname: &str,
+        ips: &[IpAddr],
+        errors: &mut Vec<Error>,
+    ) {
+        let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
+        let mut addrs = Vec::new();
+        for taken in [
+            self.take_port_mappings(owner),
+            self.take_endpoint_entries(owner, ips),
+        ] {
+            match taken {
+                Ok(a) => addrs.extend(a),
+                Err(e) => errors.push(e),
+            }
+        }
+        for r in [
+            attach::remove_pin(&self.pins.endpoint_link(host_ifname)),
+            self.forget(owner, &addrs),
+        ] {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        }
+    }
+
+    /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
+    /// counters; returns the addresses removed.
+    fn take_endpoint_entries(&self, owner: u64, ips: &[IpAddr]) -> Result<Vec<Ipv4Addr>> {
+        let mut m = self.maps()?;
+        let mut h = m.endpoints()?;
+        let mut doomed: Vec<(EndpointKey, EndpointInfo)> = maps::entries(&h)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .collect();
+        for ip in v4s(ips) {
+            let k = EndpointKey { addr: addr(ip) };
+            if !doomed.iter().any(|(dk, _)| *dk == k) {
+                if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
+                    if v.owner == owner {
+                        doomed.push((k, v));
+                    }
+                }
+            }
+        }
+        let mut gone = Vec::new();
+        let mut ifindexes = HashSet::new();
+        for (k, v) in doomed {
+            ifindexes.insert(v.ifindex);
+            maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
+            gone.push(to_addr(k.addr));
+        }
+        let mut st = m.ep_stats()?;
+        for i in &ifindexes {
+            match st.remove(i) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
+            }
+        }
+        Ok(gone)
+    }
+
+    /// After `owner`'s entries are gone: the NAT state of `addrs`, and the owner record
+    /// if nothing refers to it any more.
+    pub(super) fn forget(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
+        self.purge_nat(addrs)?;
+        self.drop_owner_if_unused(owner)
+    }
+
+    fn drop_owner_if_unused(&self, owner: u64) -> Result<()> {
+        let mut m = self.maps()?;
+        let used_ep = maps::entries(&m.endpoints()?)
+            .iter()
+            .any(|(_, v)| v.owner == owner);
+        let used_pm = maps::entries(&m.portmaps()?)
+            .iter()
+            .any(|(_, v)| v.owner == owner);
+        if !used_ep && !used_pm {
+            maps::remove(&mut m.owners()?, &owner, map_name::OWNERS)?;
+        }
+        Ok(())
+    }
+}

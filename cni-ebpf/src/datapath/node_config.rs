@@ -1,0 +1,146 @@
+//! Node-wide state the programs read: the `NODE_CONFIG` entry (masquerade address, uplink,
+//! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeSettings`]) and the set of
+//! addresses the programs treat as "this node" (`NODE_ADDRS`). Gathering the facts from
+//! the node is [`super::node`]'s job.
+
+use std::{collections::BTreeMap, net::Ipv4Addr};
+
+use cni_ebpf_common::{
+    map as map_name, Cidr4, NodeAddr, NodeConfig, CFG_F_MASQ, MAX_CLUSTER_CIDRS,
+};
+use ipnet::Ipv4Net;
+
+use super::{
+    maps::{self, addr},
+    Datapath,
+};
+use crate::error::{Error, Result};
+
+/// [`NodeConfig::flags`] bit used by userspace only: the uplink programs were attached as
+/// legacy clsact filters (which cannot be pinned or queried like tcx links).
+pub(super) const CFG_F_UPLINK_LEGACY: u32 = 1 << 16;
+
+/// Node-wide settings written to the `NODE_CONFIG` map.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSettings {
+    /// Masquerade source address; `None` disables masquerading.
+    pub node_addr: Option<Ipv4Addr>,
+    /// Uplink ifindex.
+    pub uplink_ifindex: u32,
+    /// `ipMasq`.
+    pub ip_masq: bool,
+    /// IPv4 `clusterCIDRs` (at most 16).
+    pub cluster_cidrs: Vec<Ipv4Net>,
+    /// SNAT port range (inclusive).
+    pub snat_ports: (u16, u16),
+}
+
+impl Datapath {
+    pub(super) fn node_config_raw(&self) -> Result<NodeConfig> {
+        let mut m = self.maps()?;
+        let arr = m.node_config()?;
+        arr.get(&0, 0)
+            .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", &e))
+    }
+
+    /// Writes the node configuration the programs use (keeps userspace-only flags).
+    pub fn configure_node(&self, s: &NodeSettings) -> Result<()> {
+        self.write_node_config(&self.node_config_raw()?, s, false, None)
+    }
+
+    /// Writes the node configuration for `s` over `old` (the current one): the legacy
+    /// uplink flag is kept while the uplink stays and set when `legacy`; the time of the
+    /// last full node-address listing is `addrs_listed_s`, else kept. Nothing is written
+    /// when nothing changes.
+    pub(super) fn write_node_config(
+        &self,
+        old: &NodeConfig,
+        s: &NodeSettings,
+        legacy: bool,
+        addrs_listed_s: Option<u32>,
+    ) -> Result<()> {
+        if s.cluster_cidrs.len() > MAX_CLUSTER_CIDRS {
+            return Err(Error::config(
+                "clusterCIDRs",
+                format!("at most {MAX_CLUSTER_CIDRS} IPv4 CIDRs are supported"),
+            ));
+        }
+        let same_uplink = old.uplink_ifindex == s.uplink_ifindex;
+        let legacy = legacy || (same_uplink && old.flags & CFG_F_UPLINK_LEGACY != 0);
+        let mut cfg = NodeConfig {
+            node_addr: s.node_addr.map_or(0, addr),
+            uplink_ifindex: s.uplink_ifindex,
+            flags: if legacy { CFG_F_UPLINK_LEGACY } else { 0 }
+                | if s.ip_masq { CFG_F_MASQ } else { 0 },
+            n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
+            snat_port_min: s.snat_ports.0,
+            snat_port_max: s.snat_ports.1,
+            addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
+            cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
+            netns_cookie: old.netns_cookie,
+        };
+        for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {
+            *slot = Cidr4 {
+                addr: addr(c.network()),
+                mask: addr(c.netmask()),
+            };
+        }
+        if cfg == *old {
+            return Ok(());
+        }
+        let mut m = self.maps()?;
+        let mut arr = m.node_config()?;
+        arr.set(0, cfg, 0)
+            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", &e))
+    }
+
+    /// Replaces the set of addresses the programs treat as "this node" (host-port
+    /// destinations, never masqueraded).
+    pub fn set_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.node_addrs()?;
+        let want: BTreeMap<u32, u32> = addrs.iter().map(|(a, i)| (addr(*a), *i)).collect();
+        let have: BTreeMap<u32, u32> = maps::entries(&h)
+            .into_iter()
+            .map(|(k, v)| (k, v.ifindex))
+            .collect();
+        for k in have.keys() {
+            if !want.contains_key(k) {
+                maps::remove(&mut h, k, map_name::NODE_ADDRS)?;
+            }
+        }
+        for (k, i) in want {
+            if have.get(&k) == Some(&i) {
+                continue;
+            }
+            h.insert(k, NodeAddr { ifindex: i }, 0)
+                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
+        }
+        Ok(())
+    }
+
+    /// Whether `a` is in the node-address map.
+    pub(super) fn is_node_addr(&self, a: Ipv4Addr) -> Result<bool> {
+        let mut m = self.maps()?;
+        let h = m.node_addrs()?;
+        Ok(maps::get(&h, &addr(a), map_name::NODE_ADDRS)?.is_some())
+    }
+
+    /// Adds addresses to the set the programs treat as "this node" (the uplink's, and the
+    /// gateway addresses ADD puts on a new host veth), without removing any: `open_or_load`
+    /// replaces the whole set from a full listing at most every
+    /// [`super::node::NODE_ADDRS_EVERY_S`].
+    pub fn add_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.node_addrs()?;
+        for (a, i) in addrs {
+            let k = addr(*a);
+            if maps::get(&h, &k, map_name::NODE_ADDRS)?.is_some() {
+                continue;
+            }
+            h.insert(k, NodeAddr { ifindex: *i }, 0)
+                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,345 @@
+//! Read-only views of the maps, for `inspect` and GC: endpoints with their counters, host
+//! ports, NAT entries, reason counters, the node configuration, and what the maps hold per
+//! (container ID, ifname). Nothing here writes a map.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+
+use cni_ebpf_common::{
+    map as map_name, prog, EndpointStats, Reason, CFG_F_MASQ, HOOK_POD, HOOK_UPLINK_IN,
+    HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN, NAT_F_FIRST_FIN,
+    NAT_F_RST, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
+};
+use serde::Serialize;
+
+use super::{
+    maps::{self, to_addr, to_port},
+    proto_name, Datapath,
+};
+use crate::{cni::config::format_mac, error::Result};
+
+/// An endpoint entry, for `inspect` and GC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EndpointView {
+    /// Pod IPv4 address.
+    pub ip: Ipv4Addr,
+    /// Host veth ifindex.
+    pub host_ifindex: u32,
+    /// Host veth MAC.
+    pub host_mac: String,
+    /// Pod MAC.
+    pub pod_mac: String,
+    /// Owner container ID (empty if the owner record is missing).
+    pub container_id: String,
+    /// Owner ifname.
+    pub ifname: String,
+    /// Packets from the pod.
+    pub tx_packets: u64,
+    /// Bytes from the pod.
+    pub tx_bytes: u64,
+    /// Packets redirected into the pod by our programs.
+    pub rx_packets: u64,
+    /// Bytes redirected into the pod.
+    pub rx_bytes: u64,
+}
+
+/// A host-port entry, for `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PortMappingView {
+    /// `hostIP`, `None` = every node address.
+    pub host_ip: Option<Ipv4Addr>,
+    /// `hostPort`.
+    pub host_port: u16,
+    /// `tcp` / `udp`.
+    pub protocol: String,
+    /// Pod address.
+    pub pod_ip: Ipv4Addr,
+    /// `containerPort`.
+    pub container_port: u16,
+    /// Owner container ID.
+    pub container_id: String,
+    /// Owner ifname.
+    pub ifname: String,
+}
+
+/// One NAT entry (one direction of a flow), for `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NatView {
+    /// `snat`, `snat-reply`, `dnat`, `dnat-reply`, `hairpin`, `hairpin-reply`.
+    pub kind: &'static str,
+    /// Program applying it: `from_pod`, `uplink_ingress`, `uplink_egress`.
+    pub hook: &'static str,
+    /// `tcp`, `udp`, `icmp`.
+    pub protocol: String,
+    /// Tuple matched: source address.
+    pub src: Ipv4Addr,
+    /// Source port (echo id for ICMP).
+    pub sport: u16,
+    /// Destination address.
+    pub dst: Ipv4Addr,
+    /// Destination port.
+    pub dport: u16,
+    /// Rewritten source address.
+    pub new_src: Ipv4Addr,
+    /// Rewritten source port.
+    pub new_sport: u16,
+    /// Rewritten destination address.
+    pub new_dst: Ipv4Addr,
+    /// Rewritten destination port.
+    pub new_dport: u16,
+    /// Time since the last packet, in milliseconds.
+    pub idle_ms: u64,
+    /// What this direction of a TCP flow has sent: `open`, `fin` (a FIN; `fin-first` if
+    /// it closed first) or `rst`.
+    pub state: &'static str,
+}
+
+/// A reason counter, for `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ReasonCount {
+    /// Stable name.
+    pub reason: &'static str,
+    /// Numeric value (index in the map).
+    pub code: u32,
+    /// Sum over CPUs.
+    pub count: u64,
+}
+
+/// The node configuration as the programs see it, for `inspect`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NodeView {
+    /// Masquerade source.
+    pub node_addr: Option<Ipv4Addr>,
+    /// Uplink ifindex.
+    pub uplink_ifindex: u32,
+    /// `ipMasq`.
+    pub ip_masq: bool,
+    /// Cluster CIDRs.
+    pub cluster_cidrs: Vec<String>,
+    /// SNAT port range.
+    pub snat_ports: (u16, u16),
+    /// The node addresses the programs treat as "this node".
+    pub node_addrs: Vec<Ipv4Addr>,
+}
+
+/// Everything the datapath holds for one (container ID, ifname), for GC.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AttachmentState {
+    /// Container ID.
+    pub container_id: String,
+    /// Ifname.
+    pub ifname: String,
+    /// Endpoint addresses.
+    pub ips: Vec<Ipv4Addr>,
+    /// Host veth ifindexes of its endpoint entries.
+    pub host_ifindexes: Vec<u32>,
+    /// Number of host ports.
+    pub port_mappings: usize,
+}
+
+/// `CLOCK_MONOTONIC` in nanoseconds, the clock of `bpf_ktime_get_ns`.
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we pass.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        return 0;
+    }
+    let d = Duration::new(
+        u64::try_from(ts.tv_sec).unwrap_or(0),
+        u32::try_from(ts.tv_nsec).unwrap_or(0),
+    );
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Datapath {
+    /// Every endpoint entry with its owner and counters.
+    pub fn endpoints(&self) -> Result<Vec<EndpointView>> {
+        let mut m = self.maps()?;
+        let eps = maps::entries(&m.endpoints()?);
+        let stats = m.ep_stats()?;
+        let stats: BTreeMap<u32, EndpointStats> = stats
+            .iter()
+            .filter_map(std::result::Result::ok)
+            .map(|(k, v)| (k, maps::sum_stats(&v)))
+            .collect();
+        let owners = m.owners()?;
+        let mut out: Vec<_> = eps
+            .into_iter()
+            .map(|(k, v)| {
+                let (container_id, ifname) = maps::get(&owners, &v.owner, map_name::OWNERS)
+                    .ok()
+                    .flatten()
+                    .map(|o| maps::owner_names(&o))
+                    .unwrap_or_default();
+                let s = stats.get(&v.ifindex).copied().unwrap_or_default();
+                EndpointView {
+                    ip: to_addr(k.addr),
+                    host_ifindex: v.ifindex,
+                    host_mac: format_mac(&v.host_mac),
+                    pod_mac: format_mac(&v.pod_mac),
+                    container_id,
+                    ifname,
+                    tx_packets: s.tx_packets,
+                    tx_bytes: s.tx_bytes,
+                    rx_packets: s.rx_packets,
+                    rx_bytes: s.rx_bytes,
+                }
+            })
+            .collect();
+        out.sort_by_key(|e| e.ip);
+        Ok(out)
+    }
+
+    /// Every host port.
+    pub fn port_mappings(&self) -> Result<Vec<PortMappingView>> {
+        let mut m = self.maps()?;
+        let pms = maps::entries(&m.portmaps()?);
+        let owners = m.owners()?;
+        let mut out: Vec<_> = pms
+            .into_iter()
+            .map(|(k, v)| {
+                let (container_id, ifname) = maps::get(&owners, &v.owner, map_name::OWNERS)
+                    .ok()
+                    .flatten()
+                    .map(|o| maps::owner_names(&o))
+                    .unwrap_or_default();
+                PortMappingView {
+                    host_ip: (k.addr != 0).then(|| to_addr(k.addr)),
+                    host_port: to_port(k.port),
+                    protocol: proto_name(k.proto),
+                    pod_ip: to_addr(v.addr),
+                    container_port: to_port(v.port),
+                    container_id,
+                    ifname,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (a.host_port, &a.protocol).cmp(&(b.host_port, &b.protocol)));
+        Ok(out)
+    }
+
+    /// Every NAT entry.
+    pub fn nat_entries(&self) -> Result<Vec<NatView>> {
+        let now = now_ns();
+        let mut m = self.maps()?;
+        let nat = m.nat()?;
+        Ok(maps::entries(&nat)
+            .into_iter()
+            .map(|(k, v)| NatView {
+                kind: match v.kind {
+                    NAT_SNAT_FWD => "snat",
+                    NAT_SNAT_REV => "snat-reply",
+                    NAT_DNAT_FWD => "dnat",
+                    NAT_DNAT_REV => "dnat-reply",
+                    NAT_HAIRPIN_FWD => "hairpin",
+                    NAT_HAIRPIN_REV => "hairpin-reply",
+                    _ => "unknown",
+                },
+                hook: match v.hook {
+                    HOOK_POD => prog::FROM_POD,
+                    HOOK_UPLINK_IN => prog::UPLINK_INGRESS,
+                    HOOK_UPLINK_OUT => prog::UPLINK_EGRESS,
+                    _ => "unknown",
+                },
+                protocol: proto_name(k.proto),
+                src: to_addr(k.saddr),
+                sport: to_port(k.sport),
+                dst: to_addr(k.daddr),
+                dport: to_port(k.dport),
+                new_src: to_addr(v.saddr),
+                new_sport: to_port(v.sport),
+                new_dst: to_addr(v.daddr),
+                new_dport: to_port(v.dport),
+                idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
+                state: if v.flags & NAT_F_RST != 0 {
+                    "rst"
+                } else if v.flags & NAT_F_FIRST_FIN != 0 {
+                    "fin-first"
+                } else if v.flags & NAT_F_FIN != 0 {
+                    "fin"
+                } else {
+                    "open"
+                },
+            })
+            .collect())
+    }
+
+    /// Per-reason counters summed over CPUs.
+    pub fn reason_counts(&self) -> Result<Vec<ReasonCount>> {
+        let mut m = self.maps()?;
+        let arr = m.reasons()?;
+        let mut out = Vec::new();
+        for r in Reason::ALL {
+            let code = r as u32;
+            let v = arr
+                .get(&code, 0)
+                .map_err(|e| maps::err(map_name::REASONS, "read", &e))?;
+            out.push(ReasonCount {
+                reason: r.name(),
+                code,
+                count: v.iter().sum(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The count of one reason (summed over CPUs).
+    pub fn reason_count(&self, reason: Reason) -> Result<u64> {
+        Ok(self
+            .reason_counts()?
+            .into_iter()
+            .find(|c| c.code == reason as u32)
+            .map_or(0, |c| c.count))
+    }
+
+    /// The node configuration as the programs see it.
+    pub fn node_view(&self) -> Result<NodeView> {
+        let cfg = self.node_config_raw()?;
+        let mut m = self.maps()?;
+        let mut node_addrs: Vec<_> = maps::entries(&m.node_addrs()?)
+            .into_iter()
+            .map(|(k, _)| to_addr(k))
+            .collect();
+        node_addrs.sort();
+        let n = (cfg.n_cidrs as usize).min(MAX_CLUSTER_CIDRS);
+        Ok(NodeView {
+            node_addr: (cfg.node_addr != 0).then(|| to_addr(cfg.node_addr)),
+            uplink_ifindex: cfg.uplink_ifindex,
+            ip_masq: cfg.flags & CFG_F_MASQ != 0,
+            cluster_cidrs: cfg.cluster_cidrs[..n]
+                .iter()
+                .map(|c| {
+                    let prefix = u32::from_be_bytes(c.mask.to_ne_bytes()).count_ones();
+                    format!("{}/{prefix}", to_addr(c.addr))
+                })
+                .collect(),
+            snat_ports: (cfg.snat_port_min, cfg.snat_port_max),
+            node_addrs,
+        })
+    }
+
+    /// Every (container ID, ifname) the maps hold state for (GC compares this with
+    /// `cni.dev/valid-attachments`).
+    pub fn attachments(&self) -> Result<Vec<AttachmentState>> {
+        let mut m = self.maps()?;
+        let owners = maps::entries(&m.owners()?);
+        let eps = maps::entries(&m.endpoints()?);
+        let pms = maps::entries(&m.portmaps()?);
+        Ok(owners
+            .into_iter()
+            .map(|(id, o)| {
+                let (container_id, ifname) = maps::owner_names(&o);
+                let mine: Vec<_> = eps.iter().filter(|(_, v)| v.owner == id).collect();
+                AttachmentState {
+                    container_id,
+                    ifname,
+                    ips: mine.iter().map(|(k, _)| to_addr(k.addr)).collect(),
+                    host_ifindexes: mine.iter().map(|(_, v)| v.ifindex).collect(),
+                    port_mappings: pms.iter().filter(|(_, v)| v.owner == id).count(),
+                }
+            })
+            .collect())
+    }
+}
