@@ -34,7 +34,12 @@ pub mod prog {
     /// The tc programs.
     pub const TC: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
     /// The socket (cgroup sock_addr) programs.
-    pub const SOCK: [&str; 4] = [SOCK_CONNECT4, SOCK_SENDMSG4, SOCK_RECVMSG4, SOCK_GETPEERNAME4];
+    pub const SOCK: [&str; 4] = [
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
     /// Every program, in load order.
     pub const ALL: [&str; 7] = [
         FROM_POD,

@@ -80,6 +80,8 @@ fn conf(bpffs_root: &std::path::Path) -> NetConf {
         "ipMasq": true,
         "clusterCIDRs": ["10.244.0.0/16"],
         "bpffsRoot": bpffs_root,
+        // Not on the machine's cgroup2 root (tested with a cgroup of its own end to end).
+        "cgroupPath": "",
     });
     NetConf::parse(json.to_string().as_bytes(), Verb::Add).unwrap_or_else(|e| panic!("conf: {e}"))
 }

@@ -333,6 +333,7 @@ fn one_port_node() -> Fixture {
             ip_masq: true,
             cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
             snat_ports: (ONE_PORT, ONE_PORT),
+            netns_cookie: 0,
         })
         .unwrap();
     fx.two_pods();

@@ -123,6 +123,9 @@ impl ConfBuilder {
             "logFile": self.log_file,
             "logLevel": "debug",
             "capabilities": { "portMappings": true, "ips": true, "mac": true },
+            // No socket hooks by default: without `cgroupPath` they go on the machine's
+            // cgroup2 root. Tests of the node's own sockets pass a cgroup of their own.
+            "cgroupPath": "",
             "ipam": self.ipam.clone().unwrap_or_else(|| json!({ "ranges": ranges, "routes": routes })),
         });
         let Value::Object(map) = &mut obj else {

@@ -94,6 +94,9 @@ pub fn run(bin: &Path) -> Result<()> {
         "clusterCIDRs": ["10.244.0.0/16"],
         "bpffsRoot": dirs.pins,
         "dataDir": dirs.data,
+        // The socket hooks (host ports for the node's own processes) would attach to the
+        // machine's cgroup2 root; the demo leaves the machine alone.
+        "cgroupPath": "",
         "ipam": {
             "ranges": [[{ "subnet": "10.244.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]],
             "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]

@@ -119,6 +119,20 @@ struct Raw {
     dns: Option<Dns>,
     #[serde(default, rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<Attachment>>,
+    #[serde(default)]
+    cgroup_path: Option<PathBuf>,
+}
+
+/// Where the socket hooks (host ports for the node's own sockets) are attached
+/// (`cgroupPath`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupPath {
+    /// Not set: the cgroup2 hierarchy's root, found in `/proc/self/mounts`.
+    Root,
+    /// `""`: no socket hooks (the node's own sockets cannot reach host ports).
+    Off,
+    /// This cgroup2 directory.
+    Dir(PathBuf),
 }
 
 /// The validated network configuration.
@@ -158,6 +172,8 @@ pub struct NetConf {
     pub dns: Dns,
     /// `cni.dev/valid-attachments` (GC); `None` when the key is absent.
     pub valid_attachments: Option<Vec<Attachment>>,
+    /// `cgroupPath`.
+    pub cgroup_path: CgroupPath,
 }
 
 impl NetConf {
@@ -301,6 +317,12 @@ impl NetConf {
             }
         }
 
+        let cgroup_path = match raw.cgroup_path {
+            None => CgroupPath::Root,
+            Some(p) if p.as_os_str().is_empty() => CgroupPath::Off,
+            Some(p) => CgroupPath::Dir(absolute("cgroupPath", Some(p), "")?),
+        };
+
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -326,6 +348,7 @@ impl NetConf {
             ipam: raw.ipam.unwrap_or(Value::Null),
             dns: raw.dns.unwrap_or_default(),
             valid_attachments: raw.valid_attachments,
+            cgroup_path,
         })
     }
 

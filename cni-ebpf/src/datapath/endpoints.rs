@@ -100,7 +100,7 @@ impl Datapath {
             ));
         }
         // An old flow of a previous holder of these addresses must not reach this pod.
-        self.purge_nat(&v4s(&ep.ips))?;
+        self.purge_flows(&v4s(&ep.ips))?;
         self.put_endpoint_entries(ep)?;
         let mut program = self.program(prog::FROM_POD)?;
         attach::attach(
@@ -201,7 +201,7 @@ impl Datapath {
     /// After `owner`'s entries are gone: the NAT state of `addrs`, and the owner record
     /// if nothing refers to it any more.
     pub(super) fn forget(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
-        self.purge_nat(addrs)?;
+        self.purge_flows(addrs)?;
         self.drop_owner_if_unused(owner)
     }
 

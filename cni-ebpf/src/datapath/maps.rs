@@ -5,8 +5,9 @@ use std::net::Ipv4Addr;
 
 use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
 use cni_ebpf_common::{
-    map, EndpointInfo, EndpointKey, EndpointStats, NatEntry, NatKey, NodeAddr, NodeConfig, Owner,
-    PortKey, PortTarget, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr,
+    NodeConfig, Owner, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
+    OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -22,6 +23,9 @@ pub struct Maps {
     pub(crate) node_addrs: Map,
     pub(crate) reasons: Map,
     pub(crate) owners: Map,
+    pub(crate) flows: Map,
+    pub(crate) stack_sockets: Map,
+    pub(crate) sock_revnat: Map,
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
@@ -40,6 +44,9 @@ impl Maps {
             node_addrs: load::open_map(pins, map::NODE_ADDRS)?,
             reasons: load::open_map(pins, map::REASONS)?,
             owners: load::open_map(pins, map::OWNERS)?,
+            flows: load::open_map(pins, map::FLOWS)?,
+            stack_sockets: load::open_map(pins, map::STACK_SOCKETS)?,
+            sock_revnat: load::open_map(pins, map::SOCK_REVNAT)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -50,6 +57,9 @@ impl Maps {
         m.node_addrs()?;
         m.reasons()?;
         m.owners()?;
+        m.flows()?;
+        m.stack_sockets()?;
+        m.sock_revnat()?;
         Ok(m)
     }
 
@@ -91,6 +101,22 @@ impl Maps {
     /// [`map::OWNERS`].
     pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
         HashMap::try_from(&mut self.owners).map_err(|e| map_err(map::OWNERS, "open", &e))
+    }
+
+    /// [`map::FLOWS`].
+    pub fn flows(&mut self) -> Result<HashMap<&mut MapData, NatKey, FlowEntry>> {
+        HashMap::try_from(&mut self.flows).map_err(|e| map_err(map::FLOWS, "open", &e))
+    }
+
+    /// [`map::STACK_SOCKETS`].
+    pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
+        HashMap::try_from(&mut self.stack_sockets)
+            .map_err(|e| map_err(map::STACK_SOCKETS, "open", &e))
+    }
+
+    /// [`map::SOCK_REVNAT`].
+    pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
+        HashMap::try_from(&mut self.sock_revnat).map_err(|e| map_err(map::SOCK_REVNAT, "open", &e))
     }
 }
 

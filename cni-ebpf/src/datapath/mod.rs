@@ -48,6 +48,7 @@ mod node_config;
 pub mod object;
 pub mod pins;
 mod portmaps;
+mod sockets;
 mod status;
 mod uplink;
 mod views;
@@ -138,12 +139,14 @@ impl Datapath {
         }
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
         let legacy = dp.ensure_uplink(&old, &uplink_name, uplink_ifindex)?;
+        let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
         let settings = NodeSettings {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
             ip_masq: conf.ip_masq,
             cluster_cidrs: cidrs,
             snat_ports: node::snat_port_range(),
+            netns_cookie,
         };
         dp.write_node_config(&old, &settings, legacy, all.then_some(now))?;
         if all {

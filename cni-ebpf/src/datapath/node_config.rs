@@ -33,6 +33,9 @@ pub struct NodeSettings {
     pub cluster_cidrs: Vec<Ipv4Net>,
     /// SNAT port range (inclusive).
     pub snat_ports: (u16, u16),
+    /// Cookie of the node's network namespace, for the socket hooks (0: they translate
+    /// nothing).
+    pub netns_cookie: u64,
 }
 
 impl Datapath {
@@ -77,7 +80,7 @@ impl Datapath {
             snat_port_max: s.snat_ports.1,
             addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
-            netns_cookie: old.netns_cookie,
+            netns_cookie: s.netns_cookie,
         };
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {
             *slot = Cidr4 {

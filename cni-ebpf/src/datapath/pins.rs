@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! <bpffsRoot>/<network>/                 network directory; flock()ed while loading
-//! <bpffsRoot>/<network>/v1/              layout version (cni_ebpf_common::LAYOUT_VERSION)
+//! <bpffsRoot>/<network>/v2/              layout version (cni_ebpf_common::LAYOUT_VERSION)
 //!     maps/<MAP>                         every map of the object, pinned by name
 //!     progs/<program>                    from_pod, uplink_ingress, uplink_egress
 //!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress)
 //!     links/uplink-<ifname>-ingress      tcx link of uplink_ingress
 //!     links/uplink-<ifname>-egress       tcx link of uplink_egress
+//!     links/cgroup-<sock program>        cgroup link of a socket program (host ports for
+//!                                        the node's own sockets)
 //! ```
 //! A binary only uses the `v<LAYOUT_VERSION>` tree; finding another `v*` directory means
 //! another (older or newer) cni-ebpf owns this network's datapath and is reported as such.
@@ -70,7 +72,7 @@ impl Pins {
         &self.network
     }
 
-    /// `<bpffsRoot>/<network>/v1`.
+    /// `<bpffsRoot>/<network>/v<LAYOUT_VERSION>`.
     #[must_use]
     pub fn version_dir(&self) -> PathBuf {
         self.network.join(version_dir_name())
@@ -117,6 +119,12 @@ impl Pins {
     pub fn uplink_link(&self, ifname: &str, dir: Direction) -> PathBuf {
         self.links_dir()
             .join(format!("uplink-{ifname}-{}", dir.as_str()))
+    }
+
+    /// Pin of a socket program's cgroup link.
+    #[must_use]
+    pub fn socket_link(&self, prog_name: &str) -> PathBuf {
+        self.links_dir().join(format!("cgroup-{prog_name}"))
     }
 
     /// Every program pin present.
@@ -200,19 +208,19 @@ mod tests {
         let p = Pins::new("/sys/fs/bpf/cni-ebpf/net1");
         assert_eq!(
             p.map("NAT"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/maps/NAT")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v2/maps/NAT")
         );
         assert_eq!(
             p.prog("from_pod"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/progs/from_pod")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v2/progs/from_pod")
         );
         assert_eq!(
             p.endpoint_link("veth1234"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/links/ep-veth1234")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v2/links/ep-veth1234")
         );
         assert_eq!(
             p.uplink_link("eth0", Direction::Egress),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v1/links/uplink-eth0-egress")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v2/links/uplink-eth0-egress")
         );
     }
 

@@ -103,6 +103,7 @@ impl Fixture {
                 ip_masq: masq,
                 cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
                 snat_ports: SNAT_PORTS,
+                netns_cookie: 0,
             })
             .unwrap_or_else(|e| panic!("configure_node: {e}"));
         self.dp()

@@ -316,6 +316,9 @@ impl BenchNode {
                 "logFile": self.dir.join("cni-ebpf.log"),
                 "logLevel": self.log_level,
                 "capabilities": { "portMappings": true },
+                // No socket hooks on the machine's cgroup2 root (nothing here measures
+                // the node's own sockets).
+                "cgroupPath": "",
                 "ipam": { "ranges": ipam_ranges, "routes": routes },
             })],
             Variant::Reference => vec![
