@@ -3,6 +3,8 @@
 //! - [`SimNode`]: the simulated node of DESIGN.md — `node` and `ext` network namespaces
 //!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
 //!   namespaces. Everything is removed on drop, also when a test panics.
+//! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
+//!   kube-proxy writes them and loaded into a node namespace.
 //! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
 //!   node namespace; [`SimNode::libcni`]: runs a conflist through the real libcni
 //!   (`tests/libcni-client`, Go), with the reference plugins of `/usr/lib/cni` on
@@ -23,6 +25,7 @@
 
 pub mod conf;
 pub mod inspect;
+pub mod kubeproxy;
 pub mod libcni;
 pub mod net;
 pub mod netns;
