@@ -3,6 +3,9 @@
 //! - [`SimNode`]: the simulated node of DESIGN.md — `node` and `ext` network namespaces
 //!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
 //!   namespaces. Everything is removed on drop, also when a test panics.
+//! - [`Cluster`]: two simulated nodes (`node-a`, `node-b`) joined by a `fabric` bridge,
+//!   with `ext` as the outside world and default gateway of both, and static routes to
+//!   each other's pod CIDR.
 //! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
 //!   kube-proxy writes them and loaded into a node namespace.
 //! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
@@ -23,6 +26,7 @@
     reason = "test harness: failures panic with a message, the test framework's protocol"
 )]
 
+pub mod cluster;
 pub mod conf;
 pub mod inspect;
 pub mod kubeproxy;
@@ -34,6 +38,7 @@ pub mod plugin;
 pub mod process;
 pub mod snapshot;
 
+pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};
