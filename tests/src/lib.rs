@@ -8,6 +8,8 @@
 //!   each other's pod CIDR.
 //! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
 //!   kube-proxy writes them and loaded into a node namespace.
+//! - [`TestCgroup`]: a cgroup-v2 directory of the test's own, for clients of the
+//!   plugin's socket-level hook (run as processes inside it).
 //! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
 //!   node namespace; [`SimNode::libcni`]: runs a conflist through the real libcni
 //!   (`tests/libcni-client`, Go), with the reference plugins of `/usr/lib/cni` on
@@ -26,6 +28,7 @@
     reason = "test harness: failures panic with a message, the test framework's protocol"
 )]
 
+pub mod cgroup;
 pub mod cluster;
 pub mod conf;
 pub mod inspect;
@@ -38,6 +41,7 @@ pub mod plugin;
 pub mod process;
 pub mod snapshot;
 
+pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
 pub use inspect::{ResultView, StoreView};
