@@ -3,6 +3,13 @@
 //! - [`SimNode`]: the simulated node of DESIGN.md — `node` and `ext` network namespaces
 //!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
 //!   namespaces. Everything is removed on drop, also when a test panics.
+//! - [`Cluster`]: two simulated nodes (`node-a`, `node-b`) joined by a `fabric` bridge,
+//!   with `ext` as the outside world and default gateway of both, and static routes to
+//!   each other's pod CIDR.
+//! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
+//!   kube-proxy writes them and loaded into a node namespace.
+//! - [`TestCgroup`]: a cgroup-v2 directory of the test's own, for clients of the
+//!   plugin's socket-level hook (run as processes inside it).
 //! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
 //!   node namespace; [`SimNode::libcni`]: runs a conflist through the real libcni
 //!   (`tests/libcni-client`, Go), with the reference plugins of `/usr/lib/cni` on
@@ -21,8 +28,11 @@
     reason = "test harness: failures panic with a message, the test framework's protocol"
 )]
 
+pub mod cgroup;
+pub mod cluster;
 pub mod conf;
 pub mod inspect;
+pub mod kubeproxy;
 pub mod libcni;
 pub mod net;
 pub mod netns;
@@ -31,6 +41,8 @@ pub mod plugin;
 pub mod process;
 pub mod snapshot;
 
+pub use cgroup::TestCgroup;
+pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};

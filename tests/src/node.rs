@@ -19,7 +19,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicUsize, Ordering},
-        OnceLock,
+        Arc, OnceLock,
     },
     time::Duration,
 };
@@ -88,9 +88,10 @@ pub fn ensure_bpffs() {
 pub struct SimNode {
     tag: String,
     pin_root: PathBuf,
-    // Field order is drop order: namespaces go before the temp dir.
+    // Field order is drop order: namespaces go before the temp dir. `ext` is shared by
+    // the nodes of a [`crate::Cluster`]; the last one to go deletes it.
     node: NetNs,
-    ext: NetNs,
+    ext: Arc<NetNs>,
     dir: Option<tempfile::TempDir>,
     cni_bin: OnceLock<PathBuf>,
     calls: AtomicUsize,
@@ -101,8 +102,19 @@ impl SimNode {
     #[track_caller]
     #[must_use]
     pub fn new(test: &str) -> Self {
-        ensure_bpffs();
         let tag = unique_tag(test);
+        let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
+        let sim = Self::unwired(tag.clone(), &format!("node-{tag}"), ext);
+        sim.wire_uplink();
+        sim
+    }
+
+    /// A node namespace `netns_name` with this node's temp dir, pin root and caches, but
+    /// no uplink yet; `ext` is the outside world it will be wired to (shared between the
+    /// nodes of a [`crate::Cluster`]). `tag` names its pods, pins and temp dir.
+    #[track_caller]
+    pub(crate) fn unwired(tag: String, netns_name: &str, ext: Arc<NetNs>) -> Self {
+        ensure_bpffs();
         let dir = match tempfile::Builder::new()
             .prefix(&format!("cni-ebpf-test-{tag}-"))
             .tempdir()
@@ -115,10 +127,10 @@ impl SimNode {
                 panic!("cannot create {sub} in {}: {e}", dir.path().display());
             }
         }
-        // Created first so that a failure below still drops (removes) what exists.
-        let node = NetNs::create(&format!("node-{tag}"));
-        let ext = NetNs::create(&format!("ext-{tag}"));
-        let sim = Self {
+        // Created before anything that can fail below, so that a failure still drops
+        // (removes) what exists.
+        let node = NetNs::create(netns_name);
+        Self {
             pin_root: Path::new(BPFFS).join(format!("cni-ebpf-test-{tag}")),
             tag,
             node,
@@ -126,9 +138,7 @@ impl SimNode {
             dir: Some(dir),
             cni_bin: OnceLock::new(),
             calls: AtomicUsize::new(0),
-        };
-        sim.wire_uplink();
-        sim
+        }
     }
 
     fn wire_uplink(&self) {
@@ -138,42 +148,8 @@ impl SimNode {
             e,
         ])
         .ok();
-        for (ns, dev, v4, v6) in [
-            (n, UPLINK, NODE_IP4, NODE_IP6),
-            (e, "eth0", EXT_IP4, EXT_IP6),
-        ] {
-            run(&[
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{v4}/24"),
-                "dev",
-                dev,
-            ])
-            .ok();
-            run(&[
-                "ip",
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("{v6}/64"),
-                "dev",
-                dev,
-                "nodad",
-            ])
-            .ok();
-            // No DAD on the uplink: its link-local address is final at once, so snapshots
-            // taken early do not see it change from `tentative` later.
-            crate::inspect::set_sysctl(
-                &Path::new(crate::netns::NETNS_DIR).join(ns),
-                &format!("net.ipv6.conf.{dev}.accept_dad"),
-                "0",
-            );
-            run(&["ip", "-n", ns, "link", "set", dev, "up"]).ok();
-        }
+        configure_link(n, UPLINK, NODE_IP4, NODE_IP6);
+        configure_link(e, "eth0", EXT_IP4, EXT_IP6);
         run(&["ip", "-n", n, "route", "add", "default", "via", EXT_IP4]).ok();
         run(&[
             "ip", "-n", n, "-6", "route", "add", "default", "via", EXT_IP6,
@@ -191,6 +167,12 @@ impl SimNode {
     #[must_use]
     pub fn netns(&self) -> &Path {
         self.node.path()
+    }
+
+    /// The node namespace's name under `/run/netns` (for `ip -n`).
+    #[must_use]
+    pub fn netns_name(&self) -> &str {
+        self.node.name()
     }
 
     /// `/run/netns/ext-<tag>`: the outside world.
@@ -577,6 +559,43 @@ impl Pod {
     pub fn snapshot(&self) -> Snapshot {
         Snapshot::take(self.netns())
     }
+}
+
+/// Gives `dev` in the namespace `/run/netns/<ns>` the addresses `v4`/24 and `v6`/64 and
+/// brings it up. IPv6 without DAD: the link-local and global addresses are final at once,
+/// so snapshots taken early do not see them change from `tentative` later. Panics if a
+/// step fails.
+#[track_caller]
+pub(crate) fn configure_link(ns: &str, dev: &str, v4: &str, v6: &str) {
+    run(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{v4}/24"),
+        "dev",
+        dev,
+    ])
+    .ok();
+    run(&[
+        "ip",
+        "-n",
+        ns,
+        "addr",
+        "add",
+        &format!("{v6}/64"),
+        "dev",
+        dev,
+        "nodad",
+    ])
+    .ok();
+    crate::inspect::set_sysctl(
+        &Path::new(crate::netns::NETNS_DIR).join(ns),
+        &format!("net.ipv6.conf.{dev}.accept_dad"),
+        "0",
+    );
+    run(&["ip", "-n", ns, "link", "set", dev, "up"]).ok();
 }
 
 /// All paths below `root`, relative and sorted; empty if `root` does not exist.

@@ -10,8 +10,11 @@ use std::{
 
 use serde_json::{json, Value};
 use tests::{
-    assert_no_ping, assert_ping, process::run, tcp_request, udp_request, CniEnv, SimNode,
-    WhoAmIServer, ALL_VERSIONS, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK,
+    assert_no_ping, assert_ping,
+    kubeproxy::{self, Mode, Protocol, ProxyNode, ServicePort, TrafficPolicy},
+    process::run,
+    tcp_request, udp_request, Cluster, CniEnv, SimNode, TestCgroup, WhoAmIServer, ALL_VERSIONS,
+    EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK,
 };
 
 /// Every path a node and its pods own, to check after drop that none is left.
@@ -162,6 +165,102 @@ fn a_panicking_test_still_cleans_up() {
     assert!(outcome.is_err(), "the closure should have panicked");
     let (paths, tag) = seen.unwrap_or_default();
     assert!(!paths.is_empty());
+    assert_gone(&paths, &tag);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn kubernetes_cluster_routes_pod_cidrs_applies_kube_proxy_rules_and_cleans_up() {
+    let (paths, tag) = {
+        let cluster = Cluster::new("cluster");
+        let (a, b) = (cluster.a(), cluster.b());
+        let t = Duration::from_secs(2);
+
+        // Static routes: each node reaches the other's pod CIDR through the other node.
+        // (No plugin here: node A's pod gateway address stands in for a pod, on `lo`.)
+        let gw_a = a.gateway4();
+        a.exec(&["ip", "addr", "add", &format!("{gw_a}/32"), "dev", "lo"])
+            .ok();
+        assert_ping(b.netns(), &gw_a);
+        for (node, peer) in [(a, b), (b, a)] {
+            let route = node.exec(&["ip", "route", "show", peer.pod_cidr4()]);
+            assert!(
+                route.ok().contains(&format!("via {}", peer.ip4())),
+                "{}: no route to {} via {}: {route}",
+                node.name(),
+                peer.pod_cidr4(),
+                peer.ip4()
+            );
+            let default = node.exec(&["ip", "route", "show", "default"]);
+            assert!(default.ok().contains(EXT_IP4), "{default}");
+        }
+
+        // kube-proxy's rules translate: a ClusterIP whose endpoint is node A's host
+        // network, reached from node A (iptables mode, local endpoint) and node B
+        // (nftables mode, remote endpoint, masqueraded to node B's address).
+        let server = WhoAmIServer::start(a.netns(), 8080);
+        let svc = ServicePort::new("default/host", "http", Protocol::Tcp, "10.96.0.50", 80)
+            .endpoint(&format!("{gw_a}:{}", server.port()), a.name());
+        a.install_kube_proxy(Mode::Iptables, std::slice::from_ref(&svc));
+        b.install_kube_proxy(Mode::Nftables, std::slice::from_ref(&svc));
+        let save = a.exec(&["iptables-save"]);
+        assert!(
+            save.ok().contains("-A PREROUTING -m comment --comment \"kubernetes service portals\" -j KUBE-SERVICES"),
+            "{save}"
+        );
+        let table = b.exec(&["nft", "list", "table", "ip", "kube-proxy"]);
+        assert!(table.ok().contains("service-ips"), "{table}");
+        // The IPv6 rule sets load too (ip6tables-restore, `table ip6 kube-proxy`).
+        let svc6 = ServicePort::new("default/host", "http", Protocol::Tcp, "fd00:10:96::50", 80)
+            .endpoint(&format!("[{}]:8080", a.ip6()), a.name())
+            .node_port(30080, TrafficPolicy::Local);
+        for (node, mode) in [(a, Mode::Iptables), (b, Mode::Nftables)] {
+            let proxy = ProxyNode::new(
+                node.name(),
+                &[node.ip6()],
+                "fd00:10:244::/56",
+                "fd00:10:96::/112",
+            );
+            kubeproxy::install(node.netns(), mode, &proxy, std::slice::from_ref(&svc6));
+        }
+        let save6 = a.exec(&["ip6tables-save"]);
+        assert!(save6.ok().contains("KUBE-SVL-"), "{save6}");
+        let via_a = tcp_request(a.netns(), "10.96.0.50:80", b"hi", t)
+            .unwrap_or_else(|e| panic!("node-a → ClusterIP (iptables mode): {e}"));
+        assert!(via_a.ends_with("hi"), "{via_a:?}");
+        let via_b = tcp_request(b.netns(), "10.96.0.50:80", b"hi", t)
+            .unwrap_or_else(|e| panic!("node-b → ClusterIP (nftables mode): {e}"));
+        assert!(
+            via_b.starts_with(&format!("{}:", b.ip4())),
+            "the endpoint must see node-b's address: {via_b:?}"
+        );
+
+        // A process started in the test's cgroup is in it.
+        let cgroup = TestCgroup::create(cluster.tag());
+        let inside = cgroup.exec_in(a.netns(), &["cat", "/proc/self/cgroup"]);
+        let name = cgroup
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        assert!(
+            inside
+                .ok()
+                .lines()
+                .any(|l| l.starts_with("0::/") && l.ends_with(&name)),
+            "{inside}"
+        );
+
+        let mut paths = vec![
+            cluster.ext_netns().to_path_buf(),
+            cluster.fabric_netns().to_path_buf(),
+            cgroup.path().to_path_buf(),
+        ];
+        for node in cluster.nodes() {
+            paths.extend(owned_paths(node, &[]));
+        }
+        (paths, cluster.tag().to_owned())
+    };
     assert_gone(&paths, &tag);
 }
 

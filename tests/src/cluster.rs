@@ -1,0 +1,289 @@
+//! Two simulated nodes joined through a fabric, as DESIGN.md's "Tests: the simulated node"
+//! and issue 10 ask: pod CIDRs routed to each other by static routes (what a cloud route
+//! table or flannel's host-gw does), an outside world that is both nodes' default gateway.
+//!
+//! ```text
+//!                     ext-<tag>   eth0 198.18.0.2/24  fd00:198:18::2/64
+//!                                  │   (the outside world, default gateway of both nodes)
+//!   fabric-<tag>:  br0 ── to-ext ──┘
+//!                   ├──── to-a ── uplink0 198.18.0.1/24  node-<tag>-a  ("node-a")
+//!                   │               pods 10.244.1.0/24; 10.244.2.0/24 via 198.18.0.3
+//!                   └──── to-b ── uplink0 198.18.0.3/24  node-<tag>-b  ("node-b")
+//!                                   pods 10.244.2.0/24; 10.244.1.0/24 via 198.18.0.1
+//! ```
+//!
+//! Each node is a [`SimNode`] (its own pin root, data dir, log, `CNI_PATH`) whose `ext` is
+//! the cluster's shared `ext`, so everything a `SimNode` offers works on a
+//! [`ClusterNode`] through `Deref`. Node A keeps the single node's addresses
+//! ([`NODE_IP4`], [`EXT_IP4`] as gateway). Neighbours are resolved on creation (every
+//! node, and `ext`, pings the others once), because a live node has them. Everything is
+//! removed on drop, also on panic; the machine's own namespace is never touched.
+
+use std::{ops::Deref, path::Path, sync::Arc};
+
+use serde_json::json;
+
+use crate::{
+    conf::ConfBuilder,
+    kubeproxy::{self, Mode, ProxyNode, ServicePort},
+    net::ping,
+    netns::NetNs,
+    node::{configure_link, unique_tag, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK},
+    process::run,
+};
+
+/// The cluster CIDR (`clusterCIDRs` of both nodes, kube-proxy's `--cluster-cidr`).
+pub const CLUSTER_CIDR4: &str = "10.244.0.0/16";
+/// The Service CIDR the tests allocate ClusterIPs from.
+pub const SERVICE_CIDR4: &str = "10.96.0.0/16";
+/// Node A's pod CIDR.
+pub const NODE_A_POD_CIDR4: &str = "10.244.1.0/24";
+/// Node B's pod CIDR.
+pub const NODE_B_POD_CIDR4: &str = "10.244.2.0/24";
+/// Node A's address on the fabric (the single node's [`NODE_IP4`]).
+pub const NODE_A_IP4: &str = NODE_IP4;
+/// Node B's address on the fabric.
+pub const NODE_B_IP4: &str = "198.18.0.3";
+/// Node A's IPv6 address on the fabric.
+pub const NODE_A_IP6: &str = NODE_IP6;
+/// Node B's IPv6 address on the fabric.
+pub const NODE_B_IP6: &str = "fd00:198:18::3";
+
+/// One node of a [`Cluster`]: a [`SimNode`] plus its name and addresses in the cluster.
+#[derive(Debug)]
+pub struct ClusterNode {
+    sim: SimNode,
+    name: &'static str,
+    ip4: &'static str,
+    ip6: &'static str,
+    pod_cidr4: &'static str,
+}
+
+impl ClusterNode {
+    /// The node's name (`node-a`, `node-b`): kube-proxy's hostname, endpoints' node.
+    #[must_use]
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The node's IPv4 address on the fabric.
+    #[must_use]
+    pub fn ip4(&self) -> &'static str {
+        self.ip4
+    }
+
+    /// The node's IPv6 address on the fabric.
+    #[must_use]
+    pub fn ip6(&self) -> &'static str {
+        self.ip6
+    }
+
+    /// The node's IPv4 pod CIDR.
+    #[must_use]
+    pub fn pod_cidr4(&self) -> &'static str {
+        self.pod_cidr4
+    }
+
+    /// The pods' IPv4 gateway (first address of the pod CIDR, owned by every host veth).
+    #[must_use]
+    pub fn gateway4(&self) -> String {
+        let net = self.pod_cidr4.split('/').next().unwrap_or(self.pod_cidr4);
+        let prefix = net.rsplit_once('.').map_or(net, |(p, _)| p);
+        format!("{prefix}.1")
+    }
+
+    /// The `SimNode` underneath (also reachable through `Deref`).
+    #[must_use]
+    pub fn sim(&self) -> &SimNode {
+        &self.sim
+    }
+
+    /// This node's network configuration as a Kubernetes node would have it: spec 1.1.0,
+    /// IPv4 pods from [`Self::pod_cidr4`], `ipMasq` with `clusterCIDRs` =
+    /// [`CLUSTER_CIDR4`], and the node's pin root, data dir, log and uplink. (Shadows
+    /// [`SimNode::conf`], which has the single node's dual-stack defaults.)
+    #[must_use]
+    pub fn conf(&self) -> ConfBuilder {
+        self.sim
+            .conf()
+            .version("1.1.0")
+            .subnets(&[self.pod_cidr4])
+            .set("ipMasq", json!(true))
+            .set("clusterCIDRs", json!([CLUSTER_CIDR4]))
+    }
+
+    /// What kube-proxy on this node knows about it: its name, its fabric address, the
+    /// cluster CIDR and the Service CIDR.
+    #[must_use]
+    pub fn proxy_node(&self) -> ProxyNode {
+        ProxyNode::new(self.name, &[self.ip4], CLUSTER_CIDR4, SERVICE_CIDR4)
+    }
+
+    /// Loads kube-proxy's rules for `services` in `mode` into this node (see
+    /// [`kubeproxy::install`]).
+    #[track_caller]
+    pub fn install_kube_proxy(&self, mode: Mode, services: &[ServicePort]) {
+        kubeproxy::install(self.netns(), mode, &self.proxy_node(), services);
+    }
+}
+
+impl Deref for ClusterNode {
+    type Target = SimNode;
+
+    fn deref(&self) -> &SimNode {
+        &self.sim
+    }
+}
+
+/// Two nodes, a fabric and the outside world (see the module documentation).
+#[derive(Debug)]
+pub struct Cluster {
+    tag: String,
+    // Field order is drop order: the nodes first (their namespaces, pins and temp dirs),
+    // then the fabric, then `ext` (its last reference).
+    a: ClusterNode,
+    b: ClusterNode,
+    fabric: NetNs,
+    ext: Arc<NetNs>,
+}
+
+impl Cluster {
+    /// Builds the cluster for the test `test` (a name fragment; uniqueness is added),
+    /// wires it and resolves the neighbours. Panics if a node cannot reach the others.
+    #[track_caller]
+    #[must_use]
+    pub fn new(test: &str) -> Self {
+        let tag = unique_tag(test);
+        let fabric = NetNs::create(&format!("fabric-{tag}"));
+        let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
+        let node = |suffix: &str, name, ip4, ip6, pod_cidr4| ClusterNode {
+            sim: SimNode::unwired(
+                format!("{tag}-{suffix}"),
+                &format!("node-{tag}-{suffix}"),
+                Arc::clone(&ext),
+            ),
+            name,
+            ip4,
+            ip6,
+            pod_cidr4,
+        };
+        let a = node("a", "node-a", NODE_A_IP4, NODE_A_IP6, NODE_A_POD_CIDR4);
+        let b = node("b", "node-b", NODE_B_IP4, NODE_B_IP6, NODE_B_POD_CIDR4);
+        let cluster = Self {
+            tag,
+            a,
+            b,
+            fabric,
+            ext,
+        };
+        cluster.wire();
+        cluster.resolve_neighbours();
+        cluster
+    }
+
+    fn wire(&self) {
+        let f = self.fabric.name();
+        run(&["ip", "-n", f, "link", "add", "br0", "type", "bridge"]).ok();
+        run(&["ip", "-n", f, "link", "set", "br0", "up"]).ok();
+        for (port, ns, dev, v4, v6) in [
+            ("to-ext", self.ext.name(), "eth0", EXT_IP4, EXT_IP6),
+            ("to-a", self.a.netns_name(), UPLINK, self.a.ip4, self.a.ip6),
+            ("to-b", self.b.netns_name(), UPLINK, self.b.ip4, self.b.ip6),
+        ] {
+            run(&[
+                "ip", "-n", f, "link", "add", port, "type", "veth", "peer", "name", dev, "netns",
+                ns,
+            ])
+            .ok();
+            run(&["ip", "-n", f, "link", "set", port, "master", "br0", "up"]).ok();
+            configure_link(ns, dev, v4, v6);
+        }
+        for (node, peer) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            let n = node.netns_name();
+            run(&["ip", "-n", n, "route", "add", "default", "via", EXT_IP4]).ok();
+            run(&[
+                "ip", "-n", n, "-6", "route", "add", "default", "via", EXT_IP6,
+            ])
+            .ok();
+            // What a cloud route table or host-gw provides: the other node's pods are
+            // behind the other node.
+            run(&[
+                "ip",
+                "-n",
+                n,
+                "route",
+                "add",
+                peer.pod_cidr4,
+                "via",
+                peer.ip4,
+            ])
+            .ok();
+        }
+    }
+
+    /// Every node and `ext` pings every other once (IPv4), so the neighbour tables are
+    /// filled as on a live cluster. Panics naming the pair that got no answer.
+    #[track_caller]
+    pub fn resolve_neighbours(&self) {
+        let members = [
+            ("node-a", self.a.netns(), self.a.ip4),
+            ("node-b", self.b.netns(), self.b.ip4),
+            ("ext", self.ext.path(), EXT_IP4),
+        ];
+        for (from, ns, _) in &members {
+            for (to, _, addr) in &members {
+                if from != to {
+                    assert!(
+                        ping(ns, addr, 3),
+                        "{from} cannot reach {to} ({addr}) over the fabric"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The unique tag in the fabric's and `ext`'s names.
+    #[must_use]
+    pub fn tag(&self) -> &str {
+        &self.tag
+    }
+
+    /// Node A (`node-a`, [`NODE_A_IP4`], pods in [`NODE_A_POD_CIDR4`]).
+    #[must_use]
+    pub fn a(&self) -> &ClusterNode {
+        &self.a
+    }
+
+    /// Node B (`node-b`, [`NODE_B_IP4`], pods in [`NODE_B_POD_CIDR4`]).
+    #[must_use]
+    pub fn b(&self) -> &ClusterNode {
+        &self.b
+    }
+
+    /// Both nodes.
+    #[must_use]
+    pub fn nodes(&self) -> [&ClusterNode; 2] {
+        [&self.a, &self.b]
+    }
+
+    /// `/run/netns/ext-<tag>`: the outside world.
+    #[must_use]
+    pub fn ext_netns(&self) -> &Path {
+        self.ext.path()
+    }
+
+    /// `/run/netns/fabric-<tag>`: the bridge joining the nodes and `ext`.
+    #[must_use]
+    pub fn fabric_netns(&self) -> &Path {
+        self.fabric.path()
+    }
+
+    /// Loads kube-proxy's rules for `services` in `mode` into both nodes, each with its
+    /// own view (its name decides which endpoints are local).
+    #[track_caller]
+    pub fn install_kube_proxy(&self, mode: Mode, services: &[ServicePort]) {
+        for node in self.nodes() {
+            node.install_kube_proxy(mode, services);
+        }
+    }
+}
