@@ -18,6 +18,11 @@
 //!   for a pod socket that talks through the stack to another peer (`STACK_SOCKETS`): then
 //!   they are the replies of a Service flow (endpoint → client) that netfilter must
 //!   un-DNAT, and go to the stack.
+//! - `uplink_ingress` redirects a packet for a local pod straight into it when its flow's
+//!   other direction (the pod's packets) is verified: both directions of such a flow
+//!   bypass the stack. Half a flow through the stack would not do: conntrack would see
+//!   one direction's data only and call the other's acknowledgements INVALID, which
+//!   kube-proxy's iptables rules drop.
 //! - `uplink_ingress` marks flows opened from outside the cluster towards a pod as
 //!   inbound, so that masquerade leaves the pod's replies alone (iptables MASQUERADE only
 //!   translates connections the pod opened).
@@ -71,6 +76,20 @@ pub(crate) fn may_bypass_stack(p: &Pkt) -> bool {
         (*f).last_seen_ns = now();
     }
     true
+}
+
+/// `uplink_ingress`: whether a packet for a local pod may skip the stack: the pod's side
+/// of its flow was verified to leave untranslated, and it is not a TCP SYN.
+#[inline(always)]
+pub(crate) fn inbound_may_bypass_stack(p: &Pkt) -> bool {
+    if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
+        return false;
+    }
+    // SAFETY: copied out at once.
+    match unsafe { FLOWS.get(reversed(&p.key())) } {
+        Some(f) => f.flags & FLOW_F_VERIFIED != 0,
+        None => false,
+    }
 }
 
 /// Records that a packet of the pod on host veth `ifindex` goes to the stack: its flow is
@@ -158,12 +177,12 @@ pub(crate) fn seen_leaving(p: &Pkt) -> Option<u32> {
     }
 }
 
-/// `uplink_ingress`: a packet for local pod `p.daddr` that we do not translate. If it comes
+/// `uplink_ingress`: a packet for local pod `p.daddr` that goes to the stack. If it comes
 /// from outside the cluster, its flow is marked inbound so that the pod's replies are not
 /// masqueraded; a TCP SYN opens the flow afresh (and unverified).
 #[inline(always)]
 pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
-    if !p.natable || in_cluster(cfg, p.saddr) || local_endpoint(p.daddr).is_none() {
+    if !p.natable || in_cluster(cfg, p.saddr) {
         return;
     }
     let key = reversed(&p.key());

@@ -171,8 +171,16 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
     if let Some(v) = hostport::dnat_new(ctx, &p) {
         return Ok(v);
     }
-    if let Some(cfg) = node_config() {
-        flows::note_inbound(&p, &cfg);
+    // For a local pod: straight in when the flow is verified both ways, else to the stack
+    // (noting flows opened from outside, whose replies are never masqueraded).
+    if let Some(ep) = local_endpoint(p.daddr) {
+        if flows::inbound_may_bypass_stack(&p) {
+            count(Reason::RedirectFromUplink);
+            return Ok(deliver(ctx, &ep));
+        }
+        if let Some(cfg) = node_config() {
+            flows::note_inbound(&p, &cfg);
+        }
     }
     count(Reason::PassNoMatch);
     Ok(PASS)

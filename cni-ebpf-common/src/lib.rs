@@ -192,11 +192,14 @@ pub enum Reason {
     /// A node socket's connect/sendmsg to nodeIP:hostPort (or 127.0.0.1:hostPort)
     /// translated to the pod.
     SockHostPort = 46,
+    /// A packet from outside for a local pod, in a flow whose packets from the pod were
+    /// seen leaving untranslated: redirected into the pod past the node's stack.
+    RedirectFromUplink = 47,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 32] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -228,6 +231,7 @@ impl Reason {
         Reason::PassInboundReply,
         Reason::SnatReplyToStack,
         Reason::SockHostPort,
+        Reason::RedirectFromUplink,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -265,13 +269,14 @@ impl Reason {
             Reason::PassInboundReply => "pass_inbound_reply",
             Reason::SnatReplyToStack => "snat_reply_to_stack",
             Reason::SockHostPort => "sock_host_port",
+            Reason::RedirectFromUplink => "redirect_from_uplink",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::SockHostPort as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::RedirectFromUplink as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]

@@ -226,3 +226,39 @@ fn host_port_replies_may_bypass_the_stack_at_once() {
         Some(FLOW_F_VERIFIED | FLOW_F_INBOUND)
     );
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_verified_flow_is_fast_both_ways() {
+    let fx = node();
+    // Pod A → a pod on another node: verified on its way out.
+    let syn = tcp_frame(POD_A, 40000, REMOTE_POD, 8080, SYN);
+    fx.run("from_pod", &syn);
+    fx.run("uplink_egress", &syn);
+    // Its other direction skips the stack too (conntrack must not see one direction
+    // only: it would call the acknowledgements of data it never saw INVALID).
+    let (v, out) = fx.run(
+        "uplink_ingress",
+        &tcp_frame(REMOTE_POD, 8080, POD_A, 40000, SYN | ACK),
+    );
+    assert_eq!(
+        v, REDIRECT,
+        "reply of a verified flow goes straight into the pod"
+    );
+    let p = parse_checked(&out);
+    assert_eq!((p.dmac, p.smac, p.ttl), (POD_MAC_A, HOST_MAC_A, 63));
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 1);
+
+    // A flow that is not verified goes to the stack, and so does a SYN on a verified
+    // tuple (a new connection from outside is judged afresh).
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(REMOTE_POD, 8081, POD_A, 40000, ACK),
+        "packet of an unverified flow",
+    );
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp_frame(REMOTE_POD, 8080, POD_A, 40000, SYN),
+        "SYN from outside",
+    );
+}

@@ -50,6 +50,10 @@ const WEB: (&str, u16, u16) = ("10.96.0.10", 80, 53);
 const NP_CLUSTER: (&str, u16) = ("10.96.0.11", 30080);
 /// `default/np-local`'s ClusterIP and NodePort.
 const NP_LOCAL: (&str, u16) = ("10.96.0.12", 30081);
+/// The port of the echo servers (TCP) used by the long conversations.
+const ECHO_PORT: u16 = 8081;
+/// Round trips and bulk bytes (each way) of one long conversation.
+const CONVERSATION: (usize, usize) = (200, 1 << 20);
 /// The one-shot client process (see `src/bin/cni-ebpf-netclient.rs`).
 const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
 
@@ -115,6 +119,70 @@ fn udp(netns: &Path, addr: &str) -> Result<(String, SocketAddr), String> {
             }
         }
         Err(describe("answer", &last))
+    })
+}
+
+/// An echo server in `netns` on `ECHO_PORT`: every accepted connection gets back what it
+/// sends until it closes. Its thread ends when the listener fails (the namespace goes).
+fn echo_server(netns: &Path) {
+    let listener = in_netns(netns, || {
+        std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, ECHO_PORT)))
+    })
+    .unwrap_or_else(|e| panic!("echo server in {}: {e}", netns.display()));
+    std::thread::spawn(move || {
+        for conn in listener.incoming().take(64) {
+            let Ok(mut c) = conn else { return };
+            std::thread::spawn(move || {
+                let _ = c.set_read_timeout(Some(T * 5));
+                let mut buf = vec![0u8; 64 * 1024];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 || c.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
+/// A long TCP conversation from `netns` to an echo server at `addr`: `CONVERSATION.0`
+/// small round trips, then `CONVERSATION.1` bytes sent and echoed back. Many packets each
+/// way on one connection: a flow whose directions took different paths (one past
+/// conntrack, one through it) would have the acknowledgements of unseen data dropped as
+/// INVALID by kube-proxy's iptables rules.
+fn conversation(netns: &Path, addr: &str) -> Result<String, String> {
+    let to = sock_addr(addr);
+    in_netns(netns, move || {
+        let mut s = TcpStream::connect_timeout(&to, T).map_err(|e| describe("connect", &e))?;
+        let _ = s.set_read_timeout(Some(T));
+        let _ = s.set_write_timeout(Some(T));
+        let mut buf = [0u8; 64];
+        for i in 0..CONVERSATION.0 {
+            let msg = format!("round trip {i:08}");
+            s.write_all(msg.as_bytes())
+                .map_err(|e| describe(&format!("send #{i}"), &e))?;
+            s.read_exact(&mut buf[..msg.len()])
+                .map_err(|e| describe(&format!("echo #{i}"), &e))?;
+            if &buf[..msg.len()] != msg.as_bytes() {
+                return Err(format!("echo #{i} came back changed"));
+            }
+        }
+        let bulk: Vec<u8> = (0..CONVERSATION.1).map(|i| (i % 251) as u8).collect();
+        let mut reader = s.try_clone().map_err(|e| describe("clone", &e))?;
+        let sender = std::thread::spawn(move || s.write_all(&bulk).map(|()| s));
+        let mut back = vec![0u8; CONVERSATION.1];
+        reader
+            .read_exact(&mut back)
+            .map_err(|e| describe("bulk echo", &e))?;
+        let _ = sender.join();
+        if back.iter().enumerate().any(|(i, b)| *b != (i % 251) as u8) {
+            return Err("the bulk echo came back changed".to_owned());
+        }
+        Ok(format!(
+            "{} round trips, {} KiB each way",
+            CONVERSATION.0,
+            CONVERSATION.1 / 1024
+        ))
     })
 }
 
@@ -335,6 +403,9 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     if let Some(mode) = mode {
         cluster.install_kube_proxy(mode, &services(&a1.ip));
     }
+    for ns in [a1.pod.netns(), b1.pod.netns(), cluster.ext_netns()] {
+        echo_server(ns);
+    }
     let servers = vec![
         WhoAmIServer::start(a1.pod.netns(), PORT),
         WhoAmIServer::start(b1.pod.netns(), PORT),
@@ -418,6 +489,18 @@ fn plain_rows(w: &World, rows: &mut Rows) {
     rows.check(
         "pod → pod across nodes (A → B): source kept",
         tcp_seen_as(w.a2.pod.netns(), &format!("{}:{PORT}", w.b1.ip), &w.a2.ip),
+    );
+    rows.check(
+        "pod → pod across nodes (B → A): long conversation",
+        conversation(w.b2.pod.netns(), &format!("{}:{ECHO_PORT}", w.a1.ip)),
+    );
+    rows.check(
+        "other node's host network → pod: long conversation",
+        conversation(b.netns(), &format!("{}:{ECHO_PORT}", w.a1.ip)),
+    );
+    rows.check(
+        "pod → outside: long conversation",
+        conversation(w.a2.pod.netns(), &format!("{EXT_IP4}:{ECHO_PORT}")),
     );
     rows.check(
         "pod → outside (node A): masqueraded to node A's address",
