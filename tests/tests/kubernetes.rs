@@ -23,6 +23,8 @@
 //! cgroup-v2 directory the test creates, passed to node A's plugin as `cgroupPath` (where
 //! the socket-level hook for locally generated traffic attaches).
 
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
 use std::{
     io::{self, Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
