@@ -324,7 +324,7 @@ impl Nl {
     /// pod address on the node) is an error that says so: replacing it would break
     /// someone else's traffic, and ignoring it would report a route we did not install.
     pub async fn add_route(&self, route: &NewRoute) -> Result<()> {
-        let msg = build_route(route);
+        let msg = build_route(route)?;
         let context = || format!("adding route to {} on link #{}", route.dst, route.oif);
         match self.handle.route().add(msg).execute().await {
             Ok(()) => Ok(()),
@@ -342,7 +342,7 @@ impl Nl {
 
     /// Deletes a route; a missing route is not an error.
     pub async fn del_route(&self, route: &NewRoute) -> Result<()> {
-        let msg = build_route(route);
+        let msg = build_route(route)?;
         match self.handle.route().del(msg).execute().await {
             Ok(()) => Ok(()),
             Err(e) if is_errno(&e, libc::ESRCH) || is_errno(&e, libc::ENODEV) => Ok(()),
@@ -391,22 +391,20 @@ impl Nl {
     }
 }
 
-fn build_route(r: &NewRoute) -> RouteMessage {
-    let mut b = RouteMessageBuilder::<IpAddr>::new();
-    // The builder only fails on family mismatches, which `IpNet` rules out; fall back to a
-    // bare builder rather than panic.
-    b = match b
-        .clone()
-        .destination_prefix(r.dst.addr(), r.dst.prefix_len())
-    {
-        Ok(b) => b,
-        Err(_) => b,
+/// The netlink message for `r`. The builder refuses what the kernel could not install as
+/// asked (an IPv4 gateway on an IPv6 destination); that is an error here, never a route
+/// quietly built without the part that was refused.
+fn build_route(r: &NewRoute) -> Result<RouteMessage> {
+    // rtnetlink does not export its error type (`InvalidRouteMessage`); keep its text.
+    let refused = |e: &dyn std::fmt::Display| {
+        let via = r.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+        Error::netlink(format!("building the route to {}{via}", r.dst), e)
     };
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(r.dst.addr(), r.dst.prefix_len())
+        .map_err(|e| refused(&e))?;
     if let Some(gw) = r.gw {
-        b = match b.clone().gateway(gw) {
-            Ok(b) => b,
-            Err(_) => b,
-        };
+        b = b.gateway(gw).map_err(|e| refused(&e))?;
     }
     b = b
         .output_interface(r.oif)
@@ -423,7 +421,7 @@ fn build_route(r: &NewRoute) -> RouteMessage {
         msg.attributes
             .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
     }
-    msg
+    Ok(msg)
 }
 
 fn route_info(m: &RouteMessage) -> Option<RouteInfo> {
@@ -598,5 +596,47 @@ impl Nl {
                 Some((Link::from_message(m), alias))
             })
             .collect())
+    }
+}
+
+#[cfg(test)]
+#[expect(clippy::panic, reason = "tests fail by panicking with a message")]
+mod tests {
+    use super::{build_route, NewRoute, RouteAttribute};
+    use crate::error::Error;
+
+    fn route(dst: &str, gw: &str) -> NewRoute {
+        NewRoute {
+            dst: dst.parse().unwrap_or_else(|e| panic!("{dst}: {e}")),
+            gw: Some(gw.parse().unwrap_or_else(|e| panic!("{gw}: {e}"))),
+            oif: 2,
+            scope_link: false,
+            priority: None,
+            mtu: None,
+        }
+    }
+
+    #[test]
+    fn a_route_keeps_its_gateway_or_is_an_error() {
+        let msg = build_route(&route("10.0.0.0/8", "10.244.1.1"))
+            .unwrap_or_else(|e| panic!("a same-family route was refused: {e}"));
+        assert!(
+            msg.attributes
+                .iter()
+                .any(|a| matches!(a, RouteAttribute::Gateway(_))),
+            "the gateway is missing from {msg:?}"
+        );
+        // The builder cannot put an IPv4 gateway on an IPv6 route; that used to yield a
+        // route without a gateway.
+        match build_route(&route("2001:db8::/64", "10.244.1.1")) {
+            Err(Error::Netlink { context, .. }) => {
+                assert!(
+                    context.contains("2001:db8::/64 via 10.244.1.1"),
+                    "{context}"
+                );
+            }
+            Err(e) => panic!("refused with the wrong error: {e}"),
+            Ok(msg) => panic!("built without complaint: {msg:?}"),
+        }
     }
 }
