@@ -5,7 +5,7 @@
 
 mod ipam_common;
 
-use std::net::IpAddr;
+use std::{fmt::Debug, net::IpAddr};
 
 use cni_ebpf::{
     cni::env::Command,
@@ -32,20 +32,26 @@ fn embedded(ipam: Value) -> IpamConfig {
 
 /// Asserts `ipam` is refused with code 7 on `field`, with a reason containing `needle`.
 fn refused(ipam: Value, field: &str, needle: &str) {
-    match Ipam::parse(&ipam) {
+    config_error(Ipam::parse(&ipam), &ipam, field, needle);
+}
+
+/// Asserts `result` (of checking `what`) is error 7 on `field`, with a reason containing
+/// `needle`.
+fn config_error<T: Debug>(result: Result<T, Error>, what: &Value, field: &str, needle: &str) {
+    match result {
         Err(e @ Error::InvalidConfig { .. }) => {
             let Error::InvalidConfig { field: got, reason } = &e else {
                 unreachable!()
             };
             assert_eq!(e.code(), 7);
-            assert_eq!(got, field, "wrong field for {ipam}: {e}");
+            assert_eq!(got, field, "wrong field for {what}: {e}");
             assert!(
                 reason.contains(needle),
-                "reason for {ipam} should mention {needle:?}: {reason}"
+                "reason for {what} should mention {needle:?}: {reason}"
             );
         }
-        Err(e) => panic!("{ipam} refused with the wrong error: {e}"),
-        Ok(cfg) => panic!("{ipam} was accepted: {cfg:?}"),
+        Err(e) => panic!("{what} refused with the wrong error: {e}"),
+        Ok(ok) => panic!("{what} was accepted: {ok:?}"),
     }
 }
 
@@ -393,6 +399,39 @@ fn mixed_families_in_one_set() {
         "ipam.ranges[0][1].subnet",
         "same IP family",
     );
+}
+
+#[test]
+fn route_gateway_of_the_other_family() {
+    // Once installed without its gateway and reported with it (issue #16). ADD refuses
+    // it; the parser (DEL, GC) still accepts it, so pods added by an earlier version with
+    // such a route can be released.
+    let dual = |routes: Value| {
+        json!({"ranges": [[{"subnet": "10.1.0.0/24"}], [{"subnet": "fd00:1::/64"}]],
+               "routes": routes})
+    };
+    for (routes, field, needle) in [
+        (
+            json!([{"dst": "0.0.0.0/0"}, {"dst": "2001:db8::/64", "gw": "10.1.0.1"}]),
+            "ipam.routes[1].gw",
+            "route to 2001:db8::/64 via 10.1.0.1 mixes families: gw is IPv4 but dst is IPv6",
+        ),
+        (
+            json!([{"dst": "192.0.2.0/24", "gw": "fd00:1::1"}]),
+            "ipam.routes[0].gw",
+            "route to 192.0.2.0/24 via fd00:1::1 mixes families: gw is IPv6 but dst is IPv4",
+        ),
+    ] {
+        let ipam = dual(routes);
+        config_error(embedded(ipam.clone()).check_routes(), &ipam, field, needle);
+    }
+    // Same family, or no gw (ADD fills in the gateway of the dst's family): accepted.
+    let cfg = embedded(dual(
+        json!([{"dst": "192.0.2.0/24", "gw": "10.1.0.1"}, {"dst": "2001:db8::/64"}]),
+    ));
+    if let Err(e) = cfg.check_routes() {
+        panic!("{:?} was refused: {e}", cfg.routes);
+    }
 }
 
 #[test]

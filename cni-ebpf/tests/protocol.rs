@@ -287,6 +287,13 @@ fn bad_inputs_get_the_right_code_and_name_the_culprit() {
         ),
         ("bad runtimeConfig.mac", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"runtimeConfig\":{\"mac\":\"zz\"}"), 7, "runtimeConfig.mac"),
         ("bad ipam subnet", ok_add.clone(), good.replace("10.244.1.0/24", "10.244.1.0/33"), 7, "subnet"),
+        (
+            "ipam route with a gateway of the other family",
+            ok_add.clone(),
+            good.replace("\"ranges\"", "\"routes\":[{\"dst\":\"2001:db8::/64\",\"gw\":\"10.244.1.1\"}],\"ranges\""),
+            7,
+            "ipam.routes[0].gw`: the route to 2001:db8::/64 via 10.244.1.1",
+        ),
         ("CNI_NETNS that is a regular file", with(ok_add.clone(), "CNI_NETNS", "/etc/hostname"), good.clone(), 4, "CNI_NETNS"),
         ("CNI_NETNS that does not exist", with(ok_add.clone(), "CNI_NETNS", "/run/netns/does-not-exist-cni-ebpf"), good.clone(), 4, "CNI_NETNS"),
     ];

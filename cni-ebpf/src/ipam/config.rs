@@ -77,7 +77,8 @@ pub struct RangeSet {
 pub struct IpamConfig {
     /// The range sets; one address is reserved in each.
     pub range_sets: Vec<RangeSet>,
-    /// `ipam.routes`, passed into the result unchanged.
+    /// `ipam.routes`, passed into the result unchanged (ADD first refuses a `gw` of the
+    /// other family than its `dst`: [`IpamConfig::check_routes`]).
     pub routes: Vec<Route>,
     /// `ipam.dns`.
     pub dns: Dns,
@@ -467,6 +468,32 @@ impl IpamConfig {
             }
         }
         Ok(out.into_iter().map(|o| o.map(|(ip, _)| ip)).collect())
+    }
+
+    /// Refuses (error 7, naming the route) a route whose `gw` is not of its `dst`'s family.
+    /// The builder cannot put an IPv4 gateway on an IPv6 route, and an IPv6 gateway on an
+    /// IPv4 route would be an `RTA_VIA` route that CHECK does not read back; the Result must
+    /// never report a route that was not installed as asked.
+    ///
+    /// ADD's check, not the parser's: DEL and GC still parse such a configuration, so
+    /// they can release pods that an earlier version added with it.
+    pub fn check_routes(&self) -> Result<()> {
+        let family = |ip: IpAddr| if ip.is_ipv6() { "IPv6" } else { "IPv4" };
+        for (i, r) in self.routes.iter().enumerate() {
+            let Some(gw) = r.gw else { continue };
+            if gw.is_ipv6() != r.dst.addr().is_ipv6() {
+                return Err(Error::config(
+                    format!("ipam.routes[{i}].gw"),
+                    format!(
+                        "the route to {} via {gw} mixes families: gw is {} but dst is {}",
+                        r.dst,
+                        family(gw),
+                        family(r.dst.addr())
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The DNS settings of the result: `ipam.dns` if it sets anything, else the

@@ -162,6 +162,7 @@ pub fn validate(conf: &NetConf, env: &Env) -> Result<()> {
     match Ipam::parse(&conf.ipam)? {
         Ipam::Delegate(plugin) => delegate::find(&plugin, &env.path).map(|_| ()),
         Ipam::Embedded(cfg) => {
+            cfg.check_routes()?;
             let requested = config::requested_ips(conf, env)?;
             cfg.assign_requests(&requested)?;
             store::key_name(&env.container_id, &env.ifname)?;
