@@ -482,9 +482,19 @@ fn crash_leftovers_are_reclaimed() {
             .unwrap_or_else(|e| panic!("{e}")));
         // Dropped without commit or cleanup: exactly what kill -9 leaves.
     }
+    // The temporary record is there until the next process takes the lock...
+    let tmp_dir = conf.store_dir().join("tmp");
+    let left = || std::fs::read_dir(&tmp_dir).map_or(0, Iterator::count);
+    assert_eq!(left(), 1);
+    // ...which removes it (here the audit's): only the lock holder writes there.
     let audit = audit_clean(&conf);
+    assert_eq!(
+        left(),
+        0,
+        "the next store open must remove a killed process's temp file"
+    );
     assert_eq!(audit.orphans.len(), 2);
-    assert_eq!(audit.tmp_files, 1);
+    assert_eq!(audit.tmp_files, 0);
     assert!(audit.reservations.is_empty());
     // The orphans are not held: the search reaches them first and reuses them.
     assert_eq!(add(&conf, "c1"), vec![ip("10.23.0.3")]);
@@ -496,9 +506,7 @@ fn crash_leftovers_are_reclaimed() {
     assert_eq!(got.len(), 3);
     let audit = audit_clean(&conf);
     assert!(audit.orphans.is_empty());
-    // The leftover temporary file goes at the next repair (or when a later process with
-    // the same PID needs its name, as happens here: the test reuses one PID).
-    assert!(audit.tmp_files <= 1, "{audit:?}");
+    assert_eq!(audit.tmp_files, 0, "{audit:?}");
     let mut doc = netconf_json(dir.path(), v4("10.23.0.0/29"));
     doc["cni.dev/valid-attachments"] = json!([]);
     ipam::gc(&parse(&doc, Command::Gc), &env("GC", "", "", &[]), b"{}")

@@ -66,7 +66,8 @@ pub fn teardown(
     }
 }
 
-/// Deletes the host veth of (container ID, ifname) when its alias confirms the owner.
+/// Deletes the host veth of (container ID, ifname) when its alias confirms the owner, or
+/// when it has no alias at all (a killed ADD's half-made pair).
 fn delete_host_veth_of(
     network: &str,
     container_id: &str,
@@ -80,6 +81,16 @@ fn delete_host_veth_of(
         let want = link::host_veth_alias(network, container_id, ifname);
         match node.alias(l.index).await? {
             Some(alias) if alias == want => node.del_link(l.index).await,
+            // A veth by the very name of this attachment but with no alias yet: an ADD of
+            // it was killed between creating the pair and labelling it (the kernel takes
+            // no alias in the creating request). The name is a hash of (container ID,
+            // ifname), and the runtime never runs ADD and DEL of one container at once.
+            None if l.kind.as_deref() == Some("veth") => {
+                tracing::warn!(
+                    "deleting {host_ifname}: unlabelled, left by an interrupted ADD of {container_id}/{ifname}"
+                );
+                node.del_link(l.index).await
+            }
             other => {
                 tracing::warn!("not deleting {host_ifname}: its alias {other:?} does not name {container_id}/{ifname}");
                 Ok(())

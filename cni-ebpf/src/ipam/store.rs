@@ -180,8 +180,9 @@ pub struct Store {
     tmp_seq: u32,
 }
 
-/// A temporary file in `tmp/`, removed by [`Store::remove_tmp`] (or by the next repair if
-/// the process dies first).
+/// A temporary file in `tmp/`, removed by [`Store::remove_tmp`] (or, if the process dies
+/// first, by the next [`Store::open`]: temporary files are only written under the lock, so
+/// whatever `tmp/` holds when the lock is taken belongs to a process that died).
 #[derive(Debug)]
 pub struct TmpFile {
     name: String,
@@ -441,6 +442,16 @@ impl Store {
             // No (or an unreadable) boot record: treat as a new boot; the sweep keeps
             // every record made in this boot, so this is always safe.
             None => store.previous_boot = Some(String::new()),
+        }
+        // Only the lock holder writes temporary files, so whatever `tmp/` holds now was
+        // left by a killed process: a record never linked (its address was never claimed)
+        // or one already linked into `ips/` and `keys/` (those names keep it).
+        let swept = store.clear_tmp()?;
+        if swept > 0 {
+            tracing::info!(
+                "removed {swept} temporary file(s) a killed process left in {}/tmp",
+                path.display()
+            );
         }
         Ok(Some(store))
     }
