@@ -54,6 +54,7 @@ fn an_untranslated_flow_is_verified_at_the_uplink_and_then_fast_pathed() {
     assert_eq!(v, OK);
     assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_VERIFIED));
     assert_eq!(fx.reason(Reason::FlowVerified), 1);
+    assert_eq!(fx.dp().flow_summary().unwrap().verified, 1);
 
     // The next packet is not handed to the stack by the flow check: it goes to the
     // uplink fast path (whose FIB lookup here, outside any node, then leaves it to the
@@ -100,6 +101,9 @@ fn a_flow_netfilter_translates_stays_on_the_kernel_path() {
     }
     assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 4);
     assert_eq!(fx.reason(Reason::RedirectUplink), 0);
+    // `inspect` shows it on the kernel path, the pod socket as talking through the stack.
+    let s = fx.dp().flow_summary().unwrap();
+    assert_eq!((s.verified, s.pending, s.stack_sockets), (0, 1, 1), "{s:?}");
 }
 
 #[test]

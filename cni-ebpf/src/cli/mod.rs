@@ -168,8 +168,9 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     let ports = dp.port_mappings()?;
     let nat = dp.nat_entries()?;
     let reasons = dp.reason_counts()?;
+    let flows = dp.flow_summary()?;
     if as_json {
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "reasons": reasons });
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -229,12 +230,12 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     }
     println!("\nNAT ({})", nat.len());
     println!(
-        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<5}",
-        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS", "STATE"
+        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
+        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS", "STATE", "DELIVER"
     );
     for n in &nat {
         println!(
-            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<5}",
+            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
             n.kind,
             n.hook,
             n.protocol,
@@ -243,9 +244,16 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
             format!("{}:{}", n.new_src, n.new_sport),
             format!("{}:{}", n.new_dst, n.new_dport),
             n.idle_ms,
-            n.state
+            n.state,
+            n.deliver
         );
     }
+    println!(
+        "\nFLOWS: {} fast-pathed (verified untranslated), {} on the kernel path (new or \
+         translated by netfilter), {} opened from outside; {} pod sockets talking through \
+         the stack, {} node sockets on host ports",
+        flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
+    );
     println!("\nREASONS");
     for r in reasons.iter().filter(|r| r.count > 0) {
         println!("  {:<28} {:>12}", r.reason, r.count);

@@ -69,7 +69,9 @@ pub use self::{
     endpoints::Endpoint,
     node_config::NodeSettings,
     pins::Pins,
-    views::{AttachmentState, EndpointView, NatView, NodeView, PortMappingView, ReasonCount},
+    views::{
+        AttachmentState, EndpointView, FlowSummary, NatView, NodeView, PortMappingView, ReasonCount,
+    },
 };
 use crate::{
     cni::config::NetConf,

@@ -5,9 +5,10 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use cni_ebpf_common::{
-    map as map_name, prog, EndpointStats, Reason, CFG_F_MASQ, HOOK_POD, HOOK_UPLINK_IN,
-    HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN, NAT_F_FIRST_FIN,
-    NAT_F_RST, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
+    map as map_name, prog, EndpointStats, Reason, CFG_F_MASQ, FLOW_F_INBOUND, FLOW_F_PENDING,
+    FLOW_F_VERIFIED, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS,
+    NAT_DELIVER_STACK, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST,
+    NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
 };
 use serde::Serialize;
 
@@ -91,6 +92,26 @@ pub struct NatView {
     /// What this direction of a TCP flow has sent: `open`, `fin` (a FIN; `fin-first` if
     /// it closed first) or `rst`.
     pub state: &'static str,
+    /// Where a translated packet goes next: `direct` (straight into the local pod) or
+    /// `stack` (netfilter translated the flow too and must undo its part).
+    pub deliver: &'static str,
+}
+
+/// How many pod flows the datapath knows in each state, for `inspect`: what takes the
+/// fast path and what stays on the kernel path (living next to netfilter).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct FlowSummary {
+    /// Seen leaving untranslated: fast path both ways.
+    pub verified: u64,
+    /// Handed to the stack and not (yet) seen leaving untranslated: a new flow, or one
+    /// netfilter translates (kept on the kernel path).
+    pub pending: u64,
+    /// Opened from outside the cluster (never masqueraded).
+    pub inbound: u64,
+    /// Pod sockets talking to a peer through the stack (their replies go to the stack).
+    pub stack_sockets: u64,
+    /// Node sockets connected to a host port by the socket hooks.
+    pub host_port_sockets: u64,
 }
 
 /// A reason counter, for `inspect`.
@@ -262,8 +283,32 @@ impl Datapath {
                 } else {
                     "open"
                 },
+                deliver: if v.deliver == NAT_DELIVER_STACK {
+                    "stack"
+                } else {
+                    "direct"
+                },
             })
             .collect())
+    }
+
+    /// Counts of the flow-tracking maps (see [`FlowSummary`]).
+    pub fn flow_summary(&self) -> Result<FlowSummary> {
+        let mut m = self.maps()?;
+        let mut out = FlowSummary::default();
+        for (_, f) in maps::entries(&m.flows()?) {
+            if f.flags & FLOW_F_VERIFIED != 0 {
+                out.verified += 1;
+            } else if f.flags & FLOW_F_PENDING != 0 {
+                out.pending += 1;
+            }
+            if f.flags & FLOW_F_INBOUND != 0 {
+                out.inbound += 1;
+            }
+        }
+        out.stack_sockets = maps::entries(&m.stack_sockets()?).len() as u64;
+        out.host_port_sockets = maps::entries(&m.sock_revnat()?).len() as u64;
+        Ok(out)
     }
 
     /// Per-reason counters summed over CPUs.
