@@ -163,8 +163,9 @@ pub(crate) fn fib_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> Option<FibLo
     if cfg.uplink_ifindex == 0 {
         return None;
     }
-    // Anti-spoofing: only the pod's own address takes the fast path (the stack's reverse
-    // path filter still judges anything else).
+    // Only the pod's own address takes the fast path: an allow-listed foreign source (a
+    // router pod's, `allowedSourceCIDRs`) goes through the kernel and its reverse path
+    // filter. (Other sources were dropped on entry to `from_pod`.)
     match local_endpoint(p.saddr) {
         Some(ep) if ep.ifindex == ifindex => {}
         _ => return None,

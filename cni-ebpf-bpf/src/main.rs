@@ -38,7 +38,7 @@ mod rewrite;
 mod sock;
 
 use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_UNSPEC},
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
     macros::classifier,
     programs::TcContext,
 };
@@ -49,9 +49,11 @@ use cni_ebpf_common::{
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
-    maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping},
+    maps::{
+        add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, source_allowed,
+    },
     nat::nat_lookup,
-    parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
+    parse::{ipv4_saddr, parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
     rewrite::apply,
 };
 
@@ -74,6 +76,14 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
+    // A pod speaks only as itself: whatever path the packet would take (fast path or
+    // kernel, fragment or not), a source that is not the pod's is dropped here.
+    if let Some(saddr) = ipv4_saddr(ctx) {
+        if !source_allowed(saddr, ifindex) {
+            count(Reason::DropSpoofedSource);
+            return Ok(TC_ACT_SHOT as i32);
+        }
+    }
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {

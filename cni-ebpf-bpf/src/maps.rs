@@ -5,13 +5,13 @@
 
 use aya_ebpf::{
     macros::map,
-    maps::{Array, HashMap, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use cni_ebpf_common::{
     EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr, NodeConfig,
-    Owner, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue, EP_F_ACTIVE,
-    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS,
-    MAX_SOCK_REVNAT, MAX_STACK_SOCKETS, REASON_SLOTS,
+    Owner, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue, SrcAllowKey,
+    EP_F_ACTIVE, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS,
+    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_STACK_SOCKETS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -42,6 +42,9 @@ pub(crate) static STACK_SOCKETS: LruHashMap<SockKey, SockPeer> =
 #[map]
 pub(crate) static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
     LruHashMap::pinned(MAX_SOCK_REVNAT, 0);
+/// Extra source prefixes per pod (host veth ifindex); see `source_allowed`.
+#[map]
+pub(crate) static SRC_ALLOW: LpmTrie<SrcAllowKey, u32> = LpmTrie::pinned(MAX_SRC_ALLOW, 0);
 /// Node configuration (index 0).
 #[map]
 pub(crate) static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
@@ -133,4 +136,21 @@ pub(crate) fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTar
     }
     key.addr = 0;
     unsafe { PORTMAPS.get(key) }.copied()
+}
+
+/// Whether the pod behind host veth `ifindex` may send from `saddr`: one of its own
+/// addresses, or a prefix of its allow-list (`allowedSourceCIDRs`).
+#[inline(always)]
+pub(crate) fn source_allowed(saddr: u32, ifindex: u32) -> bool {
+    if local_endpoint(saddr).is_some_and(|ep| ep.ifindex == ifindex) {
+        return true;
+    }
+    let key = Key::new(
+        64,
+        SrcAllowKey {
+            ifindex_be: ifindex.to_be(),
+            addr: saddr,
+        },
+    );
+    SRC_ALLOW.get(key).is_some()
 }

@@ -182,3 +182,18 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
     }
     Ok(p)
 }
+
+/// The source address of an IPv4 packet (network order), if the frame is IPv4 with a
+/// readable header — whatever else it carries (options, fragments).
+#[inline(always)]
+pub(crate) fn ipv4_saddr(ctx: &TcContext) -> Option<u32> {
+    let ethertype: u16 = read(ctx, 12).ok()?;
+    if ethertype != ETH_P_IP.to_be() {
+        return None;
+    }
+    let vihl: u8 = read(ctx, IP_OFF).ok()?;
+    if vihl >> 4 != 4 {
+        return None;
+    }
+    read(ctx, IP_OFF + 12).ok()
+}

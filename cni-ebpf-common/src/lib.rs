@@ -79,8 +79,11 @@ pub mod map {
     /// [`super::SockRevKey`] → [`super::SockRevValue`] (LRU): what a node socket's host-port
     /// peer was before the socket hooks translated it.
     pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
+    /// LPM trie of [`super::SrcAllowKey`] → `u32` (1): extra source prefixes a pod may
+    /// send from (its own addresses need no entry).
+    pub const SRC_ALLOW: &str = "SRC_ALLOW";
     /// Every map.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -92,6 +95,7 @@ pub mod map {
         FLOWS,
         STACK_SOCKETS,
         SOCK_REVNAT,
+        SRC_ALLOW,
     ];
 }
 
@@ -109,6 +113,8 @@ pub const MAX_OWNERS: u32 = 8192;
 pub const MAX_FLOWS: u32 = 131_072;
 /// Capacity of [`map::STACK_SOCKETS`].
 pub const MAX_STACK_SOCKETS: u32 = 65_536;
+/// Capacity of [`map::SRC_ALLOW`].
+pub const MAX_SRC_ALLOW: u32 = 4096;
 /// Capacity of [`map::SOCK_REVNAT`].
 pub const MAX_SOCK_REVNAT: u32 = 65_536;
 /// Number of `clusterCIDRs` the programs consider.
@@ -195,11 +201,14 @@ pub enum Reason {
     /// A packet from outside for a local pod, in a flow whose packets from the pod were
     /// seen leaving untranslated: redirected into the pod past the node's stack.
     RedirectFromUplink = 47,
+    /// Dropped: a pod sent with a source address that is not one of its own (nor in its
+    /// allow-list).
+    DropSpoofedSource = 48,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 32] = [
+    pub const ALL: [Reason; 33] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -232,6 +241,7 @@ impl Reason {
         Reason::SnatReplyToStack,
         Reason::SockHostPort,
         Reason::RedirectFromUplink,
+        Reason::DropSpoofedSource,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -270,13 +280,14 @@ impl Reason {
             Reason::SnatReplyToStack => "snat_reply_to_stack",
             Reason::SockHostPort => "sock_host_port",
             Reason::RedirectFromUplink => "redirect_from_uplink",
+            Reason::DropSpoofedSource => "drop_spoofed_source",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::RedirectFromUplink as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::DropSpoofedSource as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -510,6 +521,18 @@ pub struct SockPeer {
 }
 const _: () = assert!(size_of::<SockPeer>() == 8);
 
+/// Data of a [`map::SRC_ALLOW`] key (after the LPM prefix length, which counts the 32
+/// bits of `ifindex` plus the prefix of `addr`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SrcAllowKey {
+    /// Host veth ifindex of the pod, big-endian (the trie matches bytes in order).
+    pub ifindex_be: u32,
+    /// Source prefix, network order.
+    pub addr: u32,
+}
+const _: () = assert!(size_of::<SrcAllowKey>() == 8);
+
 /// Key of [`map::SOCK_REVNAT`]: a node socket and the pod address it was sent to.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -646,4 +669,5 @@ mod pod {
     unsafe impl aya::Pod for super::SockPeer {}
     unsafe impl aya::Pod for super::SockRevKey {}
     unsafe impl aya::Pod for super::SockRevValue {}
+    unsafe impl aya::Pod for super::SrcAllowKey {}
 }

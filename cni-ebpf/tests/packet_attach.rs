@@ -142,6 +142,7 @@ fn attach_check_detach_on_a_private_node() {
         host_mac: [0x02, 0, 0, 0, 0x0a, 0x01],
         pod_mac: POD_MAC_A,
         ips: vec![POD_A.into(), "fd00::2".parse().unwrap()],
+        allowed_sources: Vec::new(),
     };
     dp.attach_endpoint(&ep)
         .unwrap_or_else(|e| panic!("attach_endpoint: {e}"));

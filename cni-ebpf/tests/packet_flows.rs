@@ -37,9 +37,11 @@ fn a_flows_first_packet_goes_to_the_stack_and_is_recorded_pending() {
     assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 1);
     assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_PENDING));
 
-    // A spoofed source is never recorded (it cannot steer another pod's flows).
+    // A spoofed source is dropped before anything is recorded (it could steer another
+    // pod's flows).
     let spoofed = tcp_frame(POD_B, 40000, EXT, 80, SYN);
-    fx.assert_passes_unchanged("from_pod", &spoofed, "pod A sending as pod B");
+    let (v, _) = fx.run_on("from_pod", IFINDEX_A, &spoofed);
+    assert_eq!(v, SHOT, "pod A sending as pod B");
     assert_eq!(fx.flow(&flow_key(&spoofed)), None);
 }
 

@@ -10,7 +10,7 @@ mod datapath_support;
 
 use datapath_support::{
     add, del, endpoint, greet, inspect, ip_of, list, masq_conf, nat_mentioning, num, pod_ip,
-    reason, seen_peer, tcp_udp, udp_error, udp_exchange, with_ports, IcmpSniffer, Mode,
+    reason, seen_peer, tcp_udp, udp_error, udp_exchange, wait_until, with_ports, IcmpSniffer, Mode,
     TaggedServer, GW4, T,
 };
 use serde_json::Value;
@@ -537,27 +537,32 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     );
     drop(srv);
 
-    // A source address that is not the pod's own is left to the kernel (and its reverse
-    // path filter), never put on the fast path.
+    // A source address that is not the pod's own is dropped at the pod's veth (issue 15):
+    // nothing leaves, the reason is counted.
     let spoofed = "10.244.1.250";
     let out = a.exec(&["ip", "addr", "add", &format!("{spoofed}/32"), "dev", "eth0"]);
     assert!(out.status.success(), "{out:?}");
     let before = inspect(&node);
+    let fwd_before = forwarded_datagrams(&node);
     let sock = tests::net::in_netns(a.netns(), move || {
         let s = std::net::UdpSocket::bind((spoofed, 0))?;
         s.send_to(b"x", (EXT_IP4, 9))
     });
     assert!(sock.is_ok(), "sending from {spoofed}: {sock:?}");
-    let after = inspect(&node);
-    assert_eq!(
-        reason(&after, "redirect_uplink"),
-        reason(&before, "redirect_uplink"),
-        "a packet from {spoofed} (pod is {ip}) took the fast path: {:#}",
-        after["reasons"]
+    let dropped = wait_until(std::time::Duration::from_secs(2), || {
+        reason(&inspect(&node), "drop_spoofed_source") > reason(&before, "drop_spoofed_source")
+    });
+    assert!(
+        dropped,
+        "a packet from {spoofed} (pod is {ip}) was not dropped as spoofed"
     );
-    // It goes to the stack as a flow that is never verified (a spoofed source is not
-    // recorded, so no later packet of it can be fast-pathed either).
-    assert!(reason(&after, "pass_unverified_flow") > reason(&before, "pass_unverified_flow"));
+    assert_eq!(
+        forwarded_datagrams(&node),
+        fwd_before,
+        "a spoofed packet was forwarded by the node"
+    );
+    let out = a.exec(&["ip", "addr", "del", &format!("{spoofed}/32"), "dev", "eth0"]);
+    assert!(out.status.success(), "{out:?}");
 
     // Too big for the uplink: the kernel gets the packet and tells the pod the path MTU
     // (a blind redirect would never), after which the upload completes on the fast path.
@@ -636,4 +641,76 @@ fn node_addresses_are_relisted_for_an_unknown_host_ip_and_every_ten_seconds() {
     for (p, cf) in [(&a, &conf), (&b, &conf), (&c, &host_ip_conf), (&d, &conf)] {
         del(&node, p, cf);
     }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn only_an_allow_listed_pod_may_send_from_a_foreign_prefix() {
+    let node = SimNode::new("dp_allow");
+    let base = masq_conf(&node);
+    // Pod r routes 192.0.2.0/24 (a VPN or router pod): its attachment allows it.
+    let router_conf = base.clone().set(
+        "runtimeConfig",
+        serde_json::json!({ "allowedSourceCIDRs": ["192.0.2.0/24"] }),
+    );
+    let (r, p) = (node.pod("r"), node.pod("p"));
+    let rr = add(&node, &r, &router_conf);
+    let rp = add(&node, &p, &base);
+    let r_ip = pod_ip(&rr);
+    // The outside and the node route the prefix back to pod r, as a router pod's
+    // operator would set up.
+    for (ns_exec, via) in [(true, NODE_IP4.to_owned()), (false, r_ip.clone())] {
+        let argv = ["ip", "route", "add", "192.0.2.0/24", "via", &via];
+        let out = if ns_exec {
+            node.ext_exec(&argv)
+        } else {
+            node.exec(&argv)
+        };
+        assert!(out.status.success(), "{argv:?}: {out:?}");
+    }
+    let srv = TaggedServer::start(node.ext_netns(), 8086, "ext", Mode::Greet);
+    for (pod, who) in [(&r, "r"), (&p, "p")] {
+        let out = pod.exec(&["ip", "addr", "add", "192.0.2.7/32", "dev", "eth0"]);
+        assert!(out.status.success(), "pod {who}: {out:?}");
+    }
+    let from = |ns: &std::path::Path| {
+        tests::net::in_netns(ns, move || -> std::io::Result<String> {
+            let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            s.bind(
+                &"192.0.2.7:0"
+                    .parse::<std::net::SocketAddr>()
+                    .map_err(std::io::Error::other)?
+                    .into(),
+            )?;
+            let to: std::net::SocketAddr = format!("{EXT_IP4}:8086")
+                .parse()
+                .map_err(std::io::Error::other)?;
+            s.connect_timeout(&to.into(), T)?;
+            let s: std::net::TcpStream = s.into();
+            s.set_read_timeout(Some(T))?;
+            datapath_support::read_line(&s)
+        })
+    };
+    let answer = from(r.netns()).unwrap_or_else(|e| panic!("pod r from 192.0.2.7: {e}"));
+    assert_eq!(
+        ip_of(&seen_peer(&answer)),
+        "192.0.2.7",
+        "an allow-listed source leaves as itself (it is not the pod's address: never masqueraded)"
+    );
+    let before = inspect(&node);
+    let refused = from(p.netns());
+    assert!(
+        refused.is_err(),
+        "pod p without an allow-list got through: {refused:?}"
+    );
+    let after = inspect(&node);
+    assert!(
+        reason(&after, "drop_spoofed_source") > reason(&before, "drop_spoofed_source"),
+        "{:#}",
+        after["reasons"]
+    );
+    drop(srv);
+    let _ = rp;
+    del(&node, &p, &base);
+    del(&node, &r, &router_conf);
 }

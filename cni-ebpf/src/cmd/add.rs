@@ -242,6 +242,7 @@ async fn attach(
         host_mac,
         pod_mac: ctr_mac,
         ips: pod_ips.clone(),
+        allowed_sources: allowed_v4_sources(conf),
     };
     undo.push(Undo::Endpoint {
         host_ifname: host_ifname.to_owned(),
@@ -393,4 +394,15 @@ fn fault_injection(step: &str) -> Result<()> {
         return Err(Error::Ipam(format!("injected failure after step {step}")));
     }
     Ok(())
+}
+
+/// The IPv4 prefixes of the pod's source allow-list (`allowedSourceCIDRs`).
+pub(crate) fn allowed_v4_sources(conf: &NetConf) -> Vec<ipnet::Ipv4Net> {
+    conf.allowed_sources
+        .iter()
+        .filter_map(|n| match n {
+            IpNet::V4(v4) => Some(*v4),
+            IpNet::V6(_) => None,
+        })
+        .collect()
 }

@@ -191,6 +191,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         host_mac,
         pod_mac,
         ips: pod_ips.iter().map(IpNet::addr).collect::<Vec<IpAddr>>(),
+        allowed_sources: super::add::allowed_v4_sources(conf),
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
     // endpoint entry; the entry may hold either the live MAC or the one ADD set.

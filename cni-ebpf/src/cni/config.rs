@@ -69,6 +69,10 @@ pub struct RuntimeConfig {
     /// Capability `mac`: MAC for the container interface.
     #[serde(default)]
     pub mac: Option<String>,
+    /// Capability `allowedSourceCIDRs`: source prefixes the pod may send from besides its
+    /// own addresses (a router or VPN pod).
+    #[serde(default, rename = "allowedSourceCIDRs")]
+    pub allowed_source_cidrs: Vec<IpNet>,
 }
 
 /// One entry of `cni.dev/valid-attachments` (GC).
@@ -174,6 +178,9 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<Attachment>>,
     /// `cgroupPath`.
     pub cgroup_path: CgroupPath,
+    /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
+    /// `args.cni.allowedSourceCIDRs` together.
+    pub allowed_sources: Vec<IpNet>,
 }
 
 impl NetConf {
@@ -323,6 +330,30 @@ impl NetConf {
             Some(p) => CgroupPath::Dir(absolute("cgroupPath", Some(p), "")?),
         };
 
+        let mut allowed_sources: Vec<IpNet> = runtime_config
+            .allowed_source_cidrs
+            .iter()
+            .map(IpNet::trunc)
+            .collect();
+        if let Some(v) = raw
+            .args
+            .as_ref()
+            .and_then(|a| a.get("cni"))
+            .and_then(|c| c.get("allowedSourceCIDRs"))
+        {
+            let list = v
+                .as_array()
+                .ok_or_else(|| Error::config("args.cni.allowedSourceCIDRs", "is not an array"))?;
+            for (i, c) in list.iter().enumerate() {
+                let field = format!("args.cni.allowedSourceCIDRs[{i}]");
+                let net: IpNet = c
+                    .as_str()
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| Error::config(&field, format!("{c} is not a CIDR")))?;
+                allowed_sources.push(net.trunc());
+            }
+        }
+
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -349,6 +380,7 @@ impl NetConf {
             dns: raw.dns.unwrap_or_default(),
             valid_attachments: raw.valid_attachments,
             cgroup_path,
+            allowed_sources,
         })
     }
 

@@ -10,10 +10,12 @@ use std::{
     net::{IpAddr, Ipv4Addr},
 };
 
-use aya::programs::TcAttachType;
+use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, EP_F_ACTIVE,
+    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, SrcAllowKey,
+    EP_F_ACTIVE,
 };
+use ipnet::Ipv4Net;
 
 use super::{
     attach,
@@ -39,6 +41,9 @@ pub struct Endpoint {
     pub pod_mac: [u8; 6],
     /// The pod's addresses (IPv4 ones get endpoint entries; IPv6 is routed by the kernel).
     pub ips: Vec<IpAddr>,
+    /// Source prefixes the pod may send from besides its own addresses
+    /// (`allowedSourceCIDRs`; IPv4 ones are enforced).
+    pub allowed_sources: Vec<Ipv4Net>,
 }
 
 impl Datapath {
@@ -85,6 +90,13 @@ impl Datapath {
             };
             h.insert(EndpointKey { addr: addr(*ip) }, info, 0)
                 .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), &e))?;
+        }
+        let mut allow = m.src_allow()?;
+        for net in &ep.allowed_sources {
+            let key = src_allow_key(ep.host_ifindex, *net);
+            allow
+                .insert(&key, 1, 0)
+                .map_err(|e| maps::err(map_name::SRC_ALLOW, format!("insert {net}"), &e))?;
         }
         Ok(())
     }
@@ -187,6 +199,19 @@ impl Datapath {
             maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
             gone.push(to_addr(k.addr));
         }
+        let mut allow = m.src_allow()?;
+        let doomed: Vec<_> = allow
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .filter(|k| ifindexes.contains(&u32::from_be(k.data().ifindex_be)))
+            .collect();
+        for k in doomed {
+            match allow.remove(&k) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::SRC_ALLOW, "delete", &e)),
+            }
+        }
         let mut st = m.ep_stats()?;
         for i in &ifindexes {
             match st.remove(i) {
@@ -218,4 +243,15 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// The `SRC_ALLOW` key of prefix `net` for the pod behind host veth `ifindex`.
+fn src_allow_key(ifindex: u32, net: Ipv4Net) -> Key<SrcAllowKey> {
+    Key::new(
+        32 + u32::from(net.prefix_len()),
+        SrcAllowKey {
+            ifindex_be: ifindex.to_be(),
+            addr: addr(net.network()),
+        },
+    )
 }

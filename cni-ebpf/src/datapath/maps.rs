@@ -3,11 +3,14 @@
 
 use std::net::Ipv4Addr;
 
-use aya::maps::{Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap, PerCpuValues};
+use aya::maps::{
+    lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
+    PerCpuValues,
+};
 use cni_ebpf_common::{
     map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr,
     NodeConfig, Owner, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
-    OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -26,6 +29,7 @@ pub struct Maps {
     pub(crate) flows: Map,
     pub(crate) stack_sockets: Map,
     pub(crate) sock_revnat: Map,
+    pub(crate) src_allow: Map,
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
@@ -47,6 +51,7 @@ impl Maps {
             flows: load::open_map(pins, map::FLOWS)?,
             stack_sockets: load::open_map(pins, map::STACK_SOCKETS)?,
             sock_revnat: load::open_map(pins, map::SOCK_REVNAT)?,
+            src_allow: load::open_map(pins, map::SRC_ALLOW)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -60,6 +65,7 @@ impl Maps {
         m.flows()?;
         m.stack_sockets()?;
         m.sock_revnat()?;
+        m.src_allow()?;
         Ok(m)
     }
 
@@ -112,6 +118,11 @@ impl Maps {
     pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
         HashMap::try_from(&mut self.stack_sockets)
             .map_err(|e| map_err(map::STACK_SOCKETS, "open", &e))
+    }
+
+    /// [`map::SRC_ALLOW`].
+    pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
+        LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", &e))
     }
 
     /// [`map::SOCK_REVNAT`].

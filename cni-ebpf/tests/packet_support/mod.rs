@@ -42,10 +42,11 @@ pub const HOST_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 1];
 pub const POD_MAC_B: [u8; 6] = [0x02, 0, 0, 0, 0xb, 2];
 pub const UPLINK_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 1];
 pub const EXT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0xe, 2];
-/// Pod A's host veth is ifindex 1: `BPF_PROG_TEST_RUN` runs tc programs on the loopback
-/// device (ifindex 1), so `from_pod` runs see pod A's packets arriving on its own veth.
-pub const IFINDEX_A: u32 = 1;
-pub const IFINDEX_B: u32 = 42;
+/// Pod A's and pod B's host veths: a veth pair in the fixture's private network
+/// namespace (after `lo`, ifindex 1), so `from_pod` runs see each pod's packets arriving
+/// on its own veth (`BPF_PROG_TEST_RUN` takes the device from `__sk_buff.ifindex`).
+pub const IFINDEX_A: u32 = 2;
+pub const IFINDEX_B: u32 = 3;
 
 pub const TCP: u8 = 6;
 pub const UDP: u8 = 17;
@@ -61,8 +62,34 @@ pub struct Fixture {
 }
 
 impl Fixture {
-    /// Mounts a fresh bpffs and loads the programs into `<mnt>/net`.
+    /// Moves the calling test thread into a network namespace of its own holding the two
+    /// pods' host veths (a veth pair at `IFINDEX_A`/`IFINDEX_B`): test runs and the programs'
+    /// FIB lookups never see the machine's own devices or routes. Mounts a fresh bpffs and
+    /// loads the programs into `<mnt>/net`.
     pub fn new() -> Self {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+            .unwrap_or_else(|e| panic!("unshare(CLONE_NEWNET) (needs root): {e}"));
+        // One veth pair: the kernel registers the peer (veth-a) first.
+        // Children inherit the calling thread's network namespace.
+        let ok = std::process::Command::new("ip")
+            .args([
+                "link", "add", "veth-b", "type", "veth", "peer", "name", "veth-a",
+            ])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "creating the pods' host veths in the fixture's namespace"
+        );
+        for (name, want) in [("veth-a", IFINDEX_A), ("veth-b", IFINDEX_B)] {
+            let cname = std::ffi::CString::new(name).unwrap();
+            // SAFETY: a valid NUL-terminated name; the call only reads it.
+            let idx = unsafe { libc::if_nametoindex(cname.as_ptr()) };
+            assert_eq!(
+                idx, want,
+                "{name} must be ifindex {want} in a fresh namespace"
+            );
+        }
         let dir = tempfile::tempdir().expect("tempdir");
         let mnt = dir.path().join("bpffs");
         std::fs::create_dir(&mnt).expect("mkdir bpffs");
@@ -131,22 +158,47 @@ impl Fixture {
                     host_mac,
                     pod_mac,
                     ips: vec![ip.into()],
+                    allowed_sources: Vec::new(),
                 })
                 .unwrap_or_else(|e| panic!("put_endpoint_entries {id}: {e}"));
         }
     }
 
     /// Runs `prog` on `pkt`; returns the verdict and the packet as the program left it.
+    /// `from_pod` runs on the sender's host veth: pod B's for pod B's source address,
+    /// else pod A's (a test of foreign sources names the device with [`Self::run_on`]).
     pub fn run(&self, prog: &str, pkt: &[u8]) -> (u32, Vec<u8>) {
+        let ifindex = if prog != "from_pod" {
+            None
+        } else if pkt.len() >= 30 && pkt[26..30] == POD_B.octets() {
+            Some(IFINDEX_B)
+        } else {
+            Some(IFINDEX_A)
+        };
+        self.run_with(prog, ifindex, pkt)
+    }
+
+    /// [`Self::run`] with the packet arriving on device `ifindex`.
+    pub fn run_on(&self, prog: &str, ifindex: u32, pkt: &[u8]) -> (u32, Vec<u8>) {
+        self.run_with(prog, Some(ifindex), pkt)
+    }
+
+    fn run_with(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8]) -> (u32, Vec<u8>) {
         let program = self
             .dp()
             .program(prog)
             .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
         let mut out = vec![0u8; pkt.len() + 512];
+        // `struct __sk_buff` up to and including `ifindex` (offset 40); the rest zero.
+        let mut ctx = [0u8; 44];
+        if let Some(i) = ifindex {
+            ctx[40..44].copy_from_slice(&i.to_ne_bytes());
+        }
         let res = program
             .test_run(TestRunOptions {
                 data_in: Some(pkt),
                 data_out: Some(&mut out),
+                ctx_in: ifindex.map(|_| &ctx[..]),
                 ..TestRunOptions::default()
             })
             .unwrap_or_else(|e| {
@@ -173,8 +225,7 @@ impl Fixture {
     }
 
     /// A pod's packet leaving through the uplink as the pod sent it: records the flow as
-    /// pending the way `from_pod` does when it hands a packet to the stack (pods other than
-    /// A cannot run `from_pod` here: `BPF_PROG_TEST_RUN` runs on ifindex 1), then runs
+    /// pending the way `from_pod` does when it hands a packet to the stack, then runs
     /// `uplink_egress`.
     pub fn egress(&self, pkt: &[u8]) -> (u32, Vec<u8>) {
         self.set_flow(&flow_key(pkt), cni_ebpf_common::FLOW_F_PENDING);
