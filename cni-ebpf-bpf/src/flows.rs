@@ -107,9 +107,11 @@ pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
     }
     let key = p.key();
     let syn = p.proto == proto::TCP && p.is_tcp_syn();
+    let mut inbound = false;
     match FLOWS.get_ptr_mut(key) {
         // SAFETY: as in `may_bypass_stack`; a SYN starts the flow afresh (the pod opens it).
         Some(f) => unsafe {
+            inbound = (*f).flags & FLOW_F_INBOUND != 0;
             (*f).flags = if syn {
                 FLOW_F_PENDING
             } else {
@@ -126,18 +128,30 @@ pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
             let _ = FLOWS.insert(&key, &e, 0);
         }
     }
+    // Only a client's socket is recorded: a server's listening port (answering clients
+    // outside through the stack) must not send its local clients' requests to the stack.
+    // A TCP socket is a client from its SYN on (later packets refresh the record); a UDP
+    // or ICMP one unless it answers a flow opened from outside.
     let sock = SockKey {
         addr: p.saddr,
         port: p.sport,
         proto: p.proto,
         _pad: 0,
     };
-    let peer = SockPeer {
-        addr: p.daddr,
-        port: p.dport,
-        _pad: 0,
+    let client = if p.proto == proto::TCP {
+        // SAFETY: copied out at once (presence only).
+        syn || unsafe { STACK_SOCKETS.get(sock) }.is_some()
+    } else {
+        !inbound
     };
-    let _ = STACK_SOCKETS.insert(&sock, &peer, 0);
+    if client {
+        let peer = SockPeer {
+            addr: p.daddr,
+            port: p.dport,
+            _pad: 0,
+        };
+        let _ = STACK_SOCKETS.insert(&sock, &peer, 0);
+    }
 }
 
 /// Whether `p`, for a local pod, is a reply that netfilter must un-NAT: the destination

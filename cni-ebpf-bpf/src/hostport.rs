@@ -32,15 +32,7 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             return PASS;
         };
         let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
-        let mut rev_key = NatKey {
-            saddr: a,
-            daddr: n,
-            sport: bp,
-            dport: 0,
-            proto: p.proto,
-            _pad: [0; 3],
-        };
-        let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+        let Some((np, _)) = alloc_port(&cfg, a, bp, n, p.proto, &rev) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };

@@ -6,8 +6,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, NatKey, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT,
-    NAT_DELIVER_STACK, NAT_SNAT_FWD, NAT_SNAT_REV,
+    proto, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DELIVER_STACK,
+    NAT_SNAT_FWD, NAT_SNAT_REV,
 };
 
 use crate::{
@@ -64,15 +64,7 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
     if flow.is_none() {
         rev.deliver = NAT_DELIVER_STACK;
     }
-    let mut rev_key = NatKey {
-        saddr: p.daddr,
-        daddr: node,
-        sport: p.dport,
-        dport: 0,
-        proto: p.proto,
-        _pad: [0; 3],
-    };
-    let Some(np) = alloc_port(&cfg, &mut rev_key, &rev) else {
+    let Some((np, rev_key)) = alloc_port(&cfg, p.daddr, p.dport, node, p.proto, &rev) else {
         count(Reason::DropNoSnatPort);
         return TC_ACT_SHOT as i32;
     };

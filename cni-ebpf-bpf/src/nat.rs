@@ -149,11 +149,19 @@ pub(crate) fn reclaim(key: &NatKey) -> bool {
     true
 }
 
-/// Inserts the reverse entry `rev_key → rev` with a free port in `rev_key.dport`, trying
-/// random ports of the configured SNAT range; a port whose flow is over is taken back.
-/// Returns the chosen port (network order).
+/// Reserves a translated port on address `local` for a flow with `peer:peer_port`
+/// (protocol `proto_`): inserts the reverse entry `rev`, keyed by peer → local:port, with
+/// a free port of the configured SNAT range tried at random (a port whose flow is over is
+/// taken back). Returns the port (network order) and the reverse entry's key.
 #[inline(always)]
-pub(crate) fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry) -> Option<u16> {
+pub(crate) fn alloc_port(
+    cfg: &NodeConfig,
+    peer: u32,
+    peer_port: u16,
+    local: u32,
+    proto_: u8,
+    rev: &NatEntry,
+) -> Option<(u16, NatKey)> {
     let min = cfg.snat_port_min as u32;
     let max = cfg.snat_port_max as u32;
     if min == 0 || max < min {
@@ -162,7 +170,14 @@ pub(crate) fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry)
     let mut a = PortSearch {
         min,
         span: max - min + 1,
-        key: *rev_key,
+        key: NatKey {
+            saddr: peer,
+            daddr: local,
+            sport: peer_port,
+            dport: 0,
+            proto: proto_,
+            _pad: [0; 3],
+        },
         rev: *rev,
         port: 0,
         found: 0,
@@ -180,8 +195,7 @@ pub(crate) fn alloc_port(cfg: &NodeConfig, rev_key: &mut NatKey, rev: &NatEntry)
     if a.found == 0 {
         return None;
     }
-    *rev_key = a.key;
-    Some(a.port)
+    Some((a.port, a.key))
 }
 
 /// State of [`alloc_port`]'s search, shared with [`port_try`].

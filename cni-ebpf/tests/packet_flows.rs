@@ -22,10 +22,7 @@ const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
 const HOSTNET_EP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 50);
 
 fn node() -> Fixture {
-    let fx = Fixture::new();
-    fx.standard_node(true);
-    fx.two_pods();
-    fx
+    Fixture::with_two_pods()
 }
 
 #[test]
@@ -267,4 +264,30 @@ fn a_verified_flow_is_fast_both_ways() {
         &tcp_frame(REMOTE_POD, 8080, POD_A, 40000, SYN),
         "SYN from outside",
     );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_server_answering_outside_clients_through_the_stack_keeps_local_clients_fast() {
+    let fx = node();
+    // Pod B's TCP server on 80 answers a client outside (its SYN-ACK goes through the
+    // stack, as a new flow's packets do).
+    fx.run("from_pod", &tcp_frame(POD_B, 80, EXT, 50000, SYN | ACK));
+    // Pod B's UDP server on 53 answers a flow opened from outside.
+    fx.run("uplink_ingress", &udp_frame(EXT, 50001, POD_B, 53));
+    fx.run("from_pod", &udp_frame(POD_B, 53, EXT, 50001));
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 2);
+    // A local client's requests to those servers are still redirected at once.
+    for (what, pkt) in [
+        ("TCP", tcp_frame(POD_A, 41000, POD_B, 80, SYN)),
+        ("UDP", udp_frame(POD_A, 41001, POD_B, 53)),
+    ] {
+        let (v, _) = fx.run("from_pod", &pkt);
+        assert_eq!(
+            v, REDIRECT,
+            "{what} request from a local pod to pod B's server"
+        );
+    }
+    assert_eq!(fx.reason(Reason::PassTranslatedReply), 0);
+    assert_eq!(fx.dp().flow_summary().unwrap().stack_sockets, 0);
 }

@@ -14,10 +14,7 @@ use cni_ebpf_common::Reason;
 use packet_support::*;
 
 fn node() -> Fixture {
-    let fx = Fixture::new();
-    fx.standard_node(true);
-    fx.two_pods();
-    fx
+    Fixture::with_two_pods()
 }
 
 #[test]

@@ -56,6 +56,9 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
     let netns = Netns::open(netns_path).map_err(|e| Error::env("CNI_NETNS", e.to_string()))?;
     let host_ifname = link::host_veth_name(&env.container_id, &env.ifname);
     let ctr_mac = pod_mac(conf, env)?;
+    // Name and MAC of the host veth are both derived from (container ID, ifname) and set in
+    // the request that creates the pair: they prove ownership to DEL even if ADD is killed
+    // before it labels the link with its alias.
     let host_mac = link::derived_mac(&env.container_id, &env.ifname, "host");
 
     let rt = link::runtime()?;

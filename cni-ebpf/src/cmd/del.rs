@@ -67,7 +67,7 @@ pub fn teardown(
 }
 
 /// Deletes the host veth of (container ID, ifname) when its alias confirms the owner, or
-/// when it has no alias at all (a killed ADD's half-made pair).
+/// when it has no alias and the MAC ADD derives for it (a killed ADD's half-made pair).
 fn delete_host_veth_of(
     network: &str,
     container_id: &str,
@@ -81,11 +81,15 @@ fn delete_host_veth_of(
         let want = link::host_veth_alias(network, container_id, ifname);
         match node.alias(l.index).await? {
             Some(alias) if alias == want => node.del_link(l.index).await,
-            // A veth by the very name of this attachment but with no alias yet: an ADD of
-            // it was killed between creating the pair and labelling it (the kernel takes
-            // no alias in the creating request). The name is a hash of (container ID,
-            // ifname), and the runtime never runs ADD and DEL of one container at once.
-            None if l.kind.as_deref() == Some("veth") => {
+            // No alias yet: an ADD of this attachment killed between creating the pair and
+            // labelling it (the kernel takes no alias in the creating request). Ownership
+            // is proven by what the creating request did set: both the name and the MAC
+            // are derived from (container ID, ifname); a foreign link that merely took the
+            // name has another MAC. (The runtime never runs ADD and DEL of one container
+            // at once, so this is no ADD in progress.)
+            None if l.kind.as_deref() == Some("veth")
+                && l.mac == link::derived_mac(container_id, ifname, "host") =>
+            {
                 tracing::warn!(
                     "deleting {host_ifname}: unlabelled, left by an interrupted ADD of {container_id}/{ifname}"
                 );

@@ -17,65 +17,27 @@ use super::{
 use crate::error::Result;
 
 impl Datapath {
-    /// Deletes every per-flow entry that involves one of `addrs`.
+    /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
+    /// (matched or rewritten) has one, flow verdicts, pod sockets and the sockets' peers,
+    /// node sockets translated to one.
     pub(super) fn purge_flows(&self, addrs: &[Ipv4Addr]) -> Result<()> {
         if addrs.is_empty() {
             return Ok(());
         }
-        self.purge_nat(addrs)?;
         let set: HashSet<u32> = addrs.iter().map(|a| addr(*a)).collect();
+        let has = |a: &u32| set.contains(a);
         let mut m = self.maps()?;
-        let mut flows = m.flows()?;
-        let doomed: Vec<_> = maps::entries(&flows)
-            .into_iter()
-            .filter(|(k, _)| set.contains(&k.saddr) || set.contains(&k.daddr))
-            .map(|(k, _)| k)
-            .collect();
-        for k in doomed {
-            maps::remove(&mut flows, &k, map_name::FLOWS)?;
-        }
-        let mut socks = m.stack_sockets()?;
-        let doomed: Vec<_> = maps::entries(&socks)
-            .into_iter()
-            .filter(|(k, v)| set.contains(&k.addr) || set.contains(&v.addr))
-            .map(|(k, _)| k)
-            .collect();
-        for k in doomed {
-            maps::remove(&mut socks, &k, map_name::STACK_SOCKETS)?;
-        }
-        let mut revnat = m.sock_revnat()?;
-        let doomed: Vec<_> = maps::entries(&revnat)
-            .into_iter()
-            .filter(|(k, _)| set.contains(&k.addr))
-            .map(|(k, _)| k)
-            .collect();
-        for k in doomed {
-            maps::remove(&mut revnat, &k, map_name::SOCK_REVNAT)?;
-        }
-        Ok(())
-    }
-
-    /// Deletes every NAT entry whose tuple (matched or rewritten) involves one of `addrs`.
-    fn purge_nat(&self, addrs: &[Ipv4Addr]) -> Result<()> {
-        if addrs.is_empty() {
-            return Ok(());
-        }
-        let set: HashSet<u32> = addrs.iter().map(|a| addr(*a)).collect();
-        let mut m = self.maps()?;
-        let mut nat = m.nat()?;
-        let doomed: Vec<_> = maps::entries(&nat)
-            .into_iter()
-            .filter(|(k, v)| {
-                set.contains(&k.saddr)
-                    || set.contains(&k.daddr)
-                    || set.contains(&v.saddr)
-                    || set.contains(&v.daddr)
-            })
-            .map(|(k, _)| k)
-            .collect();
-        for k in doomed {
-            maps::remove(&mut nat, &k, map_name::NAT)?;
-        }
-        Ok(())
+        maps::remove_where(&mut m.nat()?, map_name::NAT, |k, v| {
+            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+        })?;
+        maps::remove_where(&mut m.flows()?, map_name::FLOWS, |k, _| {
+            has(&k.saddr) || has(&k.daddr)
+        })?;
+        maps::remove_where(&mut m.stack_sockets()?, map_name::STACK_SOCKETS, |k, v| {
+            has(&k.addr) || has(&v.addr)
+        })?;
+        maps::remove_where(&mut m.sock_revnat()?, map_name::SOCK_REVNAT, |k, _| {
+            has(&k.addr)
+        })
     }
 }

@@ -159,6 +159,23 @@ pub fn get<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// Removes every entry for which `doomed(key, value)` holds (read in one batch).
+pub fn remove_where<K: aya::Pod, V: aya::Pod>(
+    m: &mut HashMap<&mut MapData, K, V>,
+    name: &str,
+    doomed: impl Fn(&K, &V) -> bool,
+) -> Result<()> {
+    let keys: Vec<K> = entries(m)
+        .into_iter()
+        .filter(|(k, v)| doomed(k, v))
+        .map(|(k, _)| k)
+        .collect();
+    for k in keys {
+        remove(m, &k, name)?;
+    }
+    Ok(())
+}
+
 /// Removes a key; a missing key is fine.
 pub fn remove<K: aya::Pod, V: aya::Pod>(
     m: &mut HashMap<&mut MapData, K, V>,

@@ -189,11 +189,7 @@ impl Datapath {
         let mut out: Vec<_> = eps
             .into_iter()
             .map(|(k, v)| {
-                let (container_id, ifname) = maps::get(&owners, &v.owner, map_name::OWNERS)
-                    .ok()
-                    .flatten()
-                    .map(|o| maps::owner_names(&o))
-                    .unwrap_or_default();
+                let (container_id, ifname) = owner_names_of(&owners, v.owner);
                 let s = stats.get(&v.ifindex).copied().unwrap_or_default();
                 EndpointView {
                     ip: to_addr(k.addr),
@@ -221,11 +217,7 @@ impl Datapath {
         let mut out: Vec<_> = pms
             .into_iter()
             .map(|(k, v)| {
-                let (container_id, ifname) = maps::get(&owners, &v.owner, map_name::OWNERS)
-                    .ok()
-                    .flatten()
-                    .map(|o| maps::owner_names(&o))
-                    .unwrap_or_default();
+                let (container_id, ifname) = owner_names_of(&owners, v.owner);
                 PortMappingView {
                     host_ip: (k.addr != 0).then(|| to_addr(k.addr)),
                     host_port: to_port(k.port),
@@ -387,4 +379,16 @@ impl Datapath {
             })
             .collect())
     }
+}
+
+/// The (container ID, ifname) of an owner id (empty when its record is missing).
+fn owner_names_of(
+    owners: &aya::maps::HashMap<&mut aya::maps::MapData, u64, cni_ebpf_common::Owner>,
+    owner: u64,
+) -> (String, String) {
+    maps::get(owners, &owner, map_name::OWNERS)
+        .ok()
+        .flatten()
+        .map(|o| maps::owner_names(&o))
+        .unwrap_or_default()
 }

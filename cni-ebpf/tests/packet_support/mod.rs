@@ -112,6 +112,14 @@ impl Fixture {
         fx
     }
 
+    /// A fixture with [`Self::standard_node`] (masquerade on) and [`Self::two_pods`].
+    pub fn with_two_pods() -> Self {
+        let fx = Self::new();
+        fx.standard_node(true);
+        fx.two_pods();
+        fx
+    }
+
     /// The network directory in the private bpffs.
     pub fn network_dir(&self) -> std::path::PathBuf {
         self.mnt.join("net")
