@@ -47,8 +47,8 @@ pub struct Params {
 
 /// iperf3 port in servers (pods, ext, bare).
 const IPERF_PORT: u16 = 5201;
-/// Echo server port.
-const ECHO_PORT: u16 = 7000;
+/// Echo server port (in pods, ext, bare; the Service phase's endpoint too).
+pub const ECHO_PORT: u16 = 7000;
 /// Host ports mapped to the server pod.
 const IPERF_HOST_PORT: u16 = 15201;
 const ECHO_HOST_PORT: u16 = 17000;
@@ -267,20 +267,24 @@ impl Bare {
         b.sh(&["ip", "addr", "add", "10.99.0.2/24", "dev", "veth0"])?;
         a.sh(&["ip", "link", "set", "veth0", "up"])?;
         b.sh(&["ip", "link", "set", "veth0", "up"])?;
-        client_sysctls(&a)?;
+        client_sysctls(&a.path())?;
         Ok(Self { a, b })
     }
 }
 
 /// Many short connections from one namespace: reuse TIME_WAIT ports, use a wide range.
-pub fn client_sysctls(ns: &Netns) -> Result<()> {
-    ns.sh(&["sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1"])?;
-    ns.sh(&[
-        "sysctl",
-        "-q",
-        "-w",
+pub fn client_sysctls(netns: &Path) -> Result<()> {
+    for s in [
+        "net.ipv4.tcp_tw_reuse=1",
         "net.ipv4.ip_local_port_range=1024 65000",
-    ])
+    ] {
+        proc::run_in(
+            Some(netns),
+            &["sysctl", "-q", "-w", s],
+            Duration::from_secs(30),
+        )?;
+    }
+    Ok(())
 }
 
 /// A node with a client pod and a server pod (host ports mapped to the servers).
@@ -299,7 +303,7 @@ impl DpNode {
         let server = node.pod(1)?;
         node.op("ADD", Via::Direct, &client, &[], None)?;
         let r = node.op("ADD", Via::Direct, &server, &ports(), None)?;
-        client_sysctls(&client.netns)?;
+        client_sysctls(&client.path())?;
         Ok(Self {
             server_ip: pod_ip(&r.result)?,
             server_result: r.result,

@@ -147,15 +147,22 @@ impl Drop for Workspace {
 }
 
 /// Removes namespaces, pins and temp dirs of earlier bench runs whose process is gone
-/// (killed with SIGKILL, so their guards never ran). Only names with our `cebb<pid>`
-/// prefix are considered.
+/// (killed with SIGKILL, so their guards never ran). Only our names are considered: those
+/// that start with `cebb<pid>` (the bench's own) or hold `-cebb-<pid>-` (the tests crate's
+/// cluster of the Service phase: `node-cebb-<pid>-<n>-a`, `cni-ebpf-test-cebb-<pid>-…`).
 fn sweep_stale() {
     let dead = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix("cebb") else {
+        let rest = if let Some(rest) = name.strip_prefix("cebb") {
+            rest
+        } else if let Some((_, rest)) = name.split_once("-cebb-") {
+            rest
+        } else {
             return false;
         };
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        !digits.is_empty() && !Path::new("/proc").join(&digits).exists()
+        !digits.is_empty()
+            && rest[digits.len()..].chars().next().is_none_or(|c| c == '-')
+            && !Path::new("/proc").join(&digits).exists()
     };
     for (dir, is_netns) in [
         (PathBuf::from("/run/netns"), true),
