@@ -127,17 +127,17 @@ impl Args {
         if !self.only.is_empty() {
             return self.only.clone();
         }
-        // Services last: the scale phase keeps the conditions it was tuned in (right
-        // after the data phase).
+        // Services before scale: the kernel tears down a phase's namespaces for a while
+        // after it ends, and the scale phase leaves a thousand pods behind.
         if self.quick {
-            vec![Phase::Control, Phase::Data, Phase::Scale, Phase::Service]
+            vec![Phase::Control, Phase::Data, Phase::Service, Phase::Scale]
         } else {
             vec![
                 Phase::Ipam,
                 Phase::Control,
                 Phase::Data,
-                Phase::Scale,
                 Phase::Service,
+                Phase::Scale,
             ]
         }
     }

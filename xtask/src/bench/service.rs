@@ -387,7 +387,7 @@ fn run_mode(
         }
     }
     for rep in 0..repeats {
-        for (path, title, cross) in PATHS {
+        for (i, (path, title, cross)) in PATHS.into_iter().enumerate() {
             let title = format!("{title} (kube-proxy {})", mode.name());
             eprintln!("bench: services repeat {}/{repeats}: {title}", rep + 1);
             let targets = clusters
@@ -405,7 +405,8 @@ fn run_mode(
                 &format!("{}.{path}", mode.name()),
                 &title,
                 targets,
-                rep,
+                // Offset by path: even with one repeat, no variant always goes first.
+                rep + i,
                 secs,
                 samples,
                 &mut report.notes,
