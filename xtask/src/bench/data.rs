@@ -47,8 +47,8 @@ pub struct Params {
 
 /// iperf3 port in servers (pods, ext, bare).
 const IPERF_PORT: u16 = 5201;
-/// Echo server port.
-const ECHO_PORT: u16 = 7000;
+/// Echo server port (in pods, ext, bare; the Service phase's endpoint too).
+pub const ECHO_PORT: u16 = 7000;
 /// Host ports mapped to the server pod.
 const IPERF_HOST_PORT: u16 = 15201;
 const ECHO_HOST_PORT: u16 = 17000;
@@ -237,12 +237,17 @@ fn iperf(netns: &Path, ip: &str, port: u16, secs: f64) -> Result<f64> {
 }
 
 /// Where one variant's client runs and what it talks to, per scenario.
-struct Target {
-    column: &'static str,
-    client: PathBuf,
-    ip: String,
-    iperf_port: u16,
-    echo_port: u16,
+pub struct Target {
+    /// The report column (variant) it measures.
+    pub column: &'static str,
+    /// The client's network namespace.
+    pub client: PathBuf,
+    /// The address it connects to.
+    pub ip: String,
+    /// iperf3 server port behind `ip`; `None` skips the throughput figure.
+    pub iperf_port: Option<u16>,
+    /// Echo server port behind `ip`.
+    pub echo_port: u16,
 }
 
 /// The bare veth floor: two namespaces and a veth pair with static addresses.
@@ -262,20 +267,24 @@ impl Bare {
         b.sh(&["ip", "addr", "add", "10.99.0.2/24", "dev", "veth0"])?;
         a.sh(&["ip", "link", "set", "veth0", "up"])?;
         b.sh(&["ip", "link", "set", "veth0", "up"])?;
-        client_sysctls(&a)?;
+        client_sysctls(&a.path())?;
         Ok(Self { a, b })
     }
 }
 
 /// Many short connections from one namespace: reuse TIME_WAIT ports, use a wide range.
-pub fn client_sysctls(ns: &Netns) -> Result<()> {
-    ns.sh(&["sysctl", "-q", "-w", "net.ipv4.tcp_tw_reuse=1"])?;
-    ns.sh(&[
-        "sysctl",
-        "-q",
-        "-w",
+pub fn client_sysctls(netns: &Path) -> Result<()> {
+    for s in [
+        "net.ipv4.tcp_tw_reuse=1",
         "net.ipv4.ip_local_port_range=1024 65000",
-    ])
+    ] {
+        proc::run_in(
+            Some(netns),
+            &["sysctl", "-q", "-w", s],
+            Duration::from_secs(30),
+        )?;
+    }
+    Ok(())
 }
 
 /// A node with a client pod and a server pod (host ports mapped to the servers).
@@ -294,7 +303,7 @@ impl DpNode {
         let server = node.pod(1)?;
         node.op("ADD", Via::Direct, &client, &[], None)?;
         let r = node.op("ADD", Via::Direct, &server, &ports(), None)?;
-        client_sysctls(&client.netns)?;
+        client_sysctls(&client.path())?;
         Ok(Self {
             server_ip: pod_ip(&r.result)?,
             server_result: r.result,
@@ -333,7 +342,100 @@ fn ports() -> [PortMap; 2] {
 }
 
 /// Per scenario, metric and column: the value of each repeat.
-type Samples = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<f64>>>>;
+pub type Samples = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<f64>>>>;
+
+/// The figures of one scenario: key, label, unit, higher is better.
+const METRICS: [(&str, &str, &str, bool); 7] = [
+    ("tput", "TCP throughput, 1 stream", "Gbit/s", true),
+    ("rr_tps", "request/response", "transactions/s", true),
+    ("rr_p50", "request/response latency p50", "µs", false),
+    ("rr_p99", "request/response latency p99", "µs", false),
+    ("crr_cps", "connect/request/close", "connections/s", true),
+    ("crr_p50", "connect/request/close latency p50", "µs", false),
+    ("crr_p99", "connect/request/close latency p99", "µs", false),
+];
+
+/// One repeat of scenario `scen` (`title` in notes): every target once, in an order
+/// rotated by `rep` so that no variant always goes first; throughput (if the target has
+/// an iperf3 port), request/response, connect/request/close, each `secs` long. A failed
+/// figure becomes a note and the others go on; only an interrupt stops it.
+pub fn measure_repeat(
+    scen: &str,
+    title: &str,
+    mut targets: Vec<Target>,
+    rep: usize,
+    secs: f64,
+    samples: &mut Samples,
+    notes: &mut Vec<String>,
+) -> Result<()> {
+    let mut push = |metric: &str, col: &str, v: f64| {
+        samples
+            .entry(scen.to_owned())
+            .or_default()
+            .entry(metric.to_owned())
+            .or_default()
+            .entry(col.to_owned())
+            .or_default()
+            .push(v);
+    };
+    if !targets.is_empty() {
+        let k = rep % targets.len();
+        targets.rotate_left(k);
+    }
+    for t in &targets {
+        check_interrupt()?;
+        let addr: SocketAddr = format!("{}:{}", t.ip, t.echo_port).parse()?;
+        if let Some(port) = t.iperf_port {
+            match iperf(&t.client, &t.ip, port, secs) {
+                Ok(g) => push("tput", t.column, g),
+                Err(e) => notes.push(format!("{title}, {}: {e:#}", t.column)),
+            }
+            check_interrupt()?;
+        }
+        match rr(&t.client, addr, secs) {
+            Ok(r) => {
+                push("rr_tps", t.column, r.per_s);
+                push("rr_p50", t.column, r.lat.p50);
+                push("rr_p99", t.column, r.lat.p99);
+            }
+            Err(e) => notes.push(format!("{title} request/response, {}: {e:#}", t.column)),
+        }
+        check_interrupt()?;
+        match crr(&t.client, addr, secs) {
+            Ok(r) => {
+                push("crr_cps", t.column, r.per_s);
+                push("crr_p50", t.column, r.lat.p50);
+                push("crr_p99", t.column, r.lat.p99);
+            }
+            Err(e) => notes.push(format!(
+                "{title} connect/request/close, {}: {e:#}",
+                t.column
+            )),
+        }
+    }
+    Ok(())
+}
+
+/// The median over repeats of every figure of `scen` in `samples`, as rows `<key>.<metric>`
+/// of the report section `section`.
+pub fn put_medians(report: &mut Report, samples: &Samples, scen: &str, key: &str, section: &str) {
+    for (metric, label, unit, higher) in METRICS {
+        let Some(cols) = samples.get(scen).and_then(|m| m.get(metric)) else {
+            continue;
+        };
+        for (col, v) in cols {
+            report.put(
+                &format!("{key}.{metric}"),
+                section,
+                label,
+                unit,
+                higher,
+                col,
+                median(v),
+            );
+        }
+    }
+}
 
 /// Scenario keys and titles.
 const SCENARIOS: [(&str, &str); 3] = [
@@ -373,7 +475,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                 column: "bare veth",
                 client: bare.a.path(),
                 ip: "10.99.0.2".into(),
-                iperf_port: IPERF_PORT,
+                iperf_port: Some(IPERF_PORT),
                 echo_port: ECHO_PORT,
             });
         }
@@ -384,21 +486,21 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                     column,
                     client: n.client.path(),
                     ip: n.server_ip.clone(),
-                    iperf_port: IPERF_PORT,
+                    iperf_port: Some(IPERF_PORT),
                     echo_port: ECHO_PORT,
                 },
                 "pod2ext" => Target {
                     column,
                     client: n.client.path(),
                     ip: EXT_IP.into(),
-                    iperf_port: IPERF_PORT,
+                    iperf_port: Some(IPERF_PORT),
                     echo_port: ECHO_PORT,
                 },
                 _ => Target {
                     column,
                     client: n.node.ext_netns(),
                     ip: NODE_IP.into(),
-                    iperf_port: IPERF_HOST_PORT,
+                    iperf_port: Some(IPERF_HOST_PORT),
                     echo_port: ECHO_HOST_PORT,
                 },
             });
@@ -408,87 +510,32 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
 
     // samples[scenario][metric][column] = per-repeat values
     let mut samples: Samples = BTreeMap::new();
-    let mut push = |scen: &str, metric: &str, col: &str, v: f64| {
-        samples
-            .entry(scen.to_owned())
-            .or_default()
-            .entry(metric.to_owned())
-            .or_default()
-            .entry(col.to_owned())
-            .or_default()
-            .push(v);
-    };
-    let secs = p.seconds;
     for rep in 0..p.repeats {
         for (scen, title) in SCENARIOS {
-            let mut ts = targets(scen);
-            // Rotate the order each repeat so no variant always goes first.
-            let k = rep % ts.len();
-            ts.rotate_left(k);
             eprintln!(
                 "bench: data plane repeat {}/{}: {title}",
                 rep + 1,
                 p.repeats
             );
-            for t in &ts {
-                check_interrupt()?;
-                let addr: SocketAddr = format!("{}:{}", t.ip, t.echo_port).parse()?;
-                match iperf(&t.client, &t.ip, t.iperf_port, secs) {
-                    Ok(g) => push(scen, "tput", t.column, g),
-                    Err(e) => report.notes.push(format!("{title}, {}: {e:#}", t.column)),
-                }
-                check_interrupt()?;
-                match rr(&t.client, addr, secs) {
-                    Ok(r) => {
-                        push(scen, "rr_tps", t.column, r.per_s);
-                        push(scen, "rr_p50", t.column, r.lat.p50);
-                        push(scen, "rr_p99", t.column, r.lat.p99);
-                    }
-                    Err(e) => report
-                        .notes
-                        .push(format!("{title} request/response, {}: {e:#}", t.column)),
-                }
-                check_interrupt()?;
-                match crr(&t.client, addr, secs) {
-                    Ok(r) => {
-                        push(scen, "crr_cps", t.column, r.per_s);
-                        push(scen, "crr_p50", t.column, r.lat.p50);
-                        push(scen, "crr_p99", t.column, r.lat.p99);
-                    }
-                    Err(e) => report.notes.push(format!(
-                        "{title} connect/request/close, {}: {e:#}",
-                        t.column
-                    )),
-                }
-            }
+            measure_repeat(
+                scen,
+                title,
+                targets(scen),
+                rep,
+                p.seconds,
+                &mut samples,
+                &mut report.notes,
+            )?;
         }
     }
-    let metrics: [(&str, &str, &str, bool); 7] = [
-        ("tput", "TCP throughput, 1 stream", "Gbit/s", true),
-        ("rr_tps", "request/response", "transactions/s", true),
-        ("rr_p50", "request/response latency p50", "µs", false),
-        ("rr_p99", "request/response latency p99", "µs", false),
-        ("crr_cps", "connect/request/close", "connections/s", true),
-        ("crr_p50", "connect/request/close latency p50", "µs", false),
-        ("crr_p99", "connect/request/close latency p99", "µs", false),
-    ];
     for (scen, title) in SCENARIOS {
-        for (metric, label, unit, higher) in metrics {
-            let Some(cols) = samples.get(scen).and_then(|m| m.get(metric)) else {
-                continue;
-            };
-            for (col, v) in cols {
-                report.put(
-                    &format!("dp.{scen}.{metric}"),
-                    &format!("Data plane: {title} (median of {} repeats)", p.repeats),
-                    label,
-                    unit,
-                    higher,
-                    col,
-                    median(v),
-                );
-            }
-        }
+        put_medians(
+            report,
+            &samples,
+            scen,
+            &format!("dp.{scen}"),
+            &format!("Data plane: {title} (median of {} repeats)", p.repeats),
+        );
     }
     let mut details = Map::new();
     details.insert("perRepeat".into(), json!(samples));
@@ -504,18 +551,29 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
 
 /// The per-reason packet counters of cni-ebpf after the runs (which path packets took).
 fn ebpf_reasons(node: &BenchNode) -> Option<Value> {
+    reason_counters(
+        node.plugin(),
+        node.network(),
+        node.pin_root(),
+        &node.netns(),
+    )
+}
+
+/// The per-reason packet counters of cni-ebpf's network `network` pinned below `pins`,
+/// read by `plugin inspect` inside the node namespace `netns`.
+pub fn reason_counters(plugin: &Path, network: &str, pins: &Path, netns: &Path) -> Option<Value> {
     let out = proc::exec(&proc::Spec {
         argv: vec![
-            node.plugin().as_os_str(),
+            plugin.as_os_str(),
             std::ffi::OsStr::new("inspect"),
             std::ffi::OsStr::new("--json"),
             std::ffi::OsStr::new("--network"),
-            std::ffi::OsStr::new(node.network()),
+            std::ffi::OsStr::new(network),
             std::ffi::OsStr::new("--bpffs-root"),
-            node.pin_root().as_os_str(),
+            pins.as_os_str(),
         ],
         env: Vec::new(),
-        netns: Some(&node.netns()),
+        netns: Some(netns),
         stdin: b"",
         timeout: Duration::from_secs(30),
     })

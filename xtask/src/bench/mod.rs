@@ -1,5 +1,6 @@
 //! `cargo xtask bench`: cni-ebpf side by side with the reference plugins (bridge with
-//! `ipMasq` + host-local + portmap) and a bare veth pair, on simulated nodes (issue 6).
+//! `ipMasq` + host-local + portmap) and a bare veth pair, on simulated nodes (issues 6
+//! and 10).
 //!
 //! Phases (`--only` picks some):
 //! - `ipam`: the IPAM allocate+release microbench (`cargo bench -p cni-ebpf --bench ipam`);
@@ -9,13 +10,16 @@
 //!   pod → pod, pod → ext (masquerade) and ext → node:hostPort → pod, interleaved repeats,
 //!   medians ([`data`]);
 //! - `scale`: ADD latency and host-port connect latency with growing numbers of pods that
-//!   hold a host port, and pinned map memory per pod ([`scale`]).
+//!   hold a host port, and pinned map memory per pod ([`scale`]);
+//! - `service`: pod → ClusterIP → pod on the same node and across nodes, with kube-proxy's
+//!   rules (iptables mode, and nftables mode as an extra) on two-node clusters, request/
+//!   response and connect/request/close ([`service`]).
 //!
-//! Everything runs in namespaces the bench creates (`cebb<pid>-…`); the machine's own
-//! network namespace is never touched, and no packet leaves those namespaces. Every loop is
-//! bounded; a Ctrl-C stops the current step, then guards delete namespaces, pins and temp
-//! files. Results go to `results/bench-<UTC timestamp>/`: `report.md`, `report.json` and
-//! SVG charts; the targets of issue 6 are printed as met / not met.
+//! Everything runs in namespaces the bench creates (`cebb<pid>-…`, and `…-cebb-<pid>-…`
+//! for the tests crate's cluster); the machine's own network namespace is never touched,
+//! and no packet leaves those namespaces. Every loop is bounded; a Ctrl-C stops the
+//! current step, then guards delete namespaces, pins and temp files. Results go to `results/bench-<UTC timestamp>/`: `report.md`, `report.json` and
+//! SVG charts; the targets of issues 6 and 10 are printed as met / not met.
 
 use std::{
     path::{Path, PathBuf},
@@ -33,6 +37,7 @@ mod data;
 mod proc;
 mod report;
 mod scale;
+mod service;
 mod topo;
 
 use report::Report;
@@ -49,14 +54,16 @@ pub enum Phase {
     Data,
     /// Host-port pods: ADD and connect latency, map memory.
     Scale,
+    /// pod → ClusterIP → pod with kube-proxy's rules: transactions/s, connect rate.
+    Service,
 }
 
 /// `cargo xtask bench` options. Defaults finish in well under 20 minutes on 2 cores;
 /// `--quick` is a 1–2 minute smoke run.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Smoke preset: 20 pods, one 1 s data-plane repeat, scale levels 0 and 50, no IPAM
-    /// microbench. Explicit size flags still override it.
+    /// Smoke preset: 20 pods, one 1 s data-plane and Service repeat, scale levels 0 and 50,
+    /// no IPAM microbench. Explicit size flags still override it.
     #[arg(long)]
     pub quick: bool,
     /// Phases to run, comma-separated [default: all].
@@ -68,10 +75,11 @@ pub struct Args {
     /// Control-plane worker counts, comma-separated [default: 1,2].
     #[arg(long, value_delimiter = ',')]
     pub workers: Vec<usize>,
-    /// Interleaved data-plane repeats (the median is reported) [default: 5].
+    /// Interleaved data-plane and Service repeats (the median is reported; Services in
+    /// kube-proxy's nftables mode run half as many, rounded up) [default: 5].
     #[arg(long)]
     pub repeats: Option<usize>,
-    /// Seconds per data-plane measurement [default: 2].
+    /// Seconds per data-plane and Service measurement [default: 2].
     #[arg(long)]
     pub seconds: Option<f64>,
     /// Host-port pod counts of the scale phase, comma-separated [default: 0,200,1000].
@@ -110,6 +118,8 @@ pub struct Sizes {
     pub data: data::Params,
     /// Scale.
     pub scale: scale::Params,
+    /// Services.
+    pub service: service::Params,
 }
 
 impl Args {
@@ -117,10 +127,18 @@ impl Args {
         if !self.only.is_empty() {
             return self.only.clone();
         }
+        // Services before scale: the kernel tears down a phase's namespaces for a while
+        // after it ends, and the scale phase leaves a thousand pods behind.
         if self.quick {
-            vec![Phase::Control, Phase::Data, Phase::Scale]
+            vec![Phase::Control, Phase::Data, Phase::Service, Phase::Scale]
         } else {
-            vec![Phase::Ipam, Phase::Control, Phase::Data, Phase::Scale]
+            vec![
+                Phase::Ipam,
+                Phase::Control,
+                Phase::Data,
+                Phase::Service,
+                Phase::Scale,
+            ]
         }
     }
 
@@ -128,7 +146,16 @@ impl Args {
         let q = self.quick;
         let pick =
             |v: Option<usize>, quick: usize, full: usize| v.unwrap_or(if q { quick } else { full });
+        let data = data::Params {
+            repeats: pick(self.repeats, 1, 5),
+            seconds: self.seconds.unwrap_or(if q { 1.0 } else { 2.0 }),
+        };
         Sizes {
+            service: service::Params {
+                repeats: data.repeats,
+                nft_repeats: data.repeats.div_ceil(2),
+                seconds: data.seconds,
+            },
             control: control::Params {
                 pods: pick(self.pods, 20, 100),
                 workers: if self.workers.is_empty() {
@@ -138,10 +165,7 @@ impl Args {
                 },
                 vias: vec![Via::Direct, Via::Libcni],
             },
-            data: data::Params {
-                repeats: pick(self.repeats, 1, 5),
-                seconds: self.seconds.unwrap_or(if q { 1.0 } else { 2.0 }),
-            },
+            data,
             scale: scale::Params {
                 levels: if !self.scale.is_empty() {
                     self.scale.clone()
@@ -260,6 +284,7 @@ pub fn run(args: &Args) -> Result<()> {
                 Phase::Control => control::run(&ws, &sizes.control, &mut report),
                 Phase::Data => data::run(&ws, &sizes.data, &mut report),
                 Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
+                Phase::Service => service::run(&ws, &sizes.service, &mut report),
                 Phase::Ipam => Ok(()),
             };
             if let Err(e) = r {
@@ -318,7 +343,7 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
     m.insert(
         "sizes".into(),
         json!(format!(
-            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects, busy node after {} connections{}",
+            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects, busy node after {} connections; Services {} repeats (nftables mode {}) × {} s{}",
             sizes.control.pods,
             sizes.control.workers,
             sizes.data.repeats,
@@ -327,6 +352,9 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
             sizes.scale.probes,
             sizes.scale.connects,
             sizes.scale.busy_flows,
+            sizes.service.repeats,
+            sizes.service.nft_repeats,
+            sizes.service.seconds,
             if args.quick { " (--quick)" } else { "" }
         )),
     );
@@ -372,5 +400,6 @@ fn charts(out: &Path, report: &Report) -> Result<()> {
     }
     scale::chart(out, report)?;
     data::chart(out, report)?;
+    service::chart(out, report)?;
     Ok(())
 }

@@ -410,7 +410,7 @@ fn busy_node(node: &BenchNode, probes: &[Pod], p: &Params) -> Result<(u64, Level
     );
     let client = node.pod(300_000)?;
     let added = node.op("ADD", Via::Direct, &client, &[], None)?;
-    super::data::client_sysctls(&client.netns)?;
+    super::data::client_sysctls(&client.path())?;
     let opened = (|| -> Result<usize> {
         let _srv = EchoServer::start(&node.ext_netns(), BUSY_PORT)?;
         let to: SocketAddr = format!("{EXT_IP}:{BUSY_PORT}").parse()?;

@@ -52,6 +52,14 @@ impl Variant {
         }
     }
 
+    /// The network name of its configuration.
+    pub fn network(self) -> &'static str {
+        match self {
+            Self::Ebpf => "benchnet",
+            Self::Reference => "refnet",
+        }
+    }
+
     /// Short tag for namespace names.
     fn tag(self) -> &'static str {
         match self {
@@ -139,15 +147,22 @@ impl Drop for Workspace {
 }
 
 /// Removes namespaces, pins and temp dirs of earlier bench runs whose process is gone
-/// (killed with SIGKILL, so their guards never ran). Only names with our `cebb<pid>`
-/// prefix are considered.
+/// (killed with SIGKILL, so their guards never ran). Only our names are considered: those
+/// that start with `cebb<pid>` (the bench's own) or hold `-cebb-<pid>-` (the tests crate's
+/// cluster of the Service phase: `node-cebb-<pid>-<n>-a`, `cni-ebpf-test-cebb-<pid>-…`).
 fn sweep_stale() {
     let dead = |name: &str| -> bool {
-        let Some(rest) = name.strip_prefix("cebb") else {
+        let rest = if let Some(rest) = name.strip_prefix("cebb") {
+            rest
+        } else if let Some((_, rest)) = name.split_once("-cebb-") {
+            rest
+        } else {
             return false;
         };
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-        !digits.is_empty() && !Path::new("/proc").join(&digits).exists()
+        !digits.is_empty()
+            && rest[digits.len()..].chars().next().is_none_or(|c| c == '-')
+            && !Path::new("/proc").join(&digits).exists()
     };
     for (dir, is_netns) in [
         (PathBuf::from("/run/netns"), true),
@@ -245,13 +260,7 @@ impl BenchNode {
         for sub in ["data", "cache", "cni-bin", "ipam"] {
             std::fs::create_dir_all(node.dir.join(sub))?;
         }
-        // CNI_PATH: the reference plugins and cni-ebpf, side by side.
-        let bin = node.dir.join("cni-bin");
-        for e in std::fs::read_dir("/usr/lib/cni").context("reading /usr/lib/cni")? {
-            let e = e?;
-            std::os::unix::fs::symlink(e.path(), bin.join(e.file_name()))?;
-        }
-        std::os::unix::fs::symlink(&node.plugin, bin.join("cni-ebpf"))?;
+        fill_cni_bin(&node.dir.join("cni-bin"), &node.plugin)?;
         std::fs::write(
             node.conflist_path(),
             serde_json::to_vec_pretty(&node.conflist())?,
@@ -290,10 +299,7 @@ impl BenchNode {
 
     /// The network name.
     pub fn network(&self) -> &'static str {
-        match self.variant {
-            Variant::Ebpf => "benchnet",
-            Variant::Reference => "refnet",
-        }
+        self.variant.network()
     }
 
     fn conflist_path(&self) -> PathBuf {
@@ -302,42 +308,26 @@ impl BenchNode {
 
     /// The plugin objects of the conflist.
     fn plugins(&self) -> Vec<Value> {
-        let ipam_ranges = json!([[{ "subnet": POD_SUBNET }]]);
-        let routes = json!([{ "dst": "0.0.0.0/0" }]);
         match self.variant {
-            Variant::Ebpf => vec![json!({
-                "type": "cni-ebpf",
-                "mtu": 1500,
-                "uplink": "uplink0",
-                "ipMasq": true,
-                "clusterCIDRs": [POD_SUBNET],
-                "bpffsRoot": self.pins,
-                "dataDir": self.dir.join("data"),
-                "logFile": self.dir.join("cni-ebpf.log"),
-                "logLevel": self.log_level,
-                "capabilities": { "portMappings": true },
-                // No socket hooks on the machine's cgroup2 root (nothing here measures
-                // the node's own sockets).
-                "cgroupPath": "",
-                "ipam": { "ranges": ipam_ranges, "routes": routes },
+            Variant::Ebpf => vec![ebpf_plugin(&EbpfConf {
+                subnet: POD_SUBNET,
+                cluster_cidr: POD_SUBNET,
+                pins: &self.pins,
+                data_dir: &self.dir.join("data"),
+                log_file: &self.dir.join("cni-ebpf.log"),
+                log_level: &self.log_level,
             })],
-            Variant::Reference => vec![
-                json!({
-                    "type": "bridge",
-                    "bridge": "cni0",
-                    "isGateway": true,
-                    "ipMasq": true,
-                    "hairpinMode": true,
-                    "mtu": 1500,
-                    "ipam": {
-                        "type": "host-local",
-                        "ranges": ipam_ranges,
-                        "routes": routes,
-                        "dataDir": self.dir.join("ipam"),
-                    },
-                }),
-                json!({ "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }),
-            ],
+            Variant::Reference => reference_plugins(POD_SUBNET, &self.dir.join("ipam")),
+        }
+    }
+
+    /// The direct-exec view of this node's chain.
+    fn chain(&self) -> Chain<'_> {
+        Chain {
+            network: self.network(),
+            plugins: self.plugins(),
+            node_netns: self.sim.node.path(),
+            cni_path: self.dir.join("cni-bin"),
         }
     }
 
@@ -410,63 +400,10 @@ impl BenchNode {
     }
 
     fn direct(&self, verb: &str, pod: &Pod, ports: &[PortMap], prev: Option<&Value>) -> Result<Op> {
-        let mut plugins = self.plugins();
-        if verb == "DEL" {
-            plugins.reverse();
-        }
-        let cni_path = self.dir.join("cni-bin");
-        let netns = pod.path();
-        let node = self.netns();
-        let mut op = Op {
-            wall: Duration::ZERO,
-            maxrss_kib: 0,
-            result: Value::Null,
-        };
-        let mut prev_result = prev.cloned();
-        for mut p in plugins {
-            let ty = p["type"].as_str().unwrap_or_default().to_owned();
-            let obj = p.as_object_mut().context("plugin object")?;
-            obj.insert("cniVersion".into(), json!("1.0.0"));
-            obj.insert("name".into(), json!(self.network()));
-            let wants_ports = obj
-                .get("capabilities")
-                .and_then(|c| c.get("portMappings"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false);
-            if wants_ports && !ports.is_empty() {
-                obj.insert(
-                    "runtimeConfig".into(),
-                    json!({ "portMappings": port_mappings(ports) }),
-                );
-            }
-            if let Some(prev) = &prev_result {
-                obj.insert("prevResult".into(), prev.clone());
-            }
-            let stdin = p.to_string();
-            let bin = cni_path.join(&ty);
-            let out = proc::exec(&Spec {
-                argv: vec![bin.as_os_str()],
-                env: vec![
-                    ("CNI_COMMAND", OsStr::new(verb)),
-                    ("CNI_CONTAINERID", OsStr::new(&pod.id)),
-                    ("CNI_NETNS", netns.as_os_str()),
-                    ("CNI_IFNAME", OsStr::new("eth0")),
-                    ("CNI_PATH", cni_path.as_os_str()),
-                ],
-                netns: Some(&node),
-                stdin: stdin.as_bytes(),
-                timeout: OP_TIMEOUT,
-            })?;
-            self.expect_ok(&format!("{verb} ({ty})"), pod, &out)?;
-            op.wall += out.wall;
-            op.maxrss_kib = op.maxrss_kib.max(out.maxrss_kib);
-            if verb == "ADD" {
-                let r = parse_result(&out.stdout);
-                prev_result = Some(r.clone());
-                op.result = r;
-            }
-        }
-        Ok(op)
+        self.chain()
+            .exec(verb, &pod.id, &pod.path(), ports, prev, |what, out| {
+                self.expect_ok(what, pod, out)
+            })
     }
 
     fn expect_ok(&self, verb: &str, pod: &Pod, out: &Exec) -> Result<()> {
@@ -505,6 +442,160 @@ impl BenchNode {
     /// Whether a reference CHECK hit the portmap bug of [`Self::known_failure`].
     pub fn hit_portmap_check_bug(&self) -> bool {
         self.portmap_check_bug.load(Ordering::Relaxed)
+    }
+}
+
+/// What differs between cni-ebpf configurations: the node's pod subnet, the cluster CIDR
+/// it never masquerades, and the node's own pin root, data dir and log.
+pub struct EbpfConf<'a> {
+    /// IPAM subnet of the node's pods.
+    pub subnet: &'a str,
+    /// `clusterCIDRs` (one IPv4 CIDR).
+    pub cluster_cidr: &'a str,
+    /// `bpffsRoot`.
+    pub pins: &'a Path,
+    /// `dataDir`.
+    pub data_dir: &'a Path,
+    /// `logFile`.
+    pub log_file: &'a Path,
+    /// `logLevel`.
+    pub log_level: &'a str,
+}
+
+/// The cni-ebpf plugin object the bench runs: `ipMasq`, host ports in eBPF, default route.
+pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
+    json!({
+        "type": "cni-ebpf",
+        "mtu": 1500,
+        "uplink": "uplink0",
+        "ipMasq": true,
+        "clusterCIDRs": [c.cluster_cidr],
+        "bpffsRoot": c.pins,
+        "dataDir": c.data_dir,
+        "logFile": c.log_file,
+        "logLevel": c.log_level,
+        "capabilities": { "portMappings": true },
+        // No socket hooks on the machine's cgroup2 root (nothing here measures the
+        // node's own sockets).
+        "cgroupPath": "",
+        "ipam": { "ranges": [[{ "subnet": c.subnet }]], "routes": [{ "dst": "0.0.0.0/0" }] },
+    })
+}
+
+/// The reference chain the bench runs: `bridge` (`cni0`, `isGateway`, `ipMasq`, hairpin)
+/// with `host-local` on `subnet` (state in `ipam_dir`), then `portmap`.
+pub fn reference_plugins(subnet: &str, ipam_dir: &Path) -> Vec<Value> {
+    vec![
+        json!({
+            "type": "bridge",
+            "bridge": "cni0",
+            "isGateway": true,
+            "ipMasq": true,
+            "hairpinMode": true,
+            "mtu": 1500,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{ "subnet": subnet }]],
+                "routes": [{ "dst": "0.0.0.0/0" }],
+                "dataDir": ipam_dir,
+            },
+        }),
+        json!({ "type": "portmap", "capabilities": { "portMappings": true }, "snat": true }),
+    ]
+}
+
+/// Creates `dir` as a `CNI_PATH`: the reference plugins of `/usr/lib/cni` and `plugin` as
+/// `cni-ebpf`, side by side (symlinks).
+pub fn fill_cni_bin(dir: &Path, plugin: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    for e in std::fs::read_dir("/usr/lib/cni").context("reading /usr/lib/cni")? {
+        let e = e?;
+        std::os::unix::fs::symlink(e.path(), dir.join(e.file_name()))?;
+    }
+    std::os::unix::fs::symlink(plugin, dir.join("cni-ebpf"))?;
+    Ok(())
+}
+
+/// A conflist executed the way libcni does it, without libcni: each plugin in turn with
+/// `prevResult` passed on, DEL in reverse order, inside the node namespace.
+pub struct Chain<'a> {
+    /// Network name.
+    pub network: &'a str,
+    /// The plugin objects, in conflist order.
+    pub plugins: Vec<Value>,
+    /// Where the plugins run.
+    pub node_netns: PathBuf,
+    /// `CNI_PATH`.
+    pub cni_path: PathBuf,
+}
+
+impl Chain<'_> {
+    /// Runs `verb` for container `id` in `netns` (`eth0`), with host `ports` for the plugins
+    /// that take `portMappings`; `prev` is the ADD result (CHECK, DEL). `judge` sees every
+    /// plugin's outcome (`"<verb> (<type>)"`) and decides whether it is a failure.
+    pub fn exec(
+        &self,
+        verb: &str,
+        id: &str,
+        netns: &Path,
+        ports: &[PortMap],
+        prev: Option<&Value>,
+        judge: impl Fn(&str, &Exec) -> Result<()>,
+    ) -> Result<Op> {
+        let mut plugins = self.plugins.clone();
+        if verb == "DEL" {
+            plugins.reverse();
+        }
+        let mut op = Op {
+            wall: Duration::ZERO,
+            maxrss_kib: 0,
+            result: Value::Null,
+        };
+        let mut prev_result = prev.cloned();
+        for mut p in plugins {
+            let ty = p["type"].as_str().unwrap_or_default().to_owned();
+            let obj = p.as_object_mut().context("plugin object")?;
+            obj.insert("cniVersion".into(), json!("1.0.0"));
+            obj.insert("name".into(), json!(self.network));
+            let wants_ports = obj
+                .get("capabilities")
+                .and_then(|c| c.get("portMappings"))
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            if wants_ports && !ports.is_empty() {
+                obj.insert(
+                    "runtimeConfig".into(),
+                    json!({ "portMappings": port_mappings(ports) }),
+                );
+            }
+            if let Some(prev) = &prev_result {
+                obj.insert("prevResult".into(), prev.clone());
+            }
+            let stdin = p.to_string();
+            let bin = self.cni_path.join(&ty);
+            let out = proc::exec(&Spec {
+                argv: vec![bin.as_os_str()],
+                env: vec![
+                    ("CNI_COMMAND", OsStr::new(verb)),
+                    ("CNI_CONTAINERID", OsStr::new(id)),
+                    ("CNI_NETNS", netns.as_os_str()),
+                    ("CNI_IFNAME", OsStr::new("eth0")),
+                    ("CNI_PATH", self.cni_path.as_os_str()),
+                ],
+                netns: Some(&self.node_netns),
+                stdin: stdin.as_bytes(),
+                timeout: OP_TIMEOUT,
+            })?;
+            judge(&format!("{verb} ({ty})"), &out)?;
+            op.wall += out.wall;
+            op.maxrss_kib = op.maxrss_kib.max(out.maxrss_kib);
+            if verb == "ADD" {
+                let r = parse_result(&out.stdout);
+                prev_result = Some(r.clone());
+                op.result = r;
+            }
+        }
+        Ok(op)
     }
 }
 
