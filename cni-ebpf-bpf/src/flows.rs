@@ -154,6 +154,22 @@ pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
     }
 }
 
+/// A pod's TCP SYN straight to a local pod: its socket now talks to that peer directly,
+/// so a record of it talking through the stack is stale (a reused ephemeral port) and
+/// would send this connection's replies to the stack.
+#[inline(always)]
+pub(crate) fn opens_direct(p: &Pkt) {
+    if p.proto == proto::TCP && p.is_tcp_syn() {
+        let sock = SockKey {
+            addr: p.saddr,
+            port: p.sport,
+            proto: p.proto,
+            _pad: 0,
+        };
+        let _ = STACK_SOCKETS.remove(&sock);
+    }
+}
+
 /// Whether `p`, for a local pod, is a reply that netfilter must un-NAT: the destination
 /// socket sent through the stack to a peer other than `p`'s source.
 #[inline(always)]

@@ -121,6 +121,7 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
             count(Reason::PassTranslatedReply);
             return Ok(PASS);
         }
+        flows::opens_direct(&p);
         count(Reason::RedirectPod);
         return Ok(deliver(ctx, &ep));
     }

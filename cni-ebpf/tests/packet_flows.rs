@@ -291,3 +291,20 @@ fn a_server_answering_outside_clients_through_the_stack_keeps_local_clients_fast
     assert_eq!(fx.reason(Reason::PassTranslatedReply), 0);
     assert_eq!(fx.dp().flow_summary().unwrap().stack_sockets, 0);
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_reused_client_port_talking_to_a_local_pod_is_fast_again() {
+    let fx = node();
+    // Pod A's port 40000 called a ClusterIP (through the stack)...
+    fx.run("from_pod", &tcp_frame(POD_A, 40000, VIP, 80, SYN));
+    // ...then, after that connection, the same port connects to pod B directly.
+    let (v, _) = fx.run("from_pod", &tcp_frame(POD_A, 40000, POD_B, 8080, SYN));
+    assert_eq!(v, REDIRECT);
+    let (v, _) = fx.run("from_pod", &tcp_frame(POD_B, 8080, POD_A, 40000, SYN | ACK));
+    assert_eq!(
+        v, REDIRECT,
+        "the direct connection's replies are not sent to the stack"
+    );
+    assert_eq!(fx.reason(Reason::PassTranslatedReply), 0);
+}
