@@ -764,3 +764,40 @@ fn large_ranges() {
     assert!(meta.blocks() * 512 <= 64 * 1024, "{} blocks", meta.blocks());
     audit_clean(&conf);
 }
+
+#[test]
+fn runtime_ip_ranges_serve_one_conflist_on_every_node() {
+    // Issue 12: one conflist for the whole cluster (no ranges of its own); the runtime
+    // passes each node's pod CIDR as the `ipRanges` capability, in host-local's schema.
+    for (node_cidr, want) in [("10.61.1.0/24", "10.61.1.2"), ("10.61.2.0/24", "10.61.2.2")] {
+        let dir = data_dir();
+        let mut doc = netconf_json(dir.path(), json!({ "routes": [{ "dst": "0.0.0.0/0" }] }));
+        doc["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": node_cidr }]] });
+        let conf = parse(&doc, Command::Add);
+        assert_eq!(add(&conf, "c0"), vec![ip(want)], "node with {node_cidr}");
+        del(&conf, "c0");
+    }
+    // With ranges of its own, the runtime's come first (as host-local serves them).
+    let dir = data_dir();
+    let mut doc = netconf_json(dir.path(), v4("10.62.0.0/24"));
+    doc["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": "fd00:62::/64" }]] });
+    let conf = parse(&doc, Command::Add);
+    let got = add(&conf, "c1");
+    assert_eq!(
+        got,
+        vec![ip("fd00:62::2"), ip("10.62.0.2")],
+        "runtime range set first"
+    );
+    // A bad runtime range is error 7 naming it.
+    let mut bad = netconf_json(dir.path(), json!({}));
+    bad["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": "10.63.0.0/33" }]] });
+    let err = cni_ebpf::cni::config::NetConf::parse(bad.to_string().as_bytes(), Command::Add)
+        .err()
+        .unwrap_or_else(|| panic!("a /33 runtime range was accepted"));
+    assert_eq!(err.code(), 7, "{err}");
+    assert!(
+        err.to_string()
+            .contains("runtimeConfig.ipRanges[0][0].subnet"),
+        "{err}"
+    );
+}

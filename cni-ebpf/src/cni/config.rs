@@ -73,6 +73,11 @@ pub struct RuntimeConfig {
     /// own addresses (a router or VPN pod).
     #[serde(default, rename = "allowedSourceCIDRs")]
     pub allowed_source_cidrs: Vec<IpNet>,
+    /// Capability `ipRanges` (host-local's schema: range sets), e.g. the node's pod CIDR
+    /// from a runtime that knows it: served before `ipam.ranges`, so one conflist fits
+    /// every node.
+    #[serde(default, rename = "ipRanges")]
+    pub ip_ranges: Option<Value>,
 }
 
 /// One entry of `cni.dev/valid-attachments` (GC).
@@ -354,6 +359,8 @@ impl NetConf {
             }
         }
 
+        let ipam = with_runtime_ranges(raw.ipam.unwrap_or(Value::Null), &runtime_config)?;
+
         let prev_result = raw
             .prev_result
             .as_ref()
@@ -376,7 +383,7 @@ impl NetConf {
             runtime_config,
             prev_result,
             args: raw.args.unwrap_or(Value::Null),
-            ipam: raw.ipam.unwrap_or(Value::Null),
+            ipam,
             dns: raw.dns.unwrap_or_default(),
             valid_attachments: raw.valid_attachments,
             cgroup_path,
@@ -395,6 +402,62 @@ impl NetConf {
     pub fn store_dir(&self) -> PathBuf {
         self.data_dir.join(&self.name)
     }
+}
+
+/// The `ipam` object with `runtimeConfig.ipRanges` served first, as host-local does:
+/// the runtime's range sets, then the legacy single range, then `ipam.ranges`. Only for
+/// the embedded allocator; a delegated IPAM plugin gets `runtimeConfig` on its stdin and
+/// reads the capability itself. Errors in the runtime's ranges name
+/// `runtimeConfig.ipRanges[…]`.
+fn with_runtime_ranges(mut ipam: Value, rc: &RuntimeConfig) -> Result<Value> {
+    let Some(ranges) = &rc.ip_ranges else {
+        return Ok(ipam);
+    };
+    let Some(sets) = ranges.as_array() else {
+        return Err(Error::config(
+            "runtimeConfig.ipRanges",
+            "is not an array of range sets",
+        ));
+    };
+    if sets.is_empty() {
+        return Ok(ipam);
+    }
+    let embedded = match ipam.get("type") {
+        None | Some(Value::Null) => true,
+        Some(t) => t.as_str() == Some(crate::ipam::config::EMBEDDED_TYPE),
+    };
+    if !embedded {
+        return Ok(ipam);
+    }
+    // The runtime's ranges on their own first, so that an error names them.
+    crate::ipam::config::Ipam::parse(&serde_json::json!({ "ranges": sets })).map_err(
+        |e| match e {
+            Error::InvalidConfig { field, reason } => Error::InvalidConfig {
+                field: field.replacen("ipam.ranges", "runtimeConfig.ipRanges", 1),
+                reason,
+            },
+            other => other,
+        },
+    )?;
+    let Some(obj) = ipam.as_object_mut() else {
+        return Ok(serde_json::json!({ "ranges": sets }));
+    };
+    let mut merged = sets.clone();
+    if let Some(subnet) = obj.remove("subnet") {
+        let mut legacy = serde_json::Map::new();
+        legacy.insert("subnet".into(), subnet);
+        for k in ["rangeStart", "rangeEnd", "gateway"] {
+            if let Some(v) = obj.remove(k) {
+                legacy.insert(k.into(), v);
+            }
+        }
+        merged.push(Value::Array(vec![Value::Object(legacy)]));
+    }
+    if let Some(Value::Array(existing)) = obj.remove("ranges") {
+        merged.extend(existing);
+    }
+    obj.insert("ranges".into(), Value::Array(merged));
+    Ok(ipam)
 }
 
 fn absolute(field: &str, value: Option<PathBuf>, default: &str) -> Result<PathBuf> {
