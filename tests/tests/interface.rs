@@ -505,3 +505,29 @@ fn two_networks_in_one_pod_are_independent_attachments() {
     node.del(&pod, "eth0", &conf);
     node.store("testnet").assert_empty("after both DELs");
 }
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn an_unknown_configuration_key_is_logged_naming_it() {
+    // A misspelt key silently falls back to its default: the operator must see it.
+    let node = SimNode::new("unknown_key");
+    let pod = node.pod("p");
+    let conf = node.conf().set("ipMasquerade", json!(true));
+    let out = node.exec_plugin("ADD", &pod.env("eth0"), &conf.plugin());
+    assert!(
+        out.success(),
+        "an unknown key must not fail ADD: {}",
+        out.raw
+    );
+    let log = node.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("\"ipMasquerade\"")),
+        "no warning naming ipMasquerade in the log:\n{log}"
+    );
+    assert!(
+        !log.contains("\"cniVersion\" is ignored") && !log.contains("\"bpffsRoot\" is ignored"),
+        "known keys reported as unknown:\n{log}"
+    );
+    node.del(&pod, "eth0", &conf);
+}

@@ -80,6 +80,9 @@ pub fn run(stdin: &[u8]) -> Result<Option<Value>> {
     }
     let conf = NetConf::parse(stdin, env.command)?;
     crate::logging::init(&conf.log_level, conf.log_file.as_deref());
+    for key in &conf.unknown_keys {
+        tracing::warn!(key = %key, "unknown configuration key {key:?} is ignored");
+    }
     tracing::info!(
         command = env.command.as_str(),
         container = %env.container_id,

@@ -186,7 +186,33 @@ pub struct NetConf {
     /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
     /// `args.cni.allowedSourceCIDRs` together.
     pub allowed_sources: Vec<IpNet>,
+    /// Top-level keys this plugin does not know (ignored; logged as a warning, since a
+    /// misspelt key silently falls back to its default).
+    pub unknown_keys: Vec<String>,
 }
+
+/// Every top-level key the plugin reads, plus those the spec and runtimes add.
+const KNOWN_KEYS: &[&str] = &[
+    "cniVersion",
+    "name",
+    "type",
+    "mtu",
+    "uplink",
+    "ipMasq",
+    "clusterCIDRs",
+    "bpffsRoot",
+    "dataDir",
+    "logFile",
+    "logLevel",
+    "cgroupPath",
+    "runtimeConfig",
+    "prevResult",
+    "args",
+    "ipam",
+    "dns",
+    "capabilities",
+    "cni.dev/valid-attachments",
+];
 
 impl NetConf {
     /// The (container ID, ifname) keys of `cni.dev/valid-attachments` (empty if absent).
@@ -360,6 +386,15 @@ impl NetConf {
         }
 
         let ipam = with_runtime_ranges(raw.ipam.unwrap_or(Value::Null), &runtime_config)?;
+        let unknown_keys = value
+            .as_object()
+            .map(|o| {
+                o.keys()
+                    .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
 
         let prev_result = raw
             .prev_result
@@ -388,6 +423,7 @@ impl NetConf {
             valid_attachments: raw.valid_attachments,
             cgroup_path,
             allowed_sources,
+            unknown_keys,
         })
     }
 
