@@ -682,11 +682,35 @@ impl Store {
     }
 
     /// Removes every temporary file (leftovers of killed processes: a lock holder has none
-    /// in flight). Returns how many were removed.
+    /// in flight), and with each the addresses its allocation claimed but never committed:
+    /// an `ips/` link to the very same file with no `keys/` link to it. (A record whose
+    /// key exists was committed: its claims are a reservation DEL releases.) Returns how
+    /// many temporary files were removed.
     pub fn clear_tmp(&self) -> Result<usize> {
-        let entries = list_dir(&self.tmp, &self.path.join("tmp"))?;
-        for (name, _) in &entries {
-            unlink_at(&self.tmp, name, &self.path.join("tmp"))?;
+        let tmp_dir = self.path.join("tmp");
+        let entries = list_dir(&self.tmp, &tmp_dir)?;
+        for (name, ident) in &entries {
+            if let Some((Some(rec), _)) = read_record_at(&self.tmp, name, &tmp_dir)? {
+                let committed = match rec.key_name() {
+                    Ok(key) => {
+                        stat_ident(&self.keys, &key, &self.path.join("keys"))? == Some(*ident)
+                    }
+                    Err(_) => false,
+                };
+                if !committed {
+                    let ips_dir = self.path.join("ips");
+                    for a in &rec.addresses {
+                        let ip = a.addr().to_string();
+                        if stat_ident(&self.ips, &ip, &ips_dir)? == Some(*ident) {
+                            tracing::info!(
+                                "releasing {ip}: claimed by an allocation that was killed"
+                            );
+                            unlink_at(&self.ips, &ip, &ips_dir)?;
+                        }
+                    }
+                }
+            }
+            unlink_at(&self.tmp, name, &tmp_dir)?;
         }
         Ok(entries.len())
     }
