@@ -40,7 +40,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    maps::{count, in_cluster, local_endpoint, FLOWS, STACK_SOCKETS},
+    maps::{count, in_cluster, FLOWS, STACK_SOCKETS},
     nat::now,
     parse::Pkt,
 };
@@ -55,6 +55,27 @@ pub(crate) fn reversed(k: &NatKey) -> NatKey {
         dport: k.sport,
         proto: k.proto,
         _pad: [0; 3],
+    }
+}
+
+/// A new `FLOWS` entry with `flags`, seen now.
+#[inline(always)]
+fn fresh(flags: u32) -> FlowEntry {
+    FlowEntry {
+        flags,
+        _pad: 0,
+        last_seen_ns: now(),
+    }
+}
+
+/// The `STACK_SOCKETS` key of a pod socket.
+#[inline(always)]
+fn socket(addr: u32, port: u16, proto_: u8) -> SockKey {
+    SockKey {
+        addr,
+        port,
+        proto: proto_,
+        _pad: 0,
     }
 }
 
@@ -92,18 +113,15 @@ pub(crate) fn inbound_may_bypass_stack(p: &Pkt) -> bool {
     }
 }
 
-/// Records that a packet of the pod on host veth `ifindex` goes to the stack: its flow is
-/// pending verification, and its socket addresses this peer through the stack. Only the
-/// pod's own source address is recorded (a spoofed one cannot steer another pod's flows).
+/// Records that a pod's packet goes to the stack: its flow is pending verification, and
+/// its socket addresses this peer through the stack. Only a packet from the pod's own
+/// address (`own_source`, as `from_pod` found it) is recorded: an allow-listed foreign
+/// source cannot steer another pod's flows.
 #[inline(always)]
-pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
+pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
     count(Reason::PassUnverifiedFlow);
-    if !p.natable {
+    if !p.natable || !own_source {
         return;
-    }
-    match local_endpoint(p.saddr) {
-        Some(ep) if ep.ifindex == ifindex => {}
-        _ => return,
     }
     let key = p.key();
     let syn = p.proto == proto::TCP && p.is_tcp_syn();
@@ -120,24 +138,14 @@ pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
             (*f).last_seen_ns = now();
         },
         None => {
-            let e = FlowEntry {
-                flags: FLOW_F_PENDING,
-                _pad: 0,
-                last_seen_ns: now(),
-            };
-            let _ = FLOWS.insert(&key, &e, 0);
+            let _ = FLOWS.insert(&key, &fresh(FLOW_F_PENDING), 0);
         }
     }
     // Only a client's socket is recorded: a server's listening port (answering clients
     // outside through the stack) must not send its local clients' requests to the stack.
     // A TCP socket is a client from its SYN on (later packets refresh the record); a UDP
     // or ICMP one unless it answers a flow opened from outside.
-    let sock = SockKey {
-        addr: p.saddr,
-        port: p.sport,
-        proto: p.proto,
-        _pad: 0,
-    };
+    let sock = socket(p.saddr, p.sport, p.proto);
     let client = if p.proto == proto::TCP {
         // SAFETY: copied out at once (presence only).
         syn || unsafe { STACK_SOCKETS.get(sock) }.is_some()
@@ -160,12 +168,7 @@ pub(crate) fn to_stack(p: &Pkt, ifindex: u32) {
 #[inline(always)]
 pub(crate) fn opens_direct(p: &Pkt) {
     if p.proto == proto::TCP && p.is_tcp_syn() {
-        let sock = SockKey {
-            addr: p.saddr,
-            port: p.sport,
-            proto: p.proto,
-            _pad: 0,
-        };
+        let sock = socket(p.saddr, p.sport, p.proto);
         let _ = STACK_SOCKETS.remove(&sock);
     }
 }
@@ -174,12 +177,7 @@ pub(crate) fn opens_direct(p: &Pkt) {
 /// socket sent through the stack to a peer other than `p`'s source.
 #[inline(always)]
 pub(crate) fn is_translated_reply(p: &Pkt) -> bool {
-    let sock = SockKey {
-        addr: p.daddr,
-        port: p.dport,
-        proto: p.proto,
-        _pad: 0,
-    };
+    let sock = socket(p.daddr, p.dport, p.proto);
     // SAFETY: copied out at once.
     match unsafe { STACK_SOCKETS.get(sock) } {
         Some(peer) => peer.addr != p.saddr || peer.port != p.sport,
@@ -228,12 +226,7 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
             (*f).last_seen_ns = now();
         },
         None => {
-            let e = FlowEntry {
-                flags: FLOW_F_INBOUND,
-                _pad: 0,
-                last_seen_ns: now(),
-            };
-            let _ = FLOWS.insert(&key, &e, 0);
+            let _ = FLOWS.insert(&key, &fresh(FLOW_F_INBOUND), 0);
         }
     }
 }
@@ -243,10 +236,5 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
 /// never masqueraded.
 #[inline(always)]
 pub(crate) fn note_own_inbound(reply: &NatKey) {
-    let e = FlowEntry {
-        flags: FLOW_F_VERIFIED | FLOW_F_INBOUND,
-        _pad: 0,
-        last_seen_ns: now(),
-    };
-    let _ = FLOWS.insert(reply, &e, 0);
+    let _ = FLOWS.insert(reply, &fresh(FLOW_F_VERIFIED | FLOW_F_INBOUND), 0);
 }

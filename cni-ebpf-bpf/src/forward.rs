@@ -141,8 +141,8 @@ pub(crate) const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
 /// uplink, an expiring TTL, a source address that is not this pod's — goes to the stack
 /// unchanged, which routes, fragments or answers it as before.
 #[inline(always)]
-pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> i32 {
-    match fib_uplink(ctx, p, ifindex) {
+pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32, own_source: bool) -> i32 {
+    match fib_uplink(ctx, p, ifindex, own_source) {
         Some(fib) if route_hop(ctx, &fib.dmac, &fib.smac) => {
             count(Reason::RedirectUplink);
             // SAFETY: plain helper call.
@@ -158,17 +158,21 @@ pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> i32 {
 /// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
 /// uplink, next hop resolved, fits".
 #[inline(always)]
-pub(crate) fn fib_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32) -> Option<FibLookup> {
-    let cfg = node_config()?;
-    if cfg.uplink_ifindex == 0 {
-        return None;
-    }
+pub(crate) fn fib_uplink(
+    ctx: &TcContext,
+    p: &Pkt,
+    ifindex: u32,
+    own_source: bool,
+) -> Option<FibLookup> {
     // Only the pod's own address takes the fast path: an allow-listed foreign source (a
     // router pod's, `allowedSourceCIDRs`) goes through the kernel and its reverse path
     // filter. (Other sources were dropped on entry to `from_pod`.)
-    match local_endpoint(p.saddr) {
-        Some(ep) if ep.ifindex == ifindex => {}
-        _ => return None,
+    if !own_source {
+        return None;
+    }
+    let cfg = node_config()?;
+    if cfg.uplink_ifindex == 0 {
+        return None;
     }
     let tos: u8 = read(ctx, IP_OFF + 1).ok()?;
     let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {

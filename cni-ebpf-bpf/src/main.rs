@@ -50,7 +50,8 @@ use cni_ebpf_common::{
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
     maps::{
-        add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, source_allowed,
+        add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, source_of,
+        Source,
     },
     nat::nat_lookup,
     parse::{ipv4_saddr, parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
@@ -78,12 +79,20 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     // A pod speaks only as itself: whatever path the packet would take (fast path or
     // kernel, fragment or not), a source that is not the pod's is dropped here.
-    if let Some(saddr) = ipv4_saddr(ctx) {
-        if !source_allowed(saddr, ifindex) {
-            count(Reason::DropSpoofedSource);
-            return Ok(TC_ACT_SHOT as i32);
-        }
-    }
+    // The verdict is kept: only the pod's own address may take the uplink fast path or be
+    // recorded in the flow tables, and nothing needs to look it up again.
+    let source = match ipv4_saddr(ctx) {
+        Some(saddr) => match source_of(saddr, ifindex) {
+            Some(s) => s,
+            None => {
+                count(Reason::DropSpoofedSource);
+                return Ok(TC_ACT_SHOT as i32);
+            }
+        },
+        // Not IPv4: `parse` passes it on below; nothing is recorded for it.
+        None => Source::AllowListed,
+    };
+    let own_source = source == Source::Own;
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {
@@ -129,9 +138,9 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     // Leaving the node (or for the node itself): straight to the uplink once the flow is
     // known to leave untranslated, else through the stack.
     if flows::may_bypass_stack(&p) {
-        return Ok(to_uplink(ctx, &p, ifindex));
+        return Ok(to_uplink(ctx, &p, ifindex, own_source));
     }
-    flows::to_stack(&p, ifindex);
+    flows::to_stack(&p, own_source);
     Ok(PASS)
 }
 

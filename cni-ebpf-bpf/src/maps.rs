@@ -138,12 +138,22 @@ pub(crate) fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTar
     unsafe { PORTMAPS.get(key) }.copied()
 }
 
-/// Whether the pod behind host veth `ifindex` may send from `saddr`: one of its own
-/// addresses, or a prefix of its allow-list (`allowedSourceCIDRs`).
+/// Whose address a pod's packet carries as its source.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Source {
+    /// One of the sending pod's own addresses.
+    Own,
+    /// A prefix of the pod's allow-list (`allowedSourceCIDRs`): sent, never fast-pathed
+    /// or recorded.
+    AllowListed,
+}
+
+/// Whether the pod behind host veth `ifindex` may send from `saddr`, and as what; `None`
+/// when it may not.
 #[inline(always)]
-pub(crate) fn source_allowed(saddr: u32, ifindex: u32) -> bool {
+pub(crate) fn source_of(saddr: u32, ifindex: u32) -> Option<Source> {
     if local_endpoint(saddr).is_some_and(|ep| ep.ifindex == ifindex) {
-        return true;
+        return Some(Source::Own);
     }
     let key = Key::new(
         64,
@@ -152,5 +162,5 @@ pub(crate) fn source_allowed(saddr: u32, ifindex: u32) -> bool {
             addr: saddr,
         },
     );
-    SRC_ALLOW.get(key).is_some()
+    SRC_ALLOW.get(key).map(|_| Source::AllowListed)
 }
