@@ -112,7 +112,7 @@ impl Datapath {
             ));
         }
         // An old flow of a previous holder of these addresses must not reach this pod.
-        self.purge_flows(&v4s(&ep.ips))?;
+        self.purge_nat(&v4s(&ep.ips))?;
         self.put_endpoint_entries(ep)?;
         let mut program = self.program(prog::FROM_POD)?;
         attach::attach(

@@ -1,10 +1,12 @@
 //! Per-flow state keyed by addresses: the LRU NAT table, the flow verdicts of `FLOWS`
 //! (which flows may bypass the stack), the pod sockets of `STACK_SOCKETS` and the node
 //! sockets of `SOCK_REVNAT`. When an address changes hands, its flows must go with it, or
-//! an old flow reaches (or steers) the address's next holder. That happens in two places,
-//! both calling [`Datapath::purge_flows`]: [`Datapath::attach_endpoint`] (state a previous
-//! holder left) and [`Datapath::forget`] (after DEL, GC or an undone ADD removed a pod or
-//! its host ports).
+//! an old flow reaches (or steers) the address's next holder. [`Datapath::forget`] (after
+//! DEL, GC or an undone ADD removed a pod or its host ports) purges all of it;
+//! [`Datapath::attach_endpoint`] purges the NAT table only, against translated flows a
+//! previous holder left: the flow-tracking maps only ever gain entries from a pod that
+//! holds the address, so once `forget` ran nothing refills them, and ADD need not scan
+//! them again.
 
 use std::{collections::HashSet, net::Ipv4Addr};
 
@@ -24,12 +26,10 @@ impl Datapath {
         if addrs.is_empty() {
             return Ok(());
         }
-        let set: HashSet<u32> = addrs.iter().map(|a| addr(*a)).collect();
+        self.purge_nat(addrs)?;
+        let set = addr_set(addrs);
         let has = |a: &u32| set.contains(a);
         let mut m = self.maps()?;
-        maps::remove_where(&mut m.nat()?, map_name::NAT, |k, v| {
-            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
-        })?;
         maps::remove_where(&mut m.flows()?, map_name::FLOWS, |k, _| {
             has(&k.saddr) || has(&k.daddr)
         })?;
@@ -40,4 +40,21 @@ impl Datapath {
             has(&k.addr)
         })
     }
+
+    /// Deletes every NAT entry whose tuple (matched or rewritten) has one of `addrs`.
+    pub(super) fn purge_nat(&self, addrs: &[Ipv4Addr]) -> Result<()> {
+        if addrs.is_empty() {
+            return Ok(());
+        }
+        let set = addr_set(addrs);
+        let has = |a: &u32| set.contains(a);
+        let mut m = self.maps()?;
+        maps::remove_where(&mut m.nat()?, map_name::NAT, |k, v| {
+            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+        })
+    }
+}
+
+fn addr_set(addrs: &[Ipv4Addr]) -> HashSet<u32> {
+    addrs.iter().map(|a| addr(*a)).collect()
 }
