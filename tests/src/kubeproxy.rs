@@ -27,8 +27,6 @@
 //! kubeproxy::install(netns, Mode::Iptables, &node, &[svc]);
 //! ```
 
-mod digest;
-
 use std::{
     fmt::Write as _,
     net::{IpAddr, SocketAddr},
@@ -383,7 +381,7 @@ struct IptChains {
 }
 
 fn ipt_chains(svc: &ServicePort) -> IptChains {
-    let hash = digest::hash_prefix(
+    let hash = hash_prefix(
         &format!("{}{}", svc.port_name_string(), svc.protocol.name()),
         16,
     );
@@ -396,7 +394,7 @@ fn ipt_chains(svc: &ServicePort) -> IptChains {
 
 /// `KUBE-SEP-` + 16 characters of `base32(sha256(portName + protocol + "ip:port"))`.
 fn ipt_endpoint_chain(svc: &ServicePort, ep: &Endpoint) -> String {
-    let hash = digest::hash_prefix(
+    let hash = hash_prefix(
         &format!(
             "{}{}{}",
             svc.port_name_string(),
@@ -690,7 +688,7 @@ fn nft_chain_base(svc: &ServicePort) -> String {
         svc.protocol.name(),
         svc.port_name
     );
-    format!("{}-{base}", digest::hash_prefix(&base, 8))
+    format!("{}-{base}", hash_prefix(&base, 8))
 }
 
 /// `endpoint-` chain of `ep`: the base is `ns/name/proto/port__ip/port` (IPv6 colons
@@ -705,7 +703,7 @@ fn nft_endpoint_chain(svc: &ServicePort, ep: &Endpoint) -> String {
         ep.addr.ip().to_string().replace(':', "."),
         ep.addr.port()
     );
-    format!("endpoint-{}-{base}", digest::hash_prefix(&base, 8))
+    format!("endpoint-{}-{base}", hash_prefix(&base, 8))
 }
 
 /// `numgen random mod N vmap { 0 : goto a , 1 : goto b }`.
@@ -1061,6 +1059,17 @@ pub fn install(netns: &Path, mode: Mode, node: &ProxyNode, services: &[ServicePo
             );
         }
     }
+}
+
+/// The first `n` characters of base32(SHA-256(`name`)) (RFC 4648 alphabet, as Go's
+/// `base32.StdEncoding`): kube-proxy's chain-name hash.
+fn hash_prefix(name: &str, n: usize) -> String {
+    use sha2::Digest as _;
+    data_encoding::BASE32_NOPAD
+        .encode(&sha2::Sha256::digest(name.as_bytes()))
+        .chars()
+        .take(n)
+        .collect()
 }
 
 #[cfg(test)]
