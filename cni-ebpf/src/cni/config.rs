@@ -130,6 +130,13 @@ struct Raw {
     valid_attachments: Option<Vec<Attachment>>,
     #[serde(default)]
     cgroup_path: Option<PathBuf>,
+    /// The conflist's capability declarations: for the runtime, not read here.
+    #[serde(default)]
+    #[expect(
+        dead_code,
+        reason = "a known key, so that it is not reported as unknown"
+    )]
+    capabilities: Option<Value>,
 }
 
 /// Where the socket hooks (host ports for the node's own sockets) are attached
@@ -186,33 +193,11 @@ pub struct NetConf {
     /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
     /// `args.cni.allowedSourceCIDRs` together.
     pub allowed_sources: Vec<IpNet>,
-    /// Top-level keys this plugin does not know (ignored; logged as a warning, since a
-    /// misspelt key silently falls back to its default).
+    /// Keys this plugin does not know, as paths (`ipMasquerade`, `runtimeConfig.foo`):
+    /// ignored, and logged as a warning since a misspelt key silently falls back to its
+    /// default.
     pub unknown_keys: Vec<String>,
 }
-
-/// Every top-level key the plugin reads, plus those the spec and runtimes add.
-const KNOWN_KEYS: &[&str] = &[
-    "cniVersion",
-    "name",
-    "type",
-    "mtu",
-    "uplink",
-    "ipMasq",
-    "clusterCIDRs",
-    "bpffsRoot",
-    "dataDir",
-    "logFile",
-    "logLevel",
-    "cgroupPath",
-    "runtimeConfig",
-    "prevResult",
-    "args",
-    "ipam",
-    "dns",
-    "capabilities",
-    "cni.dev/valid-attachments",
-];
 
 impl NetConf {
     /// The (container ID, ifname) keys of `cni.dev/valid-attachments` (empty if absent).
@@ -244,7 +229,11 @@ impl NetConf {
                 reason: "expected a JSON object".into(),
             });
         }
-        let raw: Raw = serde_path_to_error::deserialize(&value).map_err(|e| {
+        // Keys no field of `Raw` takes are ignored, and listed for a warning.
+        let mut unknown_keys = Vec::new();
+        let mut note = |path: serde_ignored::Path<'_>| unknown_keys.push(path.to_string());
+        let de = serde_ignored::Deserializer::new(&value, &mut note);
+        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             Error::config(
                 if path == "." {
@@ -386,15 +375,6 @@ impl NetConf {
         }
 
         let ipam = with_runtime_ranges(raw.ipam.unwrap_or(Value::Null), &runtime_config)?;
-        let unknown_keys = value
-            .as_object()
-            .map(|o| {
-                o.keys()
-                    .filter(|k| !KNOWN_KEYS.contains(&k.as_str()))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
 
         let prev_result = raw
             .prev_result
