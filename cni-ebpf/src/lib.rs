@@ -16,3 +16,4 @@ pub mod logging;
 pub use error::{Error, Result};
 pub mod link;
 pub mod netns;
+pub mod tc;

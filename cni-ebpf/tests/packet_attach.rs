@@ -1,6 +1,7 @@
 //! The attach path on real interfaces, inside a private network namespace: loading with
-//! the uplink found from the default route, tcx links on a host veth and the uplink,
-//! CHECK noticing each kind of damage, DEL, STATUS. No packet is sent anywhere.
+//! the uplink found from the default route, clsact filters (`attach: "tc"`) or tcx links
+//! (`"tcx"`) on a host veth and the uplink, switching between the two, CHECK noticing
+//! each kind of damage, DEL, STATUS. No packet is sent anywhere.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
 #![allow(
@@ -15,7 +16,10 @@ mod packet_support;
 use std::{path::PathBuf, process::Command};
 
 use cni_ebpf::{
-    cni::{config::NetConf, env::Command as Verb},
+    cni::{
+        config::{AttachPolicy, NetConf},
+        env::Command as Verb,
+    },
     datapath::{Datapath, Endpoint},
     netns::Netns,
     Error,
@@ -50,6 +54,37 @@ impl TestNs {
         let mut all = vec!["-n", self.name.as_str()];
         all.extend_from_slice(args);
         ip(&all);
+    }
+    fn tc(&self, args: &[&str]) -> String {
+        let out = Command::new("tc")
+            .args(["-n", &self.name])
+            .args(args)
+            .output()
+            .expect("running tc");
+        assert!(
+            out.status.success(),
+            "tc {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+    /// The `bpf` filters on `dev`'s `hook` (ingress/egress) as (priority, handle, id).
+    fn bpf_filters(&self, dev: &str, hook: &str) -> Vec<(u64, String, u64)> {
+        let out = self.tc(&["-j", "filter", "show", "dev", dev, hook]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .filter(|f| f["kind"] == "bpf" && f["options"]["handle"].is_string())
+            .map(|f| {
+                (
+                    f["pref"].as_u64().unwrap_or(0),
+                    f["options"]["handle"].as_str().unwrap_or("").to_owned(),
+                    f["options"]["prog"]["id"].as_u64().unwrap_or(0),
+                )
+            })
+            .collect()
     }
     fn ifindex(&self, dev: &str) -> u32 {
         let out = Command::new("ip")
@@ -88,11 +123,21 @@ fn conf(bpffs_root: &std::path::Path) -> NetConf {
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
-fn attach_check_detach_on_a_private_node() {
+fn attach_check_detach_with_clsact_filters() {
+    attach_check_detach(AttachPolicy::Tc, "tc");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn attach_check_detach_with_tcx_links() {
+    attach_check_detach(AttachPolicy::Tcx, "tcx");
+}
+
+fn attach_check_detach(policy: AttachPolicy, tag: &str) {
     // A private bpffs (from the fixture, whose own load we do not use) and a node netns.
     let fx = Fixture::new();
     let root = fx.network_dir().parent().unwrap().to_path_buf();
-    let ns = TestNs::new("attach");
+    let ns = TestNs::new(tag);
     ns.ip(&["link", "set", "lo", "up"]);
     ns.ip(&["link", "add", "up0", "type", "veth", "peer", "name", "up1"]);
     ns.ip(&["addr", "add", "198.18.0.2/24", "dev", "up0"]);
@@ -118,7 +163,8 @@ fn attach_check_detach_on_a_private_node() {
 
     let node = Netns::open(&ns.path()).unwrap();
     let _in_node = node.enter().unwrap();
-    let conf = conf(&root);
+    let mut conf = conf(&root);
+    conf.attach = policy;
     Datapath::status(&conf).expect("the fixture loaded the pins already");
 
     let dp = Datapath::open_or_load(&conf).unwrap_or_else(|e| panic!("open_or_load: {e}"));
@@ -148,7 +194,26 @@ fn attach_check_detach_on_a_private_node() {
         .unwrap_or_else(|e| panic!("attach_endpoint: {e}"));
     dp.check_endpoint(&ep, &[])
         .unwrap_or_else(|e| panic!("check after attach: {e}"));
-    assert!(dp.pins().endpoint_link("hv0").exists(), "tcx link pinned");
+    let from_pod = dp.program("from_pod").unwrap().info().unwrap().id();
+    let ours = (1, "0xcb0f".to_owned(), u64::from(from_pod));
+    match policy {
+        AttachPolicy::Tcx => {
+            assert!(dp.pins().endpoint_link("hv0").exists(), "tcx link pinned");
+            assert!(ns.bpf_filters("hv0", "ingress").is_empty());
+        }
+        _ => {
+            assert!(!dp.pins().endpoint_link("hv0").exists(), "no tcx pin");
+            assert_eq!(ns.bpf_filters("hv0", "ingress"), vec![ours.clone()]);
+            assert_eq!(ns.bpf_filters("up0", "ingress").len(), 1, "uplink ingress");
+            assert_eq!(ns.bpf_filters("up0", "egress").len(), 1, "uplink egress");
+        }
+    }
+    // Attaching again replaces in place: still exactly one attachment.
+    dp.attach_endpoint(&ep).unwrap();
+    dp.check_endpoint(&ep, &[]).unwrap();
+    if policy == AttachPolicy::Tc {
+        assert_eq!(ns.bpf_filters("hv0", "ingress"), vec![ours.clone()]);
+    }
 
     // A second open_or_load does not load again and keeps the uplink links.
     let id = |d: &Datapath| d.program("uplink_ingress").unwrap().info().unwrap().id();
@@ -186,12 +251,18 @@ fn attach_check_detach_on_a_private_node() {
     );
     dp.remove_port_mappings(("ctr-attach", "eth0")).unwrap();
 
-    std::fs::remove_file(dp.pins().endpoint_link("hv0")).unwrap();
+    // The program removed from the host veth the way each mode can lose it.
+    match policy {
+        AttachPolicy::Tcx => std::fs::remove_file(dp.pins().endpoint_link("hv0")).unwrap(),
+        _ => {
+            ns.tc(&["qdisc", "del", "dev", "hv0", "clsact"]);
+        }
+    }
     // The kernel frees an unpinned link asynchronously, so CHECK sees either the missing
     // pin or the already detached program; both name this damage.
     let e = dp.check_endpoint(&ep, &[]).unwrap_err();
     assert!(
-        matches!(e, Error::Check(ref m) if m.contains("not attached") || m.contains("is missing or runs another program")),
+        matches!(e, Error::Check(ref m) if m.contains("not attached")),
         "{e}"
     );
     dp.attach_endpoint(&ep).unwrap();
@@ -212,11 +283,16 @@ fn attach_check_detach_on_a_private_node() {
 
     // Uplink damage.
     dp.attach_endpoint(&ep).unwrap();
-    std::fs::remove_file(
-        dp.pins()
-            .uplink_link("up0", cni_ebpf::datapath::pins::Direction::Egress),
-    )
-    .unwrap();
+    match policy {
+        AttachPolicy::Tcx => std::fs::remove_file(
+            dp.pins()
+                .uplink_link("up0", cni_ebpf::datapath::pins::Direction::Egress),
+        )
+        .unwrap(),
+        _ => {
+            ns.tc(&["filter", "del", "dev", "up0", "egress"]);
+        }
+    }
     let e = dp.check_endpoint(&ep, &[]).unwrap_err();
     assert!(
         matches!(e, Error::Check(ref m) if m.contains("uplink")),
@@ -226,6 +302,64 @@ fn attach_check_detach_on_a_private_node() {
     let dp = Datapath::open_or_load(&conf).unwrap();
     dp.check_endpoint(&ep, &[])
         .unwrap_or_else(|e| panic!("after re-load: {e}"));
+
+    // The other mode takes over without the program ever running twice.
+    let other = match policy {
+        AttachPolicy::Tcx => AttachPolicy::Tc,
+        _ => AttachPolicy::Tcx,
+    };
+    drop(dp);
+    let mut conf2 = conf.clone();
+    conf2.attach = other;
+    let dp = Datapath::open_or_load(&conf2).unwrap();
+    dp.attach_endpoint(&ep).unwrap();
+    dp.check_endpoint(&ep, &[])
+        .unwrap_or_else(|e| panic!("after switching to {other:?}: {e}"));
+    let (filters, pinned) = (
+        ns.bpf_filters("hv0", "ingress"),
+        dp.pins().endpoint_link("hv0").exists(),
+    );
+    match other {
+        AttachPolicy::Tcx => {
+            assert!(filters.is_empty() && pinned, "{filters:?} {pinned}");
+            assert!(
+                ns.bpf_filters("up0", "egress").is_empty(),
+                "uplink filter left"
+            );
+            // Damage: our filter added back by hand next to the tcx link.
+            let prog_pin = dp.pins().prog("from_pod");
+            let prog_pin = prog_pin.to_str().unwrap();
+            ns.tc(&["qdisc", "replace", "dev", "hv0", "clsact"]);
+            ns.tc(&[
+                "filter",
+                "add",
+                "dev",
+                "hv0",
+                "ingress",
+                "prio",
+                "1",
+                "handle",
+                "0xcb0f",
+                "bpf",
+                "object-pinned",
+                prog_pin,
+                "da",
+            ]);
+            let e = dp.check_endpoint(&ep, &[]).unwrap_err();
+            assert!(
+                matches!(e, Error::Check(ref m) if m.contains("runs twice")),
+                "{e}"
+            );
+            // Attaching again (tcx) removes the stray filter.
+            dp.attach_endpoint(&ep).unwrap();
+            dp.check_endpoint(&ep, &[]).unwrap();
+            assert!(ns.bpf_filters("hv0", "ingress").is_empty());
+        }
+        _ => {
+            assert_eq!(filters, vec![ours.clone()]);
+            assert!(!pinned, "tcx pin left behind");
+        }
+    }
     dp.detach_endpoint("ctr-attach", "eth0", "hv0", &[])
         .unwrap();
     drop(dp);

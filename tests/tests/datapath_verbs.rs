@@ -13,8 +13,8 @@ use std::time::{Duration, Instant};
 
 use datapath_support::{
     add, check, contains_bytes, del, delete_map_key, dump_map, endpoint, greet, host_veth, inspect,
-    list, masq_conf, nat_mentioning, pin_dir, pin_set, pod_ip, tcp_udp, udp_exchange, with_ports,
-    Mode, TaggedServer, NET, T,
+    list, masq_conf, nat_mentioning, pin_dir, pod_ip, tcp_udp, udp_exchange, with_ports, Mode,
+    TaggedServer, NET, T,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -59,13 +59,12 @@ fn check_fails_specifically_for_each_kind_of_datapath_damage() {
         },
         Damage {
             what: "program detached from the host veth",
-            apply: |node, r| remove_pin(node, &format!("links/ep-{}", host_veth(r))),
-            message: |r| {
-                format!(
-                    "the cni-ebpf program is not attached to host veth {}",
-                    host_veth(r)
-                )
+            // As `tc qdisc del` by another tool would (attach: tc).
+            apply: |node, r| {
+                node.exec(&["tc", "qdisc", "del", "dev", &host_veth(r), "clsact"])
+                    .ok();
             },
+            message: |r| format!("is not attached to host veth {}", host_veth(r)),
         },
         Damage {
             what: "port mapping removed",
@@ -75,7 +74,10 @@ fn check_fails_specifically_for_each_kind_of_datapath_damage() {
         },
         Damage {
             what: "uplink program detached",
-            apply: |node, _| remove_pin(node, &format!("links/uplink-{UPLINK}-ingress")),
+            apply: |node, _| {
+                node.exec(&["tc", "filter", "del", "dev", UPLINK, "ingress"])
+                    .ok();
+            },
             message: |_| format!("the uplink programs are not attached to {UPLINK}"),
         },
     ];
@@ -285,12 +287,13 @@ fn gc_removes_everything_of_an_invalid_attachment_and_nothing_of_a_valid_one() {
         links.contains(&host1),
         "host veth {host1} of pod one vanished"
     );
-    let pins = pin_set(&node);
+    let filters = node
+        .exec(&["tc", "filter", "show", "dev", &host1, "ingress"])
+        .stdout;
     assert!(
-        !pins.contains(&format!("links/ep-{host2}")),
-        "pod two's link pin survived GC: {pins:#?}"
+        filters.contains("from_pod") && filters.contains("handle 0xcb0f"),
+        "pod one's program must stay attached:\n{filters}"
     );
-    assert!(pins.contains(&format!("links/ep-{host1}")), "{pins:#?}");
 
     // Pod one still works and CHECK agrees.
     assert_ping(p1.netns(), EXT_IP4);

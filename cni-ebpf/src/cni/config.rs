@@ -130,6 +130,8 @@ struct Raw {
     valid_attachments: Option<Vec<Attachment>>,
     #[serde(default)]
     cgroup_path: Option<PathBuf>,
+    #[serde(default)]
+    attach: Option<String>,
     /// The conflist's capability declarations: for the runtime, not read here.
     #[serde(default)]
     #[expect(
@@ -149,6 +151,36 @@ pub enum CgroupPath {
     Off,
     /// This cgroup2 directory.
     Dir(PathBuf),
+}
+
+/// How the programs are attached to interfaces (`attach`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AttachPolicy {
+    /// `"tc"` (the default): a `clsact` qdisc and a direct-action `cls_bpf` filter at a
+    /// fixed priority. Well under a millisecond per interface; another tool's
+    /// `tc qdisc del … clsact` removes it (CHECK reports that).
+    #[default]
+    Tc,
+    /// `"tcx"`: a tcx link pinned in bpffs (kernel ≥ 6.6), which `tc` cannot remove. Each
+    /// link creation waits for an RCU grace period while holding rtnl (10–15 ms here), so
+    /// concurrent ADDs on a node queue behind each other.
+    Tcx,
+    /// `"auto"`: tcx where the kernel has it, else tc.
+    Auto,
+}
+
+impl AttachPolicy {
+    fn parse(s: Option<&str>) -> Result<Self> {
+        match s {
+            None | Some("tc") => Ok(Self::Tc),
+            Some("tcx") => Ok(Self::Tcx),
+            Some("auto") => Ok(Self::Auto),
+            Some(other) => Err(Error::config(
+                "attach",
+                format!("{other:?} is not one of \"tc\", \"tcx\", \"auto\""),
+            )),
+        }
+    }
 }
 
 /// The validated network configuration.
@@ -190,6 +222,8 @@ pub struct NetConf {
     pub valid_attachments: Option<Vec<Attachment>>,
     /// `cgroupPath`.
     pub cgroup_path: CgroupPath,
+    /// `attach`.
+    pub attach: AttachPolicy,
     /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
     /// `args.cni.allowedSourceCIDRs` together.
     pub allowed_sources: Vec<IpNet>,
@@ -350,6 +384,8 @@ impl NetConf {
             Some(p) => CgroupPath::Dir(absolute("cgroupPath", Some(p), "")?),
         };
 
+        let attach = AttachPolicy::parse(raw.attach.as_deref())?;
+
         let mut allowed_sources: Vec<IpNet> = runtime_config
             .allowed_source_cidrs
             .iter()
@@ -402,6 +438,7 @@ impl NetConf {
             dns: raw.dns.unwrap_or_default(),
             valid_attachments: raw.valid_attachments,
             cgroup_path,
+            attach,
             allowed_sources,
             unknown_keys,
         })

@@ -1,120 +1,301 @@
-//! Attaching pinned programs to interfaces: a tcx link pinned in bpffs (kernel ≥ 6.6), or
-//! a legacy clsact filter where tcx is missing. Attachments survive the plugin process.
+//! Attaching pinned programs to interfaces, as the configuration's `attach` asks: a
+//! `clsact` filter at our fixed priority and handle (`tc`), or a tcx link pinned in bpffs
+//! (`tcx`, kernel ≥ 6.6). Either outlives the plugin process. Re-attaching is atomic in
+//! both modes: a filter is replaced in place, a tcx link's program is swapped through
+//! its pin.
 
 use std::{io, path::Path};
 
 use aya::programs::{
     links::{FdLink, LinkError, PinnedLink},
-    tc::{self, NlOptions, TcAttachOptions},
+    tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcHandle},
     LinkOrder, ProgramError, SchedClassifier, TcAttachType, TcError,
 };
 
 use super::load;
-use crate::error::{Error, Result};
+use crate::{
+    cni::config::AttachPolicy,
+    error::{Error, Result},
+    tc::{self as tcnl, Hook},
+};
 
-/// How a program ended up attached.
+/// The priority of our clsact filters. 1 runs before filters other tools add with the
+/// kernel's default priorities (49152 and up), as a tcx link appended to an empty list
+/// would.
+pub const TC_PRIORITY: u16 = 1;
+/// The handle of our clsact filters within [`TC_PRIORITY`] (`0xcb0f`, "cni bpf").
+pub const TC_HANDLE: u32 = 0xcb0f;
+
+/// `ENOTSUPP` (524), the kernel-internal errno a BPF link type this kernel lacks returns;
+/// not in libc because userspace is not meant to see it.
+const ENOTSUPP: i32 = 524;
+
+/// How a program is attached.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AttachMode {
     /// A tcx link, pinned.
     Tcx,
-    /// A legacy clsact filter (not pinnable; lives as long as the interface).
-    Legacy,
+    /// A clsact filter at [`TC_PRIORITY`]/[`TC_HANDLE`] (lives as long as the interface).
+    Tc,
 }
 
+/// The errno behind an aya program error, where there is one.
 fn errno_of(e: &ProgramError) -> Option<i32> {
     match e {
         ProgramError::SyscallError(s) => s.io_error.raw_os_error(),
+        ProgramError::TcError(TcError::NetlinkError(n)) => n.raw_os_error(),
+        ProgramError::TcError(TcError::IoError(e)) => e.raw_os_error(),
         _ => None,
     }
 }
 
-/// Attaches `program` to `ifname` in direction `dir` and pins the tcx link at `pin`.
-/// A stale pin at `pin` (left by an interface that is gone) is replaced.
+/// Whether an errno says "this kernel has no tcx".
+fn no_tcx(errno: Option<i32>) -> bool {
+    matches!(errno, Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP))
+}
+
+fn hook(dir: TcAttachType) -> Hook {
+    match dir {
+        TcAttachType::Egress => Hook::Egress,
+        _ => Hook::Ingress,
+    }
+}
+
+/// Attaches `program` to `ifname` (`ifindex`) in direction `dir` as `policy` asks; a tcx
+/// link is pinned at `pin`. An attachment of the other mode left by an earlier
+/// configuration is removed, so the program never runs twice.
 pub fn attach(
     program: &mut SchedClassifier,
     ifname: &str,
+    ifindex: u32,
     dir: TcAttachType,
     pin: &Path,
+    policy: AttachPolicy,
 ) -> Result<AttachMode> {
     // Built only on failure: reading the program's name costs a syscall.
     let context = |program: &SchedClassifier| {
         format!("attaching {} to {ifname} ({dir:?})", program_name(program))
     };
-    remove_pin(pin)?;
+    match policy {
+        AttachPolicy::Tc => {
+            attach_tc(program, ifname, dir)
+                .map_err(|e| Error::datapath(context(program), load::program_error(&e)))?;
+            if remove_pin(pin)? {
+                // A tcx link of an earlier configuration: the kernel releases it
+                // asynchronously; return once the program runs only once.
+                let id = program_id(program)?;
+                for _ in 0..50 {
+                    if tcx_attached(ifname, dir, id)? != Some(true) {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+            }
+            Ok(AttachMode::Tc)
+        }
+        AttachPolicy::Tcx | AttachPolicy::Auto => match attach_tcx(program, ifname, dir, pin) {
+            Ok(()) => {
+                tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, TC_HANDLE).map_err(|e| {
+                    Error::io(
+                        format!("{}: removing our clsact filter", context(program)),
+                        e,
+                    )
+                })?;
+                Ok(AttachMode::Tcx)
+            }
+            Err(TcxError::Unsupported(e)) if policy == AttachPolicy::Auto => {
+                attach_tc(program, ifname, dir).map_err(|e2| {
+                    Error::datapath(
+                        context(program),
+                        format!(
+                            "tcx failed ({}), a clsact filter failed too: {}",
+                            load::program_error(&e),
+                            load::program_error(&e2)
+                        ),
+                    )
+                })?;
+                Ok(AttachMode::Tc)
+            }
+            Err(TcxError::Unsupported(e)) => Err(Error::datapath(
+                context(program),
+                format!(
+                    "this kernel has no tcx ({}); tcx needs Linux 6.6 or later: set \"attach\" \
+                     to \"tc\" or \"auto\"",
+                    load::program_error(&e)
+                ),
+            )),
+            Err(TcxError::Failed(e)) => Err(Error::datapath(context(program), e)),
+        },
+    }
+}
+
+enum TcxError {
+    /// The kernel has no tcx.
+    Unsupported(ProgramError),
+    /// Anything else, described.
+    Failed(String),
+}
+
+/// Attaches through a tcx link pinned at `pin`. A link already pinned there (ours, from
+/// an earlier load or another program version) gets the program swapped in atomically;
+/// a pin whose link no longer has a device (the interface was deleted) is replaced.
+fn attach_tcx(
+    program: &mut SchedClassifier,
+    ifname: &str,
+    dir: TcAttachType,
+    pin: &Path,
+) -> std::result::Result<(), TcxError> {
+    if let Ok(Some(link)) = live_pinned_link(pin, ifname, dir) {
+        let id = program
+            .attach_to_link(link)
+            .map_err(|e| TcxError::Failed(load::program_error(&e)))?;
+        // Dropping our handle closes our descriptor only: the pin keeps the link.
+        drop(
+            program
+                .take_link(id)
+                .map_err(|e| TcxError::Failed(load::program_error(&e)))?,
+        );
+        return Ok(());
+    }
+    remove_pin(pin).map_err(|e| TcxError::Failed(e.to_string()))?;
     // Dropping the last reference of a link (the pin just removed) detaches it
     // asynchronously; until the kernel has, attaching the same program to the same device
     // fails with EEXIST. Wait for it, bounded (50 × 2 ms).
     let mut tries = 0;
-    let attached = loop {
-        let r = program.attach_with_options(
+    let id = loop {
+        match program.attach_with_options(
             ifname,
             dir,
             TcAttachOptions::TcxOrder(LinkOrder::default()),
-        );
-        match &r {
-            Err(e) if errno_of(e) == Some(libc::EEXIST) && tries < 50 => {
+        ) {
+            Err(e) if errno_of(&e) == Some(libc::EEXIST) && tries < 50 => {
                 tries += 1;
                 std::thread::sleep(std::time::Duration::from_millis(2));
             }
-            _ => break r,
+            Err(e) if no_tcx(errno_of(&e)) => return Err(TcxError::Unsupported(e)),
+            Err(e) => return Err(TcxError::Failed(load::program_error(&e))),
+            Ok(id) => break id,
         }
     };
-    match attached {
-        Ok(id) => {
-            let link = program
-                .take_link(id)
-                .map_err(|e| Error::datapath(context(program), load::program_error(&e)))?;
-            let fd_link: FdLink = link
-                .try_into()
-                .map_err(|e: LinkError| Error::datapath(context(program), load::chain(&e)))?;
-            fd_link.pin(pin).map_err(|e| {
-                Error::datapath(
-                    format!(
-                        "{}: pinning the link at {}",
-                        context(program),
-                        pin.display()
-                    ),
-                    load::chain(&e),
-                )
-            })?;
-            Ok(AttachMode::Tcx)
-        }
-        // No tcx in this kernel: fall back to a clsact filter.
-        Err(e) if matches!(errno_of(&e), Some(libc::EINVAL | libc::EOPNOTSUPP | 524)) => {
-            attach_legacy(program, ifname, dir).map_err(|e2| {
-                Error::datapath(
-                    context(program),
-                    format!(
-                        "tcx failed ({}), legacy clsact failed too: {e2}",
-                        load::program_error(&e)
-                    ),
-                )
-            })?;
-            Ok(AttachMode::Legacy)
-        }
-        Err(e) => Err(Error::datapath(context(program), load::program_error(&e))),
-    }
+    let link = program
+        .take_link(id)
+        .map_err(|e| TcxError::Failed(load::program_error(&e)))?;
+    let fd_link: FdLink = link
+        .try_into()
+        .map_err(|e: LinkError| TcxError::Failed(load::chain(&e)))?;
+    fd_link.pin(pin).map_err(|e| {
+        TcxError::Failed(format!(
+            "pinning the link at {}: {}",
+            pin.display(),
+            load::chain(&e)
+        ))
+    })?;
+    Ok(())
 }
 
-fn attach_legacy(
+/// The tcx link pinned at `pin` if it is still attached to `ifname` in `dir`.
+fn live_pinned_link(
+    pin: &Path,
+    ifname: &str,
+    dir: TcAttachType,
+) -> Result<Option<SchedClassifierLink>> {
+    let Some(prog_id) = pinned_link_program(pin)? else {
+        return Ok(None);
+    };
+    if tcx_attached(ifname, dir, prog_id)? != Some(true) {
+        return Ok(None);
+    }
+    let link = PinnedLink::from_pin(pin).map_err(|e| {
+        Error::datapath(
+            format!("opening link pin {}", pin.display()),
+            load::chain(&e),
+        )
+    })?;
+    let fd: FdLink = link.into();
+    Ok(Some(SchedClassifierLink::try_from(fd).map_err(|e| {
+        Error::datapath(format!("link pin {}", pin.display()), load::chain(&e))
+    })?))
+}
+
+/// Attaches as a direct-action filter at [`TC_PRIORITY`]/[`TC_HANDLE`] of the device's
+/// clsact qdisc (added if missing). Our filter already there is replaced in place, so
+/// packets never see the hook empty.
+fn attach_tc(
     program: &mut SchedClassifier,
     ifname: &str,
     dir: TcAttachType,
-) -> std::result::Result<(), String> {
+) -> std::result::Result<(), ProgramError> {
     match tc::qdisc_add_clsact(ifname) {
-        Ok(()) => {}
-        Err(TcError::AlreadyAttached) => {}
-        Err(TcError::NetlinkError(e)) if e.to_string().contains("exists") => {}
-        Err(e) => return Err(format!("adding clsact: {}", load::chain(&e))),
+        Ok(()) | Err(TcError::AlreadyAttached) => {}
+        Err(TcError::NetlinkError(e)) if e.raw_os_error() == Some(libc::EEXIST) => {}
+        Err(e) => return Err(e.into()),
     }
-    let id = program
-        .attach_with_options(ifname, dir, TcAttachOptions::Netlink(NlOptions::default()))
-        .map_err(|e| load::program_error(&e))?;
-    let link = program.take_link(id).map_err(|e| load::program_error(&e))?;
+    let options = NlOptions {
+        priority: TC_PRIORITY,
+        handle: TcHandle::from(TC_HANDLE),
+        ..NlOptions::default()
+    };
+    let id = match program.attach_with_options(ifname, dir, TcAttachOptions::Netlink(options)) {
+        Err(e) if errno_of(&e) == Some(libc::EEXIST) => {
+            let ours = SchedClassifierLink::attached(
+                ifname,
+                dir,
+                TC_PRIORITY,
+                TcHandle::from(TC_HANDLE),
+                None,
+            )
+            .map_err(TcError::IoError)?;
+            program.attach_to_link(ours)?
+        }
+        r => r?,
+    };
+    let link = program.take_link(id)?;
     // The filter must outlive this process: dropping the link would detach it.
     std::mem::forget(link);
     Ok(())
+}
+
+/// Removes our clsact filter from `ifname` in `dir`; a device or filter that is not
+/// there is fine.
+pub fn remove_filter(ifname: &str, dir: TcAttachType) -> Result<()> {
+    let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
+        return Ok(());
+    };
+    tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, TC_HANDLE)
+        .map_err(|e| Error::io(format!("removing our tc filter from {ifname}"), e))
+}
+
+/// How `prog_id` is attached to `ifname` (`ifindex`) in `dir`: through the tcx link
+/// pinned at `pin`, as our clsact filter, or (`None`) not at all. A program attached both
+/// ways is reported as tcx (CHECK's [`attached_twice`] tells).
+pub fn attached(
+    ifname: &str,
+    ifindex: u32,
+    dir: TcAttachType,
+    prog_id: u32,
+    pin: &Path,
+) -> Result<Option<AttachMode>> {
+    if pinned_link_program(pin)? == Some(prog_id)
+        && tcx_attached(ifname, dir, prog_id)? == Some(true)
+    {
+        return Ok(Some(AttachMode::Tcx));
+    }
+    Ok(our_filter(ifindex, dir, prog_id)?.then_some(AttachMode::Tc))
+}
+
+/// Whether `prog_id` runs both as a tcx link and as our clsact filter on the device.
+pub fn attached_twice(ifname: &str, ifindex: u32, dir: TcAttachType, prog_id: u32) -> Result<bool> {
+    Ok(tcx_attached(ifname, dir, prog_id)? == Some(true) && our_filter(ifindex, dir, prog_id)?)
+}
+
+/// Whether our clsact filter on the device runs `prog_id`.
+fn our_filter(ifindex: u32, dir: TcAttachType, prog_id: u32) -> Result<bool> {
+    let filters = tcnl::filters(ifindex, hook(dir))
+        .map_err(|e| Error::io(format!("listing the tc filters of ifindex {ifindex}"), e))?;
+    Ok(filters
+        .iter()
+        .any(|f| f.priority == TC_PRIORITY && f.handle == TC_HANDLE && f.prog_id == Some(prog_id)))
 }
 
 /// The program's kernel name. (`ProgramInfo::name_as_str` would make aya probe kernel
@@ -129,10 +310,11 @@ fn program_name(program: &SchedClassifier) -> String {
 }
 
 /// Removes a link pin (detaching the link if nothing else holds it); missing is fine.
-pub fn remove_pin(pin: &Path) -> Result<()> {
+/// Returns whether there was one.
+pub fn remove_pin(pin: &Path) -> Result<bool> {
     match std::fs::remove_file(pin) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io(format!("removing link pin {}", pin.display()), e)),
     }
 }
@@ -164,7 +346,7 @@ pub fn pinned_link_program(pin: &Path) -> Result<Option<u32>> {
 pub fn tcx_attached(ifname: &str, dir: TcAttachType, prog_id: u32) -> Result<Option<bool>> {
     match SchedClassifier::query_tcx(ifname, dir) {
         Ok((_, progs)) => Ok(Some(progs.iter().any(|p| p.id() == prog_id))),
-        Err(e) if matches!(errno_of(&e), Some(libc::EINVAL | libc::EOPNOTSUPP | 524)) => Ok(None),
+        Err(e) if no_tcx(errno_of(&e)) => Ok(None),
         Err(ProgramError::TcError(TcError::IoError(e)))
             if e.raw_os_error() == Some(libc::ENODEV) =>
         {

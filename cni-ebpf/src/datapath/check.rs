@@ -10,13 +10,12 @@ use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointKey, PortKey, EP_
 use super::{
     attach,
     maps::{self, addr, to_addr, to_port},
-    node_config::CFG_F_UPLINK_LEGACY,
     owner_label,
     portmaps::proto_number,
     proto_name, v4s, Datapath, Endpoint,
 };
 use crate::{
-    cni::config::{format_mac, PortMapping},
+    cni::config::{format_mac, AttachPolicy, PortMapping},
     error::{Error, Result},
 };
 
@@ -84,29 +83,7 @@ impl Datapath {
             }
         }
 
-        // Our program on the host veth.
-        let id = attach::program_id(&self.program(prog::FROM_POD)?)?;
-        let pin = self.pins.endpoint_link(&ep.host_ifname);
-        match attach::tcx_attached(&ep.host_ifname, TcAttachType::Ingress, id)? {
-            Some(true) => {}
-            Some(false) => {
-                return Err(Error::Check(format!(
-                    "the cni-ebpf program is not attached to host veth {} (ingress)",
-                    ep.host_ifname
-                )))
-            }
-            None => {} // legacy clsact: not queryable this way
-        }
-        if attach::tcx_attached(&ep.host_ifname, TcAttachType::Ingress, id)?.is_some()
-            && attach::pinned_link_program(&pin)? != Some(id)
-        {
-            return Err(Error::Check(format!(
-                "the pinned link {} of host veth {} is missing or runs another program",
-                pin.display(),
-                ep.host_ifname
-            )));
-        }
-
+        self.check_endpoint_attachment(ep)?;
         self.check_port_mappings(owner, &ips, mappings)?;
         self.check_uplink()
     }
@@ -173,18 +150,42 @@ impl Datapath {
         Ok(())
     }
 
+    /// `from_pod` runs on the host veth's ingress, exactly once: as our clsact filter or
+    /// through the tcx link pinned for it. (A clsact filter goes when someone runs
+    /// `tc qdisc del dev <veth> clsact`; a tcx link only with its pin or the device.)
+    fn check_endpoint_attachment(&self, ep: &Endpoint) -> Result<()> {
+        let id = attach::program_id(&self.program(prog::FROM_POD)?)?;
+        let pin = self.pins.endpoint_link(&ep.host_ifname);
+        let name = &ep.host_ifname;
+        let index = ep.host_ifindex;
+        if attach::attached(name, index, TcAttachType::Ingress, id, &pin)?.is_none() {
+            return Err(Error::Check(format!(
+                "the cni-ebpf program (from_pod, id {id}) is not attached to host veth {name} \
+                 (ingress): neither a clsact filter at priority {} handle {:#x} nor a tcx \
+                 link pinned at {} runs it (was its clsact qdisc deleted?)",
+                attach::TC_PRIORITY,
+                attach::TC_HANDLE,
+                pin.display()
+            )));
+        }
+        if attach::attached_twice(name, index, TcAttachType::Ingress, id)? {
+            return Err(Error::Check(format!(
+                "the cni-ebpf program (from_pod, id {id}) runs twice on host veth {name} \
+                 (ingress): as a clsact filter and as a tcx link"
+            )));
+        }
+        Ok(())
+    }
+
     fn check_uplink(&self) -> Result<()> {
         let cfg = self.node_config_raw()?;
-        if cfg.flags & CFG_F_UPLINK_LEGACY != 0 {
-            return Ok(());
-        }
         let name = ifname_of(cfg.uplink_ifindex).ok_or_else(|| {
             Error::Check(format!(
                 "the uplink (ifindex {}) the programs were configured for no longer exists",
                 cfg.uplink_ifindex
             ))
         })?;
-        if !self.uplink_attached(&name)? {
+        if !self.uplink_attached(&name, cfg.uplink_ifindex, AttachPolicy::Auto)? {
             return Err(Error::Check(format!(
                 "the uplink programs are not attached to {name}"
             )));

@@ -102,8 +102,8 @@ impl Datapath {
     }
 
     /// Makes a pod reachable: endpoint map entries, per-pod counters, stale NAT state of
-    /// its addresses purged, and `from_pod` attached to the host veth's ingress (tcx link
-    /// pinned; legacy clsact fallback).
+    /// its addresses purged, and `from_pod` attached to the host veth's ingress as the
+    /// configuration's `attach` asks (a clsact filter, or a pinned tcx link).
     pub fn attach_endpoint(&self, ep: &Endpoint) -> Result<()> {
         if ep.host_ifindex == 0 {
             return Err(Error::datapath(
@@ -118,15 +118,18 @@ impl Datapath {
         attach::attach(
             &mut program,
             &ep.host_ifname,
+            ep.host_ifindex,
             TcAttachType::Ingress,
             &self.pins.endpoint_link(&ep.host_ifname),
+            self.attach,
         )?;
         Ok(())
     }
 
     /// Removes everything of (container ID, ifname): endpoint entries (those of `ips` and
-    /// any other it owns), counters, the host veth's link pin, NAT state of its addresses.
-    /// Idempotent; never touches entries owned by another container.
+    /// any other it owns), counters, `from_pod` on the host veth (link pin or clsact
+    /// filter), NAT state of its addresses. Idempotent; never touches entries owned by
+    /// another container.
     pub fn detach_endpoint(
         &self,
         container_id: &str,
@@ -137,6 +140,7 @@ impl Datapath {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let gone = self.take_endpoint_entries(owner, ips)?;
         attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
+        attach::remove_filter(host_ifname, TcAttachType::Ingress)?;
         self.forget(owner, &gone)
     }
 
@@ -164,7 +168,7 @@ impl Datapath {
             }
         }
         for r in [
-            attach::remove_pin(&self.pins.endpoint_link(host_ifname)),
+            attach::remove_pin(&self.pins.endpoint_link(host_ifname)).map(|_| ()),
             self.forget(owner, &addrs),
         ] {
             if let Err(e) = r {

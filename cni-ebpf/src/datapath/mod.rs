@@ -74,7 +74,7 @@ pub use self::{
     },
 };
 use crate::{
-    cni::config::NetConf,
+    cni::config::{AttachPolicy, NetConf},
     error::{Error, Result},
 };
 
@@ -82,6 +82,9 @@ use crate::{
 pub struct Datapath {
     pins: Pins,
     maps: Mutex<Maps>,
+    /// How programs get attached (`attach`; tc for handles not opened from a
+    /// configuration).
+    attach: AttachPolicy,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -101,7 +104,8 @@ impl Datapath {
     pub fn open_or_load(conf: &NetConf) -> Result<Self> {
         load::check_bpffs(&conf.bpffs_root)
             .map_err(|e| Error::datapath("checking bpffsRoot", e))?;
-        let dp = Self::load_at(conf.pin_dir())?;
+        let mut dp = Self::load_at(conf.pin_dir())?;
+        dp.attach = conf.attach;
         // Every node address is listed at most every NODE_ADDRS_EVERY_S (a node with 1 000
         // pods has 1 000 gateway addresses on host veths: ~3 ms per listing); in between,
         // only the uplink's, and each ADD adds its own gateway address.
@@ -140,7 +144,7 @@ impl Datapath {
             );
         }
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
-        let legacy = dp.ensure_uplink(&old, &uplink_name, uplink_ifindex)?;
+        dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
         let settings = NodeSettings {
             node_addr: facts.uplink_addr,
@@ -150,7 +154,7 @@ impl Datapath {
             snat_ports: node::snat_port_range(),
             netns_cookie,
         };
-        dp.write_node_config(&old, &settings, legacy, all.then_some(now))?;
+        dp.write_node_config(&old, &settings, all.then_some(now))?;
         if all {
             dp.set_node_addrs(&facts.addrs)?;
         } else {
@@ -180,6 +184,7 @@ impl Datapath {
         Ok(Some(Self {
             pins,
             maps: Mutex::new(maps),
+            attach: AttachPolicy::default(),
         }))
     }
 
@@ -199,6 +204,7 @@ impl Datapath {
         Ok(Self {
             pins,
             maps: Mutex::new(maps),
+            attach: AttachPolicy::default(),
         })
     }
 

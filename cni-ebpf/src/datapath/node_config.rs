@@ -16,10 +16,6 @@ use super::{
 };
 use crate::error::{Error, Result};
 
-/// [`NodeConfig::flags`] bit used by userspace only: the uplink programs were attached as
-/// legacy clsact filters (which cannot be pinned or queried like tcx links).
-pub(super) const CFG_F_UPLINK_LEGACY: u32 = 1 << 16;
-
 /// Node-wide settings written to the `NODE_CONFIG` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeSettings {
@@ -48,18 +44,16 @@ impl Datapath {
 
     /// Writes the node configuration the programs use (keeps userspace-only flags).
     pub fn configure_node(&self, s: &NodeSettings) -> Result<()> {
-        self.write_node_config(&self.node_config_raw()?, s, false, None)
+        self.write_node_config(&self.node_config_raw()?, s, None)
     }
 
-    /// Writes the node configuration for `s` over `old` (the current one): the legacy
-    /// uplink flag is kept while the uplink stays and set when `legacy`; the time of the
+    /// Writes the node configuration for `s` over `old` (the current one): the time of the
     /// last full node-address listing is `addrs_listed_s`, else kept. Nothing is written
     /// when nothing changes.
     pub(super) fn write_node_config(
         &self,
         old: &NodeConfig,
         s: &NodeSettings,
-        legacy: bool,
         addrs_listed_s: Option<u32>,
     ) -> Result<()> {
         if s.cluster_cidrs.len() > MAX_CLUSTER_CIDRS {
@@ -68,13 +62,10 @@ impl Datapath {
                 format!("at most {MAX_CLUSTER_CIDRS} IPv4 CIDRs are supported"),
             ));
         }
-        let same_uplink = old.uplink_ifindex == s.uplink_ifindex;
-        let legacy = legacy || (same_uplink && old.flags & CFG_F_UPLINK_LEGACY != 0);
         let mut cfg = NodeConfig {
             node_addr: s.node_addr.map_or(0, addr),
             uplink_ifindex: s.uplink_ifindex,
-            flags: if legacy { CFG_F_UPLINK_LEGACY } else { 0 }
-                | if s.ip_masq { CFG_F_MASQ } else { 0 },
+            flags: if s.ip_masq { CFG_F_MASQ } else { 0 },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,

@@ -1,17 +1,17 @@
 //! The uplink programs (`uplink_ingress`, `uplink_egress`): attached once per node through
-//! pinned links, by the first [`Datapath::open_or_load`] that finds them missing.
+//! clsact filters or pinned tcx links (`attach`), by the first [`Datapath::open_or_load`]
+//! that finds them missing.
 
 use aya::programs::TcAttachType;
-use cni_ebpf_common::{prog, NodeConfig};
+use cni_ebpf_common::prog;
 
 use super::{
     attach::{self, AttachMode},
     load,
-    node_config::CFG_F_UPLINK_LEGACY,
     pins::Direction,
     Datapath,
 };
-use crate::error::Result;
+use crate::{cni::config::AttachPolicy, error::Result};
 
 /// The uplink programs and where they go.
 const UPLINK_PROGS: [(&str, Direction, TcAttachType); 2] = [
@@ -24,54 +24,67 @@ const UPLINK_PROGS: [(&str, Direction, TcAttachType); 2] = [
 ];
 
 impl Datapath {
-    /// Attaches the uplink programs to `name` where they are not already. Returns whether
-    /// legacy clsact was used.
-    pub(super) fn ensure_uplink(&self, cfg: &NodeConfig, name: &str, ifindex: u32) -> Result<bool> {
-        if cfg.flags & CFG_F_UPLINK_LEGACY != 0 && cfg.uplink_ifindex == ifindex {
-            return Ok(true);
-        }
-        if self.uplink_attached(name)? {
-            return Ok(false);
+    /// Attaches the uplink programs to `name` (`ifindex`) where they are not attached the
+    /// way the configuration's `attach` asks (a change of mode re-attaches them).
+    pub(super) fn ensure_uplink(&self, name: &str, ifindex: u32) -> Result<()> {
+        if self.uplink_attached(name, ifindex, self.attach)? {
+            return Ok(());
         }
         let _lock = load::LoadLock::acquire(&self.pins)?;
-        let mut legacy = false;
         for (p, dir, tc_dir) in UPLINK_PROGS {
-            if self.uplink_dir_attached(name, p, dir, tc_dir)? {
+            if wanted(
+                self.uplink_mode(name, ifindex, p, dir, tc_dir)?,
+                self.attach,
+            ) {
                 continue;
             }
             let mut program = self.program(p)?;
-            let mode = attach::attach(
+            attach::attach(
                 &mut program,
                 name,
+                ifindex,
                 tc_dir,
                 &self.pins.uplink_link(name, dir),
+                self.attach,
             )?;
-            legacy |= mode == AttachMode::Legacy;
         }
-        Ok(legacy)
+        Ok(())
     }
 
-    /// Whether both uplink programs are attached to `name` through their pinned links.
-    pub(super) fn uplink_attached(&self, name: &str) -> Result<bool> {
+    /// Whether both uplink programs are attached to `name` in a mode `policy` accepts.
+    pub(super) fn uplink_attached(
+        &self,
+        name: &str,
+        ifindex: u32,
+        policy: AttachPolicy,
+    ) -> Result<bool> {
         for (p, dir, tc_dir) in UPLINK_PROGS {
-            if !self.uplink_dir_attached(name, p, dir, tc_dir)? {
+            if !wanted(self.uplink_mode(name, ifindex, p, dir, tc_dir)?, policy) {
                 return Ok(false);
             }
         }
         Ok(true)
     }
 
-    fn uplink_dir_attached(
+    fn uplink_mode(
         &self,
         name: &str,
+        ifindex: u32,
         p: &str,
         dir: Direction,
         tc_dir: TcAttachType,
-    ) -> Result<bool> {
+    ) -> Result<Option<AttachMode>> {
         let id = attach::program_id(&self.program(p)?)?;
-        if attach::pinned_link_program(&self.pins.uplink_link(name, dir))? != Some(id) {
-            return Ok(false);
-        }
-        Ok(attach::tcx_attached(name, tc_dir, id)? != Some(false))
+        attach::attached(name, ifindex, tc_dir, id, &self.pins.uplink_link(name, dir))
     }
+}
+
+/// Whether an attachment in `mode` is what `policy` asks for.
+fn wanted(mode: Option<AttachMode>, policy: AttachPolicy) -> bool {
+    matches!(
+        (mode, policy),
+        (Some(AttachMode::Tc), AttachPolicy::Tc)
+            | (Some(AttachMode::Tcx), AttachPolicy::Tcx)
+            | (Some(_), AttachPolicy::Auto)
+    )
 }

@@ -1,6 +1,8 @@
-//! Control plane: ADD, CHECK and DEL latency over N pods, each holding one TCP host port,
-//! through the libcni client and by direct exec, with 1 and 2 parallel workers; ADD
-//! throughput (pods/s) and the peak RSS of one ADD.
+//! Control plane: ADD, CHECK and DEL latency over N pods, through the libcni client and
+//! by direct exec, with 1 and 2 parallel workers; ADD throughput (pods/s) and the peak RSS
+//! of one ADD. The headline rows are plain pods (no host port), the pods users create
+//! most; pods holding one TCP host port each (the reference adds its `portmap` plugin's
+//! iptables work) are their own rows, through libcni.
 //!
 //! Each run ADDs every pod (phase wall time gives pods/s), then CHECKs every pod, then DELs
 //! every pod, so the node goes back to empty between runs. A warm-up ADD+DEL first does
@@ -32,11 +34,25 @@ pub struct Params {
     pub vias: Vec<Via>,
 }
 
-fn ports_of(i: usize) -> [PortMap; 1] {
-    [PortMap {
-        host: 10_000 + u16::try_from(i % 50_000).unwrap_or(0),
-        container: 80,
-    }]
+/// Which pods a run creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No host port.
+    Plain,
+    /// One TCP host port each.
+    HostPort,
+}
+
+impl Kind {
+    fn ports_of(self, i: usize) -> Vec<PortMap> {
+        match self {
+            Self::Plain => Vec::new(),
+            Self::HostPort => vec![PortMap {
+                host: 10_000 + u16::try_from(i % 50_000).unwrap_or(0),
+                container: 80,
+            }],
+        }
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -59,6 +75,7 @@ struct Samples {
 fn phase(
     node: &BenchNode,
     via: Via,
+    kind: Kind,
     verb: &str,
     pods: &[Pod],
     workers: usize,
@@ -73,7 +90,7 @@ fn phase(
                 s.spawn(move || -> Result<()> {
                     for (i, pod) in pods.iter().enumerate().skip(w).step_by(workers) {
                         check_interrupt()?;
-                        let op = node.op(verb, via, pod, &ports_of(i), prev[i].as_ref())?;
+                        let op = node.op(verb, via, pod, &kind.ports_of(i), prev[i].as_ref())?;
                         if let Ok(mut g) = slots.lock() {
                             g[i] = Some(op);
                         }
@@ -100,12 +117,18 @@ fn phase(
     Ok((ops, wall))
 }
 
-fn one_run(node: &BenchNode, via: Via, pods: &[Pod], workers: usize) -> Result<Samples> {
+fn one_run(
+    node: &BenchNode,
+    via: Via,
+    kind: Kind,
+    pods: &[Pod],
+    workers: usize,
+) -> Result<Samples> {
     let none = vec![None; pods.len()];
-    let (adds, add_wall) = phase(node, via, "ADD", pods, workers, &none)?;
+    let (adds, add_wall) = phase(node, via, kind, "ADD", pods, workers, &none)?;
     let results: Vec<Option<Value>> = adds.iter().map(|o| Some(o.result.clone())).collect();
-    let (checks, _) = phase(node, via, "CHECK", pods, workers, &results)?;
-    let (dels, del_wall) = phase(node, via, "DEL", pods, workers, &results)?;
+    let (checks, _) = phase(node, via, kind, "CHECK", pods, workers, &results)?;
+    let (dels, del_wall) = phase(node, via, kind, "DEL", pods, workers, &results)?;
     Ok(Samples {
         add: adds.iter().map(|o| ms(o.wall)).collect(),
         add_rss: adds.iter().map(|o| o.maxrss_kib as f64).collect(),
@@ -117,9 +140,9 @@ fn one_run(node: &BenchNode, via: Via, pods: &[Pod], workers: usize) -> Result<S
 }
 
 /// Best-effort DEL of every pod (after a failed run), so the next run starts empty.
-fn del_all(node: &BenchNode, via: Via, pods: &[Pod]) {
+fn del_all(node: &BenchNode, via: Via, kind: Kind, pods: &[Pod]) {
     for (i, pod) in pods.iter().enumerate() {
-        let _ = node.op("DEL", via, pod, &ports_of(i), None);
+        let _ = node.op("DEL", via, pod, &kind.ports_of(i), None);
     }
 }
 
@@ -168,27 +191,32 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         node.op("DEL", Via::Direct, &warm, &[], Some(&r.result))?;
         drop(warm);
         let mut vdetails = Map::new();
-        for &via in &p.vias {
+        let runs = p.vias.iter().map(|&v| (Kind::Plain, v)).chain(
+            p.vias
+                .contains(&Via::Libcni)
+                .then_some((Kind::HostPort, Via::Libcni)),
+        );
+        for (kind, via) in runs {
             for &w in &p.workers {
                 check_interrupt()?;
-                let s = match one_run(&node, via, &pods, w) {
+                let s = match one_run(&node, via, kind, &pods, w) {
                     Ok(s) => s,
                     Err(e) => {
                         if proc::interrupted() {
                             return Err(e);
                         }
                         let msg = format!(
-                            "control plane {} via {} with {w} worker(s) failed: {e:#}",
+                            "control plane {} ({kind:?} pods) via {} with {w} worker(s) failed: {e:#}",
                             variant.key(),
                             via.key()
                         );
                         eprintln!("bench: {msg}");
                         report.notes.push(msg);
-                        del_all(&node, via, &pods);
+                        del_all(&node, via, kind, &pods);
                         continue;
                     }
                 };
-                record(report, &mut vdetails, variant, via, w, &s);
+                record(report, &mut vdetails, variant, via, kind, w, &s);
             }
         }
         if node.hit_portmap_check_bug() {
@@ -212,12 +240,17 @@ fn record(
     details: &mut Map<String, Value>,
     variant: Variant,
     via: Via,
+    kind: Kind,
     w: usize,
     s: &Samples,
 ) {
     let col = variant.key();
     let section = format!(
-        "Control plane via {} ({} worker{})",
+        "Control plane, {} via {} ({} worker{})",
+        match kind {
+            Kind::Plain => "plain pods",
+            Kind::HostPort => "pods with one hostPort each",
+        },
         match via {
             Via::Libcni => "the libcni client",
             Via::Direct => "direct exec",
@@ -225,7 +258,10 @@ fn record(
         w,
         if w == 1 { "" } else { "s" }
     );
-    let base = format!("cp.{}.w{w}", via.key());
+    let base = match kind {
+        Kind::Plain => format!("cp.{}.w{w}", via.key()),
+        Kind::HostPort => format!("cp.hostport.{}.w{w}", via.key()),
+    };
     let mut d = Map::new();
     for (verb, samples) in [("add", &s.add), ("check", &s.check), ("del", &s.del)] {
         let sum = Summary::of(samples);
@@ -277,7 +313,7 @@ fn record(
         del_pps,
     );
     let rss = Summary::of(&s.add_rss);
-    if via == Via::Direct && w == 1 {
+    if via == Via::Direct && w == 1 && kind == Kind::Plain {
         report.put(
             "cp.add.maxrss",
             "Peak RSS of one ADD (direct exec, wait4 ru_maxrss, largest process of the chain)",
@@ -301,5 +337,9 @@ fn record(
     d.insert("addPodsPerSecond".into(), json!(add_pps));
     d.insert("delPodsPerSecond".into(), json!(del_pps));
     d.insert("addSamplesMs".into(), json!(s.add));
-    details.insert(format!("{}-w{w}", via.key()), Value::Object(d));
+    let name = match kind {
+        Kind::Plain => format!("{}-w{w}", via.key()),
+        Kind::HostPort => format!("hostport-{}-w{w}", via.key()),
+    };
+    details.insert(name, Value::Object(d));
 }
