@@ -1,12 +1,15 @@
 //! Rewriting a packet's tuple in place with its IPv4 and L4 checksums (RFC 1624).
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
     programs::TcContext,
 };
-use cni_ebpf_common::{proto, NatEntry};
+use cni_ebpf_common::{proto, NatEntry, Reason};
 
-use crate::parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF};
+use crate::{
+    maps::count,
+    parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF},
+};
 
 /// Offset of the L4 checksum and the extra flags `bpf_l4_csum_replace` needs.
 #[inline(always)]
@@ -17,6 +20,18 @@ pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
         proto::ICMP => Some((l4_off + 2, 0)),
         _ => None,
     }
+}
+
+/// `bpf_l4_csum_replace`: every L4 checksum update of the programs goes through here.
+#[inline(always)]
+pub(crate) fn l4_csum_replace(
+    ctx: &TcContext,
+    off: usize,
+    from: u64,
+    to: u64,
+    flags: u64,
+) -> Result<(), i64> {
+    ctx.l4_csum_replace(off, from, to, flags)
 }
 
 /// Adds the one's-complement difference of replacing 32-bit word `old` by `new` (both as
@@ -94,21 +109,21 @@ pub(crate) fn l4_csum_fix(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), 
     if p.proto == proto::TCP || p.proto == proto::UDP {
         let pf = fl | BPF_F_PSEUDO_HDR as u64 | 4;
         if n.saddr != p.saddr {
-            ctx.l4_csum_replace(off, p.saddr as u64, n.saddr as u64, pf)?;
+            l4_csum_replace(ctx, off, p.saddr as u64, n.saddr as u64, pf)?;
         }
         if n.daddr != p.daddr {
-            ctx.l4_csum_replace(off, p.daddr as u64, n.daddr as u64, pf)?;
+            l4_csum_replace(ctx, off, p.daddr as u64, n.daddr as u64, pf)?;
         }
         if n.sport != p.sport {
-            ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, fl | 2)?;
+            l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, fl | 2)?;
         }
         if n.dport != p.dport {
-            ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, fl | 2)?;
+            l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, fl | 2)?;
         }
     } else if p.icmp_type == ICMP_ECHO && n.sport != p.sport {
-        ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, 2)?;
+        l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, 2)?;
     } else if p.icmp_type == ICMP_ECHO_REPLY && n.dport != p.dport {
-        ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, 2)?;
+        l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, 2)?;
     }
     Ok(())
 }
@@ -135,7 +150,21 @@ pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(),
     l4_csum_fix(ctx, p, n)
 }
 
+/// Applies entry `n` to packet `p` ([`rewrite`]). `false` when a step failed: the packet
+/// may then carry new addresses or ports under a stale checksum (they are written before
+/// the L4 checksum is fixed), so the caller drops it with [`rewrite_failed`].
 #[inline(always)]
 pub(crate) fn apply(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> bool {
     rewrite(ctx, p, n).is_ok()
+}
+
+/// Verdict for a packet whose rewrite failed part-way: dropped, counted as
+/// `drop_rewrite_failed`. Passing it would send on a packet that is neither the one that
+/// arrived nor a correct translation (wrong checksum, or a tuple its peer never sees
+/// again); "pass what we do not own" does not apply to a packet we already changed. The
+/// sender retransmits, and the retransmission is translated afresh.
+#[inline(always)]
+pub(crate) fn rewrite_failed() -> i32 {
+    count(Reason::DropRewriteFailed);
+    TC_ACT_SHOT as i32
 }
