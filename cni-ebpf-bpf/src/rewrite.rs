@@ -3,6 +3,7 @@
 use aya_ebpf::{
     bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
     programs::TcContext,
+    Global,
 };
 use cni_ebpf_common::{proto, NatEntry, Reason};
 
@@ -22,6 +23,18 @@ pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
     }
 }
 
+/// Test-only fault injection (global `cni_ebpf_common::global::FAULT_L4_CSUM`): `1` makes
+/// every [`l4_csum_replace`] fail, `0` (what the plugin always loads) changes nothing.
+///
+/// No real packet makes the L4 checksum fix fail here (`parse` keeps the checksum field
+/// inside the packet, and `BPF_PROG_TEST_RUN` builds linear, private skbs), yet in
+/// production a helper can fail (e.g. no memory to pull a non-linear skb). The packet tests
+/// load this same object with the value set (`EbpfLoader::override_global`) to check that
+/// a failed rewrite is dropped and leaves no NAT state. It lives in `.rodata`, frozen at
+/// load: the verifier reads it as a constant, so in production it is an OR with 0.
+#[no_mangle]
+static FAULT_L4_CSUM: Global<u32> = Global::new(0);
+
 /// `bpf_l4_csum_replace`: every L4 checksum update of the programs goes through here.
 #[inline(always)]
 pub(crate) fn l4_csum_replace(
@@ -31,7 +44,10 @@ pub(crate) fn l4_csum_replace(
     to: u64,
     flags: u64,
 ) -> Result<(), i64> {
-    ctx.l4_csum_replace(off, from, to, flags)
+    // Under the test fault, an odd offset: the helper itself refuses it (-EFAULT) before
+    // touching the packet, after the caller wrote the new tuple — a real failure's state.
+    let fault = (FAULT_L4_CSUM.load() & 1) as usize;
+    ctx.l4_csum_replace(off | fault, from, to, flags)
 }
 
 /// Adds the one's-complement difference of replacing 32-bit word `old` by `new` (both as

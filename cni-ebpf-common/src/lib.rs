@@ -99,6 +99,16 @@ pub mod map {
     ];
 }
 
+/// Names of the object's global variables, which userspace may set at load time.
+pub mod global {
+    /// Test-only fault injection (`u32`): `1` makes every L4 checksum update of the tc
+    /// programs (`bpf_l4_csum_replace`) fail after the packet's tuple was written, as a
+    /// failing helper would. The plugin never sets it (it stays `0`); the packet tests
+    /// load the object with it to check that such packets are dropped
+    /// (`drop_rewrite_failed`) and leave no NAT state.
+    pub const FAULT_L4_CSUM: &str = "FAULT_L4_CSUM";
+}
+
 /// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
 pub const MAX_ENDPOINTS: u32 = 4096;
 /// Capacity of [`map::PORTMAPS`].
@@ -687,7 +697,11 @@ mod tests {
     #[test]
     fn reason_table_is_complete_and_names_are_unique() {
         for (i, r) in Reason::ALL.iter().enumerate() {
-            assert_eq!(*r as u32, 16 + i as u32, "{r:?} out of order in Reason::ALL");
+            assert_eq!(
+                *r as u32,
+                16 + i as u32,
+                "{r:?} out of order in Reason::ALL"
+            );
             assert!((*r as u32) < REASON_SLOTS);
             for other in &Reason::ALL[..i] {
                 assert_ne!(r.name(), other.name(), "two reasons named {}", r.name());
