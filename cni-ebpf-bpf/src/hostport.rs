@@ -1,7 +1,7 @@
 //! Host ports: DNAT of nodeIP:hostPort to the pod from outside, and hairpin from pods.
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
 use cni_ebpf_common::{
@@ -13,9 +13,9 @@ use crate::{
     flows,
     forward::deliver_or_stack,
     maps::{count, is_node_addr, node_config, port_mapping, NAT},
-    nat::{alloc_port, entry},
+    nat::{alloc_port, entry, forget_new_flow},
     parse::Pkt,
-    rewrite::apply,
+    rewrite::{apply, rewrite_failed},
     PASS,
 };
 
@@ -24,7 +24,7 @@ use crate::{
 pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
     let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
     let (b, bp) = (t.addr, t.port);
-    let fwd = if b == a {
+    let (rev_key, fwd) = if b == a {
         // A pod reaching itself through its host port: the packet must not carry its own
         // address as source (the pod would drop it as martian), so it comes from N.
         let Some(cfg) = node_config() else {
@@ -32,11 +32,11 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             return PASS;
         };
         let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
-        let Some((np, _)) = alloc_port(&cfg, a, bp, n, p.proto, &rev) else {
+        let Some((np, rev_key)) = alloc_port(&cfg, a, bp, n, p.proto, &rev) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };
-        entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+        (rev_key, entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD))
     } else {
         let rev_key = NatKey {
             saddr: b,
@@ -51,14 +51,15 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             count(Reason::PassNatInsertFailed);
             return PASS;
         }
-        entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD)
+        (rev_key, entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD))
     };
     if NAT.insert(&p.key(), &fwd, 0).is_err() {
         count(Reason::PassNatInsertFailed);
         return PASS;
     }
     if !apply(ctx, p, &fwd) {
-        return TC_ACT_OK as i32;
+        forget_new_flow(&p.key(), &rev_key);
+        return rewrite_failed();
     }
     count(Reason::HairpinNew);
     deliver_or_stack(ctx, fwd.daddr)
@@ -92,11 +93,13 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         count(Reason::PassNatInsertFailed);
         return Some(PASS);
     }
-    // Netfilter never sees this flow (delivered past the stack): its replies may bypass it.
-    flows::note_own_inbound(&rev_key);
     if !apply(ctx, p, &fwd) {
-        return Some(TC_ACT_OK as i32);
+        forget_new_flow(&p.key(), &rev_key);
+        return Some(rewrite_failed());
     }
+    // Netfilter never sees this flow (delivered past the stack): its replies may bypass it.
+    // Noted only once the packet is on its way, so a dropped one leaves no flow state.
+    flows::note_own_inbound(&rev_key);
     count(Reason::DnatNew);
     Some(deliver_or_stack(ctx, fwd.daddr))
 }

@@ -11,7 +11,10 @@
 //!   host-port flows restored to nodeIP:hostPort.
 //!
 //! Every program passes what it does not own unchanged (`TC_ACT_UNSPEC`: "next program",
-//! then the stack; never a drop), and counts why in `REASONS`.
+//! then the stack; never a drop), and counts why in `REASONS`. The one exception to "never
+//! a drop" for a translated packet: when its rewrite fails part-way it is no longer the
+//! packet that arrived, so it is dropped (`drop_rewrite_failed`, see
+//! [`rewrite::rewrite_failed`]) with the NAT entries a new flow made for it.
 //!
 //! One module per concern, as cilium's `bpf/lib/` keeps them apart; the entry points
 //! below read as a short sequence of calls into them:
@@ -55,7 +58,7 @@ use crate::{
     },
     nat::nat_lookup,
     parse::{ipv4_saddr, parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
-    rewrite::apply,
+    rewrite::{apply, rewrite_failed},
 };
 
 /// Verdict for packets we leave untouched: "next" (`TCX_NEXT` under tcx, the next filter
@@ -109,7 +112,7 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
         // An existing hairpin flow.
         if let Some(n) = nat_lookup(&p, HOOK_POD) {
             if !apply(ctx, &p, &n) {
-                return Ok(TC_ACT_OK as i32);
+                return Ok(rewrite_failed());
             }
             count(Reason::HairpinForward);
             return Ok(deliver_or_stack(ctx, n.daddr));
@@ -174,7 +177,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
 
     if let Some(n) = nat_lookup(&p, HOOK_UPLINK_IN) {
         if !apply(ctx, &p, &n) {
-            return Ok(TC_ACT_OK as i32);
+            return Ok(rewrite_failed());
         }
         if n.deliver == NAT_DELIVER_STACK {
             count(Reason::SnatReplyToStack);
@@ -228,13 +231,14 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
 
     let flow = flows::seen_leaving(&p);
     if let Some(n) = nat_lookup(&p, HOOK_UPLINK_OUT) {
-        if apply(ctx, &p, &n) {
-            count(if n.kind == NAT_SNAT_FWD {
-                Reason::SnatForward
-            } else {
-                Reason::DnatReply
-            });
+        if !apply(ctx, &p, &n) {
+            return Ok(rewrite_failed());
         }
+        count(if n.kind == NAT_SNAT_FWD {
+            Reason::SnatForward
+        } else {
+            Reason::DnatReply
+        });
         return Ok(TC_ACT_OK as i32);
     }
 

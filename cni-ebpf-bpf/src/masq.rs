@@ -12,9 +12,9 @@ use cni_ebpf_common::{
 
 use crate::{
     maps::{count, in_cluster, is_node_addr, local_endpoint, node_config, NAT},
-    nat::{alloc_port, entry},
+    nat::{alloc_port, entry, forget_new_flow},
     parse::{Pkt, ICMP_ECHO, TCP_ACK, TCP_SYN},
-    rewrite::apply,
+    rewrite::{apply, rewrite_failed},
     PASS,
 };
 
@@ -74,8 +74,10 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         count(Reason::PassNatInsertFailed);
         return PASS;
     }
-    if apply(ctx, &p, &fwd) {
-        count(Reason::SnatNew);
+    if !apply(ctx, p, &fwd) {
+        forget_new_flow(&p.key(), &rev_key);
+        return rewrite_failed();
     }
+    count(Reason::SnatNew);
     TC_ACT_OK as i32
 }

@@ -238,6 +238,16 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
     0
 }
 
+/// Removes the two entries a new flow's first packet inserted — `fwd_key` (the packet's own
+/// tuple) and `rev_key` (its reply's) — when that packet is dropped after all: no
+/// translation is left behind for a flow that never started, and a SNAT port it reserved
+/// is free again at once.
+#[inline(always)]
+pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
+    let _ = NAT.remove(fwd_key);
+    let _ = NAT.remove(rev_key);
+}
+
 #[inline(always)]
 pub(crate) fn now() -> u64 {
     // SAFETY: plain helper call.

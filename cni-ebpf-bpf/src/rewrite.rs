@@ -1,12 +1,16 @@
 //! Rewriting a packet's tuple in place with its IPv4 and L4 checksums (RFC 1624).
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, TC_ACT_SHOT},
     programs::TcContext,
+    Global,
 };
-use cni_ebpf_common::{proto, NatEntry};
+use cni_ebpf_common::{proto, NatEntry, Reason};
 
-use crate::parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF};
+use crate::{
+    maps::count,
+    parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF},
+};
 
 /// Offset of the L4 checksum and the extra flags `bpf_l4_csum_replace` needs.
 #[inline(always)]
@@ -17,6 +21,33 @@ pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
         proto::ICMP => Some((l4_off + 2, 0)),
         _ => None,
     }
+}
+
+/// Test-only fault injection (global `cni_ebpf_common::global::FAULT_L4_CSUM`): `1` makes
+/// every [`l4_csum_replace`] fail, `0` (what the plugin always loads) changes nothing.
+///
+/// No real packet makes the L4 checksum fix fail here (`parse` keeps the checksum field
+/// inside the packet, and `BPF_PROG_TEST_RUN` builds linear, private skbs), yet in
+/// production a helper can fail (e.g. no memory to pull a non-linear skb). The packet tests
+/// load this same object with the value set (`EbpfLoader::override_global`) to check that
+/// a failed rewrite is dropped and leaves no NAT state. It lives in `.rodata`, frozen at
+/// load: the verifier reads it as a constant, so in production it is an OR with 0.
+#[no_mangle]
+static FAULT_L4_CSUM: Global<u32> = Global::new(0);
+
+/// `bpf_l4_csum_replace`: every L4 checksum update of the programs goes through here.
+#[inline(always)]
+pub(crate) fn l4_csum_replace(
+    ctx: &TcContext,
+    off: usize,
+    from: u64,
+    to: u64,
+    flags: u64,
+) -> Result<(), i64> {
+    // Under the test fault, an odd offset: the helper itself refuses it (-EFAULT) before
+    // touching the packet, after the caller wrote the new tuple — a real failure's state.
+    let fault = (FAULT_L4_CSUM.load() & 1) as usize;
+    ctx.l4_csum_replace(off | fault, from, to, flags)
 }
 
 /// Adds the one's-complement difference of replacing 32-bit word `old` by `new` (both as
@@ -94,21 +125,21 @@ pub(crate) fn l4_csum_fix(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), 
     if p.proto == proto::TCP || p.proto == proto::UDP {
         let pf = fl | BPF_F_PSEUDO_HDR as u64 | 4;
         if n.saddr != p.saddr {
-            ctx.l4_csum_replace(off, p.saddr as u64, n.saddr as u64, pf)?;
+            l4_csum_replace(ctx, off, p.saddr as u64, n.saddr as u64, pf)?;
         }
         if n.daddr != p.daddr {
-            ctx.l4_csum_replace(off, p.daddr as u64, n.daddr as u64, pf)?;
+            l4_csum_replace(ctx, off, p.daddr as u64, n.daddr as u64, pf)?;
         }
         if n.sport != p.sport {
-            ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, fl | 2)?;
+            l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, fl | 2)?;
         }
         if n.dport != p.dport {
-            ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, fl | 2)?;
+            l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, fl | 2)?;
         }
     } else if p.icmp_type == ICMP_ECHO && n.sport != p.sport {
-        ctx.l4_csum_replace(off, p.sport as u64, n.sport as u64, 2)?;
+        l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, 2)?;
     } else if p.icmp_type == ICMP_ECHO_REPLY && n.dport != p.dport {
-        ctx.l4_csum_replace(off, p.dport as u64, n.dport as u64, 2)?;
+        l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, 2)?;
     }
     Ok(())
 }
@@ -135,7 +166,21 @@ pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(),
     l4_csum_fix(ctx, p, n)
 }
 
+/// Applies entry `n` to packet `p` ([`rewrite`]). `false` when a step failed: the packet
+/// may then carry new addresses or ports under a stale checksum (they are written before
+/// the L4 checksum is fixed), so the caller drops it with [`rewrite_failed`].
 #[inline(always)]
 pub(crate) fn apply(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> bool {
     rewrite(ctx, p, n).is_ok()
+}
+
+/// Verdict for a packet whose rewrite failed part-way: dropped, counted as
+/// `drop_rewrite_failed`. Passing it would send on a packet that is neither the one that
+/// arrived nor a correct translation (wrong checksum, or a tuple its peer never sees
+/// again); "pass what we do not own" does not apply to a packet we already changed. The
+/// sender retransmits, and the retransmission is translated afresh.
+#[inline(always)]
+pub(crate) fn rewrite_failed() -> i32 {
+    count(Reason::DropRewriteFailed);
+    TC_ACT_SHOT as i32
 }

@@ -99,6 +99,16 @@ pub mod map {
     ];
 }
 
+/// Names of the object's global variables, which userspace may set at load time.
+pub mod global {
+    /// Test-only fault injection (`u32`): `1` makes every L4 checksum update of the tc
+    /// programs (`bpf_l4_csum_replace`) fail after the packet's tuple was written, as a
+    /// failing helper would. The plugin never sets it (it stays `0`); the packet tests
+    /// load the object with it to check that such packets are dropped
+    /// (`drop_rewrite_failed`) and leave no NAT state.
+    pub const FAULT_L4_CSUM: &str = "FAULT_L4_CSUM";
+}
+
 /// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
 pub const MAX_ENDPOINTS: u32 = 4096;
 /// Capacity of [`map::PORTMAPS`].
@@ -204,11 +214,15 @@ pub enum Reason {
     /// Dropped: a pod sent with a source address that is not one of its own (nor in its
     /// allow-list).
     DropSpoofedSource = 48,
+    /// Dropped: rewriting a translated packet failed part-way (a checksum helper or a
+    /// store refused), so its addresses or ports may be new while a checksum is stale.
+    /// The NAT entries made for it, if it opened a flow, are removed again.
+    DropRewriteFailed = 49,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 34] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -242,6 +256,7 @@ impl Reason {
         Reason::SockHostPort,
         Reason::RedirectFromUplink,
         Reason::DropSpoofedSource,
+        Reason::DropRewriteFailed,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -281,13 +296,14 @@ impl Reason {
             Reason::SockHostPort => "sock_host_port",
             Reason::RedirectFromUplink => "redirect_from_uplink",
             Reason::DropSpoofedSource => "drop_spoofed_source",
+            Reason::DropRewriteFailed => "drop_rewrite_failed",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::DropSpoofedSource as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::DropRewriteFailed as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -670,4 +686,26 @@ mod pod {
     unsafe impl aya::Pod for super::SockRevKey {}
     unsafe impl aya::Pod for super::SockRevValue {}
     unsafe impl aya::Pod for super::SrcAllowKey {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Reason, REASON_SLOTS};
+
+    /// `Reason::ALL` lists every reason once, in value order with no gap (a reason
+    /// missing from it would never be shown by `inspect`), and every name is distinct.
+    #[test]
+    fn reason_table_is_complete_and_names_are_unique() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(
+                *r as u32,
+                16 + i as u32,
+                "{r:?} out of order in Reason::ALL"
+            );
+            assert!((*r as u32) < REASON_SLOTS);
+            for other in &Reason::ALL[..i] {
+                assert_ne!(r.name(), other.name(), "two reasons named {}", r.name());
+            }
+        }
+    }
 }

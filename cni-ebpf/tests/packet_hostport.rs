@@ -1,6 +1,7 @@
 //! Packet tests (BPF_PROG_TEST_RUN) of host ports: DNAT on uplink ingress keeping the
 //! client address, replies restored on uplink egress, hairpin (also to itself), hostIP,
-//! conflicts, and that removed mappings never lead an old flow to a new pod.
+//! conflicts, that removed mappings never lead an old flow to a new pod, and that a new
+//! flow whose rewrite fails is dropped with no NAT or flow state left.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
 #![allow(
@@ -12,7 +13,7 @@
 
 mod packet_support;
 
-use cni_ebpf::cni::config::PortMapping;
+use cni_ebpf::{cni::config::PortMapping, datapath::load::Faults};
 use cni_ebpf_common::Reason;
 use packet_support::*;
 
@@ -27,7 +28,11 @@ fn pm(host_port: u16, container_port: u16, protocol: &str, host_ip: Option<&str>
 
 /// Pod A serves 8080/tcp → 80 and 5353/udp → 53.
 fn with_mappings() -> Fixture {
-    let fx = Fixture::new();
+    with_mappings_on(Fixture::new())
+}
+
+/// [`with_mappings`] on fixture `fx`.
+fn with_mappings_on(fx: Fixture) -> Fixture {
     fx.standard_node(true);
     fx.two_pods();
     fx.dp()
@@ -334,4 +339,76 @@ fn snat_never_picks_a_host_port() {
         got >= 38,
         "only {got} of 40 flows found one of the free ports"
     );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_new_host_port_flow_whose_rewrite_fails_is_dropped_and_leaves_no_state() {
+    // Every L4 checksum update fails (after the tuple was written), as a failing helper
+    // would; no real packet does that here (`parse` keeps the checksum field inside it).
+    let fx = with_mappings_on(Fixture::with_faults(Faults { l4_csum: true }));
+
+    // From outside (DNAT), TCP and UDP.
+    let tcp_in = tcp_frame(EXT, 12345, NODE, 8080, SYN);
+    let udp_in = udp_frame(EXT, 12346, NODE, 5353);
+    // Hairpin from pod B, and from pod A to its own host port (SNAT to the node).
+    let from_b = frame(
+        HOST_MAC_B,
+        POD_MAC_B,
+        POD_B,
+        NODE,
+        TCP,
+        &tcp(POD_B, NODE, 50000, 8080, SYN, b""),
+    );
+    let from_a = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        NODE,
+        TCP,
+        &tcp(POD_A, NODE, 50001, 8080, SYN, b""),
+    );
+    for (i, (prog, pkt)) in [
+        ("uplink_ingress", &tcp_in),
+        ("uplink_ingress", &udp_in),
+        ("from_pod", &from_b),
+        ("from_pod", &from_a),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let (v, _) = fx.run(prog, pkt);
+        assert_eq!(
+            v, SHOT,
+            "case {i} ({prog}): a packet whose rewrite failed must be dropped"
+        );
+        assert_eq!(
+            fx.reason(Reason::DropRewriteFailed),
+            i as u64 + 1,
+            "case {i}: counted as drop_rewrite_failed"
+        );
+        assert!(
+            fx.nat(&flow_key(pkt)).is_none(),
+            "case {i}: the packet's own NAT entry must be removed"
+        );
+        let left = fx.dp().nat_entries().unwrap();
+        assert!(
+            left.is_empty(),
+            "case {i}: NAT entries left behind: {left:?}"
+        );
+    }
+    // Nor is the DNAT flow recorded as one the pod's replies may bypass the stack for.
+    for (sport, proto, cport) in [(12345u16, TCP, 80u16), (12346, UDP, 53)] {
+        let reply = cni_ebpf_common::NatKey {
+            saddr: u32::from_ne_bytes(POD_A.octets()),
+            daddr: u32::from_ne_bytes(EXT.octets()),
+            sport: cport.to_be(),
+            dport: sport.to_be(),
+            proto,
+            _pad: [0; 3],
+        };
+        assert_eq!(fx.flow(&reply), None, "flow record left for {reply:?}");
+    }
+    assert_eq!(fx.reason(Reason::DnatNew), 0);
+    assert_eq!(fx.reason(Reason::HairpinNew), 0);
 }

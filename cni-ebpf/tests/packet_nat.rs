@@ -1,5 +1,6 @@
 //! Packet tests (BPF_PROG_TEST_RUN) of masquerade: SNAT on uplink egress, reverse NAT on
-//! uplink ingress, ICMP echo and ICMP errors, and what is never masqueraded.
+//! uplink ingress, ICMP echo and ICMP errors, what is never masqueraded, and packets whose
+//! rewrite fails (dropped, no NAT state left).
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
 #![allow(
@@ -11,6 +12,7 @@
 
 mod packet_support;
 
+use cni_ebpf::datapath::load::Faults;
 use cni_ebpf_common::Reason;
 use packet_support::*;
 
@@ -324,7 +326,11 @@ const ONE_PORT: u16 = 61000;
 /// A node whose SNAT range is the single port [`ONE_PORT`], so that a second flow to the
 /// same destination needs the first one's port.
 fn one_port_node() -> Fixture {
-    let fx = Fixture::new();
+    one_port_node_on(Fixture::new())
+}
+
+/// [`one_port_node`] on fixture `fx`.
+fn one_port_node_on(fx: Fixture) -> Fixture {
     fx.standard_node(true);
     fx.dp()
         .configure_node(&cni_ebpf::datapath::NodeSettings {
@@ -499,4 +505,135 @@ fn udp_snat_ports_are_reused_after_a_minute_of_silence() {
     assert_eq!(b(), SHOT, "30 s of silence: A's UDP flow keeps its port");
     age_nat(&fx, std::time::Duration::from_secs(31));
     assert_eq!(b(), OK, "61 s of silence: the port is B's");
+}
+
+/// A node like [`one_port_node`] whose programs were loaded with every L4 checksum update
+/// failing ([`Faults::l4_csum`]): the state a real helper failure leaves, which no real
+/// packet produces here (`parse` keeps the checksum field inside the packet).
+fn one_port_node_failing_checksums() -> Fixture {
+    one_port_node_on(Fixture::with_faults(Faults { l4_csum: true }))
+}
+
+fn addr(a: std::net::Ipv4Addr) -> u32 {
+    u32::from_ne_bytes(a.octets())
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_new_masqueraded_flow_whose_rewrite_fails_is_dropped_and_leaves_no_nat_state() {
+    let fx = one_port_node_failing_checksums();
+
+    // TCP, UDP and ICMP echo, from two pods to the same destination: with one SNAT port,
+    // a reverse entry left behind by a failed first packet would hold it, and the next
+    // flow would find no port (drop_no_snat_port) instead of its own rewrite failure.
+    let cases = [
+        tcp_frame(POD_A, 40000, EXT, 80, SYN),
+        tcp_frame(POD_B, 40001, EXT, 80, SYN),
+        udp_frame(POD_A, 5353, EXT, 53),
+        udp_frame(POD_B, 5354, EXT, 53),
+        frame(UPLINK_MAC, EXT_MAC, POD_A, EXT, ICMP, &echo(8, 0x1234, 1)),
+        frame(UPLINK_MAC, EXT_MAC, POD_B, EXT, ICMP, &echo(8, 0x1235, 1)),
+    ];
+    for (i, pkt) in cases.iter().enumerate() {
+        let (v, out) = fx.egress(pkt);
+        assert_eq!(
+            v, SHOT,
+            "case {i}: a packet whose rewrite failed must be dropped"
+        );
+        assert_eq!(
+            fx.reason(Reason::DropRewriteFailed),
+            i as u64 + 1,
+            "case {i}: counted as drop_rewrite_failed"
+        );
+        assert!(
+            fx.nat(&flow_key(pkt)).is_none(),
+            "case {i}: the packet's own NAT entry must be removed"
+        );
+        let left = fx.dp().nat_entries().unwrap();
+        assert!(
+            left.is_empty(),
+            "case {i}: NAT entries left behind: {left:?}"
+        );
+        if i == 0 {
+            // The fault struck where a real one would: after the tuple was written, so the
+            // packet is half rewritten (new source, stale checksum) — hence the drop.
+            assert_eq!(out[26..30], NODE.octets(), "the source was already written");
+            let l4 = &out[34..];
+            let pseudo = [
+                &out[26..34],
+                &[0, TCP],
+                &(l4.len() as u16).to_be_bytes()[..],
+            ]
+            .concat();
+            assert_ne!(
+                inet_csum(&[&pseudo, l4]),
+                0,
+                "the TCP checksum must not have been fixed"
+            );
+        }
+    }
+    assert_eq!(
+        fx.reason(Reason::DropNoSnatPort),
+        0,
+        "the port was freed each time"
+    );
+    assert_eq!(fx.reason(Reason::SnatNew), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
+    use cni_ebpf_common::{NatEntry, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_SNAT_FWD, NAT_SNAT_REV};
+    let fx = one_port_node_failing_checksums();
+
+    // Pod A's masqueraded flow POD_A:40000 → EXT:80 on NODE:ONE_PORT, set up by hand (no
+    // packet can set it up under the fault).
+    let out_pkt = tcp_frame(POD_A, 40000, EXT, 80, ACK);
+    let reply = tcp_frame(EXT, 80, NODE, ONE_PORT, ACK);
+    let fwd = NatEntry {
+        saddr: addr(NODE),
+        daddr: addr(EXT),
+        sport: ONE_PORT.to_be(),
+        dport: 80u16.to_be(),
+        hook: HOOK_UPLINK_OUT,
+        kind: NAT_SNAT_FWD,
+        ..NatEntry::default()
+    };
+    let rev = NatEntry {
+        saddr: addr(EXT),
+        daddr: addr(POD_A),
+        sport: 80u16.to_be(),
+        dport: 40000u16.to_be(),
+        hook: HOOK_UPLINK_IN,
+        kind: NAT_SNAT_REV,
+        ..NatEntry::default()
+    };
+    fx.set_nat(&flow_key(&out_pkt), fwd);
+    fx.set_nat(&flow_key(&reply), rev);
+
+    let (v, _) = fx.egress(&out_pkt);
+    assert_eq!(v, SHOT, "pod → outside: dropped, not passed half rewritten");
+    let (v, _) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, SHOT, "reply → pod: dropped, not passed half rewritten");
+    // An ICMP error about the flow: its outer destination is written before the ICMP
+    // checksum fails.
+    let sent = tcp_frame(NODE, ONE_PORT, EXT, 80, ACK);
+    let (v, out) = fx.run("uplink_ingress", &icmp_error_about(3, 4, &sent));
+    assert_eq!(
+        v, SHOT,
+        "ICMP error → pod: dropped, not passed half translated"
+    );
+    assert_eq!(
+        out[30..34],
+        POD_A.octets(),
+        "the outer destination was already written"
+    );
+
+    assert_eq!(fx.reason(Reason::DropRewriteFailed), 3);
+    assert_eq!(fx.reason(Reason::SnatForward), 0);
+    assert_eq!(fx.reason(Reason::SnatReply), 0);
+    assert_eq!(fx.reason(Reason::IcmpErrorTranslated), 0);
+    // The flow was not made for these packets: it stays for the next ones.
+    assert!(fx.nat(&flow_key(&out_pkt)).is_some(), "forward entry kept");
+    assert!(fx.nat(&flow_key(&reply)).is_some(), "reverse entry kept");
 }

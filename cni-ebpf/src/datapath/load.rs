@@ -18,7 +18,7 @@ use aya::{
     programs::{Program, ProgramError, ProgramInfo, SchedClassifier},
     EbpfLoader,
 };
-use cni_ebpf_common::prog;
+use cni_ebpf_common::{global, prog};
 
 use super::{object, pins::Pins};
 use crate::error::{Error, Result};
@@ -111,23 +111,43 @@ pub fn program_error(e: &ProgramError) -> String {
     }
 }
 
+/// Test-only faults the programs can be loaded with, for the packet tests
+/// ([`load_and_pin_with`]). The plugin always loads with none (`Faults::default()`).
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Faults {
+    /// Every L4 checksum update of the tc programs fails after the packet's tuple was
+    /// written (global `FAULT_L4_CSUM`), as a failing `bpf_l4_csum_replace` would.
+    pub l4_csum: bool,
+}
+
 /// Loads and pins whatever is missing. The caller holds the [`LoadLock`].
 pub fn load_and_pin(pins: &Pins) -> Result<()> {
+    load_and_pin_with(pins, Faults::default())
+}
+
+/// [`load_and_pin`] with test-only `faults` set in the programs it loads (programs already
+/// pinned are kept as they are). Only the packet tests ask for faults.
+#[doc(hidden)]
+pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
     let bytes = object::bytes()?;
     pins.create_dirs()?;
     let maps_dir = pins.maps_dir();
-    let mut ebpf = EbpfLoader::new()
-        .default_map_pin_directory(&maps_dir)
-        .load(bytes)
-        .map_err(|e| {
-            Error::datapath(
-                format!(
-                    "loading the eBPF object (maps pinned in {})",
-                    maps_dir.display()
-                ),
-                chain(&e),
-            )
-        })?;
+    let fault_l4_csum = u32::from(faults.l4_csum);
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&maps_dir);
+    if faults != Faults::default() {
+        loader.override_global(global::FAULT_L4_CSUM, &fault_l4_csum, true);
+    }
+    let mut ebpf = loader.load(bytes).map_err(|e| {
+        Error::datapath(
+            format!(
+                "loading the eBPF object (maps pinned in {})",
+                maps_dir.display()
+            ),
+            chain(&e),
+        )
+    })?;
     for name in prog::ALL {
         let pin = pins.prog(name);
         if pin.exists() {

@@ -16,7 +16,10 @@
 use std::net::Ipv4Addr;
 
 use aya::{TestRun as _, TestRunOptions};
-use cni_ebpf::datapath::{Datapath, Endpoint, NodeSettings};
+use cni_ebpf::datapath::{
+    load::{self, Faults},
+    Datapath, Endpoint, NodeSettings, Pins,
+};
 
 /// `TC_ACT_OK`.
 pub const OK: u32 = 0;
@@ -67,6 +70,12 @@ impl Fixture {
     /// FIB lookups never see the machine's own devices or routes. Mounts a fresh bpffs and
     /// loads the programs into `<mnt>/net`.
     pub fn new() -> Self {
+        Self::with_faults(Faults::default())
+    }
+
+    /// [`Self::new`] with the programs loaded with test-only `faults` (the same object the
+    /// plugin loads, with a global set at load time).
+    pub fn with_faults(faults: Faults) -> Self {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
             .unwrap_or_else(|e| panic!("unshare(CLONE_NEWNET) (needs root): {e}"));
         // One veth pair: the kernel registers the peer (veth-a) first.
@@ -106,6 +115,11 @@ impl Fixture {
             mnt: mnt.clone(),
             _dir: dir,
         };
+        if faults != Faults::default() {
+            // Pinned here with the faults; `load_at` then finds them and only opens them.
+            load::load_and_pin_with(&Pins::new(mnt.join("net")), faults)
+                .unwrap_or_else(|e| panic!("loading the datapath with {faults:?}: {e}"));
+        }
         let dp = Datapath::load_at(mnt.join("net"))
             .unwrap_or_else(|e| panic!("loading the datapath: {e}"));
         fx.dp = Some(dp);
@@ -258,6 +272,22 @@ impl Fixture {
             ..Default::default()
         };
         flows.insert(key, e, 0).unwrap();
+    }
+
+    /// The `NAT` entry of `key` (`None`: no entry).
+    pub fn nat(&self, key: &cni_ebpf_common::NatKey) -> Option<cni_ebpf_common::NatEntry> {
+        let map = self.map("NAT");
+        let nat: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::NatEntry> =
+            aya::maps::HashMap::try_from(&map).unwrap();
+        nat.get(key, 0).ok()
+    }
+
+    /// Writes the `NAT` entry of `key`.
+    pub fn set_nat(&self, key: &cni_ebpf_common::NatKey, e: cni_ebpf_common::NatEntry) {
+        let mut map = self.map("NAT");
+        let mut nat: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::NatEntry> =
+            aya::maps::HashMap::try_from(&mut map).unwrap();
+        nat.insert(key, e, 0).unwrap();
     }
 
     /// One map of the loaded datapath, opened from its pin.
