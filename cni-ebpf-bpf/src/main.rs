@@ -36,6 +36,7 @@ mod icmp;
 mod maps;
 mod masq;
 mod nat;
+mod pacing;
 mod parse;
 mod rewrite;
 mod sock;
@@ -95,7 +96,17 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
         // Not IPv4: `parse` passes it on below; nothing is recorded for it.
         None => Source::AllowListed,
     };
-    let own_source = source == Source::Own;
+    // A pod with an egress rate: every packet it sends is scheduled (or dropped), whatever
+    // path it takes. Only another source than its own costs the extra lookup.
+    let paced = match source {
+        Source::Own { paced } => paced,
+        Source::AllowListed => true,
+    };
+    if paced && !pacing::pace(ctx, ifindex) {
+        count(Reason::DropEgressRate);
+        return Ok(TC_ACT_SHOT as i32);
+    }
+    let own_source = matches!(source, Source::Own { .. });
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {

@@ -9,9 +9,10 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr, NodeConfig,
-    Owner, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue, SrcAllowKey,
-    EP_F_ACTIVE, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NODE_ADDRS, MAX_OWNERS,
-    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_STACK_SOCKETS, REASON_SLOTS,
+    Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue,
+    SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT,
+    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_STACK_SOCKETS,
+    REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -45,6 +46,9 @@ pub(crate) static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
 /// Extra source prefixes per pod (host veth ifindex); see `source_allowed`.
 #[map]
 pub(crate) static SRC_ALLOW: LpmTrie<SrcAllowKey, u32> = LpmTrie::pinned(MAX_SRC_ALLOW, 0);
+/// Egress rates of pods, by host veth ifindex (see `pacing`).
+#[map]
+pub(crate) static PACING: HashMap<u32, Pacing> = HashMap::pinned(MAX_ENDPOINTS, 0);
 /// Node configuration (index 0).
 #[map]
 pub(crate) static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
@@ -141,8 +145,8 @@ pub(crate) fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTar
 /// Whose address a pod's packet carries as its source.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
-    /// One of the sending pod's own addresses.
-    Own,
+    /// One of the sending pod's own addresses; `paced` when the pod has an egress rate.
+    Own { paced: bool },
     /// A prefix of the pod's allow-list (`allowedSourceCIDRs`): sent, never fast-pathed
     /// or recorded.
     AllowListed,
@@ -152,8 +156,12 @@ pub(crate) enum Source {
 /// when it may not.
 #[inline(always)]
 pub(crate) fn source_of(saddr: u32, ifindex: u32) -> Option<Source> {
-    if local_endpoint(saddr).is_some_and(|ep| ep.ifindex == ifindex) {
-        return Some(Source::Own);
+    if let Some(ep) = local_endpoint(saddr) {
+        if ep.ifindex == ifindex {
+            return Some(Source::Own {
+                paced: ep.flags & EP_F_PACED != 0,
+            });
+        }
     }
     let key = Key::new(
         64,

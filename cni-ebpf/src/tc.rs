@@ -164,11 +164,12 @@ pub fn qdiscs(ifindex: u32) -> io::Result<Vec<Qdisc>> {
         .collect())
 }
 
-/// Makes `kind` (which must take no options, e.g. `fq` with its defaults) the root qdisc
-/// of `ifindex`, replacing whatever was there.
-pub fn replace_root_qdisc(ifindex: u32, kind: &str) -> io::Result<()> {
+/// Makes `kind` (which must take no options, e.g. `fq` with its defaults) the qdisc at
+/// `parent` of `ifindex` ([`ROOT`], or a class of a multiqueue root), replacing whatever
+/// was there.
+pub fn replace_qdisc(ifindex: u32, parent: u32, kind: &str) -> io::Result<()> {
     let mut msg = TcMessage::with_index(index(ifindex)?);
-    msg.header.parent = TcHandle::from(ROOT);
+    msg.header.parent = TcHandle::from(parent);
     msg.header.handle = TcHandle::from(0);
     msg.attributes.push(TcAttribute::Kind(kind.into()));
     request(

@@ -189,6 +189,7 @@ fn attach_check_detach(policy: AttachPolicy, tag: &str) {
         pod_mac: POD_MAC_A,
         ips: vec![POD_A.into(), "fd00::2".parse().unwrap()],
         allowed_sources: Vec::new(),
+        egress_rate: None,
     };
     dp.attach_endpoint(&ep)
         .unwrap_or_else(|e| panic!("attach_endpoint: {e}"));

@@ -84,6 +84,7 @@ fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
         pod_mac: POD_MAC_A,
         ips: vec![POD_A.into()],
         allowed_sources: vec!["192.0.2.0/24".parse().unwrap()],
+        egress_rate: None,
     };
     fx.dp().put_endpoint_entries(&ep).unwrap();
     let routed = tcp_frame(Ipv4Addr::new(192, 0, 2, 9), 4000, POD_B, 80, SYN);
@@ -102,6 +103,7 @@ fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             allowed_sources: Vec::new(),
+            egress_rate: None,
             ..ep
         })
         .unwrap();

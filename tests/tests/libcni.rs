@@ -1,6 +1,7 @@
 //! A real runtime client: libcni 1.1.2 (the library containerd and CRI-O embed) drives
 //! ADD / CHECK / DEL of conflists with cni-ebpf first, alone and chained with the
-//! reference `tuning` and `bandwidth` plugins, with capability arguments.
+//! reference `tuning` plugin, with capability arguments (`bandwidth` taken by cni-ebpf);
+//! the reference `bandwidth` plugin chained after cni-ebpf is refused loudly.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -86,14 +87,14 @@ fn capability_args_mac_and_ips_reach_the_plugin() {
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
-fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
+fn chain_with_tuning_passes_prev_result_through_and_bandwidth_reaches_cni_ebpf() {
     let node = SimNode::new("libcni_chain");
     // cni-ebpf does not take the `mac` capability here, so the MAC is tuning's alone: the
     // final result can only show it if prevResult flowed through tuning.
-    let base = node
-        .conf()
-        .version("1.0.0")
-        .set("capabilities", json!({ "ips": true, "portMappings": true }));
+    let base = node.conf().version("1.0.0").set(
+        "capabilities",
+        json!({ "ips": true, "portMappings": true, "bandwidth": true }),
+    );
     node.warm_up(&base);
     let before = node.snapshot();
     let conflist = base
@@ -103,21 +104,19 @@ fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
             "capabilities": { "mac": true },
             "sysctl": { "net.ipv4.conf.eth0.arp_notify": "1" },
         }))
-        .then(json!({
-            "type": "bandwidth",
-            "ingressRate": 80_000_000, "ingressBurst": 800_000,
-            "egressRate": 80_000_000, "egressBurst": 800_000,
-        }))
         .conflist();
     let a = node.pod("a");
     let env = a.env("eth0");
     let mac = "0a:58:0a:f4:01:aa";
-    let caps = json!({ "mac": mac });
+    let caps = json!({
+        "mac": mac,
+        "bandwidth": { "egressRate": 80_000_000, "egressBurst": 800_000 },
+    });
 
     let out = node.libcni("add", &conflist, &env, Some(&caps));
     let r = ResultView::parse(&out.result());
     assert_eq!(r.version, "1.0.0", "{r}");
-    // cni-ebpf's part survived both plugins (bandwidth appends its ifb device)...
+    // cni-ebpf's part survived tuning...
     assert!(r.interfaces.len() >= 2, "{r}");
     assert_eq!(r.container_interface("eth0").0, 1, "{r}");
     let host = r.host_interface().name.clone();
@@ -142,12 +141,24 @@ fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
         Some("1"),
         "tuning's sysctl"
     );
-    // bandwidth shaped the host veth (found through the result's interfaces).
-    let qdisc = node.exec(&["tc", "-j", "qdisc", "show", "dev", &host]);
+    // The egress rate reached cni-ebpf through libcni's capability arguments.
+    let doc = node
+        .datapath("testnet")
+        .unwrap_or_else(|| panic!("no datapath loaded"));
+    let ep = doc["endpoints"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|e| e["ip"] == r.ip4())
+        .unwrap_or_else(|| panic!("no endpoint for {} in {doc:#}", r.ip4()));
+    assert_eq!(ep["egress_rate_bits"], 80_000_000, "{ep:#}");
+    let qdiscs = node
+        .exec(&["tc", "qdisc", "show", "dev", &host])
+        .ok()
+        .to_owned();
     assert!(
-        qdisc.ok().contains("\"tbf\""),
-        "no tbf on {host}: {}",
-        qdisc.stdout
+        !qdiscs.contains("tbf") && !qdiscs.contains("ingress"),
+        "{qdiscs}"
     );
     let cached: Value = node.libcni("cached", &conflist, &env, None).result();
     assert_eq!(cached, r.raw, "libcni caches the chain's final result");
@@ -156,7 +167,7 @@ fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
     let check = node.libcni("check", &conflist, &env, Some(&caps));
     assert!(
         check.success(),
-        "CHECK of cni-ebpf → tuning → bandwidth failed after tuning changed the MAC: {}",
+        "CHECK of cni-ebpf → tuning failed after tuning changed the MAC: {}",
         check.raw
     );
 
@@ -183,4 +194,43 @@ fn chain_with_tuning_and_bandwidth_passes_prev_result_through() {
     node.store("testnet").assert_empty("after the chain's DEL");
     node.libcni("del", &conflist, &env, Some(&caps))
         .assert_success();
+}
+
+/// The reference `bandwidth` plugin chained after cni-ebpf would be bypassed by its
+/// redirects: with `attach: "tc"` its ADD fails (our clsact qdisc holds the hook it wants)
+/// and nothing is left; with `"tcx"` it gets in, and CHECK names the conflict and the fix.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn reference_bandwidth_chained_after_cni_ebpf_is_refused_loudly() {
+    let node = SimNode::new("libcni_bw");
+    for attach in ["tc", "tcx"] {
+        let base = node.conf().version("1.0.0").set("attach", json!(attach));
+        node.warm_up(&base);
+        let before = node.snapshot();
+        let conflist = base
+            .clone()
+            .then(json!({
+                "type": "bandwidth",
+                "egressRate": 80_000_000, "egressBurst": 800_000,
+            }))
+            .conflist();
+        let p = node.pod(&format!("p{attach}"));
+        let env = p.env("eth0");
+        let out = node.libcni("add", &conflist, &env, None);
+        if attach == "tc" {
+            let f = out.assert_error(999);
+            assert!(f.msg.contains("ingress qdisc"), "{f:?}");
+        } else {
+            out.assert_success();
+            let check = node.libcni("check", &conflist, &env, None);
+            let f = check.assert_error(104);
+            assert!(
+                f.msg.contains("another shaper") && f.msg.contains("\"bandwidth\": true"),
+                "{f:?}"
+            );
+        }
+        node.libcni("del", &conflist, &env, None).assert_success();
+        let d = node.snapshot().diff(&before);
+        assert!(d.is_empty(), "{attach}: left behind:\n{}", d.join("\n"));
+    }
 }

@@ -187,7 +187,7 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     );
     println!("\nENDPOINTS ({})", endpoints.len());
     println!(
-        "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}",
+        "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  EGRESS RATE",
         "IP",
         "HOSTIF",
         "HOST MAC",
@@ -201,7 +201,7 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     for e in &endpoints {
         let owner = format!("{}/{}", short(&e.container_id), e.ifname);
         println!(
-            "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}",
+            "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  {}",
             e.ip,
             e.host_ifindex,
             e.host_mac,
@@ -210,7 +210,11 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
             e.tx_packets,
             e.tx_bytes,
             e.rx_packets,
-            e.rx_bytes
+            e.rx_bytes,
+            match (e.egress_rate_bits, e.egress_rate_mode) {
+                (Some(r), Some(m)) => format!("{r} bit/s ({m})"),
+                _ => "-".to_owned(),
+            }
         );
     }
     println!("\nHOST PORTS ({})", ports.len());

@@ -246,6 +246,7 @@ async fn attach(
         pod_mac: ctr_mac,
         ips: pod_ips.clone(),
         allowed_sources: allowed_v4_sources(conf),
+        egress_rate: conf.egress_rate,
     };
     undo.push(Undo::Endpoint {
         host_ifname: host_ifname.to_owned(),

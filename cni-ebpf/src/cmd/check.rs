@@ -192,6 +192,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         pod_mac,
         ips: pod_ips.iter().map(IpNet::addr).collect::<Vec<IpAddr>>(),
         allowed_sources: super::add::allowed_v4_sources(conf),
+        egress_rate: conf.egress_rate,
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
     // endpoint entry; the entry may hold either the live MAC or the one ADD set.

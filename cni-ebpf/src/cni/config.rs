@@ -78,6 +78,77 @@ pub struct RuntimeConfig {
     /// every node.
     #[serde(default, rename = "ipRanges")]
     pub ip_ranges: Option<Value>,
+    /// Capability `bandwidth` (the reference `bandwidth` plugin's schema: bits per second
+    /// and bits). Only the egress rate is enforced; see [`EgressRate`].
+    #[serde(default)]
+    pub bandwidth: Option<Bandwidth>,
+}
+
+/// `runtimeConfig.bandwidth`, as Kubernetes passes it from the pod's
+/// `kubernetes.io/{ingress,egress}-bandwidth` annotations.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Bandwidth {
+    /// Rate into the pod (bits/s): not supported (error 2 when non-zero).
+    #[serde(default)]
+    pub ingress_rate: u64,
+    /// Burst into the pod (bits).
+    #[serde(default)]
+    pub ingress_burst: u64,
+    /// Rate out of the pod (bits/s); 0 = unlimited.
+    #[serde(default)]
+    pub egress_rate: u64,
+    /// Burst out of the pod (bits); required with a rate.
+    #[serde(default)]
+    pub egress_burst: u64,
+}
+
+/// A pod's validated egress limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EgressRate {
+    /// Bits per second (≥ 8).
+    pub bits_per_s: u64,
+    /// Burst in bits (> 0).
+    pub burst_bits: u64,
+}
+
+impl Bandwidth {
+    /// The egress limit, if any; ingress shaping and incomplete pairs are refused.
+    fn egress(&self) -> Result<Option<EgressRate>> {
+        const F: &str = "runtimeConfig.bandwidth";
+        if self.ingress_rate != 0 || self.ingress_burst != 0 {
+            let (field, value) = if self.ingress_rate != 0 {
+                ("ingressRate", self.ingress_rate)
+            } else {
+                ("ingressBurst", self.ingress_burst)
+            };
+            return Err(Error::UnsupportedField {
+                field: format!("{F}.{field}"),
+                value: format!(
+                    "{value} (cni-ebpf limits a pod's egress only; leave ingress unset)"
+                ),
+            });
+        }
+        match (self.egress_rate, self.egress_burst) {
+            (0, 0) => Ok(None),
+            (0, _) => Err(Error::config(
+                format!("{F}.egressRate"),
+                "must be set (bits per second) when egressBurst is",
+            )),
+            (_, 0) => Err(Error::config(
+                format!("{F}.egressBurst"),
+                "must be set (bits) when egressRate is",
+            )),
+            (r, _) if r < 8 => Err(Error::config(
+                format!("{F}.egressRate"),
+                format!("{r} bits/s is below the smallest rate, 8 bits/s"),
+            )),
+            (r, b) => Ok(Some(EgressRate {
+                bits_per_s: r,
+                burst_bits: b,
+            })),
+        }
+    }
 }
 
 /// One entry of `cni.dev/valid-attachments` (GC).
@@ -224,6 +295,8 @@ pub struct NetConf {
     pub cgroup_path: CgroupPath,
     /// `attach`.
     pub attach: AttachPolicy,
+    /// The pod's egress limit (`runtimeConfig.bandwidth`).
+    pub egress_rate: Option<EgressRate>,
     /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
     /// `args.cni.allowedSourceCIDRs` together.
     pub allowed_sources: Vec<IpNet>,
@@ -385,6 +458,10 @@ impl NetConf {
         };
 
         let attach = AttachPolicy::parse(raw.attach.as_deref())?;
+        let egress_rate = match &runtime_config.bandwidth {
+            Some(b) => b.egress()?,
+            None => None,
+        };
 
         let mut allowed_sources: Vec<IpNet> = runtime_config
             .allowed_source_cidrs
@@ -439,6 +516,7 @@ impl NetConf {
             valid_attachments: raw.valid_attachments,
             cgroup_path,
             attach,
+            egress_rate,
             allowed_sources,
             unknown_keys,
         })

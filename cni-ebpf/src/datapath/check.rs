@@ -5,7 +5,9 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use aya::programs::TcAttachType;
-use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE};
+use cni_ebpf_common::{
+    map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE, EP_F_PACED,
+};
 
 use super::{
     attach,
@@ -80,10 +82,18 @@ impl Datapath {
                         "the endpoint entry for {ip} is not active"
                     )));
                 }
+                if (v.flags & EP_F_PACED != 0) != ep.egress_rate.is_some() {
+                    return Err(Error::Check(format!(
+                        "the endpoint entry for {ip} is {}marked as paced (egress rate)",
+                        if ep.egress_rate.is_some() { "not " } else { "" }
+                    )));
+                }
             }
         }
 
         self.check_endpoint_attachment(ep)?;
+        self.check_pacing(ep.host_ifindex, ep.egress_rate.as_ref())?;
+        check_no_chained_shaping(ep)?;
         self.check_port_mappings(owner, &ips, mappings)?;
         self.check_uplink()
     }
@@ -192,6 +202,35 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+/// The reference `bandwidth` plugin chained after cni-ebpf shapes with an `ingress` qdisc
+/// (redirecting to an ifb) and a root `tbf` on the host veth. Our programs redirect the
+/// pod's packets before the first and past the second, so its limits would silently not
+/// hold (with `attach: "tc"` its ADD already fails: our clsact qdisc owns that hook).
+fn check_no_chained_shaping(ep: &Endpoint) -> Result<()> {
+    let qdiscs = crate::tc::qdiscs(ep.host_ifindex).map_err(|e| {
+        Error::io(
+            format!("listing the qdiscs of host veth {}", ep.host_ifname),
+            e,
+        )
+    })?;
+    let foreign: Vec<&str> = qdiscs
+        .iter()
+        .filter(|q| q.kind == "ingress" || (q.kind == "tbf" && q.parent == crate::tc::ROOT))
+        .map(|q| q.kind.as_str())
+        .collect();
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    Err(Error::Check(format!(
+        "host veth {} has {} qdisc(s) of another shaper (the reference bandwidth plugin?): \
+         cni-ebpf's redirects bypass them, so their limits do not hold. Remove that plugin \
+         from the chain and give cni-ebpf the capability instead (\"capabilities\": \
+         {{\"bandwidth\": true}}): it enforces runtimeConfig.bandwidth.egressRate itself",
+        ep.host_ifname,
+        foreign.join(" and ")
+    )))
 }
 
 fn ifname_of(ifindex: u32) -> Option<String> {

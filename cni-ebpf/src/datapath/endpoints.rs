@@ -13,7 +13,7 @@ use std::{
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
     map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, SrcAllowKey,
-    EP_F_ACTIVE,
+    EP_F_ACTIVE, EP_F_PACED,
 };
 use ipnet::Ipv4Net;
 
@@ -22,7 +22,10 @@ use super::{
     maps::{self, addr, to_addr},
     owner_label, v4s, Datapath,
 };
-use crate::error::{Error, Result};
+use crate::{
+    cni::config::EgressRate,
+    error::{Error, Result},
+};
 
 /// One pod interface as the datapath sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,6 +47,8 @@ pub struct Endpoint {
     /// Source prefixes the pod may send from besides its own addresses
     /// (`allowedSourceCIDRs`; IPv4 ones are enforced).
     pub allowed_sources: Vec<Ipv4Net>,
+    /// The pod's egress rate (`runtimeConfig.bandwidth`).
+    pub egress_rate: Option<EgressRate>,
 }
 
 impl Datapath {
@@ -74,6 +79,13 @@ impl Datapath {
         m.owners()?
             .insert(owner, record, 0)
             .map_err(|e| maps::err(map_name::OWNERS, "insert", &e))?;
+        if let Some(rate) = &ep.egress_rate {
+            // Before the entries that flag the pod as paced. (The map lock is released:
+            // `put_pacing` takes it.)
+            drop(m);
+            self.put_pacing(ep.host_ifindex, rate)?;
+            m = self.maps()?;
+        }
         let zero = maps::zero_percpu::<EndpointStats>()?;
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
@@ -82,7 +94,12 @@ impl Datapath {
         for ip in &ips {
             let info = EndpointInfo {
                 ifindex: ep.host_ifindex,
-                flags: EP_F_ACTIVE,
+                flags: EP_F_ACTIVE
+                    | if ep.egress_rate.is_some() {
+                        EP_F_PACED
+                    } else {
+                        0
+                    },
                 host_mac: ep.host_mac,
                 pod_mac: ep.pod_mac,
                 _pad: [0; 4],
@@ -224,6 +241,8 @@ impl Datapath {
                 Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
             }
         }
+        drop(m);
+        self.remove_pacing(ifindexes)?;
         Ok(gone)
     }
 

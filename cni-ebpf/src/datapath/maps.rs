@@ -9,7 +9,7 @@ use aya::maps::{
 };
 use cni_ebpf_common::{
     map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr,
-    NodeConfig, Owner, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
+    NodeConfig, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
     SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
@@ -30,6 +30,7 @@ pub struct Maps {
     pub(crate) stack_sockets: Map,
     pub(crate) sock_revnat: Map,
     pub(crate) src_allow: Map,
+    pub(crate) pacing: Map,
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
@@ -52,6 +53,7 @@ impl Maps {
             stack_sockets: load::open_map(pins, map::STACK_SOCKETS)?,
             sock_revnat: load::open_map(pins, map::SOCK_REVNAT)?,
             src_allow: load::open_map(pins, map::SRC_ALLOW)?,
+            pacing: load::open_map(pins, map::PACING)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -66,6 +68,7 @@ impl Maps {
         m.stack_sockets()?;
         m.sock_revnat()?;
         m.src_allow()?;
+        m.pacing()?;
         Ok(m)
     }
 
@@ -123,6 +126,11 @@ impl Maps {
     /// [`map::SRC_ALLOW`].
     pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
         LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", &e))
+    }
+
+    /// [`map::PACING`].
+    pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
+        HashMap::try_from(&mut self.pacing).map_err(|e| map_err(map::PACING, "open", &e))
     }
 
     /// [`map::SOCK_REVNAT`].

@@ -28,12 +28,13 @@
 //! - `flows.rs`: per-flow state keyed by addresses (the LRU NAT table) and its purge when
 //!   an address changes hands; a new per-flow map gets its purge there too;
 //! - `portmaps.rs`: host ports (add, remove);
+//! - `pacing.rs`: egress rates (`runtimeConfig.bandwidth`) and the uplink's `fq`;
 //! - `check.rs`: CHECK's read-back of one attachment;
 //! - `status.rs`: STATUS (and whether the datapath was ever loaded);
 //! - `views.rs`: read-only views of every map for `inspect` and GC.
 //!
-//! Lower layers, used by the files above: [`load`] (verify and pin), [`attach`] (tcx links
-//! and the clsact fallback), [`maps`] (typed map access), [`node`] (reading the node's
+//! Lower layers, used by the files above: [`load`] (verify and pin), [`attach`] (clsact
+//! filters or tcx links), [`maps`] (typed map access), [`node`] (reading the node's
 //! uplink and addresses over netlink), [`object`] (the embedded eBPF object), [`pins`]
 //! (the bpffs layout).
 
@@ -46,6 +47,7 @@ pub mod maps;
 pub mod node;
 mod node_config;
 pub mod object;
+pub mod pacing;
 pub mod pins;
 mod portmaps;
 mod sockets;

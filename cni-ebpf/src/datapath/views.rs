@@ -41,6 +41,11 @@ pub struct EndpointView {
     pub rx_packets: u64,
     /// Bytes redirected into the pod.
     pub rx_bytes: u64,
+    /// Egress rate (bits/s) when the pod has one.
+    pub egress_rate_bits: Option<u64>,
+    /// How the rate is enforced: `fq` (departure times honoured by the uplink's fq) or
+    /// `police` (the kernel has no fq: drops beyond burst and limit).
+    pub egress_rate_mode: Option<&'static str>,
 }
 
 /// A host-port entry, for `inspect`.
@@ -185,6 +190,8 @@ impl Datapath {
             .filter_map(std::result::Result::ok)
             .map(|(k, v)| (k, maps::sum_stats(&v)))
             .collect();
+        let pacing: BTreeMap<u32, cni_ebpf_common::Pacing> =
+            maps::entries(&m.pacing()?).into_iter().collect();
         let owners = m.owners()?;
         let mut out: Vec<_> = eps
             .into_iter()
@@ -202,6 +209,14 @@ impl Datapath {
                     tx_bytes: s.tx_bytes,
                     rx_packets: s.rx_packets,
                     rx_bytes: s.rx_bytes,
+                    egress_rate_bits: pacing.get(&v.ifindex).map(|p| p.bytes_per_s * 8),
+                    egress_rate_mode: pacing.get(&v.ifindex).map(|p| {
+                        if p.mode == cni_ebpf_common::PACING_BY_FQ {
+                            "fq"
+                        } else {
+                            "police"
+                        }
+                    }),
                 }
             })
             .collect();

@@ -181,6 +181,7 @@ impl Fixture {
                     pod_mac,
                     ips: vec![ip.into()],
                     allowed_sources: Vec::new(),
+                    egress_rate: None,
                 })
                 .unwrap_or_else(|e| panic!("put_endpoint_entries {id}: {e}"));
         }
