@@ -66,7 +66,11 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
     for _ in 0..200 {
         assert_eq!(fx.run_on("from_pod", IFINDEX_B, &back).0, REDIRECT);
     }
-    assert_eq!(fx.reason(Reason::DropEgressRate), dropped, "pod B was never dropped");
+    assert_eq!(
+        fx.reason(Reason::DropEgressRate),
+        dropped,
+        "pod B was never dropped"
+    );
 
     // The schedule goes with the pod: put back without a rate, A is free again.
     fx.dp()

@@ -19,7 +19,7 @@
 //! for the tests crate's cluster); the machine's own network namespace is never touched,
 //! and no packet leaves those namespaces. Every loop is bounded; a Ctrl-C stops the
 //! current step, then guards delete namespaces, pins and temp files. Results go to `results/bench-<UTC timestamp>/`: `report.md`, `report.json` and
-//! SVG charts; the targets of issues 6 and 10 are printed as met / not met.
+//! SVG charts; the targets of issues 6, 10 and 14 are printed as met / not met.
 
 use std::{
     path::{Path, PathBuf},
@@ -31,6 +31,7 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 use serde_json::json;
 
+mod bandwidth;
 mod chart;
 mod control;
 mod data;
@@ -56,6 +57,8 @@ pub enum Phase {
     Scale,
     /// pod → ClusterIP → pod with kube-proxy's rules: transactions/s, connect rate.
     Service,
+    /// Egress rates: accuracy and CPU cost against the reference `bandwidth` plugin.
+    Bandwidth,
 }
 
 /// `cargo xtask bench` options. Defaults finish in well under 20 minutes on 2 cores;
@@ -120,6 +123,8 @@ pub struct Sizes {
     pub scale: scale::Params,
     /// Services.
     pub service: service::Params,
+    /// Egress rates.
+    pub bandwidth: bandwidth::Params,
 }
 
 impl Args {
@@ -130,13 +135,20 @@ impl Args {
         // Services before scale: the kernel tears down a phase's namespaces for a while
         // after it ends, and the scale phase leaves a thousand pods behind.
         if self.quick {
-            vec![Phase::Control, Phase::Data, Phase::Service, Phase::Scale]
+            vec![
+                Phase::Control,
+                Phase::Data,
+                Phase::Service,
+                Phase::Bandwidth,
+                Phase::Scale,
+            ]
         } else {
             vec![
                 Phase::Ipam,
                 Phase::Control,
                 Phase::Data,
                 Phase::Service,
+                Phase::Bandwidth,
                 Phase::Scale,
             ]
         }
@@ -155,6 +167,9 @@ impl Args {
                 repeats: data.repeats,
                 nft_repeats: data.repeats.div_ceil(2),
                 seconds: data.seconds,
+            },
+            bandwidth: bandwidth::Params {
+                seconds: if q { 2.0 } else { 4.0 },
             },
             control: control::Params {
                 pods: pick(self.pods, 20, 100),
@@ -285,6 +300,7 @@ pub fn run(args: &Args) -> Result<()> {
                 Phase::Data => data::run(&ws, &sizes.data, &mut report),
                 Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
                 Phase::Service => service::run(&ws, &sizes.service, &mut report),
+                Phase::Bandwidth => bandwidth::run(&ws, &sizes.bandwidth, &mut report),
                 Phase::Ipam => Ok(()),
             };
             if let Err(e) = r {

@@ -321,6 +321,34 @@ impl BenchNode {
         }
     }
 
+    /// The direct-exec view of this node's chain with a pod egress rate (bits/s, bits):
+    /// cni-ebpf takes it as `runtimeConfig.bandwidth`; the reference chain gets the
+    /// reference `bandwidth` plugin appended (its static form: tbf behind an ifb).
+    pub fn bandwidth_chain(&self, rate: u64, burst: u64) -> Chain<'_> {
+        let bw = json!({ "egressRate": rate, "egressBurst": burst });
+        let mut plugins = self.plugins();
+        match self.variant {
+            Variant::Ebpf => {
+                if let Some(obj) = plugins.first_mut().and_then(Value::as_object_mut) {
+                    obj.insert("runtimeConfig".into(), json!({ "bandwidth": bw }));
+                }
+            }
+            Variant::Reference => {
+                let mut b = json!({ "type": "bandwidth" });
+                if let (Some(o), Some(src)) = (b.as_object_mut(), bw.as_object()) {
+                    o.extend(src.clone());
+                }
+                plugins.push(b);
+            }
+        }
+        Chain {
+            network: self.network(),
+            plugins,
+            node_netns: self.sim.node.path(),
+            cni_path: self.dir.join("cni-bin"),
+        }
+    }
+
     /// The direct-exec view of this node's chain.
     fn chain(&self) -> Chain<'_> {
         Chain {
