@@ -93,8 +93,8 @@ fn run_traffic(node: &SimNode) -> Cycle {
     }
 }
 
-/// How many of our clsact filters (priority 1, handle 0xcb0f, a bpf program) `dev` has on
-/// `hook`.
+/// How many of our clsact filters (priority 1, a bpf program, handle 0xcb0f on a host
+/// veth or 0xcb0f_xxxx, per network, on the uplink) `dev` has on `hook`.
 fn our_filters(node: &SimNode, dev: &str, hook: &str) -> usize {
     let out = node
         .exec(&["tc", "-j", "filter", "show", "dev", dev, hook])
@@ -103,7 +103,13 @@ fn our_filters(node: &SimNode, dev: &str, hook: &str) -> usize {
     v.as_array()
         .into_iter()
         .flatten()
-        .filter(|f| f["kind"] == "bpf" && f["pref"] == 1 && f["options"]["handle"] == "0xcb0f")
+        .filter(|f| {
+            f["kind"] == "bpf"
+                && f["pref"] == 1
+                && f["options"]["handle"]
+                    .as_str()
+                    .is_some_and(|h| h.starts_with("0xcb0f"))
+        })
         .count()
 }
 

@@ -23,8 +23,18 @@ use crate::{
 /// kernel's default priorities (49152 and up), as a tcx link appended to an empty list
 /// would.
 pub const TC_PRIORITY: u16 = 1;
-/// The handle of our clsact filters within [`TC_PRIORITY`] (`0xcb0f`, "cni bpf").
+/// The handle of our clsact filter on a host veth within [`TC_PRIORITY`] (`0xcb0f`, "cni
+/// bpf"). A host veth belongs to one network; the uplink is shared by every network on the
+/// node, so each network's uplink filters get a handle of their own ([`uplink_handle`]).
 pub const TC_HANDLE: u32 = 0xcb0f;
+
+/// The handle of a network's clsact filters on the uplink: `0xcb0f_xxxx`, the low half
+/// from the network's pin directory (FNV-1a, as owner ids), never [`TC_HANDLE`].
+#[must_use]
+pub fn uplink_handle(network_dir: &Path) -> u32 {
+    let h = cni_ebpf_common::owner_id(network_dir.as_os_str().as_encoded_bytes(), b"uplink");
+    0xcb0f_0000 | (h as u32 & 0xffff)
+}
 
 /// `ENOTSUPP` (524), the kernel-internal errno a BPF link type this kernel lacks returns;
 /// not in libc because userspace is not meant to see it.
@@ -36,7 +46,7 @@ const ENOTSUPP: i32 = 524;
 pub enum AttachMode {
     /// A tcx link, pinned.
     Tcx,
-    /// A clsact filter at [`TC_PRIORITY`]/[`TC_HANDLE`] (lives as long as the interface).
+    /// A clsact filter at [`TC_PRIORITY`] (lives as long as the interface).
     Tc,
 }
 
@@ -71,6 +81,7 @@ pub fn attach(
     ifindex: u32,
     dir: TcAttachType,
     pin: &Path,
+    handle: u32,
     policy: AttachPolicy,
 ) -> Result<AttachMode> {
     // Built only on failure: reading the program's name costs a syscall.
@@ -79,7 +90,7 @@ pub fn attach(
     };
     match policy {
         AttachPolicy::Tc => {
-            attach_tc(program, ifname, dir)
+            attach_tc(program, ifname, dir, handle)
                 .map_err(|e| Error::datapath(context(program), load::program_error(&e)))?;
             if remove_pin(pin)? {
                 // A tcx link of an earlier configuration: the kernel releases it
@@ -96,7 +107,7 @@ pub fn attach(
         }
         AttachPolicy::Tcx | AttachPolicy::Auto => match attach_tcx(program, ifname, dir, pin) {
             Ok(()) => {
-                tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, TC_HANDLE).map_err(|e| {
+                tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, handle).map_err(|e| {
                     Error::io(
                         format!("{}: removing our clsact filter", context(program)),
                         e,
@@ -105,7 +116,7 @@ pub fn attach(
                 Ok(AttachMode::Tcx)
             }
             Err(TcxError::Unsupported(e)) if policy == AttachPolicy::Auto => {
-                attach_tc(program, ifname, dir).map_err(|e2| {
+                attach_tc(program, ifname, dir, handle).map_err(|e2| {
                     Error::datapath(
                         context(program),
                         format!(
@@ -218,13 +229,14 @@ fn live_pinned_link(
     })?))
 }
 
-/// Attaches as a direct-action filter at [`TC_PRIORITY`]/[`TC_HANDLE`] of the device's
+/// Attaches as a direct-action filter at [`TC_PRIORITY`]/`handle` of the device's
 /// clsact qdisc (added if missing). Our filter already there is replaced in place, so
 /// packets never see the hook empty.
 fn attach_tc(
     program: &mut SchedClassifier,
     ifname: &str,
     dir: TcAttachType,
+    handle: u32,
 ) -> std::result::Result<(), ProgramError> {
     match tc::qdisc_add_clsact(ifname) {
         Ok(()) | Err(TcError::AlreadyAttached) => {}
@@ -233,7 +245,7 @@ fn attach_tc(
     }
     let options = NlOptions {
         priority: TC_PRIORITY,
-        handle: TcHandle::from(TC_HANDLE),
+        handle: TcHandle::from(handle),
         ..NlOptions::default()
     };
     let id = match program.attach_with_options(ifname, dir, TcAttachOptions::Netlink(options)) {
@@ -242,7 +254,7 @@ fn attach_tc(
                 ifname,
                 dir,
                 TC_PRIORITY,
-                TcHandle::from(TC_HANDLE),
+                TcHandle::from(handle),
                 None,
             )
             .map_err(TcError::IoError)?;
@@ -256,13 +268,13 @@ fn attach_tc(
     Ok(())
 }
 
-/// Removes our clsact filter from `ifname` in `dir`; a device or filter that is not
-/// there is fine.
-pub fn remove_filter(ifname: &str, dir: TcAttachType) -> Result<()> {
+/// Removes our clsact filter (`handle`) from `ifname` in `dir`; a device or filter that
+/// is not there is fine.
+pub fn remove_filter(ifname: &str, dir: TcAttachType, handle: u32) -> Result<()> {
     let Ok(ifindex) = nix::net::if_::if_nametoindex(ifname) else {
         return Ok(());
     };
-    tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, TC_HANDLE)
+    tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, handle)
         .map_err(|e| Error::io(format!("removing our tc filter from {ifname}"), e))
 }
 
@@ -275,27 +287,35 @@ pub fn attached(
     dir: TcAttachType,
     prog_id: u32,
     pin: &Path,
+    handle: u32,
 ) -> Result<Option<AttachMode>> {
     if pinned_link_program(pin)? == Some(prog_id)
         && tcx_attached(ifname, dir, prog_id)? == Some(true)
     {
         return Ok(Some(AttachMode::Tcx));
     }
-    Ok(our_filter(ifindex, dir, prog_id)?.then_some(AttachMode::Tc))
+    Ok(our_filter(ifindex, dir, prog_id, handle)?.then_some(AttachMode::Tc))
 }
 
 /// Whether `prog_id` runs both as a tcx link and as our clsact filter on the device.
-pub fn attached_twice(ifname: &str, ifindex: u32, dir: TcAttachType, prog_id: u32) -> Result<bool> {
-    Ok(tcx_attached(ifname, dir, prog_id)? == Some(true) && our_filter(ifindex, dir, prog_id)?)
+pub fn attached_twice(
+    ifname: &str,
+    ifindex: u32,
+    dir: TcAttachType,
+    prog_id: u32,
+    handle: u32,
+) -> Result<bool> {
+    Ok(tcx_attached(ifname, dir, prog_id)? == Some(true)
+        && our_filter(ifindex, dir, prog_id, handle)?)
 }
 
 /// Whether our clsact filter on the device runs `prog_id`.
-fn our_filter(ifindex: u32, dir: TcAttachType, prog_id: u32) -> Result<bool> {
+fn our_filter(ifindex: u32, dir: TcAttachType, prog_id: u32, handle: u32) -> Result<bool> {
     let filters = tcnl::filters(ifindex, hook(dir))
         .map_err(|e| Error::io(format!("listing the tc filters of ifindex {ifindex}"), e))?;
     Ok(filters
         .iter()
-        .any(|f| f.priority == TC_PRIORITY && f.handle == TC_HANDLE && f.prog_id == Some(prog_id)))
+        .any(|f| f.priority == TC_PRIORITY && f.handle == handle && f.prog_id == Some(prog_id)))
 }
 
 /// The program's kernel name. (`ProgramInfo::name_as_str` would make aya probe kernel

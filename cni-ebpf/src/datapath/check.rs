@@ -168,7 +168,8 @@ impl Datapath {
         let pin = self.pins.endpoint_link(&ep.host_ifname);
         let name = &ep.host_ifname;
         let index = ep.host_ifindex;
-        if attach::attached(name, index, TcAttachType::Ingress, id, &pin)?.is_none() {
+        let handle = attach::TC_HANDLE;
+        if attach::attached(name, index, TcAttachType::Ingress, id, &pin, handle)?.is_none() {
             return Err(Error::Check(format!(
                 "the cni-ebpf program (from_pod, id {id}) is not attached to host veth {name} \
                  (ingress): neither a clsact filter at priority {} handle {:#x} nor a tcx \
@@ -178,7 +179,7 @@ impl Datapath {
                 pin.display()
             )));
         }
-        if attach::attached_twice(name, index, TcAttachType::Ingress, id)? {
+        if attach::attached_twice(name, index, TcAttachType::Ingress, id, handle)? {
             return Err(Error::Check(format!(
                 "the cni-ebpf program (from_pod, id {id}) runs twice on host veth {name} \
                  (ingress): as a clsact filter and as a tcx link"

@@ -138,6 +138,7 @@ impl Datapath {
             ep.host_ifindex,
             TcAttachType::Ingress,
             &self.pins.endpoint_link(&ep.host_ifname),
+            attach::TC_HANDLE,
             self.attach,
         )?;
         Ok(())
@@ -157,7 +158,7 @@ impl Datapath {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let gone = self.take_endpoint_entries(owner, ips)?;
         attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
-        attach::remove_filter(host_ifname, TcAttachType::Ingress)?;
+        attach::remove_filter(host_ifname, TcAttachType::Ingress, attach::TC_HANDLE)?;
         self.forget(owner, &gone)
     }
 

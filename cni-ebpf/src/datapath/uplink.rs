@@ -45,6 +45,7 @@ impl Datapath {
                 ifindex,
                 tc_dir,
                 &self.pins.uplink_link(name, dir),
+                attach::uplink_handle(self.pins.network_dir()),
                 self.attach,
             )?;
         }
@@ -75,7 +76,14 @@ impl Datapath {
         tc_dir: TcAttachType,
     ) -> Result<Option<AttachMode>> {
         let id = attach::program_id(&self.program(p)?)?;
-        attach::attached(name, ifindex, tc_dir, id, &self.pins.uplink_link(name, dir))
+        attach::attached(
+            name,
+            ifindex,
+            tc_dir,
+            id,
+            &self.pins.uplink_link(name, dir),
+            attach::uplink_handle(self.pins.network_dir()),
+        )
     }
 }
 
