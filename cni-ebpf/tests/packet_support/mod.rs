@@ -237,6 +237,31 @@ impl Fixture {
         (res.return_value, out)
     }
 
+    /// [`Self::run_on`], also returning the `skb->tstamp` the program left (the
+    /// `struct __sk_buff` the kernel copies back; `tstamp` is at offset 152).
+    pub fn run_tstamp(&self, prog: &str, ifindex: u32, pkt: &[u8]) -> (u32, u64) {
+        let program = self
+            .dp()
+            .program(prog)
+            .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
+        let mut out = vec![0u8; pkt.len() + 512];
+        let mut ctx = [0u8; 192];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let mut ctx_out = [0u8; 192];
+        let res = program
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx[..]),
+                ctx_out: Some(&mut ctx_out[..]),
+                ..TestRunOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog}: {e}"));
+        let mut ts = [0u8; 8];
+        ts.copy_from_slice(&ctx_out[152..160]);
+        (res.return_value, u64::from_ne_bytes(ts))
+    }
+
     /// Runs `prog` and asserts it passed the packet unchanged.
     pub fn assert_passes_unchanged(&self, prog: &str, pkt: &[u8], what: &str) {
         let (v, out) = self.run(prog, pkt);
