@@ -125,7 +125,6 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
     let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PACING_BY_FQ);
     entry.limit_ns = PACING_LATENCY_NS;
     pacing.insert(IFINDEX_A, entry, 0).unwrap();
-    drop(pacing);
 
     let frame = udp_frame(POD_A, 4000, POD_B, 53);
     let cost = frame.len() as u64 * 1_000_000_000 / 100_000;
