@@ -378,24 +378,7 @@ fn a_new_host_port_flow_whose_rewrite_fails_is_dropped_and_leaves_no_state() {
     .enumerate()
     {
         let (v, _) = fx.run(prog, pkt);
-        assert_eq!(
-            v, SHOT,
-            "case {i} ({prog}): a packet whose rewrite failed must be dropped"
-        );
-        assert_eq!(
-            fx.reason(Reason::DropRewriteFailed),
-            i as u64 + 1,
-            "case {i}: counted as drop_rewrite_failed"
-        );
-        assert!(
-            fx.nat(&flow_key(pkt)).is_none(),
-            "case {i}: the packet's own NAT entry must be removed"
-        );
-        let left = fx.dp().nat_entries().unwrap();
-        assert!(
-            left.is_empty(),
-            "case {i}: NAT entries left behind: {left:?}"
-        );
+        fx.assert_rewrite_failed(i, prog, v, pkt);
     }
     // Nor is the DNAT flow recorded as one the pod's replies may bypass the stack for.
     for (sport, proto, cport) in [(12345u16, TCP, 80u16), (12346, UDP, 53)] {

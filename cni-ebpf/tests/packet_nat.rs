@@ -536,24 +536,7 @@ fn a_new_masqueraded_flow_whose_rewrite_fails_is_dropped_and_leaves_no_nat_state
     ];
     for (i, pkt) in cases.iter().enumerate() {
         let (v, out) = fx.egress(pkt);
-        assert_eq!(
-            v, SHOT,
-            "case {i}: a packet whose rewrite failed must be dropped"
-        );
-        assert_eq!(
-            fx.reason(Reason::DropRewriteFailed),
-            i as u64 + 1,
-            "case {i}: counted as drop_rewrite_failed"
-        );
-        assert!(
-            fx.nat(&flow_key(pkt)).is_none(),
-            "case {i}: the packet's own NAT entry must be removed"
-        );
-        let left = fx.dp().nat_entries().unwrap();
-        assert!(
-            left.is_empty(),
-            "case {i}: NAT entries left behind: {left:?}"
-        );
+        fx.assert_rewrite_failed(i, "uplink_egress", v, pkt);
         if i == 0 {
             // The fault struck where a real one would: after the tuple was written, so the
             // packet is half rewritten (new source, stale checksum) — hence the drop.

@@ -11,15 +11,9 @@ use cni_ebpf::{cni::config::EgressRate, datapath::Endpoint};
 use cni_ebpf_common::{Pacing, Reason, PACING_BY_FQ, PACING_LATENCY_NS};
 use packet_support::*;
 
-#[test]
-#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
-fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
-    let fx = Fixture::with_two_pods();
-    // Pod A: 8 kbit/s (1 000 bytes/s) with a 8 kbit (1 s) burst. Each frame of n bytes
-    // costs n ms of the schedule, so of a run of 40 frames sent at once the burst takes
-    // 1 000 / n, the limit (300 ms where the kernel has no fq, 25 ms where it has) a few
-    // more, and the rest must be dropped.
-    let ep = Endpoint {
+/// Pod A's attachment (the fixture's), with `egress_rate`.
+fn pod_a(egress_rate: Option<EgressRate>) -> Endpoint {
+    Endpoint {
         container_id: "ctr-a".into(),
         ifname: "eth0".into(),
         host_ifindex: IFINDEX_A,
@@ -28,11 +22,22 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
         pod_mac: POD_MAC_A,
         ips: vec![POD_A.into()],
         allowed_sources: Vec::new(),
-        egress_rate: Some(EgressRate {
-            bits_per_s: 8_000,
-            burst_bits: 8_000,
-        }),
-    };
+        egress_rate,
+    }
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
+    let fx = Fixture::with_two_pods();
+    // Pod A: 8 kbit/s (1 000 bytes/s) with a 8 kbit (1 s) burst. Each frame of n bytes
+    // costs n ms of the schedule, so of a run of 40 frames sent at once the burst takes
+    // 1 000 / n, the limit (300 ms where the kernel has no fq, 25 ms where it has) a few
+    // more, and the rest must be dropped.
+    let ep = pod_a(Some(EgressRate {
+        bits_per_s: 8_000,
+        burst_bits: 8_000,
+    }));
     let mut errors = Vec::new();
     fx.dp()
         .remove_pod("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()], &mut errors);
@@ -104,19 +109,7 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
         bits_per_s: 800_000,
         burst_bits: 8_000,
     };
-    fx.dp()
-        .put_endpoint_entries(&Endpoint {
-            container_id: "ctr-a".into(),
-            ifname: "eth0".into(),
-            host_ifindex: IFINDEX_A,
-            host_ifname: "veth-ctr-a".into(),
-            host_mac: HOST_MAC_A,
-            pod_mac: POD_MAC_A,
-            ips: vec![POD_A.into()],
-            allowed_sources: Vec::new(),
-            egress_rate: Some(rate),
-        })
-        .unwrap();
+    fx.dp().put_endpoint_entries(&pod_a(Some(rate))).unwrap();
     // 100 000 bytes/s (a frame of n bytes costs 10·n µs, far longer than a test run takes),
     // a 10 ms burst, in fq mode.
     let mut map = fx.map("PACING");

@@ -217,13 +217,7 @@ fn live_pinned_link(
     if tcx_attached(ifname, dir, prog_id)? != Some(true) {
         return Ok(None);
     }
-    let link = PinnedLink::from_pin(pin).map_err(|e| {
-        Error::datapath(
-            format!("opening link pin {}", pin.display()),
-            load::chain(&e),
-        )
-    })?;
-    let fd: FdLink = link.into();
+    let fd = open_pinned_link(pin)?;
     Ok(Some(SchedClassifierLink::try_from(fd).map_err(|e| {
         Error::datapath(format!("link pin {}", pin.display()), load::chain(&e))
     })?))
@@ -339,18 +333,22 @@ pub fn remove_pin(pin: &Path) -> Result<bool> {
     }
 }
 
+/// Opens the link pinned at `pin`.
+fn open_pinned_link(pin: &Path) -> Result<FdLink> {
+    PinnedLink::from_pin(pin).map(Into::into).map_err(|e| {
+        Error::datapath(
+            format!("opening link pin {}", pin.display()),
+            load::chain(&e),
+        )
+    })
+}
+
 /// The program id a pinned link runs, if the pin exists.
 pub fn pinned_link_program(pin: &Path) -> Result<Option<u32>> {
     if !pin.exists() {
         return Ok(None);
     }
-    let link = PinnedLink::from_pin(pin).map_err(|e| {
-        Error::datapath(
-            format!("opening link pin {}", pin.display()),
-            load::chain(&e),
-        )
-    })?;
-    let fd: FdLink = link.into();
+    let fd = open_pinned_link(pin)?;
     let info = fd.info().map_err(|e| {
         Error::datapath(
             format!("reading link pin {}", pin.display()),

@@ -207,21 +207,39 @@ impl Fixture {
     }
 
     fn run_with(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8]) -> (u32, Vec<u8>) {
+        let (v, out, _) = self.run_ctx(prog, ifindex, pkt);
+        (v, out)
+    }
+
+    /// [`Self::run_on`], also returning the `skb->tstamp` the program left.
+    pub fn run_tstamp(&self, prog: &str, ifindex: u32, pkt: &[u8]) -> (u32, u64) {
+        let (v, _, ctx) = self.run_ctx(prog, Some(ifindex), pkt);
+        let mut ts = [0u8; 8];
+        ts.copy_from_slice(&ctx[152..160]);
+        (v, u64::from_ne_bytes(ts))
+    }
+
+    /// Runs `prog` on `pkt` (arriving on `ifindex` when given) and returns the verdict,
+    /// the packet as it left and the `struct __sk_buff` the kernel copied back (192
+    /// bytes; `ifindex` at offset 40, `tstamp` at 152).
+    fn run_ctx(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8]) -> (u32, Vec<u8>, [u8; 192]) {
         let program = self
             .dp()
             .program(prog)
             .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
         let mut out = vec![0u8; pkt.len() + 512];
-        // `struct __sk_buff` up to and including `ifindex` (offset 40); the rest zero.
-        let mut ctx = [0u8; 44];
+        // `struct __sk_buff` with only `ifindex` (offset 40) set; the rest zero.
+        let mut ctx = [0u8; 192];
         if let Some(i) = ifindex {
             ctx[40..44].copy_from_slice(&i.to_ne_bytes());
         }
+        let mut ctx_out = [0u8; 192];
         let res = program
             .test_run(TestRunOptions {
                 data_in: Some(pkt),
                 data_out: Some(&mut out),
                 ctx_in: ifindex.map(|_| &ctx[..]),
+                ctx_out: ifindex.map(|_| &mut ctx_out[..]),
                 ..TestRunOptions::default()
             })
             .unwrap_or_else(|e| {
@@ -234,32 +252,30 @@ impl Fixture {
                 )
             });
         out.truncate(res.data_size_out as usize);
-        (res.return_value, out)
+        (res.return_value, out, ctx_out)
     }
 
-    /// [`Self::run_on`], also returning the `skb->tstamp` the program left (the
-    /// `struct __sk_buff` the kernel copies back; `tstamp` is at offset 152).
-    pub fn run_tstamp(&self, prog: &str, ifindex: u32, pkt: &[u8]) -> (u32, u64) {
-        let program = self
-            .dp()
-            .program(prog)
-            .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
-        let mut out = vec![0u8; pkt.len() + 512];
-        let mut ctx = [0u8; 192];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-        let mut ctx_out = [0u8; 192];
-        let res = program
-            .test_run(TestRunOptions {
-                data_in: Some(pkt),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx[..]),
-                ctx_out: Some(&mut ctx_out[..]),
-                ..TestRunOptions::default()
-            })
-            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog}: {e}"));
-        let mut ts = [0u8; 8];
-        ts.copy_from_slice(&ctx_out[152..160]);
-        (res.return_value, u64::from_ne_bytes(ts))
+    /// Asserts the outcome of case `i` of a rewrite-failure test: dropped, counted as the
+    /// `i + 1`-th `drop_rewrite_failed`, and no NAT entry left (the packet's own or any).
+    pub fn assert_rewrite_failed(&self, i: usize, what: &str, verdict: u32, pkt: &[u8]) {
+        assert_eq!(
+            verdict, SHOT,
+            "case {i} ({what}): a packet whose rewrite failed must be dropped"
+        );
+        assert_eq!(
+            self.reason(cni_ebpf_common::Reason::DropRewriteFailed),
+            i as u64 + 1,
+            "case {i}: counted as drop_rewrite_failed"
+        );
+        assert!(
+            self.nat(&flow_key(pkt)).is_none(),
+            "case {i}: the packet's own NAT entry must be removed"
+        );
+        let left = self.dp().nat_entries().unwrap();
+        assert!(
+            left.is_empty(),
+            "case {i}: NAT entries left behind: {left:?}"
+        );
     }
 
     /// Runs `prog` and asserts it passed the packet unchanged.
