@@ -169,8 +169,9 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     let nat = dp.nat_entries()?;
     let reasons = dp.reason_counts()?;
     let flows = dp.flow_summary()?;
+    let maps = dp.map_stats()?;
     if as_json {
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons });
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons, "maps": maps });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -257,6 +258,26 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
          translated by netfilter), {} opened from outside; {} pod sockets talking through \
          the stack, {} node sockets on host ports",
         flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
+    );
+    println!("\nMAPS");
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "NAME", "TYPE", "ENTRIES", "MAX", "MEMLOCK"
+    );
+    for m in &maps {
+        let entries = m.entries.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        println!(
+            "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+            m.name, m.map_type, entries, m.max_entries, m.memlock_bytes
+        );
+    }
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "total",
+        "",
+        "",
+        "",
+        maps.iter().map(|m| m.memlock_bytes).sum::<u64>()
     );
     println!("\nREASONS");
     for r in reasons.iter().filter(|r| r.count > 0) {
