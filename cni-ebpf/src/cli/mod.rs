@@ -1,4 +1,5 @@
-//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`.
+//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
+//! `metrics`.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -58,6 +59,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve Prometheus metrics of the pinned datapath (`GET /metrics`, `GET /healthz`):
+    /// per-endpoint and per-reason counters, map fill and memory, SNAT port use. Reads the
+    /// pinned maps read-only on every scrape; keeps no state.
+    Metrics {
+        /// Address and port to listen on.
+        #[arg(long, default_value = crate::metrics::DEFAULT_LISTEN)]
+        listen: std::net::SocketAddr,
+        /// `bpffsRoot` of the networks.
+        #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+        bpffs_root: PathBuf,
+        /// A network to report (repeatable); default: every network found below
+        /// `--bpffs-root` at each scrape.
+        #[arg(long = "network")]
+        networks: Vec<String>,
+    },
 }
 
 /// Runs the CLI.
@@ -86,6 +102,11 @@ pub fn main() -> ExitCode {
             ip_masq,
         } => load(&net, uplink, ip_masq),
         Cmd::Inspect { net, json } => inspect(&net, json),
+        Cmd::Metrics {
+            listen,
+            bpffs_root,
+            networks,
+        } => crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks)),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,
