@@ -3,7 +3,7 @@
 //! The binary runs as a CNI plugin when `CNI_COMMAND` is set and as a CLI otherwise.
 //! Layout: [`cni`] (protocol), [`ipam`] (embedded allocator), [`netns`] and [`link`]
 //! (kernel plumbing), [`datapath`] (eBPF load/pin/attach/maps), [`cmd`] (the verbs),
-//! [`cli`] (the command line).
+//! [`cli`] (the command line), [`metrics`] (the Prometheus endpoint of `cni-ebpf metrics`).
 
 pub mod cli;
 pub mod cmd;
@@ -12,6 +12,7 @@ pub mod datapath;
 pub mod error;
 pub mod ipam;
 pub mod logging;
+pub mod metrics;
 
 pub use error::{Error, Result};
 pub mod link;

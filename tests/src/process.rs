@@ -241,6 +241,33 @@ impl Background {
         }
     }
 
+    /// Starts `argv` inside `netns` with stdin discarded and stdout and stderr appended
+    /// to the file `log` (read it with [`std::fs::read_to_string`] when something fails).
+    #[track_caller]
+    pub fn spawn_logged<S: AsRef<OsStr>>(netns: &Path, argv: &[S], log: &Path) -> Self {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()))
+        };
+        let mut cmd = command(argv);
+        in_netns(&mut cmd, netns);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(open()))
+            .stderr(Stdio::from(open()));
+        let argv: Vec<String> = argv
+            .iter()
+            .map(|s| s.as_ref().to_string_lossy().into_owned())
+            .collect();
+        let argv = argv.join(" ");
+        match cmd.spawn() {
+            Ok(child) => Self { child, argv },
+            Err(e) => panic!("cannot start `{argv}`: {e}"),
+        }
+    }
+
     /// The PID of the program.
     #[must_use]
     pub fn pid(&self) -> u32 {

@@ -1,4 +1,5 @@
-//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`.
+//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
+//! `metrics`.
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -58,6 +59,21 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Serve Prometheus metrics of the pinned datapath (`GET /metrics`, `GET /healthz`):
+    /// per-endpoint and per-reason counters, map fill and memory, SNAT port use. Reads the
+    /// pinned maps read-only on every scrape; keeps no state.
+    Metrics {
+        /// Address and port to listen on.
+        #[arg(long, default_value = crate::metrics::DEFAULT_LISTEN)]
+        listen: std::net::SocketAddr,
+        /// `bpffsRoot` of the networks.
+        #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+        bpffs_root: PathBuf,
+        /// A network to report (repeatable); default: every network found below
+        /// `--bpffs-root` at each scrape.
+        #[arg(long = "network")]
+        networks: Vec<String>,
+    },
 }
 
 /// Runs the CLI.
@@ -86,6 +102,11 @@ pub fn main() -> ExitCode {
             ip_masq,
         } => load(&net, uplink, ip_masq),
         Cmd::Inspect { net, json } => inspect(&net, json),
+        Cmd::Metrics {
+            listen,
+            bpffs_root,
+            networks,
+        } => crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks)),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,
@@ -169,8 +190,9 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     let nat = dp.nat_entries()?;
     let reasons = dp.reason_counts()?;
     let flows = dp.flow_summary()?;
+    let maps = dp.map_stats()?;
     if as_json {
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons });
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons, "maps": maps });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -257,6 +279,26 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
          translated by netfilter), {} opened from outside; {} pod sockets talking through \
          the stack, {} node sockets on host ports",
         flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
+    );
+    println!("\nMAPS");
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "NAME", "TYPE", "ENTRIES", "MAX", "MEMLOCK"
+    );
+    for m in &maps {
+        let entries = m.entries.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        println!(
+            "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+            m.name, m.map_type, entries, m.max_entries, m.memlock_bytes
+        );
+    }
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "total",
+        "",
+        "",
+        "",
+        maps.iter().map(|m| m.memlock_bytes).sum::<u64>()
     );
     println!("\nREASONS");
     for r in reasons.iter().filter(|r| r.count > 0) {

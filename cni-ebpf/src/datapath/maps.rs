@@ -40,20 +40,30 @@ fn map_err(name: &str, what: &str, e: &MapError) -> Error {
 impl Maps {
     /// Opens every map pin (checking key and value sizes against ours).
     pub fn open(pins: &Pins) -> Result<Self> {
+        Self::open_with(pins, load::open_map)
+    }
+
+    /// Opens every map pin with read-only descriptors: any write through them fails
+    /// (`EPERM`), reads work as with [`Maps::open`].
+    pub fn open_read_only(pins: &Pins) -> Result<Self> {
+        Self::open_with(pins, load::open_map_read_only)
+    }
+
+    fn open_with(pins: &Pins, open: fn(&Pins, &str) -> Result<Map>) -> Result<Self> {
         let mut m = Self {
-            endpoints: load::open_map(pins, map::ENDPOINTS)?,
-            ep_stats: load::open_map(pins, map::EP_STATS)?,
-            portmaps: load::open_map(pins, map::PORTMAPS)?,
-            nat: load::open_map(pins, map::NAT)?,
-            node_config: load::open_map(pins, map::NODE_CONFIG)?,
-            node_addrs: load::open_map(pins, map::NODE_ADDRS)?,
-            reasons: load::open_map(pins, map::REASONS)?,
-            owners: load::open_map(pins, map::OWNERS)?,
-            flows: load::open_map(pins, map::FLOWS)?,
-            stack_sockets: load::open_map(pins, map::STACK_SOCKETS)?,
-            sock_revnat: load::open_map(pins, map::SOCK_REVNAT)?,
-            src_allow: load::open_map(pins, map::SRC_ALLOW)?,
-            pacing: load::open_map(pins, map::PACING)?,
+            endpoints: open(pins, map::ENDPOINTS)?,
+            ep_stats: open(pins, map::EP_STATS)?,
+            portmaps: open(pins, map::PORTMAPS)?,
+            nat: open(pins, map::NAT)?,
+            node_config: open(pins, map::NODE_CONFIG)?,
+            node_addrs: open(pins, map::NODE_ADDRS)?,
+            reasons: open(pins, map::REASONS)?,
+            owners: open(pins, map::OWNERS)?,
+            flows: open(pins, map::FLOWS)?,
+            stack_sockets: open(pins, map::STACK_SOCKETS)?,
+            sock_revnat: open(pins, map::SOCK_REVNAT)?,
+            src_allow: open(pins, map::SRC_ALLOW)?,
+            pacing: open(pins, map::PACING)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;

@@ -31,7 +31,8 @@
 //! - `pacing.rs`: egress rates (`runtimeConfig.bandwidth`) and the uplink's `fq`;
 //! - `check.rs`: CHECK's read-back of one attachment;
 //! - `status.rs`: STATUS (and whether the datapath was ever loaded);
-//! - `views.rs`: read-only views of every map for `inspect` and GC.
+//! - `views.rs`: read-only views of every map for `inspect`, `metrics` and GC;
+//! - `memory.rs`: each pinned map's capacity, fill and kernel memory (fdinfo).
 //!
 //! Lower layers, used by the files above: [`load`] (verify and pin), [`attach`] (clsact
 //! filters or tcx links), [`maps`] (typed map access), [`node`] (reading the node's
@@ -44,6 +45,7 @@ mod endpoints;
 mod flows;
 pub mod load;
 pub mod maps;
+pub mod memory;
 pub mod node;
 mod node_config;
 pub mod object;
@@ -69,10 +71,12 @@ use self::maps::Maps;
 pub use self::{
     attach::AttachMode,
     endpoints::Endpoint,
+    memory::MapStats,
     node_config::NodeSettings,
     pins::Pins,
     views::{
-        AttachmentState, EndpointView, FlowSummary, NatView, NodeView, PortMappingView, ReasonCount,
+        AttachmentState, EndpointView, FlowSummary, NatView, NodeView, PortMappingView,
+        ReasonCount, SnatUsage,
     },
 };
 use crate::{
@@ -177,12 +181,23 @@ impl Datapath {
     /// Opens the pins below `network_dir` (`<bpffsRoot>/<network>`); `Ok(None)` if not
     /// (completely) loaded. Another layout version there is an error.
     pub fn open_at(network_dir: impl AsRef<Path>) -> Result<Option<Self>> {
-        let pins = Pins::new(network_dir.as_ref());
+        Self::open_existing(network_dir.as_ref(), Maps::open)
+    }
+
+    /// Like [`Datapath::open_at`], with read-only map descriptors: a handle for readers
+    /// that must never change the datapath (`cni-ebpf metrics`); every write through it
+    /// fails.
+    pub fn open_read_only_at(network_dir: impl AsRef<Path>) -> Result<Option<Self>> {
+        Self::open_existing(network_dir.as_ref(), Maps::open_read_only)
+    }
+
+    fn open_existing(network_dir: &Path, open: fn(&Pins) -> Result<Maps>) -> Result<Option<Self>> {
+        let pins = Pins::new(network_dir);
         refuse_foreign(&pins)?;
         if !pins.complete() {
             return Ok(None);
         }
-        let maps = Maps::open(&pins)?;
+        let maps = open(&pins)?;
         Ok(Some(Self {
             pins,
             maps: Mutex::new(maps),

@@ -1,6 +1,7 @@
-//! Read-only views of the maps, for `inspect` and GC: endpoints with their counters, host
-//! ports, NAT entries, reason counters, the node configuration, and what the maps hold per
-//! (container ID, ifname). Nothing here writes a map.
+//! Read-only views of the maps, for `inspect`, `metrics` and GC: endpoints with their
+//! counters, host ports, NAT entries and SNAT port use, reason counters, the node
+//! configuration, and what the maps hold per (container ID, ifname). Nothing here writes
+//! a map.
 
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
@@ -117,6 +118,23 @@ pub struct FlowSummary {
     pub stack_sockets: u64,
     /// Node sockets connected to a host port by the socket hooks.
     pub host_port_sockets: u64,
+}
+
+/// How much of the SNAT port range masquerade (and hairpin of a pod to its own host
+/// port) holds, for `metrics`. A translated port is reserved per destination (address,
+/// port, protocol): one port serves many destinations at once, and masquerade to one
+/// destination fails (`drop_no_snat_port`) when `max_per_destination` reaches
+/// `range_size`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SnatUsage {
+    /// Ports in the configured range (`snat_ports`, both ends included; 0 when unset).
+    pub range_size: u64,
+    /// Port reservations held (one per translated flow).
+    pub reservations: u64,
+    /// Distinct ports of the range held by at least one flow.
+    pub ports_in_use: u64,
+    /// The most ports held towards any one destination.
+    pub max_per_destination: u64,
 }
 
 /// A reason counter, for `inspect`.
@@ -297,6 +315,45 @@ impl Datapath {
                 },
             })
             .collect())
+    }
+
+    /// SNAT port use (see [`SnatUsage`]): the reverse entries that reserve a translated
+    /// port — masquerade replies, and replies of a pod reaching itself through its own host
+    /// port (the only hairpin flows whose source is translated).
+    pub fn snat_usage(&self) -> Result<SnatUsage> {
+        let cfg = self.node_config_raw()?;
+        let (lo, hi) = (cfg.snat_port_min, cfg.snat_port_max);
+        let range_size = if lo == 0 || hi < lo {
+            0
+        } else {
+            u64::from(hi - lo) + 1
+        };
+        let mut m = self.maps()?;
+        // Hash sets: a full NAT table has 131 072 entries (a B-tree doubled the cost).
+        let mut ports = std::collections::HashSet::new();
+        let mut per_dest: std::collections::HashMap<(u32, u16, u8), u64> =
+            std::collections::HashMap::new();
+        let mut reservations = 0;
+        for (k, v) in maps::entries(&m.nat()?) {
+            // A reverse entry's key is the reply: peer → translated address:port.
+            let reserves = match v.kind {
+                NAT_SNAT_REV => true,
+                NAT_HAIRPIN_REV => k.saddr == v.daddr,
+                _ => false,
+            };
+            if !reserves {
+                continue;
+            }
+            reservations += 1;
+            ports.insert((k.proto, k.dport));
+            *per_dest.entry((k.saddr, k.sport, k.proto)).or_default() += 1;
+        }
+        Ok(SnatUsage {
+            range_size,
+            reservations,
+            ports_in_use: ports.len() as u64,
+            max_per_destination: per_dest.values().copied().max().unwrap_or(0),
+        })
     }
 
     /// Counts of the flow-tracking maps (see [`FlowSummary`]).

@@ -562,6 +562,14 @@ fn ebpf_reasons(node: &BenchNode) -> Option<Value> {
 /// The per-reason packet counters of cni-ebpf's network `network` pinned below `pins`,
 /// read by `plugin inspect` inside the node namespace `netns`.
 pub fn reason_counters(plugin: &Path, network: &str, pins: &Path, netns: &Path) -> Option<Value> {
+    inspect(plugin, network, pins, netns)
+        .ok()
+        .map(|v| v["reasons"].clone())
+}
+
+/// `plugin inspect --json` of cni-ebpf's network `network` pinned below `pins`, run inside
+/// the node namespace `netns`.
+pub fn inspect(plugin: &Path, network: &str, pins: &Path, netns: &Path) -> Result<Value> {
     let out = proc::exec(&proc::Spec {
         argv: vec![
             plugin.as_os_str(),
@@ -576,10 +584,15 @@ pub fn reason_counters(plugin: &Path, network: &str, pins: &Path, netns: &Path) 
         netns: Some(netns),
         stdin: b"",
         timeout: Duration::from_secs(30),
-    })
-    .ok()?;
-    let v: Value = serde_json::from_str(&out.stdout).ok()?;
-    Some(v["reasons"].clone())
+    })?;
+    if out.code != Some(0) || out.timed_out {
+        bail!(
+            "cni-ebpf inspect failed ({:?}): {}",
+            out.code,
+            out.stderr.trim()
+        );
+    }
+    serde_json::from_str(&out.stdout).context("cni-ebpf inspect --json printed no JSON")
 }
 
 fn short_name(scenario: &str) -> &'static str {

@@ -2,7 +2,7 @@
 //! one more ADD (and DEL) take, and how long does ext take to connect to a host port? The
 //! reference's portmap appends one iptables chain and DNAT jump per pod, so both grow with
 //! the pod count there; cni-ebpf uses hash-map lookups. Also the pinned map memory per pod
-//! (cni-ebpf, from bpftool) and the iptables rules per pod (reference).
+//! (cni-ebpf, from its `inspect --json`) and the iptables rules per pod (reference).
 //!
 //! At each level the probe pods (ADD + DEL, timed) and the server pod (ADDed after all
 //! holders, so its DNAT rule is the last one the reference evaluates) are fresh; the
@@ -21,7 +21,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     chart,
-    data::EchoServer,
+    data::{self, EchoServer},
     proc::{self, check_interrupt},
     report::{median, Report, Summary},
     topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
@@ -90,52 +90,43 @@ fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64
     }))
 }
 
-/// Pinned maps of the cni-ebpf network: (total memlock bytes, bytes held by live entries).
+/// Pinned maps of the cni-ebpf network: (total memlock bytes, bytes held by live entries,
+/// per map), from `cni-ebpf inspect --json`, whose `maps` are what `cni-ebpf metrics`
+/// serves (each map's fdinfo and entry count, read by the plugin's own code).
 fn map_memory(node: &BenchNode) -> Result<(u64, u64, Map<String, Value>)> {
-    let dir = node
-        .pin_root()
-        .join(node.network())
-        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
-        .join("maps");
+    let doc = data::inspect(
+        node.plugin(),
+        node.network(),
+        node.pin_root(),
+        &node.netns(),
+    )?;
     let ncpu = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+    Ok(map_memory_of(&doc["maps"], ncpu))
+}
+
+/// [`map_memory`] of an inspect document's `maps`, with `ncpu` copies of each per-CPU
+/// value.
+fn map_memory_of(maps: &Value, ncpu: u64) -> (u64, u64, Map<String, Value>) {
     let mut memlock = 0;
     let mut live = 0;
     let mut per_map = Map::new();
-    for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
-        let path = e?.path();
-        let p = path.to_string_lossy().into_owned();
-        let show: Value = serde_json::from_str(&proc::run_in(
-            None,
-            &["bpftool", "-j", "map", "show", "pinned", &p],
-            Duration::from_secs(30),
-        )?)?;
-        let dump: Value = serde_json::from_str(&proc::run_in(
-            None,
-            &["bpftool", "-j", "map", "dump", "pinned", &p],
-            Duration::from_secs(60),
-        )?)
-        .unwrap_or(Value::Null);
-        let ty = show["type"].as_str().unwrap_or_default().to_owned();
-        let entries = match ty.as_str() {
-            // Arrays always hold max_entries values.
-            t if t.contains("array") => show["max_entries"].as_u64().unwrap_or(0),
-            _ => dump.as_array().map_or(0, |a| a.len() as u64),
-        };
-        let k = show["bytes_key"].as_u64().unwrap_or(0);
-        let v = show["bytes_value"].as_u64().unwrap_or(0);
+    for m in maps.as_array().into_iter().flatten() {
+        let ty = m["type"].as_str().unwrap_or_default().to_owned();
+        // Arrays always hold max_entries values (inspect reports them so).
+        let entries = m["entries"].as_u64().unwrap_or(0);
+        let k = m["keySize"].as_u64().unwrap_or(0);
+        let v = m["valueSize"].as_u64().unwrap_or(0);
         let per_entry = k + v * if ty.starts_with("percpu") { ncpu } else { 1 };
-        let m = show["bytes_memlock"].as_u64().unwrap_or(0);
-        memlock += m;
+        let bytes = m["memlockBytes"].as_u64().unwrap_or(0);
+        memlock += bytes;
         live += entries * per_entry;
         per_map.insert(
-            path.file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_default(),
-            json!({ "type": ty, "maxEntries": show["max_entries"], "entries": entries,
-                    "bytesPerEntry": per_entry, "bytesMemlock": m }),
+            m["name"].as_str().unwrap_or_default().to_owned(),
+            json!({ "type": ty, "maxEntries": m["maxEntries"], "entries": entries,
+                    "bytesPerEntry": per_entry, "bytesMemlock": bytes }),
         );
     }
-    Ok((memlock, live, per_map))
+    (memlock, live, per_map)
 }
 
 /// iptables rules in the node namespace (all tables).
@@ -633,4 +624,27 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
             ),
         ],
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_memory_sums_memlock_and_live_entry_bytes() {
+        let maps = json!([
+            { "name": "NAT", "type": "lru_hash", "keySize": 16, "valueSize": 24,
+              "maxEntries": 131072, "entries": 10, "memlockBytes": 1000 },
+            { "name": "EP_STATS", "type": "percpu_hash", "keySize": 4, "valueSize": 32,
+              "maxEntries": 4096, "entries": 2, "memlockBytes": 200 },
+            { "name": "REASONS", "type": "percpu_array", "keySize": 4, "valueSize": 8,
+              "maxEntries": 64, "entries": 64, "memlockBytes": 30 },
+        ]);
+        let (memlock, live, per_map) = map_memory_of(&maps, 2);
+        assert_eq!(memlock, 1230);
+        assert_eq!(live, 10 * 40 + 2 * (4 + 64) + 64 * (4 + 16));
+        assert_eq!(per_map["NAT"]["bytesPerEntry"], 40);
+        assert_eq!(per_map["EP_STATS"]["bytesMemlock"], 200);
+        assert_eq!(per_map["REASONS"]["maxEntries"], 64);
+    }
 }

@@ -1,0 +1,191 @@
+//! One scrape's reading of the pinned maps: every network below the bpffs root (or the
+//! ones named), each opened read-only, read, and closed again. Nothing is kept between
+//! scrapes except the count of failed reads (a counter must not forget).
+//!
+//! A part that cannot be read (one map view) is a failure of that network's scrape: it
+//! is logged, counted and marks the network down, while every other part is still
+//! reported. Nothing here can fail the scrape as a whole.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Mutex,
+    time::{Duration, Instant},
+};
+
+use crate::{
+    datapath::{load, Datapath, EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
+    error::Result,
+};
+
+/// At most this many networks are read per scrape (a bound, far above real use).
+pub const MAX_NETWORKS: usize = 64;
+
+/// What one scrape read from one network.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct NetworkSnapshot {
+    /// Network name (the directory below the bpffs root).
+    pub name: String,
+    /// Whether its datapath is loaded (every pin present).
+    pub loaded: bool,
+    /// The parts that could not be read, with the error (empty: the network is up).
+    pub failures: Vec<(&'static str, String)>,
+    /// Failed parts since the exporter started (filled in by [`Exporter::scrape`]).
+    pub errors_total: u64,
+    /// Endpoint entries with their counters.
+    pub endpoints: Vec<EndpointView>,
+    /// Reason counters.
+    pub reasons: Vec<ReasonCount>,
+    /// Pinned maps: fill and memory.
+    pub maps: Vec<MapStats>,
+    /// SNAT port use.
+    pub snat: Option<SnatUsage>,
+    /// Flow-tracking states.
+    pub flows: Option<FlowSummary>,
+    /// Attachments (container ID, ifname) holding datapath state: pods on the node.
+    pub attachments: Option<u64>,
+    /// Host-port entries.
+    pub host_ports: Option<u64>,
+}
+
+/// What one scrape read.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Per network, sorted by name.
+    pub networks: Vec<NetworkSnapshot>,
+    /// Failed listings of the bpffs root since the exporter started (only when networks
+    /// are discovered rather than named).
+    pub discovery_errors_total: Option<u64>,
+    /// How long reading took.
+    pub duration: Duration,
+}
+
+/// Reads one network's datapath (read-only) below `root`.
+#[must_use]
+pub fn network(root: &Path, name: &str) -> NetworkSnapshot {
+    let mut out = NetworkSnapshot {
+        name: name.to_owned(),
+        ..NetworkSnapshot::default()
+    };
+    if let Err(e) = load::check_bpffs(root) {
+        out.failures.push(("bpffs", e.to_string()));
+        return out;
+    }
+    let dp = match Datapath::open_read_only_at(root.join(name)) {
+        Ok(Some(dp)) => dp,
+        Ok(None) => return out,
+        Err(e) => {
+            out.failures.push(("open", e.to_string()));
+            return out;
+        }
+    };
+    out.loaded = true;
+    fn part<T>(out: &mut NetworkSnapshot, what: &'static str, r: Result<T>) -> Option<T> {
+        r.map_err(|e| out.failures.push((what, e.to_string()))).ok()
+    }
+    let n = |len: usize| u64::try_from(len).unwrap_or(u64::MAX);
+    out.endpoints = part(&mut out, "endpoints", dp.endpoints()).unwrap_or_default();
+    out.reasons = part(&mut out, "reasons", dp.reason_counts()).unwrap_or_default();
+    out.maps = part(&mut out, "maps", dp.map_stats()).unwrap_or_default();
+    out.snat = part(&mut out, "snat", dp.snat_usage());
+    out.flows = part(&mut out, "flows", dp.flow_summary());
+    out.attachments = part(&mut out, "attachments", dp.attachments()).map(|a| n(a.len()));
+    out.host_ports = part(&mut out, "host_ports", dp.port_mappings()).map(|p| n(p.len()));
+    out
+}
+
+/// The networks below `root`: directories (sorted, at most [`MAX_NETWORKS`]). A root that
+/// does not exist yet (no network loaded since bpffs was mounted) has none.
+pub fn discover(root: &Path) -> Result<Vec<String>> {
+    load::check_bpffs(root)?;
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => {
+            return Err(crate::Error::io(
+                format!("listing bpffs root {}", root.display()),
+                e,
+            ))
+        }
+    };
+    let mut names: Vec<String> = entries
+        .filter_map(std::result::Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect();
+    names.sort();
+    names.truncate(MAX_NETWORKS);
+    Ok(names)
+}
+
+/// The exporter: where to read, and the only state it keeps, the failure counts.
+#[derive(Debug)]
+pub struct Exporter {
+    root: PathBuf,
+    /// Networks named on the command line; empty: every network found below `root`.
+    networks: Vec<String>,
+    errors: Mutex<Errors>,
+}
+
+#[derive(Debug, Default)]
+struct Errors {
+    per_network: BTreeMap<String, u64>,
+    discovery: u64,
+}
+
+impl Exporter {
+    /// An exporter of the networks below `root` (`networks` empty: all of them).
+    #[must_use]
+    pub fn new(root: PathBuf, mut networks: Vec<String>) -> Self {
+        networks.sort();
+        networks.dedup();
+        networks.truncate(MAX_NETWORKS);
+        Self {
+            root,
+            networks,
+            errors: Mutex::new(Errors::default()),
+        }
+    }
+
+    /// Reads everything once; failures are logged and counted, never returned.
+    #[must_use]
+    pub fn scrape(&self) -> Snapshot {
+        let started = Instant::now();
+        let mut discovery_failed = false;
+        let names = if self.networks.is_empty() {
+            discover(&self.root).unwrap_or_else(|e| {
+                tracing::warn!("metrics: {e}");
+                discovery_failed = true;
+                Vec::new()
+            })
+        } else {
+            self.networks.clone()
+        };
+        let mut networks: Vec<NetworkSnapshot> =
+            names.iter().map(|n| network(&self.root, n)).collect();
+        for n in &networks {
+            for (what, e) in &n.failures {
+                tracing::warn!("metrics: network {}: reading {what}: {e}", n.name);
+            }
+        }
+        let mut errors = match self.errors.lock() {
+            Ok(g) => g,
+            // A worker that panicked aborted the process (panic = "abort"); if one ever
+            // unwinds, its counts are still the best we have.
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if discovery_failed {
+            errors.discovery += 1;
+        }
+        for n in &mut networks {
+            let total = errors.per_network.entry(n.name.clone()).or_default();
+            *total += u64::try_from(n.failures.len()).unwrap_or(u64::MAX);
+            n.errors_total = *total;
+        }
+        Snapshot {
+            networks,
+            discovery_errors_total: self.networks.is_empty().then_some(errors.discovery),
+            duration: started.elapsed(),
+        }
+    }
+}

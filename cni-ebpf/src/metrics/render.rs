@@ -1,0 +1,527 @@
+//! A [`Snapshot`] as metric families: every metric `cni-ebpf metrics` serves is defined
+//! here (and listed in the README's "Metrics" section). Pure: no I/O, unit-tested.
+
+use super::{
+    collect::{NetworkSnapshot, Snapshot},
+    exposition::{self, Family},
+};
+
+/// The snapshot in the Prometheus text format.
+#[must_use]
+pub fn render(s: &Snapshot) -> String {
+    exposition::render(&families(s))
+}
+
+/// Every family of the snapshot, in output order (families without samples included;
+/// the writer leaves them out).
+#[must_use]
+pub fn families(s: &Snapshot) -> Vec<Family> {
+    let mut out = Vec::new();
+
+    let mut f = Family::gauge(
+        "cni_ebpf_build_info",
+        "Always 1: the version of the cni-ebpf binary serving these metrics.",
+    );
+    f.push(&[("version", env!("CARGO_PKG_VERSION"))], 1_u64);
+    out.push(f);
+    let mut f = Family::gauge(
+        "cni_ebpf_scrape_duration_seconds",
+        "How long reading the pinned maps took for this scrape.",
+    );
+    f.push(&[], s.duration.as_secs_f64());
+    out.push(f);
+    let mut f = Family::counter(
+        "cni_ebpf_discovery_errors_total",
+        "Scrapes that could not list the networks below the bpffs root (see the log).",
+    );
+    if let Some(n) = s.discovery_errors_total {
+        f.push(&[], n);
+    }
+    out.push(f);
+
+    out.extend(network_families(&s.networks));
+    out
+}
+
+/// One family with one sample per network, labelled `network`.
+fn per_network<V: Into<exposition::Value>>(
+    nets: &[NetworkSnapshot],
+    family: Family,
+    value: impl Fn(&NetworkSnapshot) -> Option<V>,
+) -> Family {
+    let mut f = family;
+    for n in nets {
+        if let Some(v) = value(n) {
+            f.push(&[("network", &n.name)], v);
+        }
+    }
+    f
+}
+
+#[expect(
+    clippy::too_many_lines,
+    reason = "one flat list of every per-network metric reads best"
+)]
+fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
+    let mut out = vec![
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_up",
+                "1 when every part of the network's datapath was read in this scrape \
+                 (or nothing is pinned yet), 0 when a read failed (see the log).",
+            ),
+            |n| Some(n.failures.is_empty()),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_datapath_loaded",
+                "1 when the network's programs and maps are pinned (loaded by the first ADD \
+                 or `cni-ebpf load`).",
+            ),
+            |n| Some(n.loaded),
+        ),
+        per_network(
+            nets,
+            Family::counter(
+                "cni_ebpf_scrape_errors_total",
+                "Parts of the network's datapath that could not be read, summed over the \
+                 scrapes since this exporter started.",
+            ),
+            |n| Some(n.errors_total),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_attachments",
+                "Pod attachments (container ID, ifname) holding datapath state on this \
+                 node: the pods per node.",
+            ),
+            |n| n.attachments,
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_host_ports",
+                "Host-port entries (one per host IP, port and protocol).",
+            ),
+            |n| n.host_ports,
+        ),
+    ];
+
+    let mut tx_p = Family::counter(
+        "cni_ebpf_endpoint_tx_packets_total",
+        "Packets sent by the pod (seen by from_pod on its host veth).",
+    );
+    let mut tx_b = Family::counter(
+        "cni_ebpf_endpoint_tx_bytes_total",
+        "Bytes sent by the pod (seen by from_pod on its host veth).",
+    );
+    let mut rx_p = Family::counter(
+        "cni_ebpf_endpoint_rx_packets_total",
+        "Packets the eBPF programs redirected into the pod (packets the node's stack \
+         delivers are not counted).",
+    );
+    let mut rx_b = Family::counter(
+        "cni_ebpf_endpoint_rx_bytes_total",
+        "Bytes the eBPF programs redirected into the pod.",
+    );
+    let mut rate = Family::gauge(
+        "cni_ebpf_endpoint_egress_rate_bits_per_second",
+        "The pod's egress rate limit (runtimeConfig.bandwidth), enforced by fq pacing or \
+         by policing (mode); absent when the pod has none.",
+    );
+    for n in nets {
+        for e in &n.endpoints {
+            let ip = e.ip.to_string();
+            let ifindex = e.host_ifindex.to_string();
+            let labels = [
+                ("network", n.name.as_str()),
+                ("pod_ip", ip.as_str()),
+                ("container_id", e.container_id.as_str()),
+                ("ifname", e.ifname.as_str()),
+                ("host_ifindex", ifindex.as_str()),
+            ];
+            tx_p.push(&labels, e.tx_packets);
+            tx_b.push(&labels, e.tx_bytes);
+            rx_p.push(&labels, e.rx_packets);
+            rx_b.push(&labels, e.rx_bytes);
+            if let (Some(bits), Some(mode)) = (e.egress_rate_bits, e.egress_rate_mode) {
+                let mut with_mode = labels.to_vec();
+                with_mode.push(("mode", mode));
+                rate.push(&with_mode, bits);
+            }
+        }
+    }
+    out.extend([tx_p, tx_b, rx_p, rx_b, rate]);
+
+    let mut reasons = Family::counter(
+        "cni_ebpf_reason_packets_total",
+        "Packets by the decision the eBPF programs took (reason: drop_*, pass_*, \
+         redirect_*, snat_*, …; seen counts every packet a program saw).",
+    );
+    for n in nets {
+        for r in &n.reasons {
+            reasons.push(&[("network", &n.name), ("reason", r.reason)], r.count);
+        }
+    }
+    out.push(reasons);
+
+    let mut entries = Family::gauge(
+        "cni_ebpf_map_entries",
+        "Entries a pinned map holds (arrays: always their size; LRU maps evict only when \
+         full).",
+    );
+    let mut max = Family::gauge(
+        "cni_ebpf_map_max_entries",
+        "Capacity of a pinned map (e.g. map=\"NAT\": the NAT table).",
+    );
+    let mut mem = Family::gauge(
+        "cni_ebpf_map_memory_bytes",
+        "Kernel memory charged for a pinned map (fdinfo memlock; hash maps and arrays are \
+         preallocated, so theirs does not grow with the entries).",
+    );
+    for n in nets {
+        for m in &n.maps {
+            let labels = [("network", n.name.as_str()), ("map", m.name.as_str())];
+            if let Some(e) = m.entries {
+                entries.push(&labels, e);
+            }
+            max.push(&labels, m.max_entries);
+            mem.push(&labels, m.memlock_bytes);
+        }
+    }
+    out.extend([entries, max, mem]);
+    out.push(per_network(
+        nets,
+        Family::gauge(
+            "cni_ebpf_maps_memory_bytes",
+            "Kernel memory charged for all of the network's pinned maps (the sum of \
+             cni_ebpf_map_memory_bytes).",
+        ),
+        |n| (!n.maps.is_empty()).then(|| n.maps.iter().map(|m| m.memlock_bytes).sum::<u64>()),
+    ));
+
+    out.extend([
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_snat_port_range_size",
+                "Ports in the SNAT (masquerade) port range.",
+            ),
+            |n| n.snat.as_ref().map(|s| s.range_size),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_snat_ports_in_use",
+                "Distinct ports of the SNAT range held by at least one translated flow.",
+            ),
+            |n| n.snat.as_ref().map(|s| s.ports_in_use),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_snat_ports_max_per_destination",
+                "The most SNAT ports held towards one destination (address, port, \
+                 protocol); masquerade to it fails when this reaches the range size.",
+            ),
+            |n| n.snat.as_ref().map(|s| s.max_per_destination),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_snat_flows",
+                "Translated flows holding a SNAT port (one port reservation each).",
+            ),
+            |n| n.snat.as_ref().map(|s| s.reservations),
+        ),
+    ]);
+
+    let mut flows = Family::gauge(
+        "cni_ebpf_flows",
+        "Pod flows leaving the node, by state: verified (seen leaving untranslated, fast \
+         path) or pending (on the kernel path: new, or translated by netfilter).",
+    );
+    for n in nets {
+        if let Some(f) = &n.flows {
+            flows.push(&[("network", &n.name), ("state", "verified")], f.verified);
+            flows.push(&[("network", &n.name), ("state", "pending")], f.pending);
+        }
+    }
+    out.push(flows);
+    out.push(per_network(
+        nets,
+        Family::gauge(
+            "cni_ebpf_flows_inbound",
+            "Tracked flows opened from outside the cluster towards a pod (never \
+             masqueraded).",
+        ),
+        |n| n.flows.as_ref().map(|f| f.inbound),
+    ));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
+
+    use super::*;
+    use crate::{
+        datapath::{EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
+        metrics::exposition::{valid_label_name, valid_metric_name, Kind},
+    };
+
+    fn endpoint(ip: [u8; 4], id: &str, ifindex: u32, rate: Option<u64>) -> EndpointView {
+        EndpointView {
+            ip: Ipv4Addr::from(ip),
+            host_ifindex: ifindex,
+            host_mac: "02:00:00:00:00:01".into(),
+            pod_mac: "02:00:00:00:00:02".into(),
+            container_id: id.into(),
+            ifname: "eth0".into(),
+            tx_packets: 10,
+            tx_bytes: 1000,
+            rx_packets: 20,
+            rx_bytes: 2000,
+            egress_rate_bits: rate,
+            egress_rate_mode: rate.map(|_| "police"),
+        }
+    }
+
+    fn sample() -> Snapshot {
+        let loaded = NetworkSnapshot {
+            name: "k8s-pod-network".into(),
+            loaded: true,
+            failures: Vec::new(),
+            errors_total: 0,
+            endpoints: vec![
+                endpoint([10, 244, 1, 2], "abc", 7, None),
+                endpoint([10, 244, 1, 3], "def\"x", 8, Some(20_000_000)),
+            ],
+            reasons: vec![
+                ReasonCount {
+                    reason: "seen",
+                    code: 16,
+                    count: 99,
+                },
+                ReasonCount {
+                    reason: "redirect_pod",
+                    code: 23,
+                    count: 42,
+                },
+            ],
+            maps: vec![
+                MapStats {
+                    name: "NAT".into(),
+                    map_type: "lru_hash".into(),
+                    key_size: 16,
+                    value_size: 24,
+                    max_entries: 131_072,
+                    entries: Some(4),
+                    memlock_bytes: 1_000_000,
+                },
+                MapStats {
+                    name: "REASONS".into(),
+                    map_type: "percpu_array".into(),
+                    key_size: 4,
+                    value_size: 8,
+                    max_entries: 64,
+                    entries: Some(64),
+                    memlock_bytes: 2_000,
+                },
+            ],
+            snat: Some(SnatUsage {
+                range_size: 31_744,
+                reservations: 2,
+                ports_in_use: 2,
+                max_per_destination: 1,
+            }),
+            flows: Some(FlowSummary {
+                verified: 3,
+                pending: 1,
+                inbound: 0,
+                stack_sockets: 0,
+                host_port_sockets: 0,
+            }),
+            attachments: Some(2),
+            host_ports: Some(1),
+        };
+        let broken = NetworkSnapshot {
+            name: "other".into(),
+            loaded: true,
+            failures: vec![("maps", "map NAT: read: boom".into())],
+            errors_total: 3,
+            attachments: Some(0),
+            ..NetworkSnapshot::default()
+        };
+        let absent = NetworkSnapshot {
+            name: "unloaded".into(),
+            ..NetworkSnapshot::default()
+        };
+        Snapshot {
+            networks: vec![loaded, broken, absent],
+            discovery_errors_total: Some(0),
+            duration: Duration::from_millis(12),
+        }
+    }
+
+    fn lines(out: &str) -> BTreeSet<&str> {
+        out.lines().collect()
+    }
+
+    #[test]
+    fn endpoint_counters_carry_their_labels() {
+        let out = render(&sample());
+        let l = lines(&out);
+        for want in [
+            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 10",
+            "cni_ebpf_endpoint_tx_bytes_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 1000",
+            "cni_ebpf_endpoint_rx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 20",
+            "cni_ebpf_endpoint_rx_bytes_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 2000",
+            // A quote in a label value is escaped.
+            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\"} 10",
+            "cni_ebpf_endpoint_egress_rate_bits_per_second{network=\"k8s-pod-network\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\",mode=\"police\"} 20000000",
+            "# TYPE cni_ebpf_endpoint_tx_packets_total counter",
+            "# TYPE cni_ebpf_endpoint_egress_rate_bits_per_second gauge",
+        ] {
+            assert!(l.contains(want), "missing {want}\n{out}");
+        }
+        // Only the paced pod has a rate.
+        assert_eq!(
+            out.lines()
+                .filter(|l| l.starts_with("cni_ebpf_endpoint_egress_rate_bits_per_second{"))
+                .count(),
+            1,
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn network_gauges_reasons_maps_snat_and_flows() {
+        let out = render(&sample());
+        let l = lines(&out);
+        for want in [
+            "cni_ebpf_build_info{version=\"0.1.0\"} 1",
+            "cni_ebpf_scrape_duration_seconds 0.012",
+            "cni_ebpf_discovery_errors_total 0",
+            "cni_ebpf_up{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_up{network=\"other\"} 0",
+            "cni_ebpf_up{network=\"unloaded\"} 1",
+            "cni_ebpf_datapath_loaded{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_datapath_loaded{network=\"unloaded\"} 0",
+            "cni_ebpf_scrape_errors_total{network=\"other\"} 3",
+            "cni_ebpf_scrape_errors_total{network=\"k8s-pod-network\"} 0",
+            "cni_ebpf_attachments{network=\"k8s-pod-network\"} 2",
+            "cni_ebpf_attachments{network=\"other\"} 0",
+            "cni_ebpf_host_ports{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_reason_packets_total{network=\"k8s-pod-network\",reason=\"redirect_pod\"} 42",
+            "cni_ebpf_reason_packets_total{network=\"k8s-pod-network\",reason=\"seen\"} 99",
+            "cni_ebpf_map_entries{network=\"k8s-pod-network\",map=\"NAT\"} 4",
+            "cni_ebpf_map_max_entries{network=\"k8s-pod-network\",map=\"NAT\"} 131072",
+            "cni_ebpf_map_memory_bytes{network=\"k8s-pod-network\",map=\"NAT\"} 1000000",
+            "cni_ebpf_map_memory_bytes{network=\"k8s-pod-network\",map=\"REASONS\"} 2000",
+            "cni_ebpf_maps_memory_bytes{network=\"k8s-pod-network\"} 1002000",
+            "cni_ebpf_snat_port_range_size{network=\"k8s-pod-network\"} 31744",
+            "cni_ebpf_snat_ports_in_use{network=\"k8s-pod-network\"} 2",
+            "cni_ebpf_snat_ports_max_per_destination{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_snat_flows{network=\"k8s-pod-network\"} 2",
+            "cni_ebpf_flows{network=\"k8s-pod-network\",state=\"verified\"} 3",
+            "cni_ebpf_flows{network=\"k8s-pod-network\",state=\"pending\"} 1",
+            "cni_ebpf_flows_inbound{network=\"k8s-pod-network\"} 0",
+        ] {
+            assert!(l.contains(want), "missing {want}\n{out}");
+        }
+        // What a network could not read is absent, not zero.
+        assert!(
+            !out.contains("cni_ebpf_maps_memory_bytes{network=\"other\"}"),
+            "{out}"
+        );
+        assert!(
+            !out.contains("cni_ebpf_snat_flows{network=\"unloaded\"}"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn every_family_follows_the_naming_rules() {
+        let fams = families(&sample());
+        let mut names = BTreeSet::new();
+        for f in &fams {
+            assert!(names.insert(f.name), "{} defined twice", f.name);
+            assert!(valid_metric_name(f.name), "{}", f.name);
+            assert!(f.name.starts_with("cni_ebpf_"), "{}", f.name);
+            assert!(!f.help.is_empty() && !f.help.contains('\n'), "{}", f.name);
+            match f.kind {
+                Kind::Counter => assert!(f.name.ends_with("_total"), "{}", f.name),
+                Kind::Gauge => assert!(!f.name.ends_with("_total"), "{}", f.name),
+            }
+            // Every sample has the same label names, valid ones, and a distinct label set.
+            let mut sets = BTreeSet::new();
+            let first: Option<Vec<&str>> = f
+                .samples
+                .first()
+                .map(|s| s.labels.iter().map(|(k, _)| *k).collect());
+            for s in &f.samples {
+                let keys: Vec<&str> = s.labels.iter().map(|(k, _)| *k).collect();
+                if f.name != "cni_ebpf_endpoint_egress_rate_bits_per_second" {
+                    assert_eq!(Some(&keys), first.as_ref(), "{}", f.name);
+                }
+                for k in &keys {
+                    assert!(valid_label_name(k), "{}: label {k}", f.name);
+                }
+                assert!(
+                    sets.insert(s.labels.clone()),
+                    "{}: duplicate series {:?}",
+                    f.name,
+                    s.labels
+                );
+            }
+        }
+        // Units as suffixes.
+        for n in names
+            .iter()
+            .filter(|n| n.contains("bytes") || n.contains("packets"))
+        {
+            assert!(
+                n.ends_with("_bytes")
+                    || n.ends_with("_bytes_total")
+                    || n.ends_with("_packets_total"),
+                "{n}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_line_is_a_comment_or_a_sample_of_the_family_announced_before_it() {
+        let out = render(&sample());
+        let mut current = "";
+        for line in out.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                current = rest.split(' ').next().unwrap_or_default();
+            } else if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                assert_eq!(it.next(), Some(current), "{line}");
+                assert!(matches!(it.next(), Some("counter" | "gauge")), "{line}");
+            } else {
+                let name = line.split(['{', ' ']).next().unwrap_or_default();
+                assert_eq!(name, current, "sample outside its family: {line}");
+                let value = line.rsplit(' ').next().unwrap_or_default();
+                assert!(value.parse::<f64>().is_ok(), "bad value: {line}");
+            }
+        }
+        assert!(out.ends_with('\n'));
+    }
+
+    #[test]
+    fn an_empty_node_still_reports_the_exporter() {
+        let out = render(&Snapshot::default());
+        assert!(out.contains("cni_ebpf_build_info{"), "{out}");
+        assert!(!out.contains("cni_ebpf_up"), "{out}");
+        assert!(
+            !out.contains("cni_ebpf_discovery_errors_total"),
+            "named networks: {out}"
+        );
+    }
+}
