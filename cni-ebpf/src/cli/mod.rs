@@ -1,4 +1,7 @@
-//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`.
+//! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
+//! `install`, `uninstall` (in [`install`]).
+
+pub mod install;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -58,6 +61,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Install the plugin on this node (a DaemonSet's init container): copy this binary
+    /// into the CNI binary directory and write the conflist, both atomically; idempotent.
+    Install(install::InstallArgs),
+    /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
+    /// store (only when no pods are left on it).
+    Uninstall(install::UninstallArgs),
 }
 
 /// Runs the CLI.
@@ -86,6 +95,8 @@ pub fn main() -> ExitCode {
             ip_masq,
         } => load(&net, uplink, ip_masq),
         Cmd::Inspect { net, json } => inspect(&net, json),
+        Cmd::Install(args) => return install::run_install(&args),
+        Cmd::Uninstall(args) => return install::run_uninstall(&args),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,
