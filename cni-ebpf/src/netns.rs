@@ -13,15 +13,16 @@ use std::{
 };
 
 use nix::sched::{setns, CloneFlags};
+// `NSFS_MAGIC`: the filesystem of namespace files; `PROC_SUPER_MAGIC`: `/proc/<pid>/ns/net`
+// files report procfs. Typed constants: `f_type`'s width and signedness differ between
+// glibc and musl.
+use nix::sys::statfs::{NSFS_MAGIC, PROC_SUPER_MAGIC};
 
 use crate::error::{Error, Result};
 
-/// `NSFS_MAGIC` from `linux/magic.h`: the filesystem of namespace files.
-const NSFS_MAGIC: i64 = 0x6e73_6673;
-/// `PROC_SUPER_MAGIC`: `/proc/<pid>/ns/net` files report procfs.
-const PROC_SUPER_MAGIC: i64 = 0x9fa0;
-/// `NS_GET_NSTYPE` ioctl (`_IO(0xb7, 0x3)`).
-const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+/// `NS_GET_NSTYPE` ioctl (`_IO(0xb7, 0x3)`); the request's type differs between glibc
+/// (`c_ulong`) and musl (`c_int`).
+const NS_GET_NSTYPE: libc::Ioctl = 0xb703;
 
 /// An open, validated network namespace.
 #[derive(Debug)]
@@ -43,7 +44,7 @@ impl Netns {
         let file = File::open(path).map_err(|e| ns_err(path, format!("cannot open: {e}")))?;
         let fs = nix::sys::statfs::fstatfs(file.as_fd())
             .map_err(|e| ns_err(path, format!("fstatfs: {e}")))?;
-        let magic = fs.filesystem_type().0;
+        let magic = fs.filesystem_type();
         if magic != NSFS_MAGIC && magic != PROC_SUPER_MAGIC {
             return Err(ns_err(path, "is not a namespace file (not on nsfs)"));
         }

@@ -794,6 +794,25 @@ fn runtime_ip_ranges_serve_one_conflist_on_every_node() {
         vec![ip("fd00:62::2"), ip("10.62.0.2")],
         "runtime range set first"
     );
+    // The node's pod CIDR both in `ipam.ranges` (as `cni-ebpf install` writes it) and
+    // passed by the runtime is served once: one address, not an overlap error.
+    let dir = data_dir();
+    let mut doc = netconf_json(dir.path(), v4("10.64.0.0/24"));
+    doc["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": "10.64.0.0/24" }]] });
+    let conf = parse(&doc, Command::Add);
+    assert_eq!(
+        add(&conf, "c2"),
+        vec![ip("10.64.0.2")],
+        "one set, served once"
+    );
+    // A runtime range that overlaps without being the same set is still refused.
+    doc["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": "10.64.0.0/16" }]] });
+    let err = cni_ebpf::cni::config::NetConf::parse(doc.to_string().as_bytes(), Command::Add)
+        .and_then(|c| cni_ebpf::ipam::Ipam::parse(&c.ipam))
+        .err()
+        .unwrap_or_else(|| panic!("an overlapping runtime range was accepted"));
+    assert_eq!(err.code(), 7, "{err}");
+    assert!(err.to_string().contains("overlap"), "{err}");
     // A bad runtime range is error 7 naming it.
     let mut bad = netconf_json(dir.path(), json!({}));
     bad["runtimeConfig"] = json!({ "ipRanges": [[{ "subnet": "10.63.0.0/33" }]] });

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod image;
 mod setup;
 mod sim;
 
@@ -47,6 +48,9 @@ enum Cmd {
     /// Benchmarks: the IPAM microbench, then cni-ebpf side by side with the reference
     /// plugins and a bare veth on simulated nodes (control plane, data plane, scale).
     Bench(bench::Args),
+    /// Build the container image (deploy/Containerfile: FROM scratch and the static
+    /// binary) offline with buildah.
+    Image(image::Args),
 }
 
 fn main() -> Result<()> {
@@ -82,6 +86,10 @@ fn main() -> Result<()> {
         Cmd::Bench(args) => {
             setup::run(false)?;
             bench::run(&args)
+        }
+        Cmd::Image(args) => {
+            setup::run(false)?;
+            image::run_image(&args)
         }
     }
 }
@@ -171,6 +179,7 @@ fn test(args: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
     ensure_bpffs()?;
     let fault = build_fault_binary()?;
+    let static_bin = image::build_static()?;
     let bin = build_release()?;
     let client = sim::build_libcni_client()?;
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
@@ -190,6 +199,7 @@ fn test(args: &[String]) -> Result<()> {
     .args(args)
     .env("CNI_EBPF_BIN", &bin)
     .env("CNI_EBPF_FAULT_BIN", &fault)
+    .env("CNI_EBPF_STATIC_BIN", &static_bin)
     .env("LIBCNI_CLIENT", &client)
     .env("RUST_BACKTRACE", "1");
     run(&mut cmd)

@@ -23,6 +23,10 @@ const PACKAGES: &[&str] = &[
     "nftables",
     "util-linux",
     "socat",
+    // The container image (deploy/Containerfile) and its test: buildah builds it, runc
+    // runs it.
+    "buildah",
+    "runc",
 ];
 
 /// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).
@@ -55,6 +59,19 @@ fn has_rust_src() -> bool {
         .args(["component", "list", "--toolchain", "nightly", "--installed"])
         .output()
         .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("rust-src"))
+        .unwrap_or(false)
+}
+
+fn has_static_target() -> bool {
+    Command::new("rustup")
+        .args(["target", "list", "--installed"])
+        .output()
+        .map(|o| {
+            o.status.success()
+                && String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .any(|l| l.trim() == crate::image::STATIC_TARGET)
+        })
         .unwrap_or(false)
 }
 
@@ -121,6 +138,20 @@ pub fn run(verbose: bool) -> Result<()> {
                 "rust-src",
             ]))?;
         }
+    }
+
+    // The container image's binary is static: built for the musl target, whose standard
+    // library rustup ships (self-contained, no musl toolchain needed).
+    if has_static_target() {
+        if verbose {
+            eprintln!("setup: Rust target {} present", crate::image::STATIC_TARGET);
+        }
+    } else {
+        eprintln!(
+            "setup: adding the Rust target {}",
+            crate::image::STATIC_TARGET
+        );
+        run_cmd(Command::new("rustup").args(["target", "add", crate::image::STATIC_TARGET]))?;
     }
 
     if has_bpf_linker() {

@@ -1,5 +1,7 @@
 //! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
-//! `metrics`.
+//! `metrics`, `install`, `uninstall` (in [`install`]).
+
+pub mod install;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -74,6 +76,12 @@ enum Cmd {
         #[arg(long = "network")]
         networks: Vec<String>,
     },
+    /// Install the plugin on this node (a DaemonSet's init container): copy this binary
+    /// into the CNI binary directory and write the conflist, both atomically; idempotent.
+    Install(install::InstallArgs),
+    /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
+    /// store (only when no pods are left on it).
+    Uninstall(install::UninstallArgs),
 }
 
 /// Runs the CLI.
@@ -107,6 +115,8 @@ pub fn main() -> ExitCode {
             bpffs_root,
             networks,
         } => crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks)),
+        Cmd::Install(args) => return install::run_install(&args),
+        Cmd::Uninstall(args) => return install::run_uninstall(&args),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,

@@ -536,7 +536,8 @@ impl NetConf {
 }
 
 /// The `ipam` object with `runtimeConfig.ipRanges` served first, as host-local does:
-/// the runtime's range sets, then the legacy single range, then `ipam.ranges`. Only for
+/// the runtime's range sets, then the legacy single range, then `ipam.ranges` (less the
+/// sets the runtime passed too). Only for
 /// the embedded allocator; a delegated IPAM plugin gets `runtimeConfig` on its stdin and
 /// reads the capability itself. Errors in the runtime's ranges name
 /// `runtimeConfig.ipRanges[…]`.
@@ -573,6 +574,10 @@ fn with_runtime_ranges(mut ipam: Value, rc: &RuntimeConfig) -> Result<Value> {
     let Some(obj) = ipam.as_object_mut() else {
         return Ok(serde_json::json!({ "ranges": sets }));
     };
+    // A range set of the configuration that the runtime passes too, written the same way
+    // (a node's pod CIDR both in `ipam.ranges`, as `cni-ebpf install` writes it, and in
+    // the capability), is served once; host-local would refuse it as an overlap and fail
+    // every ADD on that node. Any other overlap is still refused by the parser.
     let mut merged = sets.clone();
     if let Some(subnet) = obj.remove("subnet") {
         let mut legacy = serde_json::Map::new();
@@ -582,10 +587,13 @@ fn with_runtime_ranges(mut ipam: Value, rc: &RuntimeConfig) -> Result<Value> {
                 legacy.insert(k.into(), v);
             }
         }
-        merged.push(Value::Array(vec![Value::Object(legacy)]));
+        let legacy = Value::Array(vec![Value::Object(legacy)]);
+        if !sets.contains(&legacy) {
+            merged.push(legacy);
+        }
     }
     if let Some(Value::Array(existing)) = obj.remove("ranges") {
-        merged.extend(existing);
+        merged.extend(existing.into_iter().filter(|set| !sets.contains(set)));
     }
     obj.insert("ranges".into(), Value::Array(merged));
     Ok(ipam)

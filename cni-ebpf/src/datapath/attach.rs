@@ -272,6 +272,23 @@ pub fn remove_filter(ifname: &str, dir: TcAttachType, handle: u32) -> Result<()>
         .map_err(|e| Error::io(format!("removing our tc filter from {ifname}"), e))
 }
 
+/// Removes our clsact filter (`handle` at [`TC_PRIORITY`]) from `ifindex` in `dir` if it
+/// runs `prog_id`; a filter of the same address running another program is left alone.
+/// Returns whether one was removed.
+pub fn remove_filter_running(
+    ifindex: u32,
+    dir: TcAttachType,
+    prog_id: u32,
+    handle: u32,
+) -> Result<bool> {
+    if !our_filter(ifindex, dir, prog_id, handle)? {
+        return Ok(false);
+    }
+    tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, handle)
+        .map_err(|e| Error::io(format!("removing our tc filter from ifindex {ifindex}"), e))?;
+    Ok(true)
+}
+
 /// How `prog_id` is attached to `ifname` (`ifindex`) in `dir`: through the tcx link
 /// pinned at `pin`, as our clsact filter, or (`None`) not at all. A program attached both
 /// ways is reported as tcx (CHECK's [`attached_twice`] tells).

@@ -19,12 +19,12 @@ use aya::{
     EbpfLoader,
 };
 use cni_ebpf_common::{global, prog};
+// A typed constant: `f_type`'s width and signedness differ between glibc and musl.
+use nix::sys::statfs::BPF_FS_MAGIC;
 
 use super::{object, pins::Pins};
 use crate::error::{Error, Result};
 
-/// `BPF_FS_MAGIC` from `linux/magic.h`.
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 /// How long a loader waits for another one holding the lock.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
@@ -41,7 +41,7 @@ pub fn check_bpffs(dir: &Path) -> Result<()> {
     let fs = nix::sys::statfs::statfs(probe).map_err(|e| {
         Error::NotAvailable(format!("cannot stat bpffsRoot {}: {e}", probe.display()))
     })?;
-    let magic = fs.filesystem_type().0;
+    let magic = fs.filesystem_type();
     if magic != BPF_FS_MAGIC {
         return Err(Error::NotAvailable(format!(
             "{} is not on a bpf filesystem (bpffsRoot {}); mount one, e.g. \

@@ -242,6 +242,40 @@ impl Datapath {
         remove_dir(&v)
     }
 
+    /// Removes this network's clsact filters from every interface of the current network
+    /// namespace: the uplink programs' (the network's [`attach::uplink_handle`], on the
+    /// uplink or on an earlier one) and `from_pod`'s ([`attach::TC_HANDLE`], on host veths
+    /// a killed DEL left). A filter is ours when it sits at our priority and handle and runs
+    /// one of this network's pinned programs. Pinned tcx and cgroup links are not touched:
+    /// removing their pins ([`Datapath::unload_at`]) detaches them. For `uninstall --purge`,
+    /// before the pins go: a filter keeps its program running after the pins are gone.
+    /// Returns how many filters were removed.
+    pub fn remove_filters(&self) -> Result<usize> {
+        use aya::programs::TcAttachType;
+        use cni_ebpf_common::prog;
+
+        let uplink = attach::uplink_handle(self.pins.network_dir());
+        let mut ours = Vec::new();
+        for (name, dir, handle) in [
+            (prog::FROM_POD, TcAttachType::Ingress, attach::TC_HANDLE),
+            (prog::UPLINK_INGRESS, TcAttachType::Ingress, uplink),
+            (prog::UPLINK_EGRESS, TcAttachType::Egress, uplink),
+        ] {
+            ours.push((attach::program_id(&self.program(name)?)?, dir, handle));
+        }
+        let interfaces = nix::net::if_::if_nameindex()
+            .map_err(|e| Error::io("listing the network interfaces", e.into()))?;
+        let mut removed = 0;
+        for iface in &interfaces {
+            for &(prog_id, dir, handle) in &ours {
+                if attach::remove_filter_running(iface.index(), dir, prog_id, handle)? {
+                    removed += 1;
+                }
+            }
+        }
+        Ok(removed)
+    }
+
     /// The pin layout of this network.
     #[must_use]
     pub fn pins(&self) -> &Pins {

@@ -15,6 +15,8 @@ use std::{
 
 use aya::programs::{links::FdLink, CgroupAttachMode, CgroupSockAddr, CgroupSockAddrAttachType};
 use cni_ebpf_common::prog;
+// A typed constant: `f_type`'s width and signedness differ between glibc and musl.
+use nix::sys::statfs::CGROUP2_SUPER_MAGIC;
 
 use super::{load, Datapath};
 use crate::{
@@ -33,9 +35,6 @@ const SOCKET_PROGS: [(&str, CgroupSockAddrAttachType); 4] = [
     ),
 ];
 
-/// `CGROUP2_SUPER_MAGIC` from `linux/magic.h`.
-const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-
 /// The cgroup2 directory `cfg` names, or `None` when the socket hooks are off.
 pub fn cgroup_dir(cfg: &CgroupPath) -> Result<Option<PathBuf>> {
     let dir = match cfg {
@@ -45,7 +44,7 @@ pub fn cgroup_dir(cfg: &CgroupPath) -> Result<Option<PathBuf>> {
     };
     let fs = nix::sys::statfs::statfs(&dir)
         .map_err(|e| Error::config("cgroupPath", format!("{}: {e}", dir.display())))?;
-    if fs.filesystem_type().0 != CGROUP2_SUPER_MAGIC {
+    if fs.filesystem_type() != CGROUP2_SUPER_MAGIC {
         return Err(Error::config(
             "cgroupPath",
             format!("{} is not a cgroup2 directory", dir.display()),
