@@ -726,7 +726,7 @@ impl Store {
     pub fn read_cursor(&self, set: usize) -> Option<IpAddr> {
         let name = format!("last_reserved_ip.{set}");
         let bytes = read_small(&self.root, &name, &self.path.join(&name)).ok()??;
-        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+        parse_cursor(&bytes)
     }
 
     /// Stores the round-robin cursor of range set `set`. Best effort: a failure is logged.
@@ -869,10 +869,23 @@ fn read_record_at(
         .take(MAX_RECORD)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io(format!("reading {}", full.display()), e))?;
-    Ok(Some((
-        serde_json::from_slice(&bytes).ok(),
-        Ident::from(&st),
-    )))
+    Ok(Some((parse_record(&bytes), Ident::from(&st))))
+}
+
+/// Parses the bytes of a record file (`keys/…`, `ips/…`). `None` for anything that is not
+/// a whole record (a torn or foreign file): the allocator then treats the name as held by
+/// an unreadable record and repairs it. Never fails otherwise; fuzzed by `fuzz/`'s
+/// `store_record` target.
+#[must_use]
+pub fn parse_record(bytes: &[u8]) -> Option<Record> {
+    serde_json::from_slice(bytes).ok()
+}
+
+/// Parses the bytes of a cursor file (`last_reserved_ip.<set>`): an address, padded with
+/// whitespace. `None` for anything else (the cursor is only a hint).
+#[must_use]
+pub fn parse_cursor(bytes: &[u8]) -> Option<IpAddr> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
 
 fn list_dir(dir: &OwnedFd, dir_path: &Path) -> Result<Vec<(String, Ident)>> {
