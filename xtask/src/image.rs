@@ -32,18 +32,19 @@ pub struct Args {
 /// Builds the static release binary (eBPF object embedded) and returns its path.
 pub fn build_static() -> Result<PathBuf> {
     eprintln!("xtask: building the static ({STATIC_TARGET}) binary for the container image");
-    run(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "cni-ebpf",
-        "--target",
-        STATIC_TARGET,
-    ]))?;
-    let bin = workspace_root()
-        .join("target")
-        .join(STATIC_TARGET)
-        .join("release/cni-ebpf");
+    let target_dir = crate::cache_dir("static-target");
+    run(Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "cni-ebpf",
+            "--target",
+            STATIC_TARGET,
+            "--target-dir",
+        ])
+        .arg(&target_dir))?;
+    let bin = target_dir.join(STATIC_TARGET).join("release/cni-ebpf");
     crate::check_embedded(&bin)?;
     check_static(&bin)?;
     Ok(bin)

@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod fuzz;
 mod image;
 mod setup;
 mod sim;
@@ -43,6 +44,9 @@ enum Cmd {
         #[arg(trailing_var_arg = true)]
         args: Vec<String>,
     },
+    /// Fuzz the plugin's input parsers (cargo-fuzz targets in `fuzz/`) for a bounded time
+    /// each, then report; fails when a target finds a crash.
+    Fuzz(fuzz::Args),
     /// Demo: a simulated node with two pods networked by cni-ebpf.
     Demo,
     /// Benchmarks: the IPAM microbench, then cni-ebpf side by side with the reference
@@ -76,6 +80,14 @@ fn main() -> Result<()> {
             setup::run(false)?;
             test(&args)
         }
+        Cmd::Fuzz(args) => {
+            setup::run(false)?;
+            let targets: Vec<&str> = match &args.target {
+                Some(t) => vec![t.as_str()],
+                None => fuzz::TARGETS.to_vec(),
+            };
+            fuzz::run(args.seconds, &targets)
+        }
         Cmd::Demo => {
             setup::run(false)?;
             require_root("cargo xtask demo")?;
@@ -92,6 +104,21 @@ fn main() -> Result<()> {
             image::run_image(&args)
         }
     }
+}
+
+/// A build cache kept across runs on this machine (like `bpf-linker` in `~/.cargo/bin`):
+/// `$HOME/.cache/cni-ebpf/<name>` (under `target/` without a home). The instrumented fuzz
+/// builds and the static musl build would otherwise start cold in every fresh clone (9 and
+/// 6 minutes on two cores); cargo's fingerprints keep a shared target directory correct
+/// across clones (a clone's own crates rebuild, dependencies are reused).
+pub fn cache_dir(name: &str) -> PathBuf {
+    std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map_or_else(
+            || workspace_root().join("target").join("cache"),
+            |h| PathBuf::from(h).join(".cache/cni-ebpf"),
+        )
+        .join(name)
 }
 
 /// The workspace root (parent of this crate's manifest dir).
@@ -202,5 +229,30 @@ fn test(args: &[String]) -> Result<()> {
     .env("CNI_EBPF_STATIC_BIN", &static_bin)
     .env("LIBCNI_CLIENT", &client)
     .env("RUST_BACKTRACE", "1");
-    run(&mut cmd)
+    let tests = run(&mut cmd);
+    // The bounded fuzz slice runs even when a test failed, so one run reports both; either
+    // failing fails `cargo xtask test`.
+    let fuzz = fuzz_slice();
+    match (tests, fuzz) {
+        (Ok(()), Ok(())) => Ok(()),
+        (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
+        (Err(t), Err(f)) => Err(t.context(format!("and the fuzz slice failed too: {f:#}"))),
+    }
+}
+
+/// The short fuzz run of `cargo xtask test`: [`fuzz::TEST_SECONDS`] per target, or
+/// `CNI_EBPF_FUZZ_SECONDS` (0 skips it).
+fn fuzz_slice() -> Result<()> {
+    let seconds = match std::env::var("CNI_EBPF_FUZZ_SECONDS") {
+        Ok(s) => s
+            .parse()
+            .with_context(|| format!("CNI_EBPF_FUZZ_SECONDS={s:?} is not a number"))?,
+        Err(_) => fuzz::TEST_SECONDS,
+    };
+    if seconds == 0 {
+        eprintln!("xtask: fuzz slice skipped (CNI_EBPF_FUZZ_SECONDS=0)");
+        return Ok(());
+    }
+    eprintln!("xtask: fuzzing each parser for {seconds} s");
+    fuzz::run(seconds, fuzz::TARGETS)
 }

@@ -83,6 +83,14 @@ fn has_bpf_linker() -> bool {
         .unwrap_or(false)
 }
 
+fn has_cargo_fuzz() -> bool {
+    Command::new("cargo")
+        .args(["+nightly", "fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
 /// Installs what is missing. With `verbose`, also reports what was already there.
 pub fn run(verbose: bool) -> Result<()> {
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
@@ -175,6 +183,27 @@ pub fn run(verbose: bool) -> Result<()> {
         )?;
         if !has_bpf_linker() {
             bail!("bpf-linker was installed but is not runnable from PATH");
+        }
+    }
+
+    // cargo-fuzz drives the fuzz targets of `fuzz/` (`cargo xtask fuzz`, and a short slice
+    // in `cargo xtask test`). Like bpf-linker it lands in ~/.cargo/bin, which survives
+    // between runs on one machine, so it is built once (about 2 minutes).
+    if has_cargo_fuzz() {
+        if verbose {
+            eprintln!("setup: cargo-fuzz present");
+        }
+    } else {
+        eprintln!("setup: installing cargo-fuzz (takes about 2 minutes)");
+        run_cmd(Command::new("cargo").args([
+            "install",
+            "cargo-fuzz",
+            "--version",
+            "^0.13",
+            "--locked",
+        ]))?;
+        if !has_cargo_fuzz() {
+            bail!("cargo-fuzz was installed but `cargo +nightly fuzz` does not run");
         }
     }
     Ok(())

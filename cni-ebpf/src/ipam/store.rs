@@ -139,13 +139,25 @@ pub fn key_name(container_id: &str, ifname: &str) -> Result<String> {
     }
     let name = format!("{container_id}:{ifname}");
     if name.len() > 255 {
+        // The room a container ID has next to this ifname and the ':'. The ifname comes
+        // from a record on disk as well as from CNI_IFNAME, so it may leave none (found
+        // by the `store_record` fuzz target: `254 - ifname.len()` overflowed).
+        let room = 254usize.saturating_sub(ifname.len());
+        if room == 0 {
+            return Err(Error::env(
+                "CNI_IFNAME",
+                format!(
+                    "is {} bytes long; too long to name an IPAM reservation",
+                    ifname.len()
+                ),
+            ));
+        }
         return Err(Error::env(
             "CNI_CONTAINERID",
             format!(
-                "is {} bytes long; the IPAM store supports container IDs of up to {} bytes \
-                 with this interface name",
+                "is {} bytes long; the IPAM store supports container IDs of up to {room} \
+                 bytes with this interface name",
                 container_id.len(),
-                254 - ifname.len()
             ),
         ));
     }
@@ -726,7 +738,7 @@ impl Store {
     pub fn read_cursor(&self, set: usize) -> Option<IpAddr> {
         let name = format!("last_reserved_ip.{set}");
         let bytes = read_small(&self.root, &name, &self.path.join(&name)).ok()??;
-        std::str::from_utf8(&bytes).ok()?.trim().parse().ok()
+        parse_cursor(&bytes)
     }
 
     /// Stores the round-robin cursor of range set `set`. Best effort: a failure is logged.
@@ -869,10 +881,23 @@ fn read_record_at(
         .take(MAX_RECORD)
         .read_to_end(&mut bytes)
         .map_err(|e| Error::io(format!("reading {}", full.display()), e))?;
-    Ok(Some((
-        serde_json::from_slice(&bytes).ok(),
-        Ident::from(&st),
-    )))
+    Ok(Some((parse_record(&bytes), Ident::from(&st))))
+}
+
+/// Parses the bytes of a record file (`keys/…`, `ips/…`). `None` for anything that is not
+/// a whole record (a torn or foreign file): the allocator then treats the name as held by
+/// an unreadable record and repairs it. Never fails otherwise; fuzzed by `fuzz/`'s
+/// `store_record` target.
+#[must_use]
+pub fn parse_record(bytes: &[u8]) -> Option<Record> {
+    serde_json::from_slice(bytes).ok()
+}
+
+/// Parses the bytes of a cursor file (`last_reserved_ip.<set>`): an address, padded with
+/// whitespace. `None` for anything else (the cursor is only a hint).
+#[must_use]
+pub fn parse_cursor(bytes: &[u8]) -> Option<IpAddr> {
+    std::str::from_utf8(bytes).ok()?.trim().parse().ok()
 }
 
 fn list_dir(dir: &OwnedFd, dir_path: &Path) -> Result<Vec<(String, Ident)>> {
@@ -913,4 +938,44 @@ pub fn read_at_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![expect(clippy::panic, reason = "tests")]
+
+    use super::*;
+
+    /// Minimized from the `store_record` fuzz target: a record whose ifname is longer than
+    /// a key file name can be used to panic on an overflow computing the error message.
+    #[test]
+    fn record_with_an_overlong_ifname_is_refused_not_a_panic() {
+        let ifname = "L".repeat(300);
+        let bytes = format!(
+            r#"{{"containerID":"abc123","ifname":"{ifname}","addresses":[],"bootId":"b"}}"#
+        );
+        let Some(record) = parse_record(bytes.as_bytes()) else {
+            panic!("a well-formed record must parse");
+        };
+        match record.key_name() {
+            Err(e) => assert!(e.to_string().contains("CNI_IFNAME"), "{e}"),
+            Ok(name) => panic!("{name:?} cannot be a file name"),
+        }
+        // Exactly no room left for a container ID, and one byte of room.
+        assert!(key_name("a", &"i".repeat(254)).is_err());
+        match key_name("ab", &"i".repeat(253)) {
+            Err(e) => assert!(e.to_string().contains("up to 1 bytes"), "{e}"),
+            Ok(name) => panic!("{name:?} is longer than 255 bytes"),
+        }
+        assert!(key_name("a", &"i".repeat(253)).is_ok());
+    }
+
+    /// The cursor parser takes the store's padded form and nothing else.
+    #[test]
+    fn cursor_bytes() {
+        let padded = format!("{:<48}", "10.0.0.7\n");
+        assert_eq!(parse_cursor(padded.as_bytes()), "10.0.0.7".parse().ok());
+        assert_eq!(parse_cursor(b"\xff10.0.0.7"), None);
+        assert_eq!(parse_cursor(b""), None);
+    }
 }
