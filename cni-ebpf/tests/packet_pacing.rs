@@ -81,12 +81,28 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
     fx.dp()
         .remove_pod("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()], &mut errors);
     assert!(errors.is_empty(), "{errors:?}");
+    let mut map = fx.map("PACING");
+    let pacing: aya::maps::HashMap<_, u32, Pacing> =
+        aya::maps::HashMap::try_from(&mut map).unwrap();
+    assert!(
+        pacing.get(&IFINDEX_A, 0).is_err(),
+        "DEL removes the schedule"
+    );
+    // A schedule left on the ifindex by a crashed earlier interface does not apply to a
+    // new interface without a rate.
+    let mut pacing = pacing;
+    let stale = cni_ebpf::datapath::pacing::pacing_of(&ep.egress_rate.unwrap(), 0);
+    pacing.insert(IFINDEX_A, stale, 0).unwrap();
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             egress_rate: None,
             ..ep
         })
         .unwrap();
+    assert!(
+        pacing.get(&IFINDEX_A, 0).is_err(),
+        "the stale schedule was removed"
+    );
     for _ in 0..40 {
         assert_eq!(fx.run_on("from_pod", IFINDEX_A, &frame).0, REDIRECT);
     }

@@ -79,13 +79,15 @@ impl Datapath {
         m.owners()?
             .insert(owner, record, 0)
             .map_err(|e| maps::err(map_name::OWNERS, "insert", &e))?;
-        if let Some(rate) = &ep.egress_rate {
-            // Before the entries that flag the pod as paced. (The map lock is released:
-            // `put_pacing` takes it.)
-            drop(m);
-            self.put_pacing(ep.host_ifindex, rate)?;
-            m = self.maps()?;
+        // Before the entries that flag the pod as paced; without a rate, a schedule left
+        // on this ifindex by an earlier interface (a crash before its removal) must not
+        // apply to the new one. (The map lock is released: both take it.)
+        drop(m);
+        match &ep.egress_rate {
+            Some(rate) => self.put_pacing(ep.host_ifindex, rate)?,
+            None => self.remove_pacing([ep.host_ifindex])?,
         }
+        m = self.maps()?;
         let zero = maps::zero_percpu::<EndpointStats>()?;
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
