@@ -225,20 +225,7 @@ impl Background {
     /// Starts `argv` inside `netns` with stdio discarded.
     #[track_caller]
     pub fn spawn<S: AsRef<OsStr>>(netns: &Path, argv: &[S]) -> Self {
-        let mut cmd = command(argv);
-        in_netns(&mut cmd, netns);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let argv: Vec<String> = argv
-            .iter()
-            .map(|s| s.as_ref().to_string_lossy().into_owned())
-            .collect();
-        let argv = argv.join(" ");
-        match cmd.spawn() {
-            Ok(child) => Self { child, argv },
-            Err(e) => panic!("cannot start `{argv}`: {e}"),
-        }
+        Self::spawn_with(netns, argv, Stdio::null, Stdio::null)
     }
 
     /// Starts `argv` inside `netns` with stdin discarded and stdout and stderr appended
@@ -246,17 +233,27 @@ impl Background {
     #[track_caller]
     pub fn spawn_logged<S: AsRef<OsStr>>(netns: &Path, argv: &[S], log: &Path) -> Self {
         let open = || {
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display()))
+            Stdio::from(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(log)
+                    .unwrap_or_else(|e| panic!("cannot open {}: {e}", log.display())),
+            )
         };
+        Self::spawn_with(netns, argv, open, open)
+    }
+
+    #[track_caller]
+    fn spawn_with<S: AsRef<OsStr>>(
+        netns: &Path,
+        argv: &[S],
+        stdout: impl Fn() -> Stdio,
+        stderr: impl Fn() -> Stdio,
+    ) -> Self {
         let mut cmd = command(argv);
         in_netns(&mut cmd, netns);
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::from(open()))
-            .stderr(Stdio::from(open()));
+        cmd.stdin(Stdio::null()).stdout(stdout()).stderr(stderr());
         let argv: Vec<String> = argv
             .iter()
             .map(|s| s.as_ref().to_string_lossy().into_owned())
