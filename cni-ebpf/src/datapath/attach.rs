@@ -272,21 +272,26 @@ pub fn remove_filter(ifname: &str, dir: TcAttachType, handle: u32) -> Result<()>
         .map_err(|e| Error::io(format!("removing our tc filter from {ifname}"), e))
 }
 
-/// Removes our clsact filter (`handle` at [`TC_PRIORITY`]) from `ifindex` in `dir` if it
-/// runs `prog_id`; a filter of the same address running another program is left alone.
-/// Returns whether one was removed.
-pub fn remove_filter_running(
+/// Removes from `ifindex`'s `dir` hook each of our clsact filters (`(prog_id, handle)`
+/// at [`TC_PRIORITY`]) that runs its program; a filter at the same address running another
+/// program is left alone. The hook is listed once. Returns how many were removed.
+pub fn remove_filters_running(
     ifindex: u32,
     dir: TcAttachType,
-    prog_id: u32,
-    handle: u32,
-) -> Result<bool> {
-    if !our_filter(ifindex, dir, prog_id, handle)? {
-        return Ok(false);
+    ours: &[(u32, u32)],
+) -> Result<usize> {
+    let filters = tcnl::filters(ifindex, hook(dir))
+        .map_err(|e| Error::io(format!("listing the tc filters of ifindex {ifindex}"), e))?;
+    let mut removed = 0;
+    for &(prog_id, handle) in ours {
+        if filters.iter().any(|f| is_ours(f, prog_id, handle)) {
+            tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, handle).map_err(|e| {
+                Error::io(format!("removing our tc filter from ifindex {ifindex}"), e)
+            })?;
+            removed += 1;
+        }
     }
-    tcnl::delete_filter(ifindex, hook(dir), TC_PRIORITY, handle)
-        .map_err(|e| Error::io(format!("removing our tc filter from ifindex {ifindex}"), e))?;
-    Ok(true)
+    Ok(removed)
 }
 
 /// How `prog_id` is attached to `ifname` (`ifindex`) in `dir`: through the tcx link
@@ -324,9 +329,12 @@ pub fn attached_twice(
 fn our_filter(ifindex: u32, dir: TcAttachType, prog_id: u32, handle: u32) -> Result<bool> {
     let filters = tcnl::filters(ifindex, hook(dir))
         .map_err(|e| Error::io(format!("listing the tc filters of ifindex {ifindex}"), e))?;
-    Ok(filters
-        .iter()
-        .any(|f| f.priority == TC_PRIORITY && f.handle == handle && f.prog_id == Some(prog_id)))
+    Ok(filters.iter().any(|f| is_ours(f, prog_id, handle)))
+}
+
+/// Whether `f` is our filter at `handle` running `prog_id`.
+fn is_ours(f: &tcnl::Filter, prog_id: u32, handle: u32) -> bool {
+    f.priority == TC_PRIORITY && f.handle == handle && f.prog_id == Some(prog_id)
 }
 
 /// The program's kernel name. (`ProgramInfo::name_as_str` would make aya probe kernel

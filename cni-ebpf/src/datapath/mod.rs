@@ -255,22 +255,27 @@ impl Datapath {
         use cni_ebpf_common::prog;
 
         let uplink = attach::uplink_handle(self.pins.network_dir());
-        let mut ours = Vec::new();
-        for (name, dir, handle) in [
-            (prog::FROM_POD, TcAttachType::Ingress, attach::TC_HANDLE),
-            (prog::UPLINK_INGRESS, TcAttachType::Ingress, uplink),
-            (prog::UPLINK_EGRESS, TcAttachType::Egress, uplink),
-        ] {
-            ours.push((attach::program_id(&self.program(name)?)?, dir, handle));
-        }
+        let id = |name: &str| attach::program_id(&self.program(name)?);
+        // Per hook, the (program, handle) pairs that may sit there.
+        let hooks = [
+            (
+                TcAttachType::Ingress,
+                vec![
+                    (id(prog::FROM_POD)?, attach::TC_HANDLE),
+                    (id(prog::UPLINK_INGRESS)?, uplink),
+                ],
+            ),
+            (
+                TcAttachType::Egress,
+                vec![(id(prog::UPLINK_EGRESS)?, uplink)],
+            ),
+        ];
         let interfaces = nix::net::if_::if_nameindex()
             .map_err(|e| Error::io("listing the network interfaces", e.into()))?;
         let mut removed = 0;
         for iface in &interfaces {
-            for &(prog_id, dir, handle) in &ours {
-                if attach::remove_filter_running(iface.index(), dir, prog_id, handle)? {
-                    removed += 1;
-                }
+            for (dir, ours) in &hooks {
+                removed += attach::remove_filters_running(iface.index(), *dir, ours)?;
             }
         }
         Ok(removed)
