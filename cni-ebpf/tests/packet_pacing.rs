@@ -14,15 +14,8 @@ use packet_support::*;
 /// Pod A's attachment (the fixture's), with `egress_rate`.
 fn pod_a(egress_rate: Option<EgressRate>) -> Endpoint {
     Endpoint {
-        container_id: "ctr-a".into(),
-        ifname: "eth0".into(),
-        host_ifindex: IFINDEX_A,
-        host_ifname: "veth-ctr-a".into(),
-        host_mac: HOST_MAC_A,
-        pod_mac: POD_MAC_A,
-        ips: vec![POD_A.into()],
-        allowed_sources: Vec::new(),
         egress_rate,
+        ..endpoint_a()
     }
 }
 

@@ -76,15 +76,8 @@ fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
     let fx = node();
     // Pod A routes 192.0.2.0/24 (a VPN pod): its attachment carries that allow-list.
     let ep = Endpoint {
-        container_id: "ctr-a".into(),
-        ifname: "eth0".into(),
-        host_ifindex: IFINDEX_A,
-        host_ifname: "veth-ctr-a".into(),
-        host_mac: HOST_MAC_A,
-        pod_mac: POD_MAC_A,
-        ips: vec![POD_A.into()],
         allowed_sources: vec!["192.0.2.0/24".parse().unwrap()],
-        egress_rate: None,
+        ..endpoint_a()
     };
     fx.dp().put_endpoint_entries(&ep).unwrap();
     let routed = tcp_frame(Ipv4Addr::new(192, 0, 2, 9), 4000, POD_B, 80, SYN);

@@ -167,23 +167,10 @@ impl Fixture {
 
     /// Endpoint entries for pods A and B (no attachment).
     pub fn two_pods(&self) {
-        for (id, ip, ifindex, host_mac, pod_mac) in [
-            ("ctr-a", POD_A, IFINDEX_A, HOST_MAC_A, POD_MAC_A),
-            ("ctr-b", POD_B, IFINDEX_B, HOST_MAC_B, POD_MAC_B),
-        ] {
+        for ep in [endpoint_a(), endpoint_b()] {
             self.dp()
-                .put_endpoint_entries(&Endpoint {
-                    container_id: id.into(),
-                    ifname: "eth0".into(),
-                    host_ifindex: ifindex,
-                    host_ifname: format!("veth-{id}"),
-                    host_mac,
-                    pod_mac,
-                    ips: vec![ip.into()],
-                    allowed_sources: Vec::new(),
-                    egress_rate: None,
-                })
-                .unwrap_or_else(|e| panic!("put_endpoint_entries {id}: {e}"));
+                .put_endpoint_entries(&ep)
+                .unwrap_or_else(|e| panic!("put_endpoint_entries {}: {e}", ep.container_id));
         }
     }
 
@@ -611,4 +598,34 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
         _ => {}
     }
     p
+}
+
+/// Pod A's attachment as [`Fixture::two_pods`] makes it.
+pub fn endpoint_a() -> Endpoint {
+    pod_endpoint("ctr-a", POD_A, IFINDEX_A, HOST_MAC_A, POD_MAC_A)
+}
+
+/// Pod B's attachment as [`Fixture::two_pods`] makes it.
+pub fn endpoint_b() -> Endpoint {
+    pod_endpoint("ctr-b", POD_B, IFINDEX_B, HOST_MAC_B, POD_MAC_B)
+}
+
+fn pod_endpoint(
+    id: &str,
+    ip: Ipv4Addr,
+    ifindex: u32,
+    host_mac: [u8; 6],
+    pod_mac: [u8; 6],
+) -> Endpoint {
+    Endpoint {
+        container_id: id.into(),
+        ifname: "eth0".into(),
+        host_ifindex: ifindex,
+        host_ifname: format!("veth-{id}"),
+        host_mac,
+        pod_mac,
+        ips: vec![ip.into()],
+        allowed_sources: Vec::new(),
+        egress_rate: None,
+    }
 }
