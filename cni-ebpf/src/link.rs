@@ -11,7 +11,7 @@ use ipnet::IpNet;
 use netlink_packet_route::{
     address::{AddressAttribute, AddressFlags, AddressHeaderFlags},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
-    route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteScope},
+    route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope},
     AddressFamily,
 };
 use rtnetlink::{
@@ -106,13 +106,27 @@ pub struct NewRoute {
     pub gw: Option<IpAddr>,
     /// Output interface.
     pub oif: u32,
-    /// `scope link` (for on-link host routes).
-    pub scope_link: bool,
+    /// Scope (`RT_SCOPE_*`); `None` = the kernel's default for the route (universe, or
+    /// link for a route without gateway). On-link host routes use [`RT_SCOPE_LINK`].
+    pub scope: Option<u8>,
     /// Metric.
     pub priority: Option<u32>,
     /// Route MTU.
     pub mtu: Option<u32>,
+    /// Advertised MSS (`RTAX_ADVMSS`).
+    pub advmss: Option<u32>,
+    /// Routing table; `None` = main.
+    pub table: Option<u32>,
 }
+
+/// `RT_SCOPE_LINK`: a destination on the link itself.
+pub const RT_SCOPE_LINK: u8 = 253;
+
+/// `RT_TABLE_MAIN`: the table a route goes to when none is named.
+pub const RT_TABLE_MAIN: u32 = 254;
+
+/// `RT_TABLE_LOCAL`: the kernel's routes to the node's own addresses.
+const RT_TABLE_LOCAL: u32 = 255;
 
 /// A netlink handle bound to one network namespace.
 pub struct Nl {
@@ -353,7 +367,7 @@ impl Nl {
         }
     }
 
-    /// Every route of both families in the main table.
+    /// Every route of both families in every table but `local` (the kernel's own).
     pub async fn routes(&self) -> Result<Vec<RouteInfo>> {
         let mut out = Vec::new();
         for v6 in [false, true] {
@@ -374,7 +388,7 @@ impl Nl {
             out.extend(
                 msgs.iter()
                     .filter_map(route_info)
-                    .filter(|r| r.table == 254),
+                    .filter(|r| r.table != RT_TABLE_LOCAL),
             );
         }
         Ok(out)
@@ -386,7 +400,7 @@ impl Nl {
             .routes()
             .await?
             .into_iter()
-            .find(|r| r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4())
+            .find(|r| r.table == RT_TABLE_MAIN && r.dst.prefix_len() == 0 && r.dst.addr().is_ipv4())
             .and_then(|r| r.oif))
     }
 }
@@ -409,17 +423,25 @@ fn build_route(r: &NewRoute) -> Result<RouteMessage> {
     b = b
         .output_interface(r.oif)
         .protocol(RouteProtocol::Other(RTPROT_CNI_EBPF));
-    if r.scope_link {
-        b = b.scope(RouteScope::Link);
+    if let Some(scope) = r.scope {
+        b = b.scope(RouteScope::from(scope));
     }
     if let Some(p) = r.priority {
         b = b.priority(p);
     }
+    if let Some(t) = r.table {
+        b = b.table_id(t);
+    }
     let mut msg = b.build();
-    if let Some(mtu) = r.mtu {
-        use netlink_packet_route::route::RouteMetric;
-        msg.attributes
-            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(mtu)]));
+    let metrics: Vec<RouteMetric> = [
+        r.mtu.map(RouteMetric::Mtu),
+        r.advmss.map(RouteMetric::Advmss),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if !metrics.is_empty() {
+        msg.attributes.push(RouteAttribute::Metrics(metrics));
     }
     Ok(msg)
 }
@@ -602,7 +624,7 @@ impl Nl {
 #[cfg(test)]
 #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
 mod tests {
-    use super::{build_route, NewRoute, RouteAttribute};
+    use super::{build_route, NewRoute, RouteAttribute, RouteMetric, RouteScope};
     use crate::error::Error;
 
     fn route(dst: &str, gw: &str) -> NewRoute {
@@ -610,9 +632,11 @@ mod tests {
             dst: dst.parse().unwrap_or_else(|e| panic!("{dst}: {e}")),
             gw: Some(gw.parse().unwrap_or_else(|e| panic!("{gw}: {e}"))),
             oif: 2,
-            scope_link: false,
+            scope: None,
             priority: None,
             mtu: None,
+            advmss: None,
+            table: None,
         }
     }
 
@@ -638,5 +662,33 @@ mod tests {
             Err(e) => panic!("refused with the wrong error: {e}"),
             Ok(msg) => panic!("built without complaint: {msg:?}"),
         }
+    }
+
+    #[test]
+    fn every_field_of_a_route_reaches_the_message() {
+        let r = NewRoute {
+            scope: Some(0),
+            priority: Some(7),
+            mtu: Some(1400),
+            advmss: Some(1300),
+            table: Some(1000),
+            ..route("192.0.2.0/24", "10.244.1.1")
+        };
+        let msg = build_route(&r).unwrap_or_else(|e| panic!("refused: {e}"));
+        let has = |f: &dyn Fn(&RouteAttribute) -> bool| msg.attributes.iter().any(f);
+        assert!(
+            has(&|a| matches!(a, RouteAttribute::Priority(7))),
+            "{msg:?}"
+        );
+        assert!(
+            has(&|a| matches!(a, RouteAttribute::Table(1000))),
+            "{msg:?}"
+        );
+        assert!(
+            has(&|a| matches!(a, RouteAttribute::Metrics(m)
+                if m.contains(&RouteMetric::Mtu(1400)) && m.contains(&RouteMetric::Advmss(1300)))),
+            "{msg:?}"
+        );
+        assert_eq!(msg.header.scope, RouteScope::Universe);
     }
 }

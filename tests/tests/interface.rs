@@ -298,6 +298,106 @@ fn ipam_routes_and_the_cni_args_mac_are_installed() {
     node.store("testnet").assert_empty("after DEL");
 }
 
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn every_route_field_the_result_reports_is_applied_or_refused() {
+    // 1.1.0 routes carry mtu, advmss, priority, table and scope. Each one the Result
+    // reports must be what the kernel holds, and CHECK must look where the route went.
+    let node = SimNode::new("route_fields");
+    let pod = node.pod("p");
+    let conf = node.conf().version("1.1.0").ipam(json!({
+        "ranges": [[{ "subnet": "10.244.1.0/24" }]],
+        "routes": [
+            { "dst": "0.0.0.0/0" },
+            { "dst": "192.0.2.0/24", "mtu": 1400, "advmss": 1300, "priority": 7, "table": 100 },
+            { "dst": "198.51.100.0/24", "scope": 0, "priority": 9 },
+        ],
+    }));
+    let out = node.exec_plugin("ADD", &pod.env("eth0"), &conf.plugin());
+    let result = out.result();
+    let routes = result["routes"].as_array().cloned().unwrap_or_default();
+    let r100 = routes
+        .iter()
+        .find(|r| r["dst"] == "192.0.2.0/24")
+        .unwrap_or_else(|| panic!("no 192.0.2.0/24 route in the Result: {result}"));
+    assert_eq!(
+        (
+            &r100["mtu"],
+            &r100["advmss"],
+            &r100["priority"],
+            &r100["table"]
+        ),
+        (&json!(1400), &json!(1300), &json!(7), &json!(100)),
+        "the Result echoes the route fields: {result}"
+    );
+    // The kernel holds them: table 100, with its metrics.
+    let live = tests::ip_json(pod.netns(), &["-4", "-d", "route", "show", "table", "100"]);
+    let live = live.as_array().cloned().unwrap_or_default();
+    let Some(l) = live.iter().find(|r| r["dst"] == "192.0.2.0/24") else {
+        panic!("192.0.2.0/24 is not in table 100 of the pod: {live:?}")
+    };
+    assert_eq!(l["gateway"], GW4, "{l}");
+    assert_eq!(l["metric"], 7, "{l}");
+    let metrics = l["metrics"].as_array().cloned().unwrap_or_default();
+    let has = |k: &str, v: u64| metrics.iter().any(|m| m[k] == v);
+    assert!(
+        has("mtu", 1400) && has("advmss", 1300),
+        "route metrics: {l}"
+    );
+    let main = tests::ip_json(pod.netns(), &["-4", "route", "show", "table", "main"]);
+    assert!(
+        !main
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["dst"] == "192.0.2.0/24"),
+        "the table-100 route must not also be in main: {main}"
+    );
+    assert!(
+        main.as_array()
+            .into_iter()
+            .flatten()
+            .any(|r| r["dst"] == "198.51.100.0/24" && r["metric"] == 9),
+        "198.51.100.0/24 metric 9 in main: {main}"
+    );
+    node.check(&pod, "eth0", &conf, &result)
+        .assert_empty_success();
+
+    // CHECK looks in the route's own table: gone from table 100 = a failed CHECK naming it.
+    netns_exec_ok(
+        pod.netns(),
+        &["ip", "route", "del", "192.0.2.0/24", "table", "100"],
+    );
+    let e = node.check(&pod, "eth0", &conf, &result).error();
+    assert!(
+        e.msg.contains("192.0.2.0/24") || e.details.contains("192.0.2.0/24"),
+        "CHECK names the missing route: {e:?}"
+    );
+    assert!(
+        e.details.contains("table 100") || e.msg.contains("table 100"),
+        "{e:?}"
+    );
+    node.del(&pod, "eth0", &conf);
+
+    // A scope the kernel cannot hold is refused, naming the field, and changes nothing.
+    let bad = node.conf().version("1.1.0").ipam(json!({
+        "ranges": [[{ "subnet": "10.244.1.0/24" }]],
+        "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "192.0.2.0/24", "scope": 300 }],
+    }));
+    let pod2 = node.pod("q");
+    let (node_before, pod_before) = (node.snapshot(), pod2.snapshot());
+    let e = node
+        .exec_plugin("ADD", &pod2.env("eth0"), &bad.plugin())
+        .assert_error(7);
+    assert!(
+        format!("{} {}", e.msg, e.details).contains("ipam.routes[1].scope"),
+        "the error names the field: {e:?}"
+    );
+    assert_untouched(&node, "scope 300", &node_before, &pod2, &pod_before);
+    node.store("testnet")
+        .assert_empty("after DEL and a refused ADD");
+}
+
 /// Asserts that a refused ADD changed nothing: node, pod, store, host veths.
 #[track_caller]
 fn assert_untouched(

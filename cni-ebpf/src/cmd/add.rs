@@ -188,9 +188,11 @@ async fn attach(
             dst: IpNet::from(ip.address.addr()),
             gw: None,
             oif: host.index,
-            scope_link: true,
+            scope: Some(link::RT_SCOPE_LINK),
             priority: None,
             mtu: None,
+            advmss: None,
+            table: None,
         })
         .await?;
     }
@@ -215,23 +217,19 @@ async fn attach(
                 dst: IpNet::from(gw),
                 gw: None,
                 oif: ctr_link.index,
-                scope_link: true,
+                scope: Some(link::RT_SCOPE_LINK),
                 priority: None,
                 mtu: None,
+                advmss: None,
+                table: None,
             })
             .await?;
         }
     }
+    // Every field the Result reports is applied: a route is never echoed with a `table`,
+    // `scope` or `advmss` the kernel was not given.
     for r in &routes {
-        ctr.add_route(&NewRoute {
-            dst: r.dst,
-            gw: r.gw,
-            oif: ctr_link.index,
-            scope_link: false,
-            priority: r.priority,
-            mtu: r.mtu,
-        })
-        .await?;
+        ctr.add_route(&route_to_install(r, ctr_link.index)?).await?;
     }
     fault("container")?;
 
@@ -311,6 +309,35 @@ async fn attach(
         result = merge_prev(prev, result);
     }
     Ok(result.to_json(conf.version))
+}
+
+/// The netlink route for a Result route, with every field it carries. A `scope` beyond
+/// the kernel's 8 bits is refused (it could only be installed as some other scope).
+fn route_to_install(r: &Route, oif: u32) -> Result<NewRoute> {
+    let scope = r
+        .scope
+        .map(|v| {
+            u8::try_from(v).map_err(|_| {
+                Error::config(
+                    "ipam.routes",
+                    format!(
+                        "the route to {} has scope {v}; a route scope is 0-255",
+                        r.dst
+                    ),
+                )
+            })
+        })
+        .transpose()?;
+    Ok(NewRoute {
+        dst: r.dst,
+        gw: r.gw,
+        oif,
+        scope,
+        priority: r.priority,
+        mtu: r.mtu,
+        advmss: r.advmss,
+        table: r.table,
+    })
 }
 
 /// The routes installed in the container: IPAM's `routes` with the gateway of their family

@@ -117,12 +117,16 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
                 continue;
             }
             let found = live_routes.iter().any(|l| {
-                l.dst == r.dst && (r.gw.is_none() || l.gw == r.gw) && l.oif == Some(c.index)
+                l.dst == r.dst
+                    && (r.gw.is_none() || l.gw == r.gw)
+                    && l.oif == Some(c.index)
+                    && l.table == r.table.unwrap_or(link::RT_TABLE_MAIN)
             });
             if !found {
                 let via = r.gw.map(|g| format!(" via {g}")).unwrap_or_default();
+                let table = r.table.map(|t| format!(" (table {t})")).unwrap_or_default();
                 return Err(Error::Check(format!(
-                    "route {}{via} is missing from {sandbox}",
+                    "route {}{via}{table} is missing from {sandbox}",
                     r.dst
                 )));
             }
@@ -157,7 +161,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             let dst = IpNet::from(ip.addr());
             if !node_routes
                 .iter()
-                .any(|r| r.dst == dst && r.oif == Some(h.index))
+                .any(|r| r.table == link::RT_TABLE_MAIN && r.dst == dst && r.oif == Some(h.index))
             {
                 return Err(Error::Check(format!(
                     "node route {dst} dev {host_ifname} is missing"

@@ -480,6 +480,15 @@ impl IpamConfig {
     pub fn check_routes(&self) -> Result<()> {
         let family = |ip: IpAddr| if ip.is_ipv6() { "IPv6" } else { "IPv4" };
         for (i, r) in self.routes.iter().enumerate() {
+            if let Some(scope) = r.scope.filter(|s| *s > u32::from(u8::MAX)) {
+                return Err(Error::config(
+                    format!("ipam.routes[{i}].scope"),
+                    format!(
+                        "the route to {} has scope {scope}; a route scope is 0-255",
+                        r.dst
+                    ),
+                ));
+            }
             let Some(gw) = r.gw else { continue };
             if gw.is_ipv6() != r.dst.addr().is_ipv6() {
                 return Err(Error::config(
