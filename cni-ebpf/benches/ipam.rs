@@ -22,7 +22,7 @@ use cni_ebpf::{
         config::NetConf,
         env::{Command, Env},
     },
-    ipam::{self, config::Ipam, Allocator, StoreOptions},
+    ipam::{self, config::Ipam, Allocator, Requester, StoreOptions},
 };
 use serde_json::json;
 
@@ -61,7 +61,12 @@ fn populate(conf: &NetConf, n: usize) {
     .unwrap_or_else(|| panic!("no store"));
     for i in 0..n {
         alloc
-            .allocate(&format!("existing-{i}"), "eth0", None, &[None])
+            .allocate(
+                &format!("existing-{i}"),
+                "eth0",
+                Requester::default(),
+                &[None],
+            )
             .unwrap_or_else(|e| panic!("populating #{i}: {e}"));
     }
 }

@@ -24,7 +24,7 @@ use std::{
 use cni_ebpf::{
     cli::install::{plugin_config, MANAGED_KEY, TMP_PREFIX},
     cni::{config::NetConf, env::Command as Verb},
-    ipam::{Allocator, Ipam, IpamConfig, StoreOptions},
+    ipam::{Allocator, Ipam, IpamConfig, Requester, StoreOptions},
 };
 use serde_json::{json, Value};
 
@@ -570,7 +570,8 @@ fn reserve(data_dir: &Path, network: &str, cid: &str, boot: Option<&str>) {
     let mut a = Allocator::open(&data_dir.join(network), network, &cfg, &opts)
         .unwrap()
         .unwrap();
-    a.allocate(cid, "eth0", None, &[None]).unwrap();
+    a.allocate(cid, "eth0", Requester::default(), &[None])
+        .unwrap();
 }
 
 fn release(data_dir: &Path, network: &str, cid: &str) {

@@ -20,7 +20,7 @@ use cni_ebpf::{
     ipam::{
         self,
         config::{Ipam, IpamConfig},
-        store::{Store, StoreOptions},
+        store::{Requester, Store, StoreOptions},
         Allocator,
     },
 };
@@ -423,9 +423,9 @@ fn reboot_reclaims_reservations_of_the_previous_boot() {
         let mut a = Allocator::open(&conf.store_dir(), "t", &cfg, &boot("boot-1"))
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no store"));
-        a.allocate("c1", "eth0", None, &[None])
+        a.allocate("c1", "eth0", Requester::default(), &[None])
             .unwrap_or_else(|e| panic!("{e}"));
-        a.allocate("c2", "eth0", None, &[None])
+        a.allocate("c2", "eth0", Requester::default(), &[None])
             .unwrap_or_else(|e| panic!("{e}"));
     }
     {
@@ -445,7 +445,7 @@ fn reboot_reclaims_reservations_of_the_previous_boot() {
         assert_eq!(swept, vec!["c1", "c2"]);
         assert!(a.list().unwrap_or_else(|e| panic!("{e}")).is_empty());
         // The same container can be added again after the reboot.
-        a.allocate("c1", "eth0", None, &[None])
+        a.allocate("c1", "eth0", Requester::default(), &[None])
             .unwrap_or_else(|e| panic!("{e}"));
         let audit = a.audit().unwrap_or_else(|e| panic!("{e}"));
         assert!(
@@ -470,7 +470,12 @@ fn crash_leftovers_are_reclaimed() {
         let mut store = Store::open(&conf.store_dir(), &StoreOptions::default())
             .unwrap_or_else(|e| panic!("{e}"))
             .unwrap_or_else(|| panic!("no store"));
-        let rec = store.new_record("ghost", "eth0", vec![net("10.23.0.3/29")], None);
+        let rec = store.new_record(
+            "ghost",
+            "eth0",
+            vec![net("10.23.0.3/29")],
+            Requester::default(),
+        );
         let tmp = store
             .write_tmp_record(&rec)
             .unwrap_or_else(|e| panic!("{e}"));

@@ -283,6 +283,7 @@ impl SimNode {
         }
         let bin = plugin_bin();
         let root = self.pin_root.to_string_lossy().into_owned();
+        let data = self.data_dir().to_string_lossy().into_owned();
         let out = netns_exec(
             self.netns(),
             &[
@@ -292,6 +293,8 @@ impl SimNode {
                 network,
                 "--bpffs-root",
                 &root,
+                "--data-dir",
+                &data,
                 "--json",
             ],
         );

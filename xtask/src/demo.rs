@@ -40,6 +40,11 @@ fn plugin(
         .env("CNI_NETNS", netns)
         .env("CNI_IFNAME", "eth0")
         .env("CNI_PATH", "/usr/lib/cni")
+        // What kubelet's runtime passes: `inspect` shows each endpoint's pod by it.
+        .env(
+            "CNI_ARGS",
+            format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=demo;K8S_POD_NAME={cid}"),
+        )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
@@ -162,6 +167,8 @@ pub fn run(bin: &Path) -> Result<()> {
                 "demo",
                 "--bpffs-root",
                 &dirs.pins,
+                "--data-dir",
+                &dirs.data,
             ])
             .output()?;
         println!(

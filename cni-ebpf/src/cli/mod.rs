@@ -1,6 +1,7 @@
 //! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
 //! `metrics`, `install`, `uninstall` (in [`install`]).
 
+pub mod inspect;
 pub mod install;
 
 use std::{path::PathBuf, process::ExitCode};
@@ -54,13 +55,7 @@ enum Cmd {
     },
     /// Show a network's datapath: node config, endpoints with counters, host ports, NAT
     /// entries and per-reason counters.
-    Inspect {
-        #[command(flatten)]
-        net: NetworkArgs,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
-    },
+    Inspect(inspect::InspectArgs),
     /// Serve Prometheus metrics of the pinned datapath (`GET /metrics`, `GET /healthz`):
     /// per-endpoint and per-reason counters, map fill and memory, SNAT port use. Reads the
     /// pinned maps read-only on every scrape; keeps no state.
@@ -109,7 +104,7 @@ pub fn main() -> ExitCode {
             uplink,
             ip_masq,
         } => load(&net, uplink, ip_masq),
-        Cmd::Inspect { net, json } => inspect(&net, json),
+        Cmd::Inspect(args) => inspect::run(&args),
         Cmd::Metrics {
             listen,
             bpffs_root,
@@ -184,139 +179,4 @@ fn load(net: &NetworkArgs, uplink: Option<String>, ip_masq: bool) -> Result<()> 
         }
     }
     Ok(())
-}
-
-fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
-    let dir = net.bpffs_root.join(&net.network);
-    let dp = Datapath::open_at(&dir)?.ok_or_else(|| {
-        Error::datapath(
-            "inspect",
-            format!("nothing is pinned under {}", dir.display()),
-        )
-    })?;
-    let node = dp.node_view()?;
-    let endpoints = dp.endpoints()?;
-    let ports = dp.port_mappings()?;
-    let nat = dp.nat_entries()?;
-    let reasons = dp.reason_counts()?;
-    let flows = dp.flow_summary()?;
-    let maps = dp.map_stats()?;
-    if as_json {
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons, "maps": maps });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        return Ok(());
-    }
-    let addr = node
-        .node_addr
-        .map_or_else(|| "-".to_owned(), |a| a.to_string());
-    println!(
-        "node: address {addr}, uplink #{}, ipMasq {}, clusterCIDRs [{}], SNAT ports {}-{}",
-        node.uplink_ifindex,
-        node.ip_masq,
-        node.cluster_cidrs.join(", "),
-        node.snat_ports.0,
-        node.snat_ports.1
-    );
-    println!("\nENDPOINTS ({})", endpoints.len());
-    println!(
-        "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  EGRESS RATE",
-        "IP",
-        "HOSTIF",
-        "HOST MAC",
-        "POD MAC",
-        "OWNER",
-        "TX PKTS",
-        "TX BYTES",
-        "RX PKTS",
-        "RX BYTES"
-    );
-    for e in &endpoints {
-        let owner = format!("{}/{}", short(&e.container_id), e.ifname);
-        println!(
-            "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  {}",
-            e.ip,
-            e.host_ifindex,
-            e.host_mac,
-            e.pod_mac,
-            owner,
-            e.tx_packets,
-            e.tx_bytes,
-            e.rx_packets,
-            e.rx_bytes,
-            match (e.egress_rate_bits, e.egress_rate_mode) {
-                (Some(r), Some(m)) => format!("{r} bit/s ({m})"),
-                _ => "-".to_owned(),
-            }
-        );
-    }
-    println!("\nHOST PORTS ({})", ports.len());
-    println!(
-        "{:<16} {:<6} {:<5} {:<22} {:<28}",
-        "HOST IP", "PORT", "PROTO", "POD", "OWNER"
-    );
-    for p in &ports {
-        let hip = p.host_ip.map_or_else(|| "*".to_owned(), |a| a.to_string());
-        let owner = format!("{}/{}", short(&p.container_id), p.ifname);
-        println!(
-            "{hip:<16} {:<6} {:<5} {:<22} {owner:<28}",
-            p.host_port,
-            p.protocol,
-            format!("{}:{}", p.pod_ip, p.container_port)
-        );
-    }
-    println!("\nNAT ({})", nat.len());
-    println!(
-        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
-        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS", "STATE", "DELIVER"
-    );
-    for n in &nat {
-        println!(
-            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
-            n.kind,
-            n.hook,
-            n.protocol,
-            format!("{}:{}", n.src, n.sport),
-            format!("{}:{}", n.dst, n.dport),
-            format!("{}:{}", n.new_src, n.new_sport),
-            format!("{}:{}", n.new_dst, n.new_dport),
-            n.idle_ms,
-            n.state,
-            n.deliver
-        );
-    }
-    println!(
-        "\nFLOWS: {} fast-pathed (verified untranslated), {} on the kernel path (new or \
-         translated by netfilter), {} opened from outside; {} pod sockets talking through \
-         the stack, {} node sockets on host ports",
-        flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
-    );
-    println!("\nMAPS");
-    println!(
-        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
-        "NAME", "TYPE", "ENTRIES", "MAX", "MEMLOCK"
-    );
-    for m in &maps {
-        let entries = m.entries.map_or_else(|| "-".to_owned(), |n| n.to_string());
-        println!(
-            "  {:<14} {:<16} {:>10} {:>10} {:>12}",
-            m.name, m.map_type, entries, m.max_entries, m.memlock_bytes
-        );
-    }
-    println!(
-        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
-        "total",
-        "",
-        "",
-        "",
-        maps.iter().map(|m| m.memlock_bytes).sum::<u64>()
-    );
-    println!("\nREASONS");
-    for r in reasons.iter().filter(|r| r.count > 0) {
-        println!("  {:<28} {:>12}", r.reason, r.count);
-    }
-    Ok(())
-}
-
-fn short(id: &str) -> &str {
-    id.get(..12).unwrap_or(id)
 }

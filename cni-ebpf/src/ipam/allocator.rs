@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::{
     config::{IpamConfig, Range},
-    store::{self, key_name, split_key_name, Ident, Record, Store, StoreOptions},
+    store::{self, key_name, split_key_name, Ident, Record, Requester, Store, StoreOptions},
     Reservation,
 };
 use crate::{
@@ -434,7 +434,7 @@ impl<'a> Allocator<'a> {
         &mut self,
         container_id: &str,
         ifname: &str,
-        netns: Option<String>,
+        requester: Requester,
         requested: &[Option<IpAddr>],
     ) -> Result<Vec<IpConfig>> {
         let key = key_name(container_id, ifname)?;
@@ -506,7 +506,7 @@ impl<'a> Allocator<'a> {
             container_id,
             ifname,
             configs.iter().map(|c| c.address).collect(),
-            netns,
+            requester,
         );
         let tmp = self.store.write_tmp_record(&record).map_err(|e| match e {
             Error::Io { context, source } => Error::Io {

@@ -91,7 +91,7 @@ pub mod store;
 
 pub use allocator::{Allocator, Audit};
 pub use config::{Ipam, IpamConfig};
-pub use store::StoreOptions;
+pub use store::{PodRef, Requester, StoreOptions};
 
 /// One reservation: the addresses held by `(container_id, ifname)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,7 +193,10 @@ pub fn add(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniResult> {
     let ips: Vec<IpConfig> = alloc.allocate(
         &env.container_id,
         &env.ifname,
-        env.netns.as_ref().map(|p| p.display().to_string()),
+        Requester {
+            netns: env.netns.as_ref().map(|p| p.display().to_string()),
+            pod: PodRef::from_args(&env.args),
+        },
         &assigned,
     )?;
     Ok(CniResult {

@@ -112,6 +112,54 @@ pub struct Record {
     /// Seconds since the Unix epoch when the reservation was made.
     #[serde(default)]
     pub created: u64,
+    /// The Kubernetes pod the runtime named in `CNI_ARGS` (`K8S_POD_*`), for `inspect`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<PodRef>,
+}
+
+/// A Kubernetes pod, as kubelet's runtime names it in `CNI_ARGS`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodRef {
+    /// `K8S_POD_NAMESPACE`.
+    pub namespace: String,
+    /// `K8S_POD_NAME`.
+    pub name: String,
+    /// `K8S_POD_UID`, when the runtime passes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl PodRef {
+    /// The pod named by `K8S_POD_NAMESPACE` and `K8S_POD_NAME`, if both are set.
+    #[must_use]
+    pub fn from_args(args: &crate::cni::env::CniArgs) -> Option<Self> {
+        let namespace = args.get("K8S_POD_NAMESPACE").filter(|v| !v.is_empty())?;
+        let name = args.get("K8S_POD_NAME").filter(|v| !v.is_empty())?;
+        Some(Self {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            uid: args
+                .get("K8S_POD_UID")
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned),
+        })
+    }
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// Who a reservation is for, beyond its key: kept in the record for diagnostics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Requester {
+    /// `CNI_NETNS` at ADD time.
+    pub netns: Option<String>,
+    /// The Kubernetes pod, if the runtime named one.
+    pub pod: Option<PodRef>,
 }
 
 impl Record {
@@ -523,15 +571,16 @@ impl Store {
         container_id: &str,
         ifname: &str,
         addresses: Vec<IpNet>,
-        netns: Option<String>,
+        requester: Requester,
     ) -> Record {
         Record {
             container_id: container_id.to_owned(),
             ifname: ifname.to_owned(),
             addresses,
             boot_id: self.boot_id.clone(),
-            netns,
+            netns: requester.netns,
             created: now_unix(),
+            pod: requester.pod,
         }
     }
 
@@ -891,6 +940,21 @@ fn read_record_at(
 #[must_use]
 pub fn parse_record(bytes: &[u8]) -> Option<Record> {
     serde_json::from_slice(bytes).ok()
+}
+
+/// The records under `keys/` of the store at `path`, read without taking the store's lock
+/// (for `inspect`): each record file is replaced whole by a rename, so a record read is
+/// either complete or skipped. Files that do not parse are skipped; a missing store is
+/// empty.
+#[must_use]
+pub fn read_records_unlocked(path: &Path) -> Vec<Record> {
+    let Ok(dir) = std::fs::read_dir(path.join("keys")) else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| std::fs::read(e.path()).ok())
+        .filter_map(|b| parse_record(&b))
+        .collect()
 }
 
 /// Parses the bytes of a cursor file (`last_reserved_ip.<set>`): an address, padded with

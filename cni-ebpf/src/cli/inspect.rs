@@ -1,0 +1,279 @@
+//! `cni-ebpf inspect`: a network's datapath as its pinned maps hold it (node config,
+//! endpoints with counters, host ports, NAT entries, flows, map fill, reason counters),
+//! each endpoint with the Kubernetes pod it belongs to, optionally for one pod only.
+//!
+//! The pod comes from the IPAM store's record of the endpoint (`K8S_POD_NAMESPACE` and
+//! `K8S_POD_NAME` of the ADD): the maps the programs read keep no names.
+
+use std::{
+    collections::{HashMap, HashSet},
+    fmt,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+};
+
+use serde_json::{json, Value};
+
+use super::NetworkArgs;
+use crate::{
+    cni::config::DEFAULT_DATA_DIR,
+    datapath::Datapath,
+    error::{Error, Result},
+    ipam::{store, PodRef},
+};
+
+/// Arguments of `cni-ebpf inspect`.
+#[derive(Debug, clap::Args)]
+pub struct InspectArgs {
+    #[command(flatten)]
+    net: NetworkArgs,
+    /// `dataDir` of the network (where the IPAM store names each endpoint's pod).
+    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Only this pod: `NAMESPACE/NAME`, or `NAME` in any namespace. Its endpoints, host
+    /// ports and NAT entries; node-wide sections (maps, reasons) stay whole.
+    #[arg(long)]
+    pod: Option<String>,
+    /// Only pods of this Kubernetes namespace.
+    #[arg(long, short = 'n')]
+    namespace: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    json: bool,
+}
+
+impl InspectArgs {
+    fn filter(&self) -> Option<PodFilter> {
+        let (ns, name) = match self
+            .pod
+            .as_deref()
+            .map(|p| p.split_once('/').map_or((None, p), |(n, p)| (Some(n), p)))
+        {
+            Some((ns, name)) => (
+                ns.map(str::to_owned).or_else(|| self.namespace.clone()),
+                Some(name.to_owned()),
+            ),
+            None => (self.namespace.clone(), None),
+        };
+        (ns.is_some() || name.is_some()).then_some(PodFilter {
+            namespace: ns,
+            name,
+        })
+    }
+}
+
+/// Which pods `--pod` / `--namespace` select.
+struct PodFilter {
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+impl PodFilter {
+    fn matches(&self, pod: Option<&PodRef>) -> bool {
+        pod.is_some_and(|p| {
+            self.namespace.as_ref().is_none_or(|n| *n == p.namespace)
+                && self.name.as_ref().is_none_or(|n| *n == p.name)
+        })
+    }
+}
+
+impl fmt::Display for PodFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.namespace, &self.name) {
+            (Some(ns), Some(name)) => write!(f, "pod {ns}/{name}"),
+            (None, Some(name)) => write!(f, "a pod named {name}"),
+            (Some(ns), None) => write!(f, "namespace {ns}"),
+            (None, None) => write!(f, "any pod"),
+        }
+    }
+}
+
+/// The pod of each (container ID, ifname) the store at `store_dir` has a record for.
+fn pods_of(store_dir: &Path) -> HashMap<(String, String), PodRef> {
+    store::read_records_unlocked(store_dir)
+        .into_iter()
+        .filter_map(|r| Some(((r.container_id, r.ifname), r.pod?)))
+        .collect()
+}
+
+/// Runs `cni-ebpf inspect`.
+pub fn run(args: &InspectArgs) -> Result<()> {
+    let net = &args.net;
+    let dir = net.bpffs_root.join(&net.network);
+    let dp = Datapath::open_at(&dir)?.ok_or_else(|| {
+        Error::datapath(
+            "inspect",
+            format!("nothing is pinned under {}", dir.display()),
+        )
+    })?;
+    let node = dp.node_view()?;
+    let pods = pods_of(&args.data_dir.join(&net.network));
+    let pod_of = |cid: &str, ifname: &str| pods.get(&(cid.to_owned(), ifname.to_owned()));
+    let mut endpoints = dp.endpoints()?;
+    let mut ports = dp.port_mappings()?;
+    let mut nat = dp.nat_entries()?;
+    if let Some(filter) = args.filter() {
+        endpoints.retain(|e| filter.matches(pod_of(&e.container_id, &e.ifname)));
+        if endpoints.is_empty() {
+            return Err(Error::datapath(
+                "inspect",
+                format!(
+                    "no endpoint of network {} belongs to {filter} (pods are known by the \
+                     K8S_POD_NAMESPACE/K8S_POD_NAME their runtime passed at ADD)",
+                    net.network
+                ),
+            ));
+        }
+        let owners: HashSet<(&str, &str)> = endpoints
+            .iter()
+            .map(|e| (e.container_id.as_str(), e.ifname.as_str()))
+            .collect();
+        ports.retain(|p| owners.contains(&(p.container_id.as_str(), p.ifname.as_str())));
+        let ips: HashSet<Ipv4Addr> = endpoints.iter().map(|e| e.ip).collect();
+        nat.retain(|n| {
+            [n.src, n.dst, n.new_src, n.new_dst]
+                .iter()
+                .any(|a| ips.contains(a))
+        });
+    }
+    let reasons = dp.reason_counts()?;
+    let flows = dp.flow_summary()?;
+    let maps = dp.map_stats()?;
+    if args.json {
+        let endpoints: Vec<Value> = endpoints
+            .iter()
+            .map(|e| {
+                let mut v = serde_json::to_value(e).unwrap_or(Value::Null);
+                if let (Some(obj), Some(pod)) =
+                    (v.as_object_mut(), pod_of(&e.container_id, &e.ifname))
+                {
+                    obj.insert(
+                        "pod".into(),
+                        serde_json::to_value(pod).unwrap_or(Value::Null),
+                    );
+                }
+                v
+            })
+            .collect();
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons, "maps": maps });
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        return Ok(());
+    }
+    let addr = node
+        .node_addr
+        .map_or_else(|| "-".to_owned(), |a| a.to_string());
+    println!(
+        "node: address {addr}, uplink #{}, ipMasq {}, clusterCIDRs [{}], SNAT ports {}-{}",
+        node.uplink_ifindex,
+        node.ip_masq,
+        node.cluster_cidrs.join(", "),
+        node.snat_ports.0,
+        node.snat_ports.1
+    );
+    println!("\nENDPOINTS ({})", endpoints.len());
+    println!(
+        "{:<16} {:<8} {:<18} {:<18} {:<28} {:<32} {:>10} {:>12} {:>10} {:>12}  EGRESS RATE",
+        "IP",
+        "HOSTIF",
+        "HOST MAC",
+        "POD MAC",
+        "OWNER",
+        "POD",
+        "TX PKTS",
+        "TX BYTES",
+        "RX PKTS",
+        "RX BYTES"
+    );
+    for e in &endpoints {
+        let owner = format!("{}/{}", short(&e.container_id), e.ifname);
+        let pod =
+            pod_of(&e.container_id, &e.ifname).map_or_else(|| "-".to_owned(), ToString::to_string);
+        println!(
+            "{:<16} {:<8} {:<18} {:<18} {:<28} {:<32} {:>10} {:>12} {:>10} {:>12}  {}",
+            e.ip,
+            e.host_ifindex,
+            e.host_mac,
+            e.pod_mac,
+            owner,
+            pod,
+            e.tx_packets,
+            e.tx_bytes,
+            e.rx_packets,
+            e.rx_bytes,
+            match (e.egress_rate_bits, e.egress_rate_mode) {
+                (Some(r), Some(m)) => format!("{r} bit/s ({m})"),
+                _ => "-".to_owned(),
+            }
+        );
+    }
+    println!("\nHOST PORTS ({})", ports.len());
+    println!(
+        "{:<16} {:<6} {:<5} {:<22} {:<28}",
+        "HOST IP", "PORT", "PROTO", "POD", "OWNER"
+    );
+    for p in &ports {
+        let hip = p.host_ip.map_or_else(|| "*".to_owned(), |a| a.to_string());
+        let owner = format!("{}/{}", short(&p.container_id), p.ifname);
+        println!(
+            "{hip:<16} {:<6} {:<5} {:<22} {owner:<28}",
+            p.host_port,
+            p.protocol,
+            format!("{}:{}", p.pod_ip, p.container_port)
+        );
+    }
+    println!("\nNAT ({})", nat.len());
+    println!(
+        "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
+        "KIND", "HOOK", "PROTO", "SRC", "DST", "NEW SRC", "NEW DST", "IDLE MS", "STATE", "DELIVER"
+    );
+    for n in &nat {
+        println!(
+            "{:<14} {:<15} {:<5} {:<22} {:<22} {:<22} {:<22} {:>8} {:<9} {:<7}",
+            n.kind,
+            n.hook,
+            n.protocol,
+            format!("{}:{}", n.src, n.sport),
+            format!("{}:{}", n.dst, n.dport),
+            format!("{}:{}", n.new_src, n.new_sport),
+            format!("{}:{}", n.new_dst, n.new_dport),
+            n.idle_ms,
+            n.state,
+            n.deliver
+        );
+    }
+    println!(
+        "\nFLOWS: {} fast-pathed (verified untranslated), {} on the kernel path (new or \
+         translated by netfilter), {} opened from outside; {} pod sockets talking through \
+         the stack, {} node sockets on host ports",
+        flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
+    );
+    println!("\nMAPS");
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "NAME", "TYPE", "ENTRIES", "MAX", "MEMLOCK"
+    );
+    for m in &maps {
+        let entries = m.entries.map_or_else(|| "-".to_owned(), |n| n.to_string());
+        println!(
+            "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+            m.name, m.map_type, entries, m.max_entries, m.memlock_bytes
+        );
+    }
+    println!(
+        "  {:<14} {:<16} {:>10} {:>10} {:>12}",
+        "total",
+        "",
+        "",
+        "",
+        maps.iter().map(|m| m.memlock_bytes).sum::<u64>()
+    );
+    println!("\nREASONS");
+    for r in reasons.iter().filter(|r| r.count > 0) {
+        println!("  {:<28} {:>12}", r.reason, r.count);
+    }
+    Ok(())
+}
+
+fn short(id: &str) -> &str {
+    id.get(..12).unwrap_or(id)
+}
