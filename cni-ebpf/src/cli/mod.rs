@@ -83,7 +83,7 @@ enum Cmd {
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::logging::init("warn", None);
+    crate::logging::init("warn", None, crate::logging::Rotation::default());
     let out = match cli.command {
         Cmd::Version => {
             println!("cni-ebpf {}", env!("CARGO_PKG_VERSION"));

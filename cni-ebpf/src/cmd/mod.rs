@@ -79,7 +79,7 @@ pub fn run(stdin: &[u8]) -> Result<Option<Value>> {
         return version::run(stdin).map(Some);
     }
     let conf = NetConf::parse(stdin, env.command)?;
-    crate::logging::init(&conf.log_level, conf.log_file.as_deref());
+    crate::logging::init(&conf.log_level, conf.log_file.as_deref(), conf.log_rotation);
     for key in &conf.unknown_keys {
         tracing::warn!(key = %key, "unknown configuration key {key:?} is ignored");
     }

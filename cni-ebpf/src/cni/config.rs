@@ -162,6 +162,16 @@ pub struct Attachment {
     pub ifname: String,
 }
 
+/// `logOptions` (the shape Multus uses): `maxSize` in MiB, `maxBackups` copies.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawLogOptions {
+    #[serde(default)]
+    max_size: Option<u64>,
+    #[serde(default)]
+    max_backups: Option<u32>,
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Raw {
@@ -187,6 +197,8 @@ struct Raw {
     log_file: Option<PathBuf>,
     #[serde(default)]
     log_level: Option<String>,
+    #[serde(default)]
+    log_options: Option<RawLogOptions>,
     #[serde(default)]
     runtime_config: Option<RuntimeConfig>,
     #[serde(default)]
@@ -279,6 +291,8 @@ pub struct NetConf {
     pub log_file: Option<PathBuf>,
     /// `logLevel`: error, warn, info, debug, trace.
     pub log_level: String,
+    /// `logOptions`: when the log file rotates.
+    pub log_rotation: crate::logging::Rotation,
     /// `runtimeConfig`.
     pub runtime_config: RuntimeConfig,
     /// `prevResult`, parsed.
@@ -412,6 +426,8 @@ impl NetConf {
             }
         }
 
+        let log_rotation = log_rotation(raw.log_options.unwrap_or_default())?;
+
         let runtime_config = raw.runtime_config.unwrap_or_default();
         let mut seen = std::collections::HashSet::new();
         for (i, pm) in runtime_config.port_mappings.iter().enumerate() {
@@ -508,6 +524,7 @@ impl NetConf {
             data_dir,
             log_file: raw.log_file,
             log_level,
+            log_rotation,
             runtime_config,
             prev_result,
             args: raw.args.unwrap_or(Value::Null),
@@ -597,6 +614,29 @@ fn with_runtime_ranges(mut ipam: Value, rc: &RuntimeConfig) -> Result<Value> {
     }
     obj.insert("ranges".into(), Value::Array(merged));
     Ok(ipam)
+}
+
+/// `logOptions` checked: `maxSize` 0..=1 TiB (0: never rotate), `maxBackups` 1..=100.
+fn log_rotation(raw: RawLogOptions) -> Result<crate::logging::Rotation> {
+    use crate::logging::{DEFAULT_MAX_BACKUPS, DEFAULT_MAX_SIZE_MB};
+    let mb = raw.max_size.unwrap_or(DEFAULT_MAX_SIZE_MB);
+    if mb > 1024 * 1024 {
+        return Err(Error::config(
+            "logOptions.maxSize",
+            format!("{mb} MiB is more than 1 TiB (0 turns rotation off)"),
+        ));
+    }
+    let backups = raw.max_backups.unwrap_or(DEFAULT_MAX_BACKUPS);
+    if !(1..=100).contains(&backups) {
+        return Err(Error::config(
+            "logOptions.maxBackups",
+            format!("{backups} is outside 1..=100 (set maxSize 0 to leave rotation to logrotate)"),
+        ));
+    }
+    Ok(crate::logging::Rotation {
+        max_bytes: mb * 1024 * 1024,
+        backups,
+    })
 }
 
 fn absolute(field: &str, value: Option<PathBuf>, default: &str) -> Result<PathBuf> {
