@@ -1,6 +1,8 @@
 //! Issue 12, item 7: the log file rotates by size (`logOptions`), also when many plugin
 //! processes start at once, and is left alone for logrotate with `maxSize` 0.
 
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
 use std::{fs, path::Path, thread};
 
 use serde_json::json;
@@ -89,5 +91,6 @@ fn the_log_rotates_once_when_concurrent_adds_find_it_full() {
             "names {field}: {e:?}"
         );
     }
-    node.store("testnet").assert_empty("after DEL and refused ADDs");
+    node.store("testnet")
+        .assert_empty("after DEL and refused ADDs");
 }
