@@ -10,6 +10,7 @@ pub mod cmd;
 pub mod cni;
 pub mod datapath;
 pub mod error;
+pub mod faults;
 pub mod ipam;
 pub mod logging;
 pub mod metrics;

@@ -128,6 +128,23 @@ pub const RT_TABLE_MAIN: u32 = 254;
 /// `RT_TABLE_LOCAL`: the kernel's routes to the node's own addresses.
 const RT_TABLE_LOCAL: u32 = 255;
 
+/// A veth pair to create ([`Nl::create_veth`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewVeth<'a> {
+    /// Host end name.
+    pub host: &'a str,
+    /// Host end MAC.
+    pub host_mac: [u8; 6],
+    /// Container end name.
+    pub peer: &'a str,
+    /// Container end MAC.
+    pub peer_mac: [u8; 6],
+    /// MTU of both ends.
+    pub mtu: u32,
+    /// Device group of the host end ([`unlabelled_group`]).
+    pub group: u32,
+}
+
 /// A netlink handle bound to one network namespace.
 pub struct Nl {
     handle: Handle,
@@ -204,18 +221,19 @@ impl Nl {
         .await
     }
 
-    /// Creates a veth pair in one request: `host` here with `host_mac`, and `peer` created
-    /// directly inside `peer_ns` with `peer_mac`; both with `mtu`. Neither is set up.
-    pub async fn create_veth(
-        &self,
-        host: &str,
-        host_mac: [u8; 6],
-        peer: &str,
-        peer_mac: [u8; 6],
-        mtu: u32,
-        peer_ns: &Netns,
-    ) -> Result<()> {
+    /// Creates a veth pair in one request: the host end here, the peer directly inside
+    /// `peer_ns`, each with its name and MAC, both with the MTU; the host end in the
+    /// device group. Neither is set up.
+    pub async fn create_veth(&self, v: &NewVeth<'_>, peer_ns: &Netns) -> Result<()> {
         use std::os::fd::AsRawFd;
+        let NewVeth {
+            host,
+            host_mac,
+            peer,
+            peer_mac,
+            mtu,
+            group,
+        } = *v;
         let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
             .name(peer.to_owned())
             .address(peer_mac.to_vec())
@@ -225,6 +243,7 @@ impl Nl {
         let msg = LinkVeth::new(host, peer)
             .address(host_mac.to_vec())
             .mtu(mtu)
+            .link_group(group)
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
             .build();
         self.handle.link().add(msg).execute().await.map_err(|e| {
@@ -571,18 +590,53 @@ pub fn derived_mac(container_id: &str, ifname: &str, role: &str) -> [u8; 6] {
     [(h[0] & 0xfe) | 0x02, h[1], h[2], h[3], h[4], h[5]]
 }
 
+/// The device group (`IFLA_GROUP`) a host veth of `network` carries from the request that
+/// creates it until ADD labels it with its alias: the kernel takes a group, but no alias,
+/// in the creating request, so this is what marks a pair that a killed ADD left unlabelled
+/// as this network's (GC collects those: `cmd::half_made`). Never 0, the default group.
+#[must_use]
+pub fn unlabelled_group(network: &str) -> u32 {
+    // The low 32 bits of the hash; `| 1` keeps it off 0.
+    (fnv1a(&["cni-ebpf unlabelled", network]) & 0xffff_ffff) as u32 | 1
+}
+
 impl Nl {
-    /// Sets the alias (`IFLA_IFALIAS`) of link `index`.
-    pub async fn set_alias(&self, index: u32, alias: &str) -> Result<()> {
+    /// Labels host veth `index`: its alias (`IFLA_IFALIAS`) names the owner, and its
+    /// device group goes back to the default 0 ([`unlabelled_group`]), in one request.
+    pub async fn label_host_veth(&self, index: u32, alias: &str) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index)
             .alias(alias.to_owned())
+            .link_group(0)
             .build();
         self.handle
             .link()
             .set(msg)
             .execute()
             .await
-            .map_err(|e| Error::netlink(format!("setting the alias of link #{index}"), e))
+            .map_err(|e| Error::netlink(format!("labelling link #{index} {alias:?}"), e))
+    }
+
+    /// Veths in device group `group` without an alias: host veths of the network whose
+    /// [`unlabelled_group`] that is, created by an ADD that has not labelled them (yet).
+    pub async fn unlabelled_veths(&self, group: u32) -> Result<Vec<Link>> {
+        let msgs: Vec<LinkMessage> = retry_dump("listing links", || async {
+            self.handle.link().get().execute().try_collect().await
+        })
+        .await?;
+        Ok(msgs
+            .iter()
+            .filter(|m| {
+                m.attributes
+                    .iter()
+                    .any(|a| matches!(a, LinkAttribute::Group(g) if *g == group))
+                    && !m
+                        .attributes
+                        .iter()
+                        .any(|a| matches!(a, LinkAttribute::IfAlias(s) if !s.is_empty()))
+            })
+            .map(Link::from_message)
+            .filter(|l| l.kind.as_deref() == Some("veth"))
+            .collect())
     }
 
     /// The alias of link `index`, if any.

@@ -555,7 +555,10 @@ impl StoreView {
                 .collect();
             match parts.as_slice() {
                 [d] if ["ips", "keys", "tmp", "index"].contains(&d.as_str()) => {}
-                [f] if f == "lock" || f == "meta" || f.starts_with("last_reserved_ip.") => {}
+                [f] if f == "lock"
+                    || f == "meta"
+                    || f == "veths.lock"
+                    || f.starts_with("last_reserved_ip.") => {}
                 [d, f] if d == "keys" => v.keys.push(f.clone()),
                 [d, f] if d == "ips" => v.ips.push(f.clone()),
                 [d, f] if d == "tmp" => v.tmp.push(f.clone()),

@@ -118,10 +118,7 @@ async fn attach(
     ctr_mac: [u8; 6],
     undo: &mut Vec<Undo>,
 ) -> Result<Value> {
-    #[cfg(feature = "fault-injection")]
-    let fault = |step: &str| fault_injection(step);
-    #[cfg(not(feature = "fault-injection"))]
-    let fault = |_: &str| Ok(());
+    let fault = crate::faults::point;
 
     // 1. Addresses.
     let ipam_result = ipam::add(conf, env, stdin)?;
@@ -140,8 +137,19 @@ async fn attach(
     }
 
     // 2. The veth pair, container end created directly in the pod's namespace.
-    node.create_veth(host_ifname, host_mac, &env.ifname, ctr_mac, conf.mtu, netns)
-        .await?;
+    // While the pair is unlabelled, a shared hold on the network's veth lock tells GC that
+    // its ADD is alive (`half_made`); the creating request marks it with the network's
+    // group, which labelling clears.
+    let in_flight = super::half_made::InFlight::enter(conf)?;
+    let veth = link::NewVeth {
+        host: host_ifname,
+        host_mac,
+        peer: &env.ifname,
+        peer_mac: ctr_mac,
+        mtu: conf.mtu,
+        group: link::unlabelled_group(&conf.name),
+    };
+    node.create_veth(&veth, netns).await?;
     let host = node.link_by_name(host_ifname).await?.ok_or_else(|| {
         Error::netlink(
             "reading back the host veth",
@@ -150,11 +158,13 @@ async fn attach(
     })?;
     undo.push(Undo::HostLink(host.index));
     fault("veth")?;
-    node.set_alias(
+    node.label_host_veth(
         host.index,
         &link::host_veth_alias(&conf.name, &env.container_id, &env.ifname),
     )
     .await?;
+    drop(in_flight);
+    fault("veth-labelled")?;
 
     // 3. Node side: the host end owns each gateway address; a host route per pod address.
     let has_v6 = ipam_result.ips.iter().any(|ip| ip.address.addr().is_ipv6());
@@ -414,17 +424,6 @@ async fn rollback(
             tracing::error!(container = %env.container_id, "rollback step failed: {e}");
         }
     }
-}
-
-/// Test-only fault injection: `CNI_EBPF_FAIL_AT=<step>` makes ADD fail right after that
-/// step, to prove the rollback leaves nothing behind. Compiled only with the
-/// `fault-injection` feature, never into release builds used by runtimes.
-#[cfg(feature = "fault-injection")]
-fn fault_injection(step: &str) -> Result<()> {
-    if std::env::var("CNI_EBPF_FAIL_AT").is_ok_and(|s| s == step) {
-        return Err(Error::Ipam(format!("injected failure after step {step}")));
-    }
-    Ok(())
 }
 
 /// The IPv4 prefixes of the pod's source allow-list (`allowedSourceCIDRs`).

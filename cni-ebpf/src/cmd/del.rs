@@ -21,6 +21,9 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         errors.push(e);
         Vec::new()
     });
+    if let Err(e) = crate::faults::point("del-ipam-released") {
+        errors.push(e);
+    }
     // With a delegated IPAM the addresses are only known from prevResult.
     if let Some(prev) = &conf.prev_result {
         for ip in &prev.ips {
@@ -59,6 +62,9 @@ pub fn teardown(
     let host_ifname = link::host_veth_name(container_id, ifname);
     if let Some(dp) = dp {
         dp.remove_pod(container_id, ifname, &host_ifname, ips, errors);
+    }
+    if let Err(e) = crate::faults::point("teardown-datapath-removed") {
+        errors.push(e);
     }
     // The veth last: its routes and the container end go with it.
     if let Err(e) = delete_host_veth_of(&conf.name, container_id, ifname, &host_ifname) {

@@ -24,6 +24,9 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         errors.push(e);
         Vec::new()
     });
+    if let Err(e) = crate::faults::point("gc-ipam-released") {
+        errors.push(e);
+    }
     let dp = Datapath::open(conf).unwrap_or_else(|e| {
         errors.push(e);
         None
@@ -87,6 +90,11 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     for (cid, ifname, ips) in &stale {
         tracing::info!(container = %cid, ifname = %ifname, "GC: removing a stale attachment");
         teardown(conf, dp.as_ref(), cid, ifname, ips, &mut errors);
+    }
+    // Pairs a killed ADD never labelled: no alias names their owner, so only the
+    // network's group and the ADDs' lock tell them apart from an ADD still running.
+    if let Err(e) = super::half_made::sweep(conf) {
+        errors.push(e);
     }
     Error::from_list(errors)
 }

@@ -23,6 +23,7 @@ pub mod add;
 pub mod check;
 pub mod del;
 pub mod gc;
+pub mod half_made;
 pub mod status;
 pub mod version;
 

@@ -133,6 +133,7 @@ impl Datapath {
         // An old flow of a previous holder of these addresses must not reach this pod.
         self.purge_nat(&v4s(&ep.ips))?;
         self.put_endpoint_entries(ep)?;
+        crate::faults::point("datapath-entries-written")?;
         let mut program = self.program(prog::FROM_POD)?;
         attach::attach(
             &mut program,

@@ -148,6 +148,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
             chain(&e),
         )
     })?;
+    crate::faults::point("load-maps-pinned")?;
     for name in prog::ALL {
         let pin = pins.prog(name);
         if pin.exists() {

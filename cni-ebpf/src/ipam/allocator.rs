@@ -516,23 +516,28 @@ impl<'a> Allocator<'a> {
             e => e,
         })?;
         let mut linked: Vec<IpAddr> = Vec::new();
-        let mut outcome = Ok(());
-        for &(_, _, ip) in &chosen {
-            match self.store.link_ip(&tmp, ip) {
-                Ok(true) => linked.push(ip),
-                Ok(false) => {
-                    outcome = Err(Error::Ipam(format!(
-                        "address {ip} was claimed while the store was locked; refusing to \
-                         continue (is another program writing {}?)",
-                        self.store.path().display()
-                    )));
-                    break;
-                }
-                Err(e) => {
-                    outcome = Err(e);
-                    break;
+        let mut outcome = crate::faults::point("ipam-record-written");
+        if outcome.is_ok() {
+            for &(_, _, ip) in &chosen {
+                match self.store.link_ip(&tmp, ip) {
+                    Ok(true) => linked.push(ip),
+                    Ok(false) => {
+                        outcome = Err(Error::Ipam(format!(
+                            "address {ip} was claimed while the store was locked; refusing to \
+                             continue (is another program writing {}?)",
+                            self.store.path().display()
+                        )));
+                        break;
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
                 }
             }
+        }
+        if outcome.is_ok() {
+            outcome = crate::faults::point("ipam-addresses-linked");
         }
         if outcome.is_ok() {
             outcome = match self.store.commit(&tmp, &key) {

@@ -1,0 +1,60 @@
+//! Test-only fault points: named instants of ADD, DEL and GC where the test build (the
+//! `fault-injection` feature, `cargo xtask test`'s `cni-ebpf-fault`) can fail or stop.
+//!
+//! - `CNI_EBPF_FAIL_AT=<point>`: the operation fails right after that point, so the tests
+//!   prove ADD's rollback leaves nothing behind.
+//! - `CNI_EBPF_PAUSE_AT=<point>`: the process stops itself (`SIGSTOP`) at that point, so
+//!   the crash campaign can SIGKILL it exactly there instead of hoping a random delay
+//!   lands in a window of a few microseconds.
+//!
+//! In the binaries runtimes execute (no feature) [`point`] is an empty inline function.
+
+use crate::error::Result;
+
+/// Every named point, in the order an operation passes them (the crash campaign visits
+/// each one; a point listed here that an operation never reaches fails that test).
+pub const POINTS: &[&str] = &[
+    // ADD
+    "load-maps-pinned",
+    "ipam-record-written",
+    "ipam-addresses-linked",
+    "ipam",
+    "veth",
+    "veth-labelled",
+    "host-routes",
+    "container",
+    "datapath-entries-written",
+    "datapath",
+    "port-mappings",
+    // DEL
+    "del-ipam-released",
+    // GC
+    "gc-ipam-released",
+    // DEL and GC: an attachment's datapath entries are gone, its veth not yet
+    "teardown-datapath-removed",
+];
+
+/// Passes the fault point `name`: a no-op unless this is the test build and the
+/// environment names this point.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn point(_name: &'static str) -> Result<()> {
+    Ok(())
+}
+
+/// Passes the fault point `name`: fails when `CNI_EBPF_FAIL_AT` names it, stops the
+/// process when `CNI_EBPF_PAUSE_AT` names it.
+#[cfg(feature = "fault-injection")]
+pub fn point(name: &'static str) -> Result<()> {
+    debug_assert!(POINTS.contains(&name), "unlisted fault point {name}");
+    if std::env::var("CNI_EBPF_PAUSE_AT").is_ok_and(|s| s == name) {
+        // The test sees the process stopped and kills it; nothing after this runs.
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
+    }
+    if std::env::var("CNI_EBPF_FAIL_AT").is_ok_and(|s| s == name) {
+        return Err(crate::error::Error::Ipam(format!(
+            "injected failure after step {name}"
+        )));
+    }
+    Ok(())
+}
