@@ -1,0 +1,339 @@
+//! Issue 11, item 6: churn under load. Two workers add and delete pods in a loop (one in
+//! five with a host port) while two long-lived pods keep talking — to each other over a
+//! persistent TCP connection and to the outside over a masqueraded one — and a
+//! `cni-ebpf metrics` exporter is scraped. Afterwards: no leaked link, address, route,
+//! pin, map entry, reservation or store file, the exporter holds as many descriptors as
+//! before, and neither connection ever stalled or broke.
+//!
+//! `CNI_EBPF_CHURN_SECS` sets how long the churn runs (default 30; e.g. 600 for a
+//! ten-minute campaign).
+
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+use std::{
+    io::{Read, Write},
+    net::{SocketAddr, TcpListener, TcpStream},
+    path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    thread,
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+use tests::{net::in_netns, plugin_bin, process::Background, SimNode, EXT_IP4, POD_SUBNET_V4};
+
+fn churn_secs() -> u64 {
+    std::env::var("CNI_EBPF_CHURN_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(30)
+}
+
+/// A TCP echo server on `0.0.0.0:port` in `netns`, until `stop`.
+fn echo_server(netns: &Path, port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
+    let netns = netns.to_path_buf();
+    let listener = in_netns(&netns, move || TcpListener::bind(("0.0.0.0", port)))
+        .unwrap_or_else(|e| panic!("bind {port}: {e}"));
+    let _ = listener.set_nonblocking(true);
+    thread::spawn(move || {
+        let mut conns = Vec::new();
+        while !stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    let _ = s.set_nonblocking(false);
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
+                    let stop = stop.clone();
+                    conns.push(thread::spawn(move || {
+                        let mut buf = [0u8; 64];
+                        while !stop.load(Ordering::Relaxed) {
+                            match s.read(&mut buf) {
+                                Ok(0) => break,
+                                Ok(n) => {
+                                    if s.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                                Err(e)
+                                    if matches!(
+                                        e.kind(),
+                                        std::io::ErrorKind::WouldBlock
+                                            | std::io::ErrorKind::TimedOut
+                                    ) => {}
+                                Err(_) => break,
+                            }
+                        }
+                    }));
+                }
+                Err(_) => thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        for c in conns {
+            let _ = c.join();
+        }
+    })
+}
+
+/// What a long-lived connection saw.
+#[derive(Debug, Default)]
+struct Conversation {
+    exchanges: AtomicU64,
+    worst_rtt_us: AtomicU64,
+    failure: std::sync::Mutex<Option<String>>,
+}
+
+/// One persistent connection from `netns` to `to`, one 16-byte exchange every 5 ms until
+/// `stop` (bounded by `limit`); any error or an exchange slower than 2 s is a failure.
+fn converse(
+    netns: &Path,
+    to: SocketAddr,
+    stop: Arc<AtomicBool>,
+    limit: Duration,
+) -> (Arc<Conversation>, thread::JoinHandle<()>) {
+    let c = Arc::new(Conversation::default());
+    let (c2, netns) = (c.clone(), netns.to_path_buf());
+    let h = thread::spawn(move || {
+        let fail = |why: String| {
+            if let Ok(mut f) = c2.failure.lock() {
+                f.get_or_insert(why);
+            }
+        };
+        let res = in_netns(&netns, move || {
+            TcpStream::connect_timeout(&to, Duration::from_secs(3))
+        });
+        let mut s = match res {
+            Ok(s) => s,
+            Err(e) => return fail(format!("connect {to}: {e}")),
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = s.set_nodelay(true);
+        let started = Instant::now();
+        let mut i: u64 = 0;
+        while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
+            let msg = format!("{i:016}");
+            let t = Instant::now();
+            let mut back = [0u8; 16];
+            if let Err(e) = s
+                .write_all(msg.as_bytes())
+                .and_then(|()| s.read_exact(&mut back))
+            {
+                return fail(format!(
+                    "exchange {i} with {to} after {:?}: {e}",
+                    started.elapsed()
+                ));
+            }
+            if back != msg.as_bytes() {
+                return fail(format!("exchange {i} with {to}: got {back:?}"));
+            }
+            let rtt = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
+            c2.worst_rtt_us.fetch_max(rtt, Ordering::Relaxed);
+            c2.exchanges.fetch_add(1, Ordering::Relaxed);
+            i += 1;
+            thread::sleep(Duration::from_millis(5));
+        }
+    });
+    (c, h)
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
+}
+
+/// `GET /metrics` from inside `netns`; the body.
+fn scrape(netns: &Path, addr: SocketAddr) -> String {
+    in_netns(netns, move || {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")?;
+        let mut raw = String::new();
+        s.take(16 << 20).read_to_string(&mut raw)?;
+        Ok::<_, std::io::Error>(raw)
+    })
+    .unwrap_or_else(|e| panic!("scrape: {e}"))
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
+    let node = SimNode::new("churn");
+    let conf = node
+        .conf()
+        .version("1.0.0")
+        .subnets(&[POD_SUBNET_V4])
+        .set("ipMasq", json!(true))
+        .set("clusterCIDRs", json!(["10.244.0.0/16"]));
+    node.warm_up(&conf);
+    let a = node.pod("stable-a");
+    let b = node.pod("stable-b");
+    node.add(&a, "eth0", &conf);
+    let rb = node.add(&b, "eth0", &conf);
+    let b_ip = rb.ips[0]
+        .address
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+
+    // The exporter, as the DaemonSet runs it.
+    let addr = SocketAddr::from(([127, 0, 0, 1], 9465));
+    let bin = plugin_bin().to_string_lossy().into_owned();
+    let root = node.pin_root().to_string_lossy().into_owned();
+    let exporter = Background::spawn(
+        node.netns(),
+        &[
+            bin.as_str(),
+            "metrics",
+            "--listen",
+            "127.0.0.1:9465",
+            "--bpffs-root",
+            &root,
+        ],
+    );
+    let up = Instant::now();
+    while !scrape_ok(node.netns(), addr) {
+        assert!(
+            up.elapsed() < Duration::from_secs(10),
+            "the exporter did not start"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let fds_before = fd_count(exporter.pid());
+
+    let secs = churn_secs();
+    let limit = Duration::from_secs(secs + 60);
+    let stop = Arc::new(AtomicBool::new(false));
+    let servers = [
+        echo_server(b.netns(), 7000, stop.clone()),
+        echo_server(node.ext_netns(), 7001, stop.clone()),
+    ];
+    let (pod_to_pod, h1) = converse(
+        a.netns(),
+        format!("{b_ip}:7000")
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}")),
+        stop.clone(),
+        limit,
+    );
+    let (pod_to_ext, h2) = converse(
+        a.netns(),
+        SocketAddr::from((
+            EXT_IP4
+                .parse::<std::net::Ipv4Addr>()
+                .unwrap_or_else(|e| panic!("{e}")),
+            7001,
+        )),
+        stop.clone(),
+        limit,
+    );
+    thread::sleep(Duration::from_millis(300));
+
+    // Baselines with the two stable pods and their flows in place.
+    let snap = node.snapshot();
+    let pins = node.pins();
+    let endpoints_before = node.endpoints("testnet").len();
+
+    let cycles = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    thread::scope(|s| {
+        for w in 0..2 {
+            let (node, conf, cycles) = (&node, &conf, cycles.clone());
+            s.spawn(move || {
+                let mut i = 0usize;
+                while Instant::now() < deadline {
+                    let pod = node.pod(&format!("c{w}-{i}"));
+                    let c = if i % 5 == 0 {
+                        conf.clone().set(
+                            "runtimeConfig",
+                            json!({ "portMappings": [{ "hostPort": 20000 + w * 1000 + (i % 1000), "containerPort": 80, "protocol": "tcp" }] }),
+                        )
+                    } else {
+                        conf.clone()
+                    };
+                    node.add(&pod, "eth0", &c);
+                    node.del(&pod, "eth0", &c);
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                    i += 1;
+                }
+            });
+        }
+        // The exporter is scraped throughout.
+        s.spawn(|| {
+            while Instant::now() < deadline {
+                let body = scrape(node.netns(), addr);
+                assert!(body.contains("cni_ebpf_up"), "scrape during churn: {body}");
+                thread::sleep(Duration::from_millis(500));
+            }
+        });
+    });
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let _ = h1.join();
+    let _ = h2.join();
+    for s in servers {
+        let _ = s.join();
+    }
+
+    let n = cycles.load(Ordering::Relaxed);
+    eprintln!(
+        "{n} pod ADD/DEL cycles in {secs} s by 2 workers; pod→pod {} exchanges (worst {} µs), \
+         pod→ext {} exchanges (worst {} µs)",
+        pod_to_pod.exchanges.load(Ordering::Relaxed),
+        pod_to_pod.worst_rtt_us.load(Ordering::Relaxed),
+        pod_to_ext.exchanges.load(Ordering::Relaxed),
+        pod_to_ext.worst_rtt_us.load(Ordering::Relaxed),
+    );
+    for (what, c) in [
+        ("pod → pod", &pod_to_pod),
+        ("pod → ext (masqueraded)", &pod_to_ext),
+    ] {
+        if let Ok(f) = c.failure.lock() {
+            assert!(f.is_none(), "{what} broke during churn: {f:?}");
+        }
+        assert!(
+            c.exchanges.load(Ordering::Relaxed) > secs * 20,
+            "{what}: too few exchanges"
+        );
+        assert!(
+            c.worst_rtt_us.load(Ordering::Relaxed) < 1_000_000,
+            "{what} stalled for {} µs",
+            c.worst_rtt_us.load(Ordering::Relaxed)
+        );
+    }
+    assert!(n as u64 >= secs * 2, "only {n} cycles in {secs} s");
+
+    // Nothing leaked.
+    node.snapshot().assert_same_as(&snap);
+    assert_eq!(node.pins(), pins, "pins changed");
+    assert_eq!(
+        node.endpoints("testnet").len(),
+        endpoints_before,
+        "endpoint entries"
+    );
+    let dp = node.datapath("testnet").unwrap_or_default();
+    let ports = dp["portMappings"].as_array().cloned().unwrap_or_default();
+    assert!(ports.is_empty(), "host ports left: {ports:?}");
+    let store = node.store("testnet");
+    assert_eq!(store.keys.len(), 2, "reservations: {store:?}");
+    assert!(
+        store.tmp.is_empty() && store.unexpected.is_empty(),
+        "{store:?}"
+    );
+    let _ = scrape(node.netns(), addr);
+    let fds_after = fd_count(exporter.pid());
+    assert_eq!(fds_after, fds_before, "the exporter's descriptors grew");
+    drop(exporter);
+
+    node.del(&a, "eth0", &conf);
+    node.del(&b, "eth0", &conf);
+    node.store("testnet")
+        .assert_empty("after the stable pods' DEL");
+}
+
+fn scrape_ok(netns: &Path, addr: SocketAddr) -> bool {
+    let netns: PathBuf = netns.to_path_buf();
+    in_netns(&netns, move || {
+        TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok()
+    })
+}
