@@ -243,7 +243,7 @@ fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
                 let mut i = 0usize;
                 while Instant::now() < deadline {
                     let pod = node.pod(&format!("c{w}-{i}"));
-                    let c = if i % 5 == 0 {
+                    let c = if i.is_multiple_of(5) {
                         conf.clone().set(
                             "runtimeConfig",
                             json!({ "portMappings": [{ "hostPort": 20000 + w * 1000 + (i % 1000), "containerPort": 80, "protocol": "tcp" }] }),
