@@ -27,6 +27,7 @@ fn main() {
         if let Err(e) = fs::write(&object, []) {
             panic!("cannot write eBPF stub {}: {e}", object.display());
         }
+        println!("cargo:rustc-env=CNI_EBPF_OBJECT_HASH=none");
         return;
     }
     if let Ok(path) = linker {
@@ -57,4 +58,14 @@ fn main() {
     if let Err(e) = aya_build::build_ebpf([package], aya_build::Toolchain::Nightly) {
         panic!("building the eBPF programs failed: {e:#}");
     }
+    // The object's identity, computed once here rather than on every ADD: a node whose
+    // pinned programs came from another object is carried over (datapath/upgrade.rs).
+    let bytes = match fs::read(&object) {
+        Ok(b) => b,
+        Err(e) => panic!("reading the eBPF object {}: {e}", object.display()),
+    };
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    println!("cargo:rustc-env=CNI_EBPF_OBJECT_HASH={hash:016x}");
 }

@@ -12,10 +12,10 @@
 
 use std::{
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc,
     },
     thread,
@@ -23,118 +23,18 @@ use std::{
 };
 
 use serde_json::json;
-use tests::{net::in_netns, plugin_bin, process::Background, SimNode, EXT_IP4, POD_SUBNET_V4};
+use tests::{
+    net::{converse, echo_server, in_netns},
+    plugin_bin,
+    process::Background,
+    SimNode, EXT_IP4, POD_SUBNET_V4,
+};
 
 fn churn_secs() -> u64 {
     std::env::var("CNI_EBPF_CHURN_SECS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(30)
-}
-
-/// A TCP echo server on `0.0.0.0:port` in `netns`, until `stop`.
-fn echo_server(netns: &Path, port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
-    let netns = netns.to_path_buf();
-    let listener = in_netns(&netns, move || TcpListener::bind(("0.0.0.0", port)))
-        .unwrap_or_else(|e| panic!("bind {port}: {e}"));
-    let _ = listener.set_nonblocking(true);
-    thread::spawn(move || {
-        let mut conns = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                    let stop = stop.clone();
-                    conns.push(thread::spawn(move || {
-                        let mut buf = [0u8; 64];
-                        while !stop.load(Ordering::Relaxed) {
-                            match s.read(&mut buf) {
-                                Ok(0) => break,
-                                Ok(n) => {
-                                    if s.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        std::io::ErrorKind::WouldBlock
-                                            | std::io::ErrorKind::TimedOut
-                                    ) => {}
-                                Err(_) => break,
-                            }
-                        }
-                    }));
-                }
-                Err(_) => thread::sleep(Duration::from_millis(5)),
-            }
-        }
-        for c in conns {
-            let _ = c.join();
-        }
-    })
-}
-
-/// What a long-lived connection saw.
-#[derive(Debug, Default)]
-struct Conversation {
-    exchanges: AtomicU64,
-    worst_rtt_us: AtomicU64,
-    failure: std::sync::Mutex<Option<String>>,
-}
-
-/// One persistent connection from `netns` to `to`, one 16-byte exchange every 5 ms until
-/// `stop` (bounded by `limit`); any error or an exchange slower than 2 s is a failure.
-fn converse(
-    netns: &Path,
-    to: SocketAddr,
-    stop: Arc<AtomicBool>,
-    limit: Duration,
-) -> (Arc<Conversation>, thread::JoinHandle<()>) {
-    let c = Arc::new(Conversation::default());
-    let (c2, netns) = (c.clone(), netns.to_path_buf());
-    let h = thread::spawn(move || {
-        let fail = |why: String| {
-            if let Ok(mut f) = c2.failure.lock() {
-                f.get_or_insert(why);
-            }
-        };
-        let res = in_netns(&netns, move || {
-            TcpStream::connect_timeout(&to, Duration::from_secs(3))
-        });
-        let mut s = match res {
-            Ok(s) => s,
-            Err(e) => return fail(format!("connect {to}: {e}")),
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = s.set_nodelay(true);
-        let started = Instant::now();
-        let mut i: u64 = 0;
-        while !stop.load(Ordering::Relaxed) && started.elapsed() < limit {
-            let msg = format!("{i:016}");
-            let t = Instant::now();
-            let mut back = [0u8; 16];
-            if let Err(e) = s
-                .write_all(msg.as_bytes())
-                .and_then(|()| s.read_exact(&mut back))
-            {
-                return fail(format!(
-                    "exchange {i} with {to} after {:?}: {e}",
-                    started.elapsed()
-                ));
-            }
-            if back != msg.as_bytes() {
-                return fail(format!("exchange {i} with {to}: got {back:?}"));
-            }
-            let rtt = u64::try_from(t.elapsed().as_micros()).unwrap_or(u64::MAX);
-            c2.worst_rtt_us.fetch_max(rtt, Ordering::Relaxed);
-            c2.exchanges.fetch_add(1, Ordering::Relaxed);
-            i += 1;
-            thread::sleep(Duration::from_millis(5));
-        }
-    });
-    (c, h)
 }
 
 fn fd_count(pid: u32) -> usize {

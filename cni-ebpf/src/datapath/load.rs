@@ -149,6 +149,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
         )
     })?;
     crate::faults::point("load-maps-pinned")?;
+    let fresh = !prog::ALL.iter().any(|p| pins.prog(p).exists());
     for name in prog::ALL {
         let pin = pins.prog(name);
         if pin.exists() {
@@ -185,6 +186,16 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
                 chain(&e),
             )
         })?;
+    }
+    // Mark the pins as this object's only if every program is: a load killed half-way by
+    // another binary left some of its own, which the carry-over replaces (`upgrade.rs`).
+    if fresh {
+        let marker = pins.version_dir().join(super::object::stamp());
+        match std::fs::create_dir(&marker) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(format!("creating {}", marker.display()), e)),
+        }
     }
     Ok(())
 }
@@ -233,12 +244,21 @@ const BPF_F_RDONLY: u32 = 1 << 3;
 
 /// Opens the bpffs object pinned at `path` with a read-only descriptor.
 pub fn obj_get_read_only(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    obj_get_with(path, BPF_F_RDONLY)
+}
+
+/// Opens the bpffs object pinned at `path` (read-write).
+pub fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    obj_get_with(path, 0)
+}
+
+fn obj_get_with(path: &Path, file_flags: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
     let c = std::ffi::CString::new(path.as_os_str().as_bytes())
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
     let mut attr = ObjGetAttr {
         pathname: c.as_ptr() as u64,
-        file_flags: BPF_F_RDONLY,
+        file_flags,
         ..ObjGetAttr::default()
     };
     // SAFETY: BPF_OBJ_GET reads the NUL-terminated path `c` points to (alive for the

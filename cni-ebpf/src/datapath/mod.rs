@@ -54,6 +54,7 @@ pub mod pins;
 mod portmaps;
 mod sockets;
 mod status;
+pub mod upgrade;
 mod uplink;
 mod views;
 
@@ -207,16 +208,25 @@ impl Datapath {
 
     /// Loads and pins below `network_dir` if needed (under the load lock) and opens the
     /// pins. Attaches nothing and writes no configuration (tests, `cni-ebpf load`).
+    ///
+    /// Pins made by another object of the same layout (a newer binary was installed) are
+    /// carried over to this binary's programs in place ([`upgrade`]).
     pub fn load_at(network_dir: impl AsRef<Path>) -> Result<Self> {
         let pins = Pins::new(network_dir.as_ref());
         refuse_foreign(&pins)?;
-        if !pins.complete() {
+        if !pins.complete() || !upgrade::current(&pins) {
             let _lock = load::LoadLock::acquire(&pins)?;
             refuse_foreign(&pins)?;
             if !pins.complete() {
                 load::load_and_pin(&pins)?;
             }
+            upgrade::carry_over(&pins)?;
         }
+        Self::open_pins(pins)
+    }
+
+    /// A handle on complete pins.
+    fn open_pins(pins: Pins) -> Result<Self> {
         let maps = Maps::open(&pins)?;
         Ok(Self {
             pins,
@@ -238,6 +248,9 @@ impl Datapath {
                 }
             }
             remove_dir(&d)?;
+        }
+        for marker in pins.stamps()? {
+            remove_dir(&v.join(marker))?;
         }
         remove_dir(&v)
     }
@@ -307,8 +320,10 @@ fn refuse_foreign(pins: &Pins) -> Result<()> {
         Err(Error::datapath(
             format!("opening the pins in {}", pins.network_dir().display()),
             format!(
-                "they use pin layout {} but this binary uses {}; unload them with the binary \
-                 that made them (or remove the directory) first",
+                "they use map layout {} but this binary uses {}, so it cannot take over \
+                 the running pods' maps; install the binary that made them again, or move \
+                 the node to this one: drain it, then run `cni-ebpf uninstall --purge` \
+                 with the old binary (README: \"Upgrades\")",
                 foreign.join(", "),
                 pins::version_dir_name()
             ),

@@ -10,6 +10,8 @@
 //!     links/uplink-<ifname>-egress       tcx link of uplink_egress
 //!     links/cgroup-<sock program>        cgroup link of a socket program (host ports for
 //!                                        the node's own sockets)
+//!     object-<x_y_z>-<hash>/             marker: the object whose programs are pinned
+//!                                        (an empty directory; `upgrade.rs`)
 //! ```
 //! A binary only uses the `v<LAYOUT_VERSION>` tree; finding another `v*` directory means
 //! another (older or newer) cni-ebpf owns this network's datapath and is reported as such.
@@ -125,6 +127,24 @@ impl Pins {
     #[must_use]
     pub fn socket_link(&self, prog_name: &str) -> PathBuf {
         self.links_dir().join(format!("cgroup-{prog_name}"))
+    }
+
+    /// The object markers (`object-…` directories, [`super::object::stamp`]) in the
+    /// version directory: normally one, the object whose programs are pinned.
+    pub fn stamps(&self) -> Result<Vec<String>> {
+        let dir = self.version_dir();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
+        };
+        let mut v: Vec<String> = entries
+            .filter_map(std::result::Result::ok)
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| n.starts_with("object-"))
+            .collect();
+        v.sort();
+        Ok(v)
     }
 
     /// Every program pin present.

@@ -1,0 +1,284 @@
+//! Carrying a running node over to a binary whose eBPF programs differ.
+//!
+//! Each load pins a marker directory next to the programs, named after the object that
+//! made them ([`object::stamp`]: crate version and a hash of the object, computed at
+//! build time). An invocation whose own object is not the marked one (a newer binary was
+//! installed while pods run) replaces the programs in place, once per node, under the
+//! load lock:
+//!
+//! 1. the new object is loaded with the **pinned maps** (same layout version, so every
+//!    map keeps its entries: endpoints, host ports, NAT state of open flows, counters);
+//! 2. every attachment of an old program gets the new one atomically — a clsact filter
+//!    is replaced at its priority and handle, a tcx link or a cgroup link swaps its
+//!    program (`BPF_LINK_UPDATE`) — so no packet meets an empty hook;
+//! 3. the program pins are replaced (pin beside, `rename(2)` over), then the marker.
+//!
+//! A crash anywhere leaves the old marker, so the next invocation redoes the whole step
+//! (each part is idempotent); until then old and new programs share the maps, which is
+//! safe because their layout is the same. An older binary never takes a node back: it
+//! finds a marker of a newer version and uses the pinned programs as they are.
+//!
+//! A binary whose **map layout** differs (`LAYOUT_VERSION`) cannot reuse the maps; it
+//! refuses every operation on the node and names the procedure (`mod.rs`,
+//! `refuse_foreign`).
+
+use aya::{
+    programs::{CgroupSockAddr, Program, SchedClassifier, TcAttachType},
+    EbpfLoader,
+};
+use cni_ebpf_common::prog;
+
+use super::{
+    attach::{self, AttachMode},
+    load, object,
+    pins::{Direction, Pins},
+    Datapath,
+};
+use crate::{
+    cni::config::AttachPolicy,
+    error::{Error, Result},
+    link,
+};
+
+/// Whether the programs pinned in `pins` were made by this binary's object.
+#[must_use]
+pub fn current(pins: &Pins) -> bool {
+    pins.version_dir().join(object::stamp()).is_dir()
+}
+
+/// Makes the pinned programs this binary's (see the module comment); a no-op when they
+/// are, or when a newer version's are pinned. The caller holds the load lock.
+pub fn carry_over(pins: &Pins) -> Result<()> {
+    let ours = object::stamp();
+    if current(pins) {
+        return Ok(());
+    }
+    let pinned = pins.stamps()?;
+    if let Some(newer) = pinned
+        .iter()
+        .find(|s| object::stamp_version(s) > object::stamp_version(&ours))
+    {
+        tracing::warn!(
+            "the programs pinned in {} come from {newer}, newer than this binary ({ours}); \
+             using them as they are",
+            pins.version_dir().display()
+        );
+        return Ok(());
+    }
+    tracing::info!(
+        "replacing the programs pinned in {} ({}) with this binary's ({ours})",
+        pins.version_dir().display(),
+        if pinned.is_empty() {
+            "unmarked".to_owned()
+        } else {
+            pinned.join(", ")
+        }
+    );
+    replace_programs(pins)?;
+    let marker = pins.version_dir().join(&ours);
+    std::fs::create_dir(&marker)
+        .or_else(|e| {
+            if e.kind() == std::io::ErrorKind::AlreadyExists {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|e| Error::io(format!("creating {}", marker.display()), e))?;
+    for old in pinned.iter().filter(|s| **s != ours) {
+        let dir = pins.version_dir().join(old);
+        if let Err(e) = std::fs::remove_dir(&dir) {
+            tracing::warn!("removing the old marker {}: {e}", dir.display());
+        }
+    }
+    Ok(())
+}
+
+/// One attachment of a tc program: where it is and how to find it.
+struct TcTarget {
+    ifname: String,
+    ifindex: u32,
+    dir: TcAttachType,
+    link_pin: std::path::PathBuf,
+    handle: u32,
+}
+
+fn replace_programs(pins: &Pins) -> Result<()> {
+    let bytes = object::bytes()?;
+    let maps_dir = pins.maps_dir();
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&maps_dir);
+    let mut ebpf = loader.load(bytes).map_err(|e| {
+        Error::datapath(
+            format!(
+                "loading the new eBPF object (maps pinned in {})",
+                maps_dir.display()
+            ),
+            load::chain(&e),
+        )
+    })?;
+    let dp = Datapath::open_pins(pins.clone())?;
+    for name in prog::ALL {
+        let pin = pins.prog(name);
+        let program = ebpf.program_mut(name).ok_or_else(|| {
+            Error::datapath(
+                format!("loading program {name}"),
+                "the embedded object has no such program",
+            )
+        })?;
+        let verify = |e: aya::programs::ProgramError| {
+            Error::datapath(format!("verifying program {name}"), load::program_error(&e))
+        };
+        match program {
+            Program::SchedClassifier(p) => {
+                p.load().map_err(verify)?;
+                let old_id = attach::program_id(&load::open_program(pins, name)?)?;
+                for t in tc_targets(&dp, name)? {
+                    swap_tc(p, old_id, &t)?;
+                }
+                pin_over(pins, name, |tmp| p.pin(tmp).map_err(|e| load::chain(&e)))?;
+            }
+            Program::CgroupSockAddr(p) => {
+                p.load().map_err(verify)?;
+                swap_cgroup_link(p, &pins.socket_link(name))?;
+                pin_over(pins, name, |tmp| p.pin(tmp).map_err(|e| load::chain(&e)))?;
+            }
+            _ => {
+                return Err(Error::datapath(
+                    format!("loading program {name}"),
+                    "the embedded object's program has an unexpected type",
+                ))
+            }
+        }
+        tracing::debug!("replaced program {name} at {}", pin.display());
+    }
+    Ok(())
+}
+
+/// Where program `name` may be attached: `from_pod` on every endpoint's host veth, the
+/// uplink programs on the uplink.
+fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
+    let mut out = Vec::new();
+    if name == prog::FROM_POD {
+        let mut seen = std::collections::HashSet::new();
+        for e in dp.endpoints()? {
+            if e.container_id.is_empty() || !seen.insert(e.host_ifindex) {
+                continue;
+            }
+            let ifname = link::host_veth_name(&e.container_id, &e.ifname);
+            out.push(TcTarget {
+                link_pin: dp.pins.endpoint_link(&ifname),
+                ifname,
+                ifindex: e.host_ifindex,
+                dir: TcAttachType::Ingress,
+                handle: attach::TC_HANDLE,
+            });
+        }
+        return Ok(out);
+    }
+    let (dir, tc_dir) = match name {
+        prog::UPLINK_INGRESS => (Direction::Ingress, TcAttachType::Ingress),
+        prog::UPLINK_EGRESS => (Direction::Egress, TcAttachType::Egress),
+        _ => return Ok(out),
+    };
+    let ifindex = dp.node_view()?.uplink_ifindex;
+    if ifindex == 0 {
+        return Ok(out);
+    }
+    let Ok(ifname) = nix::net::if_::if_indextoname(ifindex) else {
+        return Ok(out);
+    };
+    let ifname = ifname.to_string_lossy().into_owned();
+    out.push(TcTarget {
+        link_pin: dp.pins.uplink_link(&ifname, dir),
+        ifname,
+        ifindex,
+        dir: tc_dir,
+        handle: attach::uplink_handle(dp.pins.network_dir()),
+    });
+    Ok(out)
+}
+
+/// Attaches `new` where the program `old_id` is attached at `t`, in the same mode,
+/// replacing it atomically. Not attached there: left alone (CHECK reports it).
+fn swap_tc(new: &mut SchedClassifier, old_id: u32, t: &TcTarget) -> Result<()> {
+    let policy = match attach::attached(&t.ifname, t.ifindex, t.dir, old_id, &t.link_pin, t.handle)?
+    {
+        Some(AttachMode::Tc) => AttachPolicy::Tc,
+        Some(AttachMode::Tcx) => AttachPolicy::Tcx,
+        None => return Ok(()),
+    };
+    attach::attach(
+        new,
+        &t.ifname,
+        t.ifindex,
+        t.dir,
+        &t.link_pin,
+        t.handle,
+        policy,
+    )?;
+    Ok(())
+}
+
+/// Pins program `name` beside its pin and renames it over the old one: the pin never
+/// goes missing (a reader between the two sees the old or the new program).
+fn pin_over(
+    pins: &Pins,
+    name: &str,
+    pin: impl FnOnce(&std::path::Path) -> std::result::Result<(), String>,
+) -> Result<()> {
+    let path = pins.prog(name);
+    let tmp = pins.progs_dir().join(format!("{name}-next"));
+    let _ = std::fs::remove_file(&tmp);
+    pin(&tmp).map_err(|e| Error::datapath(format!("pinning {}", tmp.display()), e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| Error::io(format!("replacing {}", path.display()), e))
+}
+
+/// `BPF_LINK_UPDATE` from `linux/bpf.h`.
+const BPF_LINK_UPDATE: libc::c_long = 29;
+
+/// The `link_update` member of `union bpf_attr`.
+#[repr(C)]
+#[derive(Default)]
+struct LinkUpdateAttr {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+/// Swaps `new` into the cgroup link pinned at `pin` (aya has no call for it). No pin: the
+/// socket hooks are off on this node, nothing to swap.
+fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
+    use std::os::fd::{AsFd as _, AsRawFd as _};
+    let link = match load::obj_get(pin) {
+        Ok(fd) => fd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("opening {}", pin.display()), e)),
+    };
+    let prog = new
+        .fd()
+        .map_err(|e| Error::datapath("replacing a socket program", load::program_error(&e)))?;
+    let attr = LinkUpdateAttr {
+        link_fd: u32::try_from(link.as_raw_fd()).unwrap_or_default(),
+        new_prog_fd: u32::try_from(prog.as_fd().as_raw_fd()).unwrap_or_default(),
+        ..LinkUpdateAttr::default()
+    };
+    // SAFETY: BPF_LINK_UPDATE reads `attr` (alive for the call) and the two descriptors
+    // it names, both open; it returns 0 or -1.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_LINK_UPDATE,
+            std::ptr::from_ref(&attr),
+            std::mem::size_of::<LinkUpdateAttr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(Error::io(
+            format!("swapping the program of the cgroup link {}", pin.display()),
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
