@@ -248,22 +248,32 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     node.exec_plugin_bin(&newer, "CHECK", &salted(a.env("eth0")), &check.plugin())
         .assert_empty_success();
 
-    // A binary of another map layout refuses, names the way out, and changes nothing.
-    let foreign = node.pin_root().join("testnet/v2");
-    std::fs::create_dir(&foreign).unwrap_or_else(|e| panic!("{e}"));
+    // A binary of another map layout (the test build playing layout 4) refuses, names
+    // the way out, and changes nothing: the flows keep talking.
+    let layout4 = |env: CniEnv| CniEnv {
+        extra: vec![("CNI_EBPF_LAYOUT_VERSION".into(), "4".into())],
+        ..env
+    };
     let d = node.pod("d");
+    let pins_before = node.pins();
     let e = node
-        .exec_plugin("ADD", &d.env("eth0"), &conf.plugin())
+        .exec_plugin_bin(&newer, "ADD", &layout4(d.env("eth0")), &conf.plugin())
         .error();
     let text = format!("{} {}", e.msg, e.details);
     assert!(
-        text.contains("map layout") && text.contains("uninstall --purge"),
-        "the refusal names the procedure: {text}"
+        text.contains("map layout v3") && text.contains("uninstall --purge"),
+        "the refusal names both layouts and the procedure: {text}"
     );
-    std::fs::remove_dir(&foreign).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(node.pins(), pins_before, "the refused ADD changed the pins");
+    let n = flows[0].1 .0.exchanges.load(Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(300));
     for (what, (c, _)) in &flows {
         assert_alive(what, c);
     }
+    assert!(
+        flows[0].1 .0.exchanges.load(Ordering::Relaxed) > n,
+        "pod → pod stopped"
+    );
 
     stop.store(true, Ordering::Relaxed);
     for (_, (_, h)) in flows {
@@ -272,14 +282,47 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     for s in servers {
         let _ = s.join();
     }
+    // The documented procedure: drain (every pod deleted), purge with the old binary,
+    // then the new layout's binary networks pods.
     for (p, cf) in [
         (&a, conf.clone()),
         (&b, with_port(&conf)),
         (&c, conf.clone()),
-        (&d, conf.clone()),
     ] {
         let out = node.exec_plugin_bin(&newer, "DEL", &salted(p.env("eth0")), &cf.plugin());
         out.assert_empty_success();
     }
     node.store("testnet").assert_empty("after the DELs");
+    let (bin_dir, conf_dir) = (node.dir().join("host-bin"), node.dir().join("host-net.d"));
+    for d in [&bin_dir, &conf_dir] {
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let purge = node.exec(&[
+        tests::plugin_bin().to_string_lossy().as_ref(),
+        "uninstall",
+        "--purge",
+        "--network-name",
+        "testnet",
+        "--bpffs-root",
+        &node.pin_root().to_string_lossy(),
+        "--data-dir",
+        &node.data_dir().to_string_lossy(),
+        "--cni-bin-dir",
+        &bin_dir.to_string_lossy(),
+        "--cni-conf-dir",
+        &conf_dir.to_string_lossy(),
+    ]);
+    assert!(purge.success(), "uninstall --purge: {purge}");
+    let e = node.pod("e");
+    let out = node.exec_plugin_bin(&newer, "ADD", &layout4(e.env("eth0")), &conf.plugin());
+    let _ = tests::ResultView::parse(&out.result());
+    assert!(
+        node.pins().iter().any(|p| p.starts_with("testnet/v4")),
+        "the new layout is pinned: {:?}",
+        node.pins()
+    );
+    tests::assert_ping(e.netns(), EXT_IP4);
+    node.exec_plugin_bin(&newer, "DEL", &layout4(e.env("eth0")), &conf.plugin())
+        .assert_empty_success();
+    drop(d);
 }
