@@ -83,12 +83,13 @@ pub enum Error {
     Ipam(String),
 
     /// Code 101: a netlink request failed.
-    #[error("netlink: {context}: {reason}")]
+    #[error("netlink: {context}: {source}")]
     Netlink {
         /// What we were doing.
         context: String,
-        /// The kernel's or the library's message.
-        reason: String,
+        /// The kernel's or the library's error, kept typed (errno decisions read it).
+        #[source]
+        source: Box<Cause>,
     },
 
     /// Code 102: a network namespace could not be opened or entered.
@@ -101,12 +102,13 @@ pub enum Error {
     },
 
     /// Code 103: loading, pinning or attaching eBPF programs or maps failed.
-    #[error("eBPF datapath: {context}: {reason}")]
+    #[error("eBPF datapath: {context}: {source}")]
     Datapath {
         /// What we were doing.
         context: String,
-        /// The error, including the verifier log when there is one.
-        reason: String,
+        /// The error (aya's, with the verifier log when there is one), kept typed.
+        #[source]
+        source: Box<Cause>,
     },
 
     /// Code 104: CHECK found live state that differs from what was set up.
@@ -136,6 +138,88 @@ pub enum Error {
     /// Several independent failures (best-effort DEL / GC); the code is the first one's.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Multiple(Vec<Error>),
+}
+
+/// The underlying failure of a [`Error::Netlink`] or [`Error::Datapath`]: the library's
+/// own error where there is one (so its errno and sources stay readable, and the spec's
+/// `details` are filled from them), or a message where the failure is ours.
+#[derive(Debug, thiserror::Error)]
+pub enum Cause {
+    /// A condition we detected ourselves.
+    #[error("{0}")]
+    Message(String),
+    /// rtnetlink (the kernel's netlink answer, with its errno).
+    #[error(transparent)]
+    Netlink(#[from] rtnetlink::Error),
+    /// An aya program operation (load with the verifier log, attach, query).
+    #[error("{}", program_text(.0))]
+    Program(#[source] aya::programs::ProgramError),
+    /// An aya object load.
+    #[error(transparent)]
+    Ebpf(#[from] aya::EbpfError),
+    /// An aya map operation.
+    #[error(transparent)]
+    Map(#[from] aya::maps::MapError),
+    /// Pinning an aya object.
+    #[error(transparent)]
+    Pin(#[from] aya::pin::PinError),
+    /// An aya link operation.
+    #[error(transparent)]
+    Link(#[from] aya::programs::links::LinkError),
+    /// A system call.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+impl From<aya::programs::ProgramError> for Cause {
+    fn from(e: aya::programs::ProgramError) -> Self {
+        Self::Program(e)
+    }
+}
+
+/// A program error as an operator needs it: a failed load shows the verifier's log, any
+/// other error its chain of sources.
+pub(crate) fn program_text(e: &aya::programs::ProgramError) -> String {
+    match e {
+        aya::programs::ProgramError::LoadError {
+            io_error,
+            verifier_log,
+        } => format!("BPF_PROG_LOAD failed: {io_error}; verifier log:\n{verifier_log}"),
+        other => {
+            let mut s = other.to_string();
+            let mut src = std::error::Error::source(other);
+            while let Some(e) = src {
+                s.push_str(": ");
+                s.push_str(&e.to_string());
+                src = e.source();
+            }
+            s
+        }
+    }
+}
+
+impl Cause {
+    /// The errno of the failure, where it carries one.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Netlink(rtnetlink::Error::NetlinkError(m)) => m.code.map(|c| c.get().abs()),
+            Self::Io(e) => e.raw_os_error(),
+            _ => None,
+        }
+    }
+}
+
+impl From<String> for Cause {
+    fn from(s: String) -> Self {
+        Self::Message(s)
+    }
+}
+
+impl From<&str> for Cause {
+    fn from(s: &str) -> Self {
+        Self::Message(s.to_owned())
+    }
 }
 
 impl Error {
@@ -218,18 +302,18 @@ impl Error {
     }
 
     /// Shorthand for [`Error::Netlink`].
-    pub fn netlink(context: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+    pub fn netlink(context: impl Into<String>, source: impl Into<Cause>) -> Self {
         Self::Netlink {
             context: context.into(),
-            reason: reason.to_string(),
+            source: Box::new(source.into()),
         }
     }
 
     /// Shorthand for [`Error::Datapath`].
-    pub fn datapath(context: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+    pub fn datapath(context: impl Into<String>, source: impl Into<Cause>) -> Self {
         Self::Datapath {
             context: context.into(),
-            reason: reason.to_string(),
+            source: Box::new(source.into()),
         }
     }
 
@@ -239,7 +323,12 @@ impl Error {
         let mut details = Vec::new();
         let mut source = std::error::Error::source(self);
         while let Some(s) = source {
-            details.push(s.to_string());
+            // A wrapper that shows its source already (a cause with the verifier log, a
+            // chain) is not repeated.
+            let text = s.to_string();
+            if !details.last().is_some_and(|d: &String| d.contains(&text)) {
+                details.push(text);
+            }
             source = s.source();
         }
         let mut obj = serde_json::json!({
@@ -251,5 +340,40 @@ impl Error {
             obj["details"] = serde_json::Value::String(details.join(": "));
         }
         obj
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+    use super::{Cause, Error};
+
+    #[test]
+    fn a_failure_keeps_its_source_typed_and_in_the_details() {
+        let e = Error::netlink(
+            "deleting link #7",
+            std::io::Error::from_raw_os_error(libc::EBUSY),
+        );
+        match &e {
+            Error::Netlink { source, .. } => assert_eq!(source.errno(), Some(libc::EBUSY)),
+            other => panic!("{other:?}"),
+        }
+        let e = Error::datapath("attaching from_pod", aya::programs::ProgramError::NotLoaded);
+        assert!(
+            matches!(&e, Error::Datapath { source, .. } if matches!(**source, Cause::Program(_)))
+        );
+        let doc = e.to_json("1.0.0");
+        let details = doc["details"].as_str().unwrap_or_default();
+        assert!(details.contains("not loaded"), "{doc}");
+        assert_eq!(
+            details.matches("not loaded").count(),
+            1,
+            "a source is not repeated: {doc}"
+        );
+        let plain = Error::datapath("checking", "a message of ours");
+        assert!(
+            matches!(&plain, Error::Datapath { source, .. } if matches!(**source, Cause::Message(_)))
+        );
     }
 }

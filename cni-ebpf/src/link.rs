@@ -431,7 +431,10 @@ fn build_route(r: &NewRoute) -> Result<RouteMessage> {
     // rtnetlink does not export its error type (`InvalidRouteMessage`); keep its text.
     let refused = |e: &dyn std::fmt::Display| {
         let via = r.gw.map(|g| format!(" via {g}")).unwrap_or_default();
-        Error::netlink(format!("building the route to {}{via}", r.dst), e)
+        Error::netlink(
+            format!("building the route to {}{via}", r.dst),
+            e.to_string(),
+        )
     };
     let mut b = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(r.dst.addr(), r.dst.prefix_len())

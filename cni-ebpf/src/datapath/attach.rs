@@ -91,7 +91,7 @@ pub fn attach(
     match policy {
         AttachPolicy::Tc => {
             attach_tc(program, ifname, dir, handle)
-                .map_err(|e| Error::datapath(context(program), load::program_error(&e)))?;
+                .map_err(|e| Error::datapath(context(program), e))?;
             if remove_pin(pin)? {
                 // A tcx link of an earlier configuration: the kernel releases it
                 // asynchronously; return once the program runs only once.
@@ -219,7 +219,7 @@ fn live_pinned_link(
     }
     let fd = open_pinned_link(pin)?;
     Ok(Some(SchedClassifierLink::try_from(fd).map_err(|e| {
-        Error::datapath(format!("link pin {}", pin.display()), load::chain(&e))
+        Error::datapath(format!("link pin {}", pin.display()), e)
     })?))
 }
 
@@ -360,12 +360,9 @@ pub fn remove_pin(pin: &Path) -> Result<bool> {
 
 /// Opens the link pinned at `pin`.
 fn open_pinned_link(pin: &Path) -> Result<FdLink> {
-    PinnedLink::from_pin(pin).map(Into::into).map_err(|e| {
-        Error::datapath(
-            format!("opening link pin {}", pin.display()),
-            load::chain(&e),
-        )
-    })
+    PinnedLink::from_pin(pin)
+        .map(Into::into)
+        .map_err(|e| Error::datapath(format!("opening link pin {}", pin.display()), e))
 }
 
 /// The program id a pinned link runs, if the pin exists.
@@ -374,12 +371,9 @@ pub fn pinned_link_program(pin: &Path) -> Result<Option<u32>> {
         return Ok(None);
     }
     let fd = open_pinned_link(pin)?;
-    let info = fd.info().map_err(|e| {
-        Error::datapath(
-            format!("reading link pin {}", pin.display()),
-            load::chain(&e),
-        )
-    })?;
+    let info = fd
+        .info()
+        .map_err(|e| Error::datapath(format!("reading link pin {}", pin.display()), e))?;
     // Dropping `fd` closes our descriptor only; the pin keeps the link.
     Ok(Some(info.program_id()))
 }
@@ -397,7 +391,7 @@ pub fn tcx_attached(ifname: &str, dir: TcAttachType, prog_id: u32) -> Result<Opt
         }
         Err(e) => Err(Error::datapath(
             format!("querying tc programs on {ifname}"),
-            load::program_error(&e),
+            e,
         )),
     }
 }
@@ -407,5 +401,5 @@ pub fn program_id(program: &SchedClassifier) -> Result<u32> {
     program
         .info()
         .map(|i| i.id())
-        .map_err(|e| Error::datapath("reading program info", load::program_error(&e)))
+        .map_err(|e| Error::datapath("reading program info", e))
 }

@@ -93,22 +93,7 @@ impl LoadLock {
 
 /// Formats a program error, verifier log included.
 pub fn program_error(e: &ProgramError) -> String {
-    match e {
-        ProgramError::LoadError {
-            io_error,
-            verifier_log,
-        } => format!("BPF_PROG_LOAD failed: {io_error}; verifier log:\n{verifier_log}"),
-        other => {
-            let mut s = other.to_string();
-            let mut src = std::error::Error::source(other);
-            while let Some(e) = src {
-                s.push_str(": ");
-                s.push_str(&e.to_string());
-                src = e.source();
-            }
-            s
-        }
-    }
+    crate::error::program_text(e)
 }
 
 /// Test-only faults the programs can be loaded with, for the packet tests
@@ -145,7 +130,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
                 "loading the eBPF object (maps pinned in {})",
                 maps_dir.display()
             ),
-            chain(&e),
+            e,
         )
     })?;
     crate::faults::point("load-maps-pinned")?;
@@ -161,9 +146,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
                 "the embedded object has no such program",
             )
         })?;
-        let verify = |e: ProgramError| {
-            Error::datapath(format!("verifying program {name}"), program_error(&e))
-        };
+        let verify = |e: ProgramError| Error::datapath(format!("verifying program {name}"), e);
         let pinned = match program {
             Program::SchedClassifier(p) => {
                 p.load().map_err(verify)?;
@@ -181,10 +164,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
             }
         };
         pinned.map_err(|e| {
-            Error::datapath(
-                format!("pinning program {name} at {}", pin.display()),
-                chain(&e),
-            )
+            Error::datapath(format!("pinning program {name} at {}", pin.display()), e)
         })?;
     }
     // Mark the pins as this object's only if every program is: a load killed half-way by
@@ -203,11 +183,10 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
 /// Opens a pinned map.
 pub fn open_map(pins: &Pins, name: &str) -> Result<Map> {
     let path = pins.map(name);
-    let data = MapData::from_pin(&path).map_err(|e| {
-        Error::datapath(format!("opening pinned map {}", path.display()), chain(&e))
-    })?;
+    let data = MapData::from_pin(&path)
+        .map_err(|e| Error::datapath(format!("opening pinned map {}", path.display()), e))?;
     Map::from_map_data(data)
-        .map_err(|e| Error::datapath(format!("opening pinned map {}", path.display()), chain(&e)))
+        .map_err(|e| Error::datapath(format!("opening pinned map {}", path.display()), e))
 }
 
 /// Opens a pinned map read-only (`BPF_OBJ_GET` with `BPF_F_RDONLY`): lookups and
@@ -284,14 +263,10 @@ fn obj_get_with(path: &Path, file_flags: u32) -> std::io::Result<std::os::fd::Ow
 /// every process.)
 pub fn open_program(pins: &Pins, name: &str) -> Result<SchedClassifier> {
     let path = pins.prog(name);
-    let err = |e: &ProgramError| {
-        Error::datapath(
-            format!("opening pinned program {}", path.display()),
-            program_error(e),
-        )
-    };
-    let info = ProgramInfo::from_pin(&path).map_err(|e| err(&e))?;
-    SchedClassifier::from_program_info(info, name.to_owned().into()).map_err(|e| err(&e))
+    let err =
+        |e: ProgramError| Error::datapath(format!("opening pinned program {}", path.display()), e);
+    let info = ProgramInfo::from_pin(&path).map_err(err)?;
+    SchedClassifier::from_program_info(info, name.to_owned().into()).map_err(err)
 }
 
 /// An error and its sources on one line.

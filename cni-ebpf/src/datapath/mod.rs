@@ -110,7 +110,7 @@ impl Datapath {
     /// ipMasq, node addresses). Cheap when already loaded: no verifier work.
     pub fn open_or_load(conf: &NetConf) -> Result<Self> {
         load::check_bpffs(&conf.bpffs_root)
-            .map_err(|e| Error::datapath("checking bpffsRoot", e))?;
+            .map_err(|e| Error::datapath("checking bpffsRoot", e.to_string()))?;
         let mut dp = Self::load_at(conf.pin_dir())?;
         dp.attach = conf.attach;
         // Every node address is listed at most every NODE_ADDRS_EVERY_S (a node with 1 000

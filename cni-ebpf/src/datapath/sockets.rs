@@ -135,20 +135,18 @@ impl Datapath {
             let what = || format!("attaching {name} to cgroup {}", cgroup.display());
             // Once per network and node: `from_pin`'s feature probes do not matter here.
             let mut program = CgroupSockAddr::from_pin(self.pins.prog(name), attach_type)
-                .map_err(|e| Error::datapath(what(), load::program_error(&e)))?;
+                .map_err(|e| Error::datapath(what(), e))?;
             // A cgroup link (kernel ≥ 5.7) always shares the hook with other programs;
             // `Single` asks for no flags, which is what BPF_LINK_CREATE takes.
             let id = program
                 .attach(&dir, CgroupAttachMode::Single)
-                .map_err(|e| Error::datapath(what(), load::program_error(&e)))?;
+                .map_err(|e| Error::datapath(what(), e))?;
             let link = program
                 .take_link(id)
-                .map_err(|e| Error::datapath(what(), load::program_error(&e)))?;
-            let link =
-                FdLink::try_from(link).map_err(|e| Error::datapath(what(), load::chain(&e)))?;
-            link.pin(&pin).map_err(|e| {
-                Error::datapath(format!("pinning {}", pin.display()), load::chain(&e))
-            })?;
+                .map_err(|e| Error::datapath(what(), e))?;
+            let link = FdLink::try_from(link).map_err(|e| Error::datapath(what(), e))?;
+            link.pin(&pin)
+                .map_err(|e| Error::datapath(format!("pinning {}", pin.display()), e))?;
         }
         Ok(())
     }

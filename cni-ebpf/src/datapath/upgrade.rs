@@ -114,7 +114,7 @@ fn replace_programs(pins: &Pins) -> Result<()> {
                 "loading the new eBPF object (maps pinned in {})",
                 maps_dir.display()
             ),
-            load::chain(&e),
+            e,
         )
     })?;
     let dp = Datapath::open_pins(pins.clone())?;
@@ -127,7 +127,7 @@ fn replace_programs(pins: &Pins) -> Result<()> {
             )
         })?;
         let verify = |e: aya::programs::ProgramError| {
-            Error::datapath(format!("verifying program {name}"), load::program_error(&e))
+            Error::datapath(format!("verifying program {name}"), e)
         };
         match program {
             Program::SchedClassifier(p) => {
@@ -258,7 +258,7 @@ fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
     };
     let prog = new
         .fd()
-        .map_err(|e| Error::datapath("replacing a socket program", load::program_error(&e)))?;
+        .map_err(|e| Error::datapath("replacing a socket program", e))?;
     let attr = LinkUpdateAttr {
         link_fd: u32::try_from(link.as_raw_fd()).unwrap_or_default(),
         new_prog_fd: u32::try_from(prog.as_fd().as_raw_fd()).unwrap_or_default(),
