@@ -658,8 +658,13 @@ mount --bind '{d}/conf' /etc/cni/net.d
             .get("info")
             .and_then(|s| serde_json::from_str(s).ok())
             .unwrap_or(Value::Null);
+        let metadata = status
+            .metadata
+            .map(|m| (m.name, m.namespace, m.uid))
+            .unwrap_or_default();
         PodStatus {
             ready: status.state == 0,
+            metadata,
             ips,
             info,
         }
@@ -814,6 +819,8 @@ mount --bind '{d}/conf' /etc/cni/net.d
 pub struct PodStatus {
     /// `SANDBOX_READY`.
     pub ready: bool,
+    /// `metadata`: (name, namespace, uid).
+    pub metadata: (String, String, String),
     /// `network.ip` then `network.additional_ips`.
     pub ips: Vec<String>,
     /// The verbose `info` document.

@@ -215,17 +215,32 @@ fn cri_pods_get_addresses_host_ports_and_traffic_and_leave_nothing() {
             .any(|c| c.starts_with(&format!("{}/", st_a.ip4()))),
         "{in_pod:?} vs {st_a:?}"
     );
-    // Kubernetes metadata reached the plugin (CNI_ARGS K8S_POD_*), and the mapping its
-    // port-mapping map.
-    let log = node.log();
-    assert!(
-        log.contains(&sa),
-        "the plugin never saw sandbox {sa}:\n{log}"
+    // The CRI kept the pod's Kubernetes metadata, and containerd recorded the plugin's
+    // result with the addresses it reports.
+    assert_eq!(
+        st_a.metadata,
+        (a.name.clone(), a.namespace.clone(), a.uid.clone()),
+        "{st_a:?}"
     );
-    let mappings = node.datapath(NET).unwrap_or(Value::Null)["portMappings"].clone();
+    let cni_result = st_a.info["cniResult"].to_string();
     assert!(
-        mappings.to_string().contains("8080"),
-        "no entry for host port 8080: {mappings:#}"
+        st_a.ips.iter().all(|ip| cni_result.contains(ip.as_str())),
+        "containerd's record of the CNI result: {cni_result}"
+    );
+    // The hostPort became exactly one port-mapping entry: TCP 8080 → pod a:80, owned by
+    // the sandbox.
+    let mappings = node.datapath(NET).unwrap_or(Value::Null)["portMappings"].clone();
+    let list = mappings.as_array().cloned().unwrap_or_default();
+    assert!(
+        list.len() == 1
+            && list[0]["host_port"] == 8080
+            && list[0]["container_port"] == 80
+            && list[0]["protocol"]
+                .as_str()
+                .is_some_and(|p| p.eq_ignore_ascii_case("tcp"))
+            && list[0]["pod_ip"].as_str() == Some(st_a.ip4())
+            && list[0]["container_id"].as_str() == Some(sa.as_str()),
+        "port mappings: {mappings:#}"
     );
 
     let ca = start_web(&cd, &sa, &a);
