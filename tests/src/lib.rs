@@ -15,6 +15,8 @@
 //!   (`tests/libcni-client`, Go), with the reference plugins of `/usr/lib/cni` on
 //!   `CNI_PATH`.
 //! - [`ConfBuilder`]: network configurations and conflists per `cniVersion`.
+//! - [`containerd`]: Debian's containerd (CRI plugin) in a node namespace with its state in
+//!   a temp dir and offline-built busybox images, driven through the CRI v1 API and `ctr`.
 //! - [`Snapshot`]: links/addresses/routes of a namespace, for leak checks.
 //! - [`process`]: bounded command execution inside a namespace, `ip -j`.
 //! - [`net`]: ping, TCP/UDP requests and a "who am I" server, spoken natively (the
@@ -31,6 +33,7 @@
 pub mod cgroup;
 pub mod cluster;
 pub mod conf;
+pub mod containerd;
 pub mod inspect;
 pub mod kubeproxy;
 pub mod libcni;
@@ -44,6 +47,7 @@ pub mod snapshot;
 pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
+pub use containerd::{Containerd, PodSpec};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};
 pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request, WhoAmIServer};

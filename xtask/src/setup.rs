@@ -27,6 +27,13 @@ const PACKAGES: &[&str] = &[
     // runs it.
     "buildah",
     "runc",
+    // containerd's CRI path (tests/tests/cri.rs): containerd 1.6 with the CRI plugin built
+    // in, runc (above), the images' busybox, and protoc for the k8s-cri crate's bindings.
+    // The tests run a containerd of their own; the package's service is never used (on a
+    // machine whose systemd starts services, the install starts it; here nothing does).
+    "containerd",
+    "busybox-static",
+    "protobuf-compiler",
 ];
 
 /// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).

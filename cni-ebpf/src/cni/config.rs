@@ -340,10 +340,13 @@ impl NetConf {
                 reason: "stdin is empty; a JSON network configuration was expected".into(),
             });
         }
-        let value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+        let mut value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
             what: "network configuration".into(),
             reason: e.to_string(),
         })?;
+        if let Some(rc) = value.get_mut("runtimeConfig") {
+            fold_go_capability_keys(rc);
+        }
         if !value.is_object() {
             return Err(Error::Decode {
                 what: "network configuration".into(),
@@ -552,6 +555,55 @@ impl NetConf {
     }
 }
 
+/// Gives the capability arguments that runtimes built on go-cni (containerd's CRI plugin
+/// and `ctr`) pass our field names. go-cni marshals its Go structs without JSON tags, so
+/// `portMappings` entries arrive as `{"HostPort", "ContainerPort", "Protocol", "HostIP"}`,
+/// `ipRanges` as `{"Subnet", "RangeStart", "RangeEnd", "Gateway"}` (unset ones as `""`)
+/// and `bandwidth` as `{"IngressRate", …}`. The reference plugins read them because Go's
+/// JSON decoder matches field names case-insensitively; this does the same for exactly
+/// these objects: a key equal to one of ours but for case is renamed (ours wins when both
+/// are there), and an empty `rangeStart`/`rangeEnd`/`gateway` means unset, as in
+/// host-local.
+fn fold_go_capability_keys(rc: &mut Value) {
+    fn fold(obj: &mut Value, names: &[&str]) {
+        let Some(map) = obj.as_object_mut() else {
+            return;
+        };
+        for name in names {
+            if map.contains_key(*name) {
+                continue;
+            }
+            let other = map.keys().find(|k| k.eq_ignore_ascii_case(name)).cloned();
+            if let Some(v) = other.and_then(|k| map.remove(&k)) {
+                map.insert((*name).to_owned(), v);
+            }
+        }
+    }
+    const PORT: &[&str] = &["hostPort", "containerPort", "protocol", "hostIP"];
+    const RANGE: &[&str] = &["subnet", "rangeStart", "rangeEnd", "gateway"];
+    const BANDWIDTH: &[&str] = &["ingressRate", "ingressBurst", "egressRate", "egressBurst"];
+    if let Some(Value::Array(list)) = rc.get_mut("portMappings") {
+        list.iter_mut().for_each(|pm| fold(pm, PORT));
+    }
+    if let Some(bw) = rc.get_mut("bandwidth") {
+        fold(bw, BANDWIDTH);
+    }
+    if let Some(Value::Array(sets)) = rc.get_mut("ipRanges") {
+        for set in sets.iter_mut().filter_map(Value::as_array_mut) {
+            for range in set.iter_mut() {
+                fold(range, RANGE);
+                if let Some(map) = range.as_object_mut() {
+                    for k in ["rangeStart", "rangeEnd", "gateway"] {
+                        if map.get(k).and_then(Value::as_str) == Some("") {
+                            map.remove(k);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The `ipam` object with `runtimeConfig.ipRanges` served first, as host-local does:
 /// the runtime's range sets, then the legacy single range, then `ipam.ranges` (less the
 /// sets the runtime passed too). Only for
@@ -683,4 +735,62 @@ pub fn format_mac(mac: &[u8]) -> String {
 /// Reads a small file, mapping errors to I/O errors naming the path.
 pub fn read_file(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io(format!("reading {}", path.display()), e))
+}
+
+#[cfg(test)]
+#[expect(clippy::panic, reason = "tests panic with a message")]
+mod tests {
+    use serde_json::json;
+
+    use super::{Command, NetConf};
+
+    fn parse(runtime_config: &serde_json::Value) -> NetConf {
+        let conf = json!({
+            "cniVersion": "1.0.0", "name": "n", "type": "cni-ebpf",
+            "ipam": { "ranges": [[{ "subnet": "10.244.1.0/24" }]] },
+            "runtimeConfig": runtime_config,
+        });
+        match NetConf::parse(conf.to_string().as_bytes(), Command::Add) {
+            Ok(c) => c,
+            Err(e) => panic!("{runtime_config}: {e}"),
+        }
+    }
+
+    /// What containerd's CRI plugin (go-cni 1.1) writes for a pod with a host port, an
+    /// egress limit and the node's pod CIDR: Go field names, empty strings for unset.
+    #[test]
+    fn go_cni_capability_args_are_read_like_go_reads_them() {
+        let go = parse(&json!({
+            "portMappings": [{ "HostPort": 8080, "ContainerPort": 80, "Protocol": "tcp", "HostIP": "" }],
+            "bandwidth": { "IngressRate": 0, "IngressBurst": 0, "EgressRate": 1_000_000, "EgressBurst": 10_000 },
+            "ipRanges": [[{ "Subnet": "10.244.1.0/24", "RangeStart": "", "RangeEnd": "", "Gateway": "" }]],
+        }));
+        let ours = parse(&json!({
+            "portMappings": [{ "hostPort": 8080, "containerPort": 80, "protocol": "tcp" }],
+            "bandwidth": { "egressRate": 1_000_000, "egressBurst": 10_000 },
+            "ipRanges": [[{ "subnet": "10.244.1.0/24" }]],
+        }));
+        assert_eq!(
+            go.runtime_config.port_mappings,
+            ours.runtime_config.port_mappings
+        );
+        assert_eq!(go.runtime_config.bandwidth, ours.runtime_config.bandwidth);
+        assert_eq!(go.egress_rate, ours.egress_rate);
+        // The same range set in the configuration and the capability is served once.
+        assert_eq!(go.ipam, ours.ipam);
+        assert_eq!(
+            go.ipam["ranges"].as_array().map(Vec::len),
+            Some(1),
+            "{}",
+            go.ipam
+        );
+    }
+
+    #[test]
+    fn our_spelling_wins_over_another_case() {
+        let c = parse(&json!({
+            "portMappings": [{ "hostPort": 8080, "HOSTPORT": 9090, "containerPort": 80 }],
+        }));
+        assert_eq!(c.runtime_config.port_mappings[0].host_port, 8080);
+    }
 }
