@@ -1,10 +1,10 @@
 //! Reading Node objects from the Kubernetes API server, for `install`'s pod-CIDR lookup and
 //! the host-gw routes of `cni-ebpf metrics --host-gw`.
 //!
-//! The client is the `kube` crate (client only, rustls with ring) configured the way an
-//! in-cluster client is: the API server at `https://$KUBERNETES_SERVICE_HOST:
-//! $KUBERNETES_SERVICE_PORT`, the ServiceAccount's `token` (re-read when it rotates),
-//! `ca.crt` and `namespace` from `/var/run/secrets/kubernetes.io/serviceaccount`. Both the
+//! The client is the `kube` crate's typed API over a small HTTP stack of our own
+//! ([`ApiClient::new`]), configured the way an in-cluster client is: the API server at
+//! `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the ServiceAccount's
+//! `token`, `ca.crt` and `namespace` from `/var/run/secrets/kubernetes.io/serviceaccount`. Both the
 //! address and the directory can be overridden ([`ApiArgs`]), which is how the tests point
 //! it at their stand-in API server.
 //!
@@ -18,12 +18,14 @@
 use std::{
     net::IpAddr,
     path::{Path, PathBuf},
+    sync::Arc,
     time::Duration,
 };
 
+use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kube::{api::ListParams, config::AuthInfo, Api, Client, Config};
+use kube::{api::ListParams, client::ConfigExt as _, Api, Client, Config};
 
 /// Where a pod finds its ServiceAccount's credentials.
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -82,14 +84,17 @@ pub enum ApiError {
     },
 
     /// The client could not be set up (TLS configuration).
-    #[error("setting up the API client for {server}: {source}")]
+    #[error("setting up the API client for {server}: {reason}")]
     Client {
         /// The API server.
         server: String,
-        /// kube's error.
-        #[source]
-        source: kube::Error,
+        /// Why.
+        reason: String,
     },
+
+    /// The token file holds what cannot be an HTTP header.
+    #[error("{0}: the ServiceAccount token holds characters an HTTP header cannot carry")]
+    BadToken(PathBuf),
 
     /// 401: the token was refused.
     #[error(
@@ -169,15 +174,16 @@ pub enum ApiError {
     },
 
     /// Connection, TLS or decoding failure.
-    #[error("asking the API server at {server} for {what}: {source}")]
+    #[error("asking the API server at {server} for {what}: {reason}")]
     Transport {
         /// The API server.
         server: String,
         /// What was asked.
         what: String,
-        /// kube's error (its chain names the cause: refused, certificate, …).
-        #[source]
-        source: kube::Error,
+        /// The client's error with its whole chain of causes (connection refused, the
+        /// certificate the CA does not vouch for, …): its top level alone says only
+        /// "client error (Connect)".
+        reason: String,
     },
 }
 
@@ -226,11 +232,14 @@ fn read_file(path: &Path) -> Result<Vec<u8>, ApiError> {
 impl ApiClient {
     /// Builds the in-cluster client. Must be called inside a tokio runtime (the client
     /// spawns its request buffer there). Reads nothing from the network yet.
+    ///
+    /// The HTTP stack is ours, not kube's `Client::try_from(Config)`: hyper-util's
+    /// client over hyper-rustls (ring, HTTP/1.1, the ServiceAccount's CA as the only
+    /// root), the token as a bearer header, the base URL layer. kube's own stack would
+    /// also link its kubeconfig and exec-plugin machinery, which an in-cluster client
+    /// never uses. The token and the CA are read here: a long-running caller builds a
+    /// client per round and so follows their rotation.
     pub fn new(args: &ApiArgs) -> Result<Self, ApiError> {
-        // kube builds rustls configurations from the process's default provider; ring is
-        // the one this binary links, installed explicitly so no feature of a dependency
-        // can leave it ambiguous (rustls would panic then).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let server = server_url(args)?;
         let uri: http::Uri = server
             .parse()
@@ -238,49 +247,66 @@ impl ApiClient {
             .filter(|u: &http::Uri| u.scheme_str() == Some("https"))
             .ok_or_else(|| ApiError::BadServer(server.clone()))?;
         let dir = &args.service_account_dir;
-        let (token, ca) = (dir.join("token"), dir.join("ca.crt"));
-        // Read both now so a missing mount is named here rather than as a TLS or 401 error.
-        read_file(&token)?;
+        let (token_path, ca) = (dir.join("token"), dir.join("ca.crt"));
+        let token = String::from_utf8_lossy(&read_file(&token_path)?)
+            .trim()
+            .to_owned();
         let ca_pem = read_file(&ca)?;
-        let roots: Vec<Vec<u8>> = pem::parse_many(&ca_pem)
-            .map_err(|e| ApiError::BadCa {
-                path: ca.clone(),
-                reason: format!("not PEM: {e}"),
-            })?
-            .into_iter()
-            .filter(|p| p.tag() == "CERTIFICATE")
-            .map(pem::Pem::into_contents)
-            .collect();
-        if roots.is_empty() {
-            return Err(ApiError::BadCa {
-                path: ca,
-                reason: "holds no CERTIFICATE".into(),
-            });
+        let bad_ca = |reason: String| ApiError::BadCa {
+            path: ca.clone(),
+            reason,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for p in pem::parse_many(&ca_pem).map_err(|e| bad_ca(format!("not PEM: {e}")))? {
+            if p.tag() == "CERTIFICATE" {
+                roots
+                    .add(p.into_contents().into())
+                    .map_err(|e| bad_ca(format!("a certificate rustls refuses: {e}")))?;
+            }
         }
+        if roots.is_empty() {
+            return Err(bad_ca("holds no CERTIFICATE".into()));
+        }
+        let client_err = |e: &dyn std::fmt::Display| ApiError::Client {
+            server: server.clone(),
+            reason: e.to_string(),
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| client_err(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
         let timeout = Duration::from_secs(args.api_timeout);
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_connect_timeout(Some(timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build::<_, kube::client::Body>(https);
         let mut config = Config::new(uri);
         if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
             config.default_namespace = ns.trim().to_owned();
         }
-        config.root_cert = Some(roots);
-        // Re-read on CA rotation (a long-running host-gw outlives a rotation).
-        config.root_cert_file = Some(ca);
-        config.auth_info = AuthInfo {
-            token_file: Some(token.to_string_lossy().into_owned()),
-            ..AuthInfo::default()
-        };
-        config.connect_timeout = Some(timeout);
-        config.read_timeout = Some(timeout);
-        config.reset_reader_on_write = true;
-        config.write_timeout = Some(timeout);
-        let client = Client::try_from(config).map_err(|source| ApiError::Client {
-            server: server.clone(),
-            source,
-        })?;
+        let mut bearer = http::HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| ApiError::BadToken(token_path.clone()))?;
+        bearer.set_sensitive(true);
+        config.headers = vec![(http::header::AUTHORIZATION, bearer)];
+        let headers = config.extra_headers_layer().map_err(|e| client_err(&e))?;
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .layer(headers)
+            .service(http);
+        let client = Client::new(service, config.default_namespace);
         Ok(Self {
             client,
             server,
-            token,
+            token: token_path,
             timeout,
         })
     }
@@ -378,10 +404,26 @@ impl ApiClient {
             Ok(Err(source)) => Err(ApiError::Transport {
                 server,
                 what: what.to_owned(),
-                source,
+                reason: chain(&source),
             }),
         }
     }
+}
+
+/// `e` and its causes, `: `-separated, each cause once (wrappers often repeat their
+/// source's text).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(e);
+    for _ in 0..16 {
+        let Some(err) = cur else { break };
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
 }
 
 /// Whether kube's error is one of its own timeouts (connect/read), which carry no type we
@@ -391,7 +433,10 @@ fn is_timeout(e: &kube::Error) -> bool {
     for _ in 0..16 {
         let Some(err) = cur else { break };
         let text = err.to_string().to_ascii_lowercase();
-        if text.contains("timed out") || text.contains("deadline has elapsed") {
+        if text.contains("timed out")
+            || text.contains("timeout")
+            || text.contains("deadline has elapsed")
+        {
             return true;
         }
         cur = err.source();

@@ -253,6 +253,23 @@ impl ApiServer {
         dir
     }
 
+    /// A ServiceAccount directory with the right token but the CA of another cluster.
+    #[must_use]
+    pub fn foreign_ca_sa_dir(&self) -> PathBuf {
+        let dir = self.sa_dir.path().join("foreign-ca");
+        let _ = std::fs::create_dir(&dir);
+        for name in ["token", "namespace"] {
+            if let Err(e) = std::fs::copy(self.sa_dir.path().join(name), dir.join(name)) {
+                panic!("copying {name}: {e}");
+            }
+        }
+        let (other_ca, _, _) = certificates(self.addr.ip());
+        if let Err(e) = std::fs::write(dir.join("ca.crt"), other_ca) {
+            panic!("writing the foreign CA: {e}");
+        }
+        dir
+    }
+
     /// Adds or replaces a Node (see [`node_object`]); bumps the resource version.
     pub fn set_node(&self, name: &str, pod_cidrs: &[&str], internal_ips: &[&str]) {
         self.put_node(node_object(name, pod_cidrs, internal_ips));

@@ -257,7 +257,7 @@ fn rbac_denial_a_missing_node_and_a_node_without_cidrs_are_clear_errors_that_wri
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
-fn a_wrong_token_and_a_slow_server_are_clear_errors_that_write_nothing() {
+fn a_wrong_token_a_foreign_ca_and_a_slow_server_are_clear_errors_that_write_nothing() {
     let s = Setup::new("lookup_auth");
     s.api
         .set_node("node-a", &["10.244.1.0/24"], &["198.18.0.1"]);
@@ -271,6 +271,12 @@ fn a_wrong_token_and_a_slow_server_are_clear_errors_that_write_nothing() {
     );
     s.nothing_written("401");
     assert_eq!(s.api.requests(), ["GET /api/v1/nodes/node-a -> 401"]);
+
+    // The CA of another cluster: the server's certificate is refused, and the error
+    // says why rather than only "client error (Connect)".
+    let out = s.install_from("node-a", &s.api.foreign_ca_sa_dir(), &[]);
+    fails_with(&out, &[&url, "invalid peer certificate"]);
+    s.nothing_written("foreign CA");
 
     // No ServiceAccount mounted at all.
     let out = s.install_from("node-a", &s.root.path().join("no-sa"), &[]);
