@@ -8,7 +8,8 @@
 //! (IPv4 and IPv6 pod CIDRs, each via the InternalIP of its family, marked `proto 207`);
 //! a node never routes its own pod CIDR; a route to a pod CIDR that someone else installed,
 //! and an unrelated foreign route, are left exactly as they were; a Node deleted from the
-//! API server has its routes removed and its pods are unreachable again.
+//! API server has its routes removed and its pods are unreachable again; a Node whose
+//! InternalIP changes has its route replaced; while the API server refuses, the routes stay.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -199,6 +200,35 @@ fn host_gw_routes_other_nodes_pod_cidrs_and_forgets_deleted_nodes() {
     assert!(
         log.contains("fd00:10:244:3::/64 has no InternalIP of its family"),
         "{log}"
+    );
+
+    // The API server refuses (RBAC taken away): the routes stay as they are, pods keep
+    // talking, and the log says why nothing is updated.
+    api.forbid(true);
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(hostgw_routes(a.netns()).len(), 2);
+    assert_ping(pa.netns(), &ip_b);
+    let log = std::fs::read_to_string(&log_a).unwrap_or_default();
+    assert!(
+        log.contains("403 Forbidden") && log.contains("routes left as they are"),
+        "{log}"
+    );
+    api.forbid(false);
+
+    // Node C's InternalIP changes: node B's route to it is replaced, not duplicated.
+    api.set_node(
+        "node-c",
+        &["10.244.3.0/24", "fd00:10:244:3::/64"],
+        &["198.18.0.5"],
+    );
+    wait_for_routes(
+        b,
+        &routes(&[
+            ("10.244.1.0/24", "198.18.0.1"),
+            ("10.244.3.0/24", "198.18.0.5"),
+            ("fd00:10:244:1::/64", "fd00:198:18::1"),
+        ]),
+        &log_b,
     );
 
     // Node B leaves the cluster: node A forgets its routes, its pods are cut off again.
