@@ -4,13 +4,13 @@
 //! The client is the `kube` crate's typed API over a small HTTP stack of our own
 //! ([`ApiClient::new`]), configured the way an in-cluster client is: the API server at
 //! `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the ServiceAccount's
-//! `token`, `ca.crt` and `namespace` from `/var/run/secrets/kubernetes.io/serviceaccount`. Both the
-//! address and the directory can be overridden ([`ApiArgs`]), which is how the tests point
-//! it at their stand-in API server.
+//! `token`, `ca.crt` and `namespace` from `/var/run/secrets/kubernetes.io/serviceaccount`.
+//! Both the address and the directory can be overridden ([`ApiArgs`]), which is how the
+//! tests point it at their stand-in API server.
 //!
-//! Every request is bounded by [`ApiArgs::api_timeout`] as a whole (connect, TLS, retries
-//! of 429/503/504, body), and each way it can fail is an [`ApiError`] that says what to do
-//! about it (RBAC for 403, the node name for 404, …).
+//! Every request is bounded by [`ApiArgs::api_timeout`] as a whole (connect, TLS, the
+//! answer; nothing is retried within a request), and each way it can fail is an
+//! [`ApiError`] that says what to do about it (RBAC for 403, the node name for 404, …).
 //!
 //! Nothing here is reachable from the CNI verbs: only the `install` and `metrics`
 //! subcommands build a client, so ADD/DEL never initialise TLS or an HTTP stack.
@@ -287,7 +287,7 @@ impl ApiClient {
             .https_only()
             .enable_http1()
             .wrap_connector(tcp);
-        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .build::<_, kube::client::Body>(https);
         let mut config = Config::new(uri);
         if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
@@ -301,7 +301,7 @@ impl ApiClient {
         let service = tower::ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .layer(headers)
-            .service(http);
+            .service(http_client);
         let client = Client::new(service, config.default_namespace);
         Ok(Self {
             client,
