@@ -3,7 +3,8 @@
 //! The binary runs as a CNI plugin when `CNI_COMMAND` is set and as a CLI otherwise.
 //! Layout: [`cni`] (protocol), [`ipam`] (embedded allocator), [`netns`] and [`link`]
 //! (kernel plumbing), [`datapath`] (eBPF load/pin/attach/maps), [`cmd`] (the verbs),
-//! [`cli`] (the command line), [`metrics`] (the Prometheus endpoint of `cni-ebpf metrics`).
+//! [`cli`] (the command line), [`metrics`] (the Prometheus endpoint of `cni-ebpf metrics`), [`k8s`] (Node objects
+//! from the API server, for `install` and host-gw).
 
 pub mod cli;
 pub mod cmd;
@@ -12,6 +13,7 @@ pub mod datapath;
 pub mod error;
 pub mod faults;
 pub mod ipam;
+pub mod k8s;
 pub mod logging;
 pub mod metrics;
 

@@ -27,6 +27,12 @@ use crate::{
 /// (`ip route` shows `proto 206`).
 pub const RTPROT_CNI_EBPF: u8 = 206;
 
+/// Routes of the host-gw mode (`cni-ebpf metrics --host-gw`: another node's pod CIDR via
+/// its InternalIP) carry this protocol number (`ip route` shows `proto 207`): it tells them
+/// apart from the per-pod routes ([`RTPROT_CNI_EBPF`]) and from everyone else's, which
+/// host-gw never changes.
+pub const RTPROT_CNI_EBPF_HOST_GW: u8 = 207;
+
 /// Whether a netlink error carries `errno`.
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -errno)
@@ -95,6 +101,8 @@ pub struct RouteInfo {
     pub table: u32,
     /// Scope (`RT_SCOPE_*` value).
     pub scope: u8,
+    /// Protocol (`RTPROT_*` value: who installed it).
+    pub protocol: u8,
 }
 
 /// A route to install.
@@ -386,6 +394,38 @@ impl Nl {
         }
     }
 
+    /// Adds (`replace`: or replaces) the main-table route `dst via gw` marked with
+    /// `protocol`; the kernel picks the device that reaches `gw` on-link.
+    pub async fn add_gateway_route(
+        &self,
+        dst: IpNet,
+        gw: IpAddr,
+        protocol: u8,
+        replace: bool,
+    ) -> Result<()> {
+        let msg = gateway_route(dst, gw, protocol)?;
+        let req = self.handle.route().add(msg);
+        let req = if replace { req.replace() } else { req };
+        req.execute()
+            .await
+            .map_err(|e| Error::netlink(format!("adding route to {dst} via {gw}"), e))
+    }
+
+    /// Deletes the main-table route `dst via gw` with `protocol` (the kernel matches the
+    /// protocol, so a route someone else installed is never removed); a missing route is
+    /// not an error.
+    pub async fn del_gateway_route(&self, dst: IpNet, gw: IpAddr, protocol: u8) -> Result<()> {
+        let msg = gateway_route(dst, gw, protocol)?;
+        match self.handle.route().del(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ESRCH) => Ok(()),
+            Err(e) => Err(Error::netlink(
+                format!("deleting route to {dst} via {gw}"),
+                e,
+            )),
+        }
+    }
+
     /// Every route of both families in every table but `local` (the kernel's own).
     pub async fn routes(&self) -> Result<Vec<RouteInfo>> {
         let mut out = Vec::new();
@@ -468,6 +508,24 @@ fn build_route(r: &NewRoute) -> Result<RouteMessage> {
     Ok(msg)
 }
 
+/// The message of a main-table route `dst via gw` with `protocol` and no device.
+fn gateway_route(dst: IpNet, gw: IpAddr, protocol: u8) -> Result<RouteMessage> {
+    let refused = |e: &dyn std::fmt::Display| {
+        Error::netlink(
+            format!("building the route to {dst} via {gw}"),
+            e.to_string(),
+        )
+    };
+    Ok(RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(dst.addr(), dst.prefix_len())
+        .map_err(|e| refused(&e))?
+        .gateway(gw)
+        .map_err(|e| refused(&e))?
+        .table_id(RT_TABLE_MAIN)
+        .protocol(RouteProtocol::Other(protocol))
+        .build())
+}
+
 fn route_info(m: &RouteMessage) -> Option<RouteInfo> {
     let mut dst = None;
     let mut gw = None;
@@ -496,6 +554,7 @@ fn route_info(m: &RouteMessage) -> Option<RouteInfo> {
         oif,
         table,
         scope: u8::from(m.header.scope),
+        protocol: u8::from(m.header.protocol),
     })
 }
 

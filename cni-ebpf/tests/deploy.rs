@@ -200,22 +200,30 @@ fn the_init_container_runs_install_with_arguments_the_binary_accepts() {
             _ => run_args.push((*a).to_owned()),
         }
     }
-    let env: Vec<(String, String)> = init["env"]
-        .as_array()
-        .unwrap()
+    // The pod CIDRs come from the Node named by the downward API (the lookup itself runs
+    // against the stand-in API server in tests/tests/node_lookup.rs). No API server here:
+    // this run gives the CIDR as the documented override, CNI_EBPF_POD_CIDR.
+    let env = init["env"].as_array().unwrap();
+    assert_node_name_from_downward_api(env);
+    assert!(
+        !env.iter().any(|e| e["name"] == "CNI_EBPF_POD_CIDR"),
+        "the manifest uses the Node lookup, not a fixed CIDR"
+    );
+    let literal: Vec<(String, String)> = env
         .iter()
-        .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_owned(),
-                e["value"].as_str().unwrap().to_owned(),
-            )
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
         })
         .collect();
-    assert!(env.iter().any(|(k, _)| k == "CNI_EBPF_POD_CIDR"), "{env:?}");
     let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
         .args(&run_args)
         .env_remove("CNI_COMMAND")
-        .envs(env)
+        .env_remove("NODE_NAME")
+        .envs(literal)
+        .env("CNI_EBPF_POD_CIDR", "10.244.0.0/24")
         .output()
         .unwrap();
     assert!(
@@ -235,4 +243,43 @@ fn the_init_container_runs_install_with_arguments_the_binary_accepts() {
     );
     assert!(conf.ip_masq);
     assert!(Path::new(&root.path().join("opt/cni/bin/cni-ebpf")).exists());
+}
+
+/// `NODE_NAME` is set from the downward API's `spec.nodeName`.
+fn assert_node_name_from_downward_api(env: &[Value]) {
+    let node_name = env
+        .iter()
+        .find(|e| e["name"] == "NODE_NAME")
+        .unwrap_or_else(|| panic!("no NODE_NAME in {env:?}"));
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName",
+        "{node_name}"
+    );
+}
+
+#[test]
+fn the_main_container_has_host_gw_off_and_its_toggle_reaches_the_binary() {
+    let docs = documents();
+    let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
+    let main = &pod["containers"][0];
+    let env = main["env"].as_array().unwrap();
+    assert_node_name_from_downward_api(env);
+    let toggle = env
+        .iter()
+        .find(|e| e["name"] == "CNI_EBPF_HOST_GW")
+        .unwrap_or_else(|| panic!("no CNI_EBPF_HOST_GW in {env:?}"));
+    assert_eq!(toggle["value"], "false", "host-gw is opt-in");
+    // Switched on without a node name, the container's own arguments fail at once, naming
+    // what is missing: the variable is read by `metrics`, before it listens.
+    let args = strings(&main["args"]);
+    let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
+        .args(&args)
+        .env_remove("CNI_COMMAND")
+        .env_remove("NODE_NAME")
+        .env("CNI_EBPF_HOST_GW", "true")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--host-gw needs this node's name"), "{err}");
 }

@@ -79,7 +79,9 @@ impl Host {
             .arg(self.conf_dir())
             .args(args)
             .env_remove("CNI_COMMAND")
-            .env_remove("CNI_EBPF_POD_CIDR");
+            .env_remove("CNI_EBPF_POD_CIDR")
+            // Without a pod CIDR, a node name would make install ask an API server.
+            .env_remove("NODE_NAME");
         for (k, v) in env {
             cmd.env(k, v);
         }

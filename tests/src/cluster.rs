@@ -12,6 +12,7 @@
 //!                                   pods 10.244.2.0/24; 10.244.1.0/24 via 198.18.0.1
 //! ```
 //!
+//! [`Cluster::without_pod_routes`] leaves the two pod-CIDR routes out (for host-gw tests).
 //! Each node is a [`SimNode`] (its own pin root, data dir, log, `CNI_PATH`) whose `ext` is
 //! the cluster's shared `ext`, so everything a `SimNode` offers works on a
 //! [`ClusterNode`] through `Deref`. Node A keeps the single node's addresses
@@ -153,6 +154,19 @@ impl Cluster {
     #[track_caller]
     #[must_use]
     pub fn new(test: &str) -> Self {
+        Self::build(test, true)
+    }
+
+    /// Like [`Cluster::new`] but without the static routes to each other's pod CIDR: pods
+    /// of one node cannot reach the other's until something (host-gw) routes them.
+    #[track_caller]
+    #[must_use]
+    pub fn without_pod_routes(test: &str) -> Self {
+        Self::build(test, false)
+    }
+
+    #[track_caller]
+    fn build(test: &str, pod_routes: bool) -> Self {
         let tag = unique_tag(test);
         let fabric = NetNs::create(&format!("fabric-{tag}"));
         let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
@@ -176,12 +190,12 @@ impl Cluster {
             fabric,
             ext,
         };
-        cluster.wire();
+        cluster.wire(pod_routes);
         cluster.resolve_neighbours();
         cluster
     }
 
-    fn wire(&self) {
+    fn wire(&self, pod_routes: bool) {
         let f = self.fabric.name();
         run(&["ip", "-n", f, "link", "add", "br0", "type", "bridge"]).ok();
         run(&["ip", "-n", f, "link", "set", "br0", "up"]).ok();
@@ -207,6 +221,9 @@ impl Cluster {
             .ok();
             // What a cloud route table or host-gw provides: the other node's pods are
             // behind the other node.
+            if !pod_routes {
+                continue;
+            }
             run(&[
                 "ip",
                 "-n",

@@ -6,6 +6,8 @@
 //! - [`Cluster`]: two simulated nodes (`node-a`, `node-b`) joined by a `fabric` bridge,
 //!   with `ext` as the outside world and default gateway of both, and static routes to
 //!   each other's pod CIDR.
+//! - [`ApiServer`]: a stand-in Kubernetes API server (HTTPS, bearer token, Node objects)
+//!   inside a namespace the test made, for `install`'s Node lookup and host-gw.
 //! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
 //!   kube-proxy writes them and loaded into a node namespace.
 //! - [`TestCgroup`]: a cgroup-v2 directory of the test's own, for clients of the
@@ -30,6 +32,7 @@
     reason = "test harness: failures panic with a message, the test framework's protocol"
 )]
 
+pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
 pub mod conf;
@@ -44,6 +47,7 @@ pub mod plugin;
 pub mod process;
 pub mod snapshot;
 
+pub use apiserver::ApiServer;
 pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};

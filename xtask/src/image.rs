@@ -43,7 +43,10 @@ pub fn build_static() -> Result<PathBuf> {
             STATIC_TARGET,
             "--target-dir",
         ])
-        .arg(&target_dir))?;
+        .arg(&target_dir)
+        // ring (rustls' crypto) compiles C for the target; cc looks for
+        // x86_64-linux-musl-gcc, Debian's musl-tools calls it musl-gcc.
+        .env("CC_x86_64_unknown_linux_musl", "musl-gcc"))?;
     let bin = target_dir.join(STATIC_TARGET).join("release/cni-ebpf");
     crate::check_embedded(&bin)?;
     check_static(&bin)?;

@@ -34,6 +34,9 @@ const PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "protobuf-compiler",
+    // musl-gcc: the static (musl) build compiles ring's C and assembly (the TLS of the
+    // Kubernetes API client) for the musl target.
+    "musl-tools",
 ];
 
 /// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).
@@ -156,7 +159,7 @@ pub fn run(verbose: bool) -> Result<()> {
     }
 
     // The container image's binary is static: built for the musl target, whose standard
-    // library rustup ships (self-contained, no musl toolchain needed).
+    // library rustup ships (self-contained); only ring's C needs musl-gcc (musl-tools).
     if has_static_target() {
         if verbose {
             eprintln!("setup: Rust target {} present", crate::image::STATIC_TARGET);

@@ -1,6 +1,8 @@
 //! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
-//! `metrics`, `install`, `uninstall` (in [`install`]).
+//! `metrics` (with the opt-in host-gw routes of [`hostgw`]), `install`, `uninstall` (in
+//! [`install`]).
 
+pub mod hostgw;
 pub mod inspect;
 pub mod install;
 
@@ -70,10 +72,12 @@ enum Cmd {
         /// `--bpffs-root` at each scrape.
         #[arg(long = "network")]
         networks: Vec<String>,
+        #[command(flatten)]
+        host_gw: hostgw::HostGwArgs,
     },
     /// Install the plugin on this node (a DaemonSet's init container): copy this binary
     /// into the CNI binary directory and write the conflist, both atomically; idempotent.
-    Install(install::InstallArgs),
+    Install(Box<install::InstallArgs>),
     /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
     /// store (only when no pods are left on it).
     Uninstall(install::UninstallArgs),
@@ -109,7 +113,10 @@ pub fn main() -> ExitCode {
             listen,
             bpffs_root,
             networks,
-        } => crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks)),
+            host_gw,
+        } => start_host_gw(&host_gw).and_then(|()| {
+            crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks))
+        }),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
     };
@@ -120,6 +127,29 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Starts the host-gw routes on a thread of their own when `--host-gw` is given. The
+/// thread is created in this thread's network namespace (the node's) and stays there. If
+/// it ever stops, the process exits: a main container without its routes must restart.
+fn start_host_gw(args: &hostgw::HostGwArgs) -> Result<()> {
+    if !args.enabled {
+        return Ok(());
+    }
+    let own = hostgw::check(args)?;
+    let args = args.clone();
+    std::thread::Builder::new()
+        .name("host-gw".into())
+        .spawn(move || {
+            let err = match hostgw::run(&args, &own) {
+                Ok(()) => "stopped".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            eprintln!("cni-ebpf host-gw: {err}; exiting");
+            std::process::exit(1);
+        })
+        .map(drop)
+        .map_err(|e| Error::io("starting the host-gw thread", e))
 }
 
 fn load(net: &NetworkArgs, uplink: Option<String>, ip_masq: bool) -> Result<()> {

@@ -13,6 +13,10 @@
 //! the key is someone else's: `install` and `uninstall` refuse to touch it unless told to
 //! with `--force`.
 //!
+//! Pod CIDRs: `--pod-cidr` (or `CNI_EBPF_POD_CIDR`) when given; otherwise, with a node name
+//! (`--node-name` / `NODE_NAME`), the Node object's `spec.podCIDRs` read from the API server
+//! ([`node_lookup`]). The lookup happens before anything is written.
+//!
 //! `uninstall --purge` also removes a network's pins (`<bpffsRoot>/<network>`) and IPAM
 //! store (`<dataDir>/<network>`), but only when no pod is left on it: no reservation of
 //! this boot in the store (reservations of an earlier boot belong to namespaces that died
@@ -30,6 +34,7 @@ use std::{
 
 mod conflist;
 mod files;
+mod node_lookup;
 mod uninstall;
 
 use ipnet::IpNet;
@@ -49,6 +54,7 @@ use crate::{
     datapath::{load::check_bpffs, Datapath},
     error::Error,
     ipam::{store::Store, Ipam, StoreOptions},
+    k8s::{ApiArgs, ApiError},
 };
 
 /// The conflist key that marks a conflist as written by `cni-ebpf install`.
@@ -94,9 +100,16 @@ pub struct InstallArgs {
     #[command(flatten)]
     pub dirs: HostDirs,
     /// The node's pod CIDR; repeat (or separate with commas) for dual stack. Each becomes an
-    /// `ipam.ranges` entry: one range set per family.
+    /// `ipam.ranges` entry: one range set per family. When given, the Node is not read.
     #[arg(long = "pod-cidr", env = "CNI_EBPF_POD_CIDR", value_delimiter = ',')]
     pub pod_cidrs: Vec<IpNet>,
+    /// This node's name (the Node object's metadata.name; in a DaemonSet, NODE_NAME from the
+    /// downward API, fieldRef spec.nodeName). Without --pod-cidr, the pod CIDRs are read
+    /// from this Node's spec.podCIDRs.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: Option<String>,
+    #[command(flatten)]
+    pub api: ApiArgs,
     /// The network's `name` (selects the pin and IPAM store directories).
     #[arg(long, default_value = DEFAULT_NETWORK_NAME)]
     pub network_name: String,
@@ -166,9 +179,29 @@ pub enum InstallError {
     /// No pod CIDR was given.
     #[error(
         "no pod CIDR: pass the node's pod CIDR(s) with --pod-cidr (repeatable, IPv4 and/or \
-         IPv6) or CNI_EBPF_POD_CIDR (comma-separated)"
+         IPv6) or CNI_EBPF_POD_CIDR (comma-separated), or the node's name with --node-name or \
+         NODE_NAME to read them from its Node object"
     )]
     NoPodCidr,
+
+    /// The Node lookup failed.
+    #[error("reading the pod CIDRs of node {node:?} from the API server: {source}")]
+    NodeLookup {
+        /// The node name.
+        node: String,
+        /// Why (boxed: it is large and rare).
+        #[source]
+        source: Box<ApiError>,
+    },
+
+    /// The Node has no usable pod CIDR.
+    #[error("node {node:?} {reason}")]
+    NodeCidr {
+        /// The node name.
+        node: String,
+        /// What is wrong with its spec.podCIDRs.
+        reason: String,
+    },
 
     /// A flag's value is unusable.
     #[error("{flag} {value}: {reason}")]
@@ -274,13 +307,27 @@ pub struct InstallReport {
     pub conflist: (PathBuf, Outcome),
     /// Configuration files that sort before ours (a runtime would use the first one).
     pub shadowed_by: Vec<String>,
+    /// The pod CIDRs written.
+    pub pod_cidrs: Vec<IpNet>,
+    /// The Node they were read from (`None`: from the flags).
+    pub from_node: Option<String>,
 }
 
 /// `cni-ebpf install`: the binary first (a conflist must never name a plugin that is not
 /// there yet), then the conflist.
 pub fn install(args: &InstallArgs) -> Result<InstallReport> {
     check_conf_name(&args.dirs.conf_name)?;
-    // Everything is checked before anything is written.
+    // Everything is checked, and the Node read, before anything is written.
+    let looked_up;
+    let (args, from_node) = match (&args.node_name, args.pod_cidrs.is_empty()) {
+        (Some(node), true) if !node.is_empty() => {
+            let mut a = args.clone();
+            a.pod_cidrs = node_lookup::pod_cidrs_from_node(args, node)?;
+            looked_up = a;
+            (&looked_up, Some(node.clone()))
+        }
+        _ => (args, None),
+    };
     let conflist = render_conflist(args)?;
     let conf_dir = &args.dirs.cni_conf_dir;
     let conf_path = conf_dir.join(&args.dirs.conf_name);
@@ -306,6 +353,8 @@ pub fn install(args: &InstallArgs) -> Result<InstallReport> {
         binary,
         conflist: (conf_path, outcome),
         shadowed_by,
+        pod_cidrs: args.pod_cidrs.clone(),
+        from_node,
     })
 }
 
@@ -318,16 +367,20 @@ pub fn run_install(args: &InstallArgs) -> ExitCode {
         Ok(r) => {
             println!("binary {}: {}", r.binary.0.display(), r.binary.1.as_str());
             println!(
-                "conflist {}: {} (network {}, cniVersion {}, pod CIDRs {})",
+                "conflist {}: {} (network {}, cniVersion {}, pod CIDRs {}{})",
                 r.conflist.0.display(),
                 r.conflist.1.as_str(),
                 args.network_name,
                 args.cni_version,
-                args.pod_cidrs
+                r.pod_cidrs
                     .iter()
                     .map(ToString::to_string)
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                r.from_node
+                    .as_ref()
+                    .map(|n| format!(" from Node {n:?}"))
+                    .unwrap_or_default()
             );
             if !r.shadowed_by.is_empty() {
                 eprintln!(

@@ -1,0 +1,553 @@
+//! Reading Node objects from the Kubernetes API server, for `install`'s pod-CIDR lookup and
+//! the host-gw routes of `cni-ebpf metrics --host-gw`.
+//!
+//! The client is the `kube` crate's typed API over a small HTTP stack of our own
+//! ([`ApiClient::new`]), configured the way an in-cluster client is: the API server at
+//! `https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT`, the ServiceAccount's
+//! `token`, `ca.crt` and `namespace` from `/var/run/secrets/kubernetes.io/serviceaccount`.
+//! Both the address and the directory can be overridden ([`ApiArgs`]), which is how the
+//! tests point it at their stand-in API server.
+//!
+//! Every request is bounded by [`ApiArgs::api_timeout`] as a whole (connect, TLS, the
+//! answer; nothing is retried within a request), and each way it can fail is an
+//! [`ApiError`] that says what to do about it (RBAC for 403, the node name for 404, …).
+//!
+//! Nothing here is reachable from the CNI verbs: only the `install` and `metrics`
+//! subcommands build a client, so ADD/DEL never initialise TLS or an HTTP stack.
+
+use std::{
+    net::IpAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Node;
+use kube::{api::ListParams, client::ConfigExt as _, Api, Client, Config};
+
+/// Where a pod finds its ServiceAccount's credentials.
+pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Default [`ApiArgs::api_timeout`] in seconds.
+pub const DEFAULT_API_TIMEOUT_SECS: u64 = 10;
+
+/// How to reach the API server (flattened into the subcommands that need it).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiArgs {
+    /// The API server's URL (default: `https://$KUBERNETES_SERVICE_HOST:
+    /// $KUBERNETES_SERVICE_PORT`, what every pod is given).
+    #[arg(long, env = "CNI_EBPF_API_SERVER")]
+    pub api_server: Option<String>,
+    /// The directory holding the ServiceAccount's `token`, `ca.crt` (and `namespace`).
+    #[arg(long, env = "CNI_EBPF_SERVICE_ACCOUNT_DIR", default_value = DEFAULT_SERVICE_ACCOUNT_DIR)]
+    pub service_account_dir: PathBuf,
+    /// Time limit of one API request, in seconds (connecting, TLS, retries and the answer).
+    #[arg(long, default_value_t = DEFAULT_API_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..=300))]
+    pub api_timeout: u64,
+}
+
+/// Why the API server could not tell us what we asked.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// No address was given and the pod's environment has none.
+    #[error(
+        "no API server address: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not \
+         set (not running in a pod?) and --api-server / CNI_EBPF_API_SERVER is not given"
+    )]
+    NoServer,
+
+    /// The address is not an `https://` URL.
+    #[error("API server address {0:?} is not an https:// URL")]
+    BadServer(String),
+
+    /// A ServiceAccount file is missing or unreadable.
+    #[error(
+        "reading the ServiceAccount credentials {path}: {source} (is a ServiceAccount token \
+         mounted? the pod needs serviceAccountName and automountServiceAccountToken not false)"
+    )]
+    Credentials {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// `ca.crt` holds no usable certificate.
+    #[error("{path}: {reason}")]
+    BadCa {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+
+    /// The client could not be set up (TLS configuration).
+    #[error("setting up the API client for {server}: {reason}")]
+    Client {
+        /// The API server.
+        server: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// The token file holds what cannot be an HTTP header.
+    #[error("{0}: the ServiceAccount token holds characters an HTTP header cannot carry")]
+    BadToken(PathBuf),
+
+    /// 401: the token was refused.
+    #[error(
+        "the API server at {server} refused the ServiceAccount token from {token} (401 \
+         Unauthorized: {message}); is the token current and issued by this cluster?"
+    )]
+    Unauthorized {
+        /// The API server.
+        server: String,
+        /// The token file.
+        token: PathBuf,
+        /// The server's message.
+        message: String,
+    },
+
+    /// 403: RBAC does not allow it.
+    #[error(
+        "the API server at {server} forbids {what} (403 Forbidden: {message}); RBAC: the \
+         pod's ServiceAccount needs `{verb}` on `nodes` (a ClusterRole with apiGroups [\"\"], \
+         resources [nodes], verbs [get, list, watch], bound to it by a ClusterRoleBinding; \
+         deploy/cni-ebpf.yaml has one)"
+    )]
+    Forbidden {
+        /// The API server.
+        server: String,
+        /// What was asked, e.g. `get node \"node-a\"`.
+        what: String,
+        /// The RBAC verb.
+        verb: &'static str,
+        /// The server's message.
+        message: String,
+    },
+
+    /// 404 on a Node get.
+    #[error(
+        "node {name:?} not found at {server} (404 Not Found: {message}); the node name must be \
+         the Node object's metadata.name: pass it with --node-name or NODE_NAME from the \
+         downward API (fieldRef spec.nodeName)"
+    )]
+    NodeNotFound {
+        /// The API server.
+        server: String,
+        /// The node name asked for.
+        name: String,
+        /// The server's message.
+        message: String,
+    },
+
+    /// No complete answer within the time limit.
+    #[error(
+        "no answer from the API server at {server} within {secs} s (--api-timeout) while \
+         asking for {what}: is the address right and the API server reachable from the node's \
+         network?"
+    )]
+    Timeout {
+        /// The API server.
+        server: String,
+        /// What was asked.
+        what: String,
+        /// The limit in seconds.
+        secs: u64,
+    },
+
+    /// Any other error status.
+    #[error("the API server at {server} answered {what} with {code} {reason}: {message}")]
+    Status {
+        /// The API server.
+        server: String,
+        /// What was asked.
+        what: String,
+        /// HTTP status.
+        code: u16,
+        /// The Status reason.
+        reason: String,
+        /// The Status message.
+        message: String,
+    },
+
+    /// Connection, TLS or decoding failure.
+    #[error("asking the API server at {server} for {what}: {reason}")]
+    Transport {
+        /// The API server.
+        server: String,
+        /// What was asked.
+        what: String,
+        /// The client's error with its whole chain of causes (connection refused, the
+        /// certificate the CA does not vouch for, …): its top level alone says only
+        /// "client error (Connect)".
+        reason: String,
+    },
+}
+
+/// A connected API client.
+pub struct ApiClient {
+    client: Client,
+    server: String,
+    token: PathBuf,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for ApiClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiClient")
+            .field("server", &self.server)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The API server's URL: the flag, else the pod's environment.
+fn server_url(args: &ApiArgs) -> Result<String, ApiError> {
+    if let Some(s) = args.api_server.as_deref().filter(|s| !s.is_empty()) {
+        return Ok(s.trim_end_matches('/').to_owned());
+    }
+    let host = std::env::var("KUBERNETES_SERVICE_HOST").ok();
+    let port = std::env::var("KUBERNETES_SERVICE_PORT").ok();
+    match (
+        host.filter(|h| !h.is_empty()),
+        port.filter(|p| !p.is_empty()),
+    ) {
+        (Some(h), Some(p)) => Ok(match h.parse::<IpAddr>() {
+            Ok(IpAddr::V6(ip)) => format!("https://[{ip}]:{p}"),
+            _ => format!("https://{h}:{p}"),
+        }),
+        _ => Err(ApiError::NoServer),
+    }
+}
+
+fn read_file(path: &Path) -> Result<Vec<u8>, ApiError> {
+    std::fs::read(path).map_err(|source| ApiError::Credentials {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+impl ApiClient {
+    /// Builds the in-cluster client. Must be called inside a tokio runtime (the client
+    /// spawns its request buffer there). Reads nothing from the network yet.
+    ///
+    /// The HTTP stack is ours, not kube's `Client::try_from(Config)`: hyper-util's
+    /// client over hyper-rustls (ring, HTTP/1.1, the ServiceAccount's CA as the only
+    /// root), the token as a bearer header, the base URL layer. kube's own stack would
+    /// also link its kubeconfig and exec-plugin machinery, which an in-cluster client
+    /// never uses. The token and the CA are read here: a long-running caller builds a
+    /// client per round and so follows their rotation.
+    pub fn new(args: &ApiArgs) -> Result<Self, ApiError> {
+        let server = server_url(args)?;
+        let uri: http::Uri = server
+            .parse()
+            .ok()
+            .filter(|u: &http::Uri| u.scheme_str() == Some("https"))
+            .ok_or_else(|| ApiError::BadServer(server.clone()))?;
+        let dir = &args.service_account_dir;
+        let (token_path, ca) = (dir.join("token"), dir.join("ca.crt"));
+        let token = String::from_utf8_lossy(&read_file(&token_path)?)
+            .trim()
+            .to_owned();
+        let ca_pem = read_file(&ca)?;
+        let bad_ca = |reason: String| ApiError::BadCa {
+            path: ca.clone(),
+            reason,
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        for p in pem::parse_many(&ca_pem).map_err(|e| bad_ca(format!("not PEM: {e}")))? {
+            if p.tag() == "CERTIFICATE" {
+                roots
+                    .add(p.into_contents().into())
+                    .map_err(|e| bad_ca(format!("a certificate rustls refuses: {e}")))?;
+            }
+        }
+        if roots.is_empty() {
+            return Err(bad_ca("holds no CERTIFICATE".into()));
+        }
+        let client_err = |e: &dyn std::fmt::Display| ApiError::Client {
+            server: server.clone(),
+            reason: e.to_string(),
+        };
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| client_err(&e))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let timeout = Duration::from_secs(args.api_timeout);
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false);
+        tcp.set_connect_timeout(Some(timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_only()
+            .enable_http1()
+            .wrap_connector(tcp);
+        let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .build::<_, kube::client::Body>(https);
+        let mut config = Config::new(uri);
+        if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
+            config.default_namespace = ns.trim().to_owned();
+        }
+        let mut bearer = http::HeaderValue::try_from(format!("Bearer {token}"))
+            .map_err(|_| ApiError::BadToken(token_path.clone()))?;
+        bearer.set_sensitive(true);
+        config.headers = vec![(http::header::AUTHORIZATION, bearer)];
+        let headers = config.extra_headers_layer().map_err(|e| client_err(&e))?;
+        let service = tower::ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .layer(headers)
+            .service(http_client);
+        let client = Client::new(service, config.default_namespace);
+        Ok(Self {
+            client,
+            server,
+            token: token_path,
+            timeout,
+        })
+    }
+
+    /// The API server's URL.
+    #[must_use]
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// `GET /api/v1/nodes/{name}`.
+    pub async fn node(&self, name: &str) -> Result<Node, ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let what = format!("get node {name:?}");
+        self.bounded(&what, "get", Some(name), api.get(name)).await
+    }
+
+    /// `GET /api/v1/nodes` (every page).
+    pub async fn nodes(&self) -> Result<Vec<Node>, ApiError> {
+        let api: Api<Node> = Api::all(self.client.clone());
+        let list = self
+            .bounded(
+                "list nodes",
+                "list",
+                None,
+                api.list(&ListParams::default().limit(500)),
+            )
+            .await?;
+        let mut nodes = list.items;
+        let mut next = list.metadata.continue_.filter(|c| !c.is_empty());
+        // Bounded: a cluster of 100 000 nodes is 200 pages.
+        for _ in 0..1000 {
+            let Some(token) = next.take() else {
+                return Ok(nodes);
+            };
+            let page = self
+                .bounded(
+                    "list nodes",
+                    "list",
+                    None,
+                    api.list(&ListParams::default().limit(500).continue_token(&token)),
+                )
+                .await?;
+            nodes.extend(page.items);
+            next = page.metadata.continue_.filter(|c| !c.is_empty());
+        }
+        Ok(nodes)
+    }
+
+    async fn bounded<T>(
+        &self,
+        what: &str,
+        verb: &'static str,
+        node: Option<&str>,
+        fut: impl std::future::Future<Output = kube::Result<T>>,
+    ) -> Result<T, ApiError> {
+        let server = self.server.clone();
+        match tokio::time::timeout(self.timeout, fut).await {
+            Err(_) => Err(ApiError::Timeout {
+                server,
+                what: what.to_owned(),
+                secs: self.timeout.as_secs(),
+            }),
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(kube::Error::Api(status))) => Err(match (status.code, node) {
+                (401, _) => ApiError::Unauthorized {
+                    server,
+                    token: self.token.clone(),
+                    message: status.message,
+                },
+                (403, _) => ApiError::Forbidden {
+                    server,
+                    what: what.to_owned(),
+                    verb,
+                    message: status.message,
+                },
+                (404, Some(name)) => ApiError::NodeNotFound {
+                    server,
+                    name: name.to_owned(),
+                    message: status.message,
+                },
+                (code, _) => ApiError::Status {
+                    server,
+                    what: what.to_owned(),
+                    code,
+                    reason: status.reason,
+                    message: status.message,
+                },
+            }),
+            Ok(Err(source)) if is_timeout(&source) => Err(ApiError::Timeout {
+                server,
+                what: what.to_owned(),
+                secs: self.timeout.as_secs(),
+            }),
+            Ok(Err(source)) => Err(ApiError::Transport {
+                server,
+                what: what.to_owned(),
+                reason: chain(&source),
+            }),
+        }
+    }
+}
+
+/// `e` and its causes, `: `-separated, each cause once (wrappers often repeat their
+/// source's text).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut cur = Some(e);
+    for _ in 0..16 {
+        let Some(err) = cur else { break };
+        let text = err.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        cur = err.source();
+    }
+    parts.join(": ")
+}
+
+/// Whether kube's error is one of its own timeouts (connect/read), which carry no type we
+/// can match on: their chain says "timed out" / "deadline".
+fn is_timeout(e: &kube::Error) -> bool {
+    let mut cur: Option<&dyn std::error::Error> = Some(e);
+    for _ in 0..16 {
+        let Some(err) = cur else { break };
+        let text = err.to_string().to_ascii_lowercase();
+        if text.contains("timed out")
+            || text.contains("timeout")
+            || text.contains("deadline has elapsed")
+        {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+/// A Node's pod CIDRs: `spec.podCIDRs`, else the older single `spec.podCIDR`. Values that
+/// do not parse are returned as errors naming them.
+pub fn pod_cidrs(node: &Node) -> Result<Vec<IpNet>, String> {
+    let spec = node.spec.as_ref();
+    let list: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
+        Some(l) if !l.is_empty() => l,
+        _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    };
+    list.iter()
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse::<IpNet>()
+                .map_err(|e| format!("spec.podCIDRs holds {s:?}: {e}"))
+        })
+        .collect()
+}
+
+/// A Node's `InternalIP` addresses from `status.addresses`, in order.
+#[must_use]
+pub fn internal_ips(node: &Node) -> Vec<IpAddr> {
+    node.status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .map(|addrs| {
+            addrs
+                .iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A Node's `metadata.name`.
+#[must_use]
+pub fn name(node: &Node) -> &str {
+    node.metadata.name.as_deref().unwrap_or_default()
+}
+
+#[cfg(test)]
+#[expect(clippy::panic, clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use super::*;
+
+    fn node(doc: serde_json::Value) -> Node {
+        match serde_json::from_value(doc) {
+            Ok(n) => n,
+            Err(e) => panic!("not a Node: {e}"),
+        }
+    }
+
+    #[test]
+    fn pod_cidrs_prefer_the_list_and_fall_back_to_the_single_field() {
+        let n = node(serde_json::json!({
+            "metadata": {"name": "a"},
+            "spec": {"podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24", "fd00::/64"]}
+        }));
+        assert_eq!(
+            pod_cidrs(&n),
+            Ok(vec![
+                "10.0.0.0/24".parse().unwrap(),
+                "fd00::/64".parse().unwrap()
+            ])
+        );
+        let n = node(
+            serde_json::json!({"metadata": {"name": "a"}, "spec": {"podCIDR": "10.0.1.0/24"}}),
+        );
+        assert_eq!(pod_cidrs(&n).map(|v| v.len()), Ok(1));
+        let n = node(serde_json::json!({"metadata": {"name": "a"}, "spec": {}}));
+        assert_eq!(pod_cidrs(&n), Ok(vec![]));
+        let n = node(serde_json::json!({"metadata": {"name": "a"}, "spec": {"podCIDRs": ["x"]}}));
+        assert!(pod_cidrs(&n).is_err_and(|e| e.contains("\"x\"")));
+    }
+
+    #[test]
+    fn internal_ips_skip_other_address_types() {
+        let n = node(serde_json::json!({
+            "metadata": {"name": "a"},
+            "status": {"addresses": [
+                {"type": "Hostname", "address": "a"},
+                {"type": "ExternalIP", "address": "203.0.113.1"},
+                {"type": "InternalIP", "address": "198.18.0.1"},
+                {"type": "InternalIP", "address": "fd00::1"}
+            ]}
+        }));
+        assert_eq!(
+            internal_ips(&n),
+            vec![
+                IpAddr::from([198, 18, 0, 1]),
+                "fd00::1".parse::<IpAddr>().unwrap()
+            ]
+        );
+    }
+
+    #[test]
+    fn the_server_comes_from_the_flag_or_the_pods_environment() {
+        let args = ApiArgs {
+            api_server: Some("https://127.0.0.1:6443/".into()),
+            service_account_dir: PathBuf::from("/nonexistent"),
+            api_timeout: 1,
+        };
+        assert_eq!(
+            server_url(&args).ok().as_deref(),
+            Some("https://127.0.0.1:6443")
+        );
+    }
+}
