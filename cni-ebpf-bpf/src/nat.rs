@@ -1,21 +1,36 @@
-//! NAT state: one LRU map of exact 5-tuples, one entry per direction of a translated
+//! NAT state: one hash map of exact 5-tuples, one entry per direction of a translated
 //! flow, tagged with the program (hook) that applies it; TCP close tracking and the
 //! SNAT port search that takes back ports of finished flows.
+//!
+//! Fair shares: the map is not LRU, so the kernel never evicts an entry — an LRU table
+//! filled by one pod's flows would evict other pods' live ones. Instead every entry is
+//! charged to the pod that opened its flow (masquerade, hairpin: the sending pod; host
+//! port: the pod behind it) in `NAT_USE`, whoever inserts a charged entry adds one and
+//! whoever removes it gives one back ([`nat_add`], [`nat_remove`]), and a new flow is
+//! refused when its pod's share is full ([`room_for_flow`]). Finished flows are removed
+//! when their port is wanted again ([`reclaim`]) and by a sweep of the whole table
+//! ([`sweep`]), at most once a second node-wide, run when a pod at its cap (or a full
+//! table) asks for room: so a pod's idle-expired flows stop counting within a second of
+//! its next new flow, without a daemon.
 
 use core::ffi::c_void;
+#[cfg(target_arch = "bpf")]
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+#[cfg(not(target_arch = "bpf"))]
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+    helpers::{bpf_for_each_map_elem, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatEntry, NatKey, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
-    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS,
-    NAT_UDP_IDLE_NS,
+    proto, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
+    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_SWEEP_INTERVAL_NS,
+    NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
 use crate::{
-    maps::{count, port_mapping, NAT},
+    maps::{count, port_mapping, NAT, NAT_USE},
     parse::{Pkt, TCP_FIN, TCP_RST},
 };
 
@@ -31,8 +46,8 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
         return None;
     }
     let e = NAT.get_ptr_mut(p.key())?;
-    // SAFETY: LRU values may be recycled under us; we copy the value and only write the
-    // timestamp and close flags, which is harmless if the entry was reused.
+    // SAFETY: the value may be removed (and its slot reused) under us; we copy the value
+    // and only write the timestamp and close flags, which is harmless if it was.
     unsafe {
         if (*e).hook != hook {
             return None;
@@ -143,9 +158,9 @@ pub(crate) fn reclaim(key: &NatKey) -> bool {
         return false;
     }
     if fwd.is_some() {
-        let _ = NAT.remove(&fkey);
+        nat_remove(&fkey);
     }
-    let _ = NAT.remove(key);
+    nat_remove(key);
     true
 }
 
@@ -224,12 +239,12 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     }
     a.key.dport = port;
-    if NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+    if nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
         a.port = port;
         a.found = 1;
         return 1;
     }
-    if reclaim(&a.key) && NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+    if reclaim(&a.key) && nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
         count(Reason::SnatPortReclaimed);
         a.port = port;
         a.found = 1;
@@ -244,8 +259,162 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
 /// is free again at once.
 #[inline(always)]
 pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
-    let _ = NAT.remove(fwd_key);
-    let _ = NAT.remove(rev_key);
+    nat_remove(fwd_key);
+    nat_remove(rev_key);
+}
+
+/// Inserts NAT entry `e` at `key` (`flags`: `BPF_ANY` or `BPF_NOEXIST`), charging it to
+/// its pod and giving back the charge of an entry it replaces. `false` when the map
+/// refused it (the key exists under `BPF_NOEXIST`, or the table is full).
+#[inline(always)]
+pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
+    // SAFETY: copied out at once.
+    let old = if flags == BPF_NOEXIST as u64 {
+        0
+    } else {
+        unsafe { NAT.get(*key) }.map_or(0, |o| o.pod)
+    };
+    if NAT.insert(key, e, flags).is_err() {
+        return false;
+    }
+    if e.pod != 0 {
+        add_use(e.pod, 1);
+    }
+    if old != 0 {
+        add_use(old, u32::MAX);
+    }
+    true
+}
+
+/// Removes NAT entry `key` and gives back its pod's charge (only the remover that
+/// succeeded does, so two CPUs removing one entry give it back once).
+#[inline(always)]
+pub(crate) fn nat_remove(key: &NatKey) {
+    // SAFETY: copied out at once.
+    let pod = unsafe { NAT.get(*key) }.map_or(0, |e| e.pod);
+    if NAT.remove(key).is_ok() && pod != 0 {
+        add_use(pod, u32::MAX);
+    }
+}
+
+/// Adds `delta` (wrapping: `u32::MAX` is −1) to pod `pod`'s charged entries, atomically.
+/// A pod without a share (its interface is gone) is left alone.
+#[inline(always)]
+fn add_use(pod: u32, delta: u32) {
+    if let Some(u) = NAT_USE.get_ptr_mut(pod) {
+        // `core::sync::atomic` has no types for the BPF target; the intrinsic is what
+        // `AtomicU32::fetch_add` lowers to (a BPF atomic add).
+        // SAFETY: a valid, aligned `u32` inside the map value, which lives as long as
+        // the map; only ever updated atomically by the programs.
+        #[cfg(target_arch = "bpf")]
+        unsafe {
+            atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(&raw mut (*u).entries, delta);
+        }
+        // SAFETY: as above.
+        #[cfg(not(target_arch = "bpf"))]
+        unsafe { AtomicU32::from_ptr(&raw mut (*u).entries) }.fetch_add(delta, Ordering::Relaxed);
+    }
+}
+
+/// Whether pod `pod` (host veth ifindex) may open one more translated flow (two
+/// entries) within its share. When it may not, the table is swept for finished flows
+/// (at most once a second node-wide) and the share looked at again. A pod with no share
+/// recorded (0, or an interface ADD did not finish) is not limited.
+#[inline(always)]
+pub(crate) fn room_for_flow(pod: u32) -> bool {
+    if has_room(pod) {
+        return true;
+    }
+    sweep() && has_room(pod)
+}
+
+#[inline(always)]
+fn has_room(pod: u32) -> bool {
+    // SAFETY: copied out at once.
+    let Some(u) = (unsafe { NAT_USE.get(pod) }).copied() else {
+        return true;
+    };
+    // Signed: a give-back racing a removal elsewhere may leave it just below zero.
+    (u.entries as i32).saturating_add(2) <= u.cap as i32
+}
+
+/// Removes every entry of a finished flow from the NAT table, at most once per
+/// [`NAT_SWEEP_INTERVAL_NS`] node-wide (the clock is `NAT_USE` key 0). `true` when it ran.
+/// Cost: one pass over the table (`bpf_for_each_map_elem`), about a millisecond when
+/// it is full, paid by the packet that triggered it.
+#[inline(always)]
+pub(crate) fn sweep() -> bool {
+    let t = now();
+    let clock = match NAT_USE.get_ptr_mut(0) {
+        Some(c) => c,
+        None => {
+            let _ = NAT_USE.insert(&0, &NatUse::default(), BPF_NOEXIST as u64);
+            let Some(c) = NAT_USE.get_ptr_mut(0) else {
+                return false;
+            };
+            c
+        }
+    };
+    // SAFETY: a map value; two CPUs racing here at worst both sweep.
+    unsafe {
+        if (*clock).swept_ns != 0 && t.saturating_sub((*clock).swept_ns) < NAT_SWEEP_INTERVAL_NS {
+            return false;
+        }
+        (*clock).swept_ns = t;
+    }
+    count(Reason::NatSweep);
+    let mut c = SweepCtx { now: t };
+    // SAFETY: `NAT` is a map definition (the helper takes its address as the map),
+    // `sweep_one` has the callback signature and `c` outlives the call.
+    unsafe {
+        bpf_for_each_map_elem(
+            &NAT as *const _ as *mut c_void,
+            sweep_one as *const () as *mut c_void,
+            &mut c as *mut SweepCtx as *mut c_void,
+            0,
+        );
+    }
+    true
+}
+
+/// State of [`sweep`], shared with [`sweep_one`].
+#[repr(C)]
+struct SweepCtx {
+    now: u64,
+}
+
+/// One entry of [`sweep`]: removed with its flow's other entry when the flow is over.
+#[inline(never)]
+extern "C" fn sweep_one(
+    _map: *mut c_void,
+    key: *mut NatKey,
+    value: *mut NatEntry,
+    ctx: *mut c_void,
+) -> i64 {
+    // SAFETY: the helper passes this entry's key and value and `sweep`'s context.
+    let (k, e, now) = unsafe { (*key, *value, (*(ctx as *mut SweepCtx)).now) };
+    let okey = opposite(&e, k.proto);
+    // SAFETY: copied out at once.
+    let other = unsafe { NAT.get(okey) }
+        .copied()
+        .filter(|o| opposite(o, k.proto) == k);
+    // [`flow_is_over`] reads its first entry as the one keyed by the outside peer (which
+    // closed first decides the TIME_WAIT wait); a sweep does not know which of the two
+    // that is (host-port flows are the other way round), so the flow must be over read
+    // either way.
+    let over = flow_is_over(&e, other.as_ref(), k.proto, now)
+        && other
+            .as_ref()
+            .is_none_or(|o| flow_is_over(o, Some(&e), k.proto, now));
+    if over {
+        if other.is_some() {
+            nat_remove(&okey);
+            count(Reason::NatSweptEntry);
+        }
+        nat_remove(&k);
+        count(Reason::NatSweptEntry);
+    }
+    0
 }
 
 #[inline(always)]
@@ -262,6 +431,7 @@ pub(crate) fn entry(
     dport: u16,
     hook: u8,
     kind: u8,
+    pod: u32,
 ) -> NatEntry {
     NatEntry {
         saddr,
@@ -273,5 +443,7 @@ pub(crate) fn entry(
         flags: 0,
         deliver: NAT_DELIVER_DIRECT,
         last_seen_ns: now(),
+        pod,
+        _pad: 0,
     }
 }

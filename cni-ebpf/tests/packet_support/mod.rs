@@ -626,6 +626,7 @@ fn pod_endpoint(
         pod_mac,
         ips: vec![ip.into()],
         allowed_sources: Vec::new(),
+        nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
     }
 }
