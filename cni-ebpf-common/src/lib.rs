@@ -143,9 +143,11 @@ pub const MAX_SRC_ALLOW: u32 = 4096;
 pub const MAX_SRC_ALLOW6: u32 = 8192;
 /// Capacity of [`map::NAT_USE`] (one entry per pod interface, plus the sweep clock).
 pub const MAX_NAT_USE: u32 = MAX_ENDPOINTS + 1;
-/// Default of `natFlowsPerPod`: translated flows one pod may hold at once (each takes two
-/// entries of [`map::NAT`], so 16 pods at this cap would fill the table).
-pub const DEFAULT_NAT_FLOWS_PER_POD: u32 = 4096;
+/// Default of `natFlowsPerPod`: translated flows one pod may hold at once. Each takes two
+/// entries of [`map::NAT`], so a pod may hold an eighth of the table: no single pod can
+/// fill it, and only eight pods at their cap together could. (A busy proxy pod holding
+/// thousands of connections stays well below it: the end-to-end test holds 5 000.)
+pub const DEFAULT_NAT_FLOWS_PER_POD: u32 = 8192;
 /// The NAT table is swept for finished flows at most this often (ns), node-wide, and only
 /// when a pod at its cap or a full table asks for room.
 pub const NAT_SWEEP_INTERVAL_NS: u64 = 1_000_000_000;

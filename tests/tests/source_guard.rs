@@ -253,7 +253,7 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
 fn a_pod_past_its_nat_cap_cannot_starve_the_others() {
     const CAP: usize = 10;
     let node = SimNode::new("sg_natcap");
-    // Pod h's attachment has a small share; pod v keeps the default (4096 flows).
+    // Pod h's attachment has a small share; pod v keeps the default (8192 flows).
     let conf = masq_conf(&node).set("natFlowsPerPod", json!(CAP));
     let v_conf = masq_conf(&node);
     let (h, v) = (node.pod("h"), node.pod("v"));
