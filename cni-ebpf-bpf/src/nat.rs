@@ -8,10 +8,10 @@
 //! port: the pod behind it) in `NAT_USE`, whoever inserts a charged entry adds one and
 //! whoever removes it gives one back ([`nat_add`], [`nat_remove`]), and a new flow is
 //! refused when its pod's share is full ([`room_for_flow`]). Finished flows are removed
-//! when their port is wanted again ([`reclaim`]) and by a sweep of the whole table
-//! ([`sweep`]), at most once a second node-wide, run when a pod at its cap (or a full
-//! table) asks for room: so a pod's idle-expired flows stop counting within a second of
-//! its next new flow, without a daemon.
+//! when their port is wanted again ([`reclaim`]) and by a sweep of the table in bounded
+//! slices ([`sweep`]), at most one slice a second node-wide, run when a pod at its cap
+//! (or a full table) asks for room: so a pod's expired flows stop counting soon after
+//! its next new flows ask, without a daemon.
 
 use core::ffi::c_void;
 #[cfg(target_arch = "bpf")]
@@ -25,8 +25,8 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     proto, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
-    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_SWEEP_INTERVAL_NS,
-    NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
+    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
+    NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
 use crate::{
@@ -338,32 +338,49 @@ fn has_room(pod: u32) -> bool {
     (u.entries as i32).saturating_add(2) <= u.cap as i32
 }
 
-/// Removes every entry of a finished flow from the NAT table, at most once per
-/// [`NAT_SWEEP_INTERVAL_NS`] node-wide (the clock is `NAT_USE` key 0). `true` when it ran.
-/// Cost: one pass over the table (`bpf_for_each_map_elem`), about a millisecond when
-/// it is full, paid by the packet that triggered it.
+/// Runs one slice of the sweep that removes finished flows from the NAT table, at most
+/// once per [`NAT_SWEEP_INTERVAL_NS`] node-wide (the clock is `NAT_USE` key 0). `true`
+/// when a slice ran.
+///
+/// A slice walks the table (`bpf_for_each_map_elem`) from its start, but looks closely —
+/// reads the flow's other entry — at no more than [`NAT_SWEEP_BUDGET`] entries, then
+/// stops. An entry found live is stamped with the pass number, so the next slices of the
+/// same pass skip it for the price of a visit and get further; a slice that reaches the
+/// end of the table ends the pass. Entries seen more recently than the shortest time any
+/// flow of their protocol takes to be over are skipped without a look. So one packet
+/// pays for at most a bounded number of lookups plus one walk over the table.
 #[inline(always)]
 pub(crate) fn sweep() -> bool {
     let t = now();
     let clock = match NAT_USE.get_ptr_mut(0) {
         Some(c) => c,
         None => {
-            let _ = NAT_USE.insert(&0, &NatUse::default(), BPF_NOEXIST as u64);
+            let first = NatUse {
+                entries: 1,
+                ..NatUse::default()
+            };
+            let _ = NAT_USE.insert(&0, &first, BPF_NOEXIST as u64);
             let Some(c) = NAT_USE.get_ptr_mut(0) else {
                 return false;
             };
             c
         }
     };
-    // SAFETY: a map value; two CPUs racing here at worst both sweep.
-    unsafe {
+    // SAFETY: a map value; two CPUs racing here at worst both run a slice.
+    let pass = unsafe {
         if (*clock).swept_ns != 0 && t.saturating_sub((*clock).swept_ns) < NAT_SWEEP_INTERVAL_NS {
             return false;
         }
         (*clock).swept_ns = t;
-    }
+        (*clock).entries
+    };
     count(Reason::NatSweep);
-    let mut c = SweepCtx { now: t };
+    let mut c = SweepCtx {
+        now: t,
+        pass,
+        budget: NAT_SWEEP_BUDGET,
+        stopped: 0,
+    };
     // SAFETY: `NAT` is a map definition (the helper takes its address as the map),
     // `sweep_one` has the callback signature and `c` outlives the call.
     unsafe {
@@ -374,6 +391,17 @@ pub(crate) fn sweep() -> bool {
             0,
         );
     }
+    if c.stopped == 0 {
+        // The whole table was looked at: the next slice starts a new pass (never 0,
+        // which new entries carry).
+        // SAFETY: as above.
+        unsafe {
+            (*clock).entries = match pass.wrapping_add(1) {
+                0 => 1,
+                n => n,
+            };
+        }
+    }
     true
 }
 
@@ -381,6 +409,9 @@ pub(crate) fn sweep() -> bool {
 #[repr(C)]
 struct SweepCtx {
     now: u64,
+    pass: u32,
+    budget: u32,
+    stopped: u32,
 }
 
 /// One entry of [`sweep`]: removed with its flow's other entry when the flow is over.
@@ -391,28 +422,49 @@ extern "C" fn sweep_one(
     value: *mut NatEntry,
     ctx: *mut c_void,
 ) -> i64 {
-    // SAFETY: the helper passes this entry's key and value and `sweep`'s context.
-    let (k, e, now) = unsafe { (*key, *value, (*(ctx as *mut SweepCtx)).now) };
-    let okey = opposite(&e, k.proto);
-    // SAFETY: copied out at once.
-    let other = unsafe { NAT.get(okey) }
-        .copied()
-        .filter(|o| opposite(o, k.proto) == k);
+    // Read in place, not copied: the callback's stack adds to the deepest program's
+    // (uplink_ingress → host-port DNAT → sweep), which the verifier caps at 512 bytes.
+    // SAFETY: the helper passes this entry's key and (writable) value and `sweep`'s
+    // context; all valid for the call.
+    let (k, e, c) = unsafe { (&*key, &mut *value, &mut *(ctx as *mut SweepCtx)) };
+    if e.swept == c.pass {
+        return 0;
+    }
+    // No flow is over before it has been idle this long (closed TCP: the grace time).
+    let soonest = match k.proto {
+        proto::TCP => NAT_CLOSED_GRACE_NS,
+        proto::UDP => NAT_UDP_IDLE_NS,
+        _ => NAT_ICMP_IDLE_NS,
+    };
+    if c.now.saturating_sub(e.last_seen_ns) < soonest {
+        return 0;
+    }
+    if c.budget == 0 {
+        c.stopped = 1;
+        return 1;
+    }
+    c.budget -= 1;
+    let proto_ = k.proto;
+    let okey = opposite(e, proto_);
+    // SAFETY: a map value, read at once (a removal racing us at worst misjudges one flow
+    // for one pass).
+    let other = unsafe { NAT.get(okey) }.filter(|o| opposite(o, proto_) == *k);
     // [`flow_is_over`] reads its first entry as the one keyed by the outside peer (which
     // closed first decides the TIME_WAIT wait); a sweep does not know which of the two
     // that is (host-port flows are the other way round), so the flow must be over read
     // either way.
-    let over = flow_is_over(&e, other.as_ref(), k.proto, now)
-        && other
-            .as_ref()
-            .is_none_or(|o| flow_is_over(o, Some(&e), k.proto, now));
+    let over = flow_is_over(e, other, proto_, c.now)
+        && other.is_none_or(|o| flow_is_over(o, Some(&*e), proto_, c.now));
     if over {
+        let key_copy = *k;
         if other.is_some() {
             nat_remove(&okey);
             count(Reason::NatSweptEntry);
         }
-        nat_remove(&k);
+        nat_remove(&key_copy);
         count(Reason::NatSweptEntry);
+    } else {
+        e.swept = c.pass;
     }
     0
 }
@@ -444,6 +496,6 @@ pub(crate) fn entry(
         deliver: NAT_DELIVER_DIRECT,
         last_seen_ns: now(),
         pod,
-        _pad: 0,
+        swept: 0,
     }
 }
