@@ -25,7 +25,7 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     proto, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
-    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
+    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_F_UNCHARGED, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
     NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
@@ -61,15 +61,71 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
                 if opposite(&*o, proto::TCP) != p.key() {
                     return None;
                 }
+                // Live again: closing gave its charges back, so they are taken again.
+                recharge(&*o);
+                recharge(&*e);
                 (*o).flags = 0;
                 (*e).flags = 0;
             }
             if p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
                 note_close(&mut *e, p.tcp_flags);
+                release_if_closed(&mut *e, &p.key());
             }
         }
         (*e).last_seen_ns = now();
         Some(*e)
+    }
+}
+
+/// The pod `e` is charged to, or 0 (charged to nobody, or its flow's close gave the
+/// charge back).
+#[inline(always)]
+pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
+    if e.flags & NAT_F_UNCHARGED != 0 {
+        0
+    } else {
+        e.pod
+    }
+}
+
+/// Takes the charge of an entry whose closed flow opens again.
+#[inline(always)]
+fn recharge(e: &NatEntry) {
+    if e.pod != 0 && e.flags & NAT_F_UNCHARGED != 0 {
+        add_use(e.pod, 1);
+    }
+}
+
+/// Once a TCP flow is closed (a RST either way, or FINs both ways) its two entries stop
+/// counting against their pod's share: the cap is on live flows, and the entries only
+/// wait out their grace time (or the peer's TIME_WAIT) until port reuse or a sweep
+/// removes them. `e` is the entry a FIN or RST was just noted in, `key` its key.
+#[inline(always)]
+fn release_if_closed(e: &mut NatEntry, key: &NatKey) {
+    if charged_pod(e) == 0 {
+        return;
+    }
+    let o = NAT
+        .get_ptr_mut(opposite(e, proto::TCP))
+        // SAFETY: a map value; only its flags are read and written.
+        .filter(|o| opposite(unsafe { &**o }, proto::TCP) == *key);
+    // SAFETY: as above.
+    let (o_flags, o_pod) = o.map_or((NAT_F_FIN, 0), |o| unsafe {
+        ((*o).flags, charged_pod(&*o))
+    });
+    let closed = (e.flags | o_flags) & NAT_F_RST != 0
+        || (e.flags & NAT_F_FIN != 0 && o_flags & NAT_F_FIN != 0);
+    if !closed {
+        return;
+    }
+    add_use(e.pod, u32::MAX);
+    e.flags |= NAT_F_UNCHARGED;
+    if let Some(o) = o {
+        if o_pod != 0 {
+            add_use(o_pod, u32::MAX);
+            // SAFETY: as above.
+            unsafe { (*o).flags |= NAT_F_UNCHARGED };
+        }
     }
 }
 
@@ -272,7 +328,7 @@ pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
     let old = if flags == BPF_NOEXIST as u64 {
         0
     } else {
-        unsafe { NAT.get(*key) }.map_or(0, |o| o.pod)
+        unsafe { NAT.get(*key) }.map_or(0, charged_pod)
     };
     if NAT.insert(key, e, flags).is_err() {
         return false;
@@ -291,7 +347,7 @@ pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
 #[inline(always)]
 pub(crate) fn nat_remove(key: &NatKey) {
     // SAFETY: copied out at once.
-    let pod = unsafe { NAT.get(*key) }.map_or(0, |e| e.pod);
+    let pod = unsafe { NAT.get(*key) }.map_or(0, charged_pod);
     if NAT.remove(key).is_ok() && pod != 0 {
         add_use(pod, u32::MAX);
     }

@@ -541,6 +541,10 @@ pub const NAT_F_RST: u8 = 2;
 /// [`NatEntry::flags`]: this direction sent the first FIN (its peer ends in TIME_WAIT
 /// on the other side of the translation).
 pub const NAT_F_FIRST_FIN: u8 = 4;
+/// [`NatEntry::flags`]: the (TCP) flow is closed (RST, or FIN both ways), so this entry no
+/// longer counts against its pod's share ([`NatEntry::pod`]): a pod's cap is on live
+/// flows, and a closed flow's entries only wait out their grace time for the port.
+pub const NAT_F_UNCHARGED: u8 = 8;
 
 /// [`NatEntry::deliver`]: straight into the local pod it is now addressed to, if any.
 pub const NAT_DELIVER_DIRECT: u8 = 0;
@@ -585,7 +589,8 @@ pub struct NatEntry {
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
     /// Host veth ifindex of the pod whose share ([`map::NAT_USE`]) this entry is charged
-    /// to, native order; 0: charged to nobody. Whoever removes the entry gives it back.
+    /// to, native order; 0: charged to nobody. Whoever removes the entry gives it back,
+    /// unless [`NAT_F_UNCHARGED`] says the flow's close gave it back already.
     pub pod: u32,
     /// The sweep pass that last found this entry's flow still live (native order; 0:
     /// none): later slices of the same pass skip it (see [`NatUse::entries`] of key 0).

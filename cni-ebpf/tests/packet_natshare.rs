@@ -14,6 +14,8 @@ use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{NatUse, Reason};
 use packet_support::*;
 
+const FIN: u8 = 0x01;
+
 /// Pods A (capped at `cap` flows) and B (default share), masquerade on.
 fn node_with_cap(cap: u32) -> Fixture {
     let fx = Fixture::new();
@@ -164,4 +166,49 @@ fn removing_a_pod_gives_its_peers_share_back() {
         .unwrap();
     assert_eq!(share(&fx, IFINDEX_A).entries, 0);
     assert_eq!(share(&fx, IFINDEX_A).cap, 2);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_closed_connection_stops_counting_at_once_and_a_reopened_one_counts_again() {
+    // The cap is on live flows: a pod opening and closing connections quickly is limited
+    // by how many it holds open, not by how many wait out their grace time.
+    let fx = node_with_cap(1);
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    assert_eq!(v, OK);
+    let port = parse_checked(&out).sport;
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2);
+    assert_eq!(
+        fx.egress(&udp_frame(POD_A, 1000, EXT, 53)).0,
+        SHOT,
+        "at its cap"
+    );
+    // FIN from the pod: half closed, still live.
+    assert_eq!(
+        fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK)).0,
+        OK
+    );
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2, "half closed counts");
+    // FIN from the outside: closed, both entries given back (they stay for the port).
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 80, NODE, port, FIN | ACK));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        0,
+        "a closed flow counts no more"
+    );
+    assert_eq!(
+        fx.egress(&udp_frame(POD_A, 1001, EXT, 53)).0,
+        OK,
+        "room again"
+    );
+    // The UDP flow (live) keeps counting.
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2);
+    // The closed tuple opening again counts again.
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN)).0, OK);
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        4,
+        "the reopened flow is live again"
+    );
 }

@@ -233,7 +233,7 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
     for e in &endpoints {
         let owner = format!("{}/{}", short(&e.container_id), e.ifname);
         println!(
-            "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  {}",
+            "{:<16} {:<8} {:<18} {:<18} {:<28} {:>10} {:>12} {:>10} {:>12}  {}  {}",
             e.ip,
             e.host_ifindex,
             e.host_mac,
@@ -246,6 +246,10 @@ fn inspect(net: &NetworkArgs, as_json: bool) -> Result<()> {
             match (e.egress_rate_bits, e.egress_rate_mode) {
                 (Some(r), Some(m)) => format!("{r} bit/s ({m})"),
                 _ => "-".to_owned(),
+            },
+            match (e.nat_flows, e.nat_flows_cap) {
+                (Some(n), Some(c)) => format!("nat {n}/{c}"),
+                _ => String::new(),
             }
         );
     }

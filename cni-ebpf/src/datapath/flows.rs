@@ -61,7 +61,8 @@ impl Datapath {
         // of a pod that stays, towards one that goes, is charged to the one that stays).
         let mut given_back: HashMap<u32, u32> = HashMap::new();
         for (k, v) in doomed {
-            if nat.remove(&k).is_ok() && v.pod != 0 {
+            let charged = v.pod != 0 && v.flags & cni_ebpf_common::NAT_F_UNCHARGED == 0;
+            if nat.remove(&k).is_ok() && charged {
                 *given_back.entry(v.pod).or_default() += 1;
             }
         }
