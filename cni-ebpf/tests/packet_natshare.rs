@@ -212,3 +212,60 @@ fn a_closed_connection_stops_counting_at_once_and_a_reopened_one_counts_again() 
         "the reopened flow is live again"
     );
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn host_port_and_hairpin_flows_are_charged_to_their_pods() {
+    // Pod A (cap 2) is behind host port 8080; outside clients' flows to it are charged to
+    // pod A, and a flood of them uses up pod A's share only.
+    let fx = node_with_cap(2);
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            POD_A,
+            &[cni_ebpf::cni::config::PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None,
+            }],
+        )
+        .unwrap();
+    for i in 0..2 {
+        let (v, _) = fx.run(
+            "uplink_ingress",
+            &tcp_frame(EXT, 45000 + i, NODE, 8080, SYN),
+        );
+        assert_eq!(v, REDIRECT, "client flow {i} to pod A's host port");
+    }
+    assert_eq!(share(&fx, IFINDEX_A).entries, 4);
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 45002, NODE, 8080, SYN));
+    assert_eq!(
+        v, SHOT,
+        "pod A's share is full: the third client is refused"
+    );
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 1);
+    // Pod B is untouched: its own masqueraded flows work...
+    assert_eq!(fx.egress(&udp_frame(POD_B, 2000, EXT, 53)).0, OK);
+    // ...and so does its hairpin flow to pod A's host port, charged to pod B (the client).
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_B,
+        &tcp_frame(POD_B, 46000, NODE, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "pod B → node:8080 → pod A");
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        4,
+        "pod B's hairpin is not pod A's"
+    );
+    assert_eq!(share(&fx, IFINDEX_B).entries, 4);
+    // Pod A's own hairpin flow is charged to pod A, which is full: refused.
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp_frame(POD_A, 46001, NODE, 8080, SYN),
+    );
+    assert_eq!(v, SHOT, "pod A's hairpin beyond its cap");
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 2);
+}
