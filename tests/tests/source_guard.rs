@@ -26,7 +26,8 @@ use std::{
 };
 
 use datapath_support::{
-    add, connect, del, greet, inspect, masq_conf, read_line, reason, wait_until, Mode, TaggedServer,
+    add, connect, del, dump_map, greet, inspect, masq_conf, read_line, reason, wait_until, Mode,
+    TaggedServer,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -246,6 +247,17 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
     del(&node, &b, &conf);
     del(&node, &c, &conf);
     del(&node, &r, &router_conf);
+    // DEL took every pod's source entries (own IPv6 addresses, both allow-lists) and NAT
+    // share with it (NAT_USE key 0 is the node-wide sweep clock).
+    for map in ["SRC_ALLOW", "SRC_ALLOW6", "NAT_USE"] {
+        let mut left = dump_map(&node, map);
+        left.retain(|(k, _)| !(map == "NAT_USE" && k.iter().all(|b| *b == 0)));
+        assert!(
+            left.is_empty(),
+            "{map} keeps {} entries after DEL",
+            left.len()
+        );
+    }
 }
 
 #[test]
