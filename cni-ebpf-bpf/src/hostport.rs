@@ -12,8 +12,8 @@ use cni_ebpf_common::{
 use crate::{
     flows,
     forward::deliver_or_stack,
-    maps::{count, is_node_addr, node_config, port_mapping, NAT},
-    nat::{alloc_port, entry, forget_new_flow},
+    maps::{count, is_node_addr, local_endpoint, node_config, port_mapping},
+    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, room_for_flow},
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
     PASS,
@@ -24,6 +24,12 @@ use crate::{
 pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
     let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
     let (b, bp) = (t.addr, t.port);
+    // Charged to the client pod, which opens the flow.
+    let pod = local_endpoint(a).map_or(0, |ep| ep.ifindex);
+    if !room_for_flow(pod) {
+        count(Reason::DropNatPodCap);
+        return TC_ACT_SHOT as i32;
+    }
     let (rev_key, fwd) = if b == a {
         // A pod reaching itself through its host port: the packet must not carry its own
         // address as source (the pod would drop it as martian), so it comes from N.
@@ -31,12 +37,12 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             count(Reason::PassNatInsertFailed);
             return PASS;
         };
-        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV, pod);
         let Some((np, rev_key)) = alloc_port(&cfg, a, bp, n, p.proto, &rev) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };
-        (rev_key, entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD))
+        (rev_key, entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD, pod))
     } else {
         let rev_key = NatKey {
             saddr: b,
@@ -46,14 +52,15 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             proto: p.proto,
             _pad: [0; 3],
         };
-        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV);
-        if NAT.insert(&rev_key, &rev, BPF_NOEXIST as u64).is_err() {
+        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV, pod);
+        if !nat_add(&rev_key, &rev, BPF_NOEXIST as u64) {
             count(Reason::PassNatInsertFailed);
             return PASS;
         }
-        (rev_key, entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD))
+        (rev_key, entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD, pod))
     };
-    if NAT.insert(&p.key(), &fwd, 0).is_err() {
+    if !nat_add(&p.key(), &fwd, 0) {
+        nat_remove(&rev_key);
         count(Reason::PassNatInsertFailed);
         return PASS;
     }
@@ -78,6 +85,13 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         count(Reason::PassStaleHostPortFlow);
         return Some(PASS);
     }
+    // Charged to the pod behind the host port (outside clients have no share of their
+    // own): a flood of clients uses up that pod's share only.
+    let pod = local_endpoint(t.addr).map_or(0, |ep| ep.ifindex);
+    if !room_for_flow(pod) {
+        count(Reason::DropNatPodCap);
+        return Some(TC_ACT_SHOT as i32);
+    }
     let (c, cp, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
     let rev_key = NatKey {
         saddr: t.addr,
@@ -87,9 +101,14 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         proto: p.proto,
         _pad: [0; 3],
     };
-    let rev = entry(n, c, hp, cp, HOOK_UPLINK_OUT, NAT_DNAT_REV);
-    let fwd = entry(c, t.addr, cp, t.port, HOOK_UPLINK_IN, NAT_DNAT_FWD);
-    if NAT.insert(&rev_key, &rev, 0).is_err() || NAT.insert(&p.key(), &fwd, 0).is_err() {
+    let rev = entry(n, c, hp, cp, HOOK_UPLINK_OUT, NAT_DNAT_REV, pod);
+    let fwd = entry(c, t.addr, cp, t.port, HOOK_UPLINK_IN, NAT_DNAT_FWD, pod);
+    if !nat_add(&rev_key, &rev, 0) {
+        count(Reason::PassNatInsertFailed);
+        return Some(PASS);
+    }
+    if !nat_add(&p.key(), &fwd, 0) {
+        nat_remove(&rev_key);
         count(Reason::PassNatInsertFailed);
         return Some(PASS);
     }

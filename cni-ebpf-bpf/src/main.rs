@@ -1,5 +1,15 @@
 #![no_std]
 #![no_main]
+// `atomic_xadd`: the BPF target has no `core::sync::atomic` types (see `nat::add_use`).
+// Host builds (`cargo clippy --workspace` on stable) use the atomic types instead.
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(
+        internal_features,
+        reason = "core_intrinsics: atomic_xadd, see nat::add_use"
+    )
+)]
 //! The tc programs of cni-ebpf.
 //!
 //! - `from_pod` (host veth ingress): same-node pod → pod redirect straight into the
@@ -31,6 +41,7 @@
 
 mod flows;
 mod forward;
+mod guard;
 mod hostport;
 mod icmp;
 mod maps;
@@ -53,12 +64,10 @@ use cni_ebpf_common::{
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
-    maps::{
-        add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, source_of,
-        Source,
-    },
+    guard::{check_source, Verdict},
+    maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, Source},
     nat::nat_lookup,
-    parse::{ipv4_saddr, parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
+    parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
     rewrite::{apply, rewrite_failed},
 };
 
@@ -82,19 +91,16 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     // A pod speaks only as itself: whatever path the packet would take (fast path or
-    // kernel, fragment or not), a source that is not the pod's is dropped here.
-    // The verdict is kept: only the pod's own address may take the uplink fast path or be
-    // recorded in the flow tables, and nothing needs to look it up again.
-    let source = match ipv4_saddr(ctx) {
-        Some(saddr) => match source_of(saddr, ifindex) {
-            Some(s) => s,
-            None => {
-                count(Reason::DropSpoofedSource);
-                return Ok(TC_ACT_SHOT as i32);
-            }
-        },
-        // Not IPv4: `parse` passes it on below; nothing is recorded for it.
-        None => Source::AllowListed,
+    // kernel, IPv4 or IPv6, fragment or not), a source that is not the pod's is dropped
+    // here. The verdict is kept: only the pod's own IPv4 address may take the uplink fast
+    // path or be recorded in the flow tables, and nothing needs to look it up again.
+    // (Not IPv4: `parse` passes it on below; nothing is recorded for it.)
+    let source = match check_source(ctx, ifindex) {
+        Verdict::Allowed(s) => s,
+        Verdict::Spoofed => {
+            count(Reason::DropSpoofedSource);
+            return Ok(TC_ACT_SHOT as i32);
+        }
     };
     // A pod with an egress rate: every packet it sends is scheduled (or dropped), whatever
     // path it takes. Only another source than its own costs the extra lookup.

@@ -8,11 +8,11 @@ use aya_ebpf::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr, NodeConfig,
-    Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey, SockRevValue,
-    SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT,
-    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_STACK_SOCKETS,
-    REASON_SLOTS,
+    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NatUse, NodeAddr,
+    NodeConfig, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey,
+    SockRevValue, SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, MAX_CLUSTER_CIDRS,
+    MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS,
+    MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -28,9 +28,15 @@ pub(crate) static EP_STATS: PerCpuHashMap<u32, EndpointStats> =
 #[map]
 pub(crate) static PORTMAPS: HashMap<PortKey, PortTarget> = HashMap::pinned(MAX_PORTMAPS, 0);
 
-/// NAT flows (both directions).
+/// NAT flows (both directions). A plain hash, not LRU: the kernel never evicts an entry
+/// (it would take a live flow of whichever pod); finished flows are removed by the
+/// programs (see `nat::sweep`) and each pod's share is capped (`NAT_USE`).
 #[map]
-pub(crate) static NAT: LruHashMap<NatKey, NatEntry> = LruHashMap::pinned(MAX_NAT, 0);
+pub(crate) static NAT: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_NAT, 0);
+
+/// Each pod's share of `NAT`, by host veth ifindex (key 0: the sweep clock).
+#[map]
+pub(crate) static NAT_USE: HashMap<u32, NatUse> = HashMap::pinned(MAX_NAT_USE, 0);
 
 /// Pod flows: whether each may bypass the node's stack (see `flows`).
 #[map]
@@ -46,6 +52,10 @@ pub(crate) static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
 /// Extra source prefixes per pod (host veth ifindex); see `source_allowed`.
 #[map]
 pub(crate) static SRC_ALLOW: LpmTrie<SrcAllowKey, u32> = LpmTrie::pinned(MAX_SRC_ALLOW, 0);
+/// IPv6 sources per pod (host veth ifindex): its own addresses and its allow-list; see
+/// `guard`.
+#[map]
+pub(crate) static SRC_ALLOW6: LpmTrie<SrcAllow6Key, u32> = LpmTrie::pinned(MAX_SRC_ALLOW6, 0);
 /// Egress rates of pods, by host veth ifindex (see `pacing`).
 #[map]
 pub(crate) static PACING: HashMap<u32, Pacing> = HashMap::pinned(MAX_ENDPOINTS, 0);

@@ -11,8 +11,8 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    maps::{count, in_cluster, is_node_addr, local_endpoint, node_config, NAT},
-    nat::{alloc_port, entry, forget_new_flow},
+    maps::{count, in_cluster, is_node_addr, local_endpoint, node_config},
+    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, room_for_flow, sweep},
     parse::{Pkt, ICMP_ECHO, TCP_ACK, TCP_SYN},
     rewrite::{apply, rewrite_failed},
     PASS,
@@ -36,10 +36,15 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         || cfg.node_addr == 0
         || !p.natable
         || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
-        || local_endpoint(p.saddr).is_none()
-        || in_cluster(&cfg, p.daddr)
-        || is_node_addr(p.daddr)
     {
+        count(Reason::PassNoMatch);
+        return PASS;
+    }
+    let Some(ep) = local_endpoint(p.saddr) else {
+        count(Reason::PassNoMatch);
+        return PASS;
+    };
+    if in_cluster(&cfg, p.daddr) || is_node_addr(p.daddr) {
         count(Reason::PassNoMatch);
         return PASS;
     }
@@ -51,6 +56,13 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         count(Reason::PassInboundReply);
         return PASS;
     }
+    // The pod's share of the NAT table: a pod holding all of it gets its own new flows
+    // refused (dropped: passed on, the packet would leave with the pod's address), and
+    // nobody else's.
+    if !room_for_flow(ep.ifindex) {
+        count(Reason::DropNatPodCap);
+        return TC_ACT_SHOT as i32;
+    }
     // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
     let node = cfg.node_addr;
     let mut rev = entry(
@@ -60,17 +72,29 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         p.sport,
         HOOK_UPLINK_IN,
         NAT_SNAT_REV,
+        ep.ifindex,
     );
     if flow.is_none() {
         rev.deliver = NAT_DELIVER_STACK;
     }
     let Some((np, rev_key)) = alloc_port(&cfg, p.daddr, p.dport, node, p.proto, &rev) else {
+        // No port (or a full table): finished flows are swept out for the next try.
+        sweep();
         count(Reason::DropNoSnatPort);
         return TC_ACT_SHOT as i32;
     };
-    let fwd = entry(node, p.daddr, np, p.dport, HOOK_UPLINK_OUT, NAT_SNAT_FWD);
-    if NAT.insert(&p.key(), &fwd, 0).is_err() {
-        let _ = NAT.remove(&rev_key);
+    let fwd = entry(
+        node,
+        p.daddr,
+        np,
+        p.dport,
+        HOOK_UPLINK_OUT,
+        NAT_SNAT_FWD,
+        ep.ifindex,
+    );
+    if !nat_add(&p.key(), &fwd, 0) {
+        nat_remove(&rev_key);
+        sweep();
         count(Reason::PassNatInsertFailed);
         return PASS;
     }

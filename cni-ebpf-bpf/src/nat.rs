@@ -1,21 +1,36 @@
-//! NAT state: one LRU map of exact 5-tuples, one entry per direction of a translated
+//! NAT state: one hash map of exact 5-tuples, one entry per direction of a translated
 //! flow, tagged with the program (hook) that applies it; TCP close tracking and the
 //! SNAT port search that takes back ports of finished flows.
+//!
+//! Fair shares: the map is not LRU, so the kernel never evicts an entry — an LRU table
+//! filled by one pod's flows would evict other pods' live ones. Instead every entry is
+//! charged to the pod that opened its flow (masquerade, hairpin: the sending pod; host
+//! port: the pod behind it) in `NAT_USE`, whoever inserts a charged entry adds one and
+//! whoever removes it gives one back ([`nat_add`], [`nat_remove`]), and a new flow is
+//! refused when its pod's share is full ([`room_for_flow`]). Finished flows are removed
+//! when their port is wanted again ([`reclaim`]) and by a sweep of the table in bounded
+//! slices ([`sweep`]), at most one slice a second node-wide, run when a pod at its cap
+//! (or a full table) asks for room: so a pod's expired flows stop counting soon after
+//! its next new flows ask, without a daemon.
 
 use core::ffi::c_void;
+#[cfg(target_arch = "bpf")]
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+#[cfg(not(target_arch = "bpf"))]
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use aya_ebpf::{
     bindings::BPF_NOEXIST,
-    helpers::{bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
+    helpers::{bpf_for_each_map_elem, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatEntry, NatKey, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
-    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_ICMP_IDLE_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS,
-    NAT_UDP_IDLE_NS,
+    proto, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
+    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_F_UNCHARGED, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
+    NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
 use crate::{
-    maps::{count, port_mapping, NAT},
+    maps::{count, port_mapping, NAT, NAT_USE},
     parse::{Pkt, TCP_FIN, TCP_RST},
 };
 
@@ -31,8 +46,8 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
         return None;
     }
     let e = NAT.get_ptr_mut(p.key())?;
-    // SAFETY: LRU values may be recycled under us; we copy the value and only write the
-    // timestamp and close flags, which is harmless if the entry was reused.
+    // SAFETY: the value may be removed (and its slot reused) under us; we copy the value
+    // and only write the timestamp and close flags, which is harmless if it was.
     unsafe {
         if (*e).hook != hook {
             return None;
@@ -46,15 +61,71 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
                 if opposite(&*o, proto::TCP) != p.key() {
                     return None;
                 }
+                // Live again: closing gave its charges back, so they are taken again.
+                recharge(&*o);
+                recharge(&*e);
                 (*o).flags = 0;
                 (*e).flags = 0;
             }
             if p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
                 note_close(&mut *e, p.tcp_flags);
+                release_if_closed(&mut *e, &p.key());
             }
         }
         (*e).last_seen_ns = now();
         Some(*e)
+    }
+}
+
+/// The pod `e` is charged to, or 0 (charged to nobody, or its flow's close gave the
+/// charge back).
+#[inline(always)]
+pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
+    if e.flags & NAT_F_UNCHARGED != 0 {
+        0
+    } else {
+        e.pod
+    }
+}
+
+/// Takes the charge of an entry whose closed flow opens again.
+#[inline(always)]
+fn recharge(e: &NatEntry) {
+    if e.pod != 0 && e.flags & NAT_F_UNCHARGED != 0 {
+        add_use(e.pod, 1);
+    }
+}
+
+/// Once a TCP flow is closed (a RST either way, or FINs both ways) its two entries stop
+/// counting against their pod's share: the cap is on live flows, and the entries only
+/// wait out their grace time (or the peer's TIME_WAIT) until port reuse or a sweep
+/// removes them. `e` is the entry a FIN or RST was just noted in, `key` its key.
+#[inline(always)]
+fn release_if_closed(e: &mut NatEntry, key: &NatKey) {
+    if charged_pod(e) == 0 {
+        return;
+    }
+    let o = NAT
+        .get_ptr_mut(opposite(e, proto::TCP))
+        // SAFETY: a map value; only its flags are read and written.
+        .filter(|o| opposite(unsafe { &**o }, proto::TCP) == *key);
+    // SAFETY: as above.
+    let (o_flags, o_pod) = o.map_or((NAT_F_FIN, 0), |o| unsafe {
+        ((*o).flags, charged_pod(&*o))
+    });
+    let closed = (e.flags | o_flags) & NAT_F_RST != 0
+        || (e.flags & NAT_F_FIN != 0 && o_flags & NAT_F_FIN != 0);
+    if !closed {
+        return;
+    }
+    add_use(e.pod, u32::MAX);
+    e.flags |= NAT_F_UNCHARGED;
+    if let Some(o) = o {
+        if o_pod != 0 {
+            add_use(o_pod, u32::MAX);
+            // SAFETY: as above.
+            unsafe { (*o).flags |= NAT_F_UNCHARGED };
+        }
     }
 }
 
@@ -143,9 +214,9 @@ pub(crate) fn reclaim(key: &NatKey) -> bool {
         return false;
     }
     if fwd.is_some() {
-        let _ = NAT.remove(&fkey);
+        nat_remove(&fkey);
     }
-    let _ = NAT.remove(key);
+    nat_remove(key);
     true
 }
 
@@ -224,12 +295,12 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     }
     a.key.dport = port;
-    if NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+    if nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
         a.port = port;
         a.found = 1;
         return 1;
     }
-    if reclaim(&a.key) && NAT.insert(&a.key, &a.rev, BPF_NOEXIST as u64).is_ok() {
+    if reclaim(&a.key) && nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
         count(Reason::SnatPortReclaimed);
         a.port = port;
         a.found = 1;
@@ -244,8 +315,214 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
 /// is free again at once.
 #[inline(always)]
 pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
-    let _ = NAT.remove(fwd_key);
-    let _ = NAT.remove(rev_key);
+    nat_remove(fwd_key);
+    nat_remove(rev_key);
+}
+
+/// Inserts NAT entry `e` at `key` (`flags`: `BPF_ANY` or `BPF_NOEXIST`), charging it to
+/// its pod and giving back the charge of an entry it replaces. `false` when the map
+/// refused it (the key exists under `BPF_NOEXIST`, or the table is full).
+#[inline(always)]
+pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
+    // SAFETY: copied out at once.
+    let old = if flags == BPF_NOEXIST as u64 {
+        0
+    } else {
+        unsafe { NAT.get(*key) }.map_or(0, charged_pod)
+    };
+    if NAT.insert(key, e, flags).is_err() {
+        return false;
+    }
+    if e.pod != 0 {
+        add_use(e.pod, 1);
+    }
+    if old != 0 {
+        add_use(old, u32::MAX);
+    }
+    true
+}
+
+/// Removes NAT entry `key` and gives back its pod's charge (only the remover that
+/// succeeded does, so two CPUs removing one entry give it back once).
+#[inline(always)]
+pub(crate) fn nat_remove(key: &NatKey) {
+    // SAFETY: copied out at once.
+    let pod = unsafe { NAT.get(*key) }.map_or(0, charged_pod);
+    if NAT.remove(key).is_ok() && pod != 0 {
+        add_use(pod, u32::MAX);
+    }
+}
+
+/// Adds `delta` (wrapping: `u32::MAX` is −1) to pod `pod`'s charged entries, atomically.
+/// A pod without a share (its interface is gone) is left alone.
+#[inline(always)]
+fn add_use(pod: u32, delta: u32) {
+    if let Some(u) = NAT_USE.get_ptr_mut(pod) {
+        // `core::sync::atomic` has no types for the BPF target; the intrinsic is what
+        // `AtomicU32::fetch_add` lowers to (a BPF atomic add).
+        // SAFETY: a valid, aligned `u32` inside the map value, which lives as long as
+        // the map; only ever updated atomically by the programs.
+        #[cfg(target_arch = "bpf")]
+        unsafe {
+            atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(&raw mut (*u).entries, delta);
+        }
+        // SAFETY: as above.
+        #[cfg(not(target_arch = "bpf"))]
+        unsafe { AtomicU32::from_ptr(&raw mut (*u).entries) }.fetch_add(delta, Ordering::Relaxed);
+    }
+}
+
+/// Whether pod `pod` (host veth ifindex) may open one more translated flow (two
+/// entries) within its share. When it may not, the table is swept for finished flows
+/// (at most once a second node-wide) and the share looked at again. A pod with no share
+/// recorded (0, or an interface ADD did not finish) is not limited.
+#[inline(always)]
+pub(crate) fn room_for_flow(pod: u32) -> bool {
+    if has_room(pod) {
+        return true;
+    }
+    sweep() && has_room(pod)
+}
+
+#[inline(always)]
+fn has_room(pod: u32) -> bool {
+    // SAFETY: copied out at once.
+    let Some(u) = (unsafe { NAT_USE.get(pod) }).copied() else {
+        return true;
+    };
+    // Signed: a give-back racing a removal elsewhere may leave it just below zero.
+    (u.entries as i32).saturating_add(2) <= u.cap as i32
+}
+
+/// Runs one slice of the sweep that removes finished flows from the NAT table, at most
+/// once per [`NAT_SWEEP_INTERVAL_NS`] node-wide (the clock is `NAT_USE` key 0). `true`
+/// when a slice ran.
+///
+/// A slice walks the table (`bpf_for_each_map_elem`) from its start, but looks closely —
+/// reads the flow's other entry — at no more than [`NAT_SWEEP_BUDGET`] entries, then
+/// stops. An entry found live is stamped with the pass number, so the next slices of the
+/// same pass skip it for the price of a visit and get further; a slice that reaches the
+/// end of the table ends the pass. Entries seen more recently than the shortest time any
+/// flow of their protocol takes to be over are skipped without a look. So one packet
+/// pays for at most a bounded number of lookups plus one walk over the table.
+#[inline(always)]
+pub(crate) fn sweep() -> bool {
+    let t = now();
+    let clock = match NAT_USE.get_ptr_mut(0) {
+        Some(c) => c,
+        None => {
+            let first = NatUse {
+                entries: 1,
+                ..NatUse::default()
+            };
+            let _ = NAT_USE.insert(&0, &first, BPF_NOEXIST as u64);
+            let Some(c) = NAT_USE.get_ptr_mut(0) else {
+                return false;
+            };
+            c
+        }
+    };
+    // SAFETY: a map value; two CPUs racing here at worst both run a slice.
+    let pass = unsafe {
+        if (*clock).swept_ns != 0 && t.saturating_sub((*clock).swept_ns) < NAT_SWEEP_INTERVAL_NS {
+            return false;
+        }
+        (*clock).swept_ns = t;
+        (*clock).entries
+    };
+    count(Reason::NatSweep);
+    let mut c = SweepCtx {
+        now: t,
+        pass,
+        budget: NAT_SWEEP_BUDGET,
+        stopped: 0,
+    };
+    // SAFETY: `NAT` is a map definition (the helper takes its address as the map),
+    // `sweep_one` has the callback signature and `c` outlives the call.
+    unsafe {
+        bpf_for_each_map_elem(
+            &NAT as *const _ as *mut c_void,
+            sweep_one as *const () as *mut c_void,
+            &mut c as *mut SweepCtx as *mut c_void,
+            0,
+        );
+    }
+    if c.stopped == 0 {
+        // The whole table was looked at: the next slice starts a new pass (never 0,
+        // which new entries carry).
+        // SAFETY: as above.
+        unsafe {
+            (*clock).entries = match pass.wrapping_add(1) {
+                0 => 1,
+                n => n,
+            };
+        }
+    }
+    true
+}
+
+/// State of [`sweep`], shared with [`sweep_one`].
+#[repr(C)]
+struct SweepCtx {
+    now: u64,
+    pass: u32,
+    budget: u32,
+    stopped: u32,
+}
+
+/// One entry of [`sweep`]: removed with its flow's other entry when the flow is over.
+#[inline(never)]
+extern "C" fn sweep_one(
+    _map: *mut c_void,
+    key: *mut NatKey,
+    value: *mut NatEntry,
+    ctx: *mut c_void,
+) -> i64 {
+    // Read in place, not copied: the callback's stack adds to the deepest program's
+    // (uplink_ingress → host-port DNAT → sweep), which the verifier caps at 512 bytes.
+    // SAFETY: the helper passes this entry's key and (writable) value and `sweep`'s
+    // context; all valid for the call.
+    let (k, e, c) = unsafe { (&*key, &mut *value, &mut *(ctx as *mut SweepCtx)) };
+    if e.swept == c.pass {
+        return 0;
+    }
+    // No flow is over before it has been idle this long (closed TCP: the grace time).
+    let soonest = match k.proto {
+        proto::TCP => NAT_CLOSED_GRACE_NS,
+        proto::UDP => NAT_UDP_IDLE_NS,
+        _ => NAT_ICMP_IDLE_NS,
+    };
+    if c.now.saturating_sub(e.last_seen_ns) < soonest {
+        return 0;
+    }
+    if c.budget == 0 {
+        c.stopped = 1;
+        return 1;
+    }
+    c.budget -= 1;
+    let proto_ = k.proto;
+    let okey = opposite(e, proto_);
+    // SAFETY: a map value, read at once (a removal racing us at worst misjudges one flow
+    // for one pass).
+    let other = unsafe { NAT.get(okey) }.filter(|o| opposite(o, proto_) == *k);
+    // [`flow_is_over`] reads its first entry as the one keyed by the outside peer (which
+    // closed first decides the TIME_WAIT wait); a sweep does not know which of the two
+    // that is (host-port flows are the other way round), so the flow must be over read
+    // either way.
+    let over = flow_is_over(e, other, proto_, c.now)
+        && other.is_none_or(|o| flow_is_over(o, Some(&*e), proto_, c.now));
+    if over {
+        let key_copy = *k;
+        if other.is_some() {
+            nat_remove(&okey);
+            count(Reason::NatSweptEntry);
+        }
+        nat_remove(&key_copy);
+        count(Reason::NatSweptEntry);
+    } else {
+        e.swept = c.pass;
+    }
+    0
 }
 
 #[inline(always)]
@@ -262,6 +539,7 @@ pub(crate) fn entry(
     dport: u16,
     hook: u8,
     kind: u8,
+    pod: u32,
 ) -> NatEntry {
     NatEntry {
         saddr,
@@ -273,5 +551,7 @@ pub(crate) fn entry(
         flags: 0,
         deliver: NAT_DELIVER_DIRECT,
         last_seen_ns: now(),
+        pod,
+        swept: 0,
     }
 }

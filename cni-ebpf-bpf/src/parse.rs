@@ -7,6 +7,8 @@ pub(crate) const ETH_HLEN: usize = 14;
 
 pub(crate) const ETH_P_IP: u16 = 0x0800;
 
+pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
+
 pub(crate) const IP_OFF: usize = ETH_HLEN;
 
 pub(crate) const IP_HLEN: usize = 20;
@@ -181,19 +183,4 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
         _ => {}
     }
     Ok(p)
-}
-
-/// The source address of an IPv4 packet (network order), if the frame is IPv4 with a
-/// readable header — whatever else it carries (options, fragments).
-#[inline(always)]
-pub(crate) fn ipv4_saddr(ctx: &TcContext) -> Option<u32> {
-    let ethertype: u16 = read(ctx, 12).ok()?;
-    if ethertype != ETH_P_IP.to_be() {
-        return None;
-    }
-    let vihl: u8 = read(ctx, IP_OFF).ok()?;
-    if vihl >> 4 != 4 {
-        return None;
-    }
-    read(ctx, IP_OFF + 12).ok()
 }

@@ -13,7 +13,7 @@ use core::mem::size_of;
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
 /// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
 /// of another version (see `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Names of the programs in the object (also their pin names).
 pub mod prog {
@@ -60,7 +60,8 @@ pub mod map {
     pub const EP_STATS: &str = "EP_STATS";
     /// [`super::PortKey`] → [`super::PortTarget`].
     pub const PORTMAPS: &str = "PORTMAPS";
-    /// [`super::NatKey`] → [`super::NatEntry`] (LRU).
+    /// [`super::NatKey`] → [`super::NatEntry`] (a plain hash: nothing is ever evicted;
+    /// finished flows are reclaimed by the programs, see [`super::NatUse`]).
     pub const NAT: &str = "NAT";
     /// Index 0 → [`super::NodeConfig`].
     pub const NODE_CONFIG: &str = "NODE_CONFIG";
@@ -85,8 +86,15 @@ pub mod map {
     /// Host veth ifindex (`u32`, native order) → [`super::Pacing`]: a pod's egress rate
     /// (`runtimeConfig.bandwidth`).
     pub const PACING: &str = "PACING";
+    /// LPM trie of [`super::SrcAllow6Key`] → `u32` ([`super::SRC6_OWN`] or
+    /// [`super::SRC6_ALLOWED`]): the IPv6 sources a pod may send from, its own addresses
+    /// (/128) and its allow-list alike.
+    pub const SRC_ALLOW6: &str = "SRC_ALLOW6";
+    /// Host veth ifindex (`u32`, native order) → [`super::NatUse`]: a pod's share of the
+    /// NAT table (key 0: the node-wide sweep clock).
+    pub const NAT_USE: &str = "NAT_USE";
     /// Every map.
-    pub const ALL: [&str; 13] = [
+    pub const ALL: [&str; 15] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -100,6 +108,8 @@ pub mod map {
         SOCK_REVNAT,
         SRC_ALLOW,
         PACING,
+        SRC_ALLOW6,
+        NAT_USE,
     ];
 }
 
@@ -129,6 +139,26 @@ pub const MAX_FLOWS: u32 = 131_072;
 pub const MAX_STACK_SOCKETS: u32 = 65_536;
 /// Capacity of [`map::SRC_ALLOW`].
 pub const MAX_SRC_ALLOW: u32 = 4096;
+/// Capacity of [`map::SRC_ALLOW6`] (pods' own IPv6 addresses and IPv6 allow-list prefixes).
+pub const MAX_SRC_ALLOW6: u32 = 8192;
+/// Capacity of [`map::NAT_USE`] (one entry per pod interface, plus the sweep clock).
+pub const MAX_NAT_USE: u32 = MAX_ENDPOINTS + 1;
+/// Default of `natFlowsPerPod`: translated flows one pod may hold at once. Each takes two
+/// entries of [`map::NAT`], so a pod may hold an eighth of the table: no single pod can
+/// fill it, and only eight pods at their cap together could. (A busy proxy pod holding
+/// thousands of connections stays well below it: the end-to-end test holds 5 000.)
+pub const DEFAULT_NAT_FLOWS_PER_POD: u32 = 8192;
+/// A slice of the sweep for finished flows runs at most this often (ns), node-wide, and
+/// only when a pod at its cap or a full table asks for room. A slice walks the table
+/// (measured here: ≈ 1 ms when it stops early, up to ≈ 18 ms when it must walk a full
+/// table to its end), so once a second bounds what sweeping can cost a node to about 2 %
+/// of one CPU while pods sit at their caps, and to nothing otherwise.
+pub const NAT_SWEEP_INTERVAL_NS: u64 = 1_000_000_000;
+/// How many entries one slice of the sweep looks at closely (reads the flow's other entry
+/// for): bounds the time one packet pays for a slice. Entries whose flow cannot be over
+/// yet (seen too recently) and entries a slice of the same pass found live cost only the
+/// visit.
+pub const NAT_SWEEP_BUDGET: u32 = 2048;
 /// Capacity of [`map::SOCK_REVNAT`].
 pub const MAX_SOCK_REVNAT: u32 = 65_536;
 /// Number of `clusterCIDRs` the programs consider.
@@ -225,11 +255,19 @@ pub enum Reason {
     /// Dropped: the pod sends faster than its egress rate (`runtimeConfig.bandwidth`)
     /// allows, by more than its burst plus its limit ([`Pacing::limit_ns`]).
     DropEgressRate = 50,
+    /// Dropped: the first packet of a translated flow (masquerade, host port, hairpin)
+    /// of a pod that already holds its share of the NAT table (`natFlowsPerPod` flows).
+    DropNatPodCap = 51,
+    /// The NAT table was swept for finished flows (a pod at its cap or a full table
+    /// asked for room; at most once per [`NAT_SWEEP_INTERVAL_NS`] node-wide).
+    NatSweep = 52,
+    /// An entry of a finished flow removed by a sweep (its pod's share given back).
+    NatSweptEntry = 53,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 35] = [
+    pub const ALL: [Reason; 38] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -265,6 +303,9 @@ impl Reason {
         Reason::DropSpoofedSource,
         Reason::DropRewriteFailed,
         Reason::DropEgressRate,
+        Reason::DropNatPodCap,
+        Reason::NatSweep,
+        Reason::NatSweptEntry,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -306,13 +347,16 @@ impl Reason {
             Reason::DropSpoofedSource => "drop_spoofed_source",
             Reason::DropRewriteFailed => "drop_rewrite_failed",
             Reason::DropEgressRate => "drop_egress_rate",
+            Reason::DropNatPodCap => "drop_nat_pod_cap",
+            Reason::NatSweep => "nat_sweep",
+            Reason::NatSweptEntry => "nat_swept_entry",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::DropEgressRate as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::NatSweptEntry as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -497,6 +541,10 @@ pub const NAT_F_RST: u8 = 2;
 /// [`NatEntry::flags`]: this direction sent the first FIN (its peer ends in TIME_WAIT
 /// on the other side of the translation).
 pub const NAT_F_FIRST_FIN: u8 = 4;
+/// [`NatEntry::flags`]: the (TCP) flow is closed (RST, or FIN both ways), so this entry no
+/// longer counts against its pod's share ([`NatEntry::pod`]): a pod's cap is on live
+/// flows, and a closed flow's entries only wait out their grace time for the port.
+pub const NAT_F_UNCHARGED: u8 = 8;
 
 /// [`NatEntry::deliver`]: straight into the local pod it is now addressed to, if any.
 pub const NAT_DELIVER_DIRECT: u8 = 0;
@@ -540,8 +588,49 @@ pub struct NatEntry {
     pub deliver: u8,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
+    /// Host veth ifindex of the pod whose share ([`map::NAT_USE`]) this entry is charged
+    /// to, native order; 0: charged to nobody. Whoever removes the entry gives it back,
+    /// unless [`NAT_F_UNCHARGED`] says the flow's close gave it back already.
+    pub pod: u32,
+    /// The sweep pass that last found this entry's flow still live (native order; 0:
+    /// none): later slices of the same pass skip it (see [`NatUse::entries`] of key 0).
+    pub swept: u32,
 }
-const _: () = assert!(size_of::<NatEntry>() == 24);
+const _: () = assert!(size_of::<NatEntry>() == 32);
+
+/// Value of [`map::NAT_USE`]: one pod's share of the NAT table.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NatUse {
+    /// NAT entries charged to the pod (two per flow), native order, updated atomically by
+    /// the programs. Read as signed: a give-back racing another can leave it a little
+    /// below zero, which counts as zero. Key 0 (the sweep clock): the number of the
+    /// sweep pass under way (from 1).
+    pub entries: u32,
+    /// Most entries the pod may hold (`2 × natFlowsPerPod`), native order; written by
+    /// userspace at ADD. Unused for key 0.
+    pub cap: u32,
+    /// Key 0 only: `bpf_ktime_get_ns` of the last sweep slice, native order.
+    pub swept_ns: u64,
+}
+const _: () = assert!(size_of::<NatUse>() == 16);
+
+/// Value of [`map::SRC_ALLOW6`]: one of the pod's own addresses.
+pub const SRC6_OWN: u32 = 2;
+/// Value of [`map::SRC_ALLOW6`]: a prefix of the pod's allow-list.
+pub const SRC6_ALLOWED: u32 = 1;
+
+/// Data of a [`map::SRC_ALLOW6`] key (after the LPM prefix length, which counts the 32
+/// bits of `ifindex` plus the prefix of `addr`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SrcAllow6Key {
+    /// Host veth ifindex of the pod, big-endian (the trie matches bytes in order).
+    pub ifindex_be: u32,
+    /// Source prefix, wire order.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<SrcAllow6Key>() == 20);
 
 /// [`FlowEntry::flags`]: `from_pod` handed a packet of this flow to the stack and waits
 /// for `uplink_egress` to see it leave unchanged.
@@ -744,6 +833,8 @@ mod pod {
     unsafe impl aya::Pod for super::SockRevValue {}
     unsafe impl aya::Pod for super::SrcAllowKey {}
     unsafe impl aya::Pod for super::Pacing {}
+    unsafe impl aya::Pod for super::NatUse {}
+    unsafe impl aya::Pod for super::SrcAllow6Key {}
 }
 
 #[cfg(test)]

@@ -189,6 +189,7 @@ fn attach_check_detach(policy: AttachPolicy, tag: &str) {
         pod_mac: POD_MAC_A,
         ips: vec![POD_A.into(), "fd00::2".parse().unwrap()],
         allowed_sources: Vec::new(),
+        nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
     };
     dp.attach_endpoint(&ep)

@@ -1,13 +1,14 @@
-//! Issue 15, first slice (IPv4): a pod speaks only as itself. `from_pod` drops a packet
-//! whose source is not one of the sending pod's addresses — whatever path it would take,
+//! Issue 15: a pod speaks only as itself. `from_pod` drops a packet whose source is not
+//! one of the sending pod's addresses — IPv4 or IPv6, whatever path it would take,
 //! fragments and packets with IP options included — and counts it; a per-attachment
-//! allow-list (`allowedSourceCIDRs`) is the only way to send from other sources.
+//! allow-list (`allowedSourceCIDRs`) is the only way to send from other sources. IPv6
+//! link-local and unspecified sources (neighbour discovery, DAD) always pass.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 mod packet_support;
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::Reason;
@@ -101,4 +102,141 @@ fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
         })
         .unwrap();
     assert_eq!(fx.run_on("from_pod", IFINDEX_A, &routed).0, SHOT);
+}
+
+const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
+const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
+
+/// An Ethernet frame from pod A carrying IPv6 UDP from `src` to `dst`.
+fn udp6_frame(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
+    let udp = [
+        0x9c, 0x40, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, b'p', b'i', b'n', b'g',
+    ];
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[17, 64]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    ip.extend_from_slice(&udp);
+    eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
+}
+
+/// Pods A and B with an IPv6 address each besides their IPv4 one.
+fn dual_stack_node() -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    for ep in [endpoint_a(), endpoint_b()] {
+        let v6 = if ep.host_ifindex == IFINDEX_A {
+            POD_A6
+        } else {
+            POD_B6
+        };
+        let ep = Endpoint {
+            ips: vec![ep.ips[0], IpAddr::V6(v6)],
+            ..ep
+        };
+        fx.dp().put_endpoint_entries(&ep).unwrap();
+    }
+    fx
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_packet_from_another_source_is_dropped_and_neighbour_discovery_passes() {
+    let fx = dual_stack_node();
+    let ext6: Ipv6Addr = "2001:db8::100".parse().unwrap();
+    let cases = [
+        ("as pod B, to pod B", udp6_frame(POD_B6, POD_B6)),
+        ("as pod B, to the outside", udp6_frame(POD_B6, ext6)),
+        (
+            "as an unused pod address",
+            udp6_frame("fd00:10:244:1::fa".parse().unwrap(), ext6),
+        ),
+        ("as the outside", udp6_frame(ext6, POD_B6)),
+        (
+            "as pod A's IPv4-mapped address",
+            udp6_frame("::ffff:10.244.1.2".parse().unwrap(), POD_B6),
+        ),
+    ];
+    for (what, pkt) in &cases {
+        let (v, _) = fx.run_on("from_pod", IFINDEX_A, pkt);
+        assert_eq!(v, SHOT, "pod A {what}: verdict {v:#x}");
+    }
+    assert_eq!(fx.reason(Reason::DropSpoofedSource), cases.len() as u64);
+
+    // Its own address, link-local (neighbour discovery) and `::` (DAD) pass to the kernel.
+    let ll: Ipv6Addr = "fe80::a:2".parse().unwrap();
+    let all_routers: Ipv6Addr = "ff02::2".parse().unwrap();
+    for (what, pkt) in [
+        ("as itself", udp6_frame(POD_A6, POD_B6)),
+        ("link-local", udp6_frame(ll, all_routers)),
+        (
+            "unspecified (DAD)",
+            udp6_frame(Ipv6Addr::UNSPECIFIED, all_routers),
+        ),
+    ] {
+        fx.assert_passes_unchanged("from_pod", &pkt, what);
+    }
+    // Pod B's own address is B's only: from B's veth it passes.
+    let (v, _) = fx.run_on("from_pod", IFINDEX_B, &udp6_frame(POD_B6, POD_A6));
+    assert_ne!(v, SHOT, "pod B as itself");
+    assert_eq!(fx.reason(Reason::DropSpoofedSource), cases.len() as u64);
+
+    // An IPv6 allow-list entry lets pod A send from that prefix, and nothing more.
+    let ep = Endpoint {
+        ips: vec![POD_A.into(), IpAddr::V6(POD_A6)],
+        allowed_sources: vec!["2001:db8:77::/48".parse().unwrap()],
+        ..endpoint_a()
+    };
+    fx.dp().put_endpoint_entries(&ep).unwrap();
+    let routed = udp6_frame("2001:db8:77::9".parse().unwrap(), ext6);
+    fx.assert_passes_unchanged("from_pod", &routed, "an allow-listed IPv6 source");
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &udp6_frame("2001:db8:78::9".parse().unwrap(), ext6),
+    );
+    assert_eq!(v, SHOT, "outside the allow-listed prefix");
+
+    // Removing the pod removes its IPv6 sources with it.
+    let mut errors = Vec::new();
+    fx.dp().remove_pod(
+        "ctr-a",
+        "eth0",
+        "veth-ctr-a",
+        &[POD_A.into(), IpAddr::V6(POD_A6)],
+        &mut errors,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let (v, _) = fx.run_on("from_pod", IFINDEX_A, &udp6_frame(POD_A6, POD_B6));
+    assert_eq!(
+        v, SHOT,
+        "a removed pod's IPv6 address is no longer its source"
+    );
+    let (v, _) = fx.run_on("from_pod", IFINDEX_A, &routed);
+    assert_eq!(v, SHOT, "a removed pod's IPv6 allow-list is gone");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_only_pod_is_found_and_cleaned_by_its_ipv6_address() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    let ep = Endpoint {
+        ips: vec![IpAddr::V6(POD_A6)],
+        ..endpoint_a()
+    };
+    fx.dp().put_endpoint_entries(&ep).unwrap();
+    fx.assert_passes_unchanged("from_pod", &udp6_frame(POD_A6, POD_B6), "as itself");
+    let mut errors = Vec::new();
+    fx.dp().remove_pod(
+        "ctr-a",
+        "eth0",
+        "veth-ctr-a",
+        &[IpAddr::V6(POD_A6)],
+        &mut errors,
+    );
+    assert!(errors.is_empty(), "{errors:?}");
+    let (v, _) = fx.run_on("from_pod", IFINDEX_A, &udp6_frame(POD_A6, POD_B6));
+    assert_eq!(v, SHOT, "the IPv6-only pod's source entry went with it");
 }

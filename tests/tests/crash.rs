@@ -200,7 +200,10 @@ fn assert_nothing_left(node: &SimNode, what: &str) {
     assert!(left.is_empty(), "{what}: host veths left: {left:?}");
     node.store("testnet").assert_empty(what);
     // After a first load killed half-way nothing is completely pinned yet: no entries.
-    let progs = node.pin_root().join("testnet/v3/progs");
+    let progs = node.pin_root().join(format!(
+        "testnet/v{}/progs",
+        cni_ebpf_common::LAYOUT_VERSION
+    ));
     let loaded =
         std::fs::read_dir(&progs).is_ok_and(|d| d.count() == cni_ebpf_common::prog::ALL.len());
     if let Some(dp) = loaded.then(|| node.datapath("testnet")).flatten() {

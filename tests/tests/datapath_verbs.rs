@@ -73,6 +73,21 @@ fn check_fails_specifically_for_each_kind_of_datapath_damage() {
             message: |_| "port mapping hostPort 8080/tcp → containerPort 80 is missing".into(),
         },
         Damage {
+            what: "NAT share removed",
+            // NAT_USE is keyed by the host veth's ifindex (native-endian u32).
+            apply: |node, r| {
+                let shown = node.exec(&["ip", "-o", "link", "show", &host_veth(r)]);
+                let out = shown.ok();
+                let ifindex: u32 = out
+                    .split(':')
+                    .next()
+                    .and_then(|n| n.trim().parse().ok())
+                    .unwrap_or_else(|| panic!("no ifindex in {out:?}"));
+                delete_map_key(node, "NAT_USE", &ifindex.to_ne_bytes());
+            },
+            message: |r| format!("host veth {} has no NAT share", host_veth(r)),
+        },
+        Damage {
             what: "uplink program detached",
             apply: |node, _| {
                 node.exec(&["tc", "filter", "del", "dev", UPLINK, "ingress"])

@@ -25,6 +25,10 @@ use tests::{
     CniEnv, ConfBuilder, Pod, SimNode, EXT_IP4, NODE_IP4, POD_SUBNET_V4,
 };
 
+/// This build's map layout, and the one the test build plays as "another binary".
+const LAYOUT: u32 = cni_ebpf_common::LAYOUT_VERSION;
+const NEXT_LAYOUT: u32 = LAYOUT + 1;
+
 /// The object marker(s) below the network's version directory.
 fn markers(node: &SimNode) -> Vec<String> {
     node.pins()
@@ -36,7 +40,10 @@ fn markers(node: &SimNode) -> Vec<String> {
 
 /// The id of the program pinned as `name`.
 fn pinned_id(node: &SimNode, name: &str) -> u64 {
-    let pin = node.pin_root().join("testnet/v3/progs").join(name);
+    let pin = node
+        .pin_root()
+        .join(format!("testnet/v{LAYOUT}/progs"))
+        .join(name);
     let out = node.exec(&[
         "bpftool",
         "-j",
@@ -248,20 +255,20 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     node.exec_plugin_bin(&newer, "CHECK", &salted(a.env("eth0")), &check.plugin())
         .assert_empty_success();
 
-    // A binary of another map layout (the test build playing layout 4) refuses, names
+    // A binary of another map layout (the test build playing the next layout) refuses, names
     // the way out, and changes nothing: the flows keep talking.
-    let layout4 = |env: CniEnv| CniEnv {
-        extra: vec![("CNI_EBPF_LAYOUT_VERSION".into(), "4".into())],
+    let next_layout = |env: CniEnv| CniEnv {
+        extra: vec![("CNI_EBPF_LAYOUT_VERSION".into(), NEXT_LAYOUT.to_string())],
         ..env
     };
     let d = node.pod("d");
     let pins_before = node.pins();
     let e = node
-        .exec_plugin_bin(&newer, "ADD", &layout4(d.env("eth0")), &conf.plugin())
+        .exec_plugin_bin(&newer, "ADD", &next_layout(d.env("eth0")), &conf.plugin())
         .error();
     let text = format!("{} {}", e.msg, e.details);
     assert!(
-        text.contains("map layout v3") && text.contains("uninstall --purge"),
+        text.contains(&format!("map layout v{LAYOUT}")) && text.contains("uninstall --purge"),
         "the refusal names both layouts and the procedure: {text}"
     );
     assert_eq!(node.pins(), pins_before, "the refused ADD changed the pins");
@@ -314,15 +321,17 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     ]);
     assert!(purge.success(), "uninstall --purge: {purge}");
     let e = node.pod("e");
-    let out = node.exec_plugin_bin(&newer, "ADD", &layout4(e.env("eth0")), &conf.plugin());
+    let out = node.exec_plugin_bin(&newer, "ADD", &next_layout(e.env("eth0")), &conf.plugin());
     let _ = tests::ResultView::parse(&out.result());
     assert!(
-        node.pins().iter().any(|p| p.starts_with("testnet/v4")),
+        node.pins()
+            .iter()
+            .any(|p| p.starts_with(format!("testnet/v{NEXT_LAYOUT}"))),
         "the new layout is pinned: {:?}",
         node.pins()
     );
     tests::assert_ping(e.netns(), EXT_IP4);
-    node.exec_plugin_bin(&newer, "DEL", &layout4(e.env("eth0")), &conf.plugin())
+    node.exec_plugin_bin(&newer, "DEL", &next_layout(e.env("eth0")), &conf.plugin())
         .assert_empty_success();
     drop(d);
 }

@@ -189,7 +189,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         let pod =
             pod_of(&e.container_id, &e.ifname).map_or_else(|| "-".to_owned(), ToString::to_string);
         println!(
-            "{:<16} {:<8} {:<18} {:<18} {:<28} {:<32} {:>10} {:>12} {:>10} {:>12}  {}",
+            "{:<16} {:<8} {:<18} {:<18} {:<28} {:<32} {:>10} {:>12} {:>10} {:>12}  {}  {}",
             e.ip,
             e.host_ifindex,
             e.host_mac,
@@ -203,6 +203,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             match (e.egress_rate_bits, e.egress_rate_mode) {
                 (Some(r), Some(m)) => format!("{r} bit/s ({m})"),
                 _ => "-".to_owned(),
+            },
+            match (e.nat_flows, e.nat_flows_cap) {
+                (Some(n), Some(c)) => format!("nat {n}/{c}"),
+                _ => String::new(),
             }
         );
     }

@@ -253,7 +253,8 @@ async fn attach(
         host_mac,
         pod_mac: ctr_mac,
         ips: pod_ips.clone(),
-        allowed_sources: allowed_v4_sources(conf),
+        allowed_sources: conf.allowed_sources.clone(),
+        nat_flows: conf.nat_flows_per_pod,
         egress_rate: conf.egress_rate,
     };
     undo.push(Undo::Endpoint {
@@ -424,15 +425,4 @@ async fn rollback(
             tracing::error!(container = %env.container_id, "rollback step failed: {e}");
         }
     }
-}
-
-/// The IPv4 prefixes of the pod's source allow-list (`allowedSourceCIDRs`).
-pub(crate) fn allowed_v4_sources(conf: &NetConf) -> Vec<ipnet::Ipv4Net> {
-    conf.allowed_sources
-        .iter()
-        .filter_map(|n| match n {
-            IpNet::V4(v4) => Some(*v4),
-            IpNet::V6(_) => None,
-        })
-        .collect()
 }

@@ -195,7 +195,8 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         host_mac,
         pod_mac,
         ips: pod_ips.iter().map(IpNet::addr).collect::<Vec<IpAddr>>(),
-        allowed_sources: super::add::allowed_v4_sources(conf),
+        allowed_sources: conf.allowed_sources.clone(),
+        nat_flows: conf.nat_flows_per_pod,
         egress_rate: conf.egress_rate,
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the

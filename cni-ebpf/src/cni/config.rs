@@ -184,6 +184,8 @@ struct Raw {
     #[serde(default)]
     mtu: Option<u32>,
     #[serde(default)]
+    nat_flows_per_pod: Option<u32>,
+    #[serde(default)]
     uplink: Option<String>,
     #[serde(default)]
     ip_masq: Option<bool>,
@@ -277,6 +279,9 @@ pub struct NetConf {
     pub plugin_type: String,
     /// `mtu` of both veth ends.
     pub mtu: u32,
+    /// `natFlowsPerPod`: translated flows (masquerade, host port, hairpin) one pod may
+    /// hold in the NAT table at once.
+    pub nat_flows_per_pod: u32,
     /// `uplink`: the node's outward interface (default: the default route's device).
     pub uplink: Option<String>,
     /// `ipMasq`.
@@ -399,6 +404,18 @@ impl NetConf {
             return Err(Error::config("name", reason));
         }
 
+        let nat_flows_per_pod = raw
+            .nat_flows_per_pod
+            .unwrap_or(cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD);
+        let max_flows = cni_ebpf_common::MAX_NAT / 2;
+        if !(1..=max_flows).contains(&nat_flows_per_pod) {
+            return Err(Error::config(
+                "natFlowsPerPod",
+                format!(
+                    "{nat_flows_per_pod} is outside 1..={max_flows} (the NAT table holds {max_flows} flows)"
+                ),
+            ));
+        }
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         if !(68..=65535).contains(&mtu) {
             return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
@@ -520,6 +537,7 @@ impl NetConf {
             name,
             plugin_type: raw.plugin_type.unwrap_or_else(|| "cni-ebpf".into()),
             mtu,
+            nat_flows_per_pod,
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
             cluster_cidrs: raw.cluster_cidrs.unwrap_or_default(),

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use aya::programs::TcAttachType;
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE, EP_F_PACED,
+    map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE, EP_F_PACED, SRC6_OWN,
 };
 
 use super::{
@@ -91,11 +91,88 @@ impl Datapath {
             }
         }
 
+        self.check_sources(ep)?;
         self.check_endpoint_attachment(ep)?;
         self.check_pacing(ep.host_ifindex, ep.egress_rate.as_ref())?;
         check_no_chained_shaping(ep)?;
         self.check_port_mappings(owner, &ips, mappings)?;
         self.check_uplink()
+    }
+
+    /// The pod's source entries (IPv4 allow-list, IPv6 own addresses and allow-list) and
+    /// its NAT share are exactly what ADD wrote.
+    fn check_sources(&self, ep: &Endpoint) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut live4: Vec<String> = m
+            .src_allow()?
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .filter(|k| u32::from_be(k.data().ifindex_be) == ep.host_ifindex)
+            .map(|k| format!("{}/{}", to_addr(k.data().addr), k.prefix_len() - 32))
+            .collect();
+        let mut want4: Vec<String> = super::endpoints::v4_nets(&ep.allowed_sources)
+            .map(|n| n.trunc().to_string())
+            .collect();
+        live4.sort();
+        want4.sort();
+        want4.dedup();
+        if live4 != want4 {
+            return Err(Error::Check(format!(
+                "the IPv4 source allow-list of host veth {} is [{}], expected [{}]",
+                ep.host_ifname,
+                live4.join(", "),
+                want4.join(", ")
+            )));
+        }
+        let allow6 = m.src_allow6()?;
+        let mut live6: Vec<String> = allow6
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .filter(|k| u32::from_be(k.data().ifindex_be) == ep.host_ifindex)
+            .map(|k| {
+                let own = allow6.get(&k, 0).is_ok_and(|v| v == SRC6_OWN);
+                let a = std::net::Ipv6Addr::from(k.data().addr);
+                format!(
+                    "{a}/{}{}",
+                    k.prefix_len() - 32,
+                    if own { " (own)" } else { "" }
+                )
+            })
+            .collect();
+        let mut want6: Vec<String> = super::endpoints::sources6(ep)
+            .into_iter()
+            .map(|(n, what)| {
+                format!(
+                    "{}{}",
+                    n.trunc(),
+                    if what == SRC6_OWN { " (own)" } else { "" }
+                )
+            })
+            .collect();
+        live6.sort();
+        want6.sort();
+        if live6 != want6 {
+            return Err(Error::Check(format!(
+                "the IPv6 sources of host veth {} are [{}], expected [{}]",
+                ep.host_ifname,
+                live6.join(", "),
+                want6.join(", ")
+            )));
+        }
+        let share = maps::get(&m.nat_use()?, &ep.host_ifindex, map_name::NAT_USE)?;
+        match share {
+            None => Err(Error::Check(format!(
+                "host veth {} has no NAT share (natFlowsPerPod)",
+                ep.host_ifname
+            ))),
+            Some(u) if u.cap != ep.nat_flows.saturating_mul(2) => Err(Error::Check(format!(
+                "the NAT share of host veth {} allows {} flows, expected {} (natFlowsPerPod)",
+                ep.host_ifname,
+                u.cap / 2,
+                ep.nat_flows
+            ))),
+            Some(_) => Ok(()),
+        }
     }
 
     fn check_port_mappings(

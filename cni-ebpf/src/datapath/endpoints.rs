@@ -12,10 +12,10 @@ use std::{
 
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, SrcAllowKey,
-    EP_F_ACTIVE, EP_F_PACED,
+    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, NatUse,
+    SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, SRC6_ALLOWED, SRC6_OWN,
 };
-use ipnet::Ipv4Net;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{
     attach,
@@ -42,11 +42,14 @@ pub struct Endpoint {
     pub host_mac: [u8; 6],
     /// MAC of the pod's interface.
     pub pod_mac: [u8; 6],
-    /// The pod's addresses (IPv4 ones get endpoint entries; IPv6 is routed by the kernel).
+    /// The pod's addresses (IPv4 ones get endpoint entries, IPv6 ones source entries;
+    /// IPv6 is routed by the kernel).
     pub ips: Vec<IpAddr>,
     /// Source prefixes the pod may send from besides its own addresses
-    /// (`allowedSourceCIDRs`; IPv4 ones are enforced).
-    pub allowed_sources: Vec<Ipv4Net>,
+    /// (`allowedSourceCIDRs`).
+    pub allowed_sources: Vec<IpNet>,
+    /// Translated flows the pod may hold in the NAT table at once (`natFlowsPerPod`).
+    pub nat_flows: u32,
     /// The pod's egress rate (`runtimeConfig.bandwidth`).
     pub egress_rate: Option<EgressRate>,
 }
@@ -111,12 +114,29 @@ impl Datapath {
                 .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), &e))?;
         }
         let mut allow = m.src_allow()?;
-        for net in &ep.allowed_sources {
-            let key = src_allow_key(ep.host_ifindex, *net);
+        for net in v4_nets(&ep.allowed_sources) {
+            let key = src_allow_key(ep.host_ifindex, net);
             allow
                 .insert(&key, 1, 0)
                 .map_err(|e| maps::err(map_name::SRC_ALLOW, format!("insert {net}"), &e))?;
         }
+        let mut allow6 = m.src_allow6()?;
+        for (net, what) in sources6(ep) {
+            let key = src_allow6_key(ep.host_ifindex, net);
+            allow6
+                .insert(&key, what, 0)
+                .map_err(|e| maps::err(map_name::SRC_ALLOW6, format!("insert {net}"), &e))?;
+        }
+        // A fresh share: whatever an earlier interface with this ifindex was charged is
+        // not this pod's.
+        let share = NatUse {
+            entries: 0,
+            cap: ep.nat_flows.saturating_mul(2),
+            swept_ns: 0,
+        };
+        m.nat_use()?
+            .insert(ep.host_ifindex, share, 0)
+            .map_err(|e| maps::err(map_name::NAT_USE, "insert", &e))?;
         Ok(())
     }
 
@@ -224,6 +244,7 @@ impl Datapath {
             maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
             gone.push(to_addr(k.addr));
         }
+        Self::take_sources6(&mut m, ips, &mut ifindexes)?;
         let mut allow = m.src_allow()?;
         let doomed: Vec<_> = allow
             .keys()
@@ -243,6 +264,14 @@ impl Datapath {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
                 Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
+            }
+        }
+        let mut shares = m.nat_use()?;
+        for i in &ifindexes {
+            match shares.remove(i) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::NAT_USE, "delete", &e)),
             }
         }
         drop(m);
@@ -272,8 +301,90 @@ impl Datapath {
     }
 }
 
+impl Datapath {
+    /// Removes the IPv6 source entries (own addresses and allow-list) of the pods behind
+    /// host veths `ifindexes`, which it first extends with the host veths that hold one of
+    /// `ips` (IPv6) as their own: a pod with no IPv4 address has no endpoint entry to
+    /// find its host veth by.
+    fn take_sources6(
+        m: &mut maps::Maps,
+        ips: &[IpAddr],
+        ifindexes: &mut HashSet<u32>,
+    ) -> Result<()> {
+        let mut allow6 = m.src_allow6()?;
+        let own: HashSet<[u8; 16]> = ips
+            .iter()
+            .filter_map(|ip| match ip {
+                IpAddr::V6(a) => Some(a.octets()),
+                IpAddr::V4(_) => None,
+            })
+            .collect();
+        for k in allow6.keys().filter_map(std::result::Result::ok) {
+            if k.prefix_len() == 160 && own.contains(&k.data().addr) {
+                let own_entry = allow6.get(&k, 0).is_ok_and(|v| v == SRC6_OWN);
+                if own_entry {
+                    ifindexes.insert(u32::from_be(k.data().ifindex_be));
+                }
+            }
+        }
+        let doomed: Vec<_> = allow6
+            .keys()
+            .filter_map(std::result::Result::ok)
+            .filter(|k| ifindexes.contains(&u32::from_be(k.data().ifindex_be)))
+            .collect();
+        for k in doomed {
+            match allow6.remove(&k) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::SRC_ALLOW6, "delete", &e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The IPv4 prefixes of `nets`.
+pub(crate) fn v4_nets(nets: &[IpNet]) -> impl Iterator<Item = Ipv4Net> + '_ {
+    nets.iter().filter_map(|n| match n {
+        IpNet::V4(v4) => Some(*v4),
+        IpNet::V6(_) => None,
+    })
+}
+
+/// The IPv6 sources of `ep` as `SRC_ALLOW6` holds them: its own addresses (/128,
+/// [`SRC6_OWN`]) and its IPv6 allow-list ([`SRC6_ALLOWED`]).
+pub(crate) fn sources6(ep: &Endpoint) -> Vec<(Ipv6Net, u32)> {
+    let own = ep.ips.iter().filter_map(|ip| match ip {
+        IpAddr::V6(a) => Some((Ipv6Net::from(*a), SRC6_OWN)),
+        IpAddr::V4(_) => None,
+    });
+    let allowed = ep.allowed_sources.iter().filter_map(|n| match n {
+        IpNet::V6(v6) => Some((*v6, SRC6_ALLOWED)),
+        IpNet::V4(_) => None,
+    });
+    // An own address also in the allow-list: one entry, as its own.
+    let mut out: Vec<(Ipv6Net, u32)> = own.collect();
+    for (net, what) in allowed {
+        if !out.iter().any(|(n, _)| *n == net) {
+            out.push((net, what));
+        }
+    }
+    out
+}
+
+/// The `SRC_ALLOW6` key of prefix `net` for the pod behind host veth `ifindex`.
+pub(crate) fn src_allow6_key(ifindex: u32, net: Ipv6Net) -> Key<SrcAllow6Key> {
+    Key::new(
+        32 + u32::from(net.prefix_len()),
+        SrcAllow6Key {
+            ifindex_be: ifindex.to_be(),
+            addr: net.network().octets(),
+        },
+    )
+}
+
 /// The `SRC_ALLOW` key of prefix `net` for the pod behind host veth `ifindex`.
-fn src_allow_key(ifindex: u32, net: Ipv4Net) -> Key<SrcAllowKey> {
+pub(crate) fn src_allow_key(ifindex: u32, net: Ipv4Net) -> Key<SrcAllowKey> {
     Key::new(
         32 + u32::from(net.prefix_len()),
         SrcAllowKey {

@@ -1,4 +1,4 @@
-//! Per-flow state keyed by addresses: the LRU NAT table, the flow verdicts of `FLOWS`
+//! Per-flow state keyed by addresses: the NAT table, the flow verdicts of `FLOWS`
 //! (which flows may bypass the stack), the pod sockets of `STACK_SOCKETS` and the node
 //! sockets of `SOCK_REVNAT`. When an address changes hands, its flows must go with it, or
 //! an old flow reaches (or steers) the address's next holder. [`Datapath::forget`] (after
@@ -8,7 +8,10 @@
 //! holds the address, so once `forget` ran nothing refills them, and ADD need not scan
 //! them again.
 
-use std::{collections::HashSet, net::Ipv4Addr};
+use std::{
+    collections::{HashMap, HashSet},
+    net::Ipv4Addr,
+};
 
 use cni_ebpf_common::map as map_name;
 
@@ -49,9 +52,30 @@ impl Datapath {
         let set = addr_set(addrs);
         let has = |a: &u32| set.contains(a);
         let mut m = self.maps()?;
-        maps::remove_where(&mut m.nat()?, map_name::NAT, |k, v| {
-            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
-        })
+        let mut nat = m.nat()?;
+        let doomed: Vec<_> = maps::entries(&nat)
+            .into_iter()
+            .filter(|(k, v)| has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr))
+            .collect();
+        // Each removed entry gives its charge back to its pod's NAT share (a hairpin flow
+        // of a pod that stays, towards one that goes, is charged to the one that stays).
+        let mut given_back: HashMap<u32, u32> = HashMap::new();
+        for (k, v) in doomed {
+            let charged = v.pod != 0 && v.flags & cni_ebpf_common::NAT_F_UNCHARGED == 0;
+            if nat.remove(&k).is_ok() && charged {
+                *given_back.entry(v.pod).or_default() += 1;
+            }
+        }
+        let mut shares = m.nat_use()?;
+        for (pod, n) in given_back {
+            // Not atomic with the programs' updates: a flow opened by the pod in the same
+            // instant may be counted or not; either way the share stays within one flow.
+            if let Ok(mut u) = shares.get(&pod, 0) {
+                u.entries = u.entries.wrapping_sub(n);
+                let _ = shares.insert(pod, u, 0);
+            }
+        }
+        Ok(())
     }
 }
 

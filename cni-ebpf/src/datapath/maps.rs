@@ -8,9 +8,9 @@ use aya::maps::{
     PerCpuValues,
 };
 use cni_ebpf_common::{
-    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NodeAddr,
+    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NatUse, NodeAddr,
     NodeConfig, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
-    SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -31,6 +31,8 @@ pub struct Maps {
     pub(crate) sock_revnat: Map,
     pub(crate) src_allow: Map,
     pub(crate) pacing: Map,
+    pub(crate) src_allow6: Map,
+    pub(crate) nat_use: Map,
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
@@ -64,6 +66,8 @@ impl Maps {
             sock_revnat: open(pins, map::SOCK_REVNAT)?,
             src_allow: open(pins, map::SRC_ALLOW)?,
             pacing: open(pins, map::PACING)?,
+            src_allow6: open(pins, map::SRC_ALLOW6)?,
+            nat_use: open(pins, map::NAT_USE)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -79,6 +83,8 @@ impl Maps {
         m.sock_revnat()?;
         m.src_allow()?;
         m.pacing()?;
+        m.src_allow6()?;
+        m.nat_use()?;
         Ok(m)
     }
 
@@ -136,6 +142,16 @@ impl Maps {
     /// [`map::SRC_ALLOW`].
     pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
         LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", &e))
+    }
+
+    /// [`map::SRC_ALLOW6`].
+    pub fn src_allow6(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllow6Key, u32>> {
+        LpmTrie::try_from(&mut self.src_allow6).map_err(|e| map_err(map::SRC_ALLOW6, "open", &e))
+    }
+
+    /// [`map::NAT_USE`].
+    pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
+        HashMap::try_from(&mut self.nat_use).map_err(|e| map_err(map::NAT_USE, "open", &e))
     }
 
     /// [`map::PACING`].

@@ -185,6 +185,12 @@ impl Datapath {
             map_name::SRC_ALLOW,
             n(allow.keys().filter_map(std::result::Result::ok).count()),
         );
+        let allow6: LpmTrie<_, cni_ebpf_common::SrcAllow6Key, u32> = m.src_allow6()?;
+        out.insert(
+            map_name::SRC_ALLOW6,
+            n(allow6.keys().filter_map(std::result::Result::ok).count()),
+        );
+        out.insert(map_name::NAT_USE, n(maps::entries(&m.nat_use()?).len()));
         Ok(out)
     }
 }

@@ -25,7 +25,7 @@
 //! - `endpoints.rs`: a pod's interface ([`Endpoint`]): its endpoint entries, attaching
 //!   `from_pod` to the host veth, and taking everything of a pod away again
 //!   ([`Datapath::remove_pod`], [`Datapath::detach_endpoint`]);
-//! - `flows.rs`: per-flow state keyed by addresses (the LRU NAT table) and its purge when
+//! - `flows.rs`: per-flow state keyed by addresses (the NAT table) and its purge when
 //!   an address changes hands; a new per-flow map gets its purge there too;
 //! - `portmaps.rs`: host ports (add, remove);
 //! - `pacing.rs`: egress rates (`runtimeConfig.bandwidth`) and the uplink's `fq`;

@@ -47,6 +47,10 @@ pub struct EndpointView {
     /// How the rate is enforced: `fq` (departure times honoured by the uplink's fq) or
     /// `police` (the kernel has no fq: drops beyond burst and limit).
     pub egress_rate_mode: Option<&'static str>,
+    /// Translated flows charged to the pod's NAT share (entries ÷ 2), when it has one.
+    pub nat_flows: Option<u32>,
+    /// Most flows the pod may hold (`natFlowsPerPod`), when it has a share.
+    pub nat_flows_cap: Option<u32>,
 }
 
 /// A host-port entry, for `inspect`.
@@ -210,6 +214,8 @@ impl Datapath {
             .collect();
         let pacing: BTreeMap<u32, cni_ebpf_common::Pacing> =
             maps::entries(&m.pacing()?).into_iter().collect();
+        let shares: BTreeMap<u32, cni_ebpf_common::NatUse> =
+            maps::entries(&m.nat_use()?).into_iter().collect();
         let owners = m.owners()?;
         let mut out: Vec<_> = eps
             .into_iter()
@@ -235,6 +241,11 @@ impl Datapath {
                             "police"
                         }
                     }),
+                    // Signed: a racing give-back may leave a share just below zero.
+                    nat_flows: shares
+                        .get(&v.ifindex)
+                        .map(|u| u32::try_from(u.entries.cast_signed().max(0)).unwrap_or(0) / 2),
+                    nat_flows_cap: shares.get(&v.ifindex).map(|u| u.cap / 2),
                 }
             })
             .collect();

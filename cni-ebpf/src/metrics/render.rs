@@ -132,6 +132,16 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
         "The pod's egress rate limit (runtimeConfig.bandwidth), enforced by fq pacing or \
          by policing (mode); absent when the pod has none.",
     );
+    let mut nat = Family::gauge(
+        "cni_ebpf_endpoint_nat_flows",
+        "Translated flows (masquerade, host port, hairpin) charged to the pod's share of \
+         the NAT table; new flows are refused (drop_nat_pod_cap) at \
+         cni_ebpf_endpoint_nat_flows_max.",
+    );
+    let mut nat_max = Family::gauge(
+        "cni_ebpf_endpoint_nat_flows_max",
+        "Most translated flows the pod may hold at once (natFlowsPerPod).",
+    );
     for n in nets {
         for e in &n.endpoints {
             let ip = e.ip.to_string();
@@ -152,9 +162,13 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
                 with_mode.push(("mode", mode));
                 rate.push(&with_mode, bits);
             }
+            if let (Some(used), Some(cap)) = (e.nat_flows, e.nat_flows_cap) {
+                nat.push(&labels, u64::from(used));
+                nat_max.push(&labels, u64::from(cap));
+            }
         }
     }
-    out.extend([tx_p, tx_b, rx_p, rx_b, rate]);
+    out.extend([tx_p, tx_b, rx_p, rx_b, rate, nat, nat_max]);
 
     let mut reasons = Family::counter(
         "cni_ebpf_reason_packets_total",
@@ -287,6 +301,8 @@ mod tests {
             rx_bytes: 2000,
             egress_rate_bits: rate,
             egress_rate_mode: rate.map(|_| "police"),
+            nat_flows: Some(3),
+            nat_flows_cap: Some(8192),
         }
     }
 

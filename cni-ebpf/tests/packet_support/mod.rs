@@ -206,6 +206,29 @@ impl Fixture {
         (v, u64::from_ne_bytes(ts))
     }
 
+    /// Runs `prog` on `pkt` arriving on `ifindex`, `repeat` times in the kernel, and
+    /// returns the verdict and the kernel's average time per run (`BPF_PROG_TEST_RUN`'s
+    /// `duration`, ns).
+    pub fn run_timed(&self, prog: &str, ifindex: u32, pkt: &[u8], repeat: u32) -> (u32, u32) {
+        let program = self
+            .dp()
+            .program(prog)
+            .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
+        let mut out = vec![0u8; pkt.len() + 512];
+        let mut ctx = [0u8; 192];
+        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+        let res = program
+            .test_run(TestRunOptions {
+                data_in: Some(pkt),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx[..]),
+                repeat,
+                ..TestRunOptions::default()
+            })
+            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog}: {e}"));
+        (res.return_value, res.duration.as_nanos() as u32)
+    }
+
     /// Runs `prog` on `pkt` (arriving on `ifindex` when given) and returns the verdict,
     /// the packet as it left and the `struct __sk_buff` the kernel copied back (192
     /// bytes; `ifindex` at offset 40, `tstamp` at 152).
@@ -626,6 +649,7 @@ fn pod_endpoint(
         pod_mac,
         ips: vec![ip.into()],
         allowed_sources: Vec::new(),
+        nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
     }
 }

@@ -1,0 +1,271 @@
+//! Issue 15: one pod cannot starve the others of NAT state. Every translated flow is
+//! charged to its pod's share (`natFlowsPerPod`); a pod at its cap gets its own new flows
+//! refused (`drop_nat_pod_cap`) while other pods' existing and new flows are untouched;
+//! nothing is ever evicted; finished flows are swept out when a pod at its cap asks for
+//! room, and give its share back.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+mod packet_support;
+
+use std::time::Duration;
+
+use cni_ebpf::datapath::Endpoint;
+use cni_ebpf_common::{NatUse, Reason};
+use packet_support::*;
+
+const FIN: u8 = 0x01;
+
+/// Pods A (capped at `cap` flows) and B (default share), masquerade on.
+fn node_with_cap(cap: u32) -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            nat_flows: cap,
+            ..endpoint_a()
+        })
+        .unwrap();
+    fx.dp().put_endpoint_entries(&endpoint_b()).unwrap();
+    fx
+}
+
+/// Pod `ifindex`'s share as the programs keep it.
+fn share(fx: &Fixture, ifindex: u32) -> NatUse {
+    let map = fx.map("NAT_USE");
+    let m: aya::maps::HashMap<_, u32, NatUse> = aya::maps::HashMap::try_from(&map).unwrap();
+    m.get(&ifindex, 0).unwrap()
+}
+
+/// Makes every NAT entry, and the last sweep, look `by` older (as if no packet had been
+/// seen for that long).
+fn age_nat(fx: &Fixture, by: Duration) {
+    let mut map = fx.map("NAT_USE");
+    let mut shares: aya::maps::HashMap<_, u32, NatUse> =
+        aya::maps::HashMap::try_from(&mut map).unwrap();
+    if let Ok(mut clock) = shares.get(&0, 0) {
+        clock.swept_ns = clock.swept_ns.saturating_sub(by.as_nanos() as u64).max(1);
+        shares.insert(0, clock, 0).unwrap();
+    }
+    use cni_ebpf_common::{NatEntry, NatKey};
+    let mut map = fx.map("NAT");
+    let mut nat: aya::maps::HashMap<_, NatKey, NatEntry> =
+        aya::maps::HashMap::try_from(&mut map).unwrap();
+    let all: Vec<(NatKey, NatEntry)> = nat.iter().map(Result::unwrap).collect();
+    for (k, mut v) in all {
+        v.last_seen_ns = v.last_seen_ns.saturating_sub(by.as_nanos() as u64);
+        nat.insert(k, v, 0).unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pod_at_its_cap_is_refused_and_the_other_pods_are_not() {
+    let fx = node_with_cap(3);
+    // Pod B's long-lived connection to EXT:443, opened first.
+    let b_conn = tcp_frame(POD_B, 50000, EXT, 443, SYN);
+    assert_eq!(fx.egress(&b_conn).0, OK);
+
+    // Pod A opens flows to EXT:53 until its share is full: 3 flows, 6 entries.
+    for i in 0..3 {
+        let (v, _) = fx.egress(&udp_frame(POD_A, 1000 + i, EXT, 53));
+        assert_eq!(v, OK, "pod A's flow {i} within its cap");
+    }
+    assert_eq!(share(&fx, IFINDEX_A).entries, 6);
+    for i in 3..10 {
+        let (v, _) = fx.egress(&udp_frame(POD_A, 1000 + i, EXT, 53));
+        assert_eq!(v, SHOT, "pod A's flow {i} beyond its cap is refused");
+    }
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 7);
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        6,
+        "refused flows charge nothing"
+    );
+
+    // Pod A's existing flows keep working, and so do pod B's, old and new, to the same
+    // destination.
+    let (v, out) = fx.egress(&udp_frame(POD_A, 1000, EXT, 53));
+    assert_eq!(v, OK, "pod A's existing flow");
+    assert_eq!(parse_checked(&out).src, NODE);
+    let (v, out) = fx.egress(&tcp_frame(POD_B, 50000, EXT, 443, ACK));
+    assert_eq!(v, OK, "pod B's long-lived connection");
+    let b_port = parse_checked(&out).sport;
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 443, NODE, b_port, ACK));
+    assert_eq!(v, REDIRECT, "the reply of pod B's connection reaches pod B");
+    for i in 0..5 {
+        let (v, _) = fx.egress(&udp_frame(POD_B, 2000 + i, EXT, 53));
+        assert_eq!(v, OK, "pod B's new flow {i} to the same destination");
+    }
+    assert_eq!(share(&fx, IFINDEX_B).entries, 12);
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 7);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn finished_flows_are_swept_and_give_the_share_back() {
+    let fx = node_with_cap(2);
+    for i in 0..2 {
+        assert_eq!(fx.egress(&udp_frame(POD_A, 1000 + i, EXT, 53)).0, OK);
+    }
+    // Pod B's TCP connection: open, so not over after the same idle time as a UDP flow.
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50000, EXT, 443, SYN)).0, OK);
+    assert_eq!(fx.egress(&udp_frame(POD_A, 1002, EXT, 53)).0, SHOT);
+    let sweeps = fx.reason(Reason::NatSweep);
+
+    // 61 s later pod A's UDP flows are over (60 s idle); its next flow sweeps them out.
+    age_nat(&fx, Duration::from_secs(61));
+    let (v, _) = fx.egress(&udp_frame(POD_A, 1003, EXT, 53));
+    assert_eq!(v, OK, "a pod whose flows are over gets a new one");
+    assert!(fx.reason(Reason::NatSweep) > sweeps, "no sweep ran");
+    assert_eq!(
+        fx.reason(Reason::NatSweptEntry),
+        4,
+        "pod A's two old flows were swept"
+    );
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        2,
+        "only the new flow is charged"
+    );
+    // Pod B's open TCP connection was not taken.
+    assert_eq!(share(&fx, IFINDEX_B).entries, 2);
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50000, EXT, 443, ACK)).0, OK);
+
+    // Sweeps are rate-limited: at its cap again, pod A is refused without a new sweep.
+    assert_eq!(fx.egress(&udp_frame(POD_A, 1004, EXT, 53)).0, OK);
+    let sweeps = fx.reason(Reason::NatSweep);
+    assert_eq!(fx.egress(&udp_frame(POD_A, 1005, EXT, 53)).0, SHOT);
+    assert_eq!(
+        fx.reason(Reason::NatSweep),
+        sweeps,
+        "a second sweep within a second"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn removing_a_pod_gives_its_peers_share_back() {
+    // Pod A's flows are charged to A; removing pod A removes them and its share.
+    let fx = node_with_cap(4);
+    assert_eq!(fx.egress(&udp_frame(POD_A, 1000, EXT, 53)).0, OK);
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2);
+    let mut errors = Vec::new();
+    fx.dp()
+        .remove_pod("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()], &mut errors);
+    assert!(errors.is_empty(), "{errors:?}");
+    let map = fx.map("NAT_USE");
+    let m: aya::maps::HashMap<_, u32, NatUse> = aya::maps::HashMap::try_from(&map).unwrap();
+    assert!(m.get(&IFINDEX_A, 0).is_err(), "pod A's share outlived it");
+    // A new pod on the same host veth index starts from an empty share.
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            nat_flows: 1,
+            ..endpoint_a()
+        })
+        .unwrap();
+    assert_eq!(share(&fx, IFINDEX_A).entries, 0);
+    assert_eq!(share(&fx, IFINDEX_A).cap, 2);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_closed_connection_stops_counting_at_once_and_a_reopened_one_counts_again() {
+    // The cap is on live flows: a pod opening and closing connections quickly is limited
+    // by how many it holds open, not by how many wait out their grace time.
+    let fx = node_with_cap(1);
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    assert_eq!(v, OK);
+    let port = parse_checked(&out).sport;
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2);
+    assert_eq!(
+        fx.egress(&udp_frame(POD_A, 1000, EXT, 53)).0,
+        SHOT,
+        "at its cap"
+    );
+    // FIN from the pod: half closed, still live.
+    assert_eq!(
+        fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK)).0,
+        OK
+    );
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2, "half closed counts");
+    // FIN from the outside: closed, both entries given back (they stay for the port).
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 80, NODE, port, FIN | ACK));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        0,
+        "a closed flow counts no more"
+    );
+    assert_eq!(
+        fx.egress(&udp_frame(POD_A, 1001, EXT, 53)).0,
+        OK,
+        "room again"
+    );
+    // The UDP flow (live) keeps counting.
+    assert_eq!(share(&fx, IFINDEX_A).entries, 2);
+    // The closed tuple opening again counts again.
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN)).0, OK);
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        4,
+        "the reopened flow is live again"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn host_port_and_hairpin_flows_are_charged_to_their_pods() {
+    // Pod A (cap 2) is behind host port 8080; outside clients' flows to it are charged to
+    // pod A, and a flood of them uses up pod A's share only.
+    let fx = node_with_cap(2);
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            POD_A,
+            &[cni_ebpf::cni::config::PortMapping {
+                host_port: 8080,
+                container_port: 80,
+                protocol: "tcp".into(),
+                host_ip: None,
+            }],
+        )
+        .unwrap();
+    for i in 0..2 {
+        let (v, _) = fx.run(
+            "uplink_ingress",
+            &tcp_frame(EXT, 45000 + i, NODE, 8080, SYN),
+        );
+        assert_eq!(v, REDIRECT, "client flow {i} to pod A's host port");
+    }
+    assert_eq!(share(&fx, IFINDEX_A).entries, 4);
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 45002, NODE, 8080, SYN));
+    assert_eq!(
+        v, SHOT,
+        "pod A's share is full: the third client is refused"
+    );
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 1);
+    // Pod B is untouched: its own masqueraded flows work...
+    assert_eq!(fx.egress(&udp_frame(POD_B, 2000, EXT, 53)).0, OK);
+    // ...and so does its hairpin flow to pod A's host port, charged to pod B (the client).
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_B,
+        &tcp_frame(POD_B, 46000, NODE, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "pod B → node:8080 → pod A");
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        4,
+        "pod B's hairpin is not pod A's"
+    );
+    assert_eq!(share(&fx, IFINDEX_B).entries, 4);
+    // Pod A's own hairpin flow is charged to pod A, which is full: refused.
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp_frame(POD_A, 46001, NODE, 8080, SYN),
+    );
+    assert_eq!(v, SHOT, "pod A's hairpin beyond its cap");
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 2);
+}
