@@ -111,12 +111,30 @@ pub fn run(verbose: bool) -> Result<()> {
     } else {
         eprintln!("setup: installing Debian packages: {}", missing.join(" "));
         run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
-        run_cmd(
+        // No package may start its service while installing (containerd's would run in
+        // the machine's own namespaces): a policy-rc.d that refuses every start, removed
+        // again afterwards, unless the machine already has one.
+        let policy = std::path::Path::new("/usr/sbin/policy-rc.d");
+        let ours = !policy.exists()
+            && std::fs::write(
+                policy,
+                "#!/bin/sh\n# cargo xtask setup: no service starts\nexit 101\n",
+            )
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt as _;
+                std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))
+            })
+            .is_ok();
+        let installed = run_cmd(
             Command::new("apt-get")
                 .args(["install", "-y", "-q", "--no-install-recommends"])
                 .args(&missing)
                 .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+        );
+        if ours {
+            let _ = std::fs::remove_file(policy);
+        }
+        installed?;
     }
 
     if has_rust_src() {
