@@ -9,7 +9,7 @@
 //!   delay within 1.5× an ADD's duration (about half of them die before finishing);
 //! - named steps: the fault-injection build stops itself at each named point of ADD, DEL
 //!   and GC (`cni_ebpf::faults::POINTS`, `CNI_EBPF_PAUSE_AT`) and is killed exactly there,
-//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 10 × 59 kills).
+//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 10 × 70 kills).
 //!
 //! Each kill is followed by DEL (or GC) and a check that nothing is left; each campaign
 //! ends with a full-range cycle. Longer campaigns: raise both variables, e.g.
@@ -180,8 +180,9 @@ const ADD_POINTS: &[&str] = &[
 ];
 
 /// Passes over every ADD, DEL and GC fault point (`CNI_EBPF_CRASH_STEP_PASSES`, default
-/// 10; one pass is 11 ADD points × 4 DEL variants (one with a killed DEL first) + 2 DEL
-/// points + 2 GC points = 59 kills).
+/// 10; one pass is 11 ADD points × 5 DEL variants (netns present, gone, empty
+/// `CNI_NETNS`, a killed DEL first — one more kill —, with a prevResult) + 2 DEL points +
+/// 2 GC points = 70 kills).
 fn step_passes() -> usize {
     std::env::var("CNI_EBPF_CRASH_STEP_PASSES")
         .ok()
@@ -251,7 +252,7 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
     let (passes, mut kills, mut round) = (step_passes(), 0usize, 0usize);
     for pass in 0..passes {
         for point in ADD_POINTS {
-            for variant in 0..4 {
+            for variant in 0..5 {
                 round += 1;
                 let what = format!("pass {pass}, ADD killed at {point}, DEL variant {variant}");
                 if *point == "load-maps-pinned" {
@@ -287,7 +288,35 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
                         kills += 1;
                     }
                 }
-                let del = node.exec_plugin_raw("DEL", &del_env, &plugin);
+                // Variant 4: DEL with a prevResult (a runtime that cached what it expected):
+                // the reservation's address if the killed ADD made one, else one it never
+                // got — DEL must clean up by its own records and touch nothing else.
+                let stdin = if variant == 4 {
+                    let store = node.store("testnet");
+                    let held = store
+                        .keys
+                        .iter()
+                        .any(|k| k.starts_with(&format!("{cid}:")))
+                        .then(|| store.ips.first().cloned())
+                        .flatten()
+                        .unwrap_or_else(|| "10.244.1.30".to_owned());
+                    hostport
+                        .clone()
+                        .set(
+                            "prevResult",
+                            serde_json::json!({
+                                "cniVersion": "1.1.0",
+                                "interfaces": [{ "name": "eth0", "sandbox": env.netns }],
+                                "ips": [{ "address": format!("{held}/27"), "gateway": "10.244.1.1", "interface": 0 }],
+                            }),
+                        )
+                        .plugin()
+                        .to_string()
+                        .into_bytes()
+                } else {
+                    plugin.clone()
+                };
+                let del = node.exec_plugin_raw("DEL", &del_env, &stdin);
                 assert!(del.success(), "{what}: DEL failed: {}", del.raw);
                 assert_nothing_left(&node, &what);
                 if let Some(pod) = &pod {
