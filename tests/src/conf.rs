@@ -78,6 +78,15 @@ impl ConfBuilder {
         self
     }
 
+    /// Masquerades traffic leaving `cluster_cidr` (`ipMasq`, `clusterCIDRs`).
+    #[must_use]
+    pub fn masquerading(self, cluster_cidr: &str) -> Self {
+        self.set("ipMasq", Value::Bool(true)).set(
+            "clusterCIDRs",
+            Value::Array(vec![Value::String(cluster_cidr.to_owned())]),
+        )
+    }
+
     /// Sets (or overrides) any field of the cni-ebpf plugin object; `Value::Null` removes
     /// it (for testing defaults and missing fields).
     #[must_use]

@@ -75,8 +75,7 @@ fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
         .conf()
         .version("1.0.0")
         .subnets(&[POD_SUBNET_V4])
-        .set("ipMasq", json!(true))
-        .set("clusterCIDRs", json!(["10.244.0.0/16"]));
+        .masquerading("10.244.0.0/16");
     node.warm_up(&conf);
     let a = node.pod("stable-a");
     let b = node.pod("stable-b");

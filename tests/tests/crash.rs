@@ -58,11 +58,17 @@ impl Rng {
     }
 }
 
-/// Starts `verb` as a runtime would and SIGKILLs it after `delay` (if it is still
-/// running). Returns whether it was killed (rather than finished first).
-fn killed(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], delay: Duration) -> bool {
-    let bin = node.cni_bin_dir().join("cni-ebpf");
-    let mut c = Command::new(&bin);
+/// Starts `bin` with `CNI_COMMAND=verb` as a runtime would (in the node namespace, a
+/// clean environment plus `extra`), `stdin` written to it.
+fn spawn_plugin(
+    node: &SimNode,
+    bin: &std::path::Path,
+    verb: &str,
+    env: &CniEnv,
+    stdin: &[u8],
+    extra: &[(&str, &str)],
+) -> std::process::Child {
+    let mut c = Command::new(bin);
     c.env_clear()
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("CNI_COMMAND", verb)
@@ -70,6 +76,7 @@ fn killed(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], delay: Duratio
         .env("CNI_NETNS", &env.netns)
         .env("CNI_IFNAME", &env.ifname)
         .env("CNI_PATH", node.cni_bin_dir())
+        .envs(extra.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
@@ -80,6 +87,14 @@ fn killed(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], delay: Duratio
     if let Some(mut i) = child.stdin.take() {
         let _ = i.write_all(stdin);
     }
+    child
+}
+
+/// Starts `verb` as a runtime would and SIGKILLs it after `delay` (if it is still
+/// running). Returns whether it was killed (rather than finished first).
+fn killed(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], delay: Duration) -> bool {
+    let bin = node.cni_bin_dir().join("cni-ebpf");
+    let mut child = spawn_plugin(node, &bin, verb, env, stdin, &[]);
     let start = Instant::now();
     while start.elapsed() < delay {
         if let Ok(Some(_)) = child.try_wait() {
@@ -118,26 +133,14 @@ impl Drop for Paused {
 /// (`CNI_EBPF_PAUSE_AT`), and waits (at most 20 s) until it has stopped there. `None`
 /// if it finished without reaching the point.
 fn pause_at(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], point: &str) -> Option<Paused> {
-    let bin = tests::fault_bin();
-    let mut c = Command::new(&bin);
-    c.env_clear()
-        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("CNI_COMMAND", verb)
-        .env("CNI_CONTAINERID", &env.container_id)
-        .env("CNI_NETNS", &env.netns)
-        .env("CNI_IFNAME", &env.ifname)
-        .env("CNI_PATH", node.cni_bin_dir())
-        .env("CNI_EBPF_PAUSE_AT", point)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    in_netns(&mut c, node.netns());
-    let mut child = c
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
-    if let Some(mut i) = child.stdin.take() {
-        let _ = i.write_all(stdin);
-    }
+    let mut child = spawn_plugin(
+        node,
+        &tests::fault_bin(),
+        verb,
+        env,
+        stdin,
+        &[("CNI_EBPF_PAUSE_AT", point)],
+    );
     let stat = format!("/proc/{}/stat", child.id());
     let started = Instant::now();
     loop {
@@ -163,21 +166,27 @@ fn pause_at(node: &SimNode, verb: &str, env: &CniEnv, stdin: &[u8], point: &str)
     }
 }
 
-/// The fault points of ADD (`cni_ebpf::faults::POINTS`), in order; `load-maps-pinned` is
-/// only passed by the ADD that loads the datapath.
-const ADD_POINTS: &[&str] = &[
-    "load-maps-pinned",
-    "ipam-record-written",
-    "ipam-addresses-linked",
-    "ipam",
-    "veth",
-    "veth-labelled",
-    "host-routes",
-    "container",
-    "datapath-entries-written",
-    "datapath",
-    "port-mappings",
-];
+/// The fault points of ADD, in order, read from the plugin's own list
+/// (`cni-ebpf/src/faults.rs`: the quoted names between `// ADD` and `// DEL` in
+/// `POINTS`), so a point added there is visited here. `load-maps-pinned` is only passed by
+/// the ADD that loads the datapath.
+fn add_points() -> Vec<&'static str> {
+    const SOURCE: &str = include_str!("../../cni-ebpf/src/faults.rs");
+    let list = SOURCE
+        .split_once("pub const POINTS")
+        .and_then(|(_, rest)| rest.split_once("// ADD"))
+        .and_then(|(_, rest)| rest.split_once("// DEL"))
+        .map_or("", |(add, _)| add);
+    let points: Vec<&'static str> = list
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix('"')?.split_once('"').map(|(p, _)| p))
+        .collect();
+    assert!(
+        points.len() >= 10 && points[0] == "load-maps-pinned",
+        "could not read ADD's fault points from faults.rs: {points:?}"
+    );
+    points
+}
 
 /// Passes over every ADD, DEL and GC fault point (`CNI_EBPF_CRASH_STEP_PASSES`, default
 /// 10; one pass is 11 ADD points × 5 DEL variants (netns present, gone, empty
@@ -251,11 +260,11 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
     let started = Instant::now();
     let (passes, mut kills, mut round) = (step_passes(), 0usize, 0usize);
     for pass in 0..passes {
-        for point in ADD_POINTS {
+        for point in add_points() {
             for variant in 0..5 {
                 round += 1;
                 let what = format!("pass {pass}, ADD killed at {point}, DEL variant {variant}");
-                if *point == "load-maps-pinned" {
+                if point == "load-maps-pinned" {
                     // Only the first ADD on a node loads: start from no pins.
                     let dir = node.pin_root().join("testnet");
                     std::fs::remove_dir_all(&dir)
@@ -327,7 +336,7 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
                         ctr.stdout
                     );
                 }
-                if *point == "load-maps-pinned" {
+                if point == "load-maps-pinned" {
                     node.warm_up(&conf);
                 }
             }

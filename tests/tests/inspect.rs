@@ -73,8 +73,7 @@ fn inspect_names_each_pod_and_shows_one_pod_on_request() {
         .conf()
         .version("1.0.0")
         .subnets(&[POD_SUBNET_V4])
-        .set("ipMasq", json!(true))
-        .set("clusterCIDRs", json!(["10.244.0.0/16"]));
+        .masquerading("10.244.0.0/16");
     let web = node.pod("web");
     let db = node.pod("db");
     let bare = node.pod("bare");

@@ -128,8 +128,7 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
         .conf()
         .version("1.0.0")
         .subnets(&[POD_SUBNET_V4])
-        .set("ipMasq", json!(true))
-        .set("clusterCIDRs", json!(["10.244.0.0/16"]))
+        .masquerading("10.244.0.0/16")
         .set("cgroupPath", json!(cgroup.path().to_string_lossy()));
     let with_port = |c: &ConfBuilder| {
         c.clone().set(
