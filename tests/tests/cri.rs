@@ -227,9 +227,34 @@ fn cri_pods_get_addresses_host_ports_and_traffic_and_leave_nothing() {
         st_a.ips.iter().all(|ip| cni_result.contains(ip.as_str())),
         "containerd's record of the CNI result: {cni_result}"
     );
+    // kubelet's metadata reached the plugin (K8S_POD_* in CNI_ARGS, set by containerd):
+    // `inspect` names the pod of each endpoint.
+    let dp = node.datapath(NET).unwrap_or(Value::Null);
+    let pod_of = |ip: &str| {
+        dp["endpoints"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|e| e["ip"].as_str() == Some(ip))
+            .map(|e| e["pod"].clone())
+            .unwrap_or(Value::Null)
+    };
+    for (st, meta) in [(&st_a, &a), (&st_b, &b)] {
+        let pod = pod_of(st.ip4());
+        assert_eq!(
+            (&pod["namespace"], &pod["name"], &pod["uid"]),
+            (
+                &Value::from(meta.namespace.as_str()),
+                &Value::from(meta.name.as_str()),
+                &Value::from(meta.uid.as_str())
+            ),
+            "inspect's pod of {}: {dp:#}",
+            st.ip4()
+        );
+    }
     // The hostPort became exactly one port-mapping entry: TCP 8080 → pod a:80, owned by
     // the sandbox.
-    let mappings = node.datapath(NET).unwrap_or(Value::Null)["portMappings"].clone();
+    let mappings = dp["portMappings"].clone();
     let list = mappings.as_array().cloned().unwrap_or_default();
     assert!(
         list.len() == 1
