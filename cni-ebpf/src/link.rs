@@ -215,19 +215,6 @@ impl Nl {
         }
     }
 
-    /// Every link in this namespace.
-    pub async fn links(&self) -> Result<Vec<Link>> {
-        retry_dump("listing links", || async {
-            self.handle
-                .link()
-                .get()
-                .execute()
-                .map_ok(|m| Link::from_message(&m))
-                .try_collect()
-                .await
-        })
-        .await
-    }
 
     /// Creates a veth pair in one request: the host end here, the peer directly inside
     /// `peer_ns`, each with its name and MAC, both with the MTU; the host end in the
@@ -381,18 +368,6 @@ impl Nl {
         }
     }
 
-    /// Deletes a route; a missing route is not an error.
-    pub async fn del_route(&self, route: &NewRoute) -> Result<()> {
-        let msg = build_route(route)?;
-        match self.handle.route().del(msg).execute().await {
-            Ok(()) => Ok(()),
-            Err(e) if is_errno(&e, libc::ESRCH) || is_errno(&e, libc::ENODEV) => Ok(()),
-            Err(e) => Err(Error::netlink(
-                format!("deleting route to {}", route.dst),
-                e,
-            )),
-        }
-    }
 
     /// Adds (`replace`: or replaces) the main-table route `dst via gw` marked with
     /// `protocol`; the kernel picks the device that reaches `gw` on-link.
@@ -678,14 +653,20 @@ impl Nl {
             .map_err(|e| Error::netlink(format!("labelling link #{index} {alias:?}"), e))
     }
 
+    /// Every link of this namespace, as the kernel describes it.
+    async fn link_messages(&self) -> Result<Vec<LinkMessage>> {
+        retry_dump("listing links", || async {
+            self.handle.link().get().execute().try_collect().await
+        })
+        .await
+    }
+
     /// Veths in device group `group` without an alias: host veths of the network whose
     /// [`unlabelled_group`] that is, created by an ADD that has not labelled them (yet).
     pub async fn unlabelled_veths(&self, group: u32) -> Result<Vec<Link>> {
-        let msgs: Vec<LinkMessage> = retry_dump("listing links", || async {
-            self.handle.link().get().execute().try_collect().await
-        })
-        .await?;
-        Ok(msgs
+        Ok(self
+            .link_messages()
+            .await?
             .iter()
             .filter(|m| {
                 m.attributes
@@ -720,11 +701,9 @@ impl Nl {
 
     /// Every link whose alias starts with `prefix`, with its alias.
     pub async fn links_with_alias(&self, prefix: &str) -> Result<Vec<(Link, String)>> {
-        let msgs: Vec<LinkMessage> = retry_dump("listing links", || async {
-            self.handle.link().get().execute().try_collect().await
-        })
-        .await?;
-        Ok(msgs
+        Ok(self
+            .link_messages()
+            .await?
             .iter()
             .filter_map(|m| {
                 let alias = m.attributes.iter().find_map(|a| match a {
