@@ -185,17 +185,25 @@ pub(crate) fn program_text(e: &aya::programs::ProgramError) -> String {
             io_error,
             verifier_log,
         } => format!("BPF_PROG_LOAD failed: {io_error}; verifier log:\n{verifier_log}"),
-        other => {
-            let mut s = other.to_string();
-            let mut src = std::error::Error::source(other);
-            while let Some(e) = src {
-                s.push_str(": ");
-                s.push_str(&e.to_string());
-                src = e.source();
-            }
-            s
-        }
+        other => chain(other),
     }
+}
+
+/// An error and its sources on one line, `: `-separated; a source whose text a wrapper
+/// already shows is not repeated. Bounded, against a cyclic chain.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    for _ in 0..16 {
+        let Some(inner) = src else { break };
+        let t = inner.to_string();
+        if !s.contains(&t) {
+            s.push_str(": ");
+            s.push_str(&t);
+        }
+        src = inner.source();
+    }
+    s
 }
 
 impl Cause {

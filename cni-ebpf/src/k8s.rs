@@ -404,26 +404,10 @@ impl ApiClient {
             Ok(Err(source)) => Err(ApiError::Transport {
                 server,
                 what: what.to_owned(),
-                reason: chain(&source),
+                reason: crate::error::chain(&source),
             }),
         }
     }
-}
-
-/// `e` and its causes, `: `-separated, each cause once (wrappers often repeat their
-/// source's text).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut parts: Vec<String> = Vec::new();
-    let mut cur = Some(e);
-    for _ in 0..16 {
-        let Some(err) = cur else { break };
-        let text = err.to_string();
-        if !parts.iter().any(|p| p.contains(&text)) {
-            parts.push(text);
-        }
-        cur = err.source();
-    }
-    parts.join(": ")
 }
 
 /// Whether kube's error is one of its own timeouts (connect/read), which carry no type we

@@ -215,7 +215,6 @@ impl Nl {
         }
     }
 
-
     /// Creates a veth pair in one request: the host end here, the peer directly inside
     /// `peer_ns`, each with its name and MAC, both with the MTU; the host end in the
     /// device group. Neither is set up.
@@ -367,7 +366,6 @@ impl Nl {
             Err(e) => Err(Error::netlink(context(), e)),
         }
     }
-
 
     /// Adds (`replace`: or replaces) the main-table route `dst via gw` marked with
     /// `protocol`; the kernel picks the device that reaches `gw` on-link.

@@ -194,12 +194,12 @@ fn attach_tcx(
         .map_err(|e| TcxError::Failed(load::program_error(&e)))?;
     let fd_link: FdLink = link
         .try_into()
-        .map_err(|e: LinkError| TcxError::Failed(load::chain(&e)))?;
+        .map_err(|e: LinkError| TcxError::Failed(crate::error::chain(&e)))?;
     fd_link.pin(pin).map_err(|e| {
         TcxError::Failed(format!(
             "pinning the link at {}: {}",
             pin.display(),
-            load::chain(&e)
+            crate::error::chain(&e)
         ))
     })?;
     Ok(())

@@ -197,7 +197,7 @@ pub fn open_map_read_only(pins: &Pins, name: &str) -> Result<Map> {
     let err = |e: &dyn std::error::Error| {
         Error::datapath(
             format!("opening pinned map {} read-only", path.display()),
-            chain(e),
+            crate::error::chain(e),
         )
     };
     let fd = obj_get_read_only(&path).map_err(|e| err(&e))?;
@@ -267,19 +267,4 @@ pub fn open_program(pins: &Pins, name: &str) -> Result<SchedClassifier> {
         |e: ProgramError| Error::datapath(format!("opening pinned program {}", path.display()), e);
     let info = ProgramInfo::from_pin(&path).map_err(err)?;
     SchedClassifier::from_program_info(info, name.to_owned().into()).map_err(err)
-}
-
-/// An error and its sources on one line.
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(inner) = src {
-        let t = inner.to_string();
-        if !s.contains(&t) {
-            s.push_str(": ");
-            s.push_str(&t);
-        }
-        src = inner.source();
-    }
-    s
 }

@@ -36,7 +36,7 @@ pub struct Maps {
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
-    Error::datapath(format!("map {name}: {what}"), load::chain(e))
+    Error::datapath(format!("map {name}: {what}"), crate::error::chain(e))
 }
 
 impl Maps {

@@ -136,12 +136,16 @@ fn replace_programs(pins: &Pins) -> Result<()> {
                 for t in tc_targets(&dp, name)? {
                     swap_tc(p, old_id, &t)?;
                 }
-                pin_over(pins, name, |tmp| p.pin(tmp).map_err(|e| load::chain(&e)))?;
+                pin_over(pins, name, |tmp| {
+                    p.pin(tmp).map_err(|e| crate::error::chain(&e))
+                })?;
             }
             Program::CgroupSockAddr(p) => {
                 p.load().map_err(verify)?;
                 swap_cgroup_link(p, &pins.socket_link(name))?;
-                pin_over(pins, name, |tmp| p.pin(tmp).map_err(|e| load::chain(&e)))?;
+                pin_over(pins, name, |tmp| {
+                    p.pin(tmp).map_err(|e| crate::error::chain(&e))
+                })?;
             }
             _ => {
                 return Err(Error::datapath(
