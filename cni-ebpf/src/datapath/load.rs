@@ -15,8 +15,8 @@ use std::{
 
 use aya::{
     maps::{Map, MapData},
-    programs::{Program, ProgramError, ProgramInfo, SchedClassifier},
-    EbpfLoader,
+    programs::{CgroupSockAddr, Program, ProgramError, ProgramInfo, SchedClassifier},
+    Ebpf, EbpfLoader,
 };
 use cni_ebpf_common::{global, prog};
 // A typed constant: `f_type`'s width and signedness differ between glibc and musl.
@@ -115,24 +115,8 @@ pub fn load_and_pin(pins: &Pins) -> Result<()> {
 /// pinned are kept as they are). Only the packet tests ask for faults.
 #[doc(hidden)]
 pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
-    let bytes = object::bytes()?;
     pins.create_dirs()?;
-    let maps_dir = pins.maps_dir();
-    let fault_l4_csum = u32::from(faults.l4_csum);
-    let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(&maps_dir);
-    if faults != Faults::default() {
-        loader.override_global(global::FAULT_L4_CSUM, &fault_l4_csum, true);
-    }
-    let mut ebpf = loader.load(bytes).map_err(|e| {
-        Error::datapath(
-            format!(
-                "loading the eBPF object (maps pinned in {})",
-                maps_dir.display()
-            ),
-            e,
-        )
-    })?;
+    let mut ebpf = load_object(pins, faults)?;
     crate::faults::point("load-maps-pinned")?;
     let fresh = !prog::ALL.iter().any(|p| pins.prog(p).exists());
     for name in prog::ALL {
@@ -140,30 +124,7 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
         if pin.exists() {
             continue;
         }
-        let program = ebpf.program_mut(name).ok_or_else(|| {
-            Error::datapath(
-                format!("loading program {name}"),
-                "the embedded object has no such program",
-            )
-        })?;
-        let verify = |e: ProgramError| Error::datapath(format!("verifying program {name}"), e);
-        let pinned = match program {
-            Program::SchedClassifier(p) => {
-                p.load().map_err(verify)?;
-                p.pin(&pin)
-            }
-            Program::CgroupSockAddr(p) => {
-                p.load().map_err(verify)?;
-                p.pin(&pin)
-            }
-            _ => {
-                return Err(Error::datapath(
-                    format!("loading program {name}"),
-                    "the embedded object's program has an unexpected type",
-                ))
-            }
-        };
-        pinned.map_err(|e| {
+        load_program(&mut ebpf, name)?.pin(&pin).map_err(|e| {
             Error::datapath(format!("pinning program {name} at {}", pin.display()), e)
         })?;
     }
@@ -178,6 +139,70 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The embedded object loaded with its maps bound to the pins in `pins` (aya's by-name
+/// pinning: existing pins are reused with their contents, missing ones created), and
+/// test-only `faults` set in its globals.
+pub fn load_object(pins: &Pins, faults: Faults) -> Result<Ebpf> {
+    let bytes = object::bytes()?;
+    let maps_dir = pins.maps_dir();
+    let fault_l4_csum = u32::from(faults.l4_csum);
+    let mut loader = EbpfLoader::new();
+    loader.default_map_pin_directory(&maps_dir);
+    if faults != Faults::default() {
+        loader.override_global(global::FAULT_L4_CSUM, &fault_l4_csum, true);
+    }
+    loader.load(bytes).map_err(|e| {
+        Error::datapath(
+            format!(
+                "loading the eBPF object (maps pinned in {})",
+                maps_dir.display()
+            ),
+            e,
+        )
+    })
+}
+
+/// A program of the object, verified: a tc classifier or a cgroup socket program.
+pub enum Loaded<'a> {
+    /// `from_pod`, `uplink_ingress`, `uplink_egress`.
+    Tc(&'a mut SchedClassifier),
+    /// The host-port hooks of the node's own sockets.
+    Sock(&'a mut CgroupSockAddr),
+}
+
+impl Loaded<'_> {
+    /// Pins the program at `path`.
+    pub fn pin(&mut self, path: &Path) -> std::result::Result<(), aya::pin::PinError> {
+        match self {
+            Self::Tc(p) => p.pin(path),
+            Self::Sock(p) => p.pin(path),
+        }
+    }
+}
+
+/// Verifies (loads into the kernel) program `name` of `ebpf`.
+pub fn load_program<'a>(ebpf: &'a mut Ebpf, name: &str) -> Result<Loaded<'a>> {
+    let verify = |e: ProgramError| Error::datapath(format!("verifying program {name}"), e);
+    match ebpf.program_mut(name) {
+        Some(Program::SchedClassifier(p)) => {
+            p.load().map_err(verify)?;
+            Ok(Loaded::Tc(p))
+        }
+        Some(Program::CgroupSockAddr(p)) => {
+            p.load().map_err(verify)?;
+            Ok(Loaded::Sock(p))
+        }
+        Some(_) => Err(Error::datapath(
+            format!("loading program {name}"),
+            "the embedded object's program has an unexpected type",
+        )),
+        None => Err(Error::datapath(
+            format!("loading program {name}"),
+            "the embedded object has no such program",
+        )),
+    }
 }
 
 /// Opens a pinned map.

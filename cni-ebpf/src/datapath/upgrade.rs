@@ -22,15 +22,13 @@
 //! refuses every operation on the node and names the procedure (`mod.rs`,
 //! `refuse_foreign`).
 
-use aya::{
-    programs::{CgroupSockAddr, Program, SchedClassifier, TcAttachType},
-    EbpfLoader,
-};
+use aya::programs::{CgroupSockAddr, SchedClassifier, TcAttachType};
 use cni_ebpf_common::prog;
 
 use super::{
     attach::{self, AttachMode},
-    load, object,
+    load::{self, Loaded},
+    object,
     pins::{Direction, Pins},
     Datapath,
 };
@@ -104,57 +102,23 @@ struct TcTarget {
 }
 
 fn replace_programs(pins: &Pins) -> Result<()> {
-    let bytes = object::bytes()?;
-    let maps_dir = pins.maps_dir();
-    let mut loader = EbpfLoader::new();
-    loader.default_map_pin_directory(&maps_dir);
-    let mut ebpf = loader.load(bytes).map_err(|e| {
-        Error::datapath(
-            format!(
-                "loading the new eBPF object (maps pinned in {})",
-                maps_dir.display()
-            ),
-            e,
-        )
-    })?;
+    let mut ebpf = load::load_object(pins, load::Faults::default())?;
     let dp = Datapath::open_pins(pins.clone())?;
     for name in prog::ALL {
-        let pin = pins.prog(name);
-        let program = ebpf.program_mut(name).ok_or_else(|| {
-            Error::datapath(
-                format!("loading program {name}"),
-                "the embedded object has no such program",
-            )
-        })?;
-        let verify = |e: aya::programs::ProgramError| {
-            Error::datapath(format!("verifying program {name}"), e)
-        };
-        match program {
-            Program::SchedClassifier(p) => {
-                p.load().map_err(verify)?;
+        match load::load_program(&mut ebpf, name)? {
+            Loaded::Tc(p) => {
                 let old_id = attach::program_id(&load::open_program(pins, name)?)?;
                 for t in tc_targets(&dp, name)? {
                     swap_tc(p, old_id, &t)?;
                 }
-                pin_over(pins, name, |tmp| {
-                    p.pin(tmp).map_err(|e| crate::error::chain(&e))
-                })?;
+                pin_over(pins, name, |tmp| p.pin(tmp))?;
             }
-            Program::CgroupSockAddr(p) => {
-                p.load().map_err(verify)?;
+            Loaded::Sock(p) => {
                 swap_cgroup_link(p, &pins.socket_link(name))?;
-                pin_over(pins, name, |tmp| {
-                    p.pin(tmp).map_err(|e| crate::error::chain(&e))
-                })?;
-            }
-            _ => {
-                return Err(Error::datapath(
-                    format!("loading program {name}"),
-                    "the embedded object's program has an unexpected type",
-                ))
+                pin_over(pins, name, |tmp| p.pin(tmp))?;
             }
         }
-        tracing::debug!("replaced program {name} at {}", pin.display());
+        tracing::debug!("replaced program {name} at {}", pins.prog(name).display());
     }
     Ok(())
 }
@@ -229,7 +193,7 @@ fn swap_tc(new: &mut SchedClassifier, old_id: u32, t: &TcTarget) -> Result<()> {
 fn pin_over(
     pins: &Pins,
     name: &str,
-    pin: impl FnOnce(&std::path::Path) -> std::result::Result<(), String>,
+    pin: impl FnOnce(&std::path::Path) -> std::result::Result<(), aya::pin::PinError>,
 ) -> Result<()> {
     let path = pins.prog(name);
     let tmp = pins.progs_dir().join(format!("{name}-next"));
