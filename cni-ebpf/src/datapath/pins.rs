@@ -137,15 +137,8 @@ impl Pins {
     /// The object markers (`object-…` directories, [`super::object::stamp`]) in the
     /// version directory: normally one, the object whose programs are pinned.
     pub fn stamps(&self) -> Result<Vec<String>> {
-        let dir = self.version_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
-        };
-        let mut v: Vec<String> = entries
-            .filter_map(std::result::Result::ok)
-            .filter_map(|e| e.file_name().into_string().ok())
+        let mut v: Vec<String> = names_in(&self.version_dir())?
+            .into_iter()
             .filter(|n| n.starts_with("object-"))
             .collect();
         v.sort();
@@ -183,15 +176,9 @@ impl Pins {
 
     /// Layout versions other than ours found in the network directory.
     pub fn foreign_versions(&self) -> Result<Vec<String>> {
-        let entries = match std::fs::read_dir(&self.network) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io(format!("reading {}", self.network.display()), e)),
-        };
         let ours = version_dir_name();
-        Ok(entries
-            .filter_map(std::result::Result::ok)
-            .filter_map(|e| e.file_name().into_string().ok())
+        Ok(names_in(&self.network)?
+            .into_iter()
             .filter(|n| {
                 n.len() > 1 && n.starts_with('v') && n[1..].bytes().all(|b| b.is_ascii_digit())
             })
@@ -210,18 +197,24 @@ impl Pins {
 
     /// Host veth names that have a pinned endpoint link.
     pub fn endpoint_links(&self) -> Result<Vec<String>> {
-        let dir = self.links_dir();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-            Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
-        };
-        Ok(entries
-            .filter_map(std::result::Result::ok)
-            .filter_map(|e| e.file_name().into_string().ok())
+        Ok(names_in(&self.links_dir())?
+            .into_iter()
             .filter_map(|n| n.strip_prefix("ep-").map(str::to_owned))
             .collect())
     }
+}
+
+/// The (UTF-8) names in directory `dir`; none when it does not exist.
+fn names_in(dir: &Path) -> Result<Vec<String>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(Error::io(format!("reading {}", dir.display()), e)),
+    };
+    Ok(entries
+        .filter_map(std::result::Result::ok)
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect())
 }
 
 #[cfg(test)]
