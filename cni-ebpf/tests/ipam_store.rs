@@ -20,8 +20,8 @@ use cni_ebpf::{
     ipam::{
         self,
         config::{Ipam, IpamConfig},
-        store::{Requester, Store, StoreOptions},
-        Allocator,
+        store::{Store, StoreOptions},
+        Allocator, Requester,
     },
 };
 use ipam_common::{add, audit_clean, data_dir, del, env, list, netconf, netconf_json, parse};

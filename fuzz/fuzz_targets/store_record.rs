@@ -10,7 +10,8 @@
 #![no_main]
 
 use cni_ebpf::ipam::{
-    store::{parse_cursor, parse_record, split_key_name},
+    record::{parse_record, split_key_name},
+    store::parse_cursor,
     Reservation,
 };
 use libfuzzer_sys::fuzz_target;

@@ -19,7 +19,7 @@ use crate::{
     cni::config::DEFAULT_DATA_DIR,
     datapath::Datapath,
     error::{Error, Result},
-    ipam::{store, PodRef},
+    ipam::{record, PodRef},
 };
 
 /// Arguments of `cni-ebpf inspect`.
@@ -90,7 +90,7 @@ impl fmt::Display for PodFilter {
 
 /// The pod of each (container ID, ifname) the store at `store_dir` has a record for.
 fn pods_of(store_dir: &Path) -> HashMap<(String, String), PodRef> {
-    store::read_records_unlocked(store_dir)
+    record::read_records_unlocked(store_dir)
         .into_iter()
         .filter_map(|r| Some(((r.container_id, r.ifname), r.pod?)))
         .collect()

@@ -13,7 +13,8 @@ use ipnet::IpNet;
 
 use super::{
     config::{IpamConfig, Range},
-    store::{self, key_name, split_key_name, Ident, Record, Requester, Store, StoreOptions},
+    record::{key_name, split_key_name, Record, Requester},
+    store::{self, Ident, Store, StoreOptions},
     Reservation,
 };
 use crate::{

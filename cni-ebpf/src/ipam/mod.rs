@@ -87,11 +87,13 @@ use crate::{
 pub mod allocator;
 pub mod config;
 pub mod delegate;
+pub mod record;
 pub mod store;
 
 pub use allocator::{Allocator, Audit};
 pub use config::{Ipam, IpamConfig};
-pub use store::{PodRef, Requester, StoreOptions};
+pub use record::{PodRef, Requester};
+pub use store::StoreOptions;
 
 /// One reservation: the addresses held by `(container_id, ifname)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,8 +114,8 @@ pub struct Reservation {
     pub created: u64,
 }
 
-impl From<store::Record> for Reservation {
-    fn from(r: store::Record) -> Self {
+impl From<record::Record> for Reservation {
+    fn from(r: record::Record) -> Self {
         Self {
             container_id: r.container_id,
             ifname: r.ifname,
@@ -130,7 +132,7 @@ impl Reservation {
     /// A reservation known only by its key file name (its record is unreadable).
     #[must_use]
     pub fn from_key_name(name: &str) -> Self {
-        let (container_id, ifname) = store::split_key_name(name).unwrap_or((name, ""));
+        let (container_id, ifname) = record::split_key_name(name).unwrap_or((name, ""));
         Self {
             container_id: container_id.to_owned(),
             ifname: ifname.to_owned(),
@@ -165,7 +167,7 @@ pub fn validate(conf: &NetConf, env: &Env) -> Result<()> {
             cfg.check_routes()?;
             let requested = config::requested_ips(conf, env)?;
             cfg.assign_requests(&requested)?;
-            store::key_name(&env.container_id, &env.ifname)?;
+            record::key_name(&env.container_id, &env.ifname)?;
             cfg.result_dns(conf)?;
             store::check_path(&store_dir(conf))
         }

@@ -255,7 +255,7 @@ impl<'a> Purge<'a> {
                     // Unreadable: counted, since it cannot be shown to be of an earlier boot.
                     Some((None, _)) => {
                         let (cid, ifname) =
-                            crate::ipam::store::split_key_name(&key).unwrap_or((&key, ""));
+                            crate::ipam::record::split_key_name(&key).unwrap_or((&key, ""));
                         pods.entry((cid.to_owned(), ifname.to_owned())).or_default();
                     }
                     None => {}
