@@ -25,8 +25,6 @@ use std::net::Ipv4Addr;
 
 use packet_support::*;
 
-const ALL_PROGS: [&str; 3] = ["from_pod", "uplink_ingress", "uplink_egress"];
-
 /// TEST-NET-3: addresses nothing in the fixture's node knows.
 fn foreign(r: &mut Rng) -> Ipv4Addr {
     Ipv4Addr::new(203, 0, 113, r.below(256) as u8)

@@ -15,20 +15,6 @@ use cni_ebpf_common::{NatEntry, NatKey, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
 use packet_support::*;
 
 const REPEAT: u32 = 200_000;
-const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
-
-fn udp6_frame(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
-    let udp = [
-        0x9c, 0x40, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, b'p', b'i', b'n', b'g',
-    ];
-    let mut ip = vec![0x60, 0, 0, 0];
-    ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
-    ip.extend_from_slice(&[17, 64]);
-    ip.extend_from_slice(&src.octets());
-    ip.extend_from_slice(&dst.octets());
-    ip.extend_from_slice(&udp);
-    eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
-}
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

@@ -13,8 +13,6 @@ mod packet_support;
 use cni_ebpf_common::Reason;
 use packet_support::*;
 
-const ALL_PROGS: [&str; 3] = ["from_pod", "uplink_ingress", "uplink_egress"];
-
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn pod_to_local_pod_is_redirected_into_the_peer() {

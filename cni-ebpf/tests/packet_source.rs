@@ -104,22 +104,7 @@ fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
     assert_eq!(fx.run_on("from_pod", IFINDEX_A, &routed).0, SHOT);
 }
 
-const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
 const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
-
-/// An Ethernet frame from pod A carrying IPv6 UDP from `src` to `dst`.
-fn udp6_frame(src: Ipv6Addr, dst: Ipv6Addr) -> Vec<u8> {
-    let udp = [
-        0x9c, 0x40, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, b'p', b'i', b'n', b'g',
-    ];
-    let mut ip = vec![0x60, 0, 0, 0];
-    ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
-    ip.extend_from_slice(&[17, 64]);
-    ip.extend_from_slice(&src.octets());
-    ip.extend_from_slice(&dst.octets());
-    ip.extend_from_slice(&udp);
-    eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
-}
 
 /// Pods A and B with an IPv6 address each besides their IPv4 one.
 fn dual_stack_node() -> Fixture {

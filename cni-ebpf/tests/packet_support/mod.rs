@@ -653,3 +653,23 @@ fn pod_endpoint(
         egress_rate: None,
     }
 }
+
+/// Every tc program of the datapath.
+pub const ALL_PROGS: [&str; 3] = ["from_pod", "uplink_ingress", "uplink_egress"];
+
+/// Pod A's IPv6 address in the dual-stack tests.
+pub const POD_A6: std::net::Ipv6Addr = std::net::Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
+
+/// An Ethernet frame from pod A carrying IPv6 UDP (a 4-byte payload) from `src` to `dst`.
+pub fn udp6_frame(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
+    let udp = [
+        0x9c, 0x40, 0x00, 0x35, 0x00, 0x0c, 0x00, 0x00, b'p', b'i', b'n', b'g',
+    ];
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(udp.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[17, 64]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    ip.extend_from_slice(&udp);
+    eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
+}
