@@ -29,6 +29,15 @@ use tests::{
     CniEnv, SimNode,
 };
 
+/// A GC of `conf`'s network with no valid attachment: everything of it is stale.
+fn gc_of_nothing(conf: &tests::ConfBuilder) -> Vec<u8> {
+    conf.clone()
+        .set("cni.dev/valid-attachments", serde_json::json!([]))
+        .plugin()
+        .to_string()
+        .into_bytes()
+}
+
 /// Rounds of "ADD killed after a random delay, then DEL".
 fn rounds() -> usize {
     std::env::var("CNI_EBPF_CRASH_ROUNDS")
@@ -250,12 +259,7 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
     );
     let plugin = hostport.plugin().to_string().into_bytes();
     let plain = conf.plugin().to_string().into_bytes();
-    let gc = conf
-        .clone()
-        .set("cni.dev/valid-attachments", serde_json::json!([]))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let gc = gc_of_nothing(&conf);
     node.warm_up(&conf);
     let started = Instant::now();
     let (passes, mut kills, mut round) = (step_passes(), 0usize, 0usize);
@@ -478,12 +482,7 @@ fn gc_collects_a_killed_adds_unlabelled_pair_but_never_one_in_flight() {
         "the dead pair's container end went with it"
     );
     // That network's own GC collects it; the runtime's DELs then find nothing to do.
-    let other_gc = other
-        .clone()
-        .set("cni.dev/valid-attachments", serde_json::json!([]))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let other_gc = gc_of_nothing(&other);
     assert!(node
         .exec_plugin_raw("GC", &CniEnv::default(), &other_gc)
         .success());
@@ -652,12 +651,7 @@ fn kill_9_during_gc_then_gc_leaves_nothing() {
             );
         }
     }
-    let gc = conf
-        .clone()
-        .set("cni.dev/valid-attachments", serde_json::json!([]))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let gc = gc_of_nothing(&conf);
     // GC killed at random points, several times, then one that runs to the end.
     let mut gc_kills = 0;
     for _ in 0..5 {
