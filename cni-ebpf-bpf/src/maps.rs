@@ -8,11 +8,12 @@ use aya_ebpf::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NatUse, NodeAddr,
-    NodeConfig, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer, SockRevKey,
-    SockRevValue, SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, MAX_CLUSTER_CIDRS,
-    MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS,
-    MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, REASON_SLOTS,
+    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry, NatKey, NatUse,
+    NodeAddr, NodeConfig, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer,
+    SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED,
+    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_DEST_USE, MAX_NAT_USE,
+    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
+    MAX_STACK_SOCKETS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -37,6 +38,12 @@ pub(crate) static NAT: HashMap<NatKey, NatEntry> = HashMap::pinned(MAX_NAT, 0);
 /// Each pod's share of `NAT`, by host veth ifindex (key 0: the sweep clock).
 #[map]
 pub(crate) static NAT_USE: HashMap<u32, NatUse> = HashMap::pinned(MAX_NAT_USE, 0);
+
+/// SNAT ports each pod holds towards each destination of its masqueraded flows (see
+/// `nat::dest_room`). Plain hash: a key lives only while its count is above zero, so
+/// there are never more keys than masqueraded flows.
+#[map]
+pub(crate) static NAT_DEST_USE: HashMap<NatDestKey, u32> = HashMap::pinned(MAX_NAT_DEST_USE, 0);
 
 /// Pod flows: whether each may bypass the node's stack (see `flows`).
 #[map]
@@ -111,8 +118,11 @@ pub(crate) fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
 }
 
 #[inline(always)]
-pub(crate) fn node_config() -> Option<NodeConfig> {
-    NODE_CONFIG.get(0).copied()
+pub(crate) fn node_config() -> Option<&'static NodeConfig> {
+    // A reference into the map value, not a copy: the value is 168 bytes, and a copy on
+    // `uplink_egress`'s stack left too little of the verifier's 512 for the NAT calls.
+    // (A copy was no more consistent: userspace rewrites it in place either way.)
+    NODE_CONFIG.get(0)
 }
 
 #[inline(always)]

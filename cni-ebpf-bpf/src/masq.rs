@@ -6,13 +6,15 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DELIVER_STACK,
-    NAT_SNAT_FWD, NAT_SNAT_REV,
+    proto, NatDestKey, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT,
+    NAT_DELIVER_STACK, NAT_SNAT_FWD, NAT_SNAT_REV,
 };
 
 use crate::{
     maps::{count, in_cluster, is_node_addr, local_endpoint, node_config},
-    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, room_for_flow, sweep},
+    nat::{
+        alloc_port, dest_room, entry, forget_new_flow, nat_add, nat_remove, room_for_flow, sweep,
+    },
     parse::{Pkt, ICMP_ECHO, TCP_ACK, TCP_SYN},
     rewrite::{apply, rewrite_failed},
     PASS,
@@ -61,6 +63,19 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
     // nobody else's.
     if !room_for_flow(ep.ifindex) {
         count(Reason::DropNatPodCap);
+        return TC_ACT_SHOT as i32;
+    }
+    // And its share of the ports towards this destination, so that it cannot take every
+    // port other pods need to reach it.
+    let dest = NatDestKey {
+        pod: ep.ifindex,
+        daddr: p.daddr,
+        dport: p.dport,
+        proto: p.proto,
+        _pad: 0,
+    };
+    if !dest_room(&dest, cfg.snat_dest_cap) {
+        count(Reason::DropSnatDestCap);
         return TC_ACT_SHOT as i32;
     }
     // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.

@@ -24,13 +24,14 @@ use aya_ebpf::{
     helpers::{bpf_for_each_map_elem, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_DELIVER_DIRECT,
-    NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_F_UNCHARGED, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
-    NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
+    proto, NatDestKey, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS,
+    NAT_DELIVER_DIRECT, NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_F_UNCHARGED, NAT_ICMP_IDLE_NS,
+    NAT_SNAT_REV, NAT_SWEEP_BUDGET, NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS,
+    NAT_UDP_IDLE_NS,
 };
 
 use crate::{
-    maps::{count, port_mapping, NAT, NAT_USE},
+    maps::{count, port_mapping, NAT, NAT_DEST_USE, NAT_USE},
     parse::{Pkt, TCP_FIN, TCP_RST},
 };
 
@@ -320,15 +321,16 @@ pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
 }
 
 /// Inserts NAT entry `e` at `key` (`flags`: `BPF_ANY` or `BPF_NOEXIST`), charging it to
-/// its pod and giving back the charge of an entry it replaces. `false` when the map
-/// refused it (the key exists under `BPF_NOEXIST`, or the table is full).
+/// its pod (and a masquerade reverse entry's port to its destination, [`dest_key`]) and
+/// giving back the charges of an entry it replaces. `false` when the map refused it (the
+/// key exists under `BPF_NOEXIST`, or the table is full).
 #[inline(always)]
 pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
     // SAFETY: copied out at once.
-    let old = if flags == BPF_NOEXIST as u64 {
-        0
+    let (old, old_dest) = if flags == BPF_NOEXIST as u64 {
+        (0, None)
     } else {
-        unsafe { NAT.get(*key) }.map_or(0, charged_pod)
+        unsafe { NAT.get(*key) }.map_or((0, None), |o| (charged_pod(o), dest_key(key, o)))
     };
     if NAT.insert(key, e, flags).is_err() {
         return false;
@@ -336,21 +338,118 @@ pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
     if e.pod != 0 {
         add_use(e.pod, 1);
     }
+    if let Some(d) = dest_key(key, e) {
+        add_dest_use(&d, 1);
+    }
     if old != 0 {
         add_use(old, u32::MAX);
+    }
+    if let Some(d) = old_dest {
+        add_dest_use(&d, u32::MAX);
     }
     true
 }
 
-/// Removes NAT entry `key` and gives back its pod's charge (only the remover that
-/// succeeded does, so two CPUs removing one entry give it back once).
+/// Removes NAT entry `key` and gives back its charges (only the remover that succeeded
+/// does, so two CPUs removing one entry give them back once).
 #[inline(always)]
 pub(crate) fn nat_remove(key: &NatKey) {
     // SAFETY: copied out at once.
-    let pod = unsafe { NAT.get(*key) }.map_or(0, charged_pod);
-    if NAT.remove(key).is_ok() && pod != 0 {
+    let (pod, dest) =
+        unsafe { NAT.get(*key) }.map_or((0, None), |e| (charged_pod(e), dest_key(key, e)));
+    if NAT.remove(key).is_err() {
+        return;
+    }
+    if pod != 0 {
         add_use(pod, u32::MAX);
     }
+    if let Some(d) = dest {
+        add_dest_use(&d, u32::MAX);
+    }
+}
+
+/// The destination whose SNAT ports entry `e` (at `key`) holds one of, charged to its
+/// pod: for a masquerade reverse entry (keyed destination → node:port), the pod and
+/// that destination. Unlike the pod's share of the table, the port stays charged after
+/// its flow closed, until the entry goes: the port is held until then.
+#[inline(always)]
+fn dest_key(key: &NatKey, e: &NatEntry) -> Option<NatDestKey> {
+    if e.kind != NAT_SNAT_REV || e.pod == 0 {
+        return None;
+    }
+    Some(NatDestKey {
+        pod: e.pod,
+        daddr: key.saddr,
+        dport: key.sport,
+        proto: key.proto,
+        _pad: 0,
+    })
+}
+
+/// Adds `delta` (`1` or `u32::MAX`, −1) to the SNAT ports pod `d.pod` holds towards
+/// `d`'s destination, atomically; the key is removed by whoever takes the count to zero.
+/// (A port taken in the instant between may go uncounted: the count errs low, never
+/// high, so a pod is never refused ports it does not hold.)
+#[inline(always)]
+fn add_dest_use(d: &NatDestKey, delta: u32) {
+    if let Some(c) = NAT_DEST_USE.get_ptr_mut(d) {
+        // SAFETY: a valid, aligned `u32` map value, only ever updated atomically.
+        unsafe { atomic_add(c, delta) };
+        // Read after the add, not returned by it (a fetch-add with a result needs BPF
+        // v3): of CPUs racing here, one at least sees zero; one that adds after sees
+        // its own one and keeps the key.
+        // SAFETY: as above; a plain read of an aligned `u32`.
+        if delta == u32::MAX && (unsafe { core::ptr::read_volatile(c) } as i32) <= 0 {
+            let _ = NAT_DEST_USE.remove(d);
+        }
+        return;
+    }
+    if delta != 1 {
+        return;
+    }
+    if NAT_DEST_USE.insert(d, &1, BPF_NOEXIST as u64).is_err() {
+        // Another CPU made the key first (or the map is full: the port goes uncounted).
+        if let Some(c) = NAT_DEST_USE.get_ptr_mut(d) {
+            // SAFETY: as above.
+            unsafe { atomic_add(c, 1) };
+        }
+    }
+}
+
+/// Whether the pod of `d` may take one more SNAT port towards `d`'s destination
+/// (`cap`: `natPortsPerDestination`, 0 for no cap). When it may not, the table is swept
+/// for finished flows (at most once a second node-wide) and the count looked at again.
+#[inline(always)]
+pub(crate) fn dest_room(d: &NatDestKey, cap: u32) -> bool {
+    if has_dest_room(d, cap) {
+        return true;
+    }
+    sweep() && has_dest_room(d, cap)
+}
+
+#[inline(always)]
+fn has_dest_room(d: &NatDestKey, cap: u32) -> bool {
+    if cap == 0 {
+        return true;
+    }
+    // SAFETY: copied out at once.
+    let held = unsafe { NAT_DEST_USE.get(d) }.copied().unwrap_or(0);
+    // Signed, as for the pod's share.
+    (held as i32) < cap as i32
+}
+
+/// Atomically adds `delta` to `*p` (the old value is not returned: that needs BPF v3).
+///
+/// # Safety
+/// `p` must be a valid, aligned `u32` that is only ever updated atomically.
+#[inline(always)]
+unsafe fn atomic_add(p: *mut u32, delta: u32) {
+    // `core::sync::atomic` has no types for the BPF target; the intrinsic is what
+    // `AtomicU32::fetch_add` lowers to (a BPF atomic add, its result unused).
+    #[cfg(target_arch = "bpf")]
+    atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(p, delta);
+    #[cfg(not(target_arch = "bpf"))]
+    AtomicU32::from_ptr(p).fetch_add(delta, Ordering::Relaxed);
 }
 
 /// Adds `delta` (wrapping: `u32::MAX` is −1) to pod `pod`'s charged entries, atomically.
@@ -358,17 +457,9 @@ pub(crate) fn nat_remove(key: &NatKey) {
 #[inline(always)]
 fn add_use(pod: u32, delta: u32) {
     if let Some(u) = NAT_USE.get_ptr_mut(pod) {
-        // `core::sync::atomic` has no types for the BPF target; the intrinsic is what
-        // `AtomicU32::fetch_add` lowers to (a BPF atomic add).
         // SAFETY: a valid, aligned `u32` inside the map value, which lives as long as
         // the map; only ever updated atomically by the programs.
-        #[cfg(target_arch = "bpf")]
-        unsafe {
-            atomic_xadd::<u32, u32, { AtomicOrdering::Relaxed }>(&raw mut (*u).entries, delta);
-        }
-        // SAFETY: as above.
-        #[cfg(not(target_arch = "bpf"))]
-        unsafe { AtomicU32::from_ptr(&raw mut (*u).entries) }.fetch_add(delta, Ordering::Relaxed);
+        unsafe { atomic_add(&raw mut (*u).entries, delta) };
     }
 }
 

@@ -13,7 +13,7 @@ use core::mem::size_of;
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
 /// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
 /// of another version (see `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Names of the programs in the object (also their pin names).
 pub mod prog {
@@ -93,8 +93,12 @@ pub mod map {
     /// Host veth ifindex (`u32`, native order) → [`super::NatUse`]: a pod's share of the
     /// NAT table (key 0: the node-wide sweep clock).
     pub const NAT_USE: &str = "NAT_USE";
+    /// [`super::NatDestKey`] (a pod and a destination of its masqueraded flows) → `u32`:
+    /// how many SNAT ports the pod holds towards that destination (see
+    /// [`super::NodeConfig::snat_dest_cap`]). A key goes when its count reaches zero.
+    pub const NAT_DEST_USE: &str = "NAT_DEST_USE";
     /// Every map.
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 16] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -110,6 +114,7 @@ pub mod map {
         PACING,
         SRC_ALLOW6,
         NAT_USE,
+        NAT_DEST_USE,
     ];
 }
 
@@ -143,6 +148,9 @@ pub const MAX_SRC_ALLOW: u32 = 4096;
 pub const MAX_SRC_ALLOW6: u32 = 8192;
 /// Capacity of [`map::NAT_USE`] (one entry per pod interface, plus the sweep clock).
 pub const MAX_NAT_USE: u32 = MAX_ENDPOINTS + 1;
+/// Capacity of [`map::NAT_DEST_USE`]: one key per (pod, destination) holding at least one
+/// SNAT port, so never more than the masqueraded flows [`map::NAT`] can hold.
+pub const MAX_NAT_DEST_USE: u32 = MAX_NAT / 2;
 /// Default of `natFlowsPerPod`: translated flows one pod may hold at once. Each takes two
 /// entries of [`map::NAT`], so a pod may hold an eighth of the table: no single pod can
 /// fill it, and only eight pods at their cap together could. (A busy proxy pod holding
@@ -263,11 +271,15 @@ pub enum Reason {
     NatSweep = 52,
     /// An entry of a finished flow removed by a sweep (its pod's share given back).
     NatSweptEntry = 53,
+    /// Dropped: the first packet of a masqueraded flow of a pod that already holds its
+    /// share of the SNAT ports towards that destination (address, port, protocol;
+    /// `natPortsPerDestination`).
+    DropSnatDestCap = 54,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 39] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -306,6 +318,7 @@ impl Reason {
         Reason::DropNatPodCap,
         Reason::NatSweep,
         Reason::NatSweptEntry,
+        Reason::DropSnatDestCap,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -350,13 +363,14 @@ impl Reason {
             Reason::DropNatPodCap => "drop_nat_pod_cap",
             Reason::NatSweep => "nat_sweep",
             Reason::NatSweptEntry => "nat_swept_entry",
+            Reason::DropSnatDestCap => "drop_snat_dest_cap",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::NatSweptEntry as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::DropSnatDestCap as u32) < REASON_SLOTS);
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -598,6 +612,23 @@ pub struct NatEntry {
 }
 const _: () = assert!(size_of::<NatEntry>() == 32);
 
+/// Key of [`map::NAT_DEST_USE`]: a pod and one destination of its masqueraded flows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NatDestKey {
+    /// Host veth ifindex of the pod, native order.
+    pub pod: u32,
+    /// Destination IPv4 address, network order.
+    pub daddr: u32,
+    /// Destination port (ICMP: the echo id), network order.
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Padding (zero).
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<NatDestKey>() == 12);
+
 /// Value of [`map::NAT_USE`]: one pod's share of the NAT table.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -756,13 +787,18 @@ pub struct NodeConfig {
     /// When userspace last listed every node address (`CLOCK_BOOTTIME` seconds, native
     /// order; 0 = never). Userspace only.
     pub addrs_listed_s: u32,
+    /// Most SNAT ports one pod may hold towards one destination (address, port,
+    /// protocol), native order (`natPortsPerDestination`; 0: no cap).
+    pub snat_dest_cap: u32,
+    /// Padding (zero).
+    pub _pad: u32,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
     /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
     /// socket hooks translate only sockets of this namespace (0: none).
     pub netns_cookie: u64,
 }
-const _: () = assert!(size_of::<NodeConfig>() == 24 + 8 * MAX_CLUSTER_CIDRS + 8);
+const _: () = assert!(size_of::<NodeConfig>() == 32 + 8 * MAX_CLUSTER_CIDRS + 8);
 
 /// Value of [`map::NODE_ADDRS`].
 #[repr(C)]
@@ -834,6 +870,8 @@ mod pod {
     unsafe impl aya::Pod for super::SrcAllowKey {}
     unsafe impl aya::Pod for super::Pacing {}
     unsafe impl aya::Pod for super::NatUse {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::NatDestKey {}
     unsafe impl aya::Pod for super::SrcAllow6Key {}
 }
 

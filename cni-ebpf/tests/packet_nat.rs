@@ -332,16 +332,11 @@ fn one_port_node() -> Fixture {
 /// [`one_port_node`] on fixture `fx`.
 fn one_port_node_on(fx: Fixture) -> Fixture {
     fx.standard_node(true);
-    fx.dp()
-        .configure_node(&cni_ebpf::datapath::NodeSettings {
-            node_addr: Some(NODE),
-            uplink_ifindex: 2,
-            ip_masq: true,
-            cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
-            snat_ports: (ONE_PORT, ONE_PORT),
-            netns_cookie: 0,
-        })
-        .unwrap();
+    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+        snat_ports: (ONE_PORT, ONE_PORT),
+        snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, (ONE_PORT, ONE_PORT)),
+        ..standard_settings(true)
+    });
     fx.two_pods();
     fx
 }

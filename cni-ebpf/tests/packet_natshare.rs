@@ -11,10 +11,13 @@ mod packet_support;
 use std::time::Duration;
 
 use cni_ebpf::datapath::Endpoint;
-use cni_ebpf_common::{NatUse, Reason};
+use cni_ebpf_common::{NatDestKey, NatUse, Reason};
 use packet_support::*;
 
 const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
+/// A second outside address.
+const EXT2: std::net::Ipv4Addr = std::net::Ipv4Addr::new(198, 18, 0, 101);
 
 /// Pods A (capped at `cap` flows) and B (default share), masquerade on.
 fn node_with_cap(cap: u32) -> Fixture {
@@ -268,4 +271,157 @@ fn host_port_and_hairpin_flows_are_charged_to_their_pods() {
     );
     assert_eq!(v, SHOT, "pod A's hairpin beyond its cap");
     assert_eq!(fx.reason(Reason::DropNatPodCap), 2);
+}
+
+/// Pods A and B with their default shares, and at most `cap` SNAT ports per pod and
+/// destination.
+fn node_with_dest_cap(cap: u32) -> Fixture {
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+        snat_dest_cap: cap,
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    fx.two_pods();
+    fx
+}
+
+/// The SNAT ports pod `ifindex` holds towards `daddr:dport` (TCP) as the programs count
+/// them (`None`: no key, i.e. none).
+fn ports_held(fx: &Fixture, ifindex: u32, daddr: std::net::Ipv4Addr, dport: u16) -> Option<u32> {
+    let map = fx.map("NAT_DEST_USE");
+    let m: aya::maps::HashMap<_, NatDestKey, u32> = aya::maps::HashMap::try_from(&map).unwrap();
+    let key = NatDestKey {
+        pod: ifindex,
+        daddr: u32::from_ne_bytes(daddr.octets()),
+        dport: dport.to_be(),
+        proto: 6,
+        _pad: 0,
+    };
+    m.get(&key, 0).ok()
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pod_at_its_port_cap_towards_a_destination_is_refused_there_and_nowhere_else() {
+    let fx = node_with_dest_cap(3);
+    // Pod B's long-lived connection to EXT:443, opened first.
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50000, EXT, 443, SYN)).0, OK);
+
+    // Pod A takes its three ports towards EXT:443; the fourth flow there is refused.
+    for i in 0..3 {
+        let (v, _) = fx.egress(&tcp_frame(POD_A, 40000 + i, EXT, 443, SYN));
+        assert_eq!(v, OK, "pod A's flow {i} to EXT:443 within the cap");
+    }
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 443), Some(3));
+    for i in 3..6 {
+        let (v, _) = fx.egress(&tcp_frame(POD_A, 40000 + i, EXT, 443, SYN));
+        assert_eq!(v, SHOT, "pod A's flow {i} to EXT:443 beyond the cap");
+    }
+    assert_eq!(fx.reason(Reason::DropSnatDestCap), 3);
+    assert_eq!(fx.reason(Reason::DropNatPodCap), 0, "not the flow cap");
+    assert_eq!(
+        share(&fx, IFINDEX_A).entries,
+        6,
+        "refused flows charge nothing"
+    );
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 443), Some(3));
+
+    // Other destinations (another port, another address) are other shares.
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40010, EXT, 444, SYN)).0, OK);
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40011, EXT2, 443, SYN)).0, OK);
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 444), Some(1));
+
+    // Pod A's existing flows keep their ports; pod B's connection and new flows to the
+    // same destination are untouched.
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 443, ACK));
+    assert_eq!(v, OK, "pod A's existing flow");
+    assert_eq!(parse_checked(&out).src, NODE);
+    let (v, out) = fx.egress(&tcp_frame(POD_B, 50000, EXT, 443, ACK));
+    assert_eq!(v, OK, "pod B's long-lived connection");
+    let b_port = parse_checked(&out).sport;
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 443, NODE, b_port, ACK));
+    assert_eq!(v, REDIRECT, "the reply of pod B's connection reaches pod B");
+    for i in 0..2 {
+        let (v, _) = fx.egress(&tcp_frame(POD_B, 51000 + i, EXT, 443, SYN));
+        assert_eq!(v, OK, "pod B's new flow {i} to EXT:443");
+    }
+    assert_eq!(ports_held(&fx, IFINDEX_B, EXT, 443), Some(3));
+    assert_eq!(fx.reason(Reason::DropSnatDestCap), 3);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_closed_flows_port_counts_until_it_is_free_again() {
+    // Unlike the flow cap (live flows), the cap per destination is on ports held: a
+    // closed flow's port is not free for its grace time (the peer's TIME_WAIT when the
+    // peer closed first), so a pod whose peers close first cannot take every port
+    // towards them by opening and closing connections.
+    let fx = node_with_dest_cap(1);
+    let (v, out) = fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN));
+    assert_eq!(v, OK);
+    let port = parse_checked(&out).sport;
+    // The peer closes first, then the pod: closed, uncharged from the flow share...
+    let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 80, NODE, port, FIN | ACK));
+    assert_eq!(v, REDIRECT);
+    assert_eq!(
+        fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, FIN | ACK)).0,
+        OK
+    );
+    assert_eq!(share(&fx, IFINDEX_A).entries, 0);
+    // ...but its port is held: a new flow to EXT:80 is refused.
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 80), Some(1));
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40001, EXT, 80, SYN)).0, SHOT);
+    assert_eq!(fx.reason(Reason::DropSnatDestCap), 1);
+
+    // Past the peer's TIME_WAIT (60 s) the flow is over: the pod's next flow sweeps it
+    // out, and the port counts no more.
+    age_nat(&fx, Duration::from_secs(61));
+    let (v, _) = fx.egress(&tcp_frame(POD_A, 40002, EXT, 80, SYN));
+    assert_eq!(v, OK, "the port is free again");
+    assert_eq!(fx.reason(Reason::NatSweptEntry), 2);
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 80), Some(1));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ports_given_back_leave_no_count_behind() {
+    let fx = node_with_dest_cap(1);
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40000, EXT, 80, SYN)).0, OK);
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50000, EXT, 80, SYN)).0, OK);
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50001, EXT, 81, SYN)).0, OK);
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 80), Some(1));
+
+    // Removing pod A (DEL, GC) gives its ports back: its counts go with it.
+    let mut errors = Vec::new();
+    fx.dp()
+        .remove_pod("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()], &mut errors);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        ports_held(&fx, IFINDEX_A, EXT, 80),
+        None,
+        "pod A's count outlived it"
+    );
+    assert_eq!(
+        ports_held(&fx, IFINDEX_B, EXT, 80),
+        Some(1),
+        "pod B's is its own"
+    );
+
+    // Pod B resets both its connections; past their grace a new flow to EXT:80, at
+    // the cap, sweeps them out: the count for EXT:81 reaches zero and its key goes.
+    for (sport, dport) in [(50000, 80), (50001, 81)] {
+        assert_eq!(
+            fx.egress(&tcp_frame(POD_B, sport, EXT, dport, RST | ACK)).0,
+            OK
+        );
+    }
+    age_nat(&fx, Duration::from_secs(2));
+    assert_eq!(fx.egress(&tcp_frame(POD_B, 50002, EXT, 80, SYN)).0, OK);
+    assert_eq!(fx.reason(Reason::NatSweptEntry), 4);
+    assert_eq!(ports_held(&fx, IFINDEX_B, EXT, 80), Some(1));
+    assert_eq!(ports_held(&fx, IFINDEX_B, EXT, 81), None);
+    let map = fx.map("NAT_DEST_USE");
+    let m: aya::maps::HashMap<_, NatDestKey, u32> = aya::maps::HashMap::try_from(&map).unwrap();
+    assert_eq!(m.keys().count(), 1, "one key: pod B → EXT:80");
 }

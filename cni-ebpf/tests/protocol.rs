@@ -290,6 +290,8 @@ fn bad_inputs_get_the_right_code_and_name_the_culprit() {
         ("bad args.cni.allowedSourceCIDRs", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"args\":{\"cni\":{\"allowedSourceCIDRs\":[\"nope\"]}}"), 7, "args.cni.allowedSourceCIDRs[0]"),
         ("natFlowsPerPod 0", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"natFlowsPerPod\":0"), 7, "natFlowsPerPod"),
         ("natFlowsPerPod beyond the table", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"natFlowsPerPod\":65537"), 7, "natFlowsPerPod"),
+        ("natPortsPerDestination 0", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"natPortsPerDestination\":0"), 7, "natPortsPerDestination"),
+        ("natPortsPerDestination beyond a port", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"natPortsPerDestination\":65536"), 7, "natPortsPerDestination"),
         ("bad IPv6 runtimeConfig.allowedSourceCIDRs", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"runtimeConfig\":{\"allowedSourceCIDRs\":[\"fd00::/129\"]}"), 7, "runtimeConfig.allowedSourceCIDRs[0]"),
         ("bad ipam subnet", ok_add.clone(), good.replace("10.244.1.0/24", "10.244.1.0/33"), 7, "subnet"),
         (

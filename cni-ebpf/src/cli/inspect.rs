@@ -163,12 +163,14 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         .node_addr
         .map_or_else(|| "-".to_owned(), |a| a.to_string());
     println!(
-        "node: address {addr}, uplink #{}, ipMasq {}, clusterCIDRs [{}], SNAT ports {}-{}",
+        "node: address {addr}, uplink #{}, ipMasq {}, clusterCIDRs [{}], SNAT ports {}-{} \
+         (at most {} per pod and destination)",
         node.uplink_ifindex,
         node.ip_masq,
         node.cluster_cidrs.join(", "),
         node.snat_ports.0,
-        node.snat_ports.1
+        node.snat_ports.1,
+        node.snat_dest_cap
     );
     println!("\nENDPOINTS ({})", endpoints.len());
     println!(

@@ -186,6 +186,8 @@ struct Raw {
     #[serde(default)]
     nat_flows_per_pod: Option<u32>,
     #[serde(default)]
+    nat_ports_per_destination: Option<u32>,
+    #[serde(default)]
     uplink: Option<String>,
     #[serde(default)]
     ip_masq: Option<bool>,
@@ -282,6 +284,10 @@ pub struct NetConf {
     /// `natFlowsPerPod`: translated flows (masquerade, host port, hairpin) one pod may
     /// hold in the NAT table at once.
     pub nat_flows_per_pod: u32,
+    /// `natPortsPerDestination`: SNAT ports one pod may hold towards one destination
+    /// (address, port, protocol); `None`: half the node's SNAT port range
+    /// ([`crate::datapath::snat_dest_cap`]).
+    pub nat_ports_per_destination: Option<u32>,
     /// `uplink`: the node's outward interface (default: the default route's device).
     pub uplink: Option<String>,
     /// `ipMasq`.
@@ -416,6 +422,14 @@ impl NetConf {
                 ),
             ));
         }
+        if let Some(n) = raw.nat_ports_per_destination {
+            if !(1..=65535).contains(&n) {
+                return Err(Error::config(
+                    "natPortsPerDestination",
+                    format!("{n} is outside 1..=65535 (a port number's range)"),
+                ));
+            }
+        }
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         if !(68..=65535).contains(&mtu) {
             return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
@@ -538,6 +552,7 @@ impl NetConf {
             plugin_type: raw.plugin_type.unwrap_or_else(|| "cni-ebpf".into()),
             mtu,
             nat_flows_per_pod,
+            nat_ports_per_destination: raw.nat_ports_per_destination,
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
             cluster_cidrs: raw.cluster_cidrs.unwrap_or_default(),

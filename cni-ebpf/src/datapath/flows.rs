@@ -13,7 +13,7 @@ use std::{
     net::Ipv4Addr,
 };
 
-use cni_ebpf_common::map as map_name;
+use cni_ebpf_common::{map as map_name, NatDestKey, NAT_F_UNCHARGED, NAT_SNAT_REV};
 
 use super::{
     maps::{self, addr},
@@ -58,12 +58,39 @@ impl Datapath {
             .filter(|(k, v)| has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr))
             .collect();
         // Each removed entry gives its charge back to its pod's NAT share (a hairpin flow
-        // of a pod that stays, towards one that goes, is charged to the one that stays).
+        // of a pod that stays, towards one that goes, is charged to the one that stays),
+        // and a masquerade reverse entry its port to the pod's count towards its
+        // destination.
         let mut given_back: HashMap<u32, u32> = HashMap::new();
+        let mut ports_back: HashMap<NatDestKey, u32> = HashMap::new();
         for (k, v) in doomed {
-            let charged = v.pod != 0 && v.flags & cni_ebpf_common::NAT_F_UNCHARGED == 0;
-            if nat.remove(&k).is_ok() && charged {
+            if nat.remove(&k).is_err() {
+                continue;
+            }
+            if v.pod != 0 && v.flags & NAT_F_UNCHARGED == 0 {
                 *given_back.entry(v.pod).or_default() += 1;
+            }
+            if v.pod != 0 && v.kind == NAT_SNAT_REV {
+                let d = NatDestKey {
+                    pod: v.pod,
+                    daddr: k.saddr,
+                    dport: k.sport,
+                    proto: k.proto,
+                    _pad: 0,
+                };
+                *ports_back.entry(d).or_default() += 1;
+            }
+        }
+        let mut dest_use = m.nat_dest_use()?;
+        for (d, n) in ports_back {
+            // As below; a count that reaches zero goes, as the programs do it.
+            if let Ok(held) = dest_use.get(&d, 0) {
+                let left = held.saturating_sub(n);
+                let _ = if left == 0 {
+                    dest_use.remove(&d)
+                } else {
+                    dest_use.insert(d, left, 0)
+                };
             }
         }
         let mut shares = m.nat_use()?;

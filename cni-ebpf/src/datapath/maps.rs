@@ -8,9 +8,9 @@ use aya::maps::{
     PerCpuValues,
 };
 use cni_ebpf_common::{
-    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatEntry, NatKey, NatUse, NodeAddr,
-    NodeConfig, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer, SockRevKey, SockRevValue,
-    SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry, NatKey, NatUse,
+    NodeAddr, NodeConfig, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer, SockRevKey,
+    SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -33,6 +33,7 @@ pub struct Maps {
     pub(crate) pacing: Map,
     pub(crate) src_allow6: Map,
     pub(crate) nat_use: Map,
+    pub(crate) nat_dest_use: Map,
 }
 
 fn map_err(name: &str, what: &str, e: &MapError) -> Error {
@@ -68,6 +69,7 @@ impl Maps {
             pacing: open(pins, map::PACING)?,
             src_allow6: open(pins, map::SRC_ALLOW6)?,
             nat_use: open(pins, map::NAT_USE)?,
+            nat_dest_use: open(pins, map::NAT_DEST_USE)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -85,6 +87,7 @@ impl Maps {
         m.pacing()?;
         m.src_allow6()?;
         m.nat_use()?;
+        m.nat_dest_use()?;
         Ok(m)
     }
 
@@ -152,6 +155,12 @@ impl Maps {
     /// [`map::NAT_USE`].
     pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
         HashMap::try_from(&mut self.nat_use).map_err(|e| map_err(map::NAT_USE, "open", &e))
+    }
+
+    /// [`map::NAT_DEST_USE`].
+    pub fn nat_dest_use(&mut self) -> Result<HashMap<&mut MapData, NatDestKey, u32>> {
+        HashMap::try_from(&mut self.nat_dest_use)
+            .map_err(|e| map_err(map::NAT_DEST_USE, "open", &e))
     }
 
     /// [`map::PACING`].

@@ -191,6 +191,10 @@ impl Datapath {
             n(allow6.keys().filter_map(std::result::Result::ok).count()),
         );
         out.insert(map_name::NAT_USE, n(maps::entries(&m.nat_use()?).len()));
+        out.insert(
+            map_name::NAT_DEST_USE,
+            n(maps::entries(&m.nat_dest_use()?).len()),
+        );
         Ok(out)
     }
 }

@@ -73,7 +73,7 @@ pub use self::{
     attach::AttachMode,
     endpoints::Endpoint,
     memory::MapStats,
-    node_config::NodeSettings,
+    node_config::{snat_dest_cap, NodeSettings},
     pins::Pins,
     views::{
         AttachmentState, EndpointView, FlowSummary, NatView, NodeView, PortMappingView,
@@ -153,12 +153,14 @@ impl Datapath {
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
         dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
+        let snat_ports = node::snat_port_range();
         let settings = NodeSettings {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
             ip_masq: conf.ip_masq,
             cluster_cidrs: cidrs,
-            snat_ports: node::snat_port_range(),
+            snat_ports,
+            snat_dest_cap: node_config::snat_dest_cap(conf.nat_ports_per_destination, snat_ports),
             netns_cookie,
         };
         dp.write_node_config(&old, &settings, all.then_some(now))?;

@@ -29,9 +29,28 @@ pub struct NodeSettings {
     pub cluster_cidrs: Vec<Ipv4Net>,
     /// SNAT port range (inclusive).
     pub snat_ports: (u16, u16),
+    /// Most SNAT ports one pod may hold towards one destination (0: no cap); see
+    /// [`snat_dest_cap`].
+    pub snat_dest_cap: u32,
     /// Cookie of the node's network namespace, for the socket hooks (0: they translate
     /// nothing).
     pub netns_cookie: u64,
+}
+
+/// The SNAT ports one pod may hold towards one destination on a node whose SNAT range is
+/// `ports`: `natPortsPerDestination` (`configured`; at most the range), by default half
+/// the range (rounded up). Half leaves the other pods at least as many ports towards any
+/// destination as the busiest pod gets, and one pod still far more than any client
+/// needs (16 000 with the usual range: at one connection per millisecond, a client that
+/// closes first frees its ports after a second's grace). 0 when the range is empty.
+#[must_use]
+pub fn snat_dest_cap(configured: Option<u32>, ports: (u16, u16)) -> u32 {
+    let size = if ports.0 == 0 || ports.1 < ports.0 {
+        0
+    } else {
+        u32::from(ports.1 - ports.0) + 1
+    };
+    configured.map_or(size.div_ceil(2), |c| c.min(size))
 }
 
 impl Datapath {
@@ -69,6 +88,8 @@ impl Datapath {
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,
+            snat_dest_cap: s.snat_dest_cap,
+            _pad: 0,
             addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
             netns_cookie: s.netns_cookie,
@@ -136,5 +157,24 @@ impl Datapath {
                 .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::snat_dest_cap;
+
+    #[test]
+    fn the_cap_per_destination_is_half_the_range_unless_configured() {
+        assert_eq!(snat_dest_cap(None, (32768, 60999)), 14116);
+        assert_eq!(snat_dest_cap(None, (1024, 32767)), 15872);
+        assert_eq!(snat_dest_cap(None, (65535, 65535)), 1, "rounded up");
+        assert_eq!(snat_dest_cap(Some(100), (1024, 32767)), 100);
+        assert_eq!(
+            snat_dest_cap(Some(60000), (1024, 32767)),
+            31744,
+            "at most the range"
+        );
+        assert_eq!(snat_dest_cap(None, (0, 0)), 0, "no range: nothing to cap");
     }
 }

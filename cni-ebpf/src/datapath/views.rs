@@ -139,6 +139,11 @@ pub struct SnatUsage {
     pub ports_in_use: u64,
     /// The most ports held towards any one destination.
     pub max_per_destination: u64,
+    /// Most ports one pod may hold towards one destination (`natPortsPerDestination`
+    /// in force; 0: no cap); a pod's masquerade to it fails (`drop_snat_dest_cap`) at it.
+    pub pod_destination_cap: u64,
+    /// The most ports one pod holds towards one destination, as the programs count them.
+    pub max_per_pod_destination: u64,
 }
 
 /// A reason counter, for `inspect`.
@@ -165,6 +170,8 @@ pub struct NodeView {
     pub cluster_cidrs: Vec<String>,
     /// SNAT port range.
     pub snat_ports: (u16, u16),
+    /// Most SNAT ports one pod may hold towards one destination (0: no cap).
+    pub snat_dest_cap: u32,
     /// The node addresses the programs treat as "this node".
     pub node_addrs: Vec<Ipv4Addr>,
 }
@@ -359,11 +366,18 @@ impl Datapath {
             ports.insert((k.proto, k.dport));
             *per_dest.entry((k.saddr, k.sport, k.proto)).or_default() += 1;
         }
+        let max_per_pod_destination = maps::entries(&m.nat_dest_use()?)
+            .into_iter()
+            .map(|(_, n)| u64::from(n))
+            .max()
+            .unwrap_or(0);
         Ok(SnatUsage {
             range_size,
             reservations,
             ports_in_use: ports.len() as u64,
             max_per_destination: per_dest.values().copied().max().unwrap_or(0),
+            pod_destination_cap: u64::from(cfg.snat_dest_cap),
+            max_per_pod_destination,
         })
     }
 
@@ -436,6 +450,7 @@ impl Datapath {
                 })
                 .collect(),
             snat_ports: (cfg.snat_port_min, cfg.snat_port_max),
+            snat_dest_cap: cfg.snat_dest_cap,
             node_addrs,
         })
     }

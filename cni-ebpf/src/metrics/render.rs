@@ -246,6 +246,24 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
         per_network(
             nets,
             Family::gauge(
+                "cni_ebpf_snat_ports_per_pod_destination_cap",
+                "Most SNAT ports one pod may hold towards one destination \
+                 (natPortsPerDestination; 0: no cap).",
+            ),
+            |n| n.snat.as_ref().map(|s| s.pod_destination_cap),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
+                "cni_ebpf_snat_ports_max_per_pod_destination",
+                "The most SNAT ports one pod holds towards one destination; its new flows \
+                 there are refused (drop_snat_dest_cap) when this reaches the cap.",
+            ),
+            |n| n.snat.as_ref().map(|s| s.max_per_pod_destination),
+        ),
+        per_network(
+            nets,
+            Family::gauge(
                 "cni_ebpf_snat_flows",
                 "Translated flows holding a SNAT port (one port reservation each).",
             ),
@@ -353,6 +371,8 @@ mod tests {
                 reservations: 2,
                 ports_in_use: 2,
                 max_per_destination: 1,
+                pod_destination_cap: 15_872,
+                max_per_pod_destination: 1,
             }),
             flows: Some(FlowSummary {
                 verified: 3,
@@ -442,6 +462,8 @@ mod tests {
             "cni_ebpf_snat_port_range_size{network=\"k8s-pod-network\"} 31744",
             "cni_ebpf_snat_ports_in_use{network=\"k8s-pod-network\"} 2",
             "cni_ebpf_snat_ports_max_per_destination{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_snat_ports_per_pod_destination_cap{network=\"k8s-pod-network\"} 15872",
+            "cni_ebpf_snat_ports_max_per_pod_destination{network=\"k8s-pod-network\"} 1",
             "cni_ebpf_snat_flows{network=\"k8s-pod-network\"} 2",
             "cni_ebpf_flows{network=\"k8s-pod-network\",state=\"verified\"} 3",
             "cni_ebpf_flows{network=\"k8s-pod-network\",state=\"pending\"} 1",

@@ -145,16 +145,12 @@ impl Fixture {
 
     /// Node config: node address NODE, masquerade on, cluster 10.244.0.0/16.
     pub fn standard_node(&self, masq: bool) {
-        self.dp()
-            .configure_node(&NodeSettings {
-                node_addr: Some(NODE),
-                uplink_ifindex: 2,
-                ip_masq: masq,
-                cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
-                snat_ports: SNAT_PORTS,
-                netns_cookie: 0,
-            })
-            .unwrap_or_else(|e| panic!("configure_node: {e}"));
+        self.configure_node(&standard_settings(masq));
+        self.standard_node_addrs();
+    }
+
+    /// The node addresses of [`Self::standard_node`]: NODE, NODE2 and the pods' gateway.
+    pub fn standard_node_addrs(&self) {
         self.dp()
             .set_node_addrs(&[
                 (NODE, 2),
@@ -163,6 +159,13 @@ impl Fixture {
                 (GATEWAY, IFINDEX_B),
             ])
             .unwrap_or_else(|e| panic!("set_node_addrs: {e}"));
+    }
+
+    /// Writes node config `s`.
+    pub fn configure_node(&self, s: &NodeSettings) {
+        self.dp()
+            .configure_node(s)
+            .unwrap_or_else(|e| panic!("configure_node: {e}"));
     }
 
     /// Endpoint entries for pods A and B (no attachment).
@@ -672,4 +675,18 @@ pub fn udp6_frame(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
     ip.extend_from_slice(&dst.octets());
     ip.extend_from_slice(&udp);
     eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
+}
+
+/// The settings of [`Fixture::standard_node`]: node address NODE, cluster 10.244.0.0/16,
+/// the SNAT ports of [`SNAT_PORTS`] with the default cap per pod and destination.
+pub fn standard_settings(masq: bool) -> NodeSettings {
+    NodeSettings {
+        node_addr: Some(NODE),
+        uplink_ifindex: 2,
+        ip_masq: masq,
+        cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        snat_ports: SNAT_PORTS,
+        snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, SNAT_PORTS),
+        netns_cookie: 0,
+    }
 }
