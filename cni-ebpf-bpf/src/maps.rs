@@ -4,6 +4,7 @@
 //! directory (`<bpffsRoot>/<network>/v<LAYOUT_VERSION>/maps`), so every later invocation reuses them.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
@@ -41,9 +42,11 @@ pub(crate) static NAT_USE: HashMap<u32, NatUse> = HashMap::pinned(MAX_NAT_USE, 0
 
 /// SNAT ports each pod holds towards each destination of its masqueraded flows (see
 /// `nat::dest_room`). Plain hash: a key lives only while its count is above zero, so
-/// there are never more keys than masqueraded flows.
+/// there are never more keys than masqueraded flows. Not preallocated: a node holds a
+/// few keys per pod, and the 65 536 slots preallocated would cost 5.5 MiB.
 #[map]
-pub(crate) static NAT_DEST_USE: HashMap<NatDestKey, u32> = HashMap::pinned(MAX_NAT_DEST_USE, 0);
+pub(crate) static NAT_DEST_USE: HashMap<NatDestKey, u32> =
+    HashMap::pinned(MAX_NAT_DEST_USE, BPF_F_NO_PREALLOC);
 
 /// Pod flows: whether each may bypass the node's stack (see `flows`).
 #[map]
