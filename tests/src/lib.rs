@@ -55,8 +55,10 @@ pub use containerd::{Containerd, PodSpec};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};
 pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request, WhoAmIServer};
-pub use netns::NetNs;
-pub use node::{Pod, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK};
+pub use netns::{CommandFailed, NetNs};
+pub use node::{
+    wire_uplink, NodeNamespaces, Pod, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK,
+};
 pub use plugin::{fault_bin, plugin_bin, CniEnv, CniError, PluginOutput, FAULT_BIN_ENV};
 pub use process::{ip_json, netns_exec, netns_exec_ok, Background, Output};
 pub use snapshot::Snapshot;

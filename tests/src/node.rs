@@ -31,7 +31,7 @@ use crate::{
     conf::ConfBuilder,
     inspect::{ResultView, StoreView},
     libcni::{client_bin, ClientOutput, REFERENCE_PLUGINS},
-    netns::NetNs,
+    netns::{CommandFailed, NetNs},
     plugin::{exec_plugin_in, plugin_bin, CniEnv, PluginOutput},
     process::{netns_exec, run, run_cmd, Background, Output, DEFAULT_TIMEOUT},
     snapshot::Snapshot,
@@ -142,19 +142,7 @@ impl SimNode {
     }
 
     fn wire_uplink(&self) {
-        let (n, e) = (self.node.name(), self.ext.name());
-        run(&[
-            "ip", "-n", n, "link", "add", UPLINK, "type", "veth", "peer", "name", "eth0", "netns",
-            e,
-        ])
-        .ok();
-        configure_link(n, UPLINK, NODE_IP4, NODE_IP6);
-        configure_link(e, "eth0", EXT_IP4, EXT_IP6);
-        run(&["ip", "-n", n, "route", "add", "default", "via", EXT_IP4]).ok();
-        run(&[
-            "ip", "-n", n, "-6", "route", "add", "default", "via", EXT_IP6,
-        ])
-        .ok();
+        wire_uplink(&self.node, &self.ext).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// The unique tag in every name this node created.
@@ -570,35 +558,76 @@ impl Pod {
 /// step fails.
 #[track_caller]
 pub(crate) fn configure_link(ns: &str, dev: &str, v4: &str, v6: &str) {
-    run(&[
+    try_configure_link(ns, dev, v4, v6).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Gives `dev` in namespace `ns` the addresses `v4`/24 and `v6`/64 (no DAD) and sets it up.
+fn try_configure_link(ns: &str, dev: &str, v4: &str, v6: &str) -> Result<(), CommandFailed> {
+    let ip = |args: &[&str]| -> Result<(), CommandFailed> {
+        let mut argv = vec!["ip", "-n", ns];
+        argv.extend_from_slice(args);
+        let out = run(&argv);
+        if out.success() {
+            Ok(())
+        } else {
+            Err(CommandFailed(format!("command failed: {out}")))
+        }
+    };
+    ip(&["addr", "add", &format!("{v4}/24"), "dev", dev])?;
+    ip(&["addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"])?;
+    let key = PathBuf::from("/proc/sys/net/ipv6/conf")
+        .join(dev)
+        .join("accept_dad");
+    crate::net::in_netns(&Path::new(crate::netns::NETNS_DIR).join(ns), move || {
+        std::fs::write(&key, "0")
+    })
+    .map_err(|e| CommandFailed(format!("accept_dad of {dev} in {ns}: {e}")))?;
+    ip(&["link", "set", dev, "up"])
+}
+
+/// Wires a node namespace to the outside world as DESIGN.md's test topology has it: a
+/// veth `uplink0` (198.18.0.1/24, fd00:198:18::1/64) ↔ `eth0` in `ext` (198.18.0.2,
+/// fd00:198:18::2), and the node's default routes through `ext`.
+pub fn wire_uplink(node: &NetNs, ext: &NetNs) -> Result<(), CommandFailed> {
+    node.sh(&[
         "ip",
-        "-n",
-        ns,
-        "addr",
+        "link",
         "add",
-        &format!("{v4}/24"),
-        "dev",
-        dev,
-    ])
-    .ok();
-    run(&[
-        "ip",
-        "-n",
-        ns,
-        "addr",
-        "add",
-        &format!("{v6}/64"),
-        "dev",
-        dev,
-        "nodad",
-    ])
-    .ok();
-    crate::inspect::set_sysctl(
-        &Path::new(crate::netns::NETNS_DIR).join(ns),
-        &format!("net.ipv6.conf.{dev}.accept_dad"),
-        "0",
-    );
-    run(&["ip", "-n", ns, "link", "set", dev, "up"]).ok();
+        UPLINK,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "eth0",
+        "netns",
+        ext.name(),
+    ])?;
+    try_configure_link(node.name(), UPLINK, NODE_IP4, NODE_IP6)?;
+    try_configure_link(ext.name(), "eth0", EXT_IP4, EXT_IP6)?;
+    node.sh(&["ip", "route", "add", "default", "via", EXT_IP4])?;
+    node.sh(&["ip", "-6", "route", "add", "default", "via", EXT_IP6])?;
+    Ok(())
+}
+
+/// The two namespaces of a simulated node, wired by [`wire_uplink`], without the test's
+/// directories and caches: what `cargo xtask demo` and the bench build their nodes on
+/// (they keep their own pins and data directories).
+#[derive(Debug)]
+pub struct NodeNamespaces {
+    /// The node (dropped first).
+    pub node: NetNs,
+    /// The outside world.
+    pub ext: NetNs,
+}
+
+impl NodeNamespaces {
+    /// Creates `<prefix>-node` and `<prefix>-ext` (replacing ones a killed run left).
+    pub fn create(prefix: &str) -> Result<Self, CommandFailed> {
+        let node = NetNs::create_replacing(&format!("{prefix}-node"))?;
+        let ext = NetNs::create_replacing(&format!("{prefix}-ext"))?;
+        wire_uplink(&node, &ext)?;
+        Ok(Self { node, ext })
+    }
 }
 
 /// All paths below `root`, relative and sorted; empty if `root` does not exist.

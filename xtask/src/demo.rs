@@ -10,7 +10,7 @@ use std::{io::Write, path::Path, process::Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use crate::sim::{Netns, Node};
+use tests::{NetNs, NodeNamespaces, EXT_IP4, NODE_IP4};
 
 /// Pin and data directories of the demo, removed on drop.
 struct Dirs {
@@ -26,7 +26,7 @@ impl Drop for Dirs {
 }
 
 fn plugin(
-    node: &Netns,
+    node: &NetNs,
     bin: &Path,
     command: &str,
     cid: &str,
@@ -34,7 +34,7 @@ fn plugin(
     conf: &Value,
 ) -> Result<Value> {
     let mut child = node
-        .cmd(&[&bin.to_string_lossy()])
+        .command(&[bin])
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", cid)
         .env("CNI_NETNS", netns)
@@ -63,9 +63,9 @@ fn plugin(
     Ok(serde_json::from_str(text.trim())?)
 }
 
-fn show(title: &str, ns: &Netns, argv: &[&str]) -> Result<()> {
+fn show(title: &str, ns: &NetNs, argv: &[&str]) -> Result<()> {
     println!("\n--- {title}: {}", argv.join(" "));
-    let out = ns.cmd(argv).output()?;
+    let out = ns.command(argv).output()?;
     print!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -79,10 +79,10 @@ fn show(title: &str, ns: &Netns, argv: &[&str]) -> Result<()> {
 
 /// Runs the demo.
 pub fn run(bin: &Path) -> Result<()> {
-    let sim = Node::create("cni-demo")?;
+    let sim = NodeNamespaces::create("cni-demo")?;
     let pods = [
-        Netns::create("cni-demo-pod-a")?,
-        Netns::create("cni-demo-pod-b")?,
+        NetNs::create_replacing("cni-demo-pod-a")?,
+        NetNs::create_replacing("cni-demo-pod-b")?,
     ];
     let pid = std::process::id();
     let dirs = Dirs {
@@ -108,8 +108,9 @@ pub fn run(bin: &Path) -> Result<()> {
         }
     });
     println!(
-        "Simulated node: namespace {} (uplink0 198.18.0.1/24), outside world: {} (198.18.0.2)",
-        sim.node.name, sim.ext.name
+        "Simulated node: namespace {} (uplink0 {NODE_IP4}/24), outside world: {} ({EXT_IP4})",
+        sim.node.name(),
+        sim.ext.name()
     );
 
     let mut added = Vec::new();
@@ -117,11 +118,11 @@ pub fn run(bin: &Path) -> Result<()> {
         let mut addrs = Vec::new();
         for (i, pod) in pods.iter().enumerate() {
             let cid = format!("demo-pod-{i}");
-            let res = plugin(&sim.node, bin, "ADD", &cid, &pod.path(), &conf)?;
-            added.push((cid.clone(), pod.path()));
+            let res = plugin(&sim.node, bin, "ADD", &cid, pod.path(), &conf)?;
+            added.push((cid.clone(), pod.path().to_path_buf()));
             println!(
                 "\nADD {cid} ({}) → result:\n{}",
-                pod.name,
+                pod.name(),
                 serde_json::to_string_pretty(&res)?
             );
             let v4 = res["ips"]
@@ -151,17 +152,17 @@ pub fn run(bin: &Path) -> Result<()> {
         show(
             "pod a → node",
             &pods[0],
-            &["ping", "-c", "2", "-i", "0.2", "-W", "1", "198.18.0.1"],
+            &["ping", "-c", "2", "-i", "0.2", "-W", "1", NODE_IP4],
         )?;
         show(
             "pod a → ext (masqueraded)",
             &pods[0],
-            &["ping", "-c", "2", "-i", "0.2", "-W", "1", "198.18.0.2"],
+            &["ping", "-c", "2", "-i", "0.2", "-W", "1", EXT_IP4],
         )?;
         let inspect = sim
             .node
-            .cmd(&[
-                &bin.to_string_lossy(),
+            .command(&[
+                bin.to_string_lossy().as_ref(),
                 "inspect",
                 "--network",
                 "demo",

@@ -34,7 +34,7 @@ use super::{
     report::{median, Report, Summary},
     topo::{pod_ip, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
 };
-use crate::sim::Netns;
+use tests::NetNs;
 
 /// Sizes of the data-plane phase.
 #[derive(Debug, Clone)]
@@ -252,22 +252,32 @@ pub struct Target {
 
 /// The bare veth floor: two namespaces and a veth pair with static addresses.
 struct Bare {
-    a: Netns,
-    b: Netns,
+    a: NetNs,
+    b: NetNs,
 }
 
 impl Bare {
     fn create(tag: &str) -> Result<Self> {
-        let a = Netns::create(&format!("{tag}-bare-a"))?;
-        let b = Netns::create(&format!("{tag}-bare-b"))?;
+        let a = NetNs::create_replacing(&format!("{tag}-bare-a"))?;
+        let b = NetNs::create_replacing(&format!("{tag}-bare-b"))?;
         a.sh(&[
-            "ip", "link", "add", "veth0", "type", "veth", "peer", "name", "veth0", "netns", &b.name,
+            "ip",
+            "link",
+            "add",
+            "veth0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "veth0",
+            "netns",
+            b.name(),
         ])?;
         a.sh(&["ip", "addr", "add", "10.99.0.1/24", "dev", "veth0"])?;
         b.sh(&["ip", "addr", "add", "10.99.0.2/24", "dev", "veth0"])?;
         a.sh(&["ip", "link", "set", "veth0", "up"])?;
         b.sh(&["ip", "link", "set", "veth0", "up"])?;
-        client_sysctls(&a.path())?;
+        client_sysctls(a.path())?;
         Ok(Self { a, b })
     }
 }
@@ -454,7 +464,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     ];
     // Servers: in the bare server namespace, in each server pod and in each ext.
     let mut servers: Vec<(Background, EchoServer)> = Vec::new();
-    let mut server_nss: Vec<PathBuf> = vec![bare.b.path()];
+    let mut server_nss: Vec<PathBuf> = vec![bare.b.path().to_path_buf()];
     for n in &nodes {
         server_nss.push(n.server.path());
         server_nss.push(n.node.ext_netns());
@@ -473,7 +483,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         if scenario == "pod2pod" {
             t.push(Target {
                 column: "bare veth",
-                client: bare.a.path(),
+                client: bare.a.path().to_path_buf(),
                 ip: "10.99.0.2".into(),
                 iperf_port: Some(IPERF_PORT),
                 echo_port: ECHO_PORT,

@@ -1,5 +1,5 @@
 //! The bench's simulated nodes: a `node` namespace (where the plugins run) joined to an
-//! `ext` namespace (the outside world, 198.18.0.0/24) by `sim::Node`, with its own pin
+//! `ext` namespace (the outside world, 198.18.0.0/24) by `tests::NodeNamespaces` (the tests' node plan), with its own pin
 //! root, IPAM/data dir, libcni cache and `CNI_PATH` directory, and pod namespaces. Two
 //! flavours of node run the same operations:
 //!
@@ -23,14 +23,14 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::proc::{self, Exec, Spec};
-use crate::sim::{Netns, Node};
+use tests::{NetNs, NodeNamespaces};
 
 /// The pod subnet (both variants; a /16 so that 1 000+ pods fit).
 pub const POD_SUBNET: &str = "10.244.0.0/16";
-/// The node's address on its uplink.
-pub const NODE_IP: &str = "198.18.0.1";
+/// The node's address on its uplink (the tests' node plan).
+pub const NODE_IP: &str = tests::NODE_IP4;
 /// The `ext` namespace's address.
-pub const EXT_IP: &str = "198.18.0.2";
+pub const EXT_IP: &str = tests::EXT_IP4;
 /// Bound for one plugin or client invocation.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -191,7 +191,7 @@ fn sweep_stale() {
 /// A pod: a network namespace (removed on drop) and its container ID.
 pub struct Pod {
     /// Its namespace.
-    pub netns: Netns,
+    pub netns: NetNs,
     /// `CNI_CONTAINERID`.
     pub id: String,
 }
@@ -199,7 +199,7 @@ pub struct Pod {
 impl Pod {
     /// `/run/netns/<name>`.
     pub fn path(&self) -> PathBuf {
-        self.netns.path()
+        self.netns.path().to_path_buf()
     }
 }
 
@@ -219,7 +219,7 @@ pub struct BenchNode {
     /// What it runs.
     pub variant: Variant,
     /// node + ext namespaces.
-    pub sim: Node,
+    pub sim: NodeNamespaces,
     /// Short label, unique in the run.
     pub label: String,
     tag: String,
@@ -243,7 +243,7 @@ impl BenchNode {
     /// Builds node + ext for `variant`; `label` makes names unique within the run.
     pub fn create(ws: &Workspace, variant: Variant, label: &str) -> Result<Self> {
         let label = format!("{}{label}", variant.tag());
-        let sim = Node::create(&format!("{}-{label}", ws.tag))?;
+        let sim = NodeNamespaces::create(&format!("{}-{label}", ws.tag))?;
         let dir = ws.tmp.join(&label);
         let node = Self {
             variant,
@@ -279,12 +279,12 @@ impl BenchNode {
 
     /// The node namespace path.
     pub fn netns(&self) -> PathBuf {
-        self.sim.node.path()
+        self.sim.node.path().to_path_buf()
     }
 
     /// The ext namespace path.
     pub fn ext_netns(&self) -> PathBuf {
-        self.sim.ext.path()
+        self.sim.ext.path().to_path_buf()
     }
 
     /// The cni-ebpf binary.
@@ -344,7 +344,7 @@ impl BenchNode {
         Chain {
             network: self.network(),
             plugins,
-            node_netns: self.sim.node.path(),
+            node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
         }
     }
@@ -354,7 +354,7 @@ impl BenchNode {
         Chain {
             network: self.network(),
             plugins: self.plugins(),
-            node_netns: self.sim.node.path(),
+            node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
         }
     }
@@ -368,7 +368,7 @@ impl BenchNode {
     pub fn pod(&self, i: usize) -> Result<Pod> {
         let id = format!("{}-{}-p{i}", self.tag, self.label);
         Ok(Pod {
-            netns: Netns::create(&id)?,
+            netns: NetNs::create_replacing(&id)?,
             id,
         })
     }
