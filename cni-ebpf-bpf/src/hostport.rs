@@ -38,7 +38,7 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             return PASS;
         };
         let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV, pod);
-        let Some((np, rev_key)) = alloc_port(&cfg, a, bp, n, p.proto, &rev) else {
+        let Some((np, rev_key)) = alloc_port(cfg, a, bp, n, p.proto, &rev, 0) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };

@@ -74,10 +74,13 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         proto: p.proto,
         _pad: 0,
     };
-    if !dest_room(&dest, cfg.snat_dest_cap) {
-        count(Reason::DropSnatDestCap);
-        return TC_ACT_SHOT as i32;
-    }
+    // At the cap, the flow may still take back a port of the pod's own towards this
+    // destination whose flow is over (closed ports count until they leave the table).
+    let only_pod = if dest_room(&dest, cfg.snat_dest_cap) {
+        0
+    } else {
+        ep.ifindex
+    };
     // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
     let node = cfg.node_addr;
     let mut rev = entry(
@@ -92,7 +95,12 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
     if flow.is_none() {
         rev.deliver = NAT_DELIVER_STACK;
     }
-    let Some((np, rev_key)) = alloc_port(&cfg, p.daddr, p.dport, node, p.proto, &rev) else {
+    let Some((np, rev_key)) = alloc_port(cfg, p.daddr, p.dport, node, p.proto, &rev, only_pod)
+    else {
+        if only_pod != 0 {
+            count(Reason::DropSnatDestCap);
+            return TC_ACT_SHOT as i32;
+        }
         // No port (or a full table): finished flows are swept out for the next try.
         sweep();
         count(Reason::DropNoSnatPort);

@@ -225,6 +225,10 @@ pub(crate) fn reclaim(key: &NatKey) -> bool {
 /// (protocol `proto_`): inserts the reverse entry `rev`, keyed by peer → local:port, with
 /// a free port of the configured SNAT range tried at random (a port whose flow is over is
 /// taken back). Returns the port (network order) and the reverse entry's key.
+///
+/// `only_pod` (a host ifindex, else 0): the pod is at its cap of ports towards this peer,
+/// so only a port it holds itself, in a masqueraded flow that is over, may be taken (its
+/// count stays as it is); free ports are passed over.
 #[inline(always)]
 pub(crate) fn alloc_port(
     cfg: &NodeConfig,
@@ -233,6 +237,7 @@ pub(crate) fn alloc_port(
     local: u32,
     proto_: u8,
     rev: &NatEntry,
+    only_pod: u32,
 ) -> Option<(u16, NatKey)> {
     let min = cfg.snat_port_min as u32;
     let max = cfg.snat_port_max as u32;
@@ -251,6 +256,7 @@ pub(crate) fn alloc_port(
             _pad: [0; 3],
         },
         rev: *rev,
+        only_pod,
         port: 0,
         found: 0,
     };
@@ -277,6 +283,7 @@ pub(crate) struct PortSearch {
     span: u32,
     key: NatKey,
     rev: NatEntry,
+    only_pod: u32,
     port: u16,
     found: u8,
 }
@@ -296,7 +303,14 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
         return 0;
     }
     a.key.dport = port;
-    if nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
+    if a.only_pod != 0 {
+        // SAFETY: copied out at once.
+        let own = unsafe { NAT.get(a.key) }
+            .is_some_and(|e| e.kind == NAT_SNAT_REV && e.pod == a.only_pod);
+        if !own {
+            return 0;
+        }
+    } else if nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
         a.port = port;
         a.found = 1;
         return 1;

@@ -425,3 +425,67 @@ fn ports_given_back_leave_no_count_behind() {
     let m: aya::maps::HashMap<_, NatDestKey, u32> = aya::maps::HashMap::try_from(&map).unwrap();
     assert_eq!(m.keys().count(), 1, "one key: pod B → EXT:80");
 }
+
+/// Marks the sweep as just run, so that none runs for a second.
+fn sweep_just_ran(fx: &Fixture) {
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).unwrap();
+    let now_ns = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
+    let mut map = fx.map("NAT_USE");
+    let mut shares: aya::maps::HashMap<_, u32, NatUse> =
+        aya::maps::HashMap::try_from(&mut map).unwrap();
+    let clock = NatUse {
+        entries: shares.get(&0, 0).map_or(1, |c| c.entries),
+        swept_ns: now_ns,
+        ..NatUse::default()
+    };
+    shares.insert(0, clock, 0).unwrap();
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pod_at_its_port_cap_takes_back_its_own_finished_ports() {
+    // 8 SNAT ports, at most 4 per pod and destination.
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+        snat_ports: (65528, 65535),
+        snat_dest_cap: 4,
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    fx.two_pods();
+    for i in 0..4 {
+        assert_eq!(fx.egress(&tcp_frame(POD_A, 40000 + i, EXT, 80, SYN)).0, OK);
+    }
+    // All four live: at the cap, refused although four ports are free.
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40010, EXT, 80, SYN)).0, SHOT);
+    assert_eq!(fx.reason(Reason::DropSnatDestCap), 1);
+    // Pod A resets them; past their grace they are over, but no sweep may run (one just
+    // did): the pod's next flow takes back one of its own ports instead of a free one.
+    for i in 0..4 {
+        assert_eq!(
+            fx.egress(&tcp_frame(POD_A, 40000 + i, EXT, 80, RST | ACK))
+                .0,
+            OK
+        );
+    }
+    age_nat(&fx, Duration::from_secs(2));
+    sweep_just_ran(&fx);
+    let sweeps = fx.reason(Reason::NatSweep);
+    let reclaimed = fx.reason(Reason::SnatPortReclaimed);
+    for i in 0..4 {
+        let (v, _) = fx.egress(&tcp_frame(POD_A, 40020 + i, EXT, 80, SYN));
+        assert_eq!(
+            v, OK,
+            "pod A's new flow {i} at its cap, on a port of its own"
+        );
+    }
+    assert_eq!(fx.reason(Reason::NatSweep), sweeps, "no sweep ran");
+    assert_eq!(fx.reason(Reason::SnatPortReclaimed), reclaimed + 4);
+    assert_eq!(ports_held(&fx, IFINDEX_A, EXT, 80), Some(4));
+    assert_eq!(fx.reason(Reason::DropSnatDestCap), 1);
+    // Now all live again: refused; the free ports stay for pod B.
+    assert_eq!(fx.egress(&tcp_frame(POD_A, 40030, EXT, 80, SYN)).0, SHOT);
+    for i in 0..4 {
+        assert_eq!(fx.egress(&tcp_frame(POD_B, 50000 + i, EXT, 80, SYN)).0, OK);
+    }
+}
