@@ -430,6 +430,20 @@ impl NetConf {
                 ));
             }
         }
+        let cluster_cidrs = raw.cluster_cidrs.unwrap_or_default();
+        let v4_cidrs = cluster_cidrs
+            .iter()
+            .filter(|c| matches!(c, IpNet::V4(_)))
+            .count();
+        if v4_cidrs > cni_ebpf_common::MAX_CLUSTER_CIDRS {
+            return Err(Error::config(
+                "clusterCIDRs",
+                format!(
+                    "{v4_cidrs} IPv4 CIDRs; at most {} are supported",
+                    cni_ebpf_common::MAX_CLUSTER_CIDRS
+                ),
+            ));
+        }
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         if !(68..=65535).contains(&mtu) {
             return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
@@ -555,7 +569,7 @@ impl NetConf {
             nat_ports_per_destination: raw.nat_ports_per_destination,
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
-            cluster_cidrs: raw.cluster_cidrs.unwrap_or_default(),
+            cluster_cidrs,
             bpffs_root,
             data_dir,
             log_file: raw.log_file,

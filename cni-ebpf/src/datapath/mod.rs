@@ -65,7 +65,7 @@ use std::{
 };
 
 use aya::programs::SchedClassifier;
-use cni_ebpf_common::{map as map_name, proto, MAX_CLUSTER_CIDRS};
+use cni_ebpf_common::{map as map_name, proto};
 use ipnet::IpNet;
 
 use self::maps::Maps;
@@ -138,12 +138,6 @@ impl Datapath {
             if let IpNet::V4(v4) = c {
                 cidrs.push(v4.trunc());
             }
-        }
-        if cidrs.len() > MAX_CLUSTER_CIDRS {
-            return Err(Error::config(
-                "clusterCIDRs",
-                format!("at most {MAX_CLUSTER_CIDRS} IPv4 CIDRs are supported"),
-            ));
         }
         if conf.ip_masq && facts.uplink_addr.is_none() {
             tracing::warn!(
