@@ -81,189 +81,220 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
         // validation: a node that cannot run our programs gets no half-made pod.
         let dp = Datapath::open_or_load(conf)?;
 
-        let mut undo = Vec::new();
-        let out = attach(
+        let mut txn = Transaction {
             env,
             conf,
             stdin,
-            &netns,
-            &node,
-            &ctr,
-            &dp,
-            &host_ifname,
+            netns: &netns,
+            node: &node,
+            ctr: &ctr,
+            dp: &dp,
+            host_ifname: &host_ifname,
             host_mac,
             ctr_mac,
-            &mut undo,
-        )
-        .await;
+            undo: Vec::new(),
+        };
+        let out = txn.run().await;
         if let Err(e) = &out {
             tracing::warn!(container = %env.container_id, "ADD failed, rolling back: {e}");
-            rollback(env, conf, stdin, &node, &dp, undo).await;
+            txn.rollback().await;
         }
         out
     })
 }
 
-#[expect(clippy::too_many_arguments, reason = "the transaction's whole context")]
-async fn attach(
-    env: &Env,
-    conf: &NetConf,
-    stdin: &[u8],
-    netns: &Netns,
-    node: &Nl,
-    ctr: &Nl,
-    dp: &Datapath,
-    host_ifname: &str,
+/// One ADD: its whole context, and what it has done so far (`undo`).
+struct Transaction<'a> {
+    env: &'a Env,
+    conf: &'a NetConf,
+    stdin: &'a [u8],
+    /// The pod's network namespace.
+    netns: &'a Netns,
+    /// Netlink in the node's namespace.
+    node: &'a Nl,
+    /// Netlink in the pod's namespace.
+    ctr: &'a Nl,
+    dp: &'a Datapath,
+    host_ifname: &'a str,
     host_mac: [u8; 6],
     ctr_mac: [u8; 6],
-    undo: &mut Vec<Undo>,
-) -> Result<Value> {
-    let fault = crate::faults::point;
+    /// The steps done, undone in reverse by [`Self::rollback`].
+    undo: Vec<Undo>,
+}
 
-    // 1. Addresses.
-    let ipam_result = ipam::add(conf, env, stdin)?;
-    undo.push(Undo::Ipam);
-    fault("ipam")?;
-    if ipam_result.ips.is_empty() {
-        return Err(Error::Ipam("the IPAM returned no address".into()));
+impl Transaction<'_> {
+    /// The steps in order; the result document.
+    async fn run(&mut self) -> Result<Value> {
+        let fault = crate::faults::point;
+        let ipam_result = self.addresses()?;
+        let host_index = self.veth().await?;
+        self.node_side(&ipam_result, host_index).await?;
+        fault("host-routes")?;
+        let routes = self.container_side(&ipam_result).await?;
+        fault("container")?;
+        self.datapath(&ipam_result, host_index)?;
+        fault("port-mappings")?;
+        Ok(self.result(&ipam_result, routes))
     }
-    for ip in &ipam_result.ips {
-        if ip.gateway.is_none() {
-            return Err(Error::Ipam(format!(
-                "address {} has no gateway; cni-ebpf routes pod traffic through the gateway",
-                ip.address
-            )));
+
+    /// Step 1, addresses from IPAM, each with a gateway.
+    fn addresses(&mut self) -> Result<CniResult> {
+        let ipam_result = ipam::add(self.conf, self.env, self.stdin)?;
+        self.undo.push(Undo::Ipam);
+        crate::faults::point("ipam")?;
+        if ipam_result.ips.is_empty() {
+            return Err(Error::Ipam("the IPAM returned no address".into()));
         }
-    }
-
-    // 2. The veth pair, container end created directly in the pod's namespace.
-    // While the pair is unlabelled, a shared hold on the network's veth lock tells GC that
-    // its ADD is alive (`half_made`); the creating request marks it with the network's
-    // group, which labelling clears.
-    let in_flight = super::half_made::InFlight::enter(conf)?;
-    let veth = link::NewVeth {
-        host: host_ifname,
-        host_mac,
-        peer: &env.ifname,
-        peer_mac: ctr_mac,
-        mtu: conf.mtu,
-        group: link::unlabelled_group(&conf.name),
-    };
-    node.create_veth(&veth, netns).await?;
-    let host = node.link_by_name(host_ifname).await?.ok_or_else(|| {
-        Error::netlink(
-            "reading back the host veth",
-            format!("{host_ifname} vanished"),
-        )
-    })?;
-    undo.push(Undo::HostLink(host.index));
-    fault("veth")?;
-    node.label_host_veth(
-        host.index,
-        &link::host_veth_alias(&conf.name, &env.container_id, &env.ifname),
-    )
-    .await?;
-    drop(in_flight);
-    fault("veth-labelled")?;
-
-    // 3. Node side: the host end owns each gateway address; a host route per pod address.
-    let has_v6 = ipam_result.ips.iter().any(|ip| ip.address.addr().is_ipv6());
-    // (IPv4 forwarding is enabled by `Datapath::open_or_load`.)
-    if has_v6 {
-        link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
-    }
-    // The host end must not autoconfigure from router advertisements of the pod, and its
-    // link-local address must be usable at once: while it is in DAD the kernel sends no
-    // neighbour solicitation for forwarded IPv6 packets, so a new pod would be unreachable
-    // over IPv6 for a second or two.
-    if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
-        link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
-        link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
-    }
-    let mut node_addrs = Vec::new();
-    for ip in &ipam_result.ips {
-        if let Some(gw) = ip.gateway {
-            node.add_address(host.index, IpNet::from(gw), true).await?;
-            if let IpAddr::V4(v4) = gw {
-                node_addrs.push((v4, host.index));
+        for ip in &ipam_result.ips {
+            if ip.gateway.is_none() {
+                return Err(Error::Ipam(format!(
+                    "address {} has no gateway; cni-ebpf routes pod traffic through the gateway",
+                    ip.address
+                )));
             }
         }
+        Ok(ipam_result)
     }
-    // The gateway is now a node address (host ports are reachable on it, and traffic to
-    // it is never masqueraded).
-    dp.add_node_addrs(&node_addrs)?;
-    node.set_up(host.index).await?;
-    for ip in &ipam_result.ips {
-        node.add_route(&NewRoute {
-            dst: IpNet::from(ip.address.addr()),
-            gw: None,
-            oif: host.index,
-            scope: Some(link::RT_SCOPE_LINK),
-            priority: None,
-            mtu: None,
-            advmss: None,
-            table: None,
-        })
-        .await?;
-    }
-    fault("host-routes")?;
 
-    // 4. Container side: host-route-only addresses, the gateway on-link, routes via it.
-    let ctr_link = ctr.link_by_name(&env.ifname).await?.ok_or_else(|| {
-        Error::netlink(
-            "reading back the container interface",
-            format!("{} vanished", env.ifname),
-        )
-    })?;
-    for ip in &ipam_result.ips {
-        ctr.add_address(ctr_link.index, IpNet::from(ip.address.addr()), true)
+    /// Step 2, the veth pair, container end created directly in the pod's namespace.
+    /// Returns the host end's ifindex.
+    async fn veth(&mut self) -> Result<u32> {
+        let fault = crate::faults::point;
+        // While the pair is unlabelled, a shared hold on the network's veth lock tells GC
+        // that its ADD is alive (`half_made`); the creating request marks it with the
+        // network's group, which labelling clears.
+        let in_flight = super::half_made::InFlight::enter(self.conf)?;
+        let veth = link::NewVeth {
+            host: self.host_ifname,
+            host_mac: self.host_mac,
+            peer: &self.env.ifname,
+            peer_mac: self.ctr_mac,
+            mtu: self.conf.mtu,
+            group: link::unlabelled_group(&self.conf.name),
+        };
+        self.node.create_veth(&veth, self.netns).await?;
+        let host = self
+            .node
+            .link_by_name(self.host_ifname)
+            .await?
+            .ok_or_else(|| {
+                Error::netlink(
+                    "reading back the host veth",
+                    format!("{} vanished", self.host_ifname),
+                )
+            })?;
+        self.undo.push(Undo::HostLink(host.index));
+        fault("veth")?;
+        self.node
+            .label_host_veth(
+                host.index,
+                &link::host_veth_alias(&self.conf.name, &self.env.container_id, &self.env.ifname),
+            )
             .await?;
+        drop(in_flight);
+        fault("veth-labelled")?;
+        Ok(host.index)
     }
-    ctr.set_up(ctr_link.index).await?;
-    let routes = container_routes(&ipam_result);
-    for ip in &ipam_result.ips {
-        if let Some(gw) = ip.gateway {
-            ctr.add_route(&NewRoute {
-                dst: IpNet::from(gw),
-                gw: None,
-                oif: ctr_link.index,
-                scope: Some(link::RT_SCOPE_LINK),
-                priority: None,
-                mtu: None,
-                advmss: None,
-                table: None,
-            })
-            .await?;
+
+    /// Step 3, node side: the host end owns each gateway address; a host route per pod
+    /// address.
+    async fn node_side(&mut self, ipam_result: &CniResult, host_index: u32) -> Result<()> {
+        let host_ifname = self.host_ifname;
+        let has_v6 = ipam_result.ips.iter().any(|ip| ip.address.addr().is_ipv6());
+        // (IPv4 forwarding is enabled by `Datapath::open_or_load`.)
+        if has_v6 {
+            link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
         }
+        // The host end must not autoconfigure from router advertisements of the pod, and
+        // its link-local address must be usable at once: while it is in DAD the kernel
+        // sends no neighbour solicitation for forwarded IPv6 packets, so a new pod would be
+        // unreachable over IPv6 for a second or two.
+        if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
+            link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
+            link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
+        }
+        let mut node_addrs = Vec::new();
+        for ip in &ipam_result.ips {
+            if let Some(gw) = ip.gateway {
+                self.node
+                    .add_address(host_index, IpNet::from(gw), true)
+                    .await?;
+                if let IpAddr::V4(v4) = gw {
+                    node_addrs.push((v4, host_index));
+                }
+            }
+        }
+        // The gateway is now a node address (host ports are reachable on it, and traffic
+        // to it is never masqueraded).
+        self.dp.add_node_addrs(&node_addrs)?;
+        self.node.set_up(host_index).await?;
+        for ip in &ipam_result.ips {
+            self.node
+                .add_route(&link_route(IpNet::from(ip.address.addr()), host_index))
+                .await?;
+        }
+        Ok(())
     }
-    // Every field the Result reports is applied: a route is never echoed with a `table`,
-    // `scope` or `advmss` the kernel was not given.
-    for r in &routes {
-        ctr.add_route(&route_to_install(r, ctr_link.index)?).await?;
-    }
-    fault("container")?;
 
-    // 5. Datapath: program on the host veth, endpoint entries, host ports.
-    let pod_ips: Vec<IpAddr> = ipam_result.ips.iter().map(|ip| ip.address.addr()).collect();
-    let ep = Endpoint {
-        container_id: env.container_id.clone(),
-        ifname: env.ifname.clone(),
-        host_ifindex: host.index,
-        host_ifname: host_ifname.to_owned(),
-        host_mac,
-        pod_mac: ctr_mac,
-        ips: pod_ips.clone(),
-        allowed_sources: conf.allowed_sources.clone(),
-        nat_flows: conf.nat_flows_per_pod,
-        egress_rate: conf.egress_rate,
-    };
-    undo.push(Undo::Endpoint {
-        host_ifname: host_ifname.to_owned(),
-        ips: pod_ips.clone(),
-    });
-    dp.attach_endpoint(&ep)?;
-    fault("datapath")?;
-    if !conf.runtime_config.port_mappings.is_empty() {
+    /// Step 4, container side: host-route-only addresses, the gateway on-link, routes
+    /// via it. Returns the routes installed, as the Result reports them.
+    async fn container_side(&mut self, ipam_result: &CniResult) -> Result<Vec<Route>> {
+        let ifname = &self.env.ifname;
+        let ctr_link = self.ctr.link_by_name(ifname).await?.ok_or_else(|| {
+            Error::netlink(
+                "reading back the container interface",
+                format!("{ifname} vanished"),
+            )
+        })?;
+        for ip in &ipam_result.ips {
+            self.ctr
+                .add_address(ctr_link.index, IpNet::from(ip.address.addr()), true)
+                .await?;
+        }
+        self.ctr.set_up(ctr_link.index).await?;
+        let routes = container_routes(ipam_result);
+        for ip in &ipam_result.ips {
+            if let Some(gw) = ip.gateway {
+                self.ctr
+                    .add_route(&link_route(IpNet::from(gw), ctr_link.index))
+                    .await?;
+            }
+        }
+        // Every field the Result reports is applied: a route is never echoed with a
+        // `table`, `scope` or `advmss` the kernel was not given.
+        for r in &routes {
+            self.ctr
+                .add_route(&route_to_install(r, ctr_link.index)?)
+                .await?;
+        }
+        Ok(routes)
+    }
+
+    /// Step 5, datapath: program on the host veth, endpoint entries, host ports.
+    fn datapath(&mut self, ipam_result: &CniResult, host_index: u32) -> Result<()> {
+        let (env, conf) = (self.env, self.conf);
+        let pod_ips: Vec<IpAddr> = ipam_result.ips.iter().map(|ip| ip.address.addr()).collect();
+        let ep = Endpoint {
+            container_id: env.container_id.clone(),
+            ifname: env.ifname.clone(),
+            host_ifindex: host_index,
+            host_ifname: self.host_ifname.to_owned(),
+            host_mac: self.host_mac,
+            pod_mac: self.ctr_mac,
+            ips: pod_ips.clone(),
+            allowed_sources: conf.allowed_sources.clone(),
+            nat_flows: conf.nat_flows_per_pod,
+            egress_rate: conf.egress_rate,
+        };
+        self.undo.push(Undo::Endpoint {
+            host_ifname: self.host_ifname.to_owned(),
+            ips: pod_ips.clone(),
+        });
+        self.dp.attach_endpoint(&ep)?;
+        crate::faults::point("datapath")?;
+        if conf.runtime_config.port_mappings.is_empty() {
+            return Ok(());
+        }
         let pod_v4 = pod_ips.iter().find_map(|ip| match ip {
             IpAddr::V4(v4) => Some(*v4),
             IpAddr::V6(_) => None,
@@ -274,52 +305,90 @@ async fn attach(
                 "host ports need an IPv4 pod address (no IPv4 range configured)",
             )
         })?;
-        undo.push(Undo::PortMappings);
-        dp.add_port_mappings(
+        self.undo.push(Undo::PortMappings);
+        self.dp.add_port_mappings(
             (&env.container_id, &env.ifname),
             pod_v4,
             &conf.runtime_config.port_mappings,
-        )?;
+        )
     }
-    fault("port-mappings")?;
 
-    // 6. The result.
-    let mut result = CniResult {
-        interfaces: vec![
-            Interface {
-                name: host_ifname.to_owned(),
-                mac: Some(format_mac(&host_mac)),
-                mtu: Some(conf.mtu),
-                ..Interface::default()
+    /// Step 6, the result: our two interfaces, the addresses and routes, after
+    /// `prevResult`'s.
+    fn result(&self, ipam_result: &CniResult, routes: Vec<Route>) -> Value {
+        let (env, conf) = (self.env, self.conf);
+        let mut result = CniResult {
+            interfaces: vec![
+                Interface {
+                    name: self.host_ifname.to_owned(),
+                    mac: Some(format_mac(&self.host_mac)),
+                    mtu: Some(conf.mtu),
+                    ..Interface::default()
+                },
+                Interface {
+                    name: env.ifname.clone(),
+                    mac: Some(format_mac(&self.ctr_mac)),
+                    mtu: Some(conf.mtu),
+                    sandbox: Some(self.netns.path().display().to_string()),
+                    ..Interface::default()
+                },
+            ],
+            ips: ipam_result
+                .ips
+                .iter()
+                .map(|ip| IpConfig {
+                    address: IpNet::from(ip.address.addr()),
+                    gateway: ip.gateway,
+                    interface: Some(1),
+                })
+                .collect(),
+            routes,
+            dns: if ipam_result.dns.is_empty() {
+                conf.dns.clone()
+            } else {
+                ipam_result.dns.clone()
             },
-            Interface {
-                name: env.ifname.clone(),
-                mac: Some(format_mac(&ctr_mac)),
-                mtu: Some(conf.mtu),
-                sandbox: Some(netns.path().display().to_string()),
-                ..Interface::default()
-            },
-        ],
-        ips: ipam_result
-            .ips
-            .iter()
-            .map(|ip| IpConfig {
-                address: IpNet::from(ip.address.addr()),
-                gateway: ip.gateway,
-                interface: Some(1),
-            })
-            .collect(),
-        routes,
-        dns: if ipam_result.dns.is_empty() {
-            conf.dns.clone()
-        } else {
-            ipam_result.dns.clone()
-        },
-    };
-    if let Some(prev) = &conf.prev_result {
-        result = merge_prev(prev, result);
+        };
+        if let Some(prev) = &conf.prev_result {
+            result = merge_prev(prev, result);
+        }
+        result.to_json(conf.version)
     }
-    Ok(result.to_json(conf.version))
+
+    /// Undoes the steps done, in reverse; logs (and goes past) an undo that fails.
+    async fn rollback(&mut self) {
+        let (env, conf, dp) = (self.env, self.conf, self.dp);
+        for step in std::mem::take(&mut self.undo).into_iter().rev() {
+            let res = match step {
+                Undo::PortMappings => dp.remove_port_mappings((&env.container_id, &env.ifname)),
+                Undo::Endpoint { host_ifname, ips } => {
+                    dp.detach_endpoint(&env.container_id, &env.ifname, &host_ifname, &ips)
+                }
+                // Deleting the host end takes the container end, and every address and
+                // route on either, with it.
+                Undo::HostLink(index) => self.node.del_link(index).await,
+                Undo::Ipam => ipam::del(conf, env, self.stdin).map(|_| ()),
+            };
+            if let Err(e) = res {
+                tracing::error!(container = %env.container_id, "rollback step failed: {e}");
+            }
+        }
+    }
+}
+
+/// A scope-link route to `dst` through `oif` (a pod address on the node, the gateway in
+/// the pod).
+fn link_route(dst: IpNet, oif: u32) -> NewRoute {
+    NewRoute {
+        dst,
+        gw: None,
+        oif,
+        scope: Some(link::RT_SCOPE_LINK),
+        priority: None,
+        mtu: None,
+        advmss: None,
+        table: None,
+    }
 }
 
 /// The netlink route for a Result route, with every field it carries. A `scope` beyond
@@ -400,29 +469,4 @@ fn merge_prev(prev: &CniResult, ours: CniResult) -> CniResult {
         out.dns = ours.dns;
     }
     out
-}
-
-async fn rollback(
-    env: &Env,
-    conf: &NetConf,
-    stdin: &[u8],
-    node: &Nl,
-    dp: &Datapath,
-    undo: Vec<Undo>,
-) {
-    for step in undo.into_iter().rev() {
-        let res = match step {
-            Undo::PortMappings => dp.remove_port_mappings((&env.container_id, &env.ifname)),
-            Undo::Endpoint { host_ifname, ips } => {
-                dp.detach_endpoint(&env.container_id, &env.ifname, &host_ifname, &ips)
-            }
-            // Deleting the host end takes the container end, and every address and route
-            // on either, with it.
-            Undo::HostLink(index) => node.del_link(index).await,
-            Undo::Ipam => ipam::del(conf, env, stdin).map(|_| ()),
-        };
-        if let Err(e) = res {
-            tracing::error!(container = %env.container_id, "rollback step failed: {e}");
-        }
-    }
 }
