@@ -213,7 +213,19 @@ impl Cause {
         match self {
             Self::Netlink(rtnetlink::Error::NetlinkError(m)) => m.code.map(|c| c.get().abs()),
             Self::Io(e) => e.raw_os_error(),
-            _ => None,
+            // aya's errors carry the system call's `io::Error` as (a source of) their
+            // source.
+            _ => {
+                let mut next = std::error::Error::source(self);
+                for _ in 0..8 {
+                    let e = next?;
+                    if let Some(io) = e.downcast_ref::<io::Error>() {
+                        return io.raw_os_error();
+                    }
+                    next = e.source();
+                }
+                None
+            }
         }
     }
 }
@@ -298,6 +310,17 @@ impl Error {
         Self::InvalidEnv {
             name,
             reason: reason.into(),
+        }
+    }
+
+    /// The errno behind this error, where it has one (a system call's, the kernel's
+    /// netlink answer's): decisions are made on it, never on the text.
+    #[must_use]
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            Self::Io { source, .. } => source.raw_os_error(),
+            Self::Netlink { source, .. } | Self::Datapath { source, .. } => source.errno(),
+            _ => None,
         }
     }
 

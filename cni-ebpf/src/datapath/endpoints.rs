@@ -81,7 +81,7 @@ impl Datapath {
         }
         m.owners()?
             .insert(owner, record, 0)
-            .map_err(|e| maps::err(map_name::OWNERS, "insert", &e))?;
+            .map_err(|e| maps::err(map_name::OWNERS, "insert", e))?;
         // Before the entries that flag the pod as paced; without a rate, a schedule left
         // on this ifindex by an earlier interface (a crash before its removal) must not
         // apply to the new one. (The map lock is released: both take it.)
@@ -94,7 +94,7 @@ impl Datapath {
         let zero = maps::zero_percpu::<EndpointStats>()?;
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
-            .map_err(|e| maps::err(map_name::EP_STATS, "insert", &e))?;
+            .map_err(|e| maps::err(map_name::EP_STATS, "insert", e))?;
         let mut h = m.endpoints()?;
         for ip in &ips {
             let info = EndpointInfo {
@@ -111,21 +111,21 @@ impl Datapath {
                 owner,
             };
             h.insert(EndpointKey { addr: addr(*ip) }, info, 0)
-                .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), &e))?;
+                .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), e))?;
         }
         let mut allow = m.src_allow()?;
         for net in v4_nets(&ep.allowed_sources) {
             let key = src_allow_key(ep.host_ifindex, net);
             allow
                 .insert(&key, 1, 0)
-                .map_err(|e| maps::err(map_name::SRC_ALLOW, format!("insert {net}"), &e))?;
+                .map_err(|e| maps::err(map_name::SRC_ALLOW, format!("insert {net}"), e))?;
         }
         let mut allow6 = m.src_allow6()?;
         for (net, what) in sources6(ep) {
             let key = src_allow6_key(ep.host_ifindex, net);
             allow6
                 .insert(&key, what, 0)
-                .map_err(|e| maps::err(map_name::SRC_ALLOW6, format!("insert {net}"), &e))?;
+                .map_err(|e| maps::err(map_name::SRC_ALLOW6, format!("insert {net}"), e))?;
         }
         // A fresh share: whatever an earlier interface with this ifindex was charged is
         // not this pod's.
@@ -136,7 +136,7 @@ impl Datapath {
         };
         m.nat_use()?
             .insert(ep.host_ifindex, share, 0)
-            .map_err(|e| maps::err(map_name::NAT_USE, "insert", &e))?;
+            .map_err(|e| maps::err(map_name::NAT_USE, "insert", e))?;
         Ok(())
     }
 
@@ -255,7 +255,7 @@ impl Datapath {
             match allow.remove(&k) {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
-                Err(e) => return Err(maps::err(map_name::SRC_ALLOW, "delete", &e)),
+                Err(e) => return Err(maps::err(map_name::SRC_ALLOW, "delete", e)),
             }
         }
         let mut st = m.ep_stats()?;
@@ -263,7 +263,7 @@ impl Datapath {
             match st.remove(i) {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
-                Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", &e)),
+                Err(e) => return Err(maps::err(map_name::EP_STATS, "delete", e)),
             }
         }
         let mut shares = m.nat_use()?;
@@ -271,7 +271,7 @@ impl Datapath {
             match shares.remove(i) {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
-                Err(e) => return Err(maps::err(map_name::NAT_USE, "delete", &e)),
+                Err(e) => return Err(maps::err(map_name::NAT_USE, "delete", e)),
             }
         }
         drop(m);
@@ -336,7 +336,7 @@ impl Datapath {
             match allow6.remove(&k) {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
-                Err(e) => return Err(maps::err(map_name::SRC_ALLOW6, "delete", &e)),
+                Err(e) => return Err(maps::err(map_name::SRC_ALLOW6, "delete", e)),
             }
         }
         Ok(())

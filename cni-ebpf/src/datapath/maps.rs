@@ -36,8 +36,8 @@ pub struct Maps {
     pub(crate) nat_dest_use: Map,
 }
 
-fn map_err(name: &str, what: &str, e: &MapError) -> Error {
-    Error::datapath(format!("map {name}: {what}"), crate::error::chain(e))
+fn map_err(name: &str, what: &str, e: MapError) -> Error {
+    Error::datapath(format!("map {name}: {what}"), e)
 }
 
 impl Maps {
@@ -93,84 +93,83 @@ impl Maps {
 
     /// [`map::ENDPOINTS`].
     pub fn endpoints(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>> {
-        HashMap::try_from(&mut self.endpoints).map_err(|e| map_err(map::ENDPOINTS, "open", &e))
+        HashMap::try_from(&mut self.endpoints).map_err(|e| map_err(map::ENDPOINTS, "open", e))
     }
 
     /// [`map::EP_STATS`].
     pub fn ep_stats(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, EndpointStats>> {
-        PerCpuHashMap::try_from(&mut self.ep_stats).map_err(|e| map_err(map::EP_STATS, "open", &e))
+        PerCpuHashMap::try_from(&mut self.ep_stats).map_err(|e| map_err(map::EP_STATS, "open", e))
     }
 
     /// [`map::PORTMAPS`].
     pub fn portmaps(&mut self) -> Result<HashMap<&mut MapData, PortKey, PortTarget>> {
-        HashMap::try_from(&mut self.portmaps).map_err(|e| map_err(map::PORTMAPS, "open", &e))
+        HashMap::try_from(&mut self.portmaps).map_err(|e| map_err(map::PORTMAPS, "open", e))
     }
 
     /// [`map::NAT`].
     pub fn nat(&mut self) -> Result<HashMap<&mut MapData, NatKey, NatEntry>> {
-        HashMap::try_from(&mut self.nat).map_err(|e| map_err(map::NAT, "open", &e))
+        HashMap::try_from(&mut self.nat).map_err(|e| map_err(map::NAT, "open", e))
     }
 
     /// [`map::NODE_CONFIG`].
     pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
-        Array::try_from(&mut self.node_config).map_err(|e| map_err(map::NODE_CONFIG, "open", &e))
+        Array::try_from(&mut self.node_config).map_err(|e| map_err(map::NODE_CONFIG, "open", e))
     }
 
     /// [`map::NODE_ADDRS`].
     pub fn node_addrs(&mut self) -> Result<HashMap<&mut MapData, u32, NodeAddr>> {
-        HashMap::try_from(&mut self.node_addrs).map_err(|e| map_err(map::NODE_ADDRS, "open", &e))
+        HashMap::try_from(&mut self.node_addrs).map_err(|e| map_err(map::NODE_ADDRS, "open", e))
     }
 
     /// [`map::REASONS`].
     pub fn reasons(&mut self) -> Result<PerCpuArray<&mut MapData, u64>> {
-        PerCpuArray::try_from(&mut self.reasons).map_err(|e| map_err(map::REASONS, "open", &e))
+        PerCpuArray::try_from(&mut self.reasons).map_err(|e| map_err(map::REASONS, "open", e))
     }
 
     /// [`map::OWNERS`].
     pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
-        HashMap::try_from(&mut self.owners).map_err(|e| map_err(map::OWNERS, "open", &e))
+        HashMap::try_from(&mut self.owners).map_err(|e| map_err(map::OWNERS, "open", e))
     }
 
     /// [`map::FLOWS`].
     pub fn flows(&mut self) -> Result<HashMap<&mut MapData, NatKey, FlowEntry>> {
-        HashMap::try_from(&mut self.flows).map_err(|e| map_err(map::FLOWS, "open", &e))
+        HashMap::try_from(&mut self.flows).map_err(|e| map_err(map::FLOWS, "open", e))
     }
 
     /// [`map::STACK_SOCKETS`].
     pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
         HashMap::try_from(&mut self.stack_sockets)
-            .map_err(|e| map_err(map::STACK_SOCKETS, "open", &e))
+            .map_err(|e| map_err(map::STACK_SOCKETS, "open", e))
     }
 
     /// [`map::SRC_ALLOW`].
     pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
-        LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", &e))
+        LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", e))
     }
 
     /// [`map::SRC_ALLOW6`].
     pub fn src_allow6(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllow6Key, u32>> {
-        LpmTrie::try_from(&mut self.src_allow6).map_err(|e| map_err(map::SRC_ALLOW6, "open", &e))
+        LpmTrie::try_from(&mut self.src_allow6).map_err(|e| map_err(map::SRC_ALLOW6, "open", e))
     }
 
     /// [`map::NAT_USE`].
     pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
-        HashMap::try_from(&mut self.nat_use).map_err(|e| map_err(map::NAT_USE, "open", &e))
+        HashMap::try_from(&mut self.nat_use).map_err(|e| map_err(map::NAT_USE, "open", e))
     }
 
     /// [`map::NAT_DEST_USE`].
     pub fn nat_dest_use(&mut self) -> Result<HashMap<&mut MapData, NatDestKey, u32>> {
-        HashMap::try_from(&mut self.nat_dest_use)
-            .map_err(|e| map_err(map::NAT_DEST_USE, "open", &e))
+        HashMap::try_from(&mut self.nat_dest_use).map_err(|e| map_err(map::NAT_DEST_USE, "open", e))
     }
 
     /// [`map::PACING`].
     pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
-        HashMap::try_from(&mut self.pacing).map_err(|e| map_err(map::PACING, "open", &e))
+        HashMap::try_from(&mut self.pacing).map_err(|e| map_err(map::PACING, "open", e))
     }
 
     /// [`map::SOCK_REVNAT`].
     pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
-        HashMap::try_from(&mut self.sock_revnat).map_err(|e| map_err(map::SOCK_REVNAT, "open", &e))
+        HashMap::try_from(&mut self.sock_revnat).map_err(|e| map_err(map::SOCK_REVNAT, "open", e))
     }
 }
 
@@ -184,8 +183,8 @@ pub fn is_not_found(e: &MapError) -> bool {
     }
 }
 
-/// Wraps a map error with context.
-pub fn err(name: &str, what: impl AsRef<str>, e: &MapError) -> Error {
+/// Wraps a map error with context, keeping it typed (`Error::source`, the errno).
+pub fn err(name: &str, what: impl AsRef<str>, e: MapError) -> Error {
     map_err(name, what.as_ref(), e)
 }
 
@@ -198,7 +197,7 @@ pub fn get<K: aya::Pod, V: aya::Pod>(
     match m.get(key, 0) {
         Ok(v) => Ok(Some(v)),
         Err(e) if is_not_found(&e) => Ok(None),
-        Err(e) => Err(map_err(name, "lookup", &e)),
+        Err(e) => Err(map_err(name, "lookup", e)),
     }
 }
 
@@ -228,7 +227,7 @@ pub fn remove<K: aya::Pod, V: aya::Pod>(
     match m.remove(key) {
         Ok(()) => Ok(()),
         Err(e) if is_not_found(&e) => Ok(()),
-        Err(e) => Err(map_err(name, "delete", &e)),
+        Err(e) => Err(map_err(name, "delete", e)),
     }
 }
 

@@ -14,7 +14,7 @@ use super::{
     maps::{self, addr},
     Datapath,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Node-wide settings written to the `NODE_CONFIG` map.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,7 +25,8 @@ pub struct NodeSettings {
     pub uplink_ifindex: u32,
     /// `ipMasq`.
     pub ip_masq: bool,
-    /// IPv4 `clusterCIDRs` (at most 16).
+    /// IPv4 `clusterCIDRs`: the first [`MAX_CLUSTER_CIDRS`] are written (parsing the
+    /// configuration refuses more, naming `clusterCIDRs`).
     pub cluster_cidrs: Vec<Ipv4Net>,
     /// SNAT port range (inclusive).
     pub snat_ports: (u16, u16),
@@ -58,7 +59,7 @@ impl Datapath {
         let mut m = self.maps()?;
         let arr = m.node_config()?;
         arr.get(&0, 0)
-            .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", &e))
+            .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", e))
     }
 
     /// Writes the node configuration the programs use (keeps userspace-only flags).
@@ -75,12 +76,6 @@ impl Datapath {
         s: &NodeSettings,
         addrs_listed_s: Option<u32>,
     ) -> Result<()> {
-        if s.cluster_cidrs.len() > MAX_CLUSTER_CIDRS {
-            return Err(Error::config(
-                "clusterCIDRs",
-                format!("at most {MAX_CLUSTER_CIDRS} IPv4 CIDRs are supported"),
-            ));
-        }
         let mut cfg = NodeConfig {
             node_addr: s.node_addr.map_or(0, addr),
             uplink_ifindex: s.uplink_ifindex,
@@ -106,7 +101,7 @@ impl Datapath {
         let mut m = self.maps()?;
         let mut arr = m.node_config()?;
         arr.set(0, cfg, 0)
-            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", &e))
+            .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", e))
     }
 
     /// Replaces the set of addresses the programs treat as "this node" (host-port
@@ -129,7 +124,7 @@ impl Datapath {
                 continue;
             }
             h.insert(k, NodeAddr { ifindex: i }, 0)
-                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
+                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", e))?;
         }
         Ok(())
     }
@@ -154,7 +149,7 @@ impl Datapath {
                 continue;
             }
             h.insert(k, NodeAddr { ifindex: *i }, 0)
-                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", &e))?;
+                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", e))?;
         }
         Ok(())
     }

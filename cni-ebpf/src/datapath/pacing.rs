@@ -50,7 +50,7 @@ impl Datapath {
         let mut m = self.maps()?;
         m.pacing()?
             .insert(ifindex, pacing_of(rate, mode), 0)
-            .map_err(|e| maps::err(map_name::PACING, "insert", &e))
+            .map_err(|e| maps::err(map_name::PACING, "insert", e))
     }
 
     /// Removes the `PACING` entries of host veths `ifindexes`; missing ones are fine.
@@ -61,7 +61,7 @@ impl Datapath {
             match h.remove(&i) {
                 Ok(()) => {}
                 Err(e) if maps::is_not_found(&e) => {}
-                Err(e) => return Err(maps::err(map_name::PACING, "delete", &e)),
+                Err(e) => return Err(maps::err(map_name::PACING, "delete", e)),
             }
         }
         Ok(())

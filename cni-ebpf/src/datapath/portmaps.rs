@@ -92,7 +92,7 @@ impl Datapath {
         }
         m.owners()?
             .insert(oid, record, 0)
-            .map_err(|e| maps::err(map_name::OWNERS, "insert", &e))?;
+            .map_err(|e| maps::err(map_name::OWNERS, "insert", e))?;
         let mut h = m.portmaps()?;
         let mut done = Vec::new();
         for (k, v, pm) in &wanted {
@@ -103,7 +103,7 @@ impl Datapath {
                 return Err(maps::err(
                     map_name::PORTMAPS,
                     format!("insert hostPort {}", pm.host_port),
-                    &e,
+                    e,
                 ));
             }
             done.push(*k);

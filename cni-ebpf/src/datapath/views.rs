@@ -409,7 +409,7 @@ impl Datapath {
             let code = r as u32;
             let v = arr
                 .get(&code, 0)
-                .map_err(|e| maps::err(map_name::REASONS, "read", &e))?;
+                .map_err(|e| maps::err(map_name::REASONS, "read", e))?;
             out.push(ReasonCount {
                 reason: r.name(),
                 code,
