@@ -168,7 +168,7 @@ fn attach_check_detach(policy: AttachPolicy, tag: &str) {
     Datapath::status(&conf).expect("the fixture loaded the pins already");
 
     let dp = Datapath::open_or_load(&conf).unwrap_or_else(|e| panic!("open_or_load: {e}"));
-    let view = dp.node_view().unwrap();
+    let view = dp.node_config_view().unwrap();
     assert_eq!(view.uplink_ifindex, up0, "uplink from the default route");
     assert_eq!(view.node_addr, Some("198.18.0.2".parse().unwrap()));
     assert!(view.ip_masq);

@@ -109,7 +109,7 @@ fn snat_use_map_fill_and_memory_through_a_read_only_handle() {
     );
 
     // Writes through the read-only handle are refused by the kernel and change nothing.
-    let before = fx.dp().node_view().unwrap();
+    let before = fx.dp().node_config_view().unwrap();
     let err = ro
         .add_node_addrs(&[(std::net::Ipv4Addr::new(192, 0, 2, 1), 2)])
         .expect_err("a write through a read-only map descriptor");
@@ -117,6 +117,6 @@ fn snat_use_map_fill_and_memory_through_a_read_only_handle() {
     let text = cni_ebpf::error::chain(&err);
     assert!(text.contains("Operation not permitted"), "{text}");
     assert!(ro.remove_port_mappings(("ctr-a", "eth0")).is_err());
-    assert_eq!(fx.dp().node_view().unwrap(), before);
+    assert_eq!(fx.dp().node_config_view().unwrap(), before);
     assert_eq!(fx.dp().port_mappings().unwrap().len(), 1);
 }

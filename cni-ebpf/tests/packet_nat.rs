@@ -332,7 +332,7 @@ fn one_port_node() -> Fixture {
 /// [`one_port_node`] on fixture `fx`.
 fn one_port_node_on(fx: Fixture) -> Fixture {
     fx.standard_node(true);
-    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
         snat_ports: (ONE_PORT, ONE_PORT),
         snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, (ONE_PORT, ONE_PORT)),
         ..standard_settings(true)

@@ -277,7 +277,7 @@ fn host_port_and_hairpin_flows_are_charged_to_their_pods() {
 /// destination.
 fn node_with_dest_cap(cap: u32) -> Fixture {
     let fx = Fixture::new();
-    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
         snat_dest_cap: cap,
         ..standard_settings(true)
     });
@@ -446,7 +446,7 @@ fn sweep_just_ran(fx: &Fixture) {
 fn a_pod_at_its_port_cap_takes_back_its_own_finished_ports() {
     // 8 SNAT ports, at most 4 per pod and destination.
     let fx = Fixture::new();
-    fx.configure_node(&cni_ebpf::datapath::NodeSettings {
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
         snat_ports: (65528, 65535),
         snat_dest_cap: 4,
         ..standard_settings(true)

@@ -106,7 +106,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             format!("nothing is pinned under {}", dir.display()),
         )
     })?;
-    let node = dp.node_view()?;
+    let node = dp.node_config_view()?;
     let pods = pods_of(&args.data_dir.join(&net.network));
     let pod_of = |cid: &str, ifname: &str| pods.get(&(cid.to_owned(), ifname.to_owned()));
     let mut endpoints = dp.endpoints()?;

@@ -2,19 +2,17 @@
 //! ports and the uplink programs compared with what ADD set up. Each mismatch is an
 //! [`Error::Check`] naming it.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::Ipv4Addr;
 
 use aya::programs::TcAttachType;
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointKey, PortKey, EP_F_ACTIVE, EP_F_PACED, SRC6_OWN,
+    map as map_name, owner_id, prog, EndpointKey, EP_F_ACTIVE, EP_F_PACED, SRC6_OWN,
 };
 
 use super::{
     attach,
-    maps::{self, addr, to_addr, to_port},
-    owner_label,
-    portmaps::proto_number,
-    proto_name, v4s, Datapath, Endpoint,
+    maps::{self, ipv4_from_map, ipv4_to_map, port_from_map},
+    owner_label, proto_name, v4s, Datapath, Endpoint,
 };
 use crate::{
     cni::config::{format_mac, AttachPolicy, PortMapping},
@@ -43,7 +41,13 @@ impl Datapath {
             let mut m = self.maps()?;
             let h = m.endpoints()?;
             for ip in &ips {
-                let Some(v) = maps::get(&h, &EndpointKey { addr: addr(*ip) }, map_name::ENDPOINTS)?
+                let Some(v) = maps::get(
+                    &h,
+                    &EndpointKey {
+                        addr: ipv4_to_map(*ip),
+                    },
+                    map_name::ENDPOINTS,
+                )?
                 else {
                     return Err(Error::Check(format!(
                         "the endpoint map has no entry for {ip} (container {}, {})",
@@ -108,7 +112,7 @@ impl Datapath {
             .keys()
             .filter_map(std::result::Result::ok)
             .filter(|k| u32::from_be(k.data().ifindex_be) == ep.host_ifindex)
-            .map(|k| format!("{}/{}", to_addr(k.data().addr), k.prefix_len() - 32))
+            .map(|k| format!("{}/{}", ipv4_from_map(k.data().addr), k.prefix_len() - 32))
             .collect();
         let mut want4: Vec<String> = super::endpoints::v4_nets(&ep.allowed_sources)
             .map(|n| n.trunc().to_string())
@@ -188,17 +192,8 @@ impl Datapath {
             .collect();
         let mut expected = Vec::new();
         for pm in mappings {
-            let p = proto_number(&pm.protocol)?;
-            let host = match pm.host_ip {
-                Some(IpAddr::V4(a)) if !a.is_unspecified() => addr(a),
-                _ => 0,
-            };
-            let key = PortKey {
-                addr: host,
-                port: maps::port(pm.host_port),
-                proto: p,
-                _pad: 0,
-            };
+            let key = super::portmaps::port_key(pm)?;
+            let p = key.proto;
             let label = format!(
                 "hostPort {}/{}{} → containerPort {}",
                 pm.host_port,
@@ -216,11 +211,11 @@ impl Datapath {
                     "port mapping {label} belongs to {who}"
                 )));
             }
-            if to_port(v.port) != pm.container_port || !ips.contains(&to_addr(v.addr)) {
+            if port_from_map(v.port) != pm.container_port || !ips.contains(&ipv4_from_map(v.addr)) {
                 return Err(Error::Check(format!(
                     "port mapping {label} points at {}:{}",
-                    to_addr(v.addr),
-                    to_port(v.port)
+                    ipv4_from_map(v.addr),
+                    port_from_map(v.port)
                 )));
             }
             expected.push(key);
@@ -228,10 +223,10 @@ impl Datapath {
         if let Some((k, v)) = live.iter().find(|(k, _)| !expected.contains(k)) {
             return Err(Error::Check(format!(
                 "unexpected port mapping hostPort {}/{} → {}:{} (not in runtimeConfig.portMappings)",
-                to_port(k.port),
+                port_from_map(k.port),
                 proto_name(k.proto),
-                to_addr(v.addr),
-                to_port(v.port)
+                ipv4_from_map(v.addr),
+                port_from_map(v.port)
             )));
         }
         Ok(())

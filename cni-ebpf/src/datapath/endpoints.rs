@@ -19,7 +19,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{
     attach,
-    maps::{self, addr, to_addr},
+    maps::{self, ipv4_from_map, ipv4_to_map},
     owner_label, v4s, Datapath,
 };
 use crate::{
@@ -66,9 +66,13 @@ impl Datapath {
         {
             let h = m.endpoints()?;
             for ip in &ips {
-                if let Some(old) =
-                    maps::get(&h, &EndpointKey { addr: addr(*ip) }, map_name::ENDPOINTS)?
-                {
+                if let Some(old) = maps::get(
+                    &h,
+                    &EndpointKey {
+                        addr: ipv4_to_map(*ip),
+                    },
+                    map_name::ENDPOINTS,
+                )? {
                     if old.owner != owner {
                         let who = owner_label(&mut m, old.owner);
                         return Err(Error::datapath(
@@ -110,8 +114,14 @@ impl Datapath {
                 _pad: [0; 4],
                 owner,
             };
-            h.insert(EndpointKey { addr: addr(*ip) }, info, 0)
-                .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), e))?;
+            h.insert(
+                EndpointKey {
+                    addr: ipv4_to_map(*ip),
+                },
+                info,
+                0,
+            )
+            .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), e))?;
         }
         let mut allow = m.src_allow()?;
         for net in v4_nets(&ep.allowed_sources) {
@@ -228,7 +238,9 @@ impl Datapath {
             .filter(|(_, v)| v.owner == owner)
             .collect();
         for ip in v4s(ips) {
-            let k = EndpointKey { addr: addr(ip) };
+            let k = EndpointKey {
+                addr: ipv4_to_map(ip),
+            };
             if !doomed.iter().any(|(dk, _)| *dk == k) {
                 if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
                     if v.owner == owner {
@@ -242,7 +254,7 @@ impl Datapath {
         for (k, v) in doomed {
             ifindexes.insert(v.ifindex);
             maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
-            gone.push(to_addr(k.addr));
+            gone.push(ipv4_from_map(k.addr));
         }
         Self::take_sources6(&mut m, ips, &mut ifindexes)?;
         let mut allow = m.src_allow()?;
@@ -389,7 +401,7 @@ pub(crate) fn src_allow_key(ifindex: u32, net: Ipv4Net) -> Key<SrcAllowKey> {
         32 + u32::from(net.prefix_len()),
         SrcAllowKey {
             ifindex_be: ifindex.to_be(),
-            addr: addr(net.network()),
+            addr: ipv4_to_map(net.network()),
         },
     )
 }

@@ -16,7 +16,7 @@ use std::{
 use cni_ebpf_common::{map as map_name, NatDestKey, NAT_F_UNCHARGED, NAT_SNAT_REV};
 
 use super::{
-    maps::{self, addr},
+    maps::{self, ipv4_to_map},
     Datapath,
 };
 use crate::error::Result;
@@ -107,5 +107,5 @@ impl Datapath {
 }
 
 fn addr_set(addrs: &[Ipv4Addr]) -> HashSet<u32> {
-    addrs.iter().map(|a| addr(*a)).collect()
+    addrs.iter().map(|a| ipv4_to_map(*a)).collect()
 }

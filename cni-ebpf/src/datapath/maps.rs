@@ -347,25 +347,25 @@ pub fn zero_percpu<T: aya::Pod + Default>() -> Result<PerCpuValues<T>> {
 
 /// An IPv4 address as a network-order map field.
 #[must_use]
-pub fn addr(a: Ipv4Addr) -> u32 {
+pub fn ipv4_to_map(a: Ipv4Addr) -> u32 {
     u32::from_ne_bytes(a.octets())
 }
 
 /// A network-order map field as an IPv4 address.
 #[must_use]
-pub fn to_addr(a: u32) -> Ipv4Addr {
+pub fn ipv4_from_map(a: u32) -> Ipv4Addr {
     Ipv4Addr::from(a.to_ne_bytes())
 }
 
 /// A port as a network-order map field.
 #[must_use]
-pub fn port(p: u16) -> u16 {
+pub fn port_to_map(p: u16) -> u16 {
     u16::from_ne_bytes(p.to_be_bytes())
 }
 
 /// A network-order map field as a port.
 #[must_use]
-pub fn to_port(p: u16) -> u16 {
+pub fn port_from_map(p: u16) -> u16 {
     u16::from_be_bytes(p.to_ne_bytes())
 }
 
@@ -415,10 +415,10 @@ mod tests {
     #[test]
     fn byte_order_round_trips() {
         let a = Ipv4Addr::new(10, 244, 1, 5);
-        assert_eq!(addr(a).to_ne_bytes(), [10, 244, 1, 5]);
-        assert_eq!(to_addr(addr(a)), a);
-        assert_eq!(port(8080).to_ne_bytes(), [0x1f, 0x90]);
-        assert_eq!(to_port(port(8080)), 8080);
+        assert_eq!(ipv4_to_map(a).to_ne_bytes(), [10, 244, 1, 5]);
+        assert_eq!(ipv4_from_map(ipv4_to_map(a)), a);
+        assert_eq!(port_to_map(8080).to_ne_bytes(), [0x1f, 0x90]);
+        assert_eq!(port_from_map(port_to_map(8080)), 8080);
     }
 
     #[test]

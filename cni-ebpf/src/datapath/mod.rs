@@ -19,7 +19,7 @@
 //! per file:
 //! - this file: the handle itself — open, load, unload, pins, programs, map access — and
 //!   the small helpers the other files share;
-//! - `node_config.rs`: node-wide state the programs read ([`NodeSettings`] → `NODE_CONFIG`,
+//! - `node_config.rs`: node-wide state the programs read ([`NodeConfigSpec`] → `NODE_CONFIG`,
 //!   the node-address set `NODE_ADDRS`);
 //! - `uplink.rs`: attaching the uplink programs once per node;
 //! - `endpoints.rs`: a pod's interface ([`Endpoint`]): its endpoint entries, attaching
@@ -73,10 +73,10 @@ pub use self::{
     attach::AttachMode,
     endpoints::Endpoint,
     memory::MapStats,
-    node_config::{snat_dest_cap, NodeSettings},
+    node_config::{snat_dest_cap, NodeConfigSpec},
     pins::Pins,
     views::{
-        AttachmentState, EndpointView, FlowSummary, NatView, NodeView, PortMappingView,
+        AttachmentState, EndpointView, FlowSummary, NatView, NodeConfigView, PortMappingView,
         ReasonCount, SnatUsage,
     },
 };
@@ -148,7 +148,7 @@ impl Datapath {
         dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
         let snat_ports = node::snat_port_range();
-        let settings = NodeSettings {
+        let settings = NodeConfigSpec {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
             ip_masq: conf.ip_masq,

@@ -9,9 +9,11 @@ use crate::{
     link::{self, Nl},
 };
 
-/// Facts about the node gathered in one netlink session.
+/// What the kernel says about the node's network, gathered in one netlink session: the
+/// uplink, its IPv4 address and every node address. (Read from the node; what is written
+/// to the programs is a [`super::NodeConfigSpec`].)
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeFacts {
+pub struct UplinkFacts {
     /// Uplink name and ifindex.
     pub uplink: Option<(String, u32)>,
     /// First global IPv4 address of the uplink (masquerade source).
@@ -42,7 +44,7 @@ pub fn boottime_s() -> u32 {
 /// Reads the node facts. `uplink` is the configured uplink; `None` means the device of the
 /// IPv4 default route. `all`: every IPv4 address of the node in `addrs`, else the
 /// uplink's only.
-pub fn read(uplink: Option<&str>, all: bool) -> Result<NodeFacts> {
+pub fn read(uplink: Option<&str>, all: bool) -> Result<UplinkFacts> {
     let uplink = uplink.map(str::to_owned);
     on_helper_thread(move || {
         let rt = link::runtime()?;
@@ -78,7 +80,7 @@ pub fn read(uplink: Option<&str>, all: bool) -> Result<NodeFacts> {
                 .iter()
                 .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
                 .map(|(a, _)| *a);
-            Ok(NodeFacts {
+            Ok(UplinkFacts {
                 uplink: Some((dev.name, dev.index)),
                 uplink_addr,
                 addrs,

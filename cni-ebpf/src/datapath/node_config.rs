@@ -1,5 +1,5 @@
 //! Node-wide state the programs read: the `NODE_CONFIG` entry (masquerade address, uplink,
-//! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeSettings`]) and the set of
+//! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeConfigSpec`]) and the set of
 //! addresses the programs treat as "this node" (`NODE_ADDRS`). Gathering the facts from
 //! the node is [`super::node`]'s job.
 
@@ -11,14 +11,16 @@ use cni_ebpf_common::{
 use ipnet::Ipv4Net;
 
 use super::{
-    maps::{self, addr},
+    maps::{self, ipv4_to_map},
     Datapath,
 };
 use crate::error::Result;
 
-/// Node-wide settings written to the `NODE_CONFIG` map.
+/// What userspace wants the `NODE_CONFIG` map to hold, in its own types: one concept,
+/// three forms — this spec, written as the kernel's [`NodeConfig`], read back for
+/// `inspect` as a [`super::NodeConfigView`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeSettings {
+pub struct NodeConfigSpec {
     /// Masquerade source address; `None` disables masquerading.
     pub node_addr: Option<Ipv4Addr>,
     /// Uplink ifindex.
@@ -63,7 +65,7 @@ impl Datapath {
     }
 
     /// Writes the node configuration the programs use (keeps userspace-only flags).
-    pub fn configure_node(&self, s: &NodeSettings) -> Result<()> {
+    pub fn configure_node(&self, s: &NodeConfigSpec) -> Result<()> {
         self.write_node_config(&self.node_config_raw()?, s, None)
     }
 
@@ -73,11 +75,11 @@ impl Datapath {
     pub(super) fn write_node_config(
         &self,
         old: &NodeConfig,
-        s: &NodeSettings,
+        s: &NodeConfigSpec,
         addrs_listed_s: Option<u32>,
     ) -> Result<()> {
         let mut cfg = NodeConfig {
-            node_addr: s.node_addr.map_or(0, addr),
+            node_addr: s.node_addr.map_or(0, ipv4_to_map),
             uplink_ifindex: s.uplink_ifindex,
             flags: if s.ip_masq { CFG_F_MASQ } else { 0 },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
@@ -91,8 +93,8 @@ impl Datapath {
         };
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {
             *slot = Cidr4 {
-                addr: addr(c.network()),
-                mask: addr(c.netmask()),
+                addr: ipv4_to_map(c.network()),
+                mask: ipv4_to_map(c.netmask()),
             };
         }
         if cfg == *old {
@@ -109,7 +111,7 @@ impl Datapath {
     pub fn set_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
         let mut m = self.maps()?;
         let mut h = m.node_addrs()?;
-        let want: BTreeMap<u32, u32> = addrs.iter().map(|(a, i)| (addr(*a), *i)).collect();
+        let want: BTreeMap<u32, u32> = addrs.iter().map(|(a, i)| (ipv4_to_map(*a), *i)).collect();
         let have: BTreeMap<u32, u32> = maps::entries(&h)
             .into_iter()
             .map(|(k, v)| (k, v.ifindex))
@@ -133,7 +135,7 @@ impl Datapath {
     pub(super) fn is_node_addr(&self, a: Ipv4Addr) -> Result<bool> {
         let mut m = self.maps()?;
         let h = m.node_addrs()?;
-        Ok(maps::get(&h, &addr(a), map_name::NODE_ADDRS)?.is_some())
+        Ok(maps::get(&h, &ipv4_to_map(a), map_name::NODE_ADDRS)?.is_some())
     }
 
     /// Adds addresses to the set the programs treat as "this node" (the uplink's, and the
@@ -144,7 +146,7 @@ impl Datapath {
         let mut m = self.maps()?;
         let mut h = m.node_addrs()?;
         for (a, i) in addrs {
-            let k = addr(*a);
+            let k = ipv4_to_map(*a);
             if maps::get(&h, &k, map_name::NODE_ADDRS)?.is_some() {
                 continue;
             }

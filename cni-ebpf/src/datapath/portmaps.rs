@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use cni_ebpf_common::{map as map_name, owner_id, proto, PortKey, PortTarget};
 
 use super::{
-    maps::{self, addr, to_addr},
+    maps::{self, ipv4_from_map, ipv4_to_map},
     owner_label, Datapath,
 };
 use crate::{
@@ -39,29 +39,11 @@ impl Datapath {
         let record = maps::owner_record(owner.0, owner.1)?;
         let mut wanted = Vec::new();
         for pm in mappings {
-            let p = proto_number(&pm.protocol)?;
-            let host = match pm.host_ip {
-                None => 0,
-                Some(IpAddr::V4(a)) if a.is_unspecified() => 0,
-                Some(IpAddr::V4(a)) => addr(a),
-                Some(IpAddr::V6(a)) if a.is_unspecified() => 0,
-                Some(IpAddr::V6(a)) => {
-                    return Err(Error::UnsupportedField {
-                        field: "runtimeConfig.portMappings.hostIP".into(),
-                        value: format!("\"{a}\" (IPv6 host ports are not supported yet)"),
-                    })
-                }
-            };
             wanted.push((
-                PortKey {
-                    addr: host,
-                    port: maps::port(pm.host_port),
-                    proto: p,
-                    _pad: 0,
-                },
+                port_key(pm)?,
                 PortTarget {
-                    addr: addr(pod_ip),
-                    port: maps::port(pm.container_port),
+                    addr: ipv4_to_map(pod_ip),
+                    port: maps::port_to_map(pm.container_port),
                     _pad: 0,
                     owner: oid,
                 },
@@ -127,11 +109,36 @@ impl Datapath {
         for (k, v) in maps::entries(&h) {
             if v.owner == owner {
                 maps::remove(&mut h, &k, map_name::PORTMAPS)?;
-                if !pods.contains(&to_addr(v.addr)) {
-                    pods.push(to_addr(v.addr));
+                if !pods.contains(&ipv4_from_map(v.addr)) {
+                    pods.push(ipv4_from_map(v.addr));
                 }
             }
         }
         Ok(pods)
     }
+}
+
+/// The `PORTMAPS` key of a mapping: `hostIP` (0: every node address; unspecified counts
+/// as unset), host port and protocol. An IPv6 `hostIP` is refused (error 2): the programs
+/// have IPv4 host ports only.
+pub(super) fn port_key(pm: &PortMapping) -> Result<PortKey> {
+    let proto = proto_number(&pm.protocol)?;
+    let addr = match pm.host_ip {
+        None => 0,
+        Some(IpAddr::V4(a)) if a.is_unspecified() => 0,
+        Some(IpAddr::V4(a)) => ipv4_to_map(a),
+        Some(IpAddr::V6(a)) if a.is_unspecified() => 0,
+        Some(IpAddr::V6(a)) => {
+            return Err(Error::UnsupportedField {
+                field: "runtimeConfig.portMappings.hostIP".into(),
+                value: format!("\"{a}\" (IPv6 host ports are not supported yet)"),
+            })
+        }
+    };
+    Ok(PortKey {
+        addr,
+        port: maps::port_to_map(pm.host_port),
+        proto,
+        _pad: 0,
+    })
 }

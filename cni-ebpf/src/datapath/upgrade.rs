@@ -149,7 +149,7 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
         prog::UPLINK_EGRESS => (Direction::Egress, TcAttachType::Egress),
         _ => return Ok(out),
     };
-    let ifindex = dp.node_view()?.uplink_ifindex;
+    let ifindex = dp.node_config_view()?.uplink_ifindex;
     if ifindex == 0 {
         return Ok(out);
     }

@@ -14,7 +14,7 @@ use cni_ebpf_common::{
 use serde::Serialize;
 
 use super::{
-    maps::{self, to_addr, to_port},
+    maps::{self, ipv4_from_map, port_from_map},
     proto_name, Datapath,
 };
 use crate::{cni::config::format_mac, error::Result};
@@ -159,7 +159,7 @@ pub struct ReasonCount {
 
 /// The node configuration as the programs see it, for `inspect`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct NodeView {
+pub struct NodeConfigView {
     /// Masquerade source.
     pub node_addr: Option<Ipv4Addr>,
     /// Uplink ifindex.
@@ -230,7 +230,7 @@ impl Datapath {
                 let (container_id, ifname) = owner_names_of(&owners, v.owner);
                 let s = stats.get(&v.ifindex).copied().unwrap_or_default();
                 EndpointView {
-                    ip: to_addr(k.addr),
+                    ip: ipv4_from_map(k.addr),
                     host_ifindex: v.ifindex,
                     host_mac: format_mac(&v.host_mac),
                     pod_mac: format_mac(&v.pod_mac),
@@ -270,11 +270,11 @@ impl Datapath {
             .map(|(k, v)| {
                 let (container_id, ifname) = owner_names_of(&owners, v.owner);
                 PortMappingView {
-                    host_ip: (k.addr != 0).then(|| to_addr(k.addr)),
-                    host_port: to_port(k.port),
+                    host_ip: (k.addr != 0).then(|| ipv4_from_map(k.addr)),
+                    host_port: port_from_map(k.port),
                     protocol: proto_name(k.proto),
-                    pod_ip: to_addr(v.addr),
-                    container_port: to_port(v.port),
+                    pod_ip: ipv4_from_map(v.addr),
+                    container_port: port_from_map(v.port),
                     container_id,
                     ifname,
                 }
@@ -308,14 +308,14 @@ impl Datapath {
                     _ => "unknown",
                 },
                 protocol: proto_name(k.proto),
-                src: to_addr(k.saddr),
-                sport: to_port(k.sport),
-                dst: to_addr(k.daddr),
-                dport: to_port(k.dport),
-                new_src: to_addr(v.saddr),
-                new_sport: to_port(v.sport),
-                new_dst: to_addr(v.daddr),
-                new_dport: to_port(v.dport),
+                src: ipv4_from_map(k.saddr),
+                sport: port_from_map(k.sport),
+                dst: ipv4_from_map(k.daddr),
+                dport: port_from_map(k.dport),
+                new_src: ipv4_from_map(v.saddr),
+                new_sport: port_from_map(v.sport),
+                new_dst: ipv4_from_map(v.daddr),
+                new_dport: port_from_map(v.dport),
                 idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
                 state: if v.flags & NAT_F_RST != 0 {
                     "rst"
@@ -429,24 +429,24 @@ impl Datapath {
     }
 
     /// The node configuration as the programs see it.
-    pub fn node_view(&self) -> Result<NodeView> {
+    pub fn node_config_view(&self) -> Result<NodeConfigView> {
         let cfg = self.node_config_raw()?;
         let mut m = self.maps()?;
         let mut node_addrs: Vec<_> = maps::entries(&m.node_addrs()?)
             .into_iter()
-            .map(|(k, _)| to_addr(k))
+            .map(|(k, _)| ipv4_from_map(k))
             .collect();
         node_addrs.sort();
         let n = (cfg.n_cidrs as usize).min(MAX_CLUSTER_CIDRS);
-        Ok(NodeView {
-            node_addr: (cfg.node_addr != 0).then(|| to_addr(cfg.node_addr)),
+        Ok(NodeConfigView {
+            node_addr: (cfg.node_addr != 0).then(|| ipv4_from_map(cfg.node_addr)),
             uplink_ifindex: cfg.uplink_ifindex,
             ip_masq: cfg.flags & CFG_F_MASQ != 0,
             cluster_cidrs: cfg.cluster_cidrs[..n]
                 .iter()
                 .map(|c| {
                     let prefix = u32::from_be_bytes(c.mask.to_ne_bytes()).count_ones();
-                    format!("{}/{prefix}", to_addr(c.addr))
+                    format!("{}/{prefix}", ipv4_from_map(c.addr))
                 })
                 .collect(),
             snat_ports: (cfg.snat_port_min, cfg.snat_port_max),
@@ -470,7 +470,7 @@ impl Datapath {
                 AttachmentState {
                     container_id,
                     ifname,
-                    ips: mine.iter().map(|(k, _)| to_addr(k.addr)).collect(),
+                    ips: mine.iter().map(|(k, _)| ipv4_from_map(k.addr)).collect(),
                     host_ifindexes: mine.iter().map(|(_, v)| v.ifindex).collect(),
                     port_mappings: pms.iter().filter(|(_, v)| v.owner == id).count(),
                 }

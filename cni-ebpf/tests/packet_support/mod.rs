@@ -18,7 +18,7 @@ use std::net::Ipv4Addr;
 use aya::{TestRun as _, TestRunOptions};
 use cni_ebpf::datapath::{
     load::{self, Faults},
-    Datapath, Endpoint, NodeSettings, Pins,
+    Datapath, Endpoint, NodeConfigSpec, Pins,
 };
 
 /// `TC_ACT_OK`.
@@ -162,7 +162,7 @@ impl Fixture {
     }
 
     /// Writes node config `s`.
-    pub fn configure_node(&self, s: &NodeSettings) {
+    pub fn configure_node(&self, s: &NodeConfigSpec) {
         self.dp()
             .configure_node(s)
             .unwrap_or_else(|e| panic!("configure_node: {e}"));
@@ -679,8 +679,8 @@ pub fn udp6_frame(src: std::net::Ipv6Addr, dst: std::net::Ipv6Addr) -> Vec<u8> {
 
 /// The settings of [`Fixture::standard_node`]: node address NODE, cluster 10.244.0.0/16,
 /// the SNAT ports of [`SNAT_PORTS`] with the default cap per pod and destination.
-pub fn standard_settings(masq: bool) -> NodeSettings {
-    NodeSettings {
+pub fn standard_settings(masq: bool) -> NodeConfigSpec {
+    NodeConfigSpec {
         node_addr: Some(NODE),
         uplink_ifindex: 2,
         ip_masq: masq,
