@@ -96,16 +96,22 @@ pub(crate) fn count(reason: Reason) {
 
 #[inline(always)]
 pub(crate) fn add_stats(ifindex: u32, bytes: u32, rx: bool) {
-    if let Some(s) = EP_STATS.get_ptr_mut(ifindex) {
-        // SAFETY: per-CPU value, no concurrent writer on this CPU.
-        unsafe {
-            if rx {
-                (*s).rx_packets += 1;
-                (*s).rx_bytes += bytes as u64;
-            } else {
-                (*s).tx_packets += 1;
-                (*s).tx_bytes += bytes as u64;
-            }
+    let Some(s) = EP_STATS.get_ptr_mut(ifindex) else {
+        // A host veth our program is attached to but that no attachment owns (an ADD
+        // not finished yet, or one whose DEL never came): worth an operator's look.
+        if !rx {
+            count(Reason::UnknownEndpoint);
+        }
+        return;
+    };
+    // SAFETY: per-CPU value, no concurrent writer on this CPU.
+    unsafe {
+        if rx {
+            (*s).rx_packets += 1;
+            (*s).rx_bytes += bytes as u64;
+        } else {
+            (*s).tx_packets += 1;
+            (*s).tx_bytes += bytes as u64;
         }
     }
 }

@@ -219,7 +219,9 @@ pub enum Reason {
     TranslatedToStack = 35,
     /// TCP packet to a hostPort without SYN and no flow entry: passed (never sent to a pod).
     PassStaleHostPortFlow = 36,
-    /// Packet arrived on a host veth with no endpoint entry (counters not kept).
+    /// A packet from a host veth that has no per-pod counters (`EP_STATS`): no finished
+    /// attachment owns the interface (an ADD still under way, or one whose DEL never
+    /// came). Counted by `from_pod`, whatever it then does with the packet.
     UnknownEndpoint = 37,
     /// Pod traffic leaving through the uplink, redirected straight to it (the kernel's
     /// forwarding path skipped; masquerade still applied by `uplink_egress`).

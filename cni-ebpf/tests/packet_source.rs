@@ -73,6 +73,29 @@ fn a_pod_sending_with_another_source_is_dropped_on_every_path() {
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_host_veth_nobody_owns_is_counted_and_speaks_for_nobody() {
+    // `from_pod` on an interface no attachment owns (an ADD not finished, a DEL that never
+    // came): each packet is counted `unknown_endpoint`, and with no pod behind the
+    // interface no source is its own, so pod A's address is refused there too.
+    let fx = node();
+    // The fixture namespace's loopback: an interface no attachment owns.
+    const STRAY: u32 = 1;
+    let (v, _) = fx.run_on("from_pod", STRAY, &tcp_frame(POD_A, 4000, POD_B, 80, SYN));
+    assert_eq!(v, SHOT, "pod A's address from a stray interface");
+    assert_eq!(fx.reason(Reason::UnknownEndpoint), 1);
+    assert_eq!(fx.reason(Reason::DropSpoofedSource), 1);
+    // A pod's own interface counts nothing of the kind.
+    let (v, _) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp_frame(POD_A, 4000, POD_B, 80, SYN),
+    );
+    assert_eq!(v, REDIRECT);
+    assert_eq!(fx.reason(Reason::UnknownEndpoint), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn an_allow_list_lets_a_router_pod_send_its_prefixes_and_goes_with_the_pod() {
     let fx = node();
     // Pod A routes 192.0.2.0/24 (a VPN pod): its attachment carries that allow-list.
