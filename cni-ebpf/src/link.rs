@@ -577,20 +577,11 @@ pub fn is_veth(link: &Link) -> bool {
     link.kind.as_deref() == Some(&InfoKind::Veth.to_string())
 }
 
-/// FNV-1a, 64 bit: a stable hash for deterministic names and MACs (not security relevant).
+/// The hash of interface names and MACs: [`cni_ebpf_common::fnv1a64`] with 0xff between
+/// the parts (a lasting contract: DEL and GC find existing pods' veths by it).
 fn fnv1a(parts: &[&str]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            h ^= 0xff;
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-        for b in p.bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    h
+    let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
+    cni_ebpf_common::fnv1a64(&bytes, 0xff)
 }
 
 /// The host-side veth name of an attachment: `ceb` + 12 hex digits of a hash of
@@ -717,8 +708,20 @@ impl Nl {
 #[cfg(test)]
 #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
 mod tests {
-    use super::{build_route, NewRoute, RouteAttribute, RouteMetric, RouteScope};
+    use super::{build_route, host_veth_name, NewRoute, RouteAttribute, RouteMetric, RouteScope};
     use crate::error::Error;
+
+    /// Names and ids are lasting contracts: DEL and GC of a pod made by an older binary
+    /// find its veth by name, and its map entries by owner id. Fixed values, computed
+    /// once by the separate implementations these replaced.
+    #[test]
+    fn veth_names_and_owner_ids_never_change() {
+        assert_eq!(host_veth_name("abc123", "eth0"), "ceb561682a75b5f");
+        assert_eq!(
+            cni_ebpf_common::owner_id(b"abc123", b"eth0"),
+            0xd35a_c051_2423_e986
+        );
+    }
 
     fn route(dst: &str, gw: &str) -> NewRoute {
         NewRoute {
