@@ -1,0 +1,114 @@
+//! Names shared with the object: programs, maps and globals (also their pin names).
+
+/// Names of the programs in the object (also their pin names).
+pub mod prog {
+    /// Host veth ingress (packets leaving a pod).
+    pub const FROM_POD: &str = "from_pod";
+    /// Uplink ingress (packets arriving at the node from outside).
+    pub const UPLINK_INGRESS: &str = "uplink_ingress";
+    /// Uplink egress (packets leaving the node).
+    pub const UPLINK_EGRESS: &str = "uplink_egress";
+    /// `connect()` of the node's own sockets (cgroup `connect4`).
+    pub const SOCK_CONNECT4: &str = "sock_connect4";
+    /// `sendmsg()` of the node's own unconnected UDP sockets (cgroup `sendmsg4`).
+    pub const SOCK_SENDMSG4: &str = "sock_sendmsg4";
+    /// `recvmsg()` of the node's own unconnected UDP sockets (cgroup `recvmsg4`).
+    pub const SOCK_RECVMSG4: &str = "sock_recvmsg4";
+    /// `getpeername()` of the node's own sockets (cgroup `getpeername4`).
+    pub const SOCK_GETPEERNAME4: &str = "sock_getpeername4";
+    /// The tc programs.
+    pub const TC: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
+    /// The socket (cgroup sock_addr) programs.
+    pub const SOCK: [&str; 4] = [
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
+    /// Every program, in load order.
+    pub const ALL: [&str; 7] = [
+        FROM_POD,
+        UPLINK_INGRESS,
+        UPLINK_EGRESS,
+        SOCK_CONNECT4,
+        SOCK_SENDMSG4,
+        SOCK_RECVMSG4,
+        SOCK_GETPEERNAME4,
+    ];
+}
+
+/// Names of the maps in the object (also their pin names).
+pub mod map {
+    /// [`crate::EndpointKey`] → [`crate::EndpointInfo`].
+    pub const ENDPOINTS: &str = "ENDPOINTS";
+    /// Host veth ifindex (`u32`) → per-CPU [`crate::EndpointStats`].
+    pub const EP_STATS: &str = "EP_STATS";
+    /// [`crate::PortKey`] → [`crate::PortTarget`].
+    pub const PORTMAPS: &str = "PORTMAPS";
+    /// [`crate::NatKey`] → [`crate::NatEntry`] (a plain hash: nothing is ever evicted;
+    /// finished flows are reclaimed by the programs, see [`crate::NatUse`]).
+    pub const NAT: &str = "NAT";
+    /// Index 0 → [`crate::NodeConfig`].
+    pub const NODE_CONFIG: &str = "NODE_CONFIG";
+    /// Node IPv4 address (`u32`, network order) → [`crate::NodeAddr`].
+    pub const NODE_ADDRS: &str = "NODE_ADDRS";
+    /// Per-CPU `u64` counters indexed by [`crate::Reason`].
+    pub const REASONS: &str = "REASONS";
+    /// Owner id (`u64`, [`crate::owner_id`]) → [`crate::Owner`]; userspace only.
+    pub const OWNERS: &str = "OWNERS";
+    /// [`crate::NatKey`] (a pod flow's tuple as the pod sends it) → [`crate::FlowEntry`]
+    /// (LRU): whether the flow may bypass the node's stack.
+    pub const FLOWS: &str = "FLOWS";
+    /// [`crate::SockKey`] (a pod's socket) → [`crate::SockPeer`] (LRU): the last peer
+    /// that socket addressed through the node's stack.
+    pub const STACK_SOCKETS: &str = "STACK_SOCKETS";
+    /// [`crate::SockRevKey`] → [`crate::SockRevValue`] (LRU): what a node socket's host-port
+    /// peer was before the socket hooks translated it.
+    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
+    /// LPM trie of [`crate::SrcAllowKey`] → `u32` (1): extra source prefixes a pod may
+    /// send from (its own addresses need no entry).
+    pub const SRC_ALLOW: &str = "SRC_ALLOW";
+    /// Host veth ifindex (`u32`, native order) → [`crate::Pacing`]: a pod's egress rate
+    /// (`runtimeConfig.bandwidth`).
+    pub const PACING: &str = "PACING";
+    /// LPM trie of [`crate::SrcAllow6Key`] → `u32` ([`crate::SRC6_OWN`] or
+    /// [`crate::SRC6_ALLOWED`]): the IPv6 sources a pod may send from, its own addresses
+    /// (/128) and its allow-list alike.
+    pub const SRC_ALLOW6: &str = "SRC_ALLOW6";
+    /// Host veth ifindex (`u32`, native order) → [`crate::NatUse`]: a pod's share of the
+    /// NAT table (key 0: the node-wide sweep clock).
+    pub const NAT_USE: &str = "NAT_USE";
+    /// [`crate::NatDestKey`] (a pod and a destination of its masqueraded flows) → `u32`:
+    /// how many SNAT ports the pod holds towards that destination (see
+    /// [`crate::NodeConfig::snat_dest_cap`]). A key goes when its count reaches zero.
+    pub const NAT_DEST_USE: &str = "NAT_DEST_USE";
+    /// Every map.
+    pub const ALL: [&str; 16] = [
+        ENDPOINTS,
+        EP_STATS,
+        PORTMAPS,
+        NAT,
+        NODE_CONFIG,
+        NODE_ADDRS,
+        REASONS,
+        OWNERS,
+        FLOWS,
+        STACK_SOCKETS,
+        SOCK_REVNAT,
+        SRC_ALLOW,
+        PACING,
+        SRC_ALLOW6,
+        NAT_USE,
+        NAT_DEST_USE,
+    ];
+}
+
+/// Names of the object's global variables, which userspace may set at load time.
+pub mod global {
+    /// Test-only fault injection (`u32`): `1` makes every L4 checksum update of the tc
+    /// programs (`bpf_l4_csum_replace`) fail after the packet's tuple was written, as a
+    /// failing helper would. The plugin never sets it (it stays `0`); the packet tests
+    /// load the object with it to check that such packets are dropped
+    /// (`drop_rewrite_failed`) and leave no NAT state.
+    pub const FAULT_L4_CSUM: &str = "FAULT_L4_CSUM";
+}

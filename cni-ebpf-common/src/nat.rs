@@ -1,0 +1,143 @@
+//! The NAT table's key and entry, its per-pod shares and port counts, and their flags.
+
+use core::mem::size_of;
+
+/// Key of [`crate::map::NAT`]: the 5-tuple of a packet as it arrives at a program.
+///
+/// For ICMP echo, the identifier plays the port: a request is `(sport = id, dport = 0)`,
+/// a reply `(sport = 0, dport = id)`, so that a reply's tuple is the request's reversed.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatKey {
+    /// Source address, network order.
+    pub saddr: u32,
+    /// Destination address, network order.
+    pub daddr: u32,
+    /// Source port (or echo id), network order.
+    pub sport: u16,
+    /// Destination port (or echo id), network order.
+    pub dport: u16,
+    /// IP protocol ([`crate::proto`]).
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<NatKey>() == 16);
+
+/// [`NatEntry::hook`]: applied by `from_pod` (hairpin flows).
+pub const HOOK_POD: u8 = 1;
+/// [`NatEntry::hook`]: applied by `uplink_ingress`.
+pub const HOOK_UPLINK_IN: u8 = 2;
+/// [`NatEntry::hook`]: applied by `uplink_egress`.
+pub const HOOK_UPLINK_OUT: u8 = 3;
+
+/// [`NatEntry::kind`]: masquerade, pod → outside (forward direction).
+pub const NAT_SNAT_FWD: u8 = 1;
+/// [`NatEntry::kind`]: masquerade, reply to the pod.
+pub const NAT_SNAT_REV: u8 = 2;
+/// [`NatEntry::kind`]: host port, client → pod.
+pub const NAT_DNAT_FWD: u8 = 3;
+/// [`NatEntry::kind`]: host port, reply to the client.
+pub const NAT_DNAT_REV: u8 = 4;
+/// [`NatEntry::kind`]: hairpin, client pod → backend pod.
+pub const NAT_HAIRPIN_FWD: u8 = 5;
+/// [`NatEntry::kind`]: hairpin, reply to the client pod.
+pub const NAT_HAIRPIN_REV: u8 = 6;
+
+/// [`NatEntry::flags`]: a FIN was seen in this entry's direction.
+pub const NAT_F_FIN: u8 = 1;
+/// [`NatEntry::flags`]: a RST was seen in this entry's direction.
+pub const NAT_F_RST: u8 = 2;
+/// [`NatEntry::flags`]: this direction sent the first FIN (its peer ends in TIME_WAIT
+/// on the other side of the translation).
+pub const NAT_F_FIRST_FIN: u8 = 4;
+/// [`NatEntry::flags`]: the (TCP) flow is closed (RST, or FIN both ways), so this entry no
+/// longer counts against its pod's share ([`NatEntry::pod`]): a pod's cap is on live
+/// flows, and a closed flow's entries only wait out their grace time for the port.
+pub const NAT_F_UNCHARGED: u8 = 8;
+
+/// [`NatEntry::deliver`]: straight into the local pod it is now addressed to, if any.
+pub const NAT_DELIVER_DIRECT: u8 = 0;
+/// [`NatEntry::deliver`]: to the node's stack, because netfilter translated this flow
+/// too (its other direction reached us already translated) and must undo its part.
+pub const NAT_DELIVER_STACK: u8 = 1;
+
+/// A translated source port whose flow closed with a RST, or with FINs both ways where
+/// the pod closed first, may be handed out again after this long (in-flight packets).
+pub const NAT_CLOSED_GRACE_NS: u64 = 1_000_000_000;
+/// … and after this long when the outside peer closed first: it holds the tuple in
+/// TIME_WAIT (60 s on Linux) and could refuse a new connection reusing it.
+pub const NAT_TIME_WAIT_NS: u64 = 60_000_000_000;
+/// … and after this long without a packet for an open TCP flow (just above the default
+/// 2 h TCP keepalive time, so kept-alive idle connections keep their port).
+pub const NAT_TCP_IDLE_NS: u64 = 7_440_000_000_000;
+/// … for UDP.
+pub const NAT_UDP_IDLE_NS: u64 = 60_000_000_000;
+/// … for ICMP echo.
+pub const NAT_ICMP_IDLE_NS: u64 = 30_000_000_000;
+
+/// Value of [`crate::map::NAT`]: the tuple a matching packet is rewritten to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NatEntry {
+    /// Translated source address, network order.
+    pub saddr: u32,
+    /// Translated destination address, network order.
+    pub daddr: u32,
+    /// Translated source port (or echo id), network order.
+    pub sport: u16,
+    /// Translated destination port (or echo id), network order.
+    pub dport: u16,
+    /// Which program applies the entry (`HOOK_*`).
+    pub hook: u8,
+    /// What the entry is (`NAT_*`), for inspection.
+    pub kind: u8,
+    /// `NAT_F_*`: how far the (TCP) flow has closed, as seen by this entry's direction.
+    pub flags: u8,
+    /// `NAT_DELIVER_*`: where a translated packet goes next.
+    pub deliver: u8,
+    /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
+    pub last_seen_ns: u64,
+    /// Host veth ifindex of the pod whose share ([`crate::map::NAT_USE`]) this entry is charged
+    /// to, native order; 0: charged to nobody. Whoever removes the entry gives it back,
+    /// unless [`NAT_F_UNCHARGED`] says the flow's close gave it back already.
+    pub pod: u32,
+    /// The sweep pass that last found this entry's flow still live (native order; 0:
+    /// none): later slices of the same pass skip it (see [`NatUse::entries`] of key 0).
+    pub swept: u32,
+}
+const _: () = assert!(size_of::<NatEntry>() == 32);
+
+/// Key of [`crate::map::NAT_DEST_USE`]: a pod and one destination of its masqueraded flows.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NatDestKey {
+    /// Host veth ifindex of the pod, native order.
+    pub pod: u32,
+    /// Destination IPv4 address, network order.
+    pub daddr: u32,
+    /// Destination port (ICMP: the echo id), network order.
+    pub dport: u16,
+    /// IP protocol.
+    pub proto: u8,
+    /// Padding (zero).
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<NatDestKey>() == 12);
+
+/// Value of [`crate::map::NAT_USE`]: one pod's share of the NAT table.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NatUse {
+    /// NAT entries charged to the pod (two per flow), native order, updated atomically by
+    /// the programs. Read as signed: a give-back racing another can leave it a little
+    /// below zero, which counts as zero. Key 0 (the sweep clock): the number of the
+    /// sweep pass under way (from 1).
+    pub entries: u32,
+    /// Most entries the pod may hold (`2 × natFlowsPerPod`), native order; written by
+    /// userspace at ADD. Unused for key 0.
+    pub cap: u32,
+    /// Key 0 only: `bpf_ktime_get_ns` of the last sweep slice, native order.
+    pub swept_ns: u64,
+}
+const _: () = assert!(size_of::<NatUse>() == 16);

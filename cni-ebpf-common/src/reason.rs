@@ -1,0 +1,225 @@
+//! The decisions and drop reasons the programs count (`REASONS`), and their names.
+
+/// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
+/// Values start at 16 so they never collide with `TC_ACT_*` verdicts.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// Packet seen by one of our programs.
+    Seen = 16,
+    /// Passed unchanged: not IPv4 (ARP, IPv6, …).
+    PassNotIpv4 = 17,
+    /// Passed unchanged: truncated or malformed header.
+    PassMalformed = 18,
+    /// Passed unchanged: IPv4 header with options.
+    PassIpOptions = 19,
+    /// Passed unchanged: IPv4 fragment.
+    PassFragment = 20,
+    /// Passed unchanged: nothing of ours applies (host-stack traffic).
+    PassNoMatch = 21,
+    /// Passed to the stack: TTL would expire (the stack sends the ICMP error).
+    PassTtlExpired = 22,
+    /// Same-node pod → pod redirected into the destination pod.
+    RedirectPod = 23,
+    /// New masquerade (SNAT) flow created.
+    SnatNew = 24,
+    /// Packet of an existing masqueraded flow translated (pod → outside).
+    SnatForward = 25,
+    /// Reply of a masqueraded flow translated back to the pod.
+    SnatReply = 26,
+    /// New host-port (DNAT) flow created.
+    DnatNew = 27,
+    /// Packet of an existing host-port flow translated (client → pod).
+    DnatForward = 28,
+    /// Reply of a host-port flow translated back to hostIP:hostPort.
+    DnatReply = 29,
+    /// New hairpin flow (pod → own node's hostPort) created.
+    HairpinNew = 30,
+    /// Packet of an existing hairpin flow translated.
+    HairpinForward = 31,
+    /// ICMP error about a translated flow translated.
+    IcmpErrorTranslated = 32,
+    /// Dropped: no free SNAT port for this destination.
+    DropNoSnatPort = 33,
+    /// Could not insert a NAT entry; packet passed unchanged.
+    PassNatInsertFailed = 34,
+    /// Translated packet handed to the stack (destination not a local pod).
+    TranslatedToStack = 35,
+    /// TCP packet to a hostPort without SYN and no flow entry: passed (never sent to a pod).
+    PassStaleHostPortFlow = 36,
+    /// A packet from a host veth that has no per-pod counters (`EP_STATS`): no finished
+    /// attachment owns the interface (an ADD still under way, or one whose DEL never
+    /// came). Counted by `from_pod`, whatever it then does with the packet.
+    UnknownEndpoint = 37,
+    /// Pod traffic leaving through the uplink, redirected straight to it (the kernel's
+    /// forwarding path skipped; masquerade still applied by `uplink_egress`).
+    RedirectUplink = 38,
+    /// Pod traffic left to the kernel's routing: not routed via the uplink, next hop not
+    /// resolved yet, too big for the uplink, TTL expiring or a source address that is not
+    /// the sending pod's.
+    PassKernelRoute = 39,
+    /// A translated source port was taken back from a flow that is over (closed or
+    /// idle) and given to a new flow.
+    SnatPortReclaimed = 40,
+    /// A pod's packet leaving the node on a flow not yet seen to leave unchanged (its
+    /// first packets, a TCP SYN, or a flow the node's netfilter translates): handed to the
+    /// stack so that netfilter (kube-proxy) sees it.
+    PassUnverifiedFlow = 41,
+    /// `uplink_egress` saw a pod flow's packet leave exactly as the pod sent it: netfilter
+    /// did not translate it, so its later packets may take the fast path.
+    FlowVerified = 42,
+    /// A packet for a local pod's socket whose traffic goes through the stack to another
+    /// peer (a reply of a Service flow): handed to the stack to be un-NATed.
+    PassTranslatedReply = 43,
+    /// A pod's reply in a flow opened from outside the cluster: left with the pod's own
+    /// address (masquerade only translates flows the pod opened).
+    PassInboundReply = 44,
+    /// Reply of a masqueraded flow whose forward packets netfilter also translated: handed
+    /// to the stack after our reverse NAT so that netfilter undoes its part.
+    SnatReplyToStack = 45,
+    /// A node socket's connect/sendmsg to nodeIP:hostPort (or 127.0.0.1:hostPort)
+    /// translated to the pod.
+    SockHostPort = 46,
+    /// A packet from outside for a local pod, in a flow whose packets from the pod were
+    /// seen leaving untranslated: redirected into the pod past the node's stack.
+    RedirectFromUplink = 47,
+    /// Dropped: a pod sent with a source address that is not one of its own (nor in its
+    /// allow-list).
+    DropSpoofedSource = 48,
+    /// Dropped: rewriting a translated packet failed part-way (a checksum helper or a
+    /// store refused), so its addresses or ports may be new while a checksum is stale.
+    /// The NAT entries made for it, if it opened a flow, are removed again.
+    DropRewriteFailed = 49,
+    /// Dropped: the pod sends faster than its egress rate (`runtimeConfig.bandwidth`)
+    /// allows, by more than its burst plus its limit ([`crate::Pacing::limit_ns`]).
+    DropEgressRate = 50,
+    /// Dropped: the first packet of a translated flow (masquerade, host port, hairpin)
+    /// of a pod that already holds its share of the NAT table (`natFlowsPerPod` flows).
+    DropNatPodCap = 51,
+    /// The NAT table was swept for finished flows (a pod at its cap or a full table
+    /// asked for room; at most once per [`crate::NAT_SWEEP_INTERVAL_NS`] node-wide).
+    NatSweep = 52,
+    /// An entry of a finished flow removed by a sweep (its pod's share given back).
+    NatSweptEntry = 53,
+    /// Dropped: the first packet of a masqueraded flow of a pod that already holds its
+    /// share of the SNAT ports towards that destination (address, port, protocol;
+    /// `natPortsPerDestination`).
+    DropSnatDestCap = 54,
+}
+
+impl Reason {
+    /// Every reason, for userspace listings.
+    pub const ALL: [Reason; 39] = [
+        Reason::Seen,
+        Reason::PassNotIpv4,
+        Reason::PassMalformed,
+        Reason::PassIpOptions,
+        Reason::PassFragment,
+        Reason::PassNoMatch,
+        Reason::PassTtlExpired,
+        Reason::RedirectPod,
+        Reason::SnatNew,
+        Reason::SnatForward,
+        Reason::SnatReply,
+        Reason::DnatNew,
+        Reason::DnatForward,
+        Reason::DnatReply,
+        Reason::HairpinNew,
+        Reason::HairpinForward,
+        Reason::IcmpErrorTranslated,
+        Reason::DropNoSnatPort,
+        Reason::PassNatInsertFailed,
+        Reason::TranslatedToStack,
+        Reason::PassStaleHostPortFlow,
+        Reason::UnknownEndpoint,
+        Reason::RedirectUplink,
+        Reason::PassKernelRoute,
+        Reason::SnatPortReclaimed,
+        Reason::PassUnverifiedFlow,
+        Reason::FlowVerified,
+        Reason::PassTranslatedReply,
+        Reason::PassInboundReply,
+        Reason::SnatReplyToStack,
+        Reason::SockHostPort,
+        Reason::RedirectFromUplink,
+        Reason::DropSpoofedSource,
+        Reason::DropRewriteFailed,
+        Reason::DropEgressRate,
+        Reason::DropNatPodCap,
+        Reason::NatSweep,
+        Reason::NatSweptEntry,
+        Reason::DropSnatDestCap,
+    ];
+
+    /// Stable snake-case name (used by `inspect`).
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Reason::Seen => "seen",
+            Reason::PassNotIpv4 => "pass_not_ipv4",
+            Reason::PassMalformed => "pass_malformed",
+            Reason::PassIpOptions => "pass_ip_options",
+            Reason::PassFragment => "pass_fragment",
+            Reason::PassNoMatch => "pass_no_match",
+            Reason::PassTtlExpired => "pass_ttl_expired",
+            Reason::RedirectPod => "redirect_pod",
+            Reason::SnatNew => "snat_new",
+            Reason::SnatForward => "snat_forward",
+            Reason::SnatReply => "snat_reply",
+            Reason::DnatNew => "dnat_new",
+            Reason::DnatForward => "dnat_forward",
+            Reason::DnatReply => "dnat_reply",
+            Reason::HairpinNew => "hairpin_new",
+            Reason::HairpinForward => "hairpin_forward",
+            Reason::IcmpErrorTranslated => "icmp_error_translated",
+            Reason::DropNoSnatPort => "drop_no_snat_port",
+            Reason::PassNatInsertFailed => "pass_nat_insert_failed",
+            Reason::TranslatedToStack => "translated_to_stack",
+            Reason::PassStaleHostPortFlow => "pass_stale_hostport_flow",
+            Reason::UnknownEndpoint => "unknown_endpoint",
+            Reason::RedirectUplink => "redirect_uplink",
+            Reason::PassKernelRoute => "pass_kernel_route",
+            Reason::SnatPortReclaimed => "snat_port_reclaimed",
+            Reason::PassUnverifiedFlow => "pass_unverified_flow",
+            Reason::FlowVerified => "flow_verified",
+            Reason::PassTranslatedReply => "pass_translated_reply",
+            Reason::PassInboundReply => "pass_inbound_reply",
+            Reason::SnatReplyToStack => "snat_reply_to_stack",
+            Reason::SockHostPort => "sock_host_port",
+            Reason::RedirectFromUplink => "redirect_from_uplink",
+            Reason::DropSpoofedSource => "drop_spoofed_source",
+            Reason::DropRewriteFailed => "drop_rewrite_failed",
+            Reason::DropEgressRate => "drop_egress_rate",
+            Reason::DropNatPodCap => "drop_nat_pod_cap",
+            Reason::NatSweep => "nat_sweep",
+            Reason::NatSweptEntry => "nat_swept_entry",
+            Reason::DropSnatDestCap => "drop_snat_dest_cap",
+        }
+    }
+}
+
+/// Number of slots in the reasons map (must exceed every [`Reason`] value).
+pub const REASON_SLOTS: u32 = 64;
+const _: () = assert!((Reason::DropSnatDestCap as u32) < REASON_SLOTS);
+
+#[cfg(test)]
+mod tests {
+    use super::{Reason, REASON_SLOTS};
+
+    /// `Reason::ALL` lists every reason once, in value order with no gap (a reason
+    /// missing from it would never be shown by `inspect`), and every name is distinct.
+    #[test]
+    fn reason_table_is_complete_and_names_are_unique() {
+        for (i, r) in Reason::ALL.iter().enumerate() {
+            assert_eq!(
+                *r as u32,
+                16 + i as u32,
+                "{r:?} out of order in Reason::ALL"
+            );
+            assert!((*r as u32) < REASON_SLOTS);
+            for other in &Reason::ALL[..i] {
+                assert_ne!(r.name(), other.name(), "two reasons named {}", r.name());
+            }
+        }
+    }
+}
