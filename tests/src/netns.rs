@@ -23,8 +23,8 @@ impl fmt::Display for CommandFailed {
 
 impl std::error::Error for CommandFailed {}
 
-/// Runs `argv` (bounded by [`DEFAULT_TIMEOUT`]); its stdout, or the failure.
-fn checked(cmd: Command) -> Result<String, CommandFailed> {
+/// Runs `cmd` (bounded by [`DEFAULT_TIMEOUT`]); its stdout, or the failure.
+pub(crate) fn checked(cmd: Command) -> Result<String, CommandFailed> {
     let out = run_cmd(cmd, None, DEFAULT_TIMEOUT);
     if out.success() {
         Ok(out.stdout)

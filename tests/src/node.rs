@@ -33,7 +33,7 @@ use crate::{
     libcni::{client_bin, ClientOutput, REFERENCE_PLUGINS},
     netns::{CommandFailed, NetNs},
     plugin::{exec_plugin_in, plugin_bin, CniEnv, PluginOutput},
-    process::{netns_exec, run, run_cmd, Background, Output, DEFAULT_TIMEOUT},
+    process::{command, netns_exec, run, run_cmd, Background, Output, DEFAULT_TIMEOUT},
     snapshot::Snapshot,
 };
 
@@ -566,12 +566,7 @@ fn try_configure_link(ns: &str, dev: &str, v4: &str, v6: &str) -> Result<(), Com
     let ip = |args: &[&str]| -> Result<(), CommandFailed> {
         let mut argv = vec!["ip", "-n", ns];
         argv.extend_from_slice(args);
-        let out = run(&argv);
-        if out.success() {
-            Ok(())
-        } else {
-            Err(CommandFailed(format!("command failed: {out}")))
-        }
+        crate::netns::checked(command(&argv)).map(|_| ())
     };
     ip(&["addr", "add", &format!("{v4}/24"), "dev", dev])?;
     ip(&["addr", "add", &format!("{v6}/64"), "dev", dev, "nodad"])?;
