@@ -36,6 +36,7 @@ pub mod apiserver;
 pub mod cgroup;
 pub mod cluster;
 pub mod conf;
+#[cfg(feature = "cri")]
 pub mod containerd;
 pub mod inspect;
 pub mod kubeproxy;
@@ -51,6 +52,7 @@ pub use apiserver::ApiServer;
 pub use cgroup::TestCgroup;
 pub use cluster::{Cluster, ClusterNode};
 pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SUBNET_V6};
+#[cfg(feature = "cri")]
 pub use containerd::{Containerd, PodSpec};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};

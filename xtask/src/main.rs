@@ -220,6 +220,9 @@ fn test(args: &[String]) -> Result<()> {
         "--workspace",
         "--exclude",
         "cni-ebpf-bpf",
+        // The containerd tests: their CRI client needs protoc, which setup installed.
+        "--features",
+        "tests/cri",
         "--",
         "--include-ignored",
     ])
