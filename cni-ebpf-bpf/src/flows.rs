@@ -34,10 +34,7 @@
 //! fast-pathed flow is no longer seen by netfilter (FORWARD rules, conntrack), see the
 //! README's "Kubernetes" section.
 
-use cni_ebpf_common::{
-    proto, FlowEntry, NatKey, NodeConfig, Reason, SockKey, SockPeer, FLOW_F_INBOUND,
-    FLOW_F_PENDING, FLOW_F_VERIFIED,
-};
+use cni_ebpf_common::{proto, FlowEntry, FlowFlags, NatKey, NodeConfig, Reason, SockKey, SockPeer};
 
 use crate::{
     maps::{count, in_cluster, FLOWS, STACK_SOCKETS},
@@ -60,7 +57,7 @@ pub(crate) fn reversed(k: &NatKey) -> NatKey {
 
 /// A new `FLOWS` entry with `flags`, seen now.
 #[inline(always)]
-fn fresh(flags: u32) -> FlowEntry {
+fn fresh(flags: FlowFlags) -> FlowEntry {
     FlowEntry {
         flags,
         _pad: 0,
@@ -91,7 +88,7 @@ pub(crate) fn may_bypass_stack(p: &Pkt) -> bool {
     };
     // SAFETY: LRU values may be recycled under us; only the timestamp is written.
     unsafe {
-        if (*f).flags & FLOW_F_VERIFIED == 0 {
+        if !(*f).flags.contains(FlowFlags::VERIFIED) {
             return false;
         }
         (*f).last_seen_ns = now();
@@ -108,7 +105,7 @@ pub(crate) fn inbound_may_bypass_stack(p: &Pkt) -> bool {
     }
     // SAFETY: copied out at once.
     match unsafe { FLOWS.get(reversed(&p.key())) } {
-        Some(f) => f.flags & FLOW_F_VERIFIED != 0,
+        Some(f) => f.flags.contains(FlowFlags::VERIFIED),
         None => false,
     }
 }
@@ -129,16 +126,16 @@ pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
     match FLOWS.get_ptr_mut(key) {
         // SAFETY: as in `may_bypass_stack`; a SYN starts the flow afresh (the pod opens it).
         Some(f) => unsafe {
-            inbound = (*f).flags & FLOW_F_INBOUND != 0;
+            inbound = (*f).flags.contains(FlowFlags::INBOUND);
             (*f).flags = if syn {
-                FLOW_F_PENDING
+                FlowFlags::PENDING
             } else {
-                ((*f).flags & !FLOW_F_VERIFIED) | FLOW_F_PENDING
+                ((*f).flags - FlowFlags::VERIFIED) | FlowFlags::PENDING
             };
             (*f).last_seen_ns = now();
         },
         None => {
-            let _ = FLOWS.insert(&key, &fresh(FLOW_F_PENDING), 0);
+            let _ = FLOWS.insert(&key, &fresh(FlowFlags::PENDING), 0);
         }
     }
     // Only a client's socket is recorded: a server's listening port (answering clients
@@ -189,7 +186,7 @@ pub(crate) fn is_translated_reply(p: &Pkt) -> bool {
 /// reached the uplink translated by netfilter, or from the node itself). A pending flow
 /// becomes verified.
 #[inline(always)]
-pub(crate) fn seen_leaving(p: &Pkt) -> Option<u32> {
+pub(crate) fn seen_leaving(p: &Pkt) -> Option<FlowFlags> {
     if !p.natable {
         return None;
     }
@@ -197,8 +194,8 @@ pub(crate) fn seen_leaving(p: &Pkt) -> Option<u32> {
     // SAFETY: as in `may_bypass_stack`.
     unsafe {
         let flags = (*f).flags;
-        if flags & FLOW_F_PENDING != 0 {
-            (*f).flags = (flags & !FLOW_F_PENDING) | FLOW_F_VERIFIED;
+        if flags.contains(FlowFlags::PENDING) {
+            (*f).flags = (flags - FlowFlags::PENDING) | FlowFlags::VERIFIED;
             count(Reason::FlowVerified);
         }
         Some(flags)
@@ -219,14 +216,14 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
         // SAFETY: as in `may_bypass_stack`.
         Some(f) => unsafe {
             if syn {
-                (*f).flags = FLOW_F_INBOUND;
+                (*f).flags = FlowFlags::INBOUND;
             } else {
-                (*f).flags |= FLOW_F_INBOUND;
+                (*f).flags |= FlowFlags::INBOUND;
             }
             (*f).last_seen_ns = now();
         },
         None => {
-            let _ = FLOWS.insert(&key, &fresh(FLOW_F_INBOUND), 0);
+            let _ = FLOWS.insert(&key, &fresh(FlowFlags::INBOUND), 0);
         }
     }
 }
@@ -236,5 +233,5 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
 /// never masqueraded.
 #[inline(always)]
 pub(crate) fn note_own_inbound(reply: &NatKey) {
-    let _ = FLOWS.insert(reply, &fresh(FLOW_F_VERIFIED | FLOW_F_INBOUND), 0);
+    let _ = FLOWS.insert(reply, &fresh(FlowFlags::VERIFIED | FlowFlags::INBOUND), 0);
 }

@@ -4,10 +4,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use cni_ebpf_common::{
-    proto, NatKey, PortTarget, Reason, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DNAT_FWD,
-    NAT_DNAT_REV, NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV,
-};
+use cni_ebpf_common::{proto, NatHook, NatKey, NatKind, PortTarget, Reason};
 
 use crate::{
     flows,
@@ -37,12 +34,15 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             count(Reason::PassNatInsertFailed);
             return PASS;
         };
-        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV, pod);
+        let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
         let Some((np, rev_key)) = alloc_port(cfg, a, bp, n, p.proto, &rev, 0) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };
-        (rev_key, entry(n, a, np, bp, HOOK_POD, NAT_HAIRPIN_FWD, pod))
+        (
+            rev_key,
+            entry(n, a, np, bp, NatHook::POD, NatKind::HAIRPIN_FWD, pod),
+        )
     } else {
         let rev_key = NatKey {
             saddr: b,
@@ -52,12 +52,15 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             proto: p.proto,
             _pad: [0; 3],
         };
-        let rev = entry(n, a, hp, ap, HOOK_POD, NAT_HAIRPIN_REV, pod);
+        let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
         if !nat_add(&rev_key, &rev, BPF_NOEXIST as u64) {
             count(Reason::PassNatInsertFailed);
             return PASS;
         }
-        (rev_key, entry(a, b, ap, bp, HOOK_POD, NAT_HAIRPIN_FWD, pod))
+        (
+            rev_key,
+            entry(a, b, ap, bp, NatHook::POD, NatKind::HAIRPIN_FWD, pod),
+        )
     };
     if !nat_add(&p.key(), &fwd, 0) {
         nat_remove(&rev_key);
@@ -101,8 +104,16 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         proto: p.proto,
         _pad: [0; 3],
     };
-    let rev = entry(n, c, hp, cp, HOOK_UPLINK_OUT, NAT_DNAT_REV, pod);
-    let fwd = entry(c, t.addr, cp, t.port, HOOK_UPLINK_IN, NAT_DNAT_FWD, pod);
+    let rev = entry(n, c, hp, cp, NatHook::UPLINK_OUT, NatKind::DNAT_REV, pod);
+    let fwd = entry(
+        c,
+        t.addr,
+        cp,
+        t.port,
+        NatHook::UPLINK_IN,
+        NatKind::DNAT_FWD,
+        pod,
+    );
     if !nat_add(&rev_key, &rev, 0) {
         count(Reason::PassNatInsertFailed);
         return Some(PASS);

@@ -1,7 +1,7 @@
 //! ICMP errors about translated flows, translated back for the pod.
 
 use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
-use cni_ebpf_common::{proto, NatEntry, NatKey, Reason, HOOK_UPLINK_IN, NAT_DELIVER_STACK};
+use cni_ebpf_common::{proto, NatDeliver, NatEntry, NatHook, NatKey, Reason};
 
 use crate::{
     forward::deliver_or_stack,
@@ -25,7 +25,7 @@ pub(crate) fn icmp_error_in(ctx: &TcContext, p: &Pkt) -> i32 {
         return rewrite_failed();
     }
     count(Reason::IcmpErrorTranslated);
-    if q.entry.deliver == NAT_DELIVER_STACK {
+    if q.entry.deliver == NatDeliver::STACK {
         return TC_ACT_OK as i32;
     }
     deliver_or_stack(ctx, q.entry.daddr)
@@ -81,7 +81,7 @@ fn quoted_flow(ctx: &TcContext, p: &Pkt) -> Option<Quoted> {
     };
     // SAFETY: copied out at once.
     let entry = unsafe { NAT.get(key) }.copied()?;
-    if entry.hook != HOOK_UPLINK_IN {
+    if entry.hook != NatHook::UPLINK_IN {
         return None;
     }
     Some(Quoted {

@@ -57,10 +57,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use cni_ebpf_common::{
-    proto, Reason, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_DELIVER_STACK, NAT_SNAT_FWD,
-    NAT_SNAT_REV,
-};
+use cni_ebpf_common::{proto, NatDeliver, NatHook, NatKind, Reason};
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
@@ -127,7 +124,7 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     let to_node = dst_ep.is_none() && is_node_addr(p.daddr);
     if dst_ep.is_some() || to_node {
         // An existing hairpin flow.
-        if let Some(n) = nat_lookup(&p, HOOK_POD) {
+        if let Some(n) = nat_lookup(&p, NatHook::POD) {
             if !apply(ctx, &p, &n) {
                 return Ok(rewrite_failed());
             }
@@ -192,15 +189,15 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
         return Ok(icmp::icmp_error_in(ctx, &p));
     }
 
-    if let Some(n) = nat_lookup(&p, HOOK_UPLINK_IN) {
+    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) {
         if !apply(ctx, &p, &n) {
             return Ok(rewrite_failed());
         }
-        if n.deliver == NAT_DELIVER_STACK {
+        if n.deliver == NatDeliver::STACK {
             count(Reason::SnatReplyToStack);
             return Ok(TC_ACT_OK as i32);
         }
-        count(if n.kind == NAT_SNAT_REV {
+        count(if n.kind == NatKind::SNAT_REV {
             Reason::SnatReply
         } else {
             Reason::DnatForward
@@ -247,11 +244,11 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
     };
 
     let flow = flows::seen_leaving(&p);
-    if let Some(n) = nat_lookup(&p, HOOK_UPLINK_OUT) {
+    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_OUT) {
         if !apply(ctx, &p, &n) {
             return Ok(rewrite_failed());
         }
-        count(if n.kind == NAT_SNAT_FWD {
+        count(if n.kind == NatKind::SNAT_FWD {
             Reason::SnatForward
         } else {
             Reason::DnatReply

@@ -9,12 +9,11 @@ use aya_ebpf::{
     maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
 };
 use cni_ebpf_common::{
-    EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry, NatKey, NatUse,
-    NodeAddr, NodeConfig, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockPeer,
-    SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED,
-    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_DEST_USE, MAX_NAT_USE,
-    MAX_NODE_ADDRS, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
-    MAX_STACK_SOCKETS, REASON_SLOTS,
+    EndpointFlags, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry,
+    NatKey, NatUse, NodeAddr, NodeConfig, NodeState, Owner, Pacing, PortKey, PortTarget, Reason,
+    SockKey, SockPeer, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
+    MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_OWNERS,
+    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -73,6 +72,10 @@ pub(crate) static PACING: HashMap<u32, Pacing> = HashMap::pinned(MAX_ENDPOINTS, 
 #[map]
 pub(crate) static NODE_CONFIG: Array<NodeConfig> = Array::pinned(1, 0);
 
+/// Userspace's node-wide bookkeeping (index 0); the programs never read it.
+#[map]
+pub(crate) static NODE_STATE: Array<NodeState> = Array::pinned(1, 0);
+
 /// The node's own IPv4 addresses.
 #[map]
 pub(crate) static NODE_ADDRS: HashMap<u32, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS, 0);
@@ -120,7 +123,7 @@ pub(crate) fn add_stats(ifindex: u32, bytes: u32, rx: bool) {
 pub(crate) fn local_endpoint(addr: u32) -> Option<EndpointInfo> {
     // SAFETY: the value is copied out at once.
     let ep = unsafe { ENDPOINTS.get(EndpointKey { addr }) }.copied()?;
-    if ep.flags & EP_F_ACTIVE == 0 {
+    if !ep.flags.contains(EndpointFlags::ACTIVE) {
         return None;
     }
     Some(ep)
@@ -188,7 +191,7 @@ pub(crate) fn source_of(saddr: u32, ifindex: u32) -> Option<Source> {
     if let Some(ep) = local_endpoint(saddr) {
         if ep.ifindex == ifindex {
             return Some(Source::Own {
-                paced: ep.flags & EP_F_PACED != 0,
+                paced: ep.flags.contains(EndpointFlags::PACED),
             });
         }
     }

@@ -6,8 +6,7 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, NatDestKey, Reason, CFG_F_MASQ, FLOW_F_INBOUND, HOOK_UPLINK_IN, HOOK_UPLINK_OUT,
-    NAT_DELIVER_STACK, NAT_SNAT_FWD, NAT_SNAT_REV,
+    proto, FlowFlags, NatDeliver, NatDestKey, NatHook, NatKind, NodeFlags, Reason,
 };
 
 use crate::{
@@ -25,7 +24,7 @@ use crate::{
 /// [`crate::flows::seen_leaving`] knows of it: `None` when netfilter translated the packet on
 /// its way here, so the replies go back through the stack after our reverse NAT.
 #[inline(always)]
-pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32 {
+pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) -> i32 {
     let cfg = match node_config() {
         Some(c) => c,
         None => {
@@ -34,7 +33,7 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         }
     };
     let echo_request = p.proto == proto::ICMP && p.icmp_type == ICMP_ECHO;
-    if cfg.flags & CFG_F_MASQ == 0
+    if !cfg.flags.contains(NodeFlags::MASQ)
         || cfg.node_addr == 0
         || !p.natable
         || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
@@ -52,7 +51,7 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
     }
     // MASQUERADE semantics: a pod's replies in a flow opened from outside keep the pod's
     // address (a SYN-ACK never opens one).
-    if flow.is_some_and(|f| f & FLOW_F_INBOUND != 0)
+    if flow.is_some_and(|f| f.contains(FlowFlags::INBOUND))
         || (p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK)
     {
         count(Reason::PassInboundReply);
@@ -88,12 +87,12 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         p.saddr,
         p.dport,
         p.sport,
-        HOOK_UPLINK_IN,
-        NAT_SNAT_REV,
+        NatHook::UPLINK_IN,
+        NatKind::SNAT_REV,
         ep.ifindex,
     );
     if flow.is_none() {
-        rev.deliver = NAT_DELIVER_STACK;
+        rev.deliver = NatDeliver::STACK;
     }
     let Some((np, rev_key)) = alloc_port(cfg, p.daddr, p.dport, node, p.proto, &rev, only_pod)
     else {
@@ -111,8 +110,8 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<u32>) -> i32
         p.daddr,
         np,
         p.dport,
-        HOOK_UPLINK_OUT,
-        NAT_SNAT_FWD,
+        NatHook::UPLINK_OUT,
+        NatKind::SNAT_FWD,
         ep.ifindex,
     );
     if !nat_add(&p.key(), &fwd, 0) {

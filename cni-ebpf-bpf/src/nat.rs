@@ -24,10 +24,9 @@ use aya_ebpf::{
     helpers::{bpf_for_each_map_elem, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatDestKey, NatEntry, NatKey, NatUse, NodeConfig, Reason, NAT_CLOSED_GRACE_NS,
-    NAT_DELIVER_DIRECT, NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST, NAT_F_UNCHARGED, NAT_ICMP_IDLE_NS,
-    NAT_SNAT_REV, NAT_SWEEP_BUDGET, NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS,
-    NAT_UDP_IDLE_NS,
+    proto, NatDeliver, NatDestKey, NatEntry, NatFlags, NatHook, NatKey, NatKind, NatUse,
+    NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
+    NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
 use crate::{
@@ -42,7 +41,7 @@ pub(crate) const SNAT_TRIES: u32 = 128;
 /// Looks up the NAT entry for `p` if it belongs to `hook`, refreshing its timestamp and
 /// noting FIN/RST (a SYN reopening a closed flow clears them).
 #[inline(always)]
-pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
+pub(crate) fn nat_lookup(p: &Pkt, hook: NatHook) -> Option<NatEntry> {
     if !p.natable {
         return None;
     }
@@ -54,7 +53,7 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
             return None;
         }
         if p.proto == proto::TCP {
-            if (*e).flags != 0 && p.is_tcp_syn() {
+            if !(*e).flags.is_empty() && p.is_tcp_syn() {
                 // The tuple of a closed flow opens again: it is open again in both
                 // directions, unless its other half is gone or now belongs to another
                 // flow (its port was handed out again), when it is set up afresh.
@@ -65,8 +64,8 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
                 // Live again: closing gave its charges back, so they are taken again.
                 recharge(&*o);
                 recharge(&*e);
-                (*o).flags = 0;
-                (*e).flags = 0;
+                (*o).flags = NatFlags::empty();
+                (*e).flags = NatFlags::empty();
             }
             if p.tcp_flags & (TCP_FIN | TCP_RST) != 0 {
                 note_close(&mut *e, p.tcp_flags);
@@ -82,7 +81,7 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: u8) -> Option<NatEntry> {
 /// charge back).
 #[inline(always)]
 pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
-    if e.flags & NAT_F_UNCHARGED != 0 {
+    if e.flags.contains(NatFlags::UNCHARGED) {
         0
     } else {
         e.pod
@@ -92,7 +91,7 @@ pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
 /// Takes the charge of an entry whose closed flow opens again.
 #[inline(always)]
 fn recharge(e: &NatEntry) {
-    if e.pod != 0 && e.flags & NAT_F_UNCHARGED != 0 {
+    if e.pod != 0 && e.flags.contains(NatFlags::UNCHARGED) {
         add_use(e.pod, 1);
     }
 }
@@ -111,21 +110,21 @@ fn release_if_closed(e: &mut NatEntry, key: &NatKey) {
         // SAFETY: a map value; only its flags are read and written.
         .filter(|o| opposite(unsafe { &**o }, proto::TCP) == *key);
     // SAFETY: as above.
-    let (o_flags, o_pod) = o.map_or((NAT_F_FIN, 0), |o| unsafe {
+    let (o_flags, o_pod) = o.map_or((NatFlags::FIN, 0), |o| unsafe {
         ((*o).flags, charged_pod(&*o))
     });
-    let closed = (e.flags | o_flags) & NAT_F_RST != 0
-        || (e.flags & NAT_F_FIN != 0 && o_flags & NAT_F_FIN != 0);
+    let closed =
+        (e.flags | o_flags).contains(NatFlags::RST) || (e.flags & o_flags).contains(NatFlags::FIN);
     if !closed {
         return;
     }
     add_use(e.pod, u32::MAX);
-    e.flags |= NAT_F_UNCHARGED;
+    e.flags |= NatFlags::UNCHARGED;
     if let Some(o) = o {
         if o_pod != 0 {
             add_use(o_pod, u32::MAX);
             // SAFETY: as above.
-            unsafe { (*o).flags |= NAT_F_UNCHARGED };
+            unsafe { (*o).flags |= NatFlags::UNCHARGED };
         }
     }
 }
@@ -149,16 +148,16 @@ pub(crate) fn opposite(e: &NatEntry, proto_: u8) -> NatKey {
 #[inline(always)]
 pub(crate) fn note_close(e: &mut NatEntry, tcp_flags: u8) {
     if tcp_flags & TCP_RST != 0 {
-        e.flags |= NAT_F_RST;
+        e.flags |= NatFlags::RST;
     }
-    if tcp_flags & TCP_FIN != 0 && e.flags & NAT_F_FIN == 0 {
+    if tcp_flags & TCP_FIN != 0 && !e.flags.contains(NatFlags::FIN) {
         // SAFETY: copied out at once.
-        let peer_fin =
-            unsafe { NAT.get(opposite(e, proto::TCP)) }.is_some_and(|o| o.flags & NAT_F_FIN != 0);
+        let peer_fin = unsafe { NAT.get(opposite(e, proto::TCP)) }
+            .is_some_and(|o| o.flags.contains(NatFlags::FIN));
         e.flags |= if peer_fin {
-            NAT_F_FIN
+            NatFlags::FIN
         } else {
-            NAT_F_FIN | NAT_F_FIRST_FIN
+            NatFlags::FIN | NatFlags::FIRST_FIN
         };
     }
 }
@@ -168,7 +167,7 @@ pub(crate) fn note_close(e: &mut NatEntry, tcp_flags: u8) {
 /// both ways) past its grace time, or idle past its protocol's timeout.
 #[inline(always)]
 pub(crate) fn flow_is_over(rev: &NatEntry, fwd: Option<&NatEntry>, proto_: u8, now: u64) -> bool {
-    let (fwd_flags, fwd_seen) = fwd.map_or((0, 0), |f| (f.flags, f.last_seen_ns));
+    let (fwd_flags, fwd_seen) = fwd.map_or((NatFlags::empty(), 0), |f| (f.flags, f.last_seen_ns));
     let last = if fwd_seen > rev.last_seen_ns {
         fwd_seen
     } else {
@@ -179,11 +178,11 @@ pub(crate) fn flow_is_over(rev: &NatEntry, fwd: Option<&NatEntry>, proto_: u8, n
         proto::TCP => {
             // Without a forward entry (evicted, or replaced by a reopened flow) the pod
             // side counts as closed.
-            let fwd_fin = fwd.is_none() || fwd_flags & NAT_F_FIN != 0;
-            if (rev.flags | fwd_flags) & NAT_F_RST != 0 {
+            let fwd_fin = fwd.is_none() || fwd_flags.contains(NatFlags::FIN);
+            if (rev.flags | fwd_flags).contains(NatFlags::RST) {
                 NAT_CLOSED_GRACE_NS
-            } else if rev.flags & NAT_F_FIN != 0 && fwd_fin {
-                if rev.flags & NAT_F_FIRST_FIN != 0 {
+            } else if rev.flags.contains(NatFlags::FIN) && fwd_fin {
+                if rev.flags.contains(NatFlags::FIRST_FIN) {
                     NAT_TIME_WAIT_NS
                 } else {
                     NAT_CLOSED_GRACE_NS
@@ -306,7 +305,7 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
     if a.only_pod != 0 {
         // SAFETY: copied out at once.
         let own = unsafe { NAT.get(a.key) }
-            .is_some_and(|e| e.kind == NAT_SNAT_REV && e.pod == a.only_pod);
+            .is_some_and(|e| e.kind == NatKind::SNAT_REV && e.pod == a.only_pod);
         if !own {
             return 0;
         }
@@ -388,7 +387,7 @@ pub(crate) fn nat_remove(key: &NatKey) {
 /// its flow closed, until the entry goes: the port is held until then.
 #[inline(always)]
 fn dest_key(key: &NatKey, e: &NatEntry) -> Option<NatDestKey> {
-    if e.kind != NAT_SNAT_REV || e.pod == 0 {
+    if e.kind != NatKind::SNAT_REV || e.pod == 0 {
         return None;
     }
     Some(NatDestKey {
@@ -642,8 +641,8 @@ pub(crate) fn entry(
     daddr: u32,
     sport: u16,
     dport: u16,
-    hook: u8,
-    kind: u8,
+    hook: NatHook,
+    kind: NatKind,
     pod: u32,
 ) -> NatEntry {
     NatEntry {
@@ -653,8 +652,8 @@ pub(crate) fn entry(
         dport,
         hook,
         kind,
-        flags: 0,
-        deliver: NAT_DELIVER_DIRECT,
+        flags: NatFlags::empty(),
+        deliver: NatDeliver::DIRECT,
         last_seen_ns: now(),
         pod,
         swept: 0,

@@ -13,7 +13,7 @@ use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_skb_set_tstamp},
     programs::TcContext,
 };
-use cni_ebpf_common::PACING_BY_FQ;
+use cni_ebpf_common::PacingMode;
 
 use crate::maps::PACING;
 
@@ -51,7 +51,7 @@ pub(crate) fn pace(ctx: &TcContext, ifindex: u32) -> bool {
     let cost = u64::from(ctx.len()) * NSEC_PER_SEC / rate;
     // SAFETY: as above.
     unsafe { (*p).tat_ns = tat + cost };
-    if depart > now && mode == PACING_BY_FQ {
+    if depart > now && mode == PacingMode::BY_FQ {
         // SAFETY: plain helper call on this program's skb. It cannot fail for a
         // monotonic time at tc (the only error is an unknown type).
         unsafe { bpf_skb_set_tstamp(ctx.skb.skb, depart, BPF_SKB_TSTAMP_DELIVERY_MONO) };

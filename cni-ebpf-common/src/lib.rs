@@ -13,7 +13,7 @@ use core::mem::size_of;
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
 /// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
 /// of another version (see `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 mod hash;
 mod names;
@@ -78,11 +78,20 @@ pub struct EndpointKey {
 }
 const _: () = assert!(size_of::<EndpointKey>() == 4);
 
-/// [`EndpointInfo::flags`]: the entry is complete and may be used by the programs.
-pub const EP_F_ACTIVE: u32 = 1;
-/// [`EndpointInfo::flags`]: the pod has an egress rate ([`map::PACING`] has an entry for
-/// its host veth), so its packets are paced.
-pub const EP_F_PACED: u32 = 2;
+bitflags::bitflags! {
+    /// [`EndpointInfo::flags`] (native order).
+    #[repr(transparent)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct EndpointFlags: u32 {
+        /// The entry is complete and may be used by the programs.
+        const ACTIVE = 1;
+        /// The pod has an egress rate ([`map::PACING`] has an entry for its host veth),
+        /// so its packets are paced.
+        const PACED = 2;
+        // Bits this build does not know are kept, not dropped.
+        const _ = !0;
+    }
+}
 
 /// How long a paced pod's packets may wait beyond its burst before they are dropped
 /// instead (25 ms, the queueing latency the reference `bandwidth` plugin gives its tbf).
@@ -114,20 +123,28 @@ pub struct Pacing {
     /// How long a packet may wait beyond the burst before it is dropped (ns, native
     /// order): [`PACING_LATENCY_NS`] where fq paces, more where the schedule only polices.
     pub limit_ns: u64,
-    /// [`PACING_BY_FQ`] or [`PACING_POLICE`], native order.
-    pub mode: u32,
+    /// How the schedule is enforced, native order.
+    pub mode: PacingMode,
     /// Explicit padding, always zero.
     pub _pad: u32,
 }
 const _: () = assert!(size_of::<Pacing>() == 40);
 
-/// [`Pacing::mode`]: an `fq` qdisc on the uplink honours departure times, so packets get
-/// one (`skb->tstamp`) and wait there; only packets beyond the latency are dropped.
-pub const PACING_BY_FQ: u32 = 1;
-/// [`Pacing::mode`]: the kernel has no `fq` (`CONFIG_NET_SCH_FQ`), so nothing would
-/// honour a departure time: the schedule only polices (drops what exceeds burst and
-/// latency).
-pub const PACING_POLICE: u32 = 0;
+/// [`Pacing::mode`]: how a pod's egress schedule is enforced (a newtype over the stored
+/// word rather than a Rust enum, so that any value read from the map is valid; see
+/// [`NatHook`]).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct PacingMode(pub u32);
+
+impl PacingMode {
+    /// The kernel has no `fq` (`CONFIG_NET_SCH_FQ`), so nothing would honour a departure
+    /// time: the schedule only polices (drops what exceeds burst and latency).
+    pub const POLICE: Self = Self(0);
+    /// An `fq` qdisc on the uplink honours departure times, so packets get one
+    /// (`skb->tstamp`) and wait there; only packets beyond the latency are dropped.
+    pub const BY_FQ: Self = Self(1);
+}
 
 /// Value of [`map::ENDPOINTS`]: where and how to deliver to a local pod.
 #[repr(C)]
@@ -135,8 +152,8 @@ pub const PACING_POLICE: u32 = 0;
 pub struct EndpointInfo {
     /// Host-side veth ifindex (native order); `bpf_redirect_peer` target.
     pub ifindex: u32,
-    /// `EP_F_*` bits (native order).
-    pub flags: u32,
+    /// What the entry is ready for.
+    pub flags: EndpointFlags,
     /// MAC of the host-side veth (wire order): source MAC of frames delivered to the pod.
     pub host_mac: [u8; 6],
     /// MAC of the pod's interface (wire order): destination MAC of frames delivered to it.
@@ -220,22 +237,31 @@ pub struct SrcAllow6Key {
 }
 const _: () = assert!(size_of::<SrcAllow6Key>() == 20);
 
-/// [`FlowEntry::flags`]: `from_pod` handed a packet of this flow to the stack and waits
-/// for `uplink_egress` to see it leave unchanged.
-pub const FLOW_F_PENDING: u32 = 1;
-/// [`FlowEntry::flags`]: a packet of this flow left the uplink exactly as the pod sent it
-/// (netfilter did not translate it): later packets may bypass the stack.
-pub const FLOW_F_VERIFIED: u32 = 2;
-/// [`FlowEntry::flags`]: the flow was opened from outside the cluster towards the pod;
-/// its packets from the pod are never masqueraded.
-pub const FLOW_F_INBOUND: u32 = 4;
+bitflags::bitflags! {
+    /// [`FlowEntry::flags`] (native order).
+    #[repr(transparent)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct FlowFlags: u32 {
+        /// `from_pod` handed a packet of this flow to the stack and waits for
+        /// `uplink_egress` to see it leave unchanged.
+        const PENDING = 1;
+        /// A packet of this flow left the uplink exactly as the pod sent it (netfilter did
+        /// not translate it): later packets may bypass the stack.
+        const VERIFIED = 2;
+        /// The flow was opened from outside the cluster towards the pod; its packets
+        /// from the pod are never masqueraded.
+        const INBOUND = 4;
+        // Bits this build does not know are kept, not dropped.
+        const _ = !0;
+    }
+}
 
 /// Value of [`map::FLOWS`], keyed by a pod flow's [`NatKey`] as the pod sends it.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct FlowEntry {
-    /// `FLOW_F_*` bits, native order.
-    pub flags: u32,
+    /// Where the flow stands.
+    pub flags: FlowFlags,
     /// Explicit padding, always zero.
     pub _pad: u32,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
@@ -311,8 +337,17 @@ pub struct SockRevValue {
 }
 const _: () = assert!(size_of::<SockRevValue>() == 8);
 
-/// [`NodeConfig::flags`]: masquerade traffic leaving the cluster (`ipMasq`).
-pub const CFG_F_MASQ: u32 = 1;
+bitflags::bitflags! {
+    /// [`NodeConfig::flags`] (native order).
+    #[repr(transparent)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct NodeFlags: u32 {
+        /// Masquerade traffic leaving the cluster (`ipMasq`).
+        const MASQ = 1;
+        // Bits this build does not know are kept, not dropped.
+        const _ = !0;
+    }
+}
 
 /// One `clusterCIDRs` entry.
 #[repr(C)]
@@ -333,22 +368,19 @@ pub struct NodeConfig {
     pub node_addr: u32,
     /// Uplink ifindex, native order.
     pub uplink_ifindex: u32,
-    /// `CFG_F_*` bits, native order.
-    pub flags: u32,
+    /// Node-wide switches.
+    pub flags: NodeFlags,
     /// Number of valid entries in `cluster_cidrs`, native order.
     pub n_cidrs: u32,
     /// First SNAT port (inclusive), native order.
     pub snat_port_min: u16,
     /// Last SNAT port (inclusive), native order.
     pub snat_port_max: u16,
-    /// When userspace last listed every node address (`CLOCK_BOOTTIME` seconds, native
-    /// order; 0 = never). Userspace only.
-    pub addrs_listed_s: u32,
     /// Most SNAT ports one pod may hold towards one destination (address, port,
     /// protocol), native order (`natPortsPerDestination`; 0: no cap).
     pub snat_dest_cap: u32,
     /// Padding (zero).
-    pub _pad: u32,
+    pub _pad: [u32; 2],
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
     /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
@@ -356,6 +388,20 @@ pub struct NodeConfig {
     pub netns_cookie: u64,
 }
 const _: () = assert!(size_of::<NodeConfig>() == 32 + 8 * MAX_CLUSTER_CIDRS + 8);
+
+/// Value of [`map::NODE_STATE`] (one entry, index 0): node-wide bookkeeping of userspace
+/// that the programs never read, kept apart from [`NodeConfig`] so that everything the
+/// kernel reads is what the programs act on.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeState {
+    /// When userspace last listed every node address (`CLOCK_BOOTTIME` seconds, native
+    /// order; 0 = never).
+    pub addrs_listed_s: u32,
+    /// Padding (zero).
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<NodeState>() == 8);
 
 /// Value of [`map::NODE_ADDRS`].
 #[repr(C)]
@@ -398,6 +444,7 @@ mod pod {
     unsafe impl aya::Pod for super::NatKey {}
     unsafe impl aya::Pod for super::NatEntry {}
     unsafe impl aya::Pod for super::Cidr4 {}
+    unsafe impl aya::Pod for super::NodeState {}
     unsafe impl aya::Pod for super::NodeConfig {}
     unsafe impl aya::Pod for super::NodeAddr {}
     unsafe impl aya::Pod for super::Owner {}

@@ -82,8 +82,11 @@ pub mod map {
     /// how many SNAT ports the pod holds towards that destination (see
     /// [`crate::NodeConfig::snat_dest_cap`]). A key goes when its count reaches zero.
     pub const NAT_DEST_USE: &str = "NAT_DEST_USE";
+    /// [`crate::NodeState`] (index 0): userspace's node-wide bookkeeping, never read by
+    /// the programs.
+    pub const NODE_STATE: &str = "NODE_STATE";
     /// Every map.
-    pub const ALL: [&str; 16] = [
+    pub const ALL: [&str; 17] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -100,6 +103,7 @@ pub mod map {
         SRC_ALLOW6,
         NAT_USE,
         NAT_DEST_USE,
+        NODE_STATE,
     ];
 }
 

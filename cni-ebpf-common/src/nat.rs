@@ -24,43 +24,124 @@ pub struct NatKey {
 }
 const _: () = assert!(size_of::<NatKey>() == 16);
 
-/// [`NatEntry::hook`]: applied by `from_pod` (hairpin flows).
-pub const HOOK_POD: u8 = 1;
-/// [`NatEntry::hook`]: applied by `uplink_ingress`.
-pub const HOOK_UPLINK_IN: u8 = 2;
-/// [`NatEntry::hook`]: applied by `uplink_egress`.
-pub const HOOK_UPLINK_OUT: u8 = 3;
+/// [`NatEntry::hook`]: which program applies the entry.
+///
+/// The kind, hook and delivery codes of a NAT entry are newtypes over the byte the
+/// kernel stores, with one associated constant per value, rather than Rust enums like
+/// [`crate::Reason`]: a `Reason` is only ever written by the programs, but these bytes
+/// are read back from a map, and a Rust enum holding a byte it does not list would be
+/// undefined behaviour. The newtype keeps every byte valid and still gives each value a
+/// name and a type of its own.
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatHook(pub u8);
 
-/// [`NatEntry::kind`]: masquerade, pod → outside (forward direction).
-pub const NAT_SNAT_FWD: u8 = 1;
-/// [`NatEntry::kind`]: masquerade, reply to the pod.
-pub const NAT_SNAT_REV: u8 = 2;
-/// [`NatEntry::kind`]: host port, client → pod.
-pub const NAT_DNAT_FWD: u8 = 3;
-/// [`NatEntry::kind`]: host port, reply to the client.
-pub const NAT_DNAT_REV: u8 = 4;
-/// [`NatEntry::kind`]: hairpin, client pod → backend pod.
-pub const NAT_HAIRPIN_FWD: u8 = 5;
-/// [`NatEntry::kind`]: hairpin, reply to the client pod.
-pub const NAT_HAIRPIN_REV: u8 = 6;
+impl NatHook {
+    /// Applied by `from_pod` (hairpin flows).
+    pub const POD: Self = Self(1);
+    /// Applied by `uplink_ingress`.
+    pub const UPLINK_IN: Self = Self(2);
+    /// Applied by `uplink_egress`.
+    pub const UPLINK_OUT: Self = Self(3);
 
-/// [`NatEntry::flags`]: a FIN was seen in this entry's direction.
-pub const NAT_F_FIN: u8 = 1;
-/// [`NatEntry::flags`]: a RST was seen in this entry's direction.
-pub const NAT_F_RST: u8 = 2;
-/// [`NatEntry::flags`]: this direction sent the first FIN (its peer ends in TIME_WAIT
-/// on the other side of the translation).
-pub const NAT_F_FIRST_FIN: u8 = 4;
-/// [`NatEntry::flags`]: the (TCP) flow is closed (RST, or FIN both ways), so this entry no
-/// longer counts against its pod's share ([`NatEntry::pod`]): a pod's cap is on live
-/// flows, and a closed flow's entries only wait out their grace time for the port.
-pub const NAT_F_UNCHARGED: u8 = 8;
+    /// The program's name (as `inspect` shows it), or `"unknown"`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::POD => crate::prog::FROM_POD,
+            Self::UPLINK_IN => crate::prog::UPLINK_INGRESS,
+            Self::UPLINK_OUT => crate::prog::UPLINK_EGRESS,
+            _ => "unknown",
+        }
+    }
+}
 
-/// [`NatEntry::deliver`]: straight into the local pod it is now addressed to, if any.
-pub const NAT_DELIVER_DIRECT: u8 = 0;
-/// [`NatEntry::deliver`]: to the node's stack, because netfilter translated this flow
-/// too (its other direction reached us already translated) and must undo its part.
-pub const NAT_DELIVER_STACK: u8 = 1;
+/// [`NatEntry::kind`]: what the entry translates (see [`NatHook`] for why a newtype).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatKind(pub u8);
+
+impl NatKind {
+    /// Masquerade, pod → outside (forward direction).
+    pub const SNAT_FWD: Self = Self(1);
+    /// Masquerade, reply to the pod.
+    pub const SNAT_REV: Self = Self(2);
+    /// Host port, client → pod.
+    pub const DNAT_FWD: Self = Self(3);
+    /// Host port, reply to the client.
+    pub const DNAT_REV: Self = Self(4);
+    /// Hairpin, client pod → backend pod.
+    pub const HAIRPIN_FWD: Self = Self(5);
+    /// Hairpin, reply to the client pod.
+    pub const HAIRPIN_REV: Self = Self(6);
+
+    /// The kind's name (as `inspect` shows it), or `"unknown"`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::SNAT_FWD => "snat",
+            Self::SNAT_REV => "snat-reply",
+            Self::DNAT_FWD => "dnat",
+            Self::DNAT_REV => "dnat-reply",
+            Self::HAIRPIN_FWD => "hairpin",
+            Self::HAIRPIN_REV => "hairpin-reply",
+            _ => "unknown",
+        }
+    }
+}
+
+bitflags::bitflags! {
+    /// [`NatEntry::flags`]: how far the (TCP) flow has closed, as seen by this entry's
+    /// direction. Any byte is a valid value (unknown bits are kept).
+    #[repr(transparent)]
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub struct NatFlags: u8 {
+        /// A FIN was seen in this entry's direction.
+        const FIN = 1;
+        /// A RST was seen in this entry's direction.
+        const RST = 2;
+        /// This direction sent the first FIN (its peer ends in TIME_WAIT on the other
+        /// side of the translation).
+        const FIRST_FIN = 4;
+        /// The (TCP) flow is closed (RST, or FIN both ways), so this entry no longer
+        /// counts against its pod's share ([`NatEntry::pod`]): a pod's cap is on live
+        /// flows, and a closed flow's entries only wait out their grace time for the port.
+        const UNCHARGED = 8;
+        // Bits the programs do not know are kept, not dropped.
+        const _ = !0;
+    }
+}
+
+impl NatFlags {
+    /// How far the flow has closed in this direction, as `inspect` shows it: `rst`,
+    /// `fin-first`, `fin` or `open`.
+    #[must_use]
+    pub const fn close_state(self) -> &'static str {
+        if self.contains(Self::RST) {
+            "rst"
+        } else if self.contains(Self::FIRST_FIN) {
+            "fin-first"
+        } else if self.contains(Self::FIN) {
+            "fin"
+        } else {
+            "open"
+        }
+    }
+}
+
+/// [`NatEntry::deliver`]: where a translated packet goes next (see [`NatHook`] for why a
+/// newtype).
+#[repr(transparent)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NatDeliver(pub u8);
+
+impl NatDeliver {
+    /// Straight into the local pod it is now addressed to, if any.
+    pub const DIRECT: Self = Self(0);
+    /// To the node's stack, because netfilter translated this flow too (its other
+    /// direction reached us already translated) and must undo its part.
+    pub const STACK: Self = Self(1);
+}
 
 /// A translated source port whose flow closed with a RST, or with FINs both ways where
 /// the pod closed first, may be handed out again after this long (in-flight packets).
@@ -88,19 +169,19 @@ pub struct NatEntry {
     pub sport: u16,
     /// Translated destination port (or echo id), network order.
     pub dport: u16,
-    /// Which program applies the entry (`HOOK_*`).
-    pub hook: u8,
-    /// What the entry is (`NAT_*`), for inspection.
-    pub kind: u8,
-    /// `NAT_F_*`: how far the (TCP) flow has closed, as seen by this entry's direction.
-    pub flags: u8,
-    /// `NAT_DELIVER_*`: where a translated packet goes next.
-    pub deliver: u8,
+    /// Which program applies the entry.
+    pub hook: NatHook,
+    /// What the entry translates.
+    pub kind: NatKind,
+    /// How far the (TCP) flow has closed, as seen by this entry's direction.
+    pub flags: NatFlags,
+    /// Where a translated packet goes next.
+    pub deliver: NatDeliver,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
     /// Host veth ifindex of the pod whose share ([`crate::map::NAT_USE`]) this entry is charged
     /// to, native order; 0: charged to nobody. Whoever removes the entry gives it back,
-    /// unless [`NAT_F_UNCHARGED`] says the flow's close gave it back already.
+    /// unless [`NatFlags::UNCHARGED`] says the flow's close gave it back already.
     pub pod: u32,
     /// The sweep pass that last found this entry's flow still live (native order; 0:
     /// none): later slices of the same pass skip it (see [`NatUse::entries`] of key 0).

@@ -13,7 +13,7 @@ mod packet_support;
 
 use std::net::Ipv4Addr;
 
-use cni_ebpf_common::{Reason, FLOW_F_INBOUND, FLOW_F_PENDING, FLOW_F_VERIFIED};
+use cni_ebpf_common::{FlowFlags, Reason};
 use packet_support::*;
 
 /// A Service's ClusterIP (never routed anywhere: netfilter DNATs it).
@@ -32,7 +32,7 @@ fn a_flows_first_packet_goes_to_the_stack_and_is_recorded_pending() {
     let syn = tcp_frame(POD_A, 40000, EXT, 80, SYN);
     fx.assert_passes_unchanged("from_pod", &syn, "first packet of a flow leaving the node");
     assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 1);
-    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_PENDING));
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FlowFlags::PENDING));
 
     // A spoofed source is dropped before anything is recorded (it could steer another
     // pod's flows).
@@ -51,7 +51,7 @@ fn an_untranslated_flow_is_verified_at_the_uplink_and_then_fast_pathed() {
     // The stack forwarded it unchanged: uplink_egress sees the very tuple.
     let (v, _) = fx.run("uplink_egress", &syn);
     assert_eq!(v, OK);
-    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_VERIFIED));
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FlowFlags::VERIFIED));
     assert_eq!(fx.reason(Reason::FlowVerified), 1);
     assert_eq!(fx.dp().flow_summary().unwrap().verified, 1);
 
@@ -75,7 +75,7 @@ fn an_untranslated_flow_is_verified_at_the_uplink_and_then_fast_pathed() {
     // A SYN is always judged afresh (a new connection on a reused tuple).
     fx.assert_passes_unchanged("from_pod", &syn, "SYN of a verified tuple");
     assert_eq!(fx.reason(Reason::PassUnverifiedFlow), before + 1);
-    assert_eq!(fx.flow(&flow_key(&syn)), Some(FLOW_F_PENDING));
+    assert_eq!(fx.flow(&flow_key(&syn)), Some(FlowFlags::PENDING));
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn a_flow_netfilter_translates_stays_on_the_kernel_path() {
     // kube-proxy DNATs it to a remote pod: the uplink sees another tuple.
     let dnated = tcp_frame(POD_A, 40000, REMOTE_POD, 8080, SYN);
     fx.assert_passes_unchanged("uplink_egress", &dnated, "DNATed packet to a cluster pod");
-    assert_eq!(fx.flow(&flow_key(&to_vip)), Some(FLOW_F_PENDING));
+    assert_eq!(fx.flow(&flow_key(&to_vip)), Some(FlowFlags::PENDING));
     assert_eq!(fx.reason(Reason::FlowVerified), 0);
 
     // Every later packet of the flow still goes to the stack.
@@ -145,7 +145,7 @@ fn replies_in_flows_opened_from_outside_are_not_masqueraded() {
         fx.assert_passes_unchanged("uplink_ingress", &syn_in, &format!("{what} from outside"));
         assert_eq!(
             fx.flow(&flow_key(&reply_out)),
-            Some(FLOW_F_INBOUND),
+            Some(FlowFlags::INBOUND),
             "{what}"
         );
         fx.run("from_pod", &reply_out);
@@ -226,7 +226,7 @@ fn host_port_replies_may_bypass_the_stack_at_once() {
     // and are never masqueraded.
     assert_eq!(
         fx.flow(&flow_key(&tcp_frame(POD_B, 80, EXT, 50000, ACK))),
-        Some(FLOW_F_VERIFIED | FLOW_F_INBOUND)
+        Some(FlowFlags::VERIFIED | FlowFlags::INBOUND)
     );
 }
 

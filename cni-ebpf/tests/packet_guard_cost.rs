@@ -11,7 +11,7 @@ mod packet_support;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
-use cni_ebpf_common::{NatEntry, NatKey, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
+use cni_ebpf_common::{NatEntry, NatHook, NatKey, NatKind, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
 use packet_support::*;
 
 const REPEAT: u32 = 200_000;
@@ -116,8 +116,8 @@ fn a_sweep_of_a_full_nat_table_takes_milliseconds_at_most() {
                 daddr: x,
                 sport: np,
                 dport: dp,
-                hook: 3,
-                kind: 1,
+                hook: NatHook::UPLINK_OUT,
+                kind: NatKind::SNAT_FWD,
                 last_seen_ns: seen,
                 ..NatEntry::default()
             };
@@ -134,8 +134,8 @@ fn a_sweep_of_a_full_nat_table_takes_milliseconds_at_most() {
                 daddr: a,
                 sport: dp,
                 dport: p,
-                hook: 2,
-                kind: 2,
+                hook: NatHook::UPLINK_IN,
+                kind: NatKind::SNAT_REV,
                 last_seen_ns: seen,
                 ..NatEntry::default()
             };
@@ -151,7 +151,7 @@ fn a_sweep_of_a_full_nat_table_takes_milliseconds_at_most() {
     assert_eq!(v, OK);
     let sweeps = fx.reason(Reason::NatSweep);
     let second = udp_frame(POD_A, 1001, EXT, 53);
-    fx.set_flow(&flow_key(&second), cni_ebpf_common::FLOW_F_PENDING);
+    fx.set_flow(&flow_key(&second), cni_ebpf_common::FlowFlags::PENDING);
     let (v, ns) = fx.run_timed("uplink_egress", 2, &second, 1);
     assert_eq!(v, SHOT, "pod A is at its cap");
     assert_eq!(fx.reason(Reason::NatSweep), sweeps + 1, "the refusal swept");

@@ -561,7 +561,7 @@ fn a_new_masqueraded_flow_whose_rewrite_fails_is_dropped_and_leaves_no_nat_state
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
-    use cni_ebpf_common::{NatEntry, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, NAT_SNAT_FWD, NAT_SNAT_REV};
+    use cni_ebpf_common::{NatEntry, NatHook, NatKind};
     let fx = one_port_node_failing_checksums();
 
     // Pod A's masqueraded flow POD_A:40000 → EXT:80 on NODE:ONE_PORT, set up by hand (no
@@ -573,8 +573,8 @@ fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
         daddr: addr(EXT),
         sport: ONE_PORT.to_be(),
         dport: 80u16.to_be(),
-        hook: HOOK_UPLINK_OUT,
-        kind: NAT_SNAT_FWD,
+        hook: NatHook::UPLINK_OUT,
+        kind: NatKind::SNAT_FWD,
         ..NatEntry::default()
     };
     let rev = NatEntry {
@@ -582,8 +582,8 @@ fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
         daddr: addr(POD_A),
         sport: 80u16.to_be(),
         dport: 40000u16.to_be(),
-        hook: HOOK_UPLINK_IN,
-        kind: NAT_SNAT_REV,
+        hook: NatHook::UPLINK_IN,
+        kind: NatKind::SNAT_REV,
         ..NatEntry::default()
     };
     fx.set_nat(&flow_key(&out_pkt), fwd);

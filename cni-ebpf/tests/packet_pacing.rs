@@ -8,7 +8,7 @@
 mod packet_support;
 
 use cni_ebpf::{cni::config::EgressRate, datapath::Endpoint};
-use cni_ebpf_common::{Pacing, Reason, PACING_BY_FQ};
+use cni_ebpf_common::{Pacing, PacingMode, Reason};
 use packet_support::*;
 
 /// Pod A's attachment (the fixture's), with `egress_rate`.
@@ -84,7 +84,7 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
     // A schedule left on the ifindex by a crashed earlier interface does not apply to a
     // new interface without a rate.
     let mut pacing = pacing;
-    let stale = cni_ebpf::datapath::pacing::pacing_of(&ep.egress_rate.unwrap(), 0);
+    let stale = cni_ebpf::datapath::pacing::pacing_of(&ep.egress_rate.unwrap(), PacingMode::POLICE);
     pacing.insert(IFINDEX_A, stale, 0).unwrap();
     fx.dp()
         .put_endpoint_entries(&Endpoint {
@@ -128,7 +128,7 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
     let mut map = fx.map("PACING");
     let mut pacing: aya::maps::HashMap<_, u32, Pacing> =
         aya::maps::HashMap::try_from(&mut map).unwrap();
-    let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PACING_BY_FQ);
+    let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
     entry.limit_ns = 10 * 1_000_000_000;
     pacing.insert(IFINDEX_A, entry, 0).unwrap();
 

@@ -5,9 +5,7 @@
 use std::net::Ipv4Addr;
 
 use aya::programs::TcAttachType;
-use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointKey, EP_F_ACTIVE, EP_F_PACED, SRC6_OWN,
-};
+use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointFlags, EndpointKey, SRC6_OWN};
 
 use super::{
     attach,
@@ -81,12 +79,12 @@ impl Datapath {
                         format_mac(&ep.pod_mac)
                     )));
                 }
-                if v.flags & EP_F_ACTIVE == 0 {
+                if !v.flags.contains(EndpointFlags::ACTIVE) {
                     return Err(Error::Check(format!(
                         "the endpoint entry for {ip} is not active"
                     )));
                 }
-                if (v.flags & EP_F_PACED != 0) != ep.egress_rate.is_some() {
+                if v.flags.contains(EndpointFlags::PACED) != ep.egress_rate.is_some() {
                     return Err(Error::Check(format!(
                         "the endpoint entry for {ip} is {}marked as paced (egress rate)",
                         if ep.egress_rate.is_some() { "not " } else { "" }

@@ -12,8 +12,8 @@ use std::{
 
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointInfo, EndpointKey, EndpointStats, NatUse,
-    SrcAllow6Key, SrcAllowKey, EP_F_ACTIVE, EP_F_PACED, SRC6_ALLOWED, SRC6_OWN,
+    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointStats,
+    NatUse, SrcAllow6Key, SrcAllowKey, SRC6_ALLOWED, SRC6_OWN,
 };
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
@@ -103,12 +103,11 @@ impl Datapath {
         for ip in &ips {
             let info = EndpointInfo {
                 ifindex: ep.host_ifindex,
-                flags: EP_F_ACTIVE
-                    | if ep.egress_rate.is_some() {
-                        EP_F_PACED
-                    } else {
-                        0
-                    },
+                flags: if ep.egress_rate.is_some() {
+                    EndpointFlags::ACTIVE | EndpointFlags::PACED
+                } else {
+                    EndpointFlags::ACTIVE
+                },
                 host_mac: ep.host_mac,
                 pod_mac: ep.pod_mac,
                 _pad: [0; 4],

@@ -13,7 +13,7 @@ use std::{
     net::Ipv4Addr,
 };
 
-use cni_ebpf_common::{map as map_name, NatDestKey, NAT_F_UNCHARGED, NAT_SNAT_REV};
+use cni_ebpf_common::{map as map_name, NatDestKey, NatFlags, NatKind};
 
 use super::{
     maps::{self, ipv4_to_map},
@@ -67,10 +67,10 @@ impl Datapath {
             if nat.remove(&k).is_err() {
                 continue;
             }
-            if v.pod != 0 && v.flags & NAT_F_UNCHARGED == 0 {
+            if v.pod != 0 && !v.flags.contains(NatFlags::UNCHARGED) {
                 *given_back.entry(v.pod).or_default() += 1;
             }
-            if v.pod != 0 && v.kind == NAT_SNAT_REV {
+            if v.pod != 0 && v.kind == NatKind::SNAT_REV {
                 let d = NatDestKey {
                     pod: v.pod,
                     daddr: k.saddr,

@@ -9,8 +9,8 @@ use aya::maps::{
 };
 use cni_ebpf_common::{
     map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry, NatKey, NatUse,
-    NodeAddr, NodeConfig, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer, SockRevKey,
-    SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    NodeAddr, NodeConfig, NodeState, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer,
+    SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -23,6 +23,7 @@ pub struct Maps {
     pub(crate) portmaps: Map,
     pub(crate) nat: Map,
     pub(crate) node_config: Map,
+    pub(crate) node_state: Map,
     pub(crate) node_addrs: Map,
     pub(crate) reasons: Map,
     pub(crate) owners: Map,
@@ -59,6 +60,7 @@ impl Maps {
             portmaps: open(pins, map::PORTMAPS)?,
             nat: open(pins, map::NAT)?,
             node_config: open(pins, map::NODE_CONFIG)?,
+            node_state: open(pins, map::NODE_STATE)?,
             node_addrs: open(pins, map::NODE_ADDRS)?,
             reasons: open(pins, map::REASONS)?,
             owners: open(pins, map::OWNERS)?,
@@ -77,6 +79,7 @@ impl Maps {
         m.portmaps()?;
         m.nat()?;
         m.node_config()?;
+        m.node_state()?;
         m.node_addrs()?;
         m.reasons()?;
         m.owners()?;
@@ -114,6 +117,11 @@ impl Maps {
     /// [`map::NODE_CONFIG`].
     pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
         Array::try_from(&mut self.node_config).map_err(|e| map_err(map::NODE_CONFIG, "open", e))
+    }
+
+    /// [`map::NODE_STATE`].
+    pub fn node_state(&mut self) -> Result<Array<&mut MapData, NodeState>> {
+        Array::try_from(&mut self.node_state).map_err(|e| map_err(map::NODE_STATE, "open", e))
     }
 
     /// [`map::NODE_ADDRS`].

@@ -118,7 +118,7 @@ impl Datapath {
         // only the uplink's, and each ADD adds its own gateway address.
         let now = node::boottime_s();
         let old = dp.node_config_raw()?;
-        let listed = old.addrs_listed_s;
+        let listed = dp.addrs_listed_s()?;
         let mut all = listed == 0 || now.saturating_sub(listed) >= node::NODE_ADDRS_EVERY_S;
         // A `hostIP` the datapath does not know as a node address yet: list them all now.
         for pm in &conf.runtime_config.port_mappings {
@@ -157,9 +157,10 @@ impl Datapath {
             snat_dest_cap: node_config::snat_dest_cap(conf.nat_ports_per_destination, snat_ports),
             netns_cookie,
         };
-        dp.write_node_config(&old, &settings, all.then_some(now))?;
+        dp.write_node_config(&old, &settings)?;
         if all {
             dp.set_node_addrs(&facts.addrs)?;
+            dp.set_addrs_listed_s(now)?;
         } else {
             dp.add_node_addrs(&facts.addrs)?;
         }

@@ -6,7 +6,7 @@
 use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use cni_ebpf_common::{
-    map as map_name, Cidr4, NodeAddr, NodeConfig, CFG_F_MASQ, MAX_CLUSTER_CIDRS,
+    map as map_name, Cidr4, NodeAddr, NodeConfig, NodeFlags, NodeState, MAX_CLUSTER_CIDRS,
 };
 use ipnet::Ipv4Net;
 
@@ -64,30 +64,27 @@ impl Datapath {
             .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", e))
     }
 
-    /// Writes the node configuration the programs use (keeps userspace-only flags).
+    /// Writes the node configuration the programs use.
     pub fn configure_node(&self, s: &NodeConfigSpec) -> Result<()> {
-        self.write_node_config(&self.node_config_raw()?, s, None)
+        self.write_node_config(&self.node_config_raw()?, s)
     }
 
-    /// Writes the node configuration for `s` over `old` (the current one): the time of the
-    /// last full node-address listing is `addrs_listed_s`, else kept. Nothing is written
-    /// when nothing changes.
-    pub(super) fn write_node_config(
-        &self,
-        old: &NodeConfig,
-        s: &NodeConfigSpec,
-        addrs_listed_s: Option<u32>,
-    ) -> Result<()> {
+    /// Writes the node configuration for `s` over `old` (the current one). Nothing is
+    /// written when nothing changes.
+    pub(super) fn write_node_config(&self, old: &NodeConfig, s: &NodeConfigSpec) -> Result<()> {
         let mut cfg = NodeConfig {
             node_addr: s.node_addr.map_or(0, ipv4_to_map),
             uplink_ifindex: s.uplink_ifindex,
-            flags: if s.ip_masq { CFG_F_MASQ } else { 0 },
+            flags: if s.ip_masq {
+                NodeFlags::MASQ
+            } else {
+                NodeFlags::empty()
+            },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,
             snat_dest_cap: s.snat_dest_cap,
-            _pad: 0,
-            addrs_listed_s: addrs_listed_s.unwrap_or(old.addrs_listed_s),
+            _pad: [0; 2],
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
             netns_cookie: s.netns_cookie,
         };
@@ -104,6 +101,27 @@ impl Datapath {
         let mut arr = m.node_config()?;
         arr.set(0, cfg, 0)
             .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", e))
+    }
+
+    /// When every node address was last listed (`CLOCK_BOOTTIME` seconds; 0: never).
+    pub(super) fn addrs_listed_s(&self) -> Result<u32> {
+        let mut m = self.maps()?;
+        let arr = m.node_state()?;
+        arr.get(&0, 0)
+            .map(|s| s.addrs_listed_s)
+            .map_err(|e| maps::err(map_name::NODE_STATE, "read", e))
+    }
+
+    /// Notes that every node address was listed at `now_s` (`CLOCK_BOOTTIME` seconds).
+    pub(super) fn set_addrs_listed_s(&self, now_s: u32) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut arr = m.node_state()?;
+        let state = NodeState {
+            addrs_listed_s: now_s,
+            _pad: 0,
+        };
+        arr.set(0, state, 0)
+            .map_err(|e| maps::err(map_name::NODE_STATE, "write", e))
     }
 
     /// Replaces the set of addresses the programs treat as "this node" (host-port

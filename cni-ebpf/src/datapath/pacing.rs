@@ -3,7 +3,7 @@
 //! packet until its time. Nothing here is needed by pods without a rate.
 
 use cni_ebpf_common::{
-    map as map_name, Pacing, PACING_BY_FQ, PACING_LATENCY_NS, PACING_MAX_BURST_NS, PACING_POLICE,
+    map as map_name, Pacing, PacingMode, PACING_LATENCY_NS, PACING_MAX_BURST_NS,
     PACING_POLICE_LIMIT_NS,
 };
 
@@ -18,9 +18,9 @@ use crate::{
 const FQ: &str = "fq";
 
 /// The `PACING` value of `rate`: bytes per second, and the burst as time at that rate
-/// (capped at [`PACING_MAX_BURST_NS`]); `mode` is [`PACING_BY_FQ`] or [`PACING_POLICE`].
+/// (capped at [`PACING_MAX_BURST_NS`]); and how it is enforced (`mode`).
 #[must_use]
-pub fn pacing_of(rate: &EgressRate, mode: u32) -> Pacing {
+pub fn pacing_of(rate: &EgressRate, mode: PacingMode) -> Pacing {
     let burst_ns = u128::from(rate.burst_bits) * 1_000_000_000 / u128::from(rate.bits_per_s);
     Pacing {
         bytes_per_s: (rate.bits_per_s / 8).max(1),
@@ -28,7 +28,7 @@ pub fn pacing_of(rate: &EgressRate, mode: u32) -> Pacing {
             .unwrap_or(u64::MAX)
             .min(PACING_MAX_BURST_NS),
         tat_ns: 0,
-        limit_ns: if mode == PACING_BY_FQ {
+        limit_ns: if mode == PacingMode::BY_FQ {
             PACING_LATENCY_NS
         } else {
             PACING_POLICE_LIMIT_NS
@@ -43,9 +43,9 @@ impl Datapath {
     /// paces (or, on a kernel without `fq`, makes the entry police).
     pub(super) fn put_pacing(&self, ifindex: u32, rate: &EgressRate) -> Result<()> {
         let mode = if self.ensure_uplink_fq()? {
-            PACING_BY_FQ
+            PacingMode::BY_FQ
         } else {
-            PACING_POLICE
+            PacingMode::POLICE
         };
         let mut m = self.maps()?;
         m.pacing()?
@@ -154,7 +154,7 @@ impl Datapath {
                         p.bytes_per_s, p.burst_ns, w.bytes_per_s, w.burst_ns
                     )));
                 }
-                if p.mode != PACING_BY_FQ {
+                if p.mode != PacingMode::BY_FQ {
                     // Policing: nothing on the uplink to check.
                     return Ok(());
                 }

@@ -226,19 +226,19 @@ mod tests {
         let p = Pins::new("/sys/fs/bpf/cni-ebpf/net1");
         assert_eq!(
             p.map("NAT"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v5/maps/NAT")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v6/maps/NAT")
         );
         assert_eq!(
             p.prog("from_pod"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v5/progs/from_pod")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v6/progs/from_pod")
         );
         assert_eq!(
             p.endpoint_link("veth1234"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v5/links/ep-veth1234")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v6/links/ep-veth1234")
         );
         assert_eq!(
             p.uplink_link("eth0", Direction::Egress),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v5/links/uplink-eth0-egress")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v6/links/uplink-eth0-egress")
         );
     }
 

@@ -6,10 +6,8 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use cni_ebpf_common::{
-    map as map_name, prog, EndpointStats, Reason, CFG_F_MASQ, FLOW_F_INBOUND, FLOW_F_PENDING,
-    FLOW_F_VERIFIED, HOOK_POD, HOOK_UPLINK_IN, HOOK_UPLINK_OUT, MAX_CLUSTER_CIDRS,
-    NAT_DELIVER_STACK, NAT_DNAT_FWD, NAT_DNAT_REV, NAT_F_FIN, NAT_F_FIRST_FIN, NAT_F_RST,
-    NAT_HAIRPIN_FWD, NAT_HAIRPIN_REV, NAT_SNAT_FWD, NAT_SNAT_REV,
+    map as map_name, EndpointStats, FlowFlags, NatDeliver, NatKind, NodeFlags, Reason,
+    MAX_CLUSTER_CIDRS,
 };
 use serde::Serialize;
 
@@ -242,7 +240,7 @@ impl Datapath {
                     rx_bytes: s.rx_bytes,
                     egress_rate_bits: pacing.get(&v.ifindex).map(|p| p.bytes_per_s * 8),
                     egress_rate_mode: pacing.get(&v.ifindex).map(|p| {
-                        if p.mode == cni_ebpf_common::PACING_BY_FQ {
+                        if p.mode == cni_ebpf_common::PacingMode::BY_FQ {
                             "fq"
                         } else {
                             "police"
@@ -292,21 +290,8 @@ impl Datapath {
         Ok(maps::entries(&nat)
             .into_iter()
             .map(|(k, v)| NatView {
-                kind: match v.kind {
-                    NAT_SNAT_FWD => "snat",
-                    NAT_SNAT_REV => "snat-reply",
-                    NAT_DNAT_FWD => "dnat",
-                    NAT_DNAT_REV => "dnat-reply",
-                    NAT_HAIRPIN_FWD => "hairpin",
-                    NAT_HAIRPIN_REV => "hairpin-reply",
-                    _ => "unknown",
-                },
-                hook: match v.hook {
-                    HOOK_POD => prog::FROM_POD,
-                    HOOK_UPLINK_IN => prog::UPLINK_INGRESS,
-                    HOOK_UPLINK_OUT => prog::UPLINK_EGRESS,
-                    _ => "unknown",
-                },
+                kind: v.kind.name(),
+                hook: v.hook.name(),
                 protocol: proto_name(k.proto),
                 src: ipv4_from_map(k.saddr),
                 sport: port_from_map(k.sport),
@@ -317,16 +302,8 @@ impl Datapath {
                 new_dst: ipv4_from_map(v.daddr),
                 new_dport: port_from_map(v.dport),
                 idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
-                state: if v.flags & NAT_F_RST != 0 {
-                    "rst"
-                } else if v.flags & NAT_F_FIRST_FIN != 0 {
-                    "fin-first"
-                } else if v.flags & NAT_F_FIN != 0 {
-                    "fin"
-                } else {
-                    "open"
-                },
-                deliver: if v.deliver == NAT_DELIVER_STACK {
+                state: v.flags.close_state(),
+                deliver: if v.deliver == NatDeliver::STACK {
                     "stack"
                 } else {
                     "direct"
@@ -355,8 +332,8 @@ impl Datapath {
         for (k, v) in maps::entries(&m.nat()?) {
             // A reverse entry's key is the reply: peer → translated address:port.
             let reserves = match v.kind {
-                NAT_SNAT_REV => true,
-                NAT_HAIRPIN_REV => k.saddr == v.daddr,
+                NatKind::SNAT_REV => true,
+                NatKind::HAIRPIN_REV => k.saddr == v.daddr,
                 _ => false,
             };
             if !reserves {
@@ -386,12 +363,12 @@ impl Datapath {
         let mut m = self.maps()?;
         let mut out = FlowSummary::default();
         for (_, f) in maps::entries(&m.flows()?) {
-            if f.flags & FLOW_F_VERIFIED != 0 {
+            if f.flags.contains(FlowFlags::VERIFIED) {
                 out.verified += 1;
-            } else if f.flags & FLOW_F_PENDING != 0 {
+            } else if f.flags.contains(FlowFlags::PENDING) {
                 out.pending += 1;
             }
-            if f.flags & FLOW_F_INBOUND != 0 {
+            if f.flags.contains(FlowFlags::INBOUND) {
                 out.inbound += 1;
             }
         }
@@ -441,7 +418,7 @@ impl Datapath {
         Ok(NodeConfigView {
             node_addr: (cfg.node_addr != 0).then(|| ipv4_from_map(cfg.node_addr)),
             uplink_ifindex: cfg.uplink_ifindex,
-            ip_masq: cfg.flags & CFG_F_MASQ != 0,
+            ip_masq: cfg.flags.contains(NodeFlags::MASQ),
             cluster_cidrs: cfg.cluster_cidrs[..n]
                 .iter()
                 .map(|c| {

@@ -305,12 +305,12 @@ impl Fixture {
     /// pending the way `from_pod` does when it hands a packet to the stack, then runs
     /// `uplink_egress`.
     pub fn egress(&self, pkt: &[u8]) -> (u32, Vec<u8>) {
-        self.set_flow(&flow_key(pkt), cni_ebpf_common::FLOW_F_PENDING);
+        self.set_flow(&flow_key(pkt), cni_ebpf_common::FlowFlags::PENDING);
         self.run("uplink_egress", pkt)
     }
 
     /// The `FLOWS` entry of `key` (`None`: no entry).
-    pub fn flow(&self, key: &cni_ebpf_common::NatKey) -> Option<u32> {
+    pub fn flow(&self, key: &cni_ebpf_common::NatKey) -> Option<cni_ebpf_common::FlowFlags> {
         let map = self.map("FLOWS");
         let flows: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::FlowEntry> =
             aya::maps::HashMap::try_from(&map).unwrap();
@@ -318,7 +318,7 @@ impl Fixture {
     }
 
     /// Writes the `FLOWS` entry of `key`.
-    pub fn set_flow(&self, key: &cni_ebpf_common::NatKey, flags: u32) {
+    pub fn set_flow(&self, key: &cni_ebpf_common::NatKey, flags: cni_ebpf_common::FlowFlags) {
         let mut map = self.map("FLOWS");
         let mut flows: aya::maps::HashMap<_, cni_ebpf_common::NatKey, cni_ebpf_common::FlowEntry> =
             aya::maps::HashMap::try_from(&mut map).unwrap();
