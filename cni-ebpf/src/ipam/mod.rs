@@ -174,80 +174,104 @@ pub fn validate(conf: &NetConf, env: &Env) -> Result<()> {
     }
 }
 
+/// Runs a verb on the network's IPAM, the one place that parses `ipam` and opens the
+/// embedded store: `delegated` gets a delegated plugin's name; `embedded` gets the
+/// embedded configuration and its store. `missing` says what a store that does not exist
+/// means to the verb; `None`: the verb makes it (ADD, STATUS).
+fn on_store<T>(
+    conf: &NetConf,
+    delegated: impl FnOnce(&str) -> Result<T>,
+    missing: Option<fn() -> Result<T>>,
+    embedded: impl FnOnce(&IpamConfig, Allocator<'_>) -> Result<T>,
+) -> Result<T> {
+    let cfg = match Ipam::parse(&conf.ipam)? {
+        Ipam::Delegate(plugin) => return delegated(&plugin),
+        Ipam::Embedded(cfg) => cfg,
+    };
+    match (open(conf, &cfg, missing.is_none())?, missing) {
+        (Some(alloc), _) => embedded(&cfg, alloc),
+        (None, Some(missing)) => missing(),
+        (None, None) => Err(Error::Ipam(format!(
+            "the IPAM store {} could not be created",
+            store_dir(conf).display()
+        ))),
+    }
+}
+
 /// Reserve addresses for `(env.container_id, env.ifname)`. The result has `ips`
 /// (`interface: None`, the range's gateway, the address with the range's prefix length),
 /// `routes` from `ipam.routes` and `dns` (`ipam.dns`, else `ipam.resolvConf`, else the
 /// top-level `dns`). With a delegated plugin: its result, parsed from any version.
 pub fn add(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniResult> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(plugin) => return delegate::add(&plugin, conf, env, stdin),
-        Ipam::Embedded(cfg) => cfg,
-    };
-    let requested = config::requested_ips(conf, env)?;
-    let assigned = cfg.assign_requests(&requested)?;
-    let dns = cfg.result_dns(conf)?;
-    let mut alloc = open(conf, &cfg, true)?.ok_or_else(|| {
-        Error::Ipam(format!(
-            "the IPAM store {} could not be created",
-            store_dir(conf).display()
-        ))
-    })?;
-    let ips: Vec<IpConfig> = alloc.allocate(
-        &env.container_id,
-        &env.ifname,
-        Requester {
-            netns: env.netns.as_ref().map(|p| p.display().to_string()),
-            pod: PodRef::from_args(&env.args),
+    on_store(
+        conf,
+        |plugin| delegate::add(plugin, conf, env, stdin),
+        None,
+        |cfg, mut alloc| {
+            let requested = config::requested_ips(conf, env)?;
+            let assigned = cfg.assign_requests(&requested)?;
+            let dns = cfg.result_dns(conf)?;
+            let ips: Vec<IpConfig> = alloc.allocate(
+                &env.container_id,
+                &env.ifname,
+                Requester {
+                    netns: env.netns.as_ref().map(|p| p.display().to_string()),
+                    pod: PodRef::from_args(&env.args),
+                },
+                &assigned,
+            )?;
+            Ok(CniResult {
+                interfaces: Vec::new(),
+                ips,
+                routes: cfg.routes.clone(),
+                dns,
+            })
         },
-        &assigned,
-    )?;
-    Ok(CniResult {
-        interfaces: Vec::new(),
-        ips,
-        routes: cfg.routes.clone(),
-        dns,
-    })
+    )
 }
 
 /// Idempotent release of `(env.container_id, env.ifname)`; never frees an address now
 /// held by another key. A store that does not exist holds nothing: success. Returns the
 /// addresses released (none for a delegated plugin, which does not say).
 pub fn del(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Vec<IpAddr>> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(plugin) => {
-            return delegate::exec(&plugin, Command::Del, env, stdin).map(|_| Vec::new())
-        }
-        Ipam::Embedded(cfg) => cfg,
-    };
-    let Some(mut alloc) = open(conf, &cfg, false)? else {
-        return Ok(Vec::new());
-    };
-    let Some(r) = alloc.release(&env.container_id, &env.ifname)? else {
-        return Ok(Vec::new());
-    };
-    tracing::info!(container = %r.container_id, ifname = %r.ifname, "released {:?}", r.addresses);
-    Ok(r.addresses)
+    on_store(
+        conf,
+        |plugin| delegate::exec(plugin, Command::Del, env, stdin).map(|_| Vec::new()),
+        Some(|| Ok(Vec::new())),
+        |_, mut alloc| {
+            let Some(r) = alloc.release(&env.container_id, &env.ifname)? else {
+                return Ok(Vec::new());
+            };
+            tracing::info!(container = %r.container_id, ifname = %r.ifname, "released {:?}", r.addresses);
+            Ok(r.addresses)
+        },
+    )
 }
 
 /// CHECK: the store (or the delegate) holds exactly `expected` for this key (address and
 /// prefix length); [`Error::Check`] naming the difference otherwise.
 pub fn check(conf: &NetConf, env: &Env, stdin: &[u8], expected: &[IpNet]) -> Result<()> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(plugin) => {
-            return delegate::exec(&plugin, Command::Check, env, stdin).map(|_| ())
-        }
-        Ipam::Embedded(cfg) => cfg,
-    };
-    let Some(alloc) = open(conf, &cfg, false)? else {
-        return Err(Error::Check(format!(
+    let no_store = || {
+        Error::Check(format!(
             "container {} interface {} has no address reservation: the IPAM store {} does \
              not exist",
             env.container_id,
             env.ifname,
             store_dir(conf).display()
-        )));
+        ))
     };
-    alloc.check(&env.container_id, &env.ifname, expected)
+    // A missing store is told apart from the verb's own result by the outer `Option`.
+    on_store(
+        conf,
+        |plugin| {
+            Ok(Some(
+                delegate::exec(plugin, Command::Check, env, stdin).map(|_| ()),
+            ))
+        },
+        Some(|| Ok(None)),
+        |_, alloc| Ok(Some(alloc.check(&env.container_id, &env.ifname, expected))),
+    )?
+    .unwrap_or_else(|| Err(no_store()))
 }
 
 /// GC: release every reservation whose key is not in `conf.valid_attachments`, and clean
@@ -256,29 +280,36 @@ pub fn check(conf: &NetConf, env: &Env, stdin: &[u8], expected: &[IpNet]) -> Res
 /// clean the datapath too. With a delegated plugin: its GC, if it speaks 1.1.0 (the
 /// released addresses are then unknown: the result is empty).
 pub fn gc(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<Vec<Reservation>> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(plugin) => {
-            if delegate::supports(&plugin, conf, env, "1.1.0")? {
-                delegate::exec(&plugin, Command::Gc, env, stdin)?;
+    on_store(
+        conf,
+        |plugin| {
+            if delegate::supports(plugin, conf, env, "1.1.0")? {
+                delegate::exec(plugin, Command::Gc, env, stdin)?;
             } else {
                 tracing::info!("IPAM plugin {plugin} does not support GC (cniVersion 1.1.0)");
             }
-            return Ok(Vec::new());
-        }
-        Ipam::Embedded(cfg) => cfg,
-    };
-    let Some(mut alloc) = open(conf, &cfg, false)? else {
-        return Ok(Vec::new());
-    };
-    let mut released = alloc.swept().to_vec();
-    released.extend(alloc.gc(&conf.valid_attachment_keys())?);
-    Ok(released)
+            Ok(Vec::new())
+        },
+        Some(|| Ok(Vec::new())),
+        |_, mut alloc| {
+            let mut released = alloc.swept().to_vec();
+            released.extend(alloc.gc(&conf.valid_attachment_keys())?);
+            Ok(released)
+        },
+    )
 }
 
 /// STATUS: the store directory is usable and writable and every range set has at least
 /// one free address; [`Error::NotAvailable`] otherwise. With a delegated plugin: its
 /// STATUS, if it speaks 1.1.0.
 pub fn status(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
+    let not_available = |e: Error| match e {
+        e @ (Error::NotAvailable(_) | Error::TryAgain(_)) => e,
+        e => Error::NotAvailable(format!(
+            "the IPAM store {} is not usable: {e}",
+            store_dir(conf).display()
+        )),
+    };
     let cfg = match Ipam::parse(&conf.ipam)? {
         Ipam::Delegate(plugin) => {
             delegate::find(&plugin, &env.path).map_err(|e| Error::NotAvailable(e.to_string()))?;
@@ -289,13 +320,8 @@ pub fn status(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
         }
         Ipam::Embedded(cfg) => cfg,
     };
-    let not_available = |e: Error| match e {
-        e @ (Error::NotAvailable(_) | Error::TryAgain(_)) => e,
-        e => Error::NotAvailable(format!(
-            "the IPAM store {} is not usable: {e}",
-            store_dir(conf).display()
-        )),
-    };
+    // Not through `on_store`: here a store that cannot be opened or made is the verb's
+    // answer (not available), while a configuration error stays one.
     let mut alloc = open(conf, &cfg, true)
         .map_err(not_available)?
         .ok_or_else(|| {
@@ -310,25 +336,21 @@ pub fn status(conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()> {
 /// All current reservations (for inspect / datapath GC), sorted by key. Empty for a
 /// delegated plugin or a store that does not exist yet.
 pub fn list(conf: &NetConf) -> Result<Vec<Reservation>> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(_) => return Ok(Vec::new()),
-        Ipam::Embedded(cfg) => cfg,
-    };
-    match open(conf, &cfg, false)? {
-        Some(alloc) => alloc.list(),
-        None => Ok(Vec::new()),
-    }
+    on_store(
+        conf,
+        |_| Ok(Vec::new()),
+        Some(|| Ok(Vec::new())),
+        |_, alloc| alloc.list(),
+    )
 }
 
 /// A read-only consistency report of the network's store (for `inspect` and tests).
 /// `None` for a delegated plugin or a store that does not exist.
 pub fn audit(conf: &NetConf) -> Result<Option<Audit>> {
-    let cfg = match Ipam::parse(&conf.ipam)? {
-        Ipam::Delegate(_) => return Ok(None),
-        Ipam::Embedded(cfg) => cfg,
-    };
-    match open(conf, &cfg, false)? {
-        Some(mut alloc) => alloc.audit().map(Some),
-        None => Ok(None),
-    }
+    on_store(
+        conf,
+        |_| Ok(None),
+        Some(|| Ok(None)),
+        |_, mut alloc| alloc.audit().map(Some),
+    )
 }
