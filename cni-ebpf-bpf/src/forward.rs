@@ -11,7 +11,7 @@ use cni_ebpf_common::{proto, EndpointInfo, Reason};
 
 use crate::{
     maps::{add_stats, count, local_endpoint, node_config},
-    parse::{read, Pkt, IP_HLEN, IP_OFF},
+    parse::{read, Pkt, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     PASS,
 };
 
@@ -54,10 +54,10 @@ pub(crate) fn route_hop(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
 /// [`route_hop`] through helpers, for headers outside the packet's linear part.
 #[inline(always)]
 pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
-    let Ok(ttl) = ctx.load::<u8>(IP_OFF + 8) else {
+    let Ok(ttl) = ctx.load::<u8>(IP_OFF + IP_TTL) else {
         return false;
     };
-    let Ok(ip_proto) = ctx.load::<u8>(IP_OFF + 9) else {
+    let Ok(ip_proto) = ctx.load::<u8>(IP_OFF + IP_PROTO) else {
         return false;
     };
     if ttl <= 1 {
@@ -66,9 +66,9 @@ pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> b
     }
     let old = u16::from_ne_bytes([ttl, ip_proto]);
     let new = u16::from_ne_bytes([ttl - 1, ip_proto]);
-    if ctx.store(IP_OFF + 8, &(ttl - 1), 0).is_err()
+    if ctx.store(IP_OFF + IP_TTL, &(ttl - 1), 0).is_err()
         || ctx
-            .l3_csum_replace(IP_OFF + 10, old as u64, new as u64, 2)
+            .l3_csum_replace(IP_OFF + IP_CSUM, old as u64, new as u64, 2)
             .is_err()
     {
         return false;
@@ -174,7 +174,7 @@ pub(crate) fn fib_uplink(
     if cfg.uplink_ifindex == 0 {
         return None;
     }
-    let tos: u8 = read(ctx, IP_OFF + 1).ok()?;
+    let tos: u8 = read(ctx, IP_OFF + IP_TOS).ok()?;
     let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
         (p.sport, p.dport)
     } else {

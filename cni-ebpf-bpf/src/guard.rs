@@ -15,7 +15,7 @@ use cni_ebpf_common::SrcAllow6Key;
 
 use crate::{
     maps::{source_of, Source, SRC_ALLOW6},
-    parse::{read, ETH_P_IP, ETH_P_IPV6, IP_OFF},
+    parse::{read, ETH_P_IP, ETH_P_IPV6, IP6_SADDR, IP_OFF, IP_SADDR},
 };
 
 /// What [`check_source`] makes of a pod's frame.
@@ -40,7 +40,7 @@ pub(crate) fn check_source(ctx: &TcContext, ifindex: u32) -> Verdict {
         if vihl >> 4 != 4 {
             return Verdict::Allowed(Source::AllowListed);
         }
-        let Ok(saddr) = read::<u32>(ctx, IP_OFF + 12) else {
+        let Ok(saddr) = read::<u32>(ctx, IP_OFF + IP_SADDR) else {
             return Verdict::Allowed(Source::AllowListed);
         };
         return match source_of(saddr, ifindex) {
@@ -49,7 +49,7 @@ pub(crate) fn check_source(ctx: &TcContext, ifindex: u32) -> Verdict {
         };
     }
     if ethertype == ETH_P_IPV6.to_be() {
-        let Ok(saddr) = read::<[u64; 2]>(ctx, IP_OFF + 8) else {
+        let Ok(saddr) = read::<[u64; 2]>(ctx, IP_OFF + IP6_SADDR) else {
             return Verdict::Allowed(Source::AllowListed);
         };
         return if source6_allowed(&saddr, ifindex) {

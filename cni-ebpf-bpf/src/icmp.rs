@@ -6,7 +6,10 @@ use cni_ebpf_common::{proto, NatDeliver, NatEntry, NatHook, NatKey, Reason};
 use crate::{
     forward::deliver_or_stack,
     maps::{count, NAT},
-    parse::{Iphdr, Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, INNER_IP_OFF, INNER_L4_OFF, IP_OFF, L4_OFF},
+    parse::{
+        Iphdr, Pkt, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, INNER_IP_OFF,
+        INNER_L4_OFF, IP_CSUM, IP_DADDR, IP_OFF, IP_SADDR, L4_DPORT, L4_OFF,
+    },
     rewrite::{l4_csum_replace, rewrite_failed},
     PASS,
 };
@@ -58,7 +61,7 @@ fn quoted_flow(ctx: &TcContext, p: &Pkt) -> Option<Quoted> {
         }
         proto::ICMP => {
             let ty: u8 = ctx.load(INNER_L4_OFF).ok()?;
-            let id: u16 = ctx.load(INNER_L4_OFF + 4).ok()?;
+            let id: u16 = ctx.load(INNER_L4_OFF + ICMP_ECHO_ID).ok()?;
             match ty {
                 ICMP_ECHO => (id, 0),
                 ICMP_ECHO_REPLY => (0, id),
@@ -100,26 +103,26 @@ fn translate_quote(ctx: &TcContext, p: &Pkt, q: &Quoted) -> Result<(), i64> {
     let (ip, isport, idport, e) = (&q.ip, q.sport, q.dport, &q.entry);
     // New quoted tuple: the entry's translation, reversed.
     let (nsaddr, ndaddr, nsport, ndport) = (e.daddr, e.saddr, e.dport, e.sport);
-    let icmp_csum = L4_OFF + 2;
+    let icmp_csum = L4_OFF + ICMP_CSUM;
 
     // Outer destination → the pod.
-    ctx.store(IP_OFF + 16, &nsaddr, 0)?;
-    ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, nsaddr as u64, 4)?;
+    ctx.store(IP_OFF + IP_DADDR, &nsaddr, 0)?;
+    ctx.l3_csum_replace(IP_OFF + IP_CSUM, p.daddr as u64, nsaddr as u64, 4)?;
 
     // Quoted addresses, with the quoted header checksum; every changed byte of the ICMP
     // payload is folded into the ICMP checksum.
-    let old_icsum: u16 = ctx.load(INNER_IP_OFF + 10)?;
+    let old_icsum: u16 = ctx.load(INNER_IP_OFF + IP_CSUM)?;
     if nsaddr != ip.saddr {
-        ctx.store(INNER_IP_OFF + 12, &nsaddr, 0)?;
-        ctx.l3_csum_replace(INNER_IP_OFF + 10, ip.saddr as u64, nsaddr as u64, 4)?;
+        ctx.store(INNER_IP_OFF + IP_SADDR, &nsaddr, 0)?;
+        ctx.l3_csum_replace(INNER_IP_OFF + IP_CSUM, ip.saddr as u64, nsaddr as u64, 4)?;
         l4_csum_replace(ctx, icmp_csum, ip.saddr as u64, nsaddr as u64, 4)?;
     }
     if ndaddr != ip.daddr {
-        ctx.store(INNER_IP_OFF + 16, &ndaddr, 0)?;
-        ctx.l3_csum_replace(INNER_IP_OFF + 10, ip.daddr as u64, ndaddr as u64, 4)?;
+        ctx.store(INNER_IP_OFF + IP_DADDR, &ndaddr, 0)?;
+        ctx.l3_csum_replace(INNER_IP_OFF + IP_CSUM, ip.daddr as u64, ndaddr as u64, 4)?;
         l4_csum_replace(ctx, icmp_csum, ip.daddr as u64, ndaddr as u64, 4)?;
     }
-    let new_icsum: u16 = ctx.load(INNER_IP_OFF + 10)?;
+    let new_icsum: u16 = ctx.load(INNER_IP_OFF + IP_CSUM)?;
     if new_icsum != old_icsum {
         l4_csum_replace(ctx, icmp_csum, old_icsum as u64, new_icsum as u64, 2)?;
     }
@@ -132,7 +135,7 @@ fn translate_quote(ctx: &TcContext, p: &Pkt, q: &Quoted) -> Result<(), i64> {
             (idport, ndport)
         };
         if old != new {
-            ctx.store(INNER_L4_OFF + 4, &new, 0)?;
+            ctx.store(INNER_L4_OFF + ICMP_ECHO_ID, &new, 0)?;
             l4_csum_replace(ctx, icmp_csum, old as u64, new as u64, 2)?;
         }
     } else {
@@ -141,7 +144,7 @@ fn translate_quote(ctx: &TcContext, p: &Pkt, q: &Quoted) -> Result<(), i64> {
             l4_csum_replace(ctx, icmp_csum, isport as u64, nsport as u64, 2)?;
         }
         if ndport != idport {
-            ctx.store(INNER_L4_OFF + 2, &ndport, 0)?;
+            ctx.store(INNER_L4_OFF + L4_DPORT, &ndport, 0)?;
             l4_csum_replace(ctx, icmp_csum, idport as u64, ndport as u64, 2)?;
         }
     }

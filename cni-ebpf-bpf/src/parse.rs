@@ -5,6 +5,9 @@ use cni_ebpf_common::{proto, NatKey, Reason};
 
 pub(crate) const ETH_HLEN: usize = 14;
 
+/// Offset of the EtherType in an Ethernet header.
+pub(crate) const ETH_TYPE_OFF: usize = 12;
+
 pub(crate) const ETH_P_IP: u16 = 0x0800;
 
 pub(crate) const ETH_P_IPV6: u16 = 0x86dd;
@@ -15,8 +18,38 @@ pub(crate) const IP_HLEN: usize = 20;
 
 pub(crate) const L4_OFF: usize = IP_OFF + IP_HLEN;
 
+/// Offsets of the IPv4 header's fields, from the header's start ([`Iphdr`]).
+pub(crate) const IP_TOS: usize = core::mem::offset_of!(Iphdr, tos);
+pub(crate) const IP_TTL: usize = core::mem::offset_of!(Iphdr, ttl);
+pub(crate) const IP_PROTO: usize = core::mem::offset_of!(Iphdr, proto);
+pub(crate) const IP_CSUM: usize = core::mem::offset_of!(Iphdr, csum);
+pub(crate) const IP_SADDR: usize = core::mem::offset_of!(Iphdr, saddr);
+pub(crate) const IP_DADDR: usize = core::mem::offset_of!(Iphdr, daddr);
+/// Offset of the source address in an IPv6 header.
+pub(crate) const IP6_SADDR: usize = 8;
+
+/// Offsets of L4 fields, from the L4 header's start: ports (TCP, UDP) come first.
+pub(crate) const L4_SPORT: usize = 0;
+pub(crate) const L4_DPORT: usize = 2;
+/// The TCP flags byte.
+pub(crate) const TCP_FLAGS: usize = 13;
+/// The TCP checksum.
+pub(crate) const TCP_CSUM: usize = 16;
+/// The UDP checksum.
+pub(crate) const UDP_CSUM: usize = 6;
+/// The ICMP checksum.
+pub(crate) const ICMP_CSUM: usize = 2;
+/// The ICMP echo identifier.
+pub(crate) const ICMP_ECHO_ID: usize = 4;
+/// The first bytes of every L4 header the programs translate: the ports (TCP, UDP) or
+/// the echo identifier (ICMP) are within them.
+pub(crate) const L4_TRANSLATED_LEN: usize = 8;
+/// Length of an ICMP header (also of a UDP header): the quoted packet of an ICMP error
+/// starts after it.
+pub(crate) const ICMP_HLEN: usize = 8;
+
 /// Offset of the inner IPv4 header in an ICMP error.
-pub(crate) const INNER_IP_OFF: usize = L4_OFF + 8;
+pub(crate) const INNER_IP_OFF: usize = L4_OFF + ICMP_HLEN;
 
 pub(crate) const INNER_L4_OFF: usize = INNER_IP_OFF + IP_HLEN;
 
@@ -110,7 +143,7 @@ pub(crate) fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, ()> {
 /// Parses Ethernet + IPv4 (+ the L4 ports). `Err` carries the reason to pass unchanged.
 #[inline(always)]
 pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
-    let ethertype: u16 = read(ctx, 12).map_err(|_| Reason::PassMalformed)?;
+    let ethertype: u16 = read(ctx, ETH_TYPE_OFF).map_err(|_| Reason::PassMalformed)?;
     if ethertype != ETH_P_IP.to_be() {
         return Err(Reason::PassNotIpv4);
     }
@@ -152,7 +185,7 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
             let ports: [u16; 2] = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
             p.sport = ports[0];
             p.dport = ports[1];
-            p.tcp_flags = read(ctx, L4_OFF + 13).map_err(|_| Reason::PassMalformed)?;
+            p.tcp_flags = read(ctx, L4_OFF + TCP_FLAGS).map_err(|_| Reason::PassMalformed)?;
             p.natable = true;
         }
         proto::UDP => {
@@ -171,7 +204,8 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
             let ty: u8 = read(ctx, L4_OFF).map_err(|_| Reason::PassMalformed)?;
             p.icmp_type = ty;
             if ty == ICMP_ECHO || ty == ICMP_ECHO_REPLY {
-                let id: u16 = read(ctx, L4_OFF + 4).map_err(|_| Reason::PassMalformed)?;
+                let id: u16 =
+                    read(ctx, L4_OFF + ICMP_ECHO_ID).map_err(|_| Reason::PassMalformed)?;
                 if ty == ICMP_ECHO {
                     p.sport = id;
                 } else {

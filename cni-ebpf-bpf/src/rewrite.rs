@@ -9,16 +9,19 @@ use cni_ebpf_common::{proto, NatEntry, Reason};
 
 use crate::{
     maps::count,
-    parse::{Pkt, ICMP_ECHO, ICMP_ECHO_REPLY, IP_OFF, L4_OFF},
+    parse::{
+        Pkt, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP_CSUM, IP_DADDR, IP_OFF,
+        IP_SADDR, L4_DPORT, L4_OFF, L4_SPORT, L4_TRANSLATED_LEN, TCP_CSUM, UDP_CSUM,
+    },
 };
 
 /// Offset of the L4 checksum and the extra flags `bpf_l4_csum_replace` needs.
 #[inline(always)]
 pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
     match proto_ {
-        proto::TCP => Some((l4_off + 16, 0)),
-        proto::UDP => Some((l4_off + 6, BPF_F_MARK_MANGLED_0 as u64)),
-        proto::ICMP => Some((l4_off + 2, 0)),
+        proto::TCP => Some((l4_off + TCP_CSUM, 0)),
+        proto::UDP => Some((l4_off + UDP_CSUM, BPF_F_MARK_MANGLED_0 as u64)),
+        proto::ICMP => Some((l4_off + ICMP_CSUM, 0)),
         _ => None,
     }
 }
@@ -69,7 +72,7 @@ pub(crate) fn csum_add_change(sum: u32, old: u32, new: u32) -> u32 {
 #[inline(always)]
 pub(crate) fn rewrite(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
     let start = ctx.data();
-    if start + L4_OFF + 8 > ctx.data_end() {
+    if start + L4_OFF + L4_TRANSLATED_LEN > ctx.data_end() {
         return rewrite_slow(ctx, p, n);
     }
     let ip = (start + IP_OFF) as *mut u8;
@@ -79,28 +82,28 @@ pub(crate) fn rewrite(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64>
     // above; byte accesses only.
     unsafe {
         if n.saddr != p.saddr || n.daddr != p.daddr {
-            let mut sum = (!u16::from_be_bytes([*ip.add(10), *ip.add(11)])) as u32;
+            let mut sum = (!u16::from_be_bytes([*ip.add(IP_CSUM), *ip.add(IP_CSUM + 1)])) as u32;
             sum = csum_add_change(sum, p.saddr, n.saddr);
             sum = csum_add_change(sum, p.daddr, n.daddr);
             sum = (sum & 0xffff) + (sum >> 16);
             sum = (sum & 0xffff) + (sum >> 16);
             let [hi, lo] = (!(sum as u16)).to_be_bytes();
-            *ip.add(10) = hi;
-            *ip.add(11) = lo;
+            *ip.add(IP_CSUM) = hi;
+            *ip.add(IP_CSUM + 1) = lo;
             let sa = n.saddr.to_ne_bytes();
             let da = n.daddr.to_ne_bytes();
             for i in 0..4 {
-                *ip.add(12 + i) = sa[i];
-                *ip.add(16 + i) = da[i];
+                *ip.add(IP_SADDR + i) = sa[i];
+                *ip.add(IP_DADDR + i) = da[i];
             }
         }
         if pseudo {
             let [a, b] = n.sport.to_ne_bytes();
             let [c, d] = n.dport.to_ne_bytes();
-            *l4 = a;
-            *l4.add(1) = b;
-            *l4.add(2) = c;
-            *l4.add(3) = d;
+            *l4.add(L4_SPORT) = a;
+            *l4.add(L4_SPORT + 1) = b;
+            *l4.add(L4_DPORT) = c;
+            *l4.add(L4_DPORT + 1) = d;
         } else if p.icmp_type == ICMP_ECHO || p.icmp_type == ICMP_ECHO_REPLY {
             let id = if p.icmp_type == ICMP_ECHO {
                 n.sport
@@ -108,8 +111,8 @@ pub(crate) fn rewrite(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64>
                 n.dport
             };
             let [a, b] = id.to_ne_bytes();
-            *l4.add(4) = a;
-            *l4.add(5) = b;
+            *l4.add(ICMP_ECHO_ID) = a;
+            *l4.add(ICMP_ECHO_ID + 1) = b;
         }
     }
     l4_csum_fix(ctx, p, n)
@@ -148,20 +151,20 @@ pub(crate) fn l4_csum_fix(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), 
 #[inline(always)]
 pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(), i64> {
     if n.saddr != p.saddr {
-        ctx.store(IP_OFF + 12, &n.saddr, 0)?;
-        ctx.l3_csum_replace(IP_OFF + 10, p.saddr as u64, n.saddr as u64, 4)?;
+        ctx.store(IP_OFF + IP_SADDR, &n.saddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + IP_CSUM, p.saddr as u64, n.saddr as u64, 4)?;
     }
     if n.daddr != p.daddr {
-        ctx.store(IP_OFF + 16, &n.daddr, 0)?;
-        ctx.l3_csum_replace(IP_OFF + 10, p.daddr as u64, n.daddr as u64, 4)?;
+        ctx.store(IP_OFF + IP_DADDR, &n.daddr, 0)?;
+        ctx.l3_csum_replace(IP_OFF + IP_CSUM, p.daddr as u64, n.daddr as u64, 4)?;
     }
     if p.proto == proto::TCP || p.proto == proto::UDP {
-        ctx.store(L4_OFF, &n.sport, 0)?;
-        ctx.store(L4_OFF + 2, &n.dport, 0)?;
+        ctx.store(L4_OFF + L4_SPORT, &n.sport, 0)?;
+        ctx.store(L4_OFF + L4_DPORT, &n.dport, 0)?;
     } else if p.icmp_type == ICMP_ECHO {
-        ctx.store(L4_OFF + 4, &n.sport, 0)?;
+        ctx.store(L4_OFF + ICMP_ECHO_ID, &n.sport, 0)?;
     } else if p.icmp_type == ICMP_ECHO_REPLY {
-        ctx.store(L4_OFF + 4, &n.dport, 0)?;
+        ctx.store(L4_OFF + ICMP_ECHO_ID, &n.dport, 0)?;
     }
     l4_csum_fix(ctx, p, n)
 }

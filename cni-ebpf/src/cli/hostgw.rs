@@ -288,7 +288,7 @@ mod tests {
             dst: net(dst),
             gw: Some(ip(gw)),
             oif: Some(2),
-            table: 254,
+            table: crate::link::RT_TABLE_MAIN,
             scope: 0,
             protocol,
         }
