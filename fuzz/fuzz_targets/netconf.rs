@@ -21,15 +21,7 @@ const COMMANDS: [Command; 6] = [
     Command::Gc,
 ];
 
-const VERSIONS: [Version; 7] = [
-    Version::V010,
-    Version::V020,
-    Version::V030,
-    Version::V031,
-    Version::V040,
-    Version::V100,
-    Version::V110,
-];
+const VERSIONS: [Version; 7] = Version::ALL;
 
 fuzz_target!(|data: &[u8]| {
     for command in COMMANDS {

@@ -11,15 +11,7 @@
 use cni_ebpf::cni::{result::CniResult, version::Version};
 use libfuzzer_sys::fuzz_target;
 
-const VERSIONS: [Version; 7] = [
-    Version::V010,
-    Version::V020,
-    Version::V030,
-    Version::V031,
-    Version::V040,
-    Version::V100,
-    Version::V110,
-];
+const VERSIONS: [Version; 7] = Version::ALL;
 
 fuzz_target!(|data: &[u8]| {
     let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {

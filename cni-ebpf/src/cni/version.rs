@@ -30,6 +30,17 @@ pub enum Version {
 }
 
 impl Version {
+    /// Every supported version, oldest first (the order of [`SUPPORTED`]).
+    pub const ALL: [Self; 7] = [
+        Self::V010,
+        Self::V020,
+        Self::V030,
+        Self::V031,
+        Self::V040,
+        Self::V100,
+        Self::V110,
+    ];
+
     /// Parses a supported version string; anything else is error 1.
     pub fn parse(s: &str) -> Result<Self> {
         Ok(match s {
@@ -73,5 +84,19 @@ impl Version {
 impl std::fmt::Display for Version {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_lists_every_supported_version_in_order() {
+        let parsed: Vec<Version> = SUPPORTED
+            .iter()
+            .filter_map(|v| Version::parse(v).ok())
+            .collect();
+        assert_eq!(parsed, Version::ALL);
     }
 }

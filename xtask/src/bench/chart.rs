@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use anyhow::{anyhow, Result};
-use plotters::prelude::*;
+use plotters::{coord::types::RangedCoordf64, prelude::*};
 
 /// Colour of each column.
 fn colour(col: &str) -> RGBColor {
@@ -24,8 +24,39 @@ pub struct Group {
     pub bars: Vec<(String, f64)>,
 }
 
+impl Group {
+    /// A group of `values` divided by their `"reference"` entry (the reference chain = 1);
+    /// `None` without a positive reference value.
+    pub fn relative(
+        label: String,
+        values: &std::collections::BTreeMap<String, f64>,
+    ) -> Option<Self> {
+        let reference = values.get("reference").copied().filter(|r| *r > 0.0)?;
+        Some(Self {
+            label,
+            bars: values
+                .iter()
+                .map(|(k, v)| (k.clone(), v / reference))
+                .collect(),
+        })
+    }
+}
+
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow!("drawing the chart: {e:?}")
+}
+
+/// Draws the series names in the upper left corner of `chart`.
+fn legend<'a, DB: DrawingBackend + 'a>(
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+) -> Result<()> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.9))
+        .border_style(BLACK)
+        .draw()
+        .map_err(err)
 }
 
 /// Grouped bars (one bar per series in each group), linear y axis from 0.
@@ -92,13 +123,7 @@ pub fn grouped_bars(
             .label(*s)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], c.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.9))
-        .border_style(BLACK)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     root.present().map_err(err)?;
     Ok(())
 }
@@ -111,6 +136,13 @@ pub struct Line {
     pub points: Vec<(f64, f64)>,
     /// Dashed-looking (thin) line.
     pub thin: bool,
+}
+
+/// Adds a line of `points` to `lines`, unless it has none.
+pub fn push_line(lines: &mut Vec<Line>, name: String, points: Vec<(f64, f64)>, thin: bool) {
+    if !points.is_empty() {
+        lines.push(Line { name, points, thin });
+    }
 }
 
 /// Lines over a shared x axis, one panel per `(title, y_desc, lines)`, stacked vertically.
@@ -165,13 +197,7 @@ pub fn line_panels(out: &Path, x_desc: &str, panels: &[(String, String, Vec<Line
                     .map_err(err)?;
             }
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.9))
-            .border_style(BLACK)
-            .draw()
-            .map_err(err)?;
+        legend(&mut chart)?;
     }
     root.present().map_err(err)?;
     Ok(())

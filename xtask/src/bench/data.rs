@@ -629,17 +629,10 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
             else {
                 continue;
             };
-            let Some(reference) = row.values.get("reference").copied().filter(|r| *r > 0.0) else {
-                continue;
-            };
-            groups.push(chart::Group {
-                label: format!("{} {short}", short_name(scen)),
-                bars: row
-                    .values
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v / reference))
-                    .collect(),
-            });
+            groups.extend(chart::Group::relative(
+                format!("{} {short}", short_name(scen)),
+                &row.values,
+            ));
         }
     }
     if groups.is_empty() {

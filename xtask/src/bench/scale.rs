@@ -572,38 +572,20 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
     let mut add_lines = Vec::new();
     let mut con_lines = Vec::new();
     for col in ["cni-ebpf", "reference"] {
-        let a = series("scale.add.p50.", col);
-        if !a.is_empty() {
-            add_lines.push(chart::Line {
-                name: format!("{col} probe ADD p50"),
-                points: a,
-                thin: false,
-            });
-        }
-        let h = holder_curve(col);
-        if !h.is_empty() {
-            add_lines.push(chart::Line {
-                name: format!("{col} holder ADDs (median of 25)"),
-                points: h,
-                thin: true,
-            });
-        }
-        let c = series("scale.connect.p50.", col);
-        if !c.is_empty() {
-            con_lines.push(chart::Line {
-                name: format!("{col} connect p50"),
-                points: c,
-                thin: false,
-            });
-        }
-        let c99 = series("scale.connect.p99.", col);
-        if !c99.is_empty() {
-            con_lines.push(chart::Line {
-                name: format!("{col} connect p99"),
-                points: c99,
-                thin: true,
-            });
-        }
+        let (add, con) = (&mut add_lines, &mut con_lines);
+        let probe = series("scale.add.p50.", col);
+        chart::push_line(add, format!("{col} probe ADD p50"), probe, false);
+        let holders = holder_curve(col);
+        chart::push_line(
+            add,
+            format!("{col} holder ADDs (median of 25)"),
+            holders,
+            true,
+        );
+        let p50 = series("scale.connect.p50.", col);
+        chart::push_line(con, format!("{col} connect p50"), p50, false);
+        let p99 = series("scale.connect.p99.", col);
+        chart::push_line(con, format!("{col} connect p99"), p99, true);
     }
     if add_lines.is_empty() {
         return Ok(());

@@ -426,22 +426,12 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
                 let Some(row) = report.rows.iter().find(|r| r.key == key) else {
                     continue;
                 };
-                let Some(reference) = row.values.get("reference").copied().filter(|r| *r > 0.0)
-                else {
-                    continue;
-                };
-                groups.push(chart::Group {
-                    label: format!(
-                        "{} {} {short}",
-                        if mode == "iptables" { "ipt" } else { "nft" },
-                        if cross { "other node" } else { "same node" }
-                    ),
-                    bars: row
-                        .values
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v / reference))
-                        .collect(),
-                });
+                let label = format!(
+                    "{} {} {short}",
+                    if mode == "iptables" { "ipt" } else { "nft" },
+                    if cross { "other node" } else { "same node" }
+                );
+                groups.extend(chart::Group::relative(label, &row.values));
             }
         }
     }
