@@ -208,18 +208,7 @@ fn masquerade_of_a_flow_netfilter_translated_returns_through_the_stack() {
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn host_port_replies_may_bypass_the_stack_at_once() {
     let fx = node();
-    fx.dp()
-        .add_port_mappings(
-            ("ctr-b", "eth0"),
-            POD_B,
-            &[cni_ebpf::cni::config::PortMapping {
-                host_port: 8080,
-                container_port: 80,
-                protocol: "tcp".into(),
-                host_ip: None,
-            }],
-        )
-        .unwrap();
+    fx.add_ports("ctr-b", POD_B, &[pm(8080, 80, "tcp", None)]);
     let (v, _) = fx.run("uplink_ingress", &tcp_frame(EXT, 50000, NODE, 8080, SYN));
     assert_eq!(v, REDIRECT);
     // We translated and delivered it past netfilter: B's replies need no verification,

@@ -11,7 +11,7 @@ mod packet_support;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
-use cni_ebpf_common::{NatEntry, NatHook, NatKey, NatKind, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
+use cni_ebpf_common::{NatEntry, NatKey, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
 use packet_support::*;
 
 const REPEAT: u32 = 200_000;
@@ -102,43 +102,10 @@ fn a_sweep_of_a_full_nat_table_takes_milliseconds_at_most() {
         let node = u32::from_ne_bytes(NODE.octets());
         for i in 0..pairs {
             let a = u32::from_ne_bytes([10, 250, (i >> 8) as u8, i as u8]);
-            let (p, np, dp) = (1000u16.to_be(), ((i % 60000) as u16).to_be(), 80u16.to_be());
-            let k1 = NatKey {
-                saddr: a,
-                daddr: x,
-                sport: p,
-                dport: dp,
-                proto: TCP,
-                _pad: [0; 3],
-            };
-            let e1 = NatEntry {
-                saddr: node,
-                daddr: x,
-                sport: np,
-                dport: dp,
-                hook: NatHook::UPLINK_OUT,
-                kind: NatKind::SNAT_FWD,
-                last_seen_ns: seen,
-                ..NatEntry::default()
-            };
-            let k2 = NatKey {
-                saddr: x,
-                daddr: node,
-                sport: dp,
-                dport: np,
-                proto: TCP,
-                _pad: [0; 3],
-            };
-            let e2 = NatEntry {
-                saddr: x,
-                daddr: a,
-                sport: dp,
-                dport: p,
-                hook: NatHook::UPLINK_IN,
-                kind: NatKind::SNAT_REV,
-                last_seen_ns: seen,
-                ..NatEntry::default()
-            };
+            let [(k1, mut e1), (k2, mut e2)] =
+                snat_tcp_pair((a, 1000), (x, 80), (node, (i % 60000) as u16));
+            e1.last_seen_ns = seen;
+            e2.last_seen_ns = seen;
             // Distinct keys: `i` picks the pod address (and the node port modulo 60000,
             // made unique by the pod address in the forward key; reverse keys differ
             // while i < 60000, the rest only add forward entries).

@@ -13,18 +13,9 @@
 
 mod packet_support;
 
-use cni_ebpf::{cni::config::PortMapping, datapath::load::Faults};
+use cni_ebpf::datapath::load::Faults;
 use cni_ebpf_common::Reason;
 use packet_support::*;
-
-fn pm(host_port: u16, container_port: u16, protocol: &str, host_ip: Option<&str>) -> PortMapping {
-    PortMapping {
-        host_port,
-        container_port,
-        protocol: protocol.into(),
-        host_ip: host_ip.map(|s| s.parse().unwrap()),
-    }
-}
 
 /// Pod A serves 8080/tcp → 80 and 5353/udp → 53.
 fn with_mappings() -> Fixture {
@@ -35,13 +26,11 @@ fn with_mappings() -> Fixture {
 fn with_mappings_on(fx: Fixture) -> Fixture {
     fx.standard_node(true);
     fx.two_pods();
-    fx.dp()
-        .add_port_mappings(
-            ("ctr-a", "eth0"),
-            POD_A,
-            &[pm(8080, 80, "tcp", None), pm(5353, 53, "udp", None)],
-        )
-        .unwrap_or_else(|e| panic!("add_port_mappings: {e}"));
+    fx.add_ports(
+        "ctr-a",
+        POD_A,
+        &[pm(8080, 80, "tcp", None), pm(5353, 53, "udp", None)],
+    );
     fx
 }
 
@@ -120,13 +109,7 @@ fn host_ip_limits_the_mapping_to_that_address() {
     let fx = Fixture::new();
     fx.standard_node(true);
     fx.two_pods();
-    fx.dp()
-        .add_port_mappings(
-            ("ctr-b", "eth0"),
-            POD_B,
-            &[pm(9090, 90, "tcp", Some("198.18.0.3"))],
-        )
-        .unwrap();
+    fx.add_ports("ctr-b", POD_B, &[pm(9090, 90, "tcp", Some("198.18.0.3"))]);
     fx.assert_passes_unchanged(
         "uplink_ingress",
         &tcp_frame(EXT, 1000, NODE, 9090, SYN),
@@ -255,18 +238,14 @@ fn taken_host_port_names_the_owner() {
         .expect_err("wildcard 8080/tcp is taken");
     assert!(err.to_string().contains("ctr-a"), "{err}");
     // Same port, other protocol: fine. A failed call left nothing behind.
-    fx.dp()
-        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 80, "udp", None)])
-        .unwrap();
+    fx.add_ports("ctr-b", POD_B, &[pm(8080, 80, "udp", None)]);
     let all = fx.dp().port_mappings().unwrap();
     assert_eq!(all.len(), 3, "{all:?}");
     assert!(all
         .iter()
         .any(|m| m.container_id == "ctr-b" && m.protocol == "udp"));
     // The owner re-adding its own mapping is idempotent.
-    fx.dp()
-        .add_port_mappings(("ctr-a", "eth0"), POD_A, &[pm(8080, 80, "tcp", None)])
-        .unwrap();
+    fx.add_ports("ctr-a", POD_A, &[pm(8080, 80, "tcp", None)]);
 }
 
 #[test]
@@ -286,9 +265,7 @@ fn removed_mapping_never_leads_an_old_flow_to_a_new_pod() {
         "flows of the pod are gone"
     );
     // A new pod (B) takes the host port.
-    fx.dp()
-        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 80, "tcp", None)])
-        .unwrap();
+    fx.add_ports("ctr-b", POD_B, &[pm(8080, 80, "tcp", None)]);
     // The old client's next segment is not a new connection: never sent to B.
     fx.assert_passes_unchanged(
         "uplink_ingress",
@@ -317,9 +294,7 @@ fn snat_never_picks_a_host_port() {
         .step_by(2)
         .map(|p| pm(p, 80, "tcp", None))
         .collect();
-    fx.dp()
-        .add_port_mappings(("ctr-b", "eth0"), POD_B, &maps)
-        .unwrap();
+    fx.add_ports("ctr-b", POD_B, &maps);
     let mut got = 0;
     for sport in 1000..1040 {
         let (v, out) = fx.run("uplink_egress", &tcp_frame(POD_A, sport, EXT, 80, SYN));

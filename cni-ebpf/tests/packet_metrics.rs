@@ -13,7 +13,7 @@
 
 mod packet_support;
 
-use cni_ebpf::{cni::config::PortMapping, datapath::Datapath};
+use cni_ebpf::datapath::Datapath;
 use cni_ebpf_common::{map, MAX_NAT, REASON_SLOTS};
 use packet_support::*;
 
@@ -21,18 +21,7 @@ use packet_support::*;
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn snat_use_map_fill_and_memory_through_a_read_only_handle() {
     let fx = Fixture::with_two_pods();
-    fx.dp()
-        .add_port_mappings(
-            ("ctr-a", "eth0"),
-            POD_A,
-            &[PortMapping {
-                host_port: 8080,
-                container_port: 80,
-                protocol: "tcp".into(),
-                host_ip: None,
-            }],
-        )
-        .unwrap();
+    fx.add_ports("ctr-a", POD_A, &[pm(8080, 80, "tcp", None)]);
     // Two flows to EXT:80/tcp, one to EXT:443/tcp, one to EXT:53/udp: four SNAT ports.
     for pkt in [
         tcp_frame(POD_A, 40000, EXT, 80, SYN),

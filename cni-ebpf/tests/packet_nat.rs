@@ -561,33 +561,24 @@ fn a_new_masqueraded_flow_whose_rewrite_fails_is_dropped_and_leaves_no_nat_state
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
-    use cni_ebpf_common::{NatEntry, NatHook, NatKind};
     let fx = one_port_node_failing_checksums();
 
     // Pod A's masqueraded flow POD_A:40000 → EXT:80 on NODE:ONE_PORT, set up by hand (no
     // packet can set it up under the fault).
     let out_pkt = tcp_frame(POD_A, 40000, EXT, 80, ACK);
     let reply = tcp_frame(EXT, 80, NODE, ONE_PORT, ACK);
-    let fwd = NatEntry {
-        saddr: addr(NODE),
-        daddr: addr(EXT),
-        sport: ONE_PORT.to_be(),
-        dport: 80u16.to_be(),
-        hook: NatHook::UPLINK_OUT,
-        kind: NatKind::SNAT_FWD,
-        ..NatEntry::default()
-    };
-    let rev = NatEntry {
-        saddr: addr(EXT),
-        daddr: addr(POD_A),
-        sport: 80u16.to_be(),
-        dport: 40000u16.to_be(),
-        hook: NatHook::UPLINK_IN,
-        kind: NatKind::SNAT_REV,
-        ..NatEntry::default()
-    };
-    fx.set_nat(&flow_key(&out_pkt), fwd);
-    fx.set_nat(&flow_key(&reply), rev);
+    let pair = snat_tcp_pair(
+        (addr(POD_A), 40000),
+        (addr(EXT), 80),
+        (addr(NODE), ONE_PORT),
+    );
+    assert_eq!(
+        (pair[0].0, pair[1].0),
+        (flow_key(&out_pkt), flow_key(&reply))
+    );
+    for (key, entry) in pair {
+        fx.set_nat(&key, entry);
+    }
 
     let (v, _) = fx.egress(&out_pkt);
     assert_eq!(v, SHOT, "pod → outside: dropped, not passed half rewritten");

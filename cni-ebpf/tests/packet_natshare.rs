@@ -222,18 +222,7 @@ fn host_port_and_hairpin_flows_are_charged_to_their_pods() {
     // Pod A (cap 2) is behind host port 8080; outside clients' flows to it are charged to
     // pod A, and a flood of them uses up pod A's share only.
     let fx = node_with_cap(2);
-    fx.dp()
-        .add_port_mappings(
-            ("ctr-a", "eth0"),
-            POD_A,
-            &[cni_ebpf::cni::config::PortMapping {
-                host_port: 8080,
-                container_port: 80,
-                protocol: "tcp".into(),
-                host_ip: None,
-            }],
-        )
-        .unwrap();
+    fx.add_ports("ctr-a", POD_A, &[pm(8080, 80, "tcp", None)]);
     for i in 0..2 {
         let (v, _) = fx.run(
             "uplink_ingress",

@@ -9,9 +9,9 @@
 mod datapath_support;
 
 use datapath_support::{
-    add, del, endpoint, greet, inspect, ip_of, list, masq_conf, nat_mentioning, num, pod_ip,
-    reason, seen_peer, tcp_udp, udp_error, udp_exchange, wait_until, with_ports, IcmpSniffer, Mode,
-    TaggedServer, GW4, T,
+    add, assert_seen_as, del, endpoint, greet, inspect, list, masq_conf, nat_mentioning, num,
+    pod_ip, reason, seen_peer, tcp_udp, udp_error, udp_exchange, wait_until, with_ports,
+    IcmpSniffer, Mode, TaggedServer, GW4, T,
 };
 use serde_json::Value;
 use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
@@ -50,10 +50,10 @@ fn pod_to_pod_on_one_node_is_redirected_by_from_pod() {
     let srv = TaggedServer::start(b.netns(), 8080, "b", Mode::Greet);
     let answer = greet(a.netns(), &format!("{ipb}:8080"))
         .unwrap_or_else(|e| panic!("TCP from pod a to pod b {ipb}:8080: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        ipa,
-        "pod b must see pod a's own address (no NAT between pods): {answer:?}"
+    assert_seen_as(
+        &answer,
+        &ipa,
+        "pod b must see pod a's own address (no NAT between pods)",
     );
     assert_eq!(srv.accepted(), 1);
 
@@ -103,31 +103,13 @@ fn pod_to_ext_is_masqueraded_to_the_node_address_for_tcp_udp_and_icmp() {
     let tcp = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
     let answer = greet(a.netns(), &format!("{EXT_IP4}:8080"))
         .unwrap_or_else(|e| panic!("TCP pod → ext: {e}"));
-    let peer = seen_peer(&answer);
-    assert_eq!(
-        ip_of(&peer),
-        NODE_IP4,
-        "ext must see the node address: {answer:?}"
-    );
-    assert!(
-        (lo..=hi).contains(&port_of(&peer)),
-        "SNAT port of {peer} outside the range {lo}-{hi}"
-    );
+    assert_masqueraded(&answer, (lo, hi), "TCP pod → ext");
 
     // UDP: likewise, and the answer comes back from ext's own address and port.
     let udp = WhoAmIServer::start(node.ext_netns(), 8081);
     let (answer, from) = udp_exchange(a.netns(), &format!("{EXT_IP4}:8081"), b"who")
         .unwrap_or_else(|e| panic!("UDP pod → ext: {e}"));
-    let peer = seen_peer(&answer);
-    assert_eq!(
-        ip_of(&peer),
-        NODE_IP4,
-        "ext must see the node address: {answer:?}"
-    );
-    assert!(
-        (lo..=hi).contains(&port_of(&peer)),
-        "SNAT port of {peer} outside {lo}-{hi}"
-    );
+    assert_masqueraded(&answer, (lo, hi), "UDP pod → ext");
     assert_eq!(
         from.to_string(),
         format!("{EXT_IP4}:8081"),
@@ -215,39 +197,31 @@ fn cluster_and_node_destinations_are_not_masqueraded() {
     let ext = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
     let answer = greet(a.netns(), &format!("{remote_pod}:8080"))
         .unwrap_or_else(|e| panic!("TCP pod → clusterCIDR {remote_pod}: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        ip,
-        "a clusterCIDR destination must see the pod address: {answer:?}"
+    assert_seen_as(
+        &answer,
+        &ip,
+        "a clusterCIDR destination must see the pod address",
     );
     let ext_udp = WhoAmIServer::start(node.ext_netns(), 8081);
     // (The answer's source is whatever ext's wildcard-bound socket picks: not ours.)
     let (answer, _) = udp_exchange(a.netns(), &format!("{remote_pod}:8081"), b"x")
         .unwrap_or_else(|e| panic!("UDP pod → clusterCIDR {remote_pod}: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        ip,
-        "UDP to {remote_pod}: {answer:?}"
-    );
+    assert_seen_as(&answer, &ip, format_args!("UDP to {remote_pod}"));
 
     let node_srv = TaggedServer::start(node.netns(), 8090, "node", Mode::Greet);
     for dst in [NODE_IP4, GW4] {
         let answer = greet(a.netns(), &format!("{dst}:8090"))
             .unwrap_or_else(|e| panic!("TCP pod → node {dst}: {e}"));
-        assert_eq!(
-            ip_of(&seen_peer(&answer)),
-            ip,
-            "the node ({dst}) must see the pod address: {answer:?}"
+        assert_seen_as(
+            &answer,
+            &ip,
+            format_args!("the node ({dst}) must see the pod address"),
         );
     }
     let udp = WhoAmIServer::start(node.netns(), 8091);
     let (answer, _) = udp_exchange(a.netns(), &format!("{NODE_IP4}:8091"), b"x")
         .unwrap_or_else(|e| panic!("UDP pod → node: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        ip,
-        "UDP to the node: {answer:?}"
-    );
+    assert_seen_as(&answer, &ip, "UDP to the node");
 
     let after = inspect(&node);
     assert_eq!(
@@ -283,20 +257,12 @@ fn ext_reaches_a_pod_through_a_host_port_with_its_own_address() {
     let answer = tcp_request(node.ext_netns(), &format!("{NODE_IP4}:8080"), b"hello", T)
         .unwrap_or_else(|e| panic!("TCP ext → {NODE_IP4}:8080: {e}"));
     // The handshake completing proves the replies came back from node:hostPort.
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        EXT_IP4,
-        "the pod must see the client's address: {answer:?}"
-    );
+    assert_seen_as(&answer, EXT_IP4, "the pod must see the client's address");
     assert!(answer.ends_with("hello"), "payload echoed: {answer:?}");
 
     let (answer, from) = udp_exchange(node.ext_netns(), &format!("{NODE_IP4}:8080"), b"hi")
         .unwrap_or_else(|e| panic!("UDP ext → {NODE_IP4}:8080: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        EXT_IP4,
-        "the pod must see the client's address: {answer:?}"
-    );
+    assert_seen_as(&answer, EXT_IP4, "the pod must see the client's address");
     assert_eq!(
         from.to_string(),
         format!("{NODE_IP4}:8080"),
@@ -357,10 +323,10 @@ fn a_host_port_on_a_host_ip_answers_only_there() {
 
     let answer = tcp_request(node.ext_netns(), &format!("{host_ip}:9090"), b"hello", T)
         .unwrap_or_else(|e| panic!("TCP ext → {host_ip}:9090: {e}"));
-    assert_eq!(ip_of(&seen_peer(&answer)), EXT_IP4, "{answer:?}");
+    assert_seen_as(&answer, EXT_IP4, format_args!("TCP ext → {host_ip}:9090"));
     let (answer, from) = udp_exchange(node.ext_netns(), &format!("{host_ip}:9090"), b"hi")
         .unwrap_or_else(|e| panic!("UDP ext → {host_ip}:9090: {e}"));
-    assert_eq!(ip_of(&seen_peer(&answer)), EXT_IP4, "{answer:?}");
+    assert_seen_as(&answer, EXT_IP4, format_args!("UDP ext → {host_ip}:9090"));
     assert_eq!(
         from.to_string(),
         format!("{host_ip}:9090"),
@@ -397,15 +363,15 @@ fn pods_reach_host_ports_of_their_own_node_including_their_own() {
     for dst in [NODE_IP4, GW4] {
         let answer = tcp_request(a.netns(), &format!("{dst}:8080"), b"hello", T)
             .unwrap_or_else(|e| panic!("TCP pod a → {dst}:8080 (hairpin to b): {e}"));
-        assert_eq!(
-            ip_of(&seen_peer(&answer)),
-            ipa,
-            "pod b must see pod a through {dst}:8080: {answer:?}"
+        assert_seen_as(
+            &answer,
+            &ipa,
+            format_args!("pod b must see pod a through {dst}:8080"),
         );
     }
     let (answer, from) = udp_exchange(a.netns(), &format!("{NODE_IP4}:8080"), b"hi")
         .unwrap_or_else(|e| panic!("UDP pod a → {NODE_IP4}:8080: {e}"));
-    assert_eq!(ip_of(&seen_peer(&answer)), ipa, "{answer:?}");
+    assert_seen_as(&answer, &ipa, "UDP pod a → node:hostPort");
     assert_eq!(
         from.to_string(),
         format!("{NODE_IP4}:8080"),
@@ -416,14 +382,10 @@ fn pods_reach_host_ports_of_their_own_node_including_their_own() {
     // carrying its own address as source), and the reply comes from node:hostPort.
     let answer = tcp_request(b.netns(), &format!("{NODE_IP4}:8080"), b"self", T)
         .unwrap_or_else(|e| panic!("TCP pod b → its own host port {NODE_IP4}:8080: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
-        NODE_IP4,
-        "pod b reaching itself sees the node: {answer:?}"
-    );
+    assert_seen_as(&answer, NODE_IP4, "pod b reaching itself sees the node");
     let (answer, from) = udp_exchange(b.netns(), &format!("{NODE_IP4}:8080"), b"self")
         .unwrap_or_else(|e| panic!("UDP pod b → its own host port: {e}"));
-    assert_eq!(ip_of(&seen_peer(&answer)), NODE_IP4, "{answer:?}");
+    assert_seen_as(&answer, NODE_IP4, "UDP pod b → its own host port");
     assert_eq!(from.to_string(), format!("{NODE_IP4}:8080"));
     assert_ne!(ipa, ipb);
 
@@ -504,11 +466,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     for i in 0..20 {
         let answer = greet(a.netns(), &format!("{EXT_IP4}:8080"))
             .unwrap_or_else(|e| panic!("TCP pod → ext #{i}: {e}"));
-        assert_eq!(
-            ip_of(&seen_peer(&answer)),
-            NODE_IP4,
-            "still masqueraded: {answer:?}"
-        );
+        assert_seen_as(&answer, NODE_IP4, "still masqueraded");
     }
     assert_ping(a.netns(), EXT_IP4);
     let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node));
@@ -692,10 +650,10 @@ fn only_an_allow_listed_pod_may_send_from_a_foreign_prefix() {
         })
     };
     let answer = from(r.netns()).unwrap_or_else(|e| panic!("pod r from 192.0.2.7: {e}"));
-    assert_eq!(
-        ip_of(&seen_peer(&answer)),
+    assert_seen_as(
+        &answer,
         "192.0.2.7",
-        "an allow-listed source leaves as itself (it is not the pod's address: never masqueraded)"
+        "an allow-listed source leaves as itself (it is not the pod's address: never masqueraded)",
     );
     let before = inspect(&node);
     let refused = from(p.netns());
@@ -713,4 +671,20 @@ fn only_an_allow_listed_pod_may_send_from_a_foreign_prefix() {
     let _ = rp;
     del(&node, &p, &base);
     del(&node, &r, &router_conf);
+}
+
+/// Panics unless `answer` says the server saw the node's address, on a port of the SNAT
+/// range `(lo, hi)`.
+#[track_caller]
+fn assert_masqueraded(answer: &str, (lo, hi): (u64, u64), what: &str) {
+    assert_seen_as(
+        answer,
+        NODE_IP4,
+        format_args!("{what}: ext must see the node address"),
+    );
+    let peer = seen_peer(answer);
+    assert!(
+        (lo..=hi).contains(&port_of(&peer)),
+        "{what}: SNAT port of {peer} outside the range {lo}-{hi}"
+    );
 }

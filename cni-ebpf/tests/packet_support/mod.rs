@@ -309,6 +309,13 @@ impl Fixture {
         self.run("uplink_egress", pkt)
     }
 
+    /// Gives pod `pod` (container `ctr`, interface eth0) the host ports `maps`.
+    pub fn add_ports(&self, ctr: &str, pod: Ipv4Addr, maps: &[cni_ebpf::cni::config::PortMapping]) {
+        self.dp()
+            .add_port_mappings((ctr, "eth0"), pod, maps)
+            .unwrap_or_else(|e| panic!("add_port_mappings: {e}"));
+    }
+
     /// The `FLOWS` entry of `key` (`None`: no entry).
     pub fn flow(&self, key: &cni_ebpf_common::NatKey) -> Option<cni_ebpf_common::FlowFlags> {
         let map = self.map("FLOWS");
@@ -596,21 +603,14 @@ pub fn parse_checked(f: &[u8]) -> Parsed {
         l4: l4.clone(),
     };
     match ip[9] {
-        TCP => {
-            assert_eq!(
-                inet_csum(&[&pseudo(src, dst, TCP, l4.len()), &l4]),
-                0,
-                "TCP checksum is wrong"
-            );
-            p.sport = u16::from_be_bytes([l4[0], l4[1]]);
-            p.dport = u16::from_be_bytes([l4[2], l4[3]]);
-        }
-        UDP => {
-            if l4[6..8] != [0, 0] {
+        proto @ (TCP | UDP) => {
+            // A UDP checksum of zero means "none" (IPv4).
+            if proto == TCP || l4[6..8] != [0, 0] {
                 assert_eq!(
-                    inet_csum(&[&pseudo(src, dst, UDP, l4.len()), &l4]),
+                    inet_csum(&[&pseudo(src, dst, proto, l4.len()), &l4]),
                     0,
-                    "UDP checksum is wrong"
+                    "{} checksum is wrong",
+                    if proto == TCP { "TCP" } else { "UDP" }
                 );
             }
             p.sport = u16::from_be_bytes([l4[0], l4[1]]);
@@ -689,4 +689,64 @@ pub fn standard_settings(masq: bool) -> NodeConfigSpec {
         snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, SNAT_PORTS),
         netns_cookie: 0,
     }
+}
+
+/// A port mapping (`host_ip`: an address or nothing).
+pub fn pm(
+    host_port: u16,
+    container_port: u16,
+    protocol: &str,
+    host_ip: Option<&str>,
+) -> cni_ebpf::cni::config::PortMapping {
+    cni_ebpf::cni::config::PortMapping {
+        host_port,
+        container_port,
+        protocol: protocol.into(),
+        host_ip: host_ip.map(|s| s.parse().unwrap()),
+    }
+}
+
+/// The two NAT entries of a masqueraded TCP flow `pod:pod_port → peer:peer_port` that
+/// leaves as `node:node_port` (addresses as the maps hold them, ports in host order):
+/// the forward one (`uplink_egress`) and the reverse one (`uplink_ingress`), each with
+/// its key.
+pub fn snat_tcp_pair(
+    (pod, pod_port): (u32, u16),
+    (peer, peer_port): (u32, u16),
+    (node, node_port): (u32, u16),
+) -> [(cni_ebpf_common::NatKey, cni_ebpf_common::NatEntry); 2] {
+    use cni_ebpf_common::{NatEntry, NatHook, NatKey, NatKind};
+    let (pp, qp, np) = (pod_port.to_be(), peer_port.to_be(), node_port.to_be());
+    let key = |saddr, sport, daddr, dport| NatKey {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        proto: TCP,
+        _pad: [0; 3],
+    };
+    let entry = |(saddr, sport), (daddr, dport), hook, kind| NatEntry {
+        saddr,
+        daddr,
+        sport,
+        dport,
+        hook,
+        kind,
+        ..NatEntry::default()
+    };
+    [
+        (
+            key(pod, pp, peer, qp),
+            entry(
+                (node, np),
+                (peer, qp),
+                NatHook::UPLINK_OUT,
+                NatKind::SNAT_FWD,
+            ),
+        ),
+        (
+            key(peer, qp, node, np),
+            entry((peer, qp), (pod, pp), NatHook::UPLINK_IN, NatKind::SNAT_REV),
+        ),
+    ]
 }

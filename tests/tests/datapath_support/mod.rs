@@ -574,6 +574,18 @@ pub fn ip_of(peer: &str) -> &str {
     peer.rsplit_once(':').map_or(peer, |(ip, _)| ip)
 }
 
+/// Panics unless the server's answer `answer` says it saw the peer address `want`
+/// (`what`: which exchange, for the message).
+#[track_caller]
+pub fn assert_seen_as(answer: &str, want: impl AsRef<str>, what: impl std::fmt::Display) {
+    let peer = seen_peer(answer);
+    assert_eq!(
+        ip_of(&peer),
+        want.as_ref(),
+        "{what}: the server saw {peer} (answer {answer:?})"
+    );
+}
+
 // ------------------------------------------------------------------------------------
 // ICMP sniffer
 
