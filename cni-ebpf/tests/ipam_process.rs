@@ -120,12 +120,7 @@ fn concurrency_worker(spec: &Value) -> i32 {
     let id = spec["id"].as_u64().unwrap_or_default();
     let ops = spec["ops"].as_u64().unwrap_or_default();
     let claims = PathBuf::from(spec["claims"].as_str().unwrap_or_default());
-    let mut log = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(spec["log"].as_str().unwrap_or_default())
-        .unwrap_or_else(|e| panic!("opening the log: {e}"));
-    let mut rng = Rng::new(spec["seed"].as_u64().unwrap_or(1));
+    let (mut log, mut rng) = log_and_rng(spec);
     let mut held: Vec<(String, IpAddr)> = Vec::new();
     let mut next = 0u64;
     let release = |cid: &str, ip: IpAddr, log: &mut File| -> Result<(), String> {
@@ -260,15 +255,20 @@ fn eight_processes_share_one_slash_24() {
 
 /// Adds (and often deletes) keys as fast as it can until killed, logging `A <cid>` before
 /// and `a <cid>` after each ADD, `D`/`d` around each DEL.
-fn crash_worker(spec: &Value) -> i32 {
-    let conf = conf_from(spec, crash_ipam());
-    let prefix = spec["prefix"].as_str().unwrap_or_default().to_owned();
-    let mut log = OpenOptions::new()
+/// A worker's log (appended to) and random generator, as its spec names them.
+fn log_and_rng(spec: &Value) -> (std::fs::File, Rng) {
+    let log = OpenOptions::new()
         .create(true)
         .append(true)
         .open(spec["log"].as_str().unwrap_or_default())
         .unwrap_or_else(|e| panic!("opening the log: {e}"));
-    let mut rng = Rng::new(spec["seed"].as_u64().unwrap_or(1));
+    (log, Rng::new(spec["seed"].as_u64().unwrap_or(1)))
+}
+
+fn crash_worker(spec: &Value) -> i32 {
+    let conf = conf_from(spec, crash_ipam());
+    let prefix = spec["prefix"].as_str().unwrap_or_default().to_owned();
+    let (mut log, mut rng) = log_and_rng(spec);
     for i in 0.. {
         let cid = format!("{prefix}-{i}");
         log_line(&mut log, &format!("A {cid}"));

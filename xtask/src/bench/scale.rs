@@ -149,6 +149,21 @@ struct Level {
     crr: Vec<f64>,
 }
 
+impl Level {
+    /// One ADD and one DEL of each probe pod (host port [`probe_port`]), timed.
+    fn probe(&mut self, node: &BenchNode, probes: &[Pod]) -> Result<()> {
+        for (j, pod) in probes.iter().enumerate() {
+            check_interrupt()?;
+            let ports = [probe_port(j)];
+            let a: Op = node.op("ADD", Via::Direct, pod, &ports, None)?;
+            let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
+            self.add.push(ms(a.wall));
+            self.del.push(ms(d.wall));
+        }
+        Ok(())
+    }
+}
+
 /// Runs the scale phase into `report`.
 pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let mut levels = p.levels.clone();
@@ -184,14 +199,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                 ..Level::default()
             };
             // Probe ADD + DEL.
-            for (j, pod) in probes.iter().enumerate() {
-                check_interrupt()?;
-                let ports = [probe_port(j)];
-                let a: Op = node.op("ADD", Via::Direct, pod, &ports, None)?;
-                let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
-                lv.add.push(ms(a.wall));
-                lv.del.push(ms(d.wall));
-            }
+            lv.probe(&node, &probes)?;
             // Connect latency ext → node:hostPort → the newest pod.
             check_interrupt()?;
             let sports = [PortMap {
@@ -434,14 +442,7 @@ fn busy_node(node: &BenchNode, probes: &[Pod], p: &Params) -> Result<(u64, Level
     let mut lv = Level::default();
     let measured = opened.and_then(|opened| {
         lv.pods = opened;
-        for (j, pod) in probes.iter().enumerate() {
-            check_interrupt()?;
-            let ports = [probe_port(j)];
-            let a: Op = node.op("ADD", Via::Direct, pod, &ports, None)?;
-            let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
-            lv.add.push(ms(a.wall));
-            lv.del.push(ms(d.wall));
-        }
+        lv.probe(node, probes)?;
         Ok(())
     });
     node.op("DEL", Via::Direct, &client, &[], Some(&added.result))?;
