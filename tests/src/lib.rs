@@ -46,6 +46,7 @@ pub mod netns;
 pub mod node;
 pub mod plugin;
 pub mod process;
+pub mod servers;
 pub mod snapshot;
 
 pub use apiserver::ApiServer;
@@ -56,11 +57,12 @@ pub use conf::{ConfBuilder, ALL_VERSIONS, LIBCNI_VERSIONS, POD_SUBNET_V4, POD_SU
 pub use containerd::{Containerd, PodSpec};
 pub use inspect::{ResultView, StoreView};
 pub use libcni::{ClientFailure, ClientOutput};
-pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request, WhoAmIServer};
+pub use net::{assert_no_ping, assert_ping, ping, tcp_request, udp_request};
 pub use netns::{CommandFailed, NetNs};
 pub use node::{
     wire_uplink, NodeNamespaces, Pod, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK,
 };
 pub use plugin::{fault_bin, plugin_bin, CniEnv, CniError, PluginOutput, FAULT_BIN_ENV};
 pub use process::{ip_json, netns_exec, netns_exec_ok, Background, Output};
+pub use servers::{EchoServer, Serving, WhoAmIServer};
 pub use snapshot::Snapshot;

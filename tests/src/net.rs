@@ -11,9 +11,9 @@ use std::{
     fs::File,
     io::{self, Read, Write},
     mem,
-    net::{IpAddr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket},
+    net::{IpAddr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     os::fd::{AsRawFd, FromRawFd, OwnedFd},
-    path::{Path, PathBuf},
+    path::Path,
     sync::{
         atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering},
         Arc,
@@ -239,90 +239,6 @@ pub fn assert_no_ping(netns: &Path, addr: &str) {
     );
 }
 
-/// A TCP and UDP server in a namespace that answers every connection or datagram with
-/// the peer's address as it sees it (`ip:port\n`) followed by the bytes it received — so
-/// masquerade and port-mapping tests can check which source address arrived. Listens on
-/// `[::]:port` (both families). Stopped and joined on drop.
-#[derive(Debug)]
-pub struct WhoAmIServer {
-    port: u16,
-    stop: Arc<AtomicBool>,
-    threads: Vec<thread::JoinHandle<()>>,
-    netns: PathBuf,
-}
-
-impl WhoAmIServer {
-    /// Starts the server in `netns` on `port` (TCP and UDP). Panics if it cannot bind.
-    #[track_caller]
-    #[must_use]
-    pub fn start(netns: &Path, port: u16) -> Self {
-        let bind = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
-        let (tcp, udp) = in_netns(netns, move || {
-            (TcpListener::bind(bind), UdpSocket::bind(bind))
-        });
-        let tcp = tcp.unwrap_or_else(|e| panic!("bind tcp {bind} in {}: {e}", netns.display()));
-        let udp = udp.unwrap_or_else(|e| panic!("bind udp {bind} in {}: {e}", netns.display()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let tick = Some(Duration::from_millis(20));
-        let _ = tcp.set_nonblocking(true);
-        let _ = udp.set_read_timeout(tick);
-        let s = Arc::clone(&stop);
-        let tcp_thread = thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match tcp.accept() {
-                    Ok((mut conn, peer)) => {
-                        let _ = conn.set_nonblocking(false);
-                        let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
-                        let mut buf = [0u8; 512];
-                        let n = conn.read(&mut buf).unwrap_or(0);
-                        let _ = writeln!(conn, "{}:{}", peer.ip().to_canonical(), peer.port());
-                        let _ = conn.write_all(&buf[..n]);
-                    }
-                    Err(_) => thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        let s = Arc::clone(&stop);
-        let udp_thread = thread::spawn(move || {
-            let mut buf = [0u8; 512];
-            while !s.load(Ordering::Relaxed) {
-                if let Ok((n, peer)) = udp.recv_from(&mut buf) {
-                    let mut reply =
-                        format!("{}:{}\n", peer.ip().to_canonical(), peer.port()).into_bytes();
-                    reply.extend_from_slice(&buf[..n]);
-                    let _ = udp.send_to(&reply, peer);
-                }
-            }
-        });
-        Self {
-            port,
-            stop,
-            threads: vec![tcp_thread, udp_thread],
-            netns: netns.to_path_buf(),
-        }
-    }
-
-    /// The port it listens on.
-    #[must_use]
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-impl Drop for WhoAmIServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads.drain(..) {
-            if t.join().is_err() {
-                eprintln!(
-                    "warning: a server thread in {} panicked",
-                    self.netns.display()
-                );
-            }
-        }
-    }
-}
-
 /// `addr` as a socket address (`"198.18.0.2:8080"`, `"[fd00::1]:80"`); panics naming it
 /// otherwise.
 #[track_caller]
@@ -377,53 +293,6 @@ pub fn udp_request(
         let mut buf = [0u8; 2048];
         let (n, _) = s.recv_from(&mut buf)?;
         Ok(String::from_utf8_lossy(&buf[..n]).into_owned())
-    })
-}
-
-/// A TCP echo server on `0.0.0.0:port` in `netns`, until `stop`; join the handle after
-/// setting it.
-#[track_caller]
-#[must_use]
-pub fn echo_server(netns: &Path, port: u16, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
-    let netns = netns.to_path_buf();
-    let listener = in_netns(&netns, move || TcpListener::bind(("0.0.0.0", port)))
-        .unwrap_or_else(|e| panic!("bind {port}: {e}"));
-    let _ = listener.set_nonblocking(true);
-    thread::spawn(move || {
-        let mut conns = Vec::new();
-        while !stop.load(Ordering::Relaxed) {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    let _ = s.set_nonblocking(false);
-                    let _ = s.set_read_timeout(Some(Duration::from_millis(200)));
-                    let stop = stop.clone();
-                    conns.push(thread::spawn(move || {
-                        let mut buf = [0u8; 64];
-                        while !stop.load(Ordering::Relaxed) {
-                            match s.read(&mut buf) {
-                                Ok(0) => break,
-                                Ok(n) => {
-                                    if s.write_all(&buf[..n]).is_err() {
-                                        break;
-                                    }
-                                }
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        std::io::ErrorKind::WouldBlock
-                                            | std::io::ErrorKind::TimedOut
-                                    ) => {}
-                                Err(_) => break,
-                            }
-                        }
-                    }));
-                }
-                Err(_) => thread::sleep(Duration::from_millis(5)),
-            }
-        }
-        for c in conns {
-            let _ = c.join();
-        }
     })
 }
 

@@ -24,10 +24,10 @@ use std::{
 
 use serde_json::json;
 use tests::{
-    net::{converse, echo_server, in_netns},
+    net::{converse, in_netns},
     plugin_bin,
     process::Background,
-    SimNode, EXT_IP4, POD_SUBNET_V4,
+    EchoServer, SimNode, EXT_IP4, POD_SUBNET_V4,
 };
 
 fn churn_secs() -> u64 {
@@ -118,8 +118,8 @@ fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
     let limit = Duration::from_secs(secs + 60);
     let stop = Arc::new(AtomicBool::new(false));
     let servers = [
-        echo_server(b.netns(), 7000, stop.clone()),
-        echo_server(node.ext_netns(), 7001, stop.clone()),
+        EchoServer::concurrent(b.netns(), 7000),
+        EchoServer::concurrent(node.ext_netns(), 7001),
     ];
     let (pod_to_pod, h1) = converse(
         a.netns(),
@@ -184,9 +184,7 @@ fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
     stop.store(true, Ordering::Relaxed);
     let _ = h1.join();
     let _ = h2.join();
-    for s in servers {
-        let _ = s.join();
-    }
+    drop(servers);
 
     let n = cycles.load(Ordering::Relaxed);
     eprintln!(

@@ -23,7 +23,6 @@
 //! cgroup-v2 directory the test creates, passed to node A's plugin as `cgroupPath` (where
 //! the socket-level hook for locally generated traffic attaches).
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use std::{
     io::{self, Read, Write},
@@ -37,7 +36,7 @@ use tests::{
     cluster::{NODE_A_IP4, NODE_B_IP4},
     kubeproxy::{Mode, Protocol, ServicePort, TrafficPolicy},
     net::{in_netns, sock_addr},
-    Cluster, ConfBuilder, Pod, TestCgroup, WhoAmIServer, EXT_IP4,
+    Cluster, ConfBuilder, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4,
 };
 
 /// Per-step bound of every client (connect, send, receive).
@@ -122,29 +121,6 @@ fn udp(netns: &Path, addr: &str) -> Result<(String, SocketAddr), String> {
         }
         Err(describe("answer", &last))
     })
-}
-
-/// An echo server in `netns` on `ECHO_PORT`: every accepted connection gets back what it
-/// sends until it closes. Its thread ends when the listener fails (the namespace goes).
-fn echo_server(netns: &Path) {
-    let listener = in_netns(netns, || {
-        std::net::TcpListener::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, ECHO_PORT)))
-    })
-    .unwrap_or_else(|e| panic!("echo server in {}: {e}", netns.display()));
-    std::thread::spawn(move || {
-        for conn in listener.incoming().take(64) {
-            let Ok(mut c) = conn else { return };
-            std::thread::spawn(move || {
-                let _ = c.set_read_timeout(Some(T * 5));
-                let mut buf = vec![0u8; 64 * 1024];
-                while let Ok(n) = c.read(&mut buf) {
-                    if n == 0 || c.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
 }
 
 /// A long TCP conversation from `netns` to an echo server at `addr`: `CONVERSATION.0`
@@ -341,6 +317,7 @@ struct Running {
 /// their namespaces go, the cgroup is removed before the cluster.
 struct World {
     _servers: Vec<WhoAmIServer>,
+    _echo: Vec<EchoServer>,
     a1: Running,
     a2: Running,
     b1: Running,
@@ -405,9 +382,10 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     if let Some(mode) = mode {
         cluster.install_kube_proxy(mode, &services(&a1.ip));
     }
-    for ns in [a1.pod.netns(), b1.pod.netns(), cluster.ext_netns()] {
-        echo_server(ns);
-    }
+    let echo: Vec<EchoServer> = [a1.pod.netns(), b1.pod.netns(), cluster.ext_netns()]
+        .into_iter()
+        .map(|ns| EchoServer::concurrent(ns, ECHO_PORT))
+        .collect();
     let servers = vec![
         WhoAmIServer::start(a1.pod.netns(), PORT),
         WhoAmIServer::start(b1.pod.netns(), PORT),
@@ -415,6 +393,7 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     ];
     World {
         _servers: servers,
+        _echo: echo,
         a1,
         a2,
         b1,

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 use tests::{
     cgroup::TestCgroup,
     fault_bin,
-    net::{converse, echo_server, Conversation},
-    CniEnv, ConfBuilder, Pod, SimNode, EXT_IP4, NODE_IP4, POD_SUBNET_V4,
+    net::{converse, Conversation},
+    CniEnv, ConfBuilder, EchoServer, Pod, SimNode, EXT_IP4, NODE_IP4, POD_SUBNET_V4,
 };
 
 /// This build's map layout, and the one the test build plays as "another binary".
@@ -152,8 +152,8 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     let stop = Arc::new(AtomicBool::new(false));
     let limit = Duration::from_secs(60);
     let servers = [
-        echo_server(b.netns(), 7000, stop.clone()),
-        echo_server(node.ext_netns(), 7001, stop.clone()),
+        EchoServer::concurrent(b.netns(), 7000),
+        EchoServer::concurrent(node.ext_netns(), 7001),
     ];
     let to = |s: String| -> SocketAddr { s.parse().unwrap_or_else(|e| panic!("{s}: {e}")) };
     let flows = [
@@ -285,9 +285,7 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     for (_, (_, h)) in flows {
         let _ = h.join();
     }
-    for s in servers {
-        let _ = s.join();
-    }
+    drop(servers);
     // The documented procedure: drain (every pod deleted), purge with the old binary,
     // then the new layout's binary networks pods.
     for (p, cf) in [

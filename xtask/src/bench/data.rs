@@ -14,14 +14,8 @@
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
-    os::fd::AsRawFd,
+    net::{SocketAddr, TcpStream},
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    thread::JoinHandle,
     time::{Duration, Instant},
 };
 
@@ -34,7 +28,7 @@ use super::{
     report::{median, Report, Summary},
     topo::{pod_ip, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
 };
-use tests::NetNs;
+use tests::{EchoServer, NetNs, Serving};
 
 /// Sizes of the data-plane phase.
 #[derive(Debug, Clone)]
@@ -57,72 +51,6 @@ const MSG: usize = 64;
 /// Bound on any single socket step.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// An echo server thread in a namespace: answers every read with the same bytes, one
-/// connection at a time. Stopped and joined on drop.
-pub struct EchoServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl EchoServer {
-    /// Starts the server on `port` in `netns`.
-    pub fn start(netns: &Path, port: u16) -> Result<Self> {
-        let listener = proc::join(proc::in_netns(netns, move || {
-            let l = TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))?;
-            Ok(l)
-        }))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let thread = std::thread::spawn(move || serve(&listener, &s));
-        Ok(Self {
-            stop,
-            thread: Some(thread),
-        })
-    }
-}
-
-fn serve(listener: &TcpListener, stop: &AtomicBool) {
-    proc::pin_to_last_cpu();
-    let mut buf = [0u8; 4096];
-    while !stop.load(Ordering::Relaxed) {
-        // Wait for a connection without busy-polling, waking every 100 ms to check `stop`.
-        let mut pfd = libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd.
-        if unsafe { libc::poll(&raw mut pfd, 1, 100) } <= 0 {
-            continue;
-        }
-        let Ok((mut conn, _)) = listener.accept() else {
-            continue;
-        };
-        let _ = conn.set_nodelay(true);
-        let _ = conn.set_read_timeout(Some(IO_TIMEOUT));
-        let _ = conn.set_write_timeout(Some(IO_TIMEOUT));
-        while !stop.load(Ordering::Relaxed) {
-            match conn.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if conn.write_all(&buf[..n]).is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-}
-
-impl Drop for EchoServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
 /// One request/response run: transactions/s and latency percentiles (µs).
 #[derive(Debug, Clone, Copy)]
 struct Rr {
@@ -138,7 +66,7 @@ fn transact(s: &mut TcpStream, req: &[u8; MSG], resp: &mut [u8; MSG]) -> std::io
 /// Request/response on one connection for `secs` (from `netns` to `to`).
 fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
     proc::join(proc::in_netns(netns, move || {
-        proc::pin_to_last_cpu();
+        tests::servers::pin_to_last_cpu();
         let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
             .with_context(|| format!("connecting to {to}"))?;
         s.set_nodelay(true)?;
@@ -169,7 +97,7 @@ fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
 /// Connect/request/close for `secs`: a new connection per transaction.
 fn crr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
     proc::join(proc::in_netns(netns, move || {
-        proc::pin_to_last_cpu();
+        tests::servers::pin_to_last_cpu();
         let req = [0xa5_u8; MSG];
         let mut resp = [0u8; MSG];
         let one = |req: &[u8; MSG], resp: &mut [u8; MSG]| -> Result<()> {
@@ -473,7 +401,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     for ns in &server_nss {
         servers.push((
             Background::spawn(ns, &["iperf3", "-s", "-p", &iperf_port])?,
-            EchoServer::start(ns, ECHO_PORT)?,
+            EchoServer::start(ns, ECHO_PORT, Serving::OneAtATimePinned)?,
         ));
     }
     std::thread::sleep(Duration::from_millis(300));

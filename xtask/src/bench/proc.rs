@@ -331,17 +331,3 @@ pub fn join<T>(h: std::thread::JoinHandle<Result<T>>) -> Result<T> {
         Err(_) => bail!("a bench thread panicked"),
     }
 }
-
-/// Pins the calling thread to the machine's last CPU. The request/response client and the
-/// echo servers all run there, so a transaction never waits for a cross-CPU wake-up (which
-/// on a VM costs tens of µs and would otherwise make latencies bimodal, depending on where
-/// the scheduler happened to put the two threads) and the figures measure the network path.
-pub fn pin_to_last_cpu() {
-    let n = std::thread::available_parallelism().map_or(1, usize::from);
-    // SAFETY: a zeroed cpu_set_t is valid; CPU_SET writes within it; pid 0 = this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(n - 1, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}

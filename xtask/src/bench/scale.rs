@@ -18,10 +18,10 @@ use std::{
 
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
+use ::tests::{EchoServer, Serving};
 
 use super::{
-    chart,
-    data::{self, EchoServer},
+    chart, data,
     proc::{self, check_interrupt},
     report::{median, Report, Summary},
     topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
@@ -65,7 +65,7 @@ fn probe_port(j: usize) -> PortMap {
 /// `n` connect/request/close from `netns` to `to`: (connect µs, whole transaction µs).
 fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     proc::join(proc::in_netns(netns, move || {
-        proc::pin_to_last_cpu();
+        ::tests::servers::pin_to_last_cpu();
         let mut conn = Vec::with_capacity(n);
         let mut total = Vec::with_capacity(n);
         let req = [7u8; 64];
@@ -208,7 +208,8 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             }];
             let added = node.op("ADD", Via::Direct, &server, &sports, None)?;
             let measured = (|| -> Result<(Vec<f64>, Vec<f64>)> {
-                let _srv = EchoServer::start(&server.path(), SERVER_PORT)?;
+                let _srv =
+                    EchoServer::start(&server.path(), SERVER_PORT, Serving::OneAtATimePinned)?;
                 let to: SocketAddr = format!("{NODE_IP}:{SERVER_HOST_PORT}").parse()?;
                 connects(&node.ext_netns(), to, p.connects)
             })();
@@ -411,7 +412,7 @@ fn busy_node(node: &BenchNode, probes: &[Pod], p: &Params) -> Result<(u64, Level
     let added = node.op("ADD", Via::Direct, &client, &[], None)?;
     super::data::client_sysctls(&client.path())?;
     let opened = (|| -> Result<usize> {
-        let _srv = EchoServer::start(&node.ext_netns(), BUSY_PORT)?;
+        let _srv = EchoServer::start(&node.ext_netns(), BUSY_PORT, Serving::OneAtATimePinned)?;
         let to: SocketAddr = format!("{EXT_IP}:{BUSY_PORT}").parse()?;
         let n = p.busy_flows;
         proc::join(proc::in_netns(&client.path(), move || {

@@ -38,12 +38,12 @@ use serde_json::{json, Map, Value};
 use tests::{
     cluster::CLUSTER_CIDR4,
     kubeproxy::{Mode, Protocol, ServicePort},
-    Cluster, ClusterNode, WhoAmIServer,
+    Cluster, ClusterNode, EchoServer, Serving, WhoAmIServer,
 };
 
 use super::{
     chart,
-    data::{self, EchoServer, Samples, Target},
+    data::{self, Samples, Target},
     proc::{self, check_interrupt},
     report::Report,
     topo::{self, pod_ip, Chain, EbpfConf, Variant, Workspace},
@@ -165,7 +165,11 @@ impl SvcCluster {
         let server = add_pod(ws, variant, a, &format!("{}-srv", variant.key()))?;
         let client_a = add_pod(ws, variant, a, &format!("{}-cli", variant.key()))?;
         let client_b = add_pod(ws, variant, b, &format!("{}-cli", variant.key()))?;
-        let echo = EchoServer::start(server.pod.netns(), data::ECHO_PORT)?;
+        let echo = EchoServer::start(
+            server.pod.netns(),
+            data::ECHO_PORT,
+            Serving::OneAtATimePinned,
+        )?;
         Ok(Self {
             variant,
             _echo: echo,
