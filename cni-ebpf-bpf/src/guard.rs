@@ -15,7 +15,7 @@ use cni_ebpf_common::SrcAllow6Key;
 
 use crate::{
     maps::{source_of, Source, SRC_ALLOW6},
-    parse::{read, ETH_P_IP, ETH_P_IPV6, IP6_SADDR, IP_OFF, IP_SADDR},
+    parse::{read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_SADDR, IP_OFF, IP_SADDR},
 };
 
 /// What [`check_source`] makes of a pod's frame.
@@ -29,7 +29,7 @@ pub(crate) enum Verdict {
 /// Checks the source address of the frame the pod behind host veth `ifindex` sent.
 #[inline(always)]
 pub(crate) fn check_source(ctx: &TcContext, ifindex: u32) -> Verdict {
-    let Ok(ethertype) = read::<u16>(ctx, 12) else {
+    let Ok(ethertype) = read::<u16>(ctx, ETH_TYPE_OFF) else {
         return Verdict::Allowed(Source::AllowListed);
     };
     if ethertype == ETH_P_IP.to_be() {

@@ -54,6 +54,10 @@ enum Cmd {
         /// Masquerade traffic leaving the cluster.
         #[arg(long)]
         ip_masq: bool,
+        /// `cgroupPath`: the cgroup2 directory the socket hooks attach to; `""`: none
+        /// (default: the cgroup2 root, as for ADD).
+        #[arg(long)]
+        cgroup_path: Option<PathBuf>,
     },
     /// Show a network's datapath: node config, endpoints with counters, host ports, NAT
     /// entries and per-reason counters.
@@ -107,7 +111,8 @@ pub fn main() -> ExitCode {
             net,
             uplink,
             ip_masq,
-        } => load(&net, uplink, ip_masq),
+            cgroup_path,
+        } => load(&net, uplink, ip_masq, cgroup_path),
         Cmd::Inspect(args) => inspect::run(&args),
         Cmd::Metrics {
             listen,
@@ -152,8 +157,13 @@ fn start_host_gw(args: &hostgw::HostGwArgs) -> Result<()> {
         .map_err(|e| Error::io("starting the host-gw thread", e))
 }
 
-fn load(net: &NetworkArgs, uplink: Option<String>, ip_masq: bool) -> Result<()> {
-    let conf = json!({
+fn load(
+    net: &NetworkArgs,
+    uplink: Option<String>,
+    ip_masq: bool,
+    cgroup_path: Option<PathBuf>,
+) -> Result<()> {
+    let mut conf = json!({
         "cniVersion": crate::cni::version::LATEST,
         "name": net.network,
         "type": "cni-ebpf",
@@ -161,6 +171,9 @@ fn load(net: &NetworkArgs, uplink: Option<String>, ip_masq: bool) -> Result<()> 
         "uplink": uplink,
         "ipMasq": ip_masq,
     });
+    if let Some(p) = cgroup_path {
+        conf["cgroupPath"] = json!(p);
+    }
     let conf = NetConf::parse(conf.to_string().as_bytes(), Command::Add)?;
     let started = std::time::Instant::now();
     let dp = Datapath::open_or_load(&conf)?;

@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! <bpffsRoot>/<network>/                 network directory; flock()ed while loading
-//! <bpffsRoot>/<network>/v5/              layout version (cni_ebpf_common::LAYOUT_VERSION)
+//! <bpffsRoot>/<network>/v6/              layout version (cni_ebpf_common::LAYOUT_VERSION)
 //!     maps/<MAP>                         every map of the object, pinned by name
 //!     progs/<program>                    from_pod, uplink_ingress, uplink_egress
 //!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress)
