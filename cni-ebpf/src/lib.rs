@@ -19,5 +19,6 @@ pub mod metrics;
 
 pub use error::{Error, Result};
 pub mod link;
+pub mod ndp;
 pub mod netns;
 pub mod tc;

@@ -295,6 +295,29 @@ impl Nl {
         }
     }
 
+    /// A permanent neighbour entry on link `index`: `ip` is at `mac`. Replaces an entry
+    /// that is already there.
+    pub async fn add_permanent_neighbour(
+        &self,
+        index: u32,
+        ip: IpAddr,
+        mac: [u8; 6],
+    ) -> Result<()> {
+        self.handle
+            .neighbours()
+            .add(index, ip)
+            .link_layer_address(&mac)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| {
+                Error::netlink(
+                    format!("adding the neighbour entry {ip} on link #{index}"),
+                    e,
+                )
+            })
+    }
+
     /// The addresses on link `index` (global and link scope).
     pub async fn addresses(&self, index: u32) -> Result<Vec<IpNet>> {
         let msgs: Vec<_> = retry_dump("listing addresses", || async {

@@ -4,7 +4,7 @@
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use tests::{
-    assert_no_ping, assert_ping, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4, NODE_IP6,
+    assert_no_ping, assert_ping, netns_exec_ok, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4, NODE_IP6,
 };
 
 const GW4: &str = "10.244.1.1";
@@ -154,6 +154,39 @@ fn a_new_pod_is_reachable_over_ipv6_at_once() {
     // a's neighbour entry for its gateway is resolved before b exists.
     assert_ping(a.netns(), GW6);
     let rb = node.add(&b, "eth0", &conf);
+    // What makes that hold without racing the kernel's deferred address work (which runs
+    // under the rtnl lock and can lag on a busy node), checked right after ADD returns:
+    let host = rb.host_interface();
+    let host_mac = host.mac.clone().unwrap_or_default();
+    // b's gateways are in b's neighbour table for good, at the host veth's MAC: b never
+    // solicits them.
+    for gw in [GW4, GW6] {
+        let neigh = netns_exec_ok(b.netns(), &["ip", "neigh", "show", "dev", "eth0", gw]);
+        assert!(
+            neigh.contains(&host_mac) && neigh.contains("PERMANENT"),
+            "b's neighbour entry for its gateway {gw} should be permanent at {host_mac}: {neigh:?}"
+        );
+    }
+    // The host veth has a usable link-local address: the node's solicitations for b come
+    // from it.
+    let ll = node
+        .exec(&["ip", "-6", "addr", "show", "dev", &host.name, "scope", "link"])
+        .ok()
+        .to_owned();
+    assert!(
+        ll.contains("inet6 fe80::") && !ll.contains("tentative"),
+        "the host veth {} has no usable link-local address: {ll}",
+        host.name
+    );
+    // b listens on the solicited-node group of its address: the node's solicitation for
+    // b reaches it.
+    let low24 = rb.ip6().rsplit(':').next().unwrap_or_default().to_owned();
+    let group = format!("ff02::1:ff00:{low24}");
+    let maddr = netns_exec_ok(b.netns(), &["ip", "-6", "maddr", "show", "dev", "eth0"]);
+    assert!(
+        maddr.contains(&format!("inet6 {group}")),
+        "b has not joined {group} when ADD returns: {maddr}"
+    );
     assert!(
         tests::ping(a.netns(), &rb.ip6(), 1),
         "the first IPv6 echo from pod a to the new pod b ({}) got no answer within 1 s",

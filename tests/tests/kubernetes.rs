@@ -23,7 +23,6 @@
 //! cgroup-v2 directory the test creates, passed to node A's plugin as `cgroupPath` (where
 //! the socket-level hook for locally generated traffic attaches).
 
-
 use std::{
     io::{self, Read, Write},
     net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},

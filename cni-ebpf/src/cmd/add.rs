@@ -130,10 +130,18 @@ impl Transaction<'_> {
         let host_index = self.veth().await?;
         self.node_side(&ipam_result, host_index).await?;
         fault("host-routes")?;
-        let routes = self.container_side(&ipam_result).await?;
+        let (routes, ctr_index) = self.container_side(&ipam_result).await?;
         fault("container")?;
         self.datapath(&ipam_result, host_index)?;
         fault("port-mappings")?;
+        let pod_ips: Vec<IpAddr> = ipam_result.ips.iter().map(|ip| ip.address.addr()).collect();
+        crate::ndp::wait_for_solicited_nodes(
+            self.netns,
+            ctr_index,
+            &pod_ips,
+            crate::ndp::JOIN_WAIT,
+        )
+        .await?;
         Ok(self.result(&ipam_result, routes))
     }
 
@@ -212,6 +220,12 @@ impl Transaction<'_> {
         if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
             link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
             link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
+            // The link-local the node solicits from, there before the carrier is (see
+            // `ndp`).
+            if has_v6 {
+                let ll = crate::ndp::link_local_net(self.host_mac);
+                self.node.add_address(host_index, ll, true).await?;
+            }
         }
         let mut node_addrs = Vec::new();
         for ip in &ipam_result.ips {
@@ -236,9 +250,10 @@ impl Transaction<'_> {
         Ok(())
     }
 
-    /// Step 4, container side: host-route-only addresses, the gateway on-link, routes
-    /// via it. Returns the routes installed, as the Result reports them.
-    async fn container_side(&mut self, ipam_result: &CniResult) -> Result<Vec<Route>> {
+    /// Step 4, container side: host-route-only addresses, the gateway on-link (and in the
+    /// neighbour table: it is the host veth, whose MAC is ours), routes via it. Returns the
+    /// routes installed, as the Result reports them, and the interface's index.
+    async fn container_side(&mut self, ipam_result: &CniResult) -> Result<(Vec<Route>, u32)> {
         let ifname = &self.env.ifname;
         let ctr_link = self.ctr.link_by_name(ifname).await?.ok_or_else(|| {
             Error::netlink(
@@ -258,6 +273,9 @@ impl Transaction<'_> {
                 self.ctr
                     .add_route(&link_route(IpNet::from(gw), ctr_link.index))
                     .await?;
+                self.ctr
+                    .add_permanent_neighbour(ctr_link.index, gw, self.host_mac)
+                    .await?;
             }
         }
         // Every field the Result reports is applied: a route is never echoed with a
@@ -267,7 +285,7 @@ impl Transaction<'_> {
                 .add_route(&route_to_install(r, ctr_link.index)?)
                 .await?;
         }
-        Ok(routes)
+        Ok((routes, ctr_link.index))
     }
 
     /// Step 5, datapath: program on the host veth, endpoint entries, host ports.

@@ -16,9 +16,9 @@ use std::{
     time::{Duration, Instant},
 };
 
+use ::tests::{EchoServer, Serving};
 use anyhow::{Context, Result};
 use serde_json::{json, Map, Value};
-use ::tests::{EchoServer, Serving};
 
 use super::{
     chart, data,
