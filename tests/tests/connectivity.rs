@@ -4,7 +4,8 @@
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use tests::{
-    assert_no_ping, assert_ping, netns_exec_ok, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4, NODE_IP6,
+    assert_no_ping, assert_ping, netns_exec_ok, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4,
+    NODE_IP6,
 };
 
 const GW4: &str = "10.244.1.1";
@@ -170,7 +171,9 @@ fn a_new_pod_is_reachable_over_ipv6_at_once() {
     // The host veth has a usable link-local address: the node's solicitations for b come
     // from it.
     let ll = node
-        .exec(&["ip", "-6", "addr", "show", "dev", &host.name, "scope", "link"])
+        .exec(&[
+            "ip", "-6", "addr", "show", "dev", &host.name, "scope", "link",
+        ])
         .ok()
         .to_owned();
     assert!(
