@@ -111,14 +111,29 @@ fn accept_loop(
 /// Echoes `conn` until it closes, fails or `stop` is set.
 fn echo(mut conn: TcpStream, stop: &AtomicBool) {
     let _ = conn.set_nodelay(true);
-    let _ = conn.set_read_timeout(Some(TICK));
     let _ = conn.set_write_timeout(Some(Duration::from_secs(2)));
-    let mut buf = vec![0u8; 64 * 1024];
+    converse(&mut conn, stop, TICK, 64 * 1024, |c, data| {
+        c.write_all(data)
+    });
+}
+
+/// Reads `conn` (at most `buf_len` bytes a read) and hands each read to `answer`, until
+/// the peer closes, a read or `answer` fails, or `stop` is set; `stop` is looked at every
+/// `tick` while the peer is silent.
+pub fn converse(
+    conn: &mut TcpStream,
+    stop: &AtomicBool,
+    tick: Duration,
+    buf_len: usize,
+    mut answer: impl FnMut(&mut TcpStream, &[u8]) -> io::Result<()>,
+) {
+    let _ = conn.set_read_timeout(Some(tick));
+    let mut buf = vec![0u8; buf_len];
     while !stop.load(Ordering::Relaxed) {
         match conn.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if conn.write_all(&buf[..n]).is_err() {
+                if answer(conn, &buf[..n]).is_err() {
                     break;
                 }
             }

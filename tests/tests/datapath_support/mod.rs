@@ -29,7 +29,9 @@ use std::{
 use serde_json::{json, Value};
 use tests::{
     net::{in_netns, sock_addr},
-    plugin_bin, ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4,
+    plugin_bin,
+    servers::converse,
+    ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4,
 };
 
 /// The network name of every configuration here (the `ConfBuilder` default).
@@ -409,29 +411,20 @@ impl TaggedServer {
                     }
                     let (s2, r2, tag2) = (Arc::clone(&s), Arc::clone(&r), tag.clone());
                     let h = thread::spawn(move || {
-                        let _ = conn.set_read_timeout(Some(Duration::from_millis(50)));
-                        let mut buf = [0u8; 1024];
-                        while !s2.load(Ordering::Relaxed) {
-                            match conn.read(&mut buf) {
-                                Ok(0) => break,
-                                Ok(n) => {
-                                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
-                                    if let Ok(mut g) = r2.lock() {
-                                        g.push(text.clone());
-                                    }
-                                    if conn.write_all(format!("{tag2} {text}").as_bytes()).is_err()
-                                    {
-                                        break;
-                                    }
+                        // Each read is recorded and answered with the tag in front.
+                        converse(
+                            &mut conn,
+                            &s2,
+                            Duration::from_millis(50),
+                            1024,
+                            |c, data| {
+                                let text = String::from_utf8_lossy(data).into_owned();
+                                if let Ok(mut g) = r2.lock() {
+                                    g.push(text.clone());
                                 }
-                                Err(e)
-                                    if matches!(
-                                        e.kind(),
-                                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                                    ) => {}
-                                Err(_) => break,
-                            }
-                        }
+                                c.write_all(format!("{tag2} {text}").as_bytes())
+                            },
+                        );
                     });
                     if let Ok(mut g) = c.lock() {
                         g.push(h);
