@@ -57,6 +57,23 @@ pub const ICMP: u8 = 1;
 pub const SYN: u8 = 0x02;
 pub const ACK: u8 = 0x10;
 
+/// The `struct __sk_buff` `BPF_PROG_TEST_RUN` takes and gives back: its size and the
+/// offsets of the fields the tests set or read.
+const SKB_LEN: usize = 192;
+const SKB_IFINDEX: usize = 40;
+const SKB_TSTAMP: usize = 152;
+
+/// What one `BPF_PROG_TEST_RUN` gave back.
+struct TestRun {
+    verdict: u32,
+    /// The packet as it left.
+    out: Vec<u8>,
+    /// The `struct __sk_buff` after the run (zero without an `ifindex`).
+    skb: [u8; SKB_LEN],
+    /// The kernel's average time per run.
+    ns_per_run: u32,
+}
+
 /// A datapath loaded into a private bpffs instance.
 pub struct Fixture {
     pub dp: Option<Datapath>,
@@ -205,7 +222,7 @@ impl Fixture {
     pub fn run_tstamp(&self, prog: &str, ifindex: u32, pkt: &[u8]) -> (u32, u64) {
         let (v, _, ctx) = self.run_ctx(prog, Some(ifindex), pkt);
         let mut ts = [0u8; 8];
-        ts.copy_from_slice(&ctx[152..160]);
+        ts.copy_from_slice(&ctx[SKB_TSTAMP..SKB_TSTAMP + 8]);
         (v, u64::from_ne_bytes(ts))
     }
 
@@ -213,46 +230,43 @@ impl Fixture {
     /// returns the verdict and the kernel's average time per run (`BPF_PROG_TEST_RUN`'s
     /// `duration`, ns).
     pub fn run_timed(&self, prog: &str, ifindex: u32, pkt: &[u8], repeat: u32) -> (u32, u32) {
-        let program = self
-            .dp()
-            .program(prog)
-            .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
-        let mut out = vec![0u8; pkt.len() + 512];
-        let mut ctx = [0u8; 192];
-        ctx[40..44].copy_from_slice(&ifindex.to_ne_bytes());
-        let res = program
-            .test_run(TestRunOptions {
-                data_in: Some(pkt),
-                data_out: Some(&mut out),
-                ctx_in: Some(&ctx[..]),
-                repeat,
-                ..TestRunOptions::default()
-            })
-            .unwrap_or_else(|e| panic!("BPF_PROG_TEST_RUN of {prog}: {e}"));
-        (res.return_value, res.duration.as_nanos() as u32)
+        let run = self.test_run(prog, Some(ifindex), pkt, repeat);
+        (run.verdict, run.ns_per_run)
     }
 
     /// Runs `prog` on `pkt` (arriving on `ifindex` when given) and returns the verdict,
-    /// the packet as it left and the `struct __sk_buff` the kernel copied back (192
-    /// bytes; `ifindex` at offset 40, `tstamp` at 152).
-    fn run_ctx(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8]) -> (u32, Vec<u8>, [u8; 192]) {
+    /// the packet as it left and the `struct __sk_buff` the kernel copied back.
+    fn run_ctx(
+        &self,
+        prog: &str,
+        ifindex: Option<u32>,
+        pkt: &[u8],
+    ) -> (u32, Vec<u8>, [u8; SKB_LEN]) {
+        let run = self.test_run(prog, ifindex, pkt, 0);
+        (run.verdict, run.out, run.skb)
+    }
+
+    /// One `BPF_PROG_TEST_RUN` of `prog` on `pkt`, `repeat` times (0: once). With
+    /// `ifindex`, the packet arrives on that interface (a `struct __sk_buff` with only
+    /// `ifindex` set goes in, and the kernel's copy comes back); without, no context.
+    fn test_run(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8], repeat: u32) -> TestRun {
         let program = self
             .dp()
             .program(prog)
             .unwrap_or_else(|e| panic!("opening {prog}: {e}"));
         let mut out = vec![0u8; pkt.len() + 512];
-        // `struct __sk_buff` with only `ifindex` (offset 40) set; the rest zero.
-        let mut ctx = [0u8; 192];
+        let mut ctx = [0u8; SKB_LEN];
         if let Some(i) = ifindex {
-            ctx[40..44].copy_from_slice(&i.to_ne_bytes());
+            ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&i.to_ne_bytes());
         }
-        let mut ctx_out = [0u8; 192];
+        let mut skb = [0u8; SKB_LEN];
         let res = program
             .test_run(TestRunOptions {
                 data_in: Some(pkt),
                 data_out: Some(&mut out),
                 ctx_in: ifindex.map(|_| &ctx[..]),
-                ctx_out: ifindex.map(|_| &mut ctx_out[..]),
+                ctx_out: ifindex.map(|_| &mut skb[..]),
+                repeat,
                 ..TestRunOptions::default()
             })
             .unwrap_or_else(|e| {
@@ -265,7 +279,12 @@ impl Fixture {
                 )
             });
         out.truncate(res.data_size_out as usize);
-        (res.return_value, out, ctx_out)
+        TestRun {
+            verdict: res.return_value,
+            out,
+            skb,
+            ns_per_run: res.duration.as_nanos() as u32,
+        }
     }
 
     /// Asserts the outcome of case `i` of a rewrite-failure test: dropped, counted as the
