@@ -406,6 +406,22 @@ impl Drop for CtrGuard {
     }
 }
 
+/// `ctr run` of a busybox container `name` with CNI, running `sh -c script`.
+fn ctr_run_sh<'a>(name: &'a str, script: &'a str) -> [&'a str; 10] {
+    [
+        "run",
+        "--rm",
+        "--cni",
+        "--snapshotter",
+        "native",
+        BUSYBOX_IMAGE,
+        name,
+        "sh",
+        "-c",
+        script,
+    ]
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn ctr_run_cni_attaches_and_detaches_containers() {
@@ -418,21 +434,7 @@ fn ctr_run_cni_attaches_and_detaches_containers() {
     let server_sh = "trap 'exit 0' TERM; mkdir -p /www; echo ctr-server > /www/index.html; \
                      httpd -p 80 -h /www; while true; do sleep 1; done";
     let log = cd.dir().join("ctr-server.log");
-    let mut server = CtrGuard(cd.spawn_ctr(
-        &[
-            "run",
-            "--rm",
-            "--cni",
-            "--snapshotter",
-            "native",
-            BUSYBOX_IMAGE,
-            &srv,
-            "sh",
-            "-c",
-            server_sh,
-        ],
-        &log,
-    ));
+    let mut server = CtrGuard(cd.spawn_ctr(&ctr_run_sh(&srv, server_sh), &log));
     wait_for("the server's reservation", Duration::from_secs(30), || {
         if let Ok(Some(status)) = server.0.try_wait() {
             panic!(
@@ -454,18 +456,7 @@ fn ctr_run_cni_attaches_and_detaches_containers() {
          nc -w 3 {srv_ip} 80; }}; get || {{ sleep 1; get; }}; \
          echo hello | nc -w 3 {EXT_IP4} {EXT_PORT}"
     );
-    let out = cd.ctr(&[
-        "run",
-        "--rm",
-        "--cni",
-        "--snapshotter",
-        "native",
-        BUSYBOX_IMAGE,
-        &cli,
-        "sh",
-        "-c",
-        &client_sh,
-    ]);
+    let out = cd.ctr(&ctr_run_sh(&cli, &client_sh));
     let stdout = out.ok();
     assert!(
         stdout.contains("inet 10.244.1."),
