@@ -64,6 +64,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use crate::{
     node::SimNode,
     process::{command, run, run_cmd, Output, DEFAULT_TIMEOUT},
+    testdir::TestDir,
     ConfBuilder,
 };
 
@@ -153,7 +154,7 @@ impl fmt::Display for ExecOutput {
 pub struct Containerd {
     tag: String,
     netns: PathBuf,
-    dir: Option<tempfile::TempDir>,
+    dir: TestDir,
     child: Option<Child>,
     rt: tokio::runtime::Runtime,
     channel: Option<Channel>,
@@ -176,10 +177,7 @@ impl Containerd {
     #[track_caller]
     #[must_use]
     pub fn start(node: &SimNode, conf: &ConfBuilder) -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix(&format!("cni-ebpf-containerd-{}-", node.tag()))
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot create containerd's temp dir: {e}"));
+        let dir = TestDir::new(&format!("cni-ebpf-containerd-{}-", node.tag()));
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -187,7 +185,7 @@ impl Containerd {
         let mut me = Self {
             tag: node.tag().to_owned(),
             netns: node.netns().to_path_buf(),
-            dir: Some(dir),
+            dir,
             child: None,
             rt,
             channel: None,
@@ -224,9 +222,7 @@ impl Containerd {
     /// The temp dir (state, root, socket, log, images).
     #[must_use]
     pub fn dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map_or(Path::new("/nonexistent"), tempfile::TempDir::path)
+        self.dir.path()
     }
 
     /// containerd's gRPC socket.
@@ -932,11 +928,6 @@ impl Drop for Containerd {
             self.pinned = false;
         }
         self.remove_cgroups();
-        if std::env::var_os("CNI_EBPF_TEST_KEEP").is_some() {
-            if let Some(d) = self.dir.take() {
-                eprintln!("keeping {}", d.keep().display());
-            }
-        }
     }
 }
 

@@ -48,6 +48,7 @@ pub mod plugin;
 pub mod process;
 pub mod servers;
 pub mod snapshot;
+pub mod testdir;
 
 pub use apiserver::ApiServer;
 pub use cgroup::TestCgroup;

@@ -35,6 +35,7 @@ use crate::{
     plugin::{exec_plugin_in, plugin_bin, CniEnv, PluginOutput},
     process::{command, netns_exec, run, run_cmd, Background, Output, DEFAULT_TIMEOUT},
     snapshot::Snapshot,
+    testdir::TestDir,
 };
 
 /// The node's uplink (its end of the veth to `ext`).
@@ -92,7 +93,7 @@ pub struct SimNode {
     // the nodes of a [`crate::Cluster`]; the last one to go deletes it.
     node: NetNs,
     ext: Arc<NetNs>,
-    dir: Option<tempfile::TempDir>,
+    dir: TestDir,
     cni_bin: OnceLock<PathBuf>,
     calls: AtomicUsize,
 }
@@ -115,13 +116,7 @@ impl SimNode {
     #[track_caller]
     pub(crate) fn unwired(tag: String, netns_name: &str, ext: Arc<NetNs>) -> Self {
         ensure_bpffs();
-        let dir = match tempfile::Builder::new()
-            .prefix(&format!("cni-ebpf-test-{tag}-"))
-            .tempdir()
-        {
-            Ok(d) => d,
-            Err(e) => panic!("cannot create a temp dir: {e}"),
-        };
+        let dir = TestDir::new(&format!("cni-ebpf-test-{tag}-"));
         for sub in ["data", "libcni-cache", "conf"] {
             if let Err(e) = std::fs::create_dir(dir.path().join(sub)) {
                 panic!("cannot create {sub} in {}: {e}", dir.path().display());
@@ -135,7 +130,7 @@ impl SimNode {
             tag,
             node,
             ext,
-            dir: Some(dir),
+            dir,
             cni_bin: OnceLock::new(),
             calls: AtomicUsize::new(0),
         }
@@ -172,9 +167,7 @@ impl SimNode {
     /// The test's temp dir (data, log, caches).
     #[must_use]
     pub fn dir(&self) -> &Path {
-        self.dir
-            .as_ref()
-            .map_or(Path::new("/nonexistent"), tempfile::TempDir::path)
+        self.dir.path()
     }
 
     /// `bpffsRoot` for this test's configurations.
@@ -497,12 +490,7 @@ impl Drop for SimNode {
                 eprintln!("warning: cannot remove {}: {e}", self.pin_root.display());
             }
         }
-        if std::env::var_os("CNI_EBPF_TEST_KEEP").is_some() {
-            if let Some(d) = self.dir.take() {
-                eprintln!("keeping {}", d.keep().display());
-            }
-        }
-        // The namespaces and the temp dir are removed by their own Drop.
+        // The namespaces and the temp dir are removed (or kept) by their own Drop.
     }
 }
 
