@@ -79,7 +79,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
         }
         // Loading is per network and idempotent (no per-pod state), so it is part of
         // validation: a node that cannot run our programs gets no half-made pod.
-        let dp = Datapath::open_or_load(conf)?;
+        let dp = Datapath::open_or_load_with(conf, &node).await?;
 
         let mut txn = Transaction {
             env,

@@ -108,7 +108,19 @@ impl Datapath {
     /// (uplink from `conf.uplink`, else the default route's device), enables IPv4
     /// forwarding and refreshes the node configuration (masquerade address, clusterCIDRs,
     /// ipMasq, node addresses). Cheap when already loaded: no verifier work.
+    ///
+    /// For callers outside a tokio runtime; ADD uses [`Datapath::open_or_load_with`] on the
+    /// connection it already has.
     pub fn open_or_load(conf: &NetConf) -> Result<Self> {
+        crate::link::runtime()?.block_on(async {
+            let nl = crate::link::Nl::connect()?;
+            Self::open_or_load_with(conf, &nl).await
+        })
+    }
+
+    /// [`Datapath::open_or_load`], reading the node through `nl` (a netlink connection in
+    /// the node's namespace, on the caller's runtime).
+    pub async fn open_or_load_with(conf: &NetConf, nl: &crate::link::Nl) -> Result<Self> {
         load::check_bpffs(&conf.bpffs_root)
             .map_err(|e| Error::datapath("checking bpffsRoot", e.to_string()))?;
         let mut dp = Self::load_at(conf.pin_dir())?;
@@ -128,7 +140,7 @@ impl Datapath {
                 }
             }
         }
-        let facts = node::read(conf.uplink.as_deref(), all)?;
+        let facts = node::read(nl, conf.uplink.as_deref(), all).await?;
         let (uplink_name, uplink_ifindex) = facts
             .uplink
             .clone()

@@ -1,12 +1,13 @@
 //! What the programs need to know about the node: uplink, its IPv4 address, every local
-//! IPv4 address, the SNAT port range. Read with netlink on a helper thread (the callers may
-//! already be inside a tokio runtime; a new thread inherits the caller's network namespace).
+//! IPv4 address, the SNAT port range. Read with the caller's netlink connection, on the
+//! caller's runtime: ADD reads them on the connection it builds the pod with, so an ADD
+//! starts no second runtime or thread for them.
 
 use std::net::Ipv4Addr;
 
 use crate::{
     error::{Error, Result},
-    link::{self, Nl},
+    link::Nl,
 };
 
 /// What the kernel says about the node's network, gathered in one netlink session: the
@@ -22,15 +23,6 @@ pub struct UplinkFacts {
     pub addrs: Vec<(Ipv4Addr, u32)>,
 }
 
-/// Runs `f` on a fresh thread with its own current-thread runtime.
-fn on_helper_thread<T: Send>(f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
-    std::thread::scope(|s| {
-        s.spawn(f)
-            .join()
-            .unwrap_or_else(|_| Err(Error::netlink("netlink helper thread", "panicked")))
-    })
-}
-
 /// How often (seconds) ADD lists every node address rather than the uplink's only.
 pub const NODE_ADDRS_EVERY_S: u32 = 10;
 
@@ -41,51 +33,44 @@ pub fn boottime_s() -> u32 {
         .map_or(1, |t| u32::try_from(t.tv_sec()).unwrap_or(u32::MAX).max(1))
 }
 
-/// Reads the node facts. `uplink` is the configured uplink; `None` means the device of the
-/// IPv4 default route. `all`: every IPv4 address of the node in `addrs`, else the
-/// uplink's only.
-pub fn read(uplink: Option<&str>, all: bool) -> Result<UplinkFacts> {
-    let uplink = uplink.map(str::to_owned);
-    on_helper_thread(move || {
-        let rt = link::runtime()?;
-        rt.block_on(async move {
-            let nl = Nl::connect()?;
-            let dev = match &uplink {
-                Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
-                    Error::config("uplink", format!("no interface named {name} on the node"))
-                })?,
-                None => {
-                    let idx = nl.default_route_device().await?.ok_or_else(|| {
-                        Error::config(
-                            "uplink",
-                            "not set and the node has no IPv4 default route to take it from",
-                        )
-                    })?;
-                    nl.link_by_index(idx).await?.ok_or_else(|| {
-                        Error::netlink(
-                            "finding the default route's device",
-                            format!("ifindex {idx} vanished"),
-                        )
-                    })?
-                }
-            };
-            let addrs = if all {
-                nl.ipv4_addresses(None).await?
-            } else {
-                Nl::connect_strict()?
-                    .ipv4_addresses(Some(dev.index))
-                    .await?
-            };
-            let uplink_addr = addrs
-                .iter()
-                .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
-                .map(|(a, _)| *a);
-            Ok(UplinkFacts {
-                uplink: Some((dev.name, dev.index)),
-                uplink_addr,
-                addrs,
-            })
-        })
+/// Reads the node facts through `nl` (a connection in the node's namespace). `uplink` is
+/// the configured uplink; `None` means the device of the IPv4 default route. `all`: every
+/// IPv4 address of the node in `addrs`, else the uplink's only.
+pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFacts> {
+    let dev = match uplink {
+        Some(name) => nl.link_by_name(name).await?.ok_or_else(|| {
+            Error::config("uplink", format!("no interface named {name} on the node"))
+        })?,
+        None => {
+            let idx = nl.default_route_device().await?.ok_or_else(|| {
+                Error::config(
+                    "uplink",
+                    "not set and the node has no IPv4 default route to take it from",
+                )
+            })?;
+            nl.link_by_index(idx).await?.ok_or_else(|| {
+                Error::netlink(
+                    "finding the default route's device",
+                    format!("ifindex {idx} vanished"),
+                )
+            })?
+        }
+    };
+    let addrs = if all {
+        nl.ipv4_addresses(None).await?
+    } else {
+        Nl::connect_strict()?
+            .ipv4_addresses(Some(dev.index))
+            .await?
+    };
+    let uplink_addr = addrs
+        .iter()
+        .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
+        .map(|(a, _)| *a);
+    Ok(UplinkFacts {
+        uplink: Some((dev.name, dev.index)),
+        uplink_addr,
+        addrs,
     })
 }
 
