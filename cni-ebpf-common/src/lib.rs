@@ -83,7 +83,11 @@ bitflags::bitflags! {
     #[repr(transparent)]
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub struct EndpointFlags: u32 {
-        /// The entry is complete and may be used by the programs.
+        /// The entry is complete and may be used by the programs. Without it the entry is
+        /// a tombstone: its pod is being removed (DEL, GC, an undone ADD), and the flows of
+        /// its address may not be purged yet. The programs treat it as absent; the entry
+        /// itself goes once the purge is done, so an address without any entry has no
+        /// flow state left (ADD's purge relies on that).
         const ACTIVE = 1;
         /// The pod has an egress rate ([`map::PACING`] has an entry for its host veth),
         /// so its packets are paced.

@@ -30,6 +30,8 @@ pub const POINTS: &[&str] = &[
     "del-ipam-released",
     // GC
     "gc-ipam-released",
+    // DEL and GC: an attachment's endpoint entries are tombstones, their flows not purged
+    "teardown-endpoints-marked",
     // DEL and GC: an attachment's datapath entries are gone; its veth, deleted meanwhile on
     // another thread, may or may not be yet
     "teardown-datapath-removed",

@@ -15,31 +15,37 @@ use crate::{
 /// Runs DEL.
 pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut errors = Vec::new();
-    while_deleting_veth(conf, &env.container_id, &env.ifname, &mut errors, |errors| {
-        // 1. Release the addresses first: whatever else fails, they are not leaked.
-        let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
-            errors.push(e);
-            Vec::new()
-        });
-        if let Err(e) = crate::faults::point("del-ipam-released") {
-            errors.push(e);
-        }
-        // With a delegated IPAM the addresses are only known from prevResult.
-        if let Some(prev) = &conf.prev_result {
-            for ip in &prev.ips {
-                if !ips.contains(&ip.address.addr()) {
-                    ips.push(ip.address.addr());
+    while_deleting_veth(
+        conf,
+        &env.container_id,
+        &env.ifname,
+        &mut errors,
+        |errors| {
+            // 1. Release the addresses first: whatever else fails, they are not leaked.
+            let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
+                errors.push(e);
+                Vec::new()
+            });
+            if let Err(e) = crate::faults::point("del-ipam-released") {
+                errors.push(e);
+            }
+            // With a delegated IPAM the addresses are only known from prevResult.
+            if let Some(prev) = &conf.prev_result {
+                for ip in &prev.ips {
+                    if !ips.contains(&ip.address.addr()) {
+                        ips.push(ip.address.addr());
+                    }
                 }
             }
-        }
 
-        // 2. Datapath entries and host ports.
-        let dp = Datapath::open(conf).unwrap_or_else(|e| {
-            errors.push(e);
-            None
-        });
-        remove_datapath(dp.as_ref(), &env.container_id, &env.ifname, &ips, errors);
-    });
+            // 2. Datapath entries and host ports.
+            let dp = Datapath::open(conf).unwrap_or_else(|e| {
+                errors.push(e);
+                None
+            });
+            remove_datapath(dp.as_ref(), &env.container_id, &env.ifname, &ips, errors);
+        },
+    );
     Error::from_list(errors)
 }
 

@@ -73,7 +73,9 @@ impl Datapath {
                     },
                     map_name::ENDPOINTS,
                 )? {
-                    if old.owner != owner {
+                    // Another pod's tombstone is taken over: that pod no longer holds the
+                    // address (IPAM gave it to us), and `attach_endpoint` purged its flows.
+                    if old.owner != owner && old.flags.contains(EndpointFlags::ACTIVE) {
                         let who = owner_label(&mut m, old.owner);
                         return Err(Error::datapath(
                             format!("adding endpoint {ip}"),
@@ -159,8 +161,15 @@ impl Datapath {
                 "host ifindex 0",
             ));
         }
-        // An old flow of a previous holder of these addresses must not reach this pod.
-        self.purge_nat(&v4s(&ep.ips))?;
+        // An old flow of a previous holder of these addresses must not reach this pod. Its
+        // removal purged them before it dropped its entry; only a tombstone tells of a
+        // removal that stopped before (a full purge is a walk of the whole NAT table, the
+        // bulk of an ADD on a node with many open flows).
+        let stale = self.tombstoned(&v4s(&ep.ips))?;
+        if !stale.is_empty() {
+            tracing::info!("purging the flows a removal of {stale:?} left behind");
+            self.purge_flows(&stale)?;
+        }
         self.put_endpoint_entries(ep)?;
         crate::faults::point("datapath-entries-written")?;
         let mut program = self.program(prog::FROM_POD)?;
@@ -217,6 +226,9 @@ impl Datapath {
                 Err(e) => errors.push(e),
             }
         }
+        if let Err(e) = crate::faults::point("teardown-endpoints-marked") {
+            errors.push(e);
+        }
         for r in [
             attach::remove_pin(&self.pins.endpoint_link(host_ifname)).map(|_| ()),
             self.forget(owner, &addrs),
@@ -250,9 +262,12 @@ impl Datapath {
         }
         let mut gone = Vec::new();
         let mut ifindexes = HashSet::new();
-        for (k, v) in doomed {
+        for (k, mut v) in doomed {
             ifindexes.insert(v.ifindex);
-            maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
+            // A tombstone until the address's flows are purged ([`Self::forget`]).
+            v.flags.remove(EndpointFlags::ACTIVE);
+            h.insert(k, v, 0)
+                .map_err(|e| maps::err(map_name::ENDPOINTS, "mark as removed", e))?;
             gone.push(ipv4_from_map(k.addr));
         }
         Self::take_sources6(&mut m, ips, &mut ifindexes)?;
@@ -290,11 +305,50 @@ impl Datapath {
         Ok(gone)
     }
 
-    /// After `owner`'s entries are gone: the NAT state of `addrs`, and the owner record
-    /// if nothing refers to it any more.
+    /// After `owner`'s entries are taken: the flow state of `addrs`, then `owner`'s
+    /// tombstones of them, then the owner record if nothing refers to it any more.
     pub(super) fn forget(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
         self.purge_flows(addrs)?;
+        self.clear_tombstones(owner, addrs)?;
         self.drop_owner_if_unused(owner)
+    }
+
+    /// Removes `owner`'s tombstones of `addrs` (an entry another pod has taken over since
+    /// is left alone).
+    fn clear_tombstones(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.endpoints()?;
+        for ip in addrs {
+            let k = EndpointKey {
+                addr: ipv4_to_map(*ip),
+            };
+            if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
+                if v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE) {
+                    maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Which of `addrs` have a tombstone: a removal of their previous holder stopped
+    /// before it purged their flows (killed, or failed part-way). Every other address
+    /// either has a live entry or none, and then no flow state either.
+    fn tombstoned(&self, addrs: &[Ipv4Addr]) -> Result<Vec<Ipv4Addr>> {
+        let mut m = self.maps()?;
+        let h = m.endpoints()?;
+        let mut out = Vec::new();
+        for ip in addrs {
+            let k = EndpointKey {
+                addr: ipv4_to_map(*ip),
+            };
+            if maps::get(&h, &k, map_name::ENDPOINTS)?
+                .is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE))
+            {
+                out.push(*ip);
+            }
+        }
+        Ok(out)
     }
 
     fn drop_owner_if_unused(&self, owner: u64) -> Result<()> {

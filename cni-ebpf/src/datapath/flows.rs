@@ -2,11 +2,12 @@
 //! (which flows may bypass the stack), the pod sockets of `STACK_SOCKETS` and the node
 //! sockets of `SOCK_REVNAT`. When an address changes hands, its flows must go with it, or
 //! an old flow reaches (or steers) the address's next holder. [`Datapath::forget`] (after
-//! DEL, GC or an undone ADD removed a pod or its host ports) purges all of it;
-//! [`Datapath::attach_endpoint`] purges the NAT table only, against translated flows a
-//! previous holder left: the flow-tracking maps only ever gain entries from a pod that
-//! holds the address, so once `forget` ran nothing refills them, and ADD need not scan
-//! them again.
+//! DEL, GC or an undone ADD removed a pod or its host ports) purges all of it while the
+//! pod's endpoint entries are tombstones (the programs ignore them, so nothing opens a new
+//! flow for the address meanwhile), and drops the tombstones after. An address with no
+//! entry therefore has no flow state; [`Datapath::attach_endpoint`] purges only an address
+//! it finds a tombstone for (a removal that stopped part-way), instead of walking the whole
+//! NAT table on every ADD.
 
 use std::{
     collections::{HashMap, HashSet},

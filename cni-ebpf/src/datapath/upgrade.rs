@@ -130,7 +130,7 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
     if name == prog::FROM_POD {
         let mut seen = std::collections::HashSet::new();
         for e in dp.endpoints()? {
-            if e.container_id.is_empty() || !seen.insert(e.host_ifindex) {
+            if e.container_id.is_empty() || e.removing || !seen.insert(e.host_ifindex) {
                 continue;
             }
             let ifname = link::host_veth_name(&e.container_id, &e.ifname);

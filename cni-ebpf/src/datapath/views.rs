@@ -6,8 +6,8 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
 
 use cni_ebpf_common::{
-    map as map_name, EndpointStats, FlowFlags, NatDeliver, NatKind, NodeFlags, Reason,
-    MAX_CLUSTER_CIDRS,
+    map as map_name, EndpointFlags, EndpointStats, FlowFlags, NatDeliver, NatKind, NodeFlags,
+    Reason, MAX_CLUSTER_CIDRS,
 };
 use serde::Serialize;
 
@@ -49,6 +49,11 @@ pub struct EndpointView {
     pub nat_flows: Option<u32>,
     /// Most flows the pod may hold (`natFlowsPerPod`), when it has a share.
     pub nat_flows_cap: Option<u32>,
+    /// A tombstone: the pod is being removed and its address's flows may not be purged
+    /// yet (a DEL or GC stopped part-way; the next one, or the address's next ADD,
+    /// finishes it). The programs ignore the entry.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub removing: bool,
 }
 
 /// A host-port entry, for `inspect`.
@@ -251,6 +256,7 @@ impl Datapath {
                         .get(&v.ifindex)
                         .map(|u| u32::try_from(u.entries.cast_signed().max(0)).unwrap_or(0) / 2),
                     nat_flows_cap: shares.get(&v.ifindex).map(|u| u.cap / 2),
+                    removing: !v.flags.contains(EndpointFlags::ACTIVE),
                 }
             })
             .collect();

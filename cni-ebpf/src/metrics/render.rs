@@ -321,6 +321,7 @@ mod tests {
             egress_rate_mode: rate.map(|_| "police"),
             nat_flows: Some(3),
             nat_flows_cap: Some(8192),
+            removing: false,
         }
     }
 
