@@ -11,8 +11,8 @@ mod datapath_support;
 use std::collections::BTreeSet;
 
 use datapath_support::{
-    add, contains_bytes, del, dump_map, endpoint, greet, host_veth, inspect, list, masq_conf,
-    nat_mentioning, pin_set, pod_ip, rulesets, tcp_udp, udp_exchange, with_ports, Mode,
+    add, contains_bytes, del, delete_map_key, dump_map, endpoint, greet, host_veth, inspect, list,
+    masq_conf, nat_mentioning, pin_set, pod_ip, rulesets, tcp_udp, udp_exchange, with_ports, Mode,
     TaggedServer, GW4, T,
 };
 use serde_json::Value;
@@ -293,5 +293,77 @@ fn no_iptables_or_nftables_rule_is_ever_created() {
         rulesets(&node),
         before,
         "the rulesets differ after the full ADD/traffic/DEL cycle"
+    );
+}
+
+/// Flows charged to a pod without a NAT share are orphans: a removal took the pod's
+/// entries and share and stopped before its purge without leaving a tombstone (an earlier
+/// version dropped the endpoint entries first). GC removes them and nothing else. Here the
+/// share of pod `a`, still valid, is deleted by hand to make its flows orphans; `b`'s stay.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn gc_removes_flows_of_pods_that_are_gone_and_keeps_the_others() {
+    let node = SimNode::new("dp_orphans");
+    let c = run_traffic(&node);
+    let ipa = pod_ip(&c.ra);
+    let (idx_a, idx_b) = (
+        ifindex(&node, &host_veth(&c.ra)),
+        ifindex(&node, &host_veth(&c.rb)),
+    );
+    let charged_to = |doc: &Value, idx: u32| -> Vec<Value> {
+        list(doc, "nat")
+            .iter()
+            .filter(|n| n["pod_ifindex"] == idx)
+            .cloned()
+            .collect()
+    };
+    let doc = inspect(&node);
+    let before_b = charged_to(&doc, idx_b);
+    assert!(
+        !before_b.is_empty(),
+        "b's traffic should have left flows charged to it"
+    );
+    assert!(
+        list(&doc, "nat").iter().any(|n| n["pod_ifindex"] == idx_a),
+        "a's traffic should have left flows charged to it: {:#}",
+        doc["nat"]
+    );
+    delete_map_key(&node, "NAT_USE", &idx_a.to_ne_bytes());
+
+    let valid: Vec<_> = [&c.a, &c.b]
+        .iter()
+        .map(|p| serde_json::json!({ "containerID": p.container_id(), "ifname": "eth0" }))
+        .collect();
+    let gc_conf = c
+        .conf
+        .clone()
+        .set("cni.dev/valid-attachments", serde_json::json!(valid));
+    node.exec_plugin("GC", &tests::CniEnv::default(), &gc_conf.plugin())
+        .assert_empty_success();
+
+    let doc = inspect(&node);
+    let charged_a = charged_to(&doc, idx_a);
+    assert!(
+        charged_a.is_empty(),
+        "flows charged to a's missing share survived GC: {charged_a:#?}"
+    );
+    let key = |n: &Value| {
+        format!(
+            "{}{}{}{}{}",
+            n["kind"], n["src"], n["sport"], n["dst"], n["dport"]
+        )
+    };
+    let after_b: BTreeSet<String> = charged_to(&doc, idx_b).iter().map(key).collect();
+    let before_b: BTreeSet<String> = before_b.iter().map(key).collect();
+    assert_eq!(after_b, before_b, "GC touched flows charged to b");
+    assert!(endpoint(&doc, &ipa).is_some(), "GC removed valid pod a");
+    assert!(
+        !node.log().contains("GC: removed 0 NAT"),
+        "a count of zero is not logged"
+    );
+    assert!(
+        node.log().contains("NAT entries of pods that are gone"),
+        "GC says what it removed: {}",
+        node.log()
     );
 }

@@ -91,6 +91,14 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         tracing::info!(container = %cid, ifname = %ifname, "GC: removing a stale attachment");
         teardown(conf, dp.as_ref(), cid, ifname, ips, &mut errors);
     }
+    // Flows of pods gone without a trace in the endpoint map (see `purge_orphan_flows`).
+    if let Some(dp) = &dp {
+        match dp.purge_orphan_flows() {
+            Ok(0) => {}
+            Ok(n) => tracing::info!("GC: removed {n} NAT entries of pods that are gone"),
+            Err(e) => errors.push(e),
+        }
+    }
     // Pairs a killed ADD never labelled: no alias names their owner, so only the
     // network's group and the ADDs' lock tell them apart from an ADD still running.
     if let Err(e) = super::half_made::sweep(conf) {

@@ -97,6 +97,17 @@ impl Datapath {
             None => self.remove_pacing([ep.host_ifindex])?,
         }
         m = self.maps()?;
+        // A fresh share: whatever an earlier interface with this ifindex was charged is
+        // not this pod's. Before the entries that let the pod's packets open flows (GC
+        // takes a flow charged to an ifindex without a share for an orphan).
+        let share = NatUse {
+            entries: 0,
+            cap: ep.nat_flows.saturating_mul(2),
+            swept_ns: 0,
+        };
+        m.nat_use()?
+            .insert(ep.host_ifindex, share, 0)
+            .map_err(|e| maps::err(map_name::NAT_USE, "insert", e))?;
         let zero = maps::zero_percpu::<EndpointStats>()?;
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
@@ -138,16 +149,6 @@ impl Datapath {
                 .insert(&key, what, 0)
                 .map_err(|e| maps::err(map_name::SRC_ALLOW6, format!("insert {net}"), e))?;
         }
-        // A fresh share: whatever an earlier interface with this ifindex was charged is
-        // not this pod's.
-        let share = NatUse {
-            entries: 0,
-            cap: ep.nat_flows.saturating_mul(2),
-            swept_ns: 0,
-        };
-        m.nat_use()?
-            .insert(ep.host_ifindex, share, 0)
-            .map_err(|e| maps::err(map_name::NAT_USE, "insert", e))?;
         Ok(())
     }
 

@@ -14,7 +14,7 @@ use std::{
     net::Ipv4Addr,
 };
 
-use cni_ebpf_common::{map as map_name, NatDestKey, NatFlags, NatKind};
+use cni_ebpf_common::{map as map_name, NatDestKey, NatEntry, NatFlags, NatKey, NatKind};
 
 use super::{
     maps::{self, ipv4_to_map},
@@ -52,12 +52,38 @@ impl Datapath {
         }
         let set = addr_set(addrs);
         let has = |a: &u32| set.contains(a);
+        self.purge_nat_where(|k, v| {
+            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+        })
+        .map(|_| ())
+    }
+
+    /// Deletes the NAT entries charged to a pod that has no share any more: a removal took
+    /// the pod's entries and share and then stopped before its purge, without leaving a
+    /// tombstone (one by an earlier version of this plugin, which dropped the endpoint
+    /// entries first). Only GC runs it: it walks the whole table. Returns how many went.
+    pub fn purge_orphan_flows(&self) -> Result<usize> {
+        let shares: HashSet<u32> = {
+            let mut m = self.maps()?;
+            maps::entries(&m.nat_use()?)
+                .into_iter()
+                .map(|(pod, _)| pod)
+                .collect()
+        };
+        // A share is written before its pod's first flow can exist (ADD, before
+        // `from_pod` is attached) and taken before the pod's flows are purged.
+        self.purge_nat_where(|_, v| v.pod != 0 && !shares.contains(&v.pod))
+    }
+
+    /// Deletes the NAT entries `doomed` picks, giving back their charges; returns how many.
+    fn purge_nat_where(&self, doomed: impl Fn(&NatKey, &NatEntry) -> bool) -> Result<usize> {
         let mut m = self.maps()?;
         let mut nat = m.nat()?;
         let doomed: Vec<_> = maps::entries(&nat)
             .into_iter()
-            .filter(|(k, v)| has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr))
+            .filter(|(k, v)| doomed(k, v))
             .collect();
+        let mut removed = 0;
         // Each removed entry gives its charge back to its pod's NAT share (a hairpin flow
         // of a pod that stays, towards one that goes, is charged to the one that stays),
         // and a masquerade reverse entry its port to the pod's count towards its
@@ -68,6 +94,7 @@ impl Datapath {
             if nat.remove(&k).is_err() {
                 continue;
             }
+            removed += 1;
             if v.pod != 0 && !v.flags.contains(NatFlags::UNCHARGED) {
                 *given_back.entry(v.pod).or_default() += 1;
             }
@@ -103,7 +130,7 @@ impl Datapath {
                 let _ = shares.insert(pod, u, 0);
             }
         }
-        Ok(())
+        Ok(removed)
     }
 }
 

@@ -108,6 +108,8 @@ pub struct NatView {
     /// Where a translated packet goes next: `direct` (straight into the local pod) or
     /// `stack` (netfilter translated the flow too and must undo its part).
     pub deliver: &'static str,
+    /// Host veth ifindex of the pod whose NAT share the entry counts against (0: none).
+    pub pod_ifindex: u32,
 }
 
 /// How many pod flows the datapath knows in each state, for `inspect`: what takes the
@@ -314,6 +316,7 @@ impl Datapath {
                 } else {
                     "direct"
                 },
+                pod_ifindex: v.pod,
             })
             .collect())
     }
