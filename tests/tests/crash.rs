@@ -23,6 +23,9 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+mod datapath_support;
+
+use datapath_support::nat_mentioning;
 use tests::{
     inspect::{host_veths, is_host_veth_name, links},
     process::in_netns,
@@ -703,19 +706,8 @@ fn kill_9_during_gc_then_gc_leaves_nothing() {
 }
 
 /// The NAT entries of `node`'s network whose tuple (either side) has `ip`.
-fn nat_mentioning(node: &SimNode, ip: &str) -> Vec<serde_json::Value> {
-    let doc = node.datapath("testnet").unwrap_or_default();
-    doc["nat"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|n| {
-            ["src", "dst", "new_src", "new_dst"]
-                .iter()
-                .any(|k| n[*k] == ip)
-        })
-        .cloned()
-        .collect()
+fn nat_of(node: &SimNode, ip: &str) -> Vec<serde_json::Value> {
+    nat_mentioning(&node.datapath("testnet").unwrap_or_default(), ip)
 }
 
 /// The endpoint entry of `ip`, as `inspect` lists it.
@@ -758,7 +750,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     let ip = cidr.split('/').next().unwrap_or_default().to_owned();
     tests::assert_ping(a.netns(), tests::EXT_IP4);
     assert!(
-        !nat_mentioning(&node, &ip).is_empty(),
+        !nat_of(&node, &ip).is_empty(),
         "a's ping to ext should have left masquerade entries for {ip}"
     );
 
@@ -781,7 +773,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     let tomb = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("no entry left for {ip}"));
     assert_eq!(tomb["removing"], true, "a tombstone for {ip}: {tomb:#}");
     assert!(
-        !nat_mentioning(&node, &ip).is_empty(),
+        !nat_of(&node, &ip).is_empty(),
         "the killed DEL should not have purged {ip}'s flows yet"
     );
 
@@ -796,7 +788,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
         .into_bytes();
     let add = node.exec_plugin_raw("ADD", &env_b, &b_conf);
     assert!(add.success(), "ADD b with a's address: {}", add.raw);
-    let left = nat_mentioning(&node, &ip);
+    let left = nat_of(&node, &ip);
     assert!(left.is_empty(), "a's flows reached b: {left:#?}");
     let ep = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("no entry for {ip}"));
     assert_eq!(
@@ -812,7 +804,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     let ep = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("a's DEL removed b's {ip}"));
     assert_eq!(ep["container_id"], "tomb-b", "{ep:#}");
     assert!(
-        !nat_mentioning(&node, &ip).is_empty(),
+        !nat_of(&node, &ip).is_empty(),
         "a's DEL purged b's flows"
     );
     tests::assert_ping(b.netns(), tests::EXT_IP4);
