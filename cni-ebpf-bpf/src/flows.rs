@@ -34,26 +34,11 @@
 //! fast-pathed flow is no longer seen by netfilter (FORWARD rules, conntrack), see the
 //! README's "Kubernetes" section.
 
-use cni_ebpf_common::{proto, FlowEntry, FlowFlags, NatKey, NodeConfig, Reason, SockKey, SockPeer};
-
-use crate::{
-    maps::{count, in_cluster, FLOWS, STACK_SOCKETS},
-    nat::now,
-    parse::Pkt,
+use cni_ebpf_common::{
+    proto, FlowEntry, FlowFlags, NatKeyOf, NodeConfig, Reason, SockKeyOf, SockPeerOf,
 };
 
-/// The key of the other direction of `k`'s flow.
-#[inline(always)]
-pub(crate) fn reversed(k: &NatKey) -> NatKey {
-    NatKey {
-        saddr: k.daddr,
-        daddr: k.saddr,
-        sport: k.dport,
-        dport: k.sport,
-        proto: k.proto,
-        _pad: [0; 3],
-    }
-}
+use crate::{family::Family, maps::count, nat::now, parse::Pkt};
 
 /// A new `FLOWS` entry with `flags`, seen now.
 #[inline(always)]
@@ -67,8 +52,8 @@ fn fresh(flags: FlowFlags) -> FlowEntry {
 
 /// The `STACK_SOCKETS` key of a pod socket.
 #[inline(always)]
-fn socket(addr: u32, port: u16, proto_: u8) -> SockKey {
-    SockKey {
+fn socket<A>(addr: A, port: u16, proto_: u8) -> SockKeyOf<A> {
+    SockKeyOf {
         addr,
         port,
         proto: proto_,
@@ -79,11 +64,11 @@ fn socket(addr: u32, port: u16, proto_: u8) -> SockKey {
 /// Whether a pod's packet leaving the node may skip the stack: its flow was verified to
 /// leave untranslated, and it is not a TCP SYN.
 #[inline(always)]
-pub(crate) fn may_bypass_stack(p: &Pkt) -> bool {
+pub(crate) fn may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
     if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
         return false;
     }
-    let Some(f) = FLOWS.get_ptr_mut(p.key()) else {
+    let Some(f) = A::flows().get_ptr_mut(p.key()) else {
         return false;
     };
     // SAFETY: LRU values may be recycled under us; only the timestamp is written.
@@ -99,12 +84,12 @@ pub(crate) fn may_bypass_stack(p: &Pkt) -> bool {
 /// `uplink_ingress`: whether a packet for a local pod may skip the stack: the pod's side
 /// of its flow was verified to leave untranslated, and it is not a TCP SYN.
 #[inline(always)]
-pub(crate) fn inbound_may_bypass_stack(p: &Pkt) -> bool {
+pub(crate) fn inbound_may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
     if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
         return false;
     }
     // SAFETY: copied out at once.
-    match unsafe { FLOWS.get(reversed(&p.key())) } {
+    match unsafe { A::flows().get(p.key().reversed()) } {
         Some(f) => f.flags.contains(FlowFlags::VERIFIED),
         None => false,
     }
@@ -115,7 +100,7 @@ pub(crate) fn inbound_may_bypass_stack(p: &Pkt) -> bool {
 /// address (`own_source`, as `from_pod` found it) is recorded: an allow-listed foreign
 /// source cannot steer another pod's flows.
 #[inline(always)]
-pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
+pub(crate) fn to_stack<A: Family>(p: &Pkt<A>, own_source: bool) {
     count(Reason::PassUnverifiedFlow);
     if !p.natable || !own_source {
         return;
@@ -123,7 +108,7 @@ pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
     let key = p.key();
     let syn = p.proto == proto::TCP && p.is_tcp_syn();
     let mut inbound = false;
-    match FLOWS.get_ptr_mut(key) {
+    match A::flows().get_ptr_mut(key) {
         // SAFETY: as in `may_bypass_stack`; a SYN starts the flow afresh (the pod opens it).
         Some(f) => unsafe {
             inbound = (*f).flags.contains(FlowFlags::INBOUND);
@@ -135,7 +120,7 @@ pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
             (*f).last_seen_ns = now();
         },
         None => {
-            let _ = FLOWS.insert(&key, &fresh(FlowFlags::PENDING), 0);
+            let _ = A::flows().insert(&key, &fresh(FlowFlags::PENDING), 0);
         }
     }
     // Only a client's socket is recorded: a server's listening port (answering clients
@@ -145,17 +130,17 @@ pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
     let sock = socket(p.saddr, p.sport, p.proto);
     let client = if p.proto == proto::TCP {
         // SAFETY: copied out at once (presence only).
-        syn || unsafe { STACK_SOCKETS.get(sock) }.is_some()
+        syn || unsafe { A::stack_sockets().get(sock) }.is_some()
     } else {
         !inbound
     };
     if client {
-        let peer = SockPeer {
+        let peer = SockPeerOf {
             addr: p.daddr,
             port: p.dport,
             _pad: 0,
         };
-        let _ = STACK_SOCKETS.insert(&sock, &peer, 0);
+        let _ = A::stack_sockets().insert(&sock, &peer, 0);
     }
 }
 
@@ -163,20 +148,20 @@ pub(crate) fn to_stack(p: &Pkt, own_source: bool) {
 /// so a record of it talking through the stack is stale (a reused ephemeral port) and
 /// would send this connection's replies to the stack.
 #[inline(always)]
-pub(crate) fn opens_direct(p: &Pkt) {
+pub(crate) fn opens_direct<A: Family>(p: &Pkt<A>) {
     if p.proto == proto::TCP && p.is_tcp_syn() {
         let sock = socket(p.saddr, p.sport, p.proto);
-        let _ = STACK_SOCKETS.remove(&sock);
+        let _ = A::stack_sockets().remove(&sock);
     }
 }
 
 /// Whether `p`, for a local pod, is a reply that netfilter must un-NAT: the destination
 /// socket sent through the stack to a peer other than `p`'s source.
 #[inline(always)]
-pub(crate) fn is_translated_reply(p: &Pkt) -> bool {
+pub(crate) fn is_translated_reply<A: Family>(p: &Pkt<A>) -> bool {
     let sock = socket(p.daddr, p.dport, p.proto);
     // SAFETY: copied out at once.
-    match unsafe { STACK_SOCKETS.get(sock) } {
+    match unsafe { A::stack_sockets().get(sock) } {
         Some(peer) => peer.addr != p.saddr || peer.port != p.sport,
         None => false,
     }
@@ -186,11 +171,11 @@ pub(crate) fn is_translated_reply(p: &Pkt) -> bool {
 /// reached the uplink translated by netfilter, or from the node itself). A pending flow
 /// becomes verified.
 #[inline(always)]
-pub(crate) fn seen_leaving(p: &Pkt) -> Option<FlowFlags> {
+pub(crate) fn seen_leaving<A: Family>(p: &Pkt<A>) -> Option<FlowFlags> {
     if !p.natable {
         return None;
     }
-    let f = FLOWS.get_ptr_mut(p.key())?;
+    let f = A::flows().get_ptr_mut(p.key())?;
     // SAFETY: as in `may_bypass_stack`.
     unsafe {
         let flags = (*f).flags;
@@ -206,13 +191,13 @@ pub(crate) fn seen_leaving(p: &Pkt) -> Option<FlowFlags> {
 /// from outside the cluster, its flow is marked inbound so that the pod's replies are not
 /// masqueraded; a TCP SYN opens the flow afresh (and unverified).
 #[inline(always)]
-pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
-    if !p.natable || in_cluster(cfg, p.saddr) {
+pub(crate) fn note_inbound<A: Family>(p: &Pkt<A>, cfg: &NodeConfig) {
+    if !p.natable || p.saddr.in_cluster(cfg) {
         return;
     }
-    let key = reversed(&p.key());
+    let key = p.key().reversed();
     let syn = p.proto == proto::TCP && p.is_tcp_syn();
-    match FLOWS.get_ptr_mut(key) {
+    match A::flows().get_ptr_mut(key) {
         // SAFETY: as in `may_bypass_stack`.
         Some(f) => unsafe {
             if syn {
@@ -223,7 +208,7 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
             (*f).last_seen_ns = now();
         },
         None => {
-            let _ = FLOWS.insert(&key, &fresh(FlowFlags::INBOUND), 0);
+            let _ = A::flows().insert(&key, &fresh(FlowFlags::INBOUND), 0);
         }
     }
 }
@@ -232,6 +217,6 @@ pub(crate) fn note_inbound(p: &Pkt, cfg: &NodeConfig) {
 /// from the pod (`reply`, as the pod sends them) may bypass the stack at once and are
 /// never masqueraded.
 #[inline(always)]
-pub(crate) fn note_own_inbound(reply: &NatKey) {
-    let _ = FLOWS.insert(reply, &fresh(FlowFlags::VERIFIED | FlowFlags::INBOUND), 0);
+pub(crate) fn note_own_inbound<A: Family>(reply: &NatKeyOf<A>) {
+    let _ = A::flows().insert(reply, &fresh(FlowFlags::VERIFIED | FlowFlags::INBOUND), 0);
 }

@@ -4,7 +4,7 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use cni_ebpf_common::{proto, NatHook, NatKey, NatKind, PortTarget, Reason};
+use cni_ebpf_common::{proto, Addr4, NatHook, NatKey, NatKind, PortTarget, Reason};
 
 use crate::{
     flows,
@@ -23,7 +23,7 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
     let (b, bp) = (t.addr, t.port);
     // Charged to the client pod, which opens the flow.
     let pod = local_endpoint(a).map_or(0, |ep| ep.ifindex);
-    if !room_for_flow(pod) {
+    if !room_for_flow::<Addr4>(pod) {
         count(Reason::DropNatPodCap);
         return TC_ACT_SHOT as i32;
     }
@@ -91,7 +91,7 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
     // Charged to the pod behind the host port (outside clients have no share of their
     // own): a flood of clients uses up that pod's share only.
     let pod = local_endpoint(t.addr).map_or(0, |ep| ep.ifindex);
-    if !room_for_flow(pod) {
+    if !room_for_flow::<Addr4>(pod) {
         count(Reason::DropNatPodCap);
         return Some(TC_ACT_SHOT as i32);
     }

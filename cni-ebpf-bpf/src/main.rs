@@ -30,6 +30,8 @@
 //! below read as a short sequence of calls into them:
 //! - [`parse`]: headers → [`parse::Pkt`];
 //! - [`maps`]: the pinned maps and typed reads of them;
+//! - [`family`]: what differs between IPv4 and IPv6 for the flow logic, which is written
+//!   once, generic over it (NAT, flow tracking, masquerade);
 //! - [`rewrite`]: tuple rewrite with checksums;
 //! - [`nat`]: NAT entries, TCP close tracking, SNAT port search;
 //! - [`flows`]: which pod flows may bypass the stack (living next to netfilter);
@@ -39,6 +41,7 @@
 //! - [`icmp`]: ICMP errors about translated flows;
 //! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs).
 
+mod family;
 mod flows;
 mod forward;
 mod guard;

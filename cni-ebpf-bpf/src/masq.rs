@@ -6,15 +6,16 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, FlowFlags, NatDeliver, NatDestKey, NatHook, NatKind, NodeFlags, Reason,
+    proto, FlowFlags, NatDeliver, NatDestKeyOf, NatHook, NatKind, NodeFlags, Reason,
 };
 
 use crate::{
-    maps::{count, in_cluster, is_node_addr, local_endpoint, node_config},
+    family::Family,
+    maps::{count, node_config},
     nat::{
         alloc_port, dest_room, entry, forget_new_flow, nat_add, nat_remove, room_for_flow, sweep,
     },
-    parse::{Pkt, ICMP_ECHO, TCP_ACK, TCP_SYN},
+    parse::{Pkt, TCP_ACK, TCP_SYN},
     rewrite::{apply, rewrite_failed},
     PASS,
 };
@@ -24,7 +25,11 @@ use crate::{
 /// [`crate::flows::seen_leaving`] knows of it: `None` when netfilter translated the packet on
 /// its way here, so the replies go back through the stack after our reverse NAT.
 #[inline(always)]
-pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) -> i32 {
+pub(crate) fn masquerade_new<A: Family>(
+    ctx: &TcContext,
+    p: &Pkt<A>,
+    flow: Option<FlowFlags>,
+) -> i32 {
     let cfg = match node_config() {
         Some(c) => c,
         None => {
@@ -32,20 +37,23 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) 
             return PASS;
         }
     };
-    let echo_request = p.proto == proto::ICMP && p.icmp_type == ICMP_ECHO;
+    let echo_request = p.proto == A::ICMP && p.icmp_type == A::ECHO_REQUEST;
+    let Some(node) = A::masquerade_addr(cfg) else {
+        count(Reason::PassNoMatch);
+        return PASS;
+    };
     if !cfg.flags.contains(NodeFlags::MASQ)
-        || cfg.node_addr == 0
         || !p.natable
         || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
     {
         count(Reason::PassNoMatch);
         return PASS;
     }
-    let Some(ep) = local_endpoint(p.saddr) else {
+    let Some(ep) = p.saddr.local_endpoint() else {
         count(Reason::PassNoMatch);
         return PASS;
     };
-    if in_cluster(&cfg, p.daddr) || is_node_addr(p.daddr) {
+    if p.daddr.in_cluster(cfg) || p.daddr.is_node_addr() {
         count(Reason::PassNoMatch);
         return PASS;
     }
@@ -60,13 +68,13 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) 
     // The pod's share of the NAT table: a pod holding all of it gets its own new flows
     // refused (dropped: passed on, the packet would leave with the pod's address), and
     // nobody else's.
-    if !room_for_flow(ep.ifindex) {
+    if !room_for_flow::<A>(ep.ifindex) {
         count(Reason::DropNatPodCap);
         return TC_ACT_SHOT as i32;
     }
     // And its share of the ports towards this destination, so that it cannot take every
     // port other pods need to reach it.
-    let dest = NatDestKey {
+    let dest = NatDestKeyOf {
         pod: ep.ifindex,
         daddr: p.daddr,
         dport: p.dport,
@@ -81,7 +89,6 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) 
         ep.ifindex
     };
     // pod P:pp → X:xp becomes N:np → X:xp; the reply X:xp → N:np goes back to P:pp.
-    let node = cfg.node_addr;
     let mut rev = entry(
         p.daddr,
         p.saddr,
@@ -101,7 +108,7 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) 
             return TC_ACT_SHOT as i32;
         }
         // No port (or a full table): finished flows are swept out for the next try.
-        sweep();
+        sweep::<A>();
         count(Reason::DropNoSnatPort);
         return TC_ACT_SHOT as i32;
     };
@@ -116,7 +123,7 @@ pub(crate) fn masquerade_new(ctx: &TcContext, p: &Pkt, flow: Option<FlowFlags>) 
     );
     if !nat_add(&p.key(), &fwd, 0) {
         nat_remove(&rev_key);
-        sweep();
+        sweep::<A>();
         count(Reason::PassNatInsertFailed);
         return PASS;
     }

@@ -1,5 +1,5 @@
-//! NAT state: one hash map of exact 5-tuples, one entry per direction of a translated
-//! flow, tagged with the program (hook) that applies it; TCP close tracking and the
+//! NAT state: one hash map of exact 5-tuples per address family ([`Family::nat`]), one
+//! entry per direction of a translated flow, tagged with the program (hook) that applies it; TCP close tracking and the
 //! SNAT port search that takes back ports of finished flows.
 //!
 //! Fair shares: the map is not LRU, so the kernel never evicts an entry — an LRU table
@@ -24,13 +24,14 @@ use aya_ebpf::{
     helpers::{bpf_for_each_map_elem, bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_loop},
 };
 use cni_ebpf_common::{
-    proto, NatDeliver, NatDestKey, NatEntry, NatFlags, NatHook, NatKey, NatKind, NatUse,
+    proto, NatDeliver, NatDestKeyOf, NatEntryOf, NatFlags, NatHook, NatKeyOf, NatKind, NatUse,
     NodeConfig, Reason, NAT_CLOSED_GRACE_NS, NAT_ICMP_IDLE_NS, NAT_SWEEP_BUDGET,
     NAT_SWEEP_INTERVAL_NS, NAT_TCP_IDLE_NS, NAT_TIME_WAIT_NS, NAT_UDP_IDLE_NS,
 };
 
 use crate::{
-    maps::{count, port_mapping, NAT, NAT_DEST_USE, NAT_USE},
+    family::Family,
+    maps::{count, NAT_USE},
     parse::{Pkt, TCP_FIN, TCP_RST},
 };
 
@@ -41,11 +42,11 @@ pub(crate) const SNAT_TRIES: u32 = 128;
 /// Looks up the NAT entry for `p` if it belongs to `hook`, refreshing its timestamp and
 /// noting FIN/RST (a SYN reopening a closed flow clears them).
 #[inline(always)]
-pub(crate) fn nat_lookup(p: &Pkt, hook: NatHook) -> Option<NatEntry> {
+pub(crate) fn nat_lookup<A: Family>(p: &Pkt<A>, hook: NatHook) -> Option<NatEntryOf<A>> {
     if !p.natable {
         return None;
     }
-    let e = NAT.get_ptr_mut(p.key())?;
+    let e = A::nat().get_ptr_mut(p.key())?;
     // SAFETY: the value may be removed (and its slot reused) under us; we copy the value
     // and only write the timestamp and close flags, which is harmless if it was.
     unsafe {
@@ -57,7 +58,7 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: NatHook) -> Option<NatEntry> {
                 // The tuple of a closed flow opens again: it is open again in both
                 // directions, unless its other half is gone or now belongs to another
                 // flow (its port was handed out again), when it is set up afresh.
-                let o = NAT.get_ptr_mut(opposite(&*e, proto::TCP))?;
+                let o = A::nat().get_ptr_mut(opposite(&*e, proto::TCP))?;
                 if opposite(&*o, proto::TCP) != p.key() {
                     return None;
                 }
@@ -80,7 +81,7 @@ pub(crate) fn nat_lookup(p: &Pkt, hook: NatHook) -> Option<NatEntry> {
 /// The pod `e` is charged to, or 0 (charged to nobody, or its flow's close gave the
 /// charge back).
 #[inline(always)]
-pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
+pub(crate) fn charged_pod<A>(e: &NatEntryOf<A>) -> u32 {
     if e.flags.contains(NatFlags::UNCHARGED) {
         0
     } else {
@@ -90,7 +91,7 @@ pub(crate) fn charged_pod(e: &NatEntry) -> u32 {
 
 /// Takes the charge of an entry whose closed flow opens again.
 #[inline(always)]
-fn recharge(e: &NatEntry) {
+fn recharge<A>(e: &NatEntryOf<A>) {
     if e.pod != 0 && e.flags.contains(NatFlags::UNCHARGED) {
         add_use(e.pod, 1);
     }
@@ -101,11 +102,11 @@ fn recharge(e: &NatEntry) {
 /// wait out their grace time (or the peer's TIME_WAIT) until port reuse or a sweep
 /// removes them. `e` is the entry a FIN or RST was just noted in, `key` its key.
 #[inline(always)]
-fn release_if_closed(e: &mut NatEntry, key: &NatKey) {
+fn release_if_closed<A: Family>(e: &mut NatEntryOf<A>, key: &NatKeyOf<A>) {
     if charged_pod(e) == 0 {
         return;
     }
-    let o = NAT
+    let o = A::nat()
         .get_ptr_mut(opposite(e, proto::TCP))
         // SAFETY: a map value; only its flags are read and written.
         .filter(|o| opposite(unsafe { &**o }, proto::TCP) == *key);
@@ -132,8 +133,8 @@ fn release_if_closed(e: &mut NatEntry, key: &NatKey) {
 /// The key of the entry for the other direction of `e`'s flow: its translated tuple,
 /// reversed.
 #[inline(always)]
-pub(crate) fn opposite(e: &NatEntry, proto_: u8) -> NatKey {
-    NatKey {
+pub(crate) fn opposite<A: Copy>(e: &NatEntryOf<A>, proto_: u8) -> NatKeyOf<A> {
+    NatKeyOf {
         saddr: e.daddr,
         daddr: e.saddr,
         sport: e.dport,
@@ -146,13 +147,13 @@ pub(crate) fn opposite(e: &NatEntry, proto_: u8) -> NatKey {
 /// Records a FIN or RST seen in `e`'s direction (the first FIN of the flow also marks
 /// which side closed first).
 #[inline(always)]
-pub(crate) fn note_close(e: &mut NatEntry, tcp_flags: u8) {
+pub(crate) fn note_close<A: Family>(e: &mut NatEntryOf<A>, tcp_flags: u8) {
     if tcp_flags & TCP_RST != 0 {
         e.flags |= NatFlags::RST;
     }
     if tcp_flags & TCP_FIN != 0 && !e.flags.contains(NatFlags::FIN) {
         // SAFETY: copied out at once.
-        let peer_fin = unsafe { NAT.get(opposite(e, proto::TCP)) }
+        let peer_fin = unsafe { A::nat().get(opposite(e, proto::TCP)) }
             .is_some_and(|o| o.flags.contains(NatFlags::FIN));
         e.flags |= if peer_fin {
             NatFlags::FIN
@@ -166,7 +167,12 @@ pub(crate) fn note_close(e: &mut NatEntry, tcp_flags: u8) {
 /// outside peer → node:port, and its forward entry `fwd`) is over: closed (RST, or FINs
 /// both ways) past its grace time, or idle past its protocol's timeout.
 #[inline(always)]
-pub(crate) fn flow_is_over(rev: &NatEntry, fwd: Option<&NatEntry>, proto_: u8, now: u64) -> bool {
+pub(crate) fn flow_is_over<A>(
+    rev: &NatEntryOf<A>,
+    fwd: Option<&NatEntryOf<A>>,
+    proto_: u8,
+    now: u64,
+) -> bool {
     let (fwd_flags, fwd_seen) = fwd.map_or((NatFlags::empty(), 0), |f| (f.flags, f.last_seen_ns));
     let last = if fwd_seen > rev.last_seen_ns {
         fwd_seen
@@ -200,14 +206,14 @@ pub(crate) fn flow_is_over(rev: &NatEntry, fwd: Option<&NatEntry>, proto_: u8, n
 /// Frees translated port `key.dport` (reverse entry `key`) if its flow is over: both
 /// entries are removed. `true` when the port is free now.
 #[inline(always)]
-pub(crate) fn reclaim(key: &NatKey) -> bool {
+pub(crate) fn reclaim<A: Family>(key: &NatKeyOf<A>) -> bool {
     // SAFETY: copied out at once.
-    let Some(rev) = (unsafe { NAT.get(*key) }).copied() else {
+    let Some(rev) = (unsafe { A::nat().get(*key) }).copied() else {
         return true;
     };
     let fkey = opposite(&rev, key.proto);
     // SAFETY: copied out at once.
-    let fwd = unsafe { NAT.get(fkey) }.copied();
+    let fwd = unsafe { A::nat().get(fkey) }.copied();
     // The forward entry belongs to this port only if it still translates to it.
     let fwd = fwd.filter(|f| f.sport == key.dport && f.saddr == key.daddr);
     if !flow_is_over(&rev, fwd.as_ref(), key.proto, now()) {
@@ -229,15 +235,15 @@ pub(crate) fn reclaim(key: &NatKey) -> bool {
 /// so only a port it holds itself, in a masqueraded flow that is over, may be taken (its
 /// count stays as it is); free ports are passed over.
 #[inline(always)]
-pub(crate) fn alloc_port(
+pub(crate) fn alloc_port<A: Family>(
     cfg: &NodeConfig,
-    peer: u32,
+    peer: A,
     peer_port: u16,
-    local: u32,
+    local: A,
     proto_: u8,
-    rev: &NatEntry,
+    rev: &NatEntryOf<A>,
     only_pod: u32,
-) -> Option<(u16, NatKey)> {
+) -> Option<(u16, NatKeyOf<A>)> {
     let min = cfg.snat_port_min as u32;
     let max = cfg.snat_port_max as u32;
     if min == 0 || max < min {
@@ -246,7 +252,7 @@ pub(crate) fn alloc_port(
     let mut a = PortSearch {
         min,
         span: max - min + 1,
-        key: NatKey {
+        key: NatKeyOf {
             saddr: peer,
             daddr: local,
             sport: peer_port,
@@ -264,8 +270,8 @@ pub(crate) fn alloc_port(
     unsafe {
         bpf_loop(
             SNAT_TRIES,
-            port_try as *const () as *mut c_void,
-            &mut a as *mut PortSearch as *mut c_void,
+            port_try::<A> as *const () as *mut c_void,
+            &mut a as *mut PortSearch<A> as *mut c_void,
             0,
         );
     }
@@ -277,11 +283,11 @@ pub(crate) fn alloc_port(
 
 /// State of [`alloc_port`]'s search, shared with [`port_try`].
 #[repr(C)]
-pub(crate) struct PortSearch {
+pub(crate) struct PortSearch<A> {
     min: u32,
     span: u32,
-    key: NatKey,
-    rev: NatEntry,
+    key: NatKeyOf<A>,
+    rev: NatEntryOf<A>,
     only_pod: u32,
     port: u16,
     found: u8,
@@ -289,22 +295,22 @@ pub(crate) struct PortSearch {
 
 /// One try of [`alloc_port`]: 1 (stop) once a port is taken, else 0.
 #[inline(never)]
-pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
+pub(crate) extern "C" fn port_try<A: Family>(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `PortSearch` passed to `bpf_loop` by `alloc_port`.
-    let a = unsafe { &mut *(ctx as *mut PortSearch) };
+    let a = unsafe { &mut *(ctx as *mut PortSearch<A>) };
     // SAFETY: plain helper call.
     let r = unsafe { bpf_get_prandom_u32() };
     let Some(off) = r.checked_rem(a.span) else {
         return 1;
     };
     let port = ((a.min + off) as u16).to_be();
-    if a.key.proto != proto::ICMP && port_mapping(a.key.daddr, port, a.key.proto).is_some() {
+    if a.key.proto != A::ICMP && a.key.daddr.is_host_port(port, a.key.proto) {
         return 0;
     }
     a.key.dport = port;
     if a.only_pod != 0 {
         // SAFETY: copied out at once.
-        let own = unsafe { NAT.get(a.key) }
+        let own = unsafe { A::nat().get(a.key) }
             .is_some_and(|e| e.kind == NatKind::SNAT_REV && e.pod == a.only_pod);
         if !own {
             return 0;
@@ -328,7 +334,7 @@ pub(crate) extern "C" fn port_try(_index: u64, ctx: *mut c_void) -> i64 {
 /// translation is left behind for a flow that never started, and a SNAT port it reserved
 /// is free again at once.
 #[inline(always)]
-pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
+pub(crate) fn forget_new_flow<A: Family>(fwd_key: &NatKeyOf<A>, rev_key: &NatKeyOf<A>) {
     nat_remove(fwd_key);
     nat_remove(rev_key);
 }
@@ -338,14 +344,14 @@ pub(crate) fn forget_new_flow(fwd_key: &NatKey, rev_key: &NatKey) {
 /// giving back the charges of an entry it replaces. `false` when the map refused it (the
 /// key exists under `BPF_NOEXIST`, or the table is full).
 #[inline(always)]
-pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
+pub(crate) fn nat_add<A: Family>(key: &NatKeyOf<A>, e: &NatEntryOf<A>, flags: u64) -> bool {
     // SAFETY: copied out at once.
     let (old, old_dest) = if flags == BPF_NOEXIST as u64 {
         (0, None)
     } else {
-        unsafe { NAT.get(*key) }.map_or((0, None), |o| (charged_pod(o), dest_key(key, o)))
+        unsafe { A::nat().get(*key) }.map_or((0, None), |o| (charged_pod(o), dest_key(key, o)))
     };
-    if NAT.insert(key, e, flags).is_err() {
+    if A::nat().insert(key, e, flags).is_err() {
         return false;
     }
     if e.pod != 0 {
@@ -366,11 +372,11 @@ pub(crate) fn nat_add(key: &NatKey, e: &NatEntry, flags: u64) -> bool {
 /// Removes NAT entry `key` and gives back its charges (only the remover that succeeded
 /// does, so two CPUs removing one entry give them back once).
 #[inline(always)]
-pub(crate) fn nat_remove(key: &NatKey) {
+pub(crate) fn nat_remove<A: Family>(key: &NatKeyOf<A>) {
     // SAFETY: copied out at once.
     let (pod, dest) =
-        unsafe { NAT.get(*key) }.map_or((0, None), |e| (charged_pod(e), dest_key(key, e)));
-    if NAT.remove(key).is_err() {
+        unsafe { A::nat().get(*key) }.map_or((0, None), |e| (charged_pod(e), dest_key(key, e)));
+    if A::nat().remove(key).is_err() {
         return;
     }
     if pod != 0 {
@@ -386,11 +392,11 @@ pub(crate) fn nat_remove(key: &NatKey) {
 /// that destination. Unlike the pod's share of the table, the port stays charged after
 /// its flow closed, until the entry goes: the port is held until then.
 #[inline(always)]
-fn dest_key(key: &NatKey, e: &NatEntry) -> Option<NatDestKey> {
+fn dest_key<A: Copy>(key: &NatKeyOf<A>, e: &NatEntryOf<A>) -> Option<NatDestKeyOf<A>> {
     if e.kind != NatKind::SNAT_REV || e.pod == 0 {
         return None;
     }
-    Some(NatDestKey {
+    Some(NatDestKeyOf {
         pod: e.pod,
         daddr: key.saddr,
         dport: key.sport,
@@ -404,8 +410,8 @@ fn dest_key(key: &NatKey, e: &NatEntry) -> Option<NatDestKey> {
 /// (A port taken in the instant between may go uncounted: the count errs low, never
 /// high, so a pod is never refused ports it does not hold.)
 #[inline(always)]
-fn add_dest_use(d: &NatDestKey, delta: u32) {
-    if let Some(c) = NAT_DEST_USE.get_ptr_mut(d) {
+fn add_dest_use<A: Family>(d: &NatDestKeyOf<A>, delta: u32) {
+    if let Some(c) = A::nat_dest_use().get_ptr_mut(d) {
         // SAFETY: a valid, aligned `u32` map value, only ever updated atomically.
         unsafe { atomic_add(c, delta) };
         // Read after the add, not returned by it (a fetch-add with a result needs BPF
@@ -413,16 +419,16 @@ fn add_dest_use(d: &NatDestKey, delta: u32) {
         // its own one and keeps the key.
         // SAFETY: as above; a plain read of an aligned `u32`.
         if delta == u32::MAX && (unsafe { core::ptr::read_volatile(c) } as i32) <= 0 {
-            let _ = NAT_DEST_USE.remove(d);
+            let _ = A::nat_dest_use().remove(d);
         }
         return;
     }
     if delta != 1 {
         return;
     }
-    if NAT_DEST_USE.insert(d, &1, BPF_NOEXIST as u64).is_err() {
+    if A::nat_dest_use().insert(d, &1, BPF_NOEXIST as u64).is_err() {
         // Another CPU made the key first (or the map is full: the port goes uncounted).
-        if let Some(c) = NAT_DEST_USE.get_ptr_mut(d) {
+        if let Some(c) = A::nat_dest_use().get_ptr_mut(d) {
             // SAFETY: as above.
             unsafe { atomic_add(c, 1) };
         }
@@ -433,20 +439,20 @@ fn add_dest_use(d: &NatDestKey, delta: u32) {
 /// (`cap`: `natPortsPerDestination`, 0 for no cap). When it may not, the table is swept
 /// for finished flows (at most once a second node-wide) and the count looked at again.
 #[inline(always)]
-pub(crate) fn dest_room(d: &NatDestKey, cap: u32) -> bool {
+pub(crate) fn dest_room<A: Family>(d: &NatDestKeyOf<A>, cap: u32) -> bool {
     if has_dest_room(d, cap) {
         return true;
     }
-    sweep() && has_dest_room(d, cap)
+    sweep::<A>() && has_dest_room(d, cap)
 }
 
 #[inline(always)]
-fn has_dest_room(d: &NatDestKey, cap: u32) -> bool {
+fn has_dest_room<A: Family>(d: &NatDestKeyOf<A>, cap: u32) -> bool {
     if cap == 0 {
         return true;
     }
     // SAFETY: copied out at once.
-    let held = unsafe { NAT_DEST_USE.get(d) }.copied().unwrap_or(0);
+    let held = unsafe { A::nat_dest_use().get(d) }.copied().unwrap_or(0);
     // Signed, as for the pod's share.
     (held as i32) < cap as i32
 }
@@ -479,13 +485,14 @@ fn add_use(pod: u32, delta: u32) {
 /// Whether pod `pod` (host veth ifindex) may open one more translated flow (two
 /// entries) within its share. When it may not, the table is swept for finished flows
 /// (at most once a second node-wide) and the share looked at again. A pod with no share
-/// recorded (0, or an interface ADD did not finish) is not limited.
+/// recorded (0, or an interface ADD did not finish) is not limited. The sweep is of
+/// family `A`'s table, the one the new flow goes into.
 #[inline(always)]
-pub(crate) fn room_for_flow(pod: u32) -> bool {
+pub(crate) fn room_for_flow<A: Family>(pod: u32) -> bool {
     if has_room(pod) {
         return true;
     }
-    sweep() && has_room(pod)
+    sweep::<A>() && has_room(pod)
 }
 
 #[inline(always)]
@@ -499,8 +506,8 @@ fn has_room(pod: u32) -> bool {
 }
 
 /// Runs one slice of the sweep that removes finished flows from the NAT table, at most
-/// once per [`NAT_SWEEP_INTERVAL_NS`] node-wide (the clock is `NAT_USE` key 0). `true`
-/// when a slice ran.
+/// once per [`NAT_SWEEP_INTERVAL_NS`] node-wide and family (the clock is `NAT_USE` key
+/// [`Family::SWEEP_CLOCK`]). `true` when a slice ran.
 ///
 /// A slice walks the table (`bpf_for_each_map_elem`) from its start, but looks closely —
 /// reads the flow's other entry — at no more than [`NAT_SWEEP_BUDGET`] entries, then
@@ -510,17 +517,17 @@ fn has_room(pod: u32) -> bool {
 /// flow of their protocol takes to be over are skipped without a look. So one packet
 /// pays for at most a bounded number of lookups plus one walk over the table.
 #[inline(always)]
-pub(crate) fn sweep() -> bool {
+pub(crate) fn sweep<A: Family>() -> bool {
     let t = now();
-    let clock = match NAT_USE.get_ptr_mut(0) {
+    let clock = match NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) {
         Some(c) => c,
         None => {
             let first = NatUse {
                 entries: 1,
                 ..NatUse::default()
             };
-            let _ = NAT_USE.insert(&0, &first, BPF_NOEXIST as u64);
-            let Some(c) = NAT_USE.get_ptr_mut(0) else {
+            let _ = NAT_USE.insert(&A::SWEEP_CLOCK, &first, BPF_NOEXIST as u64);
+            let Some(c) = NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) else {
                 return false;
             };
             c
@@ -541,12 +548,12 @@ pub(crate) fn sweep() -> bool {
         budget: NAT_SWEEP_BUDGET,
         stopped: 0,
     };
-    // SAFETY: `NAT` is a map definition (the helper takes its address as the map),
-    // `sweep_one` has the callback signature and `c` outlives the call.
+    // SAFETY: the NAT table is a map definition (the helper takes its address as the
+    // map), `sweep_one` has the callback signature and `c` outlives the call.
     unsafe {
         bpf_for_each_map_elem(
-            &NAT as *const _ as *mut c_void,
-            sweep_one as *const () as *mut c_void,
+            A::nat() as *const _ as *mut c_void,
+            sweep_one::<A> as *const () as *mut c_void,
             &mut c as *mut SweepCtx as *mut c_void,
             0,
         );
@@ -576,10 +583,10 @@ struct SweepCtx {
 
 /// One entry of [`sweep`]: removed with its flow's other entry when the flow is over.
 #[inline(never)]
-extern "C" fn sweep_one(
+extern "C" fn sweep_one<A: Family>(
     _map: *mut c_void,
-    key: *mut NatKey,
-    value: *mut NatEntry,
+    key: *mut NatKeyOf<A>,
+    value: *mut NatEntryOf<A>,
     ctx: *mut c_void,
 ) -> i64 {
     // Read in place, not copied: the callback's stack adds to the deepest program's
@@ -608,7 +615,7 @@ extern "C" fn sweep_one(
     let okey = opposite(e, proto_);
     // SAFETY: a map value, read at once (a removal racing us at worst misjudges one flow
     // for one pass).
-    let other = unsafe { NAT.get(okey) }.filter(|o| opposite(o, proto_) == *k);
+    let other = unsafe { A::nat().get(okey) }.filter(|o| opposite(o, proto_) == *k);
     // [`flow_is_over`] reads its first entry as the one keyed by the outside peer (which
     // closed first decides the TIME_WAIT wait); a sweep does not know which of the two
     // that is (host-port flows are the other way round), so the flow must be over read
@@ -636,16 +643,16 @@ pub(crate) fn now() -> u64 {
 }
 
 #[inline(always)]
-pub(crate) fn entry(
-    saddr: u32,
-    daddr: u32,
+pub(crate) fn entry<A>(
+    saddr: A,
+    daddr: A,
     sport: u16,
     dport: u16,
     hook: NatHook,
     kind: NatKind,
     pod: u32,
-) -> NatEntry {
-    NatEntry {
+) -> NatEntryOf<A> {
+    NatEntryOf {
         saddr,
         daddr,
         sport,

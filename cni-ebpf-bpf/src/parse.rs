@@ -1,7 +1,7 @@
 //! Header layout and parsing: Ethernet + IPv4 + the L4 fields the programs decide on.
 
 use aya_ebpf::programs::TcContext;
-use cni_ebpf_common::{proto, NatKey, Reason};
+use cni_ebpf_common::{proto, Addr4, NatKeyOf, Reason};
 
 pub(crate) const ETH_HLEN: usize = 14;
 
@@ -87,11 +87,12 @@ pub(crate) struct Iphdr {
     pub(crate) daddr: u32,
 }
 
-/// What the programs need to know about an IPv4 packet. Addresses and ports network order.
+/// What the programs need to know about an IP packet of the family whose address type is
+/// `A` ([`crate::family::Family`]). Addresses and ports network order.
 #[derive(Clone, Copy)]
-pub(crate) struct Pkt {
-    pub(crate) saddr: u32,
-    pub(crate) daddr: u32,
+pub(crate) struct Pkt<A = Addr4> {
+    pub(crate) saddr: A,
+    pub(crate) daddr: A,
     pub(crate) sport: u16,
     pub(crate) dport: u16,
     pub(crate) proto: u8,
@@ -103,10 +104,10 @@ pub(crate) struct Pkt {
     pub(crate) natable: bool,
 }
 
-impl Pkt {
+impl<A: Copy> Pkt<A> {
     #[inline(always)]
-    pub(crate) fn key(&self) -> NatKey {
-        NatKey {
+    pub(crate) fn key(&self) -> NatKeyOf<A> {
+        NatKeyOf {
             saddr: self.saddr,
             daddr: self.daddr,
             sport: self.sport,

@@ -5,9 +5,10 @@ use aya_ebpf::{
     programs::TcContext,
     Global,
 };
-use cni_ebpf_common::{proto, NatEntry, Reason};
+use cni_ebpf_common::{proto, NatEntry, NatEntryOf, Reason};
 
 use crate::{
+    family::Family,
     maps::count,
     parse::{
         Pkt, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP_CSUM, IP_DADDR, IP_OFF,
@@ -169,12 +170,13 @@ pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(),
     l4_csum_fix(ctx, p, n)
 }
 
-/// Applies entry `n` to packet `p` ([`rewrite`]). `false` when a step failed: the packet
-/// may then carry new addresses or ports under a stale checksum (they are written before
-/// the L4 checksum is fixed), so the caller drops it with [`rewrite_failed`].
+/// Applies entry `n` to packet `p` (the family's rewrite, [`rewrite`] for IPv4). `false`
+/// when a step failed: the packet may then carry new addresses or ports under a stale
+/// checksum (they are written before the L4 checksum is fixed), so the caller drops it
+/// with [`rewrite_failed`].
 #[inline(always)]
-pub(crate) fn apply(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> bool {
-    rewrite(ctx, p, n).is_ok()
+pub(crate) fn apply<A: Family>(ctx: &TcContext, p: &Pkt<A>, n: &NatEntryOf<A>) -> bool {
+    A::rewrite(ctx, p, n).is_ok()
 }
 
 /// Verdict for a packet whose rewrite failed part-way: dropped, counted as

@@ -273,12 +273,12 @@ pub struct FlowEntry {
 }
 const _: () = assert!(size_of::<FlowEntry>() == 16);
 
-/// Key of [`map::STACK_SOCKETS`]: one pod socket.
+/// Key of [`map::STACK_SOCKETS`] (`A` = [`Addr4`]): one pod socket.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct SockKey {
+pub struct SockKeyOf<A> {
     /// Pod address, network order.
-    pub addr: u32,
+    pub addr: A,
     /// Pod port (or ICMP echo id), network order.
     pub port: u16,
     /// IP protocol ([`proto`]).
@@ -286,20 +286,30 @@ pub struct SockKey {
     /// Explicit padding, always zero.
     pub _pad: u8,
 }
+/// The IPv4 pod socket key.
+pub type SockKey = SockKeyOf<Addr4>;
+/// The IPv6 pod socket key.
+pub type SockKey6 = SockKeyOf<Addr6>;
 const _: () = assert!(size_of::<SockKey>() == 8);
+const _: () = assert!(size_of::<SockKey6>() == 20);
 
 /// Value of [`map::STACK_SOCKETS`]: the peer a pod socket last addressed through the stack.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SockPeer {
+pub struct SockPeerOf<A> {
     /// Peer address as the pod addressed it, network order.
-    pub addr: u32,
+    pub addr: A,
     /// Peer port as the pod addressed it, network order.
     pub port: u16,
     /// Explicit padding, always zero.
     pub _pad: u16,
 }
+/// The IPv4 peer.
+pub type SockPeer = SockPeerOf<Addr4>;
+/// The IPv6 peer.
+pub type SockPeer6 = SockPeerOf<Addr6>;
 const _: () = assert!(size_of::<SockPeer>() == 8);
+const _: () = assert!(size_of::<SockPeer6>() == 20);
 
 /// Data of a [`map::SRC_ALLOW`] key (after the LPM prefix length, which counts the 32
 /// bits of `ifindex` plus the prefix of `addr`).

@@ -1,18 +1,30 @@
 //! The NAT table's key and entry, its per-pod shares and port counts, and their flags.
+//!
+//! The key, entry and port-count key are generic over the address family's address type
+//! ([`Addr4`] or [`Addr6`], both as they are on the wire): one layout, one set of rules,
+//! one table per family (`NAT`, `NAT6`).
 
 use core::mem::size_of;
 
-/// Key of [`crate::map::NAT`]: the 5-tuple of a packet as it arrives at a program.
+/// An IPv4 address as the programs keep it: the four wire bytes read as one native word.
+pub type Addr4 = u32;
+
+/// An IPv6 address as the programs keep it: the sixteen wire bytes read as four native
+/// words.
+pub type Addr6 = [u32; 4];
+
+/// Key of [`crate::map::NAT`] (`A` = [`Addr4`]) and `NAT6` ([`Addr6`]): the 5-tuple of a
+/// packet as it arrives at a program.
 ///
 /// For ICMP echo, the identifier plays the port: a request is `(sport = id, dport = 0)`,
 /// a reply `(sport = 0, dport = id)`, so that a reply's tuple is the request's reversed.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct NatKey {
+pub struct NatKeyOf<A> {
     /// Source address, network order.
-    pub saddr: u32,
+    pub saddr: A,
     /// Destination address, network order.
-    pub daddr: u32,
+    pub daddr: A,
     /// Source port (or echo id), network order.
     pub sport: u16,
     /// Destination port (or echo id), network order.
@@ -22,7 +34,27 @@ pub struct NatKey {
     /// Explicit padding, always zero.
     pub _pad: [u8; 3],
 }
+/// The IPv4 NAT key.
+pub type NatKey = NatKeyOf<Addr4>;
+/// The IPv6 NAT key.
+pub type NatKey6 = NatKeyOf<Addr6>;
 const _: () = assert!(size_of::<NatKey>() == 16);
+const _: () = assert!(size_of::<NatKey6>() == 40);
+
+impl<A: Copy> NatKeyOf<A> {
+    /// The key of the other direction of this tuple's flow.
+    #[must_use]
+    pub const fn reversed(&self) -> Self {
+        Self {
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+}
 
 /// [`NatEntry::hook`]: which program applies the entry.
 ///
@@ -157,14 +189,14 @@ pub const NAT_UDP_IDLE_NS: u64 = 60_000_000_000;
 /// … for ICMP echo.
 pub const NAT_ICMP_IDLE_NS: u64 = 30_000_000_000;
 
-/// Value of [`crate::map::NAT`]: the tuple a matching packet is rewritten to.
+/// Value of [`crate::map::NAT`] and `NAT6`: the tuple a matching packet is rewritten to.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct NatEntry {
+pub struct NatEntryOf<A> {
     /// Translated source address, network order.
-    pub saddr: u32,
+    pub saddr: A,
     /// Translated destination address, network order.
-    pub daddr: u32,
+    pub daddr: A,
     /// Translated source port (or echo id), network order.
     pub sport: u16,
     /// Translated destination port (or echo id), network order.
@@ -187,16 +219,21 @@ pub struct NatEntry {
     /// none): later slices of the same pass skip it (see [`NatUse::entries`] of key 0).
     pub swept: u32,
 }
+/// The IPv4 NAT entry.
+pub type NatEntry = NatEntryOf<Addr4>;
+/// The IPv6 NAT entry.
+pub type NatEntry6 = NatEntryOf<Addr6>;
 const _: () = assert!(size_of::<NatEntry>() == 32);
+const _: () = assert!(size_of::<NatEntry6>() == 56);
 
 /// Key of [`crate::map::NAT_DEST_USE`]: a pod and one destination of its masqueraded flows.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NatDestKey {
+pub struct NatDestKeyOf<A> {
     /// Host veth ifindex of the pod, native order.
     pub pod: u32,
-    /// Destination IPv4 address, network order.
-    pub daddr: u32,
+    /// Destination address, network order.
+    pub daddr: A,
     /// Destination port (ICMP: the echo id), network order.
     pub dport: u16,
     /// IP protocol.
@@ -204,7 +241,12 @@ pub struct NatDestKey {
     /// Padding (zero).
     pub _pad: u8,
 }
+/// The IPv4 port-count key.
+pub type NatDestKey = NatDestKeyOf<Addr4>;
+/// The IPv6 port-count key.
+pub type NatDestKey6 = NatDestKeyOf<Addr6>;
 const _: () = assert!(size_of::<NatDestKey>() == 12);
+const _: () = assert!(size_of::<NatDestKey6>() == 24);
 
 /// Value of [`crate::map::NAT_USE`]: one pod's share of the NAT table.
 #[repr(C)]

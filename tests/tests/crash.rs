@@ -803,10 +803,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     assert!(del.success(), "DEL a again: {}", del.raw);
     let ep = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("a's DEL removed b's {ip}"));
     assert_eq!(ep["container_id"], "tomb-b", "{ep:#}");
-    assert!(
-        !nat_of(&node, &ip).is_empty(),
-        "a's DEL purged b's flows"
-    );
+    assert!(!nat_of(&node, &ip).is_empty(), "a's DEL purged b's flows");
     tests::assert_ping(b.netns(), tests::EXT_IP4);
 
     let del = node.exec_plugin_raw("DEL", &env_b, &b_conf);

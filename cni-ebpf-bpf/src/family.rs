@@ -1,0 +1,115 @@
+//! What differs between IPv4 and IPv6 for the flow logic: the address type, the maps keyed
+//! by it, the ICMP numbers and the node facts looked up by address.
+//!
+//! The NAT rules (port search, close tracking, shares, sweep), the flow tracking next to
+//! netfilter and masquerade are written once, generic over [`Family`], which is
+//! implemented by the address types themselves ([`Addr4`], later `Addr6`): a key or a
+//! parsed packet names its family through its address type, so every call infers it.
+
+use aya_ebpf::{
+    maps::{HashMap, LruHashMap},
+    programs::TcContext,
+};
+use cni_ebpf_common::{
+    proto, Addr4, EndpointInfo, FlowEntry, NatDestKeyOf, NatEntryOf, NatKeyOf, NodeConfig,
+    SockKeyOf, SockPeerOf,
+};
+
+use crate::{
+    maps::{
+        in_cluster, is_node_addr, local_endpoint, port_mapping, FLOWS, NAT, NAT_DEST_USE,
+        STACK_SOCKETS,
+    },
+    parse::{Pkt, ICMP_ECHO},
+    rewrite,
+};
+
+/// An address family, implemented by its address type (wire order).
+pub(crate) trait Family: Copy + PartialEq + 'static {
+    /// The ICMP protocol number of the family (`ICMP` or `ICMPV6`).
+    const ICMP: u8;
+    /// The ICMP type of an echo request.
+    const ECHO_REQUEST: u8;
+    /// The `NAT_USE` key of the sweep clock of this family's NAT table.
+    const SWEEP_CLOCK: u32;
+
+    /// The family's NAT table.
+    fn nat() -> &'static HashMap<NatKeyOf<Self>, NatEntryOf<Self>>;
+    /// SNAT ports each pod holds towards each destination (see `nat::dest_room`).
+    fn nat_dest_use() -> &'static HashMap<NatDestKeyOf<Self>, u32>;
+    /// Pod flows and whether each may bypass the stack (see `flows`).
+    fn flows() -> &'static LruHashMap<NatKeyOf<Self>, FlowEntry>;
+    /// Pod sockets that talk through the stack, and their peer (see `flows`).
+    fn stack_sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockPeerOf<Self>>;
+
+    /// The local pod with this address, if it is active.
+    fn local_endpoint(self) -> Option<EndpointInfo>;
+    /// Whether this is one of the node's own addresses.
+    fn is_node_addr(self) -> bool;
+    /// Whether this address is inside `clusterCIDRs`.
+    fn in_cluster(self, cfg: &NodeConfig) -> bool;
+    /// The node address masqueraded flows leave with, if the node has one.
+    fn masquerade_addr(cfg: &NodeConfig) -> Option<Self>;
+    /// Whether `self:port` (network order) is a host port of protocol `proto_`.
+    fn is_host_port(self, port: u16, proto_: u8) -> bool;
+
+    /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
+    /// has. `Err` when a step failed (see `rewrite::apply`).
+    fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64>;
+}
+
+impl Family for Addr4 {
+    const ICMP: u8 = proto::ICMP;
+    const ECHO_REQUEST: u8 = ICMP_ECHO;
+    const SWEEP_CLOCK: u32 = 0;
+
+    #[inline(always)]
+    fn nat() -> &'static HashMap<NatKeyOf<Self>, NatEntryOf<Self>> {
+        &NAT
+    }
+
+    #[inline(always)]
+    fn nat_dest_use() -> &'static HashMap<NatDestKeyOf<Self>, u32> {
+        &NAT_DEST_USE
+    }
+
+    #[inline(always)]
+    fn flows() -> &'static LruHashMap<NatKeyOf<Self>, FlowEntry> {
+        &FLOWS
+    }
+
+    #[inline(always)]
+    fn stack_sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockPeerOf<Self>> {
+        &STACK_SOCKETS
+    }
+
+    #[inline(always)]
+    fn local_endpoint(self) -> Option<EndpointInfo> {
+        local_endpoint(self)
+    }
+
+    #[inline(always)]
+    fn is_node_addr(self) -> bool {
+        is_node_addr(self)
+    }
+
+    #[inline(always)]
+    fn in_cluster(self, cfg: &NodeConfig) -> bool {
+        in_cluster(cfg, self)
+    }
+
+    #[inline(always)]
+    fn masquerade_addr(cfg: &NodeConfig) -> Option<Self> {
+        (cfg.node_addr != 0).then_some(cfg.node_addr)
+    }
+
+    #[inline(always)]
+    fn is_host_port(self, port: u16, proto_: u8) -> bool {
+        port_mapping(self, port, proto_).is_some()
+    }
+
+    #[inline(always)]
+    fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64> {
+        rewrite::rewrite(ctx, p, n)
+    }
+}
