@@ -3,24 +3,25 @@
 //!
 //! The NAT rules (port search, close tracking, shares, sweep), the flow tracking next to
 //! netfilter and masquerade are written once, generic over [`Family`], which is
-//! implemented by the address types themselves ([`Addr4`], later `Addr6`): a key or a
-//! parsed packet names its family through its address type, so every call infers it.
+//! implemented by the address types themselves ([`Addr4`], [`Addr6`]): a key or a parsed
+//! packet names its family through its address type, so every call infers it.
 
 use aya_ebpf::{
     maps::{HashMap, LruHashMap},
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Addr4, EndpointInfo, FlowEntry, NatDestKeyOf, NatEntryOf, NatKeyOf, NodeConfig,
-    SockKeyOf, SockPeerOf,
+    proto, Addr4, Addr6, EndpointFlags, EndpointInfo, EndpointKey6, FlowEntry, NatDestKeyOf,
+    NatEntryOf, NatKeyOf, NodeConfig, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
 };
 
 use crate::{
     maps::{
-        in_cluster, is_node_addr, local_endpoint, port_mapping, FLOWS, NAT, NAT_DEST_USE,
-        STACK_SOCKETS,
+        in_cluster, is_node_addr, local_endpoint, port_mapping, ENDPOINTS6, FLOWS, FLOWS6, NAT,
+        NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
+        STACK_SOCKETS6,
     },
-    parse::{Pkt, ICMP_ECHO},
+    parse::{Pkt, ICMP6_ECHO_REQUEST, ICMP_ECHO},
     rewrite,
 };
 
@@ -32,6 +33,10 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     const ECHO_REQUEST: u8;
     /// The `NAT_USE` key of the sweep clock of this family's NAT table.
     const SWEEP_CLOCK: u32;
+    /// A sweep asked for deep in a path is only noted, and run by the next packet at the
+    /// top of its program (`nat::sweep_if_requested`): the IPv6 frames leave no room for
+    /// the sweep's callback under them within the verifier's 512 bytes.
+    const SWEEP_DEFERRED: bool;
 
     /// The family's NAT table.
     fn nat() -> &'static HashMap<NatKeyOf<Self>, NatEntryOf<Self>>;
@@ -62,6 +67,7 @@ impl Family for Addr4 {
     const ICMP: u8 = proto::ICMP;
     const ECHO_REQUEST: u8 = ICMP_ECHO;
     const SWEEP_CLOCK: u32 = 0;
+    const SWEEP_DEFERRED: bool = false;
 
     #[inline(always)]
     fn nat() -> &'static HashMap<NatKeyOf<Self>, NatEntryOf<Self>> {
@@ -111,5 +117,81 @@ impl Family for Addr4 {
     #[inline(always)]
     fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64> {
         rewrite::rewrite(ctx, p, n)
+    }
+}
+
+impl Family for Addr6 {
+    const ICMP: u8 = proto::ICMPV6;
+    const ECHO_REQUEST: u8 = ICMP6_ECHO_REQUEST;
+    // Never an ifindex (those are positive `int`s), nor key 0 (IPv4's clock).
+    const SWEEP_CLOCK: u32 = u32::MAX;
+    const SWEEP_DEFERRED: bool = true;
+
+    #[inline(always)]
+    fn nat() -> &'static HashMap<NatKeyOf<Self>, NatEntryOf<Self>> {
+        &NAT6
+    }
+
+    #[inline(always)]
+    fn nat_dest_use() -> &'static HashMap<NatDestKeyOf<Self>, u32> {
+        &NAT_DEST_USE6
+    }
+
+    #[inline(always)]
+    fn flows() -> &'static LruHashMap<NatKeyOf<Self>, FlowEntry> {
+        &FLOWS6
+    }
+
+    #[inline(always)]
+    fn stack_sockets() -> &'static LruHashMap<SockKeyOf<Self>, SockPeerOf<Self>> {
+        &STACK_SOCKETS6
+    }
+
+    #[inline(always)]
+    fn local_endpoint(self) -> Option<EndpointInfo> {
+        // SAFETY: the value is copied out at once.
+        let ep = unsafe { ENDPOINTS6.get(EndpointKey6 { addr: self }) }.copied()?;
+        ep.flags.contains(EndpointFlags::ACTIVE).then_some(ep)
+    }
+
+    #[inline(always)]
+    fn is_node_addr(self) -> bool {
+        // SAFETY: only presence is read.
+        unsafe { NODE_ADDRS6.get(self) }.is_some()
+    }
+
+    /// The IPv6 prefixes are in `NODE_CONFIG6`, not in `_cfg`.
+    #[inline(always)]
+    fn in_cluster(self, _cfg: &NodeConfig) -> bool {
+        let Some(c6) = NODE_CONFIG6.get(0) else {
+            return false;
+        };
+        let n = c6.n_cidrs as usize;
+        for i in 0..MAX_CLUSTER_CIDRS {
+            if i >= n {
+                break;
+            }
+            if c6.cluster_cidrs[i].contains(&self) {
+                return true;
+            }
+        }
+        false
+    }
+
+    #[inline(always)]
+    fn masquerade_addr(_cfg: &NodeConfig) -> Option<Self> {
+        let a = NODE_CONFIG6.get(0)?.node_addr;
+        (a != [0; 4]).then_some(a)
+    }
+
+    /// No IPv6 host ports yet: nothing to keep SNAT ports clear of.
+    #[inline(always)]
+    fn is_host_port(self, _port: u16, _proto: u8) -> bool {
+        false
+    }
+
+    #[inline(always)]
+    fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64> {
+        rewrite::rewrite6(ctx, p, n)
     }
 }

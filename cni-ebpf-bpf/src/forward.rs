@@ -11,7 +11,7 @@ use cni_ebpf_common::{proto, EndpointInfo, Reason};
 
 use crate::{
     maps::{add_stats, count, local_endpoint, node_config},
-    parse::{read, Pkt, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
+    parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     PASS,
 };
 
@@ -102,6 +102,33 @@ pub(crate) fn deliver_or_stack(ctx: &TcContext, daddr: u32) -> i32 {
             TC_ACT_OK as i32
         }
     }
+}
+
+/// [`route_hop`] for IPv6: the hop limit decremented (IPv6 has no header checksum).
+#[inline(always)]
+pub(crate) fn route_hop6(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool {
+    let Ok(hl) = read::<u8>(ctx, IP_OFF + IP6_HOP_LIMIT) else {
+        return false;
+    };
+    if hl <= 1 {
+        count(Reason::PassTtlExpired);
+        return false;
+    }
+    let mut macs = [0u8; 12];
+    macs[..6].copy_from_slice(dst);
+    macs[6..].copy_from_slice(src);
+    ctx.store(IP_OFF + IP6_HOP_LIMIT, &(hl - 1), 0).is_ok() && ctx.store(0, &macs, 0).is_ok()
+}
+
+/// [`deliver`] for IPv6.
+#[inline(always)]
+pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+    if !route_hop6(ctx, &ep.pod_mac, &ep.host_mac) {
+        return TC_ACT_OK as i32;
+    }
+    add_stats(ep.ifindex, ctx.len(), true);
+    // SAFETY: plain helper call.
+    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
 }
 
 /// `struct bpf_fib_lookup` (IPv4 use). Addresses and ports network order.

@@ -11,7 +11,7 @@
 //! - Anything else (ARP, other ethertypes) carries no IP source and is passed on.
 
 use aya_ebpf::{maps::lpm_trie::Key, programs::TcContext};
-use cni_ebpf_common::SrcAllow6Key;
+use cni_ebpf_common::{SrcAllow6Key, SRC6_ALLOWED, SRC6_OWN};
 
 use crate::{
     maps::{source_of, Source, SRC_ALLOW6},
@@ -52,28 +52,31 @@ pub(crate) fn check_source(ctx: &TcContext, ifindex: u32) -> Verdict {
         let Ok(saddr) = read::<[u64; 2]>(ctx, IP_OFF + IP6_SADDR) else {
             return Verdict::Allowed(Source::AllowListed);
         };
-        return if source6_allowed(&saddr, ifindex) {
-            // IPv6 is routed by the kernel: nothing is fast-pathed or recorded for it.
-            Verdict::Allowed(Source::AllowListed)
-        } else {
-            Verdict::Spoofed
+        return match source6(&saddr, ifindex) {
+            // The pod's own address: its flows may be recorded. Whether it is paced is
+            // looked up (`ENDPOINTS6` is not read here).
+            Some(SRC6_OWN) => Verdict::Allowed(Source::Own { paced: true }),
+            Some(_) => Verdict::Allowed(Source::AllowListed),
+            None => Verdict::Spoofed,
         };
     }
     Verdict::Allowed(Source::AllowListed)
 }
 
 /// Whether the pod behind host veth `ifindex` may send IPv6 from `saddr` (the address's
-/// 16 bytes in wire order, read as two native words).
+/// 16 bytes in wire order, read as two native words), and as what: `SRC6_OWN`, or
+/// `SRC6_ALLOWED` (an allow-listed prefix, a link-local address or `::`); `None` when it
+/// may not.
 #[inline(always)]
-fn source6_allowed(saddr: &[u64; 2], ifindex: u32) -> bool {
+fn source6(saddr: &[u64; 2], ifindex: u32) -> Option<u32> {
     let bytes = saddr[0].to_ne_bytes();
     // fe80::/10: neighbour discovery, router solicitations, MLD; never forwarded.
     if bytes[0] == 0xfe && bytes[1] & 0xc0 == 0x80 {
-        return true;
+        return Some(SRC6_ALLOWED);
     }
     // `::`: duplicate address detection before the pod has an address.
     if saddr[0] | saddr[1] == 0 {
-        return true;
+        return Some(SRC6_ALLOWED);
     }
     // SAFETY: two u64 and sixteen u8 have the same size, and every bit pattern is valid.
     let addr: [u8; 16] = unsafe { core::mem::transmute(*saddr) };
@@ -84,5 +87,5 @@ fn source6_allowed(saddr: &[u64; 2], ifindex: u32) -> bool {
             addr,
         },
     );
-    SRC_ALLOW6.get(key).is_some()
+    SRC_ALLOW6.get(key).copied()
 }

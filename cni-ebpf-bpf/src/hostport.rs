@@ -10,7 +10,7 @@ use crate::{
     flows,
     forward::deliver_or_stack,
     maps::{count, is_node_addr, local_endpoint, node_config, port_mapping},
-    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, room_for_flow},
+    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow},
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
     PASS,
@@ -35,12 +35,12 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             return PASS;
         };
         let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
-        let Some((np, rev_key)) = alloc_port(cfg, a, bp, n, p.proto, &rev, 0) else {
+        let Some(np) = alloc_port(cfg, a, bp, n, p.proto, &rev, 0) else {
             count(Reason::DropNoSnatPort);
             return TC_ACT_SHOT as i32;
         };
         (
-            rev_key,
+            rev_key(a, bp, n, np, p.proto),
             entry(n, a, np, bp, NatHook::POD, NatKind::HAIRPIN_FWD, pod),
         )
     } else {

@@ -39,7 +39,8 @@
 //! - [`hostport`]: host-port DNAT and hairpin;
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
 //! - [`icmp`]: ICMP errors about translated flows;
-//! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs).
+//! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs);
+//! - [`v6`]: the IPv6 programs, tail-called by the three above (`CALLS6`).
 
 mod family;
 mod flows;
@@ -54,13 +55,14 @@ mod pacing;
 mod parse;
 mod rewrite;
 mod sock;
+mod v6;
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
     macros::classifier,
     programs::TcContext,
 };
-use cni_ebpf_common::{proto, NatDeliver, NatHook, NatKind, Reason};
+use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, NatKind, Reason};
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
@@ -113,6 +115,9 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
         return Ok(TC_ACT_SHOT as i32);
     }
     let own_source = matches!(source, Source::Own { .. });
+    if v6::is_ipv6(ctx) {
+        return Ok(v6::call_from_pod6(ctx, own_source));
+    }
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {
@@ -175,6 +180,9 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
+    if v6::is_ipv6(ctx) {
+        return Ok(v6::call(ctx, prog::CALL6_UPLINK_INGRESS));
+    }
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {
@@ -238,6 +246,9 @@ pub fn uplink_egress(ctx: TcContext) -> i32 {
 
 #[inline(always)]
 fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
+    if v6::is_ipv6(ctx) {
+        return Ok(v6::call(ctx, prog::CALL6_UPLINK_EGRESS));
+    }
     let p = match parse(ctx) {
         Ok(p) => p,
         Err(r) => {

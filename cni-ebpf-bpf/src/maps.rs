@@ -6,14 +6,19 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap},
+    maps::{
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap,
+        ProgramArray,
+    },
 };
 use cni_ebpf_common::{
-    EndpointFlags, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry,
-    NatKey, NatUse, NodeAddr, NodeConfig, NodeState, Owner, Pacing, PortKey, PortTarget, Reason,
-    SockKey, SockPeer, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
-    MAX_ENDPOINTS, MAX_FLOWS, MAX_NAT, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_OWNERS,
-    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, REASON_SLOTS,
+    Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
+    NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
+    NodeConfig6, NodeState, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockKey6,
+    SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
+    MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
+    MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT,
+    MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -79,6 +84,42 @@ pub(crate) static NODE_STATE: Array<NodeState> = Array::pinned(1, 0);
 /// The node's own IPv4 addresses.
 #[map]
 pub(crate) static NODE_ADDRS: HashMap<u32, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS, 0);
+
+/// Local pods by IPv6 address → delivery information (as [`ENDPOINTS`]).
+#[map]
+pub(crate) static ENDPOINTS6: HashMap<EndpointKey6, EndpointInfo> =
+    HashMap::pinned(MAX_ENDPOINTS6, 0);
+
+/// IPv6 NAT flows, as [`NAT`]. Not preallocated: a node without IPv6 pods pays nothing.
+#[map]
+pub(crate) static NAT6: HashMap<NatKey6, NatEntry6> = HashMap::pinned(MAX_NAT6, BPF_F_NO_PREALLOC);
+
+/// As [`NAT_DEST_USE`], for IPv6 destinations.
+#[map]
+pub(crate) static NAT_DEST_USE6: HashMap<NatDestKey6, u32> =
+    HashMap::pinned(MAX_NAT_DEST_USE, BPF_F_NO_PREALLOC);
+
+/// IPv6 pod flows, as [`FLOWS`].
+#[map]
+pub(crate) static FLOWS6: LruHashMap<NatKey6, FlowEntry> = LruHashMap::pinned(MAX_FLOWS6, 0);
+
+/// As [`STACK_SOCKETS`], for IPv6 pod sockets.
+#[map]
+pub(crate) static STACK_SOCKETS6: LruHashMap<SockKey6, SockPeer6> =
+    LruHashMap::pinned(MAX_STACK_SOCKETS6, 0);
+
+/// The IPv6 half of the node configuration (index 0).
+#[map]
+pub(crate) static NODE_CONFIG6: Array<NodeConfig6> = Array::pinned(1, 0);
+
+/// The node's own IPv6 addresses.
+#[map]
+pub(crate) static NODE_ADDRS6: HashMap<Addr6, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS6, 0);
+
+/// The IPv6 programs, tail-called by the attached ones (slots `prog::CALLS6`): each
+/// family's path is its own program, with the verifier's 512-byte stack to itself.
+#[map]
+pub(crate) static CALLS6: ProgramArray = ProgramArray::pinned(3, 0);
 
 /// Per-CPU counters indexed by [`Reason`].
 #[map]

@@ -6,14 +6,15 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, FlowFlags, NatDeliver, NatDestKeyOf, NatHook, NatKind, NodeFlags, Reason,
+    proto, FlowFlags, NatDeliver, NatDestKeyOf, NatHook, NatKeyOf, NatKind, NodeFlags, Reason,
 };
 
 use crate::{
     family::Family,
     maps::{count, node_config},
     nat::{
-        alloc_port, dest_room, entry, forget_new_flow, nat_add, nat_remove, room_for_flow, sweep,
+        alloc_port, dest_room, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow,
+        sweep,
     },
     parse::{Pkt, TCP_ACK, TCP_SYN},
     rewrite::{apply, rewrite_failed},
@@ -25,37 +26,58 @@ use crate::{
 /// [`crate::flows::seen_leaving`] knows of it: `None` when netfilter translated the packet on
 /// its way here, so the replies go back through the stack after our reverse NAT.
 #[inline(always)]
-pub(crate) fn masquerade_new<A: Family>(
+pub(crate) fn masquerade_new<A: Family + Default>(
     ctx: &TcContext,
     p: &Pkt<A>,
     flow: Option<FlowFlags>,
 ) -> i32 {
+    let mut g = Granted::default();
+    if let Err(v) = grant(p, flow, &mut g) {
+        return v;
+    }
+    match finish_new_flow(ctx, p, &g) {
+        Some(v) => v,
+        None => table_refused::<A>(),
+    }
+}
+
+/// The first half of [`masquerade_new`]: whether the flow is to be masqueraded, and if
+/// so its port, with the reverse entry in the table, written to `out` (`Err(verdict)`
+/// otherwise; written in place, not returned: an IPv6 one is 64 bytes of the frame). Apart
+/// from the second half ([`finish_new_flow`]) so that the IPv6 program can run them one
+/// after the other, not one inside the other: their frames would not fit together.
+#[inline(always)]
+pub(crate) fn grant<A: Family + Default>(
+    p: &Pkt<A>,
+    flow: Option<FlowFlags>,
+    out: &mut Granted<A>,
+) -> Result<(), i32> {
     let cfg = match node_config() {
         Some(c) => c,
         None => {
             count(Reason::PassNoMatch);
-            return PASS;
+            return Err(PASS);
         }
     };
     let echo_request = p.proto == A::ICMP && p.icmp_type == A::ECHO_REQUEST;
     let Some(node) = A::masquerade_addr(cfg) else {
         count(Reason::PassNoMatch);
-        return PASS;
+        return Err(PASS);
     };
     if !cfg.flags.contains(NodeFlags::MASQ)
         || !p.natable
         || !(p.proto == proto::TCP || p.proto == proto::UDP || echo_request)
     {
         count(Reason::PassNoMatch);
-        return PASS;
+        return Err(PASS);
     }
     let Some(ep) = p.saddr.local_endpoint() else {
         count(Reason::PassNoMatch);
-        return PASS;
+        return Err(PASS);
     };
     if p.daddr.in_cluster(cfg) || p.daddr.is_node_addr() {
         count(Reason::PassNoMatch);
-        return PASS;
+        return Err(PASS);
     }
     // MASQUERADE semantics: a pod's replies in a flow opened from outside keep the pod's
     // address (a SYN-ACK never opens one).
@@ -63,14 +85,14 @@ pub(crate) fn masquerade_new<A: Family>(
         || (p.proto == proto::TCP && p.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN | TCP_ACK)
     {
         count(Reason::PassInboundReply);
-        return PASS;
+        return Err(PASS);
     }
     // The pod's share of the NAT table: a pod holding all of it gets its own new flows
     // refused (dropped: passed on, the packet would leave with the pod's address), and
     // nobody else's.
     if !room_for_flow::<A>(ep.ifindex) {
         count(Reason::DropNatPodCap);
-        return TC_ACT_SHOT as i32;
+        return Err(TC_ACT_SHOT as i32);
     }
     // And its share of the ports towards this destination, so that it cannot take every
     // port other pods need to reach it.
@@ -101,36 +123,70 @@ pub(crate) fn masquerade_new<A: Family>(
     if flow.is_none() {
         rev.deliver = NatDeliver::STACK;
     }
-    let Some((np, rev_key)) = alloc_port(cfg, p.daddr, p.dport, node, p.proto, &rev, only_pod)
-    else {
+    let Some(np) = alloc_port(cfg, p.daddr, p.dport, node, p.proto, &rev, only_pod) else {
         if only_pod != 0 {
             count(Reason::DropSnatDestCap);
-            return TC_ACT_SHOT as i32;
+            return Err(TC_ACT_SHOT as i32);
         }
         // No port (or a full table): finished flows are swept out for the next try.
         sweep::<A>();
         count(Reason::DropNoSnatPort);
-        return TC_ACT_SHOT as i32;
+        return Err(TC_ACT_SHOT as i32);
     };
+    out.node = node;
+    out.port = np;
+    out.pod = ep.ifindex;
+    out.rev_key = rev_key(p.daddr, p.dport, node, np, p.proto);
+    Ok(())
+}
+
+/// The table refused a new flow's forward entry (its reverse one is gone again): passed
+/// unchanged, and finished flows are swept out for the next try (by the caller of
+/// [`finish_new_flow`], not inside it: their frames would stack up).
+#[inline(always)]
+pub(crate) fn table_refused<A: Family>() -> i32 {
+    sweep::<A>();
+    count(Reason::PassNatInsertFailed);
+    PASS
+}
+
+/// What a new masqueraded flow was given: the node address and port it leaves with, the
+/// pod it is charged to, and the key of its reverse entry (already in the table).
+#[derive(Default)]
+pub(crate) struct Granted<A> {
+    node: A,
+    port: u16,
+    pod: u32,
+    pub(crate) rev_key: NatKeyOf<A>,
+}
+
+/// The rest of a new masqueraded flow, once its port and reverse entry are in: the
+/// forward entry, and the packet's rewrite. `None` when the table refused the forward
+/// entry (the reverse one is removed again).
+///
+#[inline(always)]
+pub(crate) fn finish_new_flow<A: Family>(
+    ctx: &TcContext,
+    p: &Pkt<A>,
+    g: &Granted<A>,
+) -> Option<i32> {
     let fwd = entry(
-        node,
+        g.node,
         p.daddr,
-        np,
+        g.port,
         p.dport,
         NatHook::UPLINK_OUT,
         NatKind::SNAT_FWD,
-        ep.ifindex,
+        g.pod,
     );
     if !nat_add(&p.key(), &fwd, 0) {
-        nat_remove(&rev_key);
-        sweep::<A>();
-        count(Reason::PassNatInsertFailed);
-        return PASS;
+        nat_remove(&g.rev_key);
+        return None;
     }
     if !apply(ctx, p, &fwd) {
-        forget_new_flow(&p.key(), &rev_key);
-        return rewrite_failed();
+        forget_new_flow(&p.key(), &g.rev_key);
+        return Some(rewrite_failed());
     }
     count(Reason::SnatNew);
-    TC_ACT_OK as i32
+    Some(TC_ACT_OK as i32)
 }

@@ -207,16 +207,19 @@ pub(crate) fn flow_is_over<A>(
 /// entries are removed. `true` when the port is free now.
 #[inline(always)]
 pub(crate) fn reclaim<A: Family>(key: &NatKeyOf<A>) -> bool {
-    // SAFETY: copied out at once.
-    let Some(rev) = (unsafe { A::nat().get(*key) }).copied() else {
+    // Read in place, not copied (the entries are 56 bytes each for IPv6, and this runs
+    // under the port search's frames). A removal racing us at worst misjudges one port
+    // for one try; the references are not used after our own removals.
+    // SAFETY: map values, valid for the program run.
+    let Some(rev) = (unsafe { A::nat().get(key) }) else {
         return true;
     };
-    let fkey = opposite(&rev, key.proto);
-    // SAFETY: copied out at once.
-    let fwd = unsafe { A::nat().get(fkey) }.copied();
+    let fkey = opposite(rev, key.proto);
+    // SAFETY: as above.
+    let fwd = unsafe { A::nat().get(&fkey) };
     // The forward entry belongs to this port only if it still translates to it.
     let fwd = fwd.filter(|f| f.sport == key.dport && f.saddr == key.daddr);
-    if !flow_is_over(&rev, fwd.as_ref(), key.proto, now()) {
+    if !flow_is_over(rev, fwd, key.proto, now()) {
         return false;
     }
     if fwd.is_some() {
@@ -229,7 +232,8 @@ pub(crate) fn reclaim<A: Family>(key: &NatKeyOf<A>) -> bool {
 /// Reserves a translated port on address `local` for a flow with `peer:peer_port`
 /// (protocol `proto_`): inserts the reverse entry `rev`, keyed by peer → local:port, with
 /// a free port of the configured SNAT range tried at random (a port whose flow is over is
-/// taken back). Returns the port (network order) and the reverse entry's key.
+/// taken back). Returns the port (network order); the reverse entry's key is
+/// [`rev_key`] of it.
 ///
 /// `only_pod` (a host ifindex, else 0): the pod is at its cap of ports towards this peer,
 /// so only a port it holds itself, in a masqueraded flow that is over, may be taken (its
@@ -243,7 +247,7 @@ pub(crate) fn alloc_port<A: Family>(
     proto_: u8,
     rev: &NatEntryOf<A>,
     only_pod: u32,
-) -> Option<(u16, NatKeyOf<A>)> {
+) -> Option<u16> {
     let min = cfg.snat_port_min as u32;
     let max = cfg.snat_port_max as u32;
     if min == 0 || max < min {
@@ -260,7 +264,7 @@ pub(crate) fn alloc_port<A: Family>(
             proto: proto_,
             _pad: [0; 3],
         },
-        rev: *rev,
+        rev,
         only_pod,
         port: 0,
         found: 0,
@@ -271,23 +275,38 @@ pub(crate) fn alloc_port<A: Family>(
         bpf_loop(
             SNAT_TRIES,
             port_try::<A> as *const () as *mut c_void,
-            &mut a as *mut PortSearch<A> as *mut c_void,
+            &mut a as *mut PortSearch<'_, A> as *mut c_void,
             0,
         );
     }
     if a.found == 0 {
         return None;
     }
-    Some((a.port, a.key))
+    Some(a.port)
 }
 
-/// State of [`alloc_port`]'s search, shared with [`port_try`].
+/// The key of the reverse entry [`alloc_port`] inserted for `peer:peer_port` → `local`
+/// with `port` (the key is rebuilt, not returned: an IPv6 one is 40 bytes of the frame).
+#[inline(always)]
+pub(crate) fn rev_key<A>(peer: A, peer_port: u16, local: A, port: u16, proto_: u8) -> NatKeyOf<A> {
+    NatKeyOf {
+        saddr: peer,
+        daddr: local,
+        sport: peer_port,
+        dport: port,
+        proto: proto_,
+        _pad: [0; 3],
+    }
+}
+
+/// State of [`alloc_port`]'s search, shared with [`port_try`]. The entry is the
+/// caller's, not a copy (an IPv6 one is 56 bytes of the verifier's 512).
 #[repr(C)]
-pub(crate) struct PortSearch<A> {
+pub(crate) struct PortSearch<'a, A> {
     min: u32,
     span: u32,
     key: NatKeyOf<A>,
-    rev: NatEntryOf<A>,
+    rev: &'a NatEntryOf<A>,
     only_pod: u32,
     port: u16,
     found: u8,
@@ -297,7 +316,7 @@ pub(crate) struct PortSearch<A> {
 #[inline(never)]
 pub(crate) extern "C" fn port_try<A: Family>(_index: u64, ctx: *mut c_void) -> i64 {
     // SAFETY: `ctx` is the `PortSearch` passed to `bpf_loop` by `alloc_port`.
-    let a = unsafe { &mut *(ctx as *mut PortSearch<A>) };
+    let a = unsafe { &mut *(ctx as *mut PortSearch<'_, A>) };
     // SAFETY: plain helper call.
     let r = unsafe { bpf_get_prandom_u32() };
     let Some(off) = r.checked_rem(a.span) else {
@@ -315,12 +334,12 @@ pub(crate) extern "C" fn port_try<A: Family>(_index: u64, ctx: *mut c_void) -> i
         if !own {
             return 0;
         }
-    } else if nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
+    } else if nat_add(&a.key, a.rev, BPF_NOEXIST as u64) {
         a.port = port;
         a.found = 1;
         return 1;
     }
-    if reclaim(&a.key) && nat_add(&a.key, &a.rev, BPF_NOEXIST as u64) {
+    if reclaim(&a.key) && nat_add(&a.key, a.rev, BPF_NOEXIST as u64) {
         count(Reason::SnatPortReclaimed);
         a.port = port;
         a.found = 1;
@@ -505,6 +524,51 @@ fn has_room(pod: u32) -> bool {
     (u.entries as i32).saturating_add(2) <= u.cap as i32
 }
 
+/// Asks for a slice of the sweep ([`sweep_now`]): runs it at once, or, for a family
+/// whose sweep is deferred ([`Family::SWEEP_DEFERRED`]), notes the request for the next
+/// packet's [`sweep_if_requested`] and answers `false` (nothing was freed yet: the caller
+/// refuses this packet, and the flow's next try finds the room).
+#[inline(always)]
+pub(crate) fn sweep<A: Family>() -> bool {
+    if !A::SWEEP_DEFERRED {
+        return sweep_now::<A>();
+    }
+    if let Some(c) = sweep_clock::<A>() {
+        // SAFETY: a map value; `cap` is unused by the clock keys otherwise.
+        unsafe { (*c).cap = 1 };
+    }
+    false
+}
+
+/// Runs the slice a deferred [`sweep`] asked for, if any: at the top of a program, where
+/// the sweep's frames fit. The request stays until a slice ran (one at most per
+/// [`NAT_SWEEP_INTERVAL_NS`]).
+#[inline(always)]
+pub(crate) fn sweep_if_requested<A: Family>() {
+    let Some(c) = NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) else {
+        return;
+    };
+    // SAFETY: a map value; two CPUs racing here at worst both try a slice.
+    if unsafe { (*c).cap } != 0 && sweep_now::<A>() {
+        // SAFETY: as above.
+        unsafe { (*c).cap = 0 };
+    }
+}
+
+/// The family's sweep clock (`NAT_USE` key [`Family::SWEEP_CLOCK`]), made on first use.
+#[inline(always)]
+fn sweep_clock<A: Family>() -> Option<*mut NatUse> {
+    if let Some(c) = NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) {
+        return Some(c);
+    }
+    let first = NatUse {
+        entries: 1,
+        ..NatUse::default()
+    };
+    let _ = NAT_USE.insert(&A::SWEEP_CLOCK, &first, BPF_NOEXIST as u64);
+    NAT_USE.get_ptr_mut(A::SWEEP_CLOCK)
+}
+
 /// Runs one slice of the sweep that removes finished flows from the NAT table, at most
 /// once per [`NAT_SWEEP_INTERVAL_NS`] node-wide and family (the clock is `NAT_USE` key
 /// [`Family::SWEEP_CLOCK`]). `true` when a slice ran.
@@ -517,21 +581,10 @@ fn has_room(pod: u32) -> bool {
 /// flow of their protocol takes to be over are skipped without a look. So one packet
 /// pays for at most a bounded number of lookups plus one walk over the table.
 #[inline(always)]
-pub(crate) fn sweep<A: Family>() -> bool {
+pub(crate) fn sweep_now<A: Family>() -> bool {
     let t = now();
-    let clock = match NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) {
-        Some(c) => c,
-        None => {
-            let first = NatUse {
-                entries: 1,
-                ..NatUse::default()
-            };
-            let _ = NAT_USE.insert(&A::SWEEP_CLOCK, &first, BPF_NOEXIST as u64);
-            let Some(c) = NAT_USE.get_ptr_mut(A::SWEEP_CLOCK) else {
-                return false;
-            };
-            c
-        }
+    let Some(clock) = sweep_clock::<A>() else {
+        return false;
     };
     // SAFETY: a map value; two CPUs racing here at worst both run a slice.
     let pass = unsafe {

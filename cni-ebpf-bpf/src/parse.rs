@@ -1,7 +1,7 @@
 //! Header layout and parsing: Ethernet + IPv4 + the L4 fields the programs decide on.
 
 use aya_ebpf::programs::TcContext;
-use cni_ebpf_common::{proto, Addr4, NatKeyOf, Reason};
+use cni_ebpf_common::{proto, Addr4, Addr6, NatKeyOf, Reason};
 
 pub(crate) const ETH_HLEN: usize = 14;
 
@@ -26,7 +26,18 @@ pub(crate) const IP_CSUM: usize = core::mem::offset_of!(Iphdr, csum);
 pub(crate) const IP_SADDR: usize = core::mem::offset_of!(Iphdr, saddr);
 pub(crate) const IP_DADDR: usize = core::mem::offset_of!(Iphdr, daddr);
 /// Offset of the source address in an IPv6 header.
-pub(crate) const IP6_SADDR: usize = 8;
+pub(crate) const IP6_SADDR: usize = core::mem::offset_of!(Ip6hdr, saddr);
+/// Offset of the destination address in an IPv6 header.
+pub(crate) const IP6_DADDR: usize = core::mem::offset_of!(Ip6hdr, daddr);
+/// Offset of the hop limit in an IPv6 header.
+pub(crate) const IP6_HOP_LIMIT: usize = core::mem::offset_of!(Ip6hdr, hop_limit);
+/// Length of the IPv6 header (without extension headers).
+pub(crate) const IP6_HLEN: usize = 40;
+/// Offset of the L4 header of an IPv6 packet without extension headers.
+pub(crate) const L4_OFF6: usize = IP_OFF + IP6_HLEN;
+/// ICMPv6 echo request and reply.
+pub(crate) const ICMP6_ECHO_REQUEST: u8 = 128;
+pub(crate) const ICMP6_ECHO_REPLY: u8 = 129;
 
 /// Offsets of L4 fields, from the L4 header's start: ports (TCP, UDP) come first.
 pub(crate) const L4_SPORT: usize = 0;
@@ -129,6 +140,22 @@ impl<A: Copy> Pkt<A> {
     }
 }
 
+/// The IPv6 header (its layout: the programs read and write it field by field).
+#[repr(C)]
+#[derive(Clone, Copy)]
+#[allow(dead_code, reason = "a layout, read through its offsets")]
+pub(crate) struct Ip6hdr {
+    /// Version, traffic class and flow label.
+    pub(crate) vtcfl: u32,
+    pub(crate) payload_len: u16,
+    pub(crate) next_header: u8,
+    pub(crate) hop_limit: u8,
+    pub(crate) saddr: Addr6,
+    pub(crate) daddr: Addr6,
+}
+
+const _: () = assert!(core::mem::size_of::<Ip6hdr>() == IP6_HLEN);
+
 /// Reads a `T` at `off`: straight from the packet when those bytes are in its linear part
 /// (no helper call), else with `bpf_skb_load_bytes`.
 #[inline(always)]
@@ -215,6 +242,83 @@ pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {
                 p.natable = true;
             }
         }
+        _ => {}
+    }
+    Ok(p)
+}
+
+/// Parses Ethernet + IPv6 (+ the L4 ports). `Err` carries the reason to pass unchanged.
+///
+/// Only a fixed header directly followed by TCP, UDP or ICMPv6 is translated: a packet
+/// with extension headers (a fragment among them) is the kernel's, which walks them
+/// (`PassIpOptions`). Neighbour discovery, router advertisements and MLD are ICMPv6
+/// without an echo id: parsed, never natable, so no rule of the programs takes them.
+#[inline(always)]
+pub(crate) fn parse6(ctx: &TcContext) -> Result<Pkt<Addr6>, Reason> {
+    let ethertype: u16 = read(ctx, ETH_TYPE_OFF).map_err(|_| Reason::PassMalformed)?;
+    if ethertype != ETH_P_IPV6.to_be() {
+        return Err(Reason::PassNotIpv4);
+    }
+    // Field by field, not the whole header: the 40 bytes of an `Ip6hdr` copy would sit
+    // in every IPv6 frame next to the `Pkt` (the verifier's stack is 512 bytes).
+    let head: [u8; 8] = read(ctx, IP_OFF).map_err(|_| Reason::PassMalformed)?;
+    if head[0] >> 4 != 6 {
+        return Err(Reason::PassMalformed);
+    }
+    let l4_len = u16::from_be_bytes([head[4], head[5]]) as u32;
+    let next_header = head[6];
+    if l4_len + (IP6_HLEN + ETH_HLEN) as u32 > ctx.len() {
+        return Err(Reason::PassMalformed);
+    }
+    let mut p = Pkt {
+        saddr: read(ctx, IP_OFF + IP6_SADDR).map_err(|_| Reason::PassMalformed)?,
+        daddr: read(ctx, IP_OFF + IP6_DADDR).map_err(|_| Reason::PassMalformed)?,
+        sport: 0,
+        dport: 0,
+        proto: next_header,
+        icmp_type: 0xff,
+        tcp_flags: 0,
+        natable: false,
+    };
+    match next_header {
+        proto::TCP => {
+            if l4_len < 20 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = read(ctx, L4_OFF6).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.tcp_flags = read(ctx, L4_OFF6 + TCP_FLAGS).map_err(|_| Reason::PassMalformed)?;
+            p.natable = true;
+        }
+        proto::UDP => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ports: [u16; 2] = read(ctx, L4_OFF6).map_err(|_| Reason::PassMalformed)?;
+            p.sport = ports[0];
+            p.dport = ports[1];
+            p.natable = true;
+        }
+        proto::ICMPV6 => {
+            if l4_len < 8 {
+                return Err(Reason::PassMalformed);
+            }
+            let ty: u8 = read(ctx, L4_OFF6).map_err(|_| Reason::PassMalformed)?;
+            p.icmp_type = ty;
+            if ty == ICMP6_ECHO_REQUEST || ty == ICMP6_ECHO_REPLY {
+                let id: u16 =
+                    read(ctx, L4_OFF6 + ICMP_ECHO_ID).map_err(|_| Reason::PassMalformed)?;
+                if ty == ICMP6_ECHO_REQUEST {
+                    p.sport = id;
+                } else {
+                    p.dport = id;
+                }
+                p.natable = true;
+            }
+        }
+        // Hop-by-hop, routing, fragment, destination options, …: the kernel's.
+        0 | 43 | 44 | 60 | 51 | 50 | 135 | 139 | 140 => return Err(Reason::PassIpOptions),
         _ => {}
     }
     Ok(p)

@@ -5,14 +5,15 @@ use aya_ebpf::{
     programs::TcContext,
     Global,
 };
-use cni_ebpf_common::{proto, NatEntry, NatEntryOf, Reason};
+use cni_ebpf_common::{proto, Addr6, NatEntry, NatEntryOf, Reason};
 
 use crate::{
     family::Family,
     maps::count,
     parse::{
-        Pkt, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP_CSUM, IP_DADDR, IP_OFF,
-        IP_SADDR, L4_DPORT, L4_OFF, L4_SPORT, L4_TRANSLATED_LEN, TCP_CSUM, UDP_CSUM,
+        Pkt, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID,
+        ICMP_ECHO_REPLY, IP6_DADDR, IP6_SADDR, IP_CSUM, IP_DADDR, IP_OFF, IP_SADDR, L4_DPORT,
+        L4_OFF, L4_OFF6, L4_SPORT, L4_TRANSLATED_LEN, TCP_CSUM, UDP_CSUM,
     },
 };
 
@@ -22,7 +23,7 @@ pub(crate) fn l4_csum(proto_: u8, l4_off: usize) -> Option<(usize, u64)> {
     match proto_ {
         proto::TCP => Some((l4_off + TCP_CSUM, 0)),
         proto::UDP => Some((l4_off + UDP_CSUM, BPF_F_MARK_MANGLED_0 as u64)),
-        proto::ICMP => Some((l4_off + ICMP_CSUM, 0)),
+        proto::ICMP | proto::ICMPV6 => Some((l4_off + ICMP_CSUM, 0)),
         _ => None,
     }
 }
@@ -168,6 +169,50 @@ pub(crate) fn rewrite_slow(ctx: &TcContext, p: &Pkt, n: &NatEntry) -> Result<(),
         ctx.store(L4_OFF + ICMP_ECHO_ID, &n.dport, 0)?;
     }
     l4_csum_fix(ctx, p, n)
+}
+
+/// Rewrites an IPv6 packet's tuple `p` into `n`'s. IPv6 has no header checksum; the L4
+/// checksum of TCP, UDP and ICMPv6 alike covers the pseudo-header, so a changed address
+/// goes into it word by word (`BPF_F_PSEUDO_HDR`), then the ports or the echo id.
+#[inline(always)]
+pub(crate) fn rewrite6(ctx: &TcContext, p: &Pkt<Addr6>, n: &NatEntryOf<Addr6>) -> Result<(), i64> {
+    let Some((off, fl)) = l4_csum(p.proto, L4_OFF6) else {
+        return Ok(());
+    };
+    let pf = fl | BPF_F_PSEUDO_HDR as u64 | 4;
+    if n.saddr != p.saddr {
+        ctx.store(IP_OFF + IP6_SADDR, &n.saddr, 0)?;
+        for i in 0..4 {
+            if n.saddr[i] != p.saddr[i] {
+                l4_csum_replace(ctx, off, p.saddr[i] as u64, n.saddr[i] as u64, pf)?;
+            }
+        }
+    }
+    if n.daddr != p.daddr {
+        ctx.store(IP_OFF + IP6_DADDR, &n.daddr, 0)?;
+        for i in 0..4 {
+            if n.daddr[i] != p.daddr[i] {
+                l4_csum_replace(ctx, off, p.daddr[i] as u64, n.daddr[i] as u64, pf)?;
+            }
+        }
+    }
+    if p.proto == proto::TCP || p.proto == proto::UDP {
+        if n.sport != p.sport {
+            ctx.store(L4_OFF6 + L4_SPORT, &n.sport, 0)?;
+            l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, fl | 2)?;
+        }
+        if n.dport != p.dport {
+            ctx.store(L4_OFF6 + L4_DPORT, &n.dport, 0)?;
+            l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, fl | 2)?;
+        }
+    } else if p.icmp_type == ICMP6_ECHO_REQUEST && n.sport != p.sport {
+        ctx.store(L4_OFF6 + ICMP_ECHO_ID, &n.sport, 0)?;
+        l4_csum_replace(ctx, off, p.sport as u64, n.sport as u64, 2)?;
+    } else if p.icmp_type == ICMP6_ECHO_REPLY && n.dport != p.dport {
+        ctx.store(L4_OFF6 + ICMP_ECHO_ID, &n.dport, 0)?;
+        l4_csum_replace(ctx, off, p.dport as u64, n.dport as u64, 2)?;
+    }
+    Ok(())
 }
 
 /// Applies entry `n` to packet `p` (the family's rewrite, [`rewrite`] for IPv4). `false`

@@ -66,8 +66,19 @@ pub const NAT_SWEEP_INTERVAL_NS: u64 = 1_000_000_000;
 pub const NAT_SWEEP_BUDGET: u32 = 2048;
 /// Capacity of [`map::SOCK_REVNAT`].
 pub const MAX_SOCK_REVNAT: u32 = 65_536;
-/// Number of `clusterCIDRs` the programs consider.
+/// Number of `clusterCIDRs` the programs consider (per family).
 pub const MAX_CLUSTER_CIDRS: usize = 16;
+/// Capacity of [`map::ENDPOINTS6`].
+pub const MAX_ENDPOINTS6: u32 = 2 * MAX_ENDPOINTS;
+/// Capacity of [`map::NAT6`]. Not preallocated (a node without IPv6 pods pays nothing).
+pub const MAX_NAT6: u32 = MAX_NAT;
+/// Capacity of [`map::FLOWS6`] (an LRU, preallocated: a quarter of the IPv4 table's, so
+/// that a node without IPv6 pods pays little for it).
+pub const MAX_FLOWS6: u32 = MAX_FLOWS / 4;
+/// Capacity of [`map::STACK_SOCKETS6`] (an LRU, preallocated, see [`MAX_FLOWS6`]).
+pub const MAX_STACK_SOCKETS6: u32 = MAX_STACK_SOCKETS / 4;
+/// Capacity of [`map::NODE_ADDRS6`].
+pub const MAX_NODE_ADDRS6: u32 = MAX_NODE_ADDRS;
 
 /// Key of [`map::ENDPOINTS`]: one pod IPv4 address.
 #[repr(C)]
@@ -77,6 +88,16 @@ pub struct EndpointKey {
     pub addr: u32,
 }
 const _: () = assert!(size_of::<EndpointKey>() == 4);
+
+/// Key of [`map::ENDPOINTS6`]: one pod IPv6 address (value: [`EndpointInfo`], as for
+/// IPv4).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointKey6 {
+    /// Pod IPv6 address, wire order.
+    pub addr: Addr6,
+}
+const _: () = assert!(size_of::<EndpointKey6>() == 16);
 
 bitflags::bitflags! {
     /// [`EndpointInfo::flags`] (native order).
@@ -192,6 +213,8 @@ pub mod proto {
     pub const TCP: u8 = 6;
     /// UDP.
     pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
 }
 
 /// Key of [`map::PORTMAPS`]: one host port.
@@ -374,6 +397,45 @@ pub struct Cidr4 {
 }
 const _: () = assert!(size_of::<Cidr4>() == 8);
 
+/// One IPv6 `clusterCIDRs` entry.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Cidr6 {
+    /// Network address, wire order.
+    pub addr: Addr6,
+    /// Netmask, wire order.
+    pub mask: Addr6,
+}
+const _: () = assert!(size_of::<Cidr6>() == 32);
+
+impl Cidr6 {
+    /// Whether `a` is inside this prefix.
+    #[must_use]
+    pub fn contains(&self, a: &Addr6) -> bool {
+        (a[0] & self.mask[0]) == self.addr[0]
+            && (a[1] & self.mask[1]) == self.addr[1]
+            && (a[2] & self.mask[2]) == self.addr[2]
+            && (a[3] & self.mask[3]) == self.addr[3]
+    }
+}
+
+/// Value of [`map::NODE_CONFIG6`] (one entry, index 0): the IPv6 half of the node's
+/// configuration (the switches, ports and uplink in [`NodeConfig`] hold for both).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NodeConfig6 {
+    /// Node IPv6 address used as the masquerade source (the uplink's global address),
+    /// wire order; `::` = no IPv6 masquerade.
+    pub node_addr: Addr6,
+    /// Number of valid entries in `cluster_cidrs`, native order.
+    pub n_cidrs: u32,
+    /// Padding (zero).
+    pub _pad: u32,
+    /// `clusterCIDRs` (IPv6 ones), never masqueraded.
+    pub cluster_cidrs: [Cidr6; MAX_CLUSTER_CIDRS],
+}
+const _: () = assert!(size_of::<NodeConfig6>() == 24 + 32 * MAX_CLUSTER_CIDRS);
+
 /// Value of [`map::NODE_CONFIG`] (one entry, index 0).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -457,6 +519,14 @@ mod pod {
     unsafe impl aya::Pod for super::PortTarget {}
     unsafe impl aya::Pod for super::NatKey {}
     unsafe impl aya::Pod for super::NatEntry {}
+    unsafe impl aya::Pod for super::NatKey6 {}
+    unsafe impl aya::Pod for super::NatEntry6 {}
+    unsafe impl aya::Pod for super::NatDestKey6 {}
+    unsafe impl aya::Pod for super::EndpointKey6 {}
+    unsafe impl aya::Pod for super::Cidr6 {}
+    unsafe impl aya::Pod for super::NodeConfig6 {}
+    unsafe impl aya::Pod for super::SockKey6 {}
+    unsafe impl aya::Pod for super::SockPeer6 {}
     unsafe impl aya::Pod for super::Cidr4 {}
     unsafe impl aya::Pod for super::NodeState {}
     unsafe impl aya::Pod for super::NodeConfig {}

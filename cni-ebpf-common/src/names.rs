@@ -25,8 +25,31 @@ pub mod prog {
         SOCK_RECVMSG4,
         SOCK_GETPEERNAME4,
     ];
-    /// Every program, in load order.
-    pub const ALL: [&str; 7] = [
+    /// `from_pod` for IPv6 packets: a tail call of `from_pod` (slot
+    /// [`CALL6_FROM_POD`] of the `CALLS6` program array), never attached itself.
+    pub const FROM_POD6: &str = "from_pod6";
+    /// `uplink_ingress` for IPv6 packets (tail call, slot [`CALL6_UPLINK_INGRESS`]).
+    pub const UPLINK_INGRESS6: &str = "uplink_ingress6";
+    /// `uplink_egress` for IPv6 packets (tail call, slot [`CALL6_UPLINK_EGRESS`]).
+    pub const UPLINK_EGRESS6: &str = "uplink_egress6";
+    /// Slot of [`FROM_POD6`] in the `CALLS6` program array.
+    pub const CALL6_FROM_POD: u32 = 0;
+    /// Slot of [`UPLINK_INGRESS6`].
+    pub const CALL6_UPLINK_INGRESS: u32 = 1;
+    /// Slot of [`UPLINK_EGRESS6`].
+    pub const CALL6_UPLINK_EGRESS: u32 = 2;
+    /// The IPv6 programs, each at its slot of the `CALLS6` program array.
+    pub const CALLS6: [(&str, u32); 3] = [
+        (FROM_POD6, CALL6_FROM_POD),
+        (UPLINK_INGRESS6, CALL6_UPLINK_INGRESS),
+        (UPLINK_EGRESS6, CALL6_UPLINK_EGRESS),
+    ];
+    /// Every program, in load order (the tail-called IPv6 programs first: a program that
+    /// calls them finds them in place from its first packet).
+    pub const ALL: [&str; 10] = [
+        FROM_POD6,
+        UPLINK_INGRESS6,
+        UPLINK_EGRESS6,
         FROM_POD,
         UPLINK_INGRESS,
         UPLINK_EGRESS,
@@ -85,8 +108,26 @@ pub mod map {
     /// [`crate::NodeState`] (index 0): userspace's node-wide bookkeeping, never read by
     /// the programs.
     pub const NODE_STATE: &str = "NODE_STATE";
+    /// [`crate::EndpointKey6`] → [`crate::EndpointInfo`]: local pods by IPv6 address.
+    pub const ENDPOINTS6: &str = "ENDPOINTS6";
+    /// [`crate::NatKey6`] → [`crate::NatEntry6`]: IPv6 NAT flows, as [`NAT`].
+    pub const NAT6: &str = "NAT6";
+    /// [`crate::NatDestKey6`] → `u32`: as [`NAT_DEST_USE`], for IPv6 destinations.
+    pub const NAT_DEST_USE6: &str = "NAT_DEST_USE6";
+    /// [`crate::NatKey6`] → [`crate::FlowEntry`] (LRU): as [`FLOWS`], for IPv6 flows.
+    pub const FLOWS6: &str = "FLOWS6";
+    /// [`crate::SockKey6`] → [`crate::SockPeer6`] (LRU): as [`STACK_SOCKETS`].
+    pub const STACK_SOCKETS6: &str = "STACK_SOCKETS6";
+    /// Index 0 → [`crate::NodeConfig6`].
+    pub const NODE_CONFIG6: &str = "NODE_CONFIG6";
+    /// Node IPv6 address ([`crate::Addr6`]) → [`crate::NodeAddr`].
+    pub const NODE_ADDRS6: &str = "NODE_ADDRS6";
+    /// Program array: the IPv6 programs, tail-called by the attached ones (slots
+    /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
+    /// verifier's whole 512-byte stack to itself.
+    pub const CALLS6: &str = "CALLS6";
     /// Every map.
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 25] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -104,6 +145,14 @@ pub mod map {
         NAT_USE,
         NAT_DEST_USE,
         NODE_STATE,
+        ENDPOINTS6,
+        NAT6,
+        NAT_DEST_USE6,
+        FLOWS6,
+        STACK_SOCKETS6,
+        NODE_CONFIG6,
+        NODE_ADDRS6,
+        CALLS6,
     ];
 }
 

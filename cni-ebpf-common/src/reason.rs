@@ -105,11 +105,14 @@ pub enum Reason {
     /// share of the SNAT ports towards that destination (address, port, protocol;
     /// `natPortsPerDestination`).
     DropSnatDestCap = 54,
+    /// Passed unchanged: an IPv6 packet whose program is not in the `CALLS6` program
+    /// array (a datapath being loaded, or one a crash left half-loaded: CHECK reports it).
+    PassIpv6NotLoaded = 55,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 39] = [
+    pub const ALL: [Reason; 40] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -149,6 +152,7 @@ impl Reason {
         Reason::NatSweep,
         Reason::NatSweptEntry,
         Reason::DropSnatDestCap,
+        Reason::PassIpv6NotLoaded,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -194,13 +198,14 @@ impl Reason {
             Reason::NatSweep => "nat_sweep",
             Reason::NatSweptEntry => "nat_swept_entry",
             Reason::DropSnatDestCap => "drop_snat_dest_cap",
+            Reason::PassIpv6NotLoaded => "pass_ipv6_not_loaded",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::DropSnatDestCap as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::PassIpv6NotLoaded as u32) < REASON_SLOTS);
 
 #[cfg(test)]
 mod tests {

@@ -14,11 +14,11 @@ use std::{
 };
 
 use aya::{
-    maps::{Map, MapData},
+    maps::{Map, MapData, ProgramArray},
     programs::{CgroupSockAddr, Program, ProgramError, ProgramInfo, SchedClassifier},
     Ebpf, EbpfLoader,
 };
-use cni_ebpf_common::{global, prog};
+use cni_ebpf_common::{global, map, prog};
 // A typed constant: `f_type`'s width and signedness differ between glibc and musl.
 use nix::sys::statfs::BPF_FS_MAGIC;
 
@@ -119,12 +119,24 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
     let mut ebpf = load_object(pins, faults)?;
     crate::faults::point("load-maps-pinned")?;
     let fresh = !prog::ALL.iter().any(|p| pins.prog(p).exists());
+    let mut calls6 = calls6(&mut ebpf)?;
     for name in prog::ALL {
         let pin = pins.prog(name);
+        let slot = call6_slot(name);
         if pin.exists() {
+            // A loader killed between a slot and the next pin left the slot set, or not.
+            if let Some(slot) = slot {
+                set_call6(&mut calls6, slot, open_program(pins, name)?.fd(), name)?;
+            }
             continue;
         }
-        load_program(&mut ebpf, name)?.pin(&pin).map_err(|e| {
+        let mut loaded = load_program(&mut ebpf, name)?;
+        // The slot before the pin: a pinned tail-call program is always in its slot, so a
+        // datapath whose pins are complete never lacks one.
+        if let (Some(slot), Loaded::Tc(p)) = (slot, &loaded) {
+            set_call6(&mut calls6, slot, p.fd(), name)?;
+        }
+        loaded.pin(&pin).map_err(|e| {
             Error::datapath(format!("pinning program {name} at {}", pin.display()), e)
         })?;
     }
@@ -139,6 +151,43 @@ pub fn load_and_pin_with(pins: &Pins, faults: Faults) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The `CALLS6` program array of `ebpf` (its pinned map), opened apart from the object
+/// so that its slots can be set while the object's programs are borrowed.
+pub fn calls6(ebpf: &mut Ebpf) -> Result<ProgramArray<MapData>> {
+    let map = ebpf.take_map(map::CALLS6).ok_or_else(|| {
+        Error::datapath(
+            format!("opening map {}", map::CALLS6),
+            "the embedded object has no such map",
+        )
+    })?;
+    ProgramArray::try_from(map)
+        .map_err(|e| Error::datapath(format!("opening map {}", map::CALLS6), e))
+}
+
+/// The `CALLS6` slot of program `name`, if it is tail-called.
+#[must_use]
+pub fn call6_slot(name: &str) -> Option<u32> {
+    prog::CALLS6
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, slot)| *slot)
+}
+
+/// Puts program `name` (its descriptor `fd`) in `slot` of `CALLS6`: the attached
+/// programs tail-call it from their next packet on (an atomic swap for a replaced one).
+pub fn set_call6(
+    calls6: &mut ProgramArray<MapData>,
+    slot: u32,
+    fd: std::result::Result<&aya::programs::ProgramFd, ProgramError>,
+    name: &str,
+) -> Result<()> {
+    let what = || format!("setting slot {slot} of {} to {name}", map::CALLS6);
+    let fd = fd.map_err(|e| Error::datapath(what(), e))?;
+    calls6
+        .set(slot, fd, 0)
+        .map_err(|e| Error::datapath(what(), e))
 }
 
 /// The embedded object loaded with its maps bound to the pins in `pins` (aya's by-name

@@ -104,8 +104,17 @@ struct TcTarget {
 fn replace_programs(pins: &Pins) -> Result<()> {
     let mut ebpf = load::load_object(pins, load::Faults::default())?;
     let dp = Datapath::open_pins(pins.clone())?;
+    let mut calls6 = load::calls6(&mut ebpf)?;
     for name in prog::ALL {
         match load::load_program(&mut ebpf, name)? {
+            // A tail-called program is swapped in its slot (atomically: the attached
+            // programs call the old one or the new one), then its pin.
+            Loaded::Tc(p) if load::call6_slot(name).is_some() => {
+                if let Some(slot) = load::call6_slot(name) {
+                    load::set_call6(&mut calls6, slot, p.fd(), name)?;
+                }
+                pin_over(pins, name, |tmp| p.pin(tmp))?;
+            }
             Loaded::Tc(p) => {
                 let old_id = attach::program_id(&load::open_program(pins, name)?)?;
                 for t in tc_targets(&dp, name)? {

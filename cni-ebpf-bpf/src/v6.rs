@@ -1,0 +1,193 @@
+//! The IPv6 paths of the three tc programs, each its own program (`from_pod6`,
+//! `uplink_ingress6`, `uplink_egress6`), tail-called by the attached one through the
+//! `CALLS6` program array as soon as it sees an IPv6 frame (cilium keeps its families
+//! apart the same way). Each then has the verifier's 512-byte stack to itself: IPv6
+//! keys and NAT entries are two and a half times the IPv4 ones, and the two families'
+//! frames would not fit one program. A slot left empty (a datapath being loaded) passes
+//! the packet unchanged, as before IPv6 had a datapath (`pass_ipv6_not_loaded`).
+//!
+//! What they do today: same-node pod → pod straight into the destination pod
+//! (`bpf_redirect_peer`, under the same netfilter rule as IPv4: the reply of a Service
+//! flow goes to the stack), masquerade of pod flows leaving the cluster at the uplink,
+//! and the flow tracking masquerade needs (which flows a pod opened, which were opened
+//! from outside). Every other IPv6 packet is the kernel's: a pod's traffic leaving the
+//! node, and the replies of masqueraded flows after their reverse translation, go
+//! through the stack, so netfilter sees both directions of every flow that leaves the
+//! node (there is no IPv6 uplink fast path yet, and half a flow past the stack would be
+//! INVALID to conntrack). Neighbour discovery, router advertisements and DAD carry no
+//! translatable tuple and are passed untouched; so is any packet with extension headers.
+
+use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use cni_ebpf_common::{prog, Addr6, FlowFlags, NatHook, NatKind, Reason};
+
+use crate::{
+    family::Family,
+    flows,
+    forward::deliver6,
+    maps::{count, node_config, CALLS6},
+    masq::{self, Granted},
+    nat::{nat_lookup, nat_remove, sweep_if_requested},
+    parse::{parse6, read, ETH_P_IPV6, ETH_TYPE_OFF},
+    rewrite::{apply, rewrite_failed},
+    PASS,
+};
+
+/// `skb->cb[0]` as `from_pod` leaves it for `from_pod6`: the packet's source is one of
+/// the pod's own addresses (else one of its allow-list).
+const CB_OWN_SOURCE: u32 = 1;
+
+/// Whether the frame is IPv6.
+#[inline(always)]
+pub(crate) fn is_ipv6(ctx: &TcContext) -> bool {
+    read::<u16>(ctx, ETH_TYPE_OFF).is_ok_and(|t| t == ETH_P_IPV6.to_be())
+}
+
+/// Tail-calls the IPv6 program at `slot` of `CALLS6`; returns only if the slot is empty.
+#[inline(always)]
+pub(crate) fn call(ctx: &TcContext, slot: u32) -> i32 {
+    // SAFETY: the slots hold tc programs of this object, which take the same context;
+    // control does not come back unless the call failed.
+    unsafe { CALLS6.tail_call(ctx, slot) };
+    count(Reason::PassIpv6NotLoaded);
+    PASS
+}
+
+/// `from_pod` hands an IPv6 packet to `from_pod6`, with its source verdict (checked, and
+/// the packet paced, before: those hold for every family).
+#[inline(always)]
+pub(crate) fn call_from_pod6(ctx: &TcContext, own_source: bool) -> i32 {
+    // SAFETY: `cb` is the tc control block, ours while the packet is in tc.
+    unsafe { (*ctx.skb.skb).cb[0] = if own_source { CB_OWN_SOURCE } else { 0 } };
+    call(ctx, prog::CALL6_FROM_POD)
+}
+
+/// `from_pod`, IPv6 (tail call).
+#[classifier]
+pub fn from_pod6(ctx: TcContext) -> i32 {
+    // SAFETY: as in `call_from_pod6`, which wrote it.
+    let own_source = unsafe { (*ctx.skb.skb).cb[0] } == CB_OWN_SOURCE;
+    let p = match parse6(&ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return PASS;
+        }
+    };
+    if let Some(ep) = p.daddr.local_endpoint() {
+        if !p.natable || flows::is_translated_reply(&p) {
+            count(Reason::PassTranslatedReply);
+            return PASS;
+        }
+        flows::opens_direct(&p);
+        count(Reason::RedirectPod);
+        return deliver6(&ctx, &ep);
+    }
+    flows::to_stack(&p, own_source);
+    PASS
+}
+
+/// `uplink_ingress`, IPv6 (tail call): replies of masqueraded flows translated back (and
+/// handed to the stack, which routes them to the pod); flows opened from outside towards
+/// a pod noted, so that its replies are never masqueraded.
+#[classifier]
+pub fn uplink_ingress6(ctx: TcContext) -> i32 {
+    let p = match parse6(&ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return PASS;
+        }
+    };
+    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) {
+        if !apply(&ctx, &p, &n) {
+            return rewrite_failed();
+        }
+        count(if n.kind == NatKind::SNAT_REV {
+            Reason::SnatReply
+        } else {
+            Reason::DnatForward
+        });
+        count(Reason::TranslatedToStack);
+        return TC_ACT_OK as i32;
+    }
+    if p.daddr.local_endpoint().is_some() {
+        if let Some(cfg) = node_config() {
+            flows::note_inbound(&p, cfg);
+        }
+    }
+    count(Reason::PassNoMatch);
+    PASS
+}
+
+/// `uplink_egress`, IPv6 (tail call): masquerade of pod flows leaving the cluster.
+///
+/// Three BPF functions called one after the other, not one inside the other: the
+/// lookup's frame, a new flow's port search (under which the search's callback runs)
+/// and its forward entry and rewrite would not fit the verifier's 512 bytes stacked,
+/// with IPv6 keys and entries. The later stages parse the headers again, which costs
+/// less than the stack it saves, and only on a flow's first packet. A sweep of the NAT
+/// table asked for by a new flow runs here, on the next packet
+/// (`Family::SWEEP_DEFERRED`).
+#[classifier]
+pub fn uplink_egress6(ctx: TcContext) -> i32 {
+    sweep_if_requested::<Addr6>();
+    let flow = match egress6_known(&ctx) {
+        Ok(v) => return v,
+        Err(flow) => flow,
+    };
+    let mut g = Granted::default();
+    if let Some(v) = egress6_grant(&ctx, flow, &mut g) {
+        return v;
+    }
+    egress6_finish(&ctx, &g)
+}
+
+/// A packet of a translated flow (`Ok(verdict)`; `Ok(PASS)` too when it cannot be
+/// parsed), or what the flow table knows of a flow with no NAT entry (`Err`, see
+/// [`flows::seen_leaving`]).
+#[inline(never)]
+fn egress6_known(ctx: &TcContext) -> Result<i32, Option<FlowFlags>> {
+    let p = match parse6(ctx) {
+        Ok(p) => p,
+        Err(r) => {
+            count(r);
+            return Ok(PASS);
+        }
+    };
+    let flow = flows::seen_leaving(&p);
+    let Some(n) = nat_lookup(&p, NatHook::UPLINK_OUT) else {
+        return Err(flow);
+    };
+    if !apply(ctx, &p, &n) {
+        return Ok(rewrite_failed());
+    }
+    count(if n.kind == NatKind::SNAT_FWD {
+        Reason::SnatForward
+    } else {
+        Reason::DnatReply
+    });
+    Ok(TC_ACT_OK as i32)
+}
+
+/// A packet with no NAT entry: a verdict, or a new masqueraded flow's port in `g` (see
+/// [`masq::grant`]).
+#[inline(never)]
+fn egress6_grant(ctx: &TcContext, flow: Option<FlowFlags>, g: &mut Granted<Addr6>) -> Option<i32> {
+    let p = parse6(ctx).ok()?;
+    masq::grant(&p, flow, g).err()
+}
+
+/// A new masqueraded flow, granted: its forward entry and the packet's rewrite (see
+/// [`masq::finish_new_flow`]).
+#[inline(never)]
+fn egress6_finish(ctx: &TcContext, g: &Granted<Addr6>) -> i32 {
+    let Ok(p) = parse6(ctx) else {
+        // The same bytes parsed a moment ago: not reached; the reverse entry goes.
+        nat_remove(&g.rev_key);
+        return PASS;
+    };
+    match masq::finish_new_flow(ctx, &p, g) {
+        Some(v) => v,
+        None => masq::table_refused::<Addr6>(),
+    }
+}
