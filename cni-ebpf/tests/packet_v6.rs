@@ -1,0 +1,394 @@
+//! Issue 13: the IPv6 programs, one decision per test through `BPF_PROG_TEST_RUN`.
+//!
+//! The attached programs tail-call their IPv6 halves (`from_pod6`, `uplink_ingress6`,
+//! `uplink_egress6`, slots of `CALLS6`): these tests run the attached ones, so the tail
+//! calls are part of what is tested. Checksums are verified with this file's own
+//! computation (RFC 1071 over the IPv6 pseudo-header), not the kernel's.
+//!
+//! The userspace half of the IPv6 datapath (ENDPOINTS6 from ADD, NODE_CONFIG6 from the
+//! uplink's global address and the IPv6 `clusterCIDRs`) is not written yet: the
+//! masquerade tests put those two map entries in place themselves, as ADD and the node
+//! configuration will.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+mod packet_support;
+
+use std::net::Ipv6Addr;
+
+use cni_ebpf::datapath::Endpoint;
+use cni_ebpf_common::{
+    Cidr6, EndpointInfo, EndpointKey, EndpointKey6, FlowFlags, NatKey6, NodeConfig6, Reason,
+    MAX_CLUSTER_CIDRS,
+};
+use packet_support::*;
+
+const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
+const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
+const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
+const ICMPV6: u8 = 58;
+const ECHO6_REQUEST: u8 = 128;
+const ECHO6_REPLY: u8 = 129;
+
+fn wire(a: Ipv6Addr) -> [u32; 4] {
+    let o = a.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
+}
+
+/// The IPv6 pseudo-header of an upper-layer checksum (RFC 8200 8.1).
+fn pseudo6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, len: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(40);
+    p.extend_from_slice(&src.octets());
+    p.extend_from_slice(&dst.octets());
+    p.extend_from_slice(&(len as u32).to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, next]);
+    p
+}
+
+/// L4 bytes with their checksum (at `csum_at`) computed over the pseudo-header.
+fn l4_6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, mut s: Vec<u8>, csum_at: usize) -> Vec<u8> {
+    s[csum_at..csum_at + 2].fill(0);
+    let c = inet_csum(&[&pseudo6(src, dst, next, s.len()), &s]);
+    s[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
+    s
+}
+
+fn frame6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, l4: &[u8]) -> Vec<u8> {
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[next, 64]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    ip.extend_from_slice(l4);
+    eth(UPLINK_MAC, EXT_MAC, 0x86dd, &ip)
+}
+
+fn tcp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16, flags: u8) -> Vec<u8> {
+    let mut s = vec![0u8; 20];
+    s[0..2].copy_from_slice(&sport.to_be_bytes());
+    s[2..4].copy_from_slice(&dport.to_be_bytes());
+    s[4..8].copy_from_slice(&1000u32.to_be_bytes());
+    s[12] = 5 << 4;
+    s[13] = flags;
+    s[14..16].copy_from_slice(&65535u16.to_be_bytes());
+    s.extend_from_slice(b"hello over six");
+    frame6(src, dst, TCP, &l4_6(src, dst, TCP, s, 16))
+}
+
+fn udp6(src: Ipv6Addr, sport: u16, dst: Ipv6Addr, dport: u16) -> Vec<u8> {
+    let mut s = vec![0u8; 8];
+    s[0..2].copy_from_slice(&sport.to_be_bytes());
+    s[2..4].copy_from_slice(&dport.to_be_bytes());
+    s.extend_from_slice(b"datagram!");
+    let len = s.len() as u16;
+    s[4..6].copy_from_slice(&len.to_be_bytes());
+    frame6(src, dst, UDP, &l4_6(src, dst, UDP, s, 6))
+}
+
+fn echo6(src: Ipv6Addr, dst: Ipv6Addr, ty: u8, id: u16) -> Vec<u8> {
+    let mut s = vec![ty, 0, 0, 0];
+    s.extend_from_slice(&id.to_be_bytes());
+    s.extend_from_slice(&7u16.to_be_bytes());
+    s.extend_from_slice(b"ping six");
+    frame6(src, dst, ICMPV6, &l4_6(src, dst, ICMPV6, s, 2))
+}
+
+/// A neighbour solicitation for `target` from `src` (to its solicited-node group).
+fn neighbour_solicitation(src: Ipv6Addr, target: Ipv6Addr) -> Vec<u8> {
+    let t = target.octets();
+    let dst = Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(t[13]),
+        u16::from_be_bytes([t[14], t[15]]),
+    );
+    let mut s = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    s.extend_from_slice(&t);
+    s.extend_from_slice(&[1, 1]);
+    s.extend_from_slice(&POD_MAC_A);
+    let mut f = frame6(src, dst, ICMPV6, &l4_6(src, dst, ICMPV6, s, 2));
+    f[14 + 7] = 255; // hop limit 255, as ND requires
+    f
+}
+
+/// A parsed IPv6 frame: addresses, L4 ports (or echo id), and whether its L4 checksum
+/// is right over the pseudo-header.
+struct Seen6 {
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    sport: u16,
+    dport: u16,
+    csum_ok: bool,
+}
+
+fn parse6(f: &[u8]) -> Seen6 {
+    assert_eq!(u16::from_be_bytes([f[12], f[13]]), 0x86dd, "not IPv6");
+    let ip = &f[14..];
+    let len = u16::from_be_bytes([ip[4], ip[5]]) as usize;
+    let next = ip[6];
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[8..24]).unwrap());
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&ip[24..40]).unwrap());
+    let l4 = &ip[40..40 + len];
+    let csum_ok = inet_csum(&[&pseudo6(src, dst, next, len), l4]) == 0;
+    let (sport, dport) = match next {
+        ICMPV6 => (u16::from_be_bytes([l4[4], l4[5]]), 0),
+        _ => (
+            u16::from_be_bytes([l4[0], l4[1]]),
+            u16::from_be_bytes([l4[2], l4[3]]),
+        ),
+    };
+    Seen6 {
+        src,
+        dst,
+        sport,
+        dport,
+        csum_ok,
+    }
+}
+
+fn map_array(fx: &Fixture, name: &str) -> aya::maps::Map {
+    let pin = fx
+        .network_dir()
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+        .join("maps")
+        .join(name);
+    aya::maps::Map::Array(aya::maps::MapData::from_pin(&pin).unwrap())
+}
+
+/// The node: IPv4 as the other packet tests have it, pod A dual-stack (its IPv6 address
+/// its own source), plus the IPv6 half of the configuration (node address NODE6,
+/// cluster fd00:10:244::/48) and pod A's IPv6 address in ENDPOINTS6 (its IPv4 entry's
+/// delivery information).
+fn dual_stack_node() -> Fixture {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_A.into(), std::net::IpAddr::V6(POD_A6)],
+            ..endpoint_a()
+        })
+        .unwrap();
+    fx.dp().put_endpoint_entries(&endpoint_b()).unwrap();
+    let mut cfg = NodeConfig6 {
+        node_addr: wire(NODE6),
+        n_cidrs: 1,
+        _pad: 0,
+        cluster_cidrs: [Cidr6::default(); MAX_CLUSTER_CIDRS],
+    };
+    cfg.cluster_cidrs[0] = Cidr6 {
+        addr: wire(Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0)),
+        mask: wire(Ipv6Addr::new(0xffff, 0xffff, 0xffff, 0, 0, 0, 0, 0)),
+    };
+    let mut m = map_array(&fx, "NODE_CONFIG6");
+    let mut arr: aya::maps::Array<_, NodeConfig6> = aya::maps::Array::try_from(&mut m).unwrap();
+    arr.set(0, cfg, 0).unwrap();
+
+    let m4 = fx.map("ENDPOINTS");
+    let eps: aya::maps::HashMap<_, EndpointKey, EndpointInfo> =
+        aya::maps::HashMap::try_from(&m4).unwrap();
+    let info = eps
+        .get(
+            &EndpointKey {
+                addr: u32::from_ne_bytes(POD_A.octets()),
+            },
+            0,
+        )
+        .unwrap();
+    let mut m6 = fx.map("ENDPOINTS6");
+    let mut eps6: aya::maps::HashMap<_, EndpointKey6, EndpointInfo> =
+        aya::maps::HashMap::try_from(&mut m6).unwrap();
+    eps6.insert(EndpointKey6 { addr: wire(POD_A6) }, info, 0)
+        .unwrap();
+    fx
+}
+
+fn flow6(fx: &Fixture, key: &NatKey6) -> Option<FlowFlags> {
+    let m = fx.map("FLOWS6");
+    let flows: aya::maps::HashMap<_, NatKey6, cni_ebpf_common::FlowEntry> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    flows.get(key, 0).ok().map(|e| e.flags)
+}
+
+fn nat6_len(fx: &Fixture) -> usize {
+    let m = fx.map("NAT6");
+    let nat: aya::maps::HashMap<_, NatKey6, cni_ebpf_common::NatEntry6> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    nat.keys().count()
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_from_a_pod_reaches_its_own_program_and_is_tracked() {
+    let fx = dual_stack_node();
+    let syn = tcp6(POD_A6, 40000, EXT6, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &syn, "a pod's IPv6 SYN leaving the node");
+    assert_eq!(
+        fx.reason(Reason::PassIpv6NotLoaded),
+        0,
+        "the tail call must land"
+    );
+    // `from_pod6` ran: the flow is recorded as opened by the pod, not yet verified.
+    let key = NatKey6 {
+        saddr: wire(POD_A6),
+        daddr: wire(EXT6),
+        sport: 40000u16.to_be(),
+        dport: 80u16.to_be(),
+        proto: TCP,
+        _pad: [0; 3],
+    };
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_empty_ipv6_slot_passes_the_packet_and_says_so() {
+    let fx = dual_stack_node();
+    let pin = fx
+        .network_dir()
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+        .join("maps")
+        .join("CALLS6");
+    let mut m = aya::maps::Map::ProgramArray(aya::maps::MapData::from_pin(&pin).unwrap());
+    let mut calls: aya::maps::ProgramArray<_> = aya::maps::ProgramArray::try_from(&mut m).unwrap();
+    calls
+        .clear_index(&cni_ebpf_common::prog::CALL6_UPLINK_EGRESS)
+        .unwrap();
+    let syn = tcp6(POD_A6, 40001, EXT6, 80, SYN);
+    fx.assert_passes_unchanged("uplink_egress", &syn, "IPv6 with its program missing");
+    assert_eq!(fx.reason(Reason::PassIpv6NotLoaded), 1);
+    assert_eq!(nat6_len(&fx), 0, "nothing translated without the program");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn neighbour_discovery_passes_every_program_untouched() {
+    let fx = dual_stack_node();
+    let ns = neighbour_solicitation(POD_A6, Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1));
+    for prog in ALL_PROGS {
+        fx.assert_passes_unchanged(prog, &ns, "a neighbour solicitation");
+    }
+    assert_eq!(nat6_len(&fx), 0);
+}
+
+/// Masquerades `out` (pod A → EXT6) at the uplink and sends `reply` (built from the
+/// translated packet by `make_reply`) back in; checks both rewrites and checksums.
+fn masquerade_round_trip(
+    fx: &Fixture,
+    out: &[u8],
+    make_reply: impl Fn(&Seen6) -> Vec<u8>,
+    echo: bool,
+) {
+    let before = parse6(out);
+    assert!(before.csum_ok, "the test's own packet");
+    let (v, sent) = fx.run("uplink_egress", out);
+    assert_eq!(v, OK, "a new masqueraded flow");
+    let s = parse6(&sent);
+    assert_eq!(s.src, NODE6, "leaves with the node's IPv6 address");
+    assert_eq!(s.dst, EXT6);
+    assert!(
+        (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&s.sport),
+        "SNAT port {} in range",
+        s.sport
+    );
+    if !echo {
+        assert_eq!(s.dport, before.dport);
+    }
+    assert!(s.csum_ok, "L4 checksum right over the new pseudo-header");
+    assert_eq!(fx.reason(Reason::SnatNew), 1);
+    assert_eq!(nat6_len(fx), 2, "forward and reverse entries");
+
+    let reply = make_reply(&s);
+    let (v, back) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, OK, "the reply, translated back and handed to the stack");
+    let b = parse6(&back);
+    assert_eq!(b.dst, POD_A6, "back to the pod");
+    assert_eq!(b.src, EXT6);
+    if echo {
+        assert_eq!(b.sport, before.sport, "the pod's echo id restored");
+    } else {
+        assert_eq!(b.dport, before.sport, "the pod's port restored");
+    }
+    assert!(
+        b.csum_ok,
+        "the reply's checksum right over the pod's pseudo-header"
+    );
+    assert_eq!(fx.reason(Reason::SnatReply), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn tcp_over_ipv6_is_masqueraded_and_the_reply_reaches_the_pod() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &tcp6(POD_A6, 40000, EXT6, 443, SYN),
+        |s| tcp6(EXT6, 443, NODE6, s.sport, SYN | ACK),
+        false,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_over_ipv6_is_masqueraded_and_the_reply_reaches_the_pod() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &udp6(POD_A6, 5353, EXT6, 53),
+        |s| udp6(EXT6, 53, NODE6, s.sport),
+        false,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmpv6_echo_is_masqueraded_by_identifier() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &echo6(POD_A6, EXT6, ECHO6_REQUEST, 0x1234),
+        |s| echo6(EXT6, NODE6, ECHO6_REPLY, s.sport),
+        true,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_inside_the_cluster_or_from_another_source_is_never_masqueraded() {
+    let fx = dual_stack_node();
+    // To another pod of the cluster (pod B's address, not local in ENDPOINTS6).
+    fx.assert_passes_unchanged(
+        "uplink_egress",
+        &tcp6(POD_A6, 40000, POD_B6, 80, SYN),
+        "pod → pod inside clusterCIDRs",
+    );
+    // The node's own traffic (not a local pod's source).
+    fx.assert_passes_unchanged(
+        "uplink_egress",
+        &tcp6(NODE6, 40000, EXT6, 80, SYN),
+        "the node's own connection",
+    );
+    assert_eq!(nat6_len(&fx), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn the_reply_of_a_flow_opened_from_outside_keeps_the_pods_ipv6_address() {
+    let fx = dual_stack_node();
+    // An outside client opens a connection to the pod (routed to it by the stack).
+    let syn = tcp6(EXT6, 50000, POD_A6, 8080, SYN);
+    fx.assert_passes_unchanged("uplink_ingress", &syn, "inbound SYN to a pod");
+    // The pod's answer leaves with its own address: MASQUERADE only translates flows the
+    // pod opened.
+    let synack = tcp6(POD_A6, 8080, EXT6, 50000, SYN | ACK);
+    fx.assert_passes_unchanged("uplink_egress", &synack, "the pod's SYN-ACK");
+    let ack = tcp6(POD_A6, 8080, EXT6, 50000, ACK);
+    fx.assert_passes_unchanged("uplink_egress", &ack, "the pod's next segment");
+    assert_eq!(nat6_len(&fx), 0);
+    assert!(fx.reason(Reason::PassInboundReply) >= 1);
+}
