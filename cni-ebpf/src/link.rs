@@ -4,12 +4,12 @@
 //! A [`Nl`] handle is bound to the network namespace its socket was created in, so one
 //! handle can serve the node while another serves the container.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::{
-    address::{AddressAttribute, AddressFlags, AddressHeaderFlags},
+    address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
     link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope},
     AddressFamily,
@@ -363,6 +363,38 @@ impl Nl {
                 m.attributes.iter().find_map(|a| match a {
                     AddressAttribute::Local(IpAddr::V4(ip))
                     | AddressAttribute::Address(IpAddr::V4(ip)) => Some((*ip, m.header.index)),
+                    _ => None,
+                })
+            })
+            .collect())
+    }
+
+    /// Every IPv6 address of the node (or of device `index`) with its ifindex, and
+    /// whether it may source the node's traffic: global scope, and neither tentative
+    /// (duplicate address detection under way), failed DAD nor deprecated.
+    pub async fn ipv6_addresses(&self, index: Option<u32>) -> Result<Vec<(Ipv6Addr, u32, bool)>> {
+        let msgs: Vec<_> = retry_dump("listing the node's IPv6 addresses", || async {
+            let mut req = self.handle.address().get();
+            req.message_mut().header.family = AddressFamily::Inet6;
+            if let Some(i) = index {
+                req.message_mut().header.index = i;
+            }
+            req.execute().try_collect().await
+        })
+        .await?;
+        let unusable = AddressHeaderFlags::Tentative
+            | AddressHeaderFlags::Dadfailed
+            | AddressHeaderFlags::Deprecated;
+        Ok(msgs
+            .iter()
+            .filter(|m| index.is_none_or(|i| m.header.index == i))
+            .filter_map(|m| {
+                let usable = m.header.scope == AddressScope::Universe
+                    && !m.header.flags.intersects(unusable);
+                m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(IpAddr::V6(ip)) => {
+                        Some((*ip, m.header.index, usable))
+                    }
                     _ => None,
                 })
             })

@@ -100,7 +100,7 @@ fn snat_use_map_fill_and_memory_through_a_read_only_handle() {
     // Writes through the read-only handle are refused by the kernel and change nothing.
     let before = fx.dp().node_config_view().unwrap();
     let err = ro
-        .add_node_addrs(&[(std::net::Ipv4Addr::new(192, 0, 2, 1), 2)])
+        .add_node_addrs(&[(std::net::Ipv4Addr::new(192, 0, 2, 1).into(), 2)])
         .expect_err("a write through a read-only map descriptor");
     assert_eq!(err.errno(), Some(libc::EPERM), "{err:?}");
     let text = cni_ebpf::error::chain(&err);

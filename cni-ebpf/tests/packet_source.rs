@@ -172,11 +172,14 @@ fn an_ipv6_packet_from_another_source_is_dropped_and_neighbour_discovery_passes(
     }
     assert_eq!(fx.reason(Reason::DropSpoofedSource), cases.len() as u64);
 
-    // Its own address, link-local (neighbour discovery) and `::` (DAD) pass to the kernel.
+    // Its own address, link-local (neighbour discovery) and `::` (DAD) pass to the kernel
+    // (or, to a pod of the node, straight into it).
+    let (v, _) = fx.run_on("from_pod", IFINDEX_A, &udp6_frame(POD_A6, POD_B6));
+    assert_eq!(v, REDIRECT, "pod A as itself to pod B: into pod B");
     let ll: Ipv6Addr = "fe80::a:2".parse().unwrap();
     let all_routers: Ipv6Addr = "ff02::2".parse().unwrap();
     for (what, pkt) in [
-        ("as itself", udp6_frame(POD_A6, POD_B6)),
+        ("as itself", udp6_frame(POD_A6, ext6)),
         ("link-local", udp6_frame(ll, all_routers)),
         (
             "unspecified (DAD)",

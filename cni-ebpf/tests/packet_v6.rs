@@ -5,10 +5,9 @@
 //! calls are part of what is tested. Checksums are verified with this file's own
 //! computation (RFC 1071 over the IPv6 pseudo-header), not the kernel's.
 //!
-//! The userspace half of the IPv6 datapath (ENDPOINTS6 from ADD, NODE_CONFIG6 from the
-//! uplink's global address and the IPv6 `clusterCIDRs`) is not written yet: the
-//! masquerade tests put those two map entries in place themselves, as ADD and the node
-//! configuration will.
+//! The maps are written by the plugin's own code: `put_endpoint_entries` (ENDPOINTS6, as
+//! ADD does) and `configure_node` (NODE_CONFIG6, as `open_or_load` does from the uplink's
+//! global IPv6 address and the IPv6 `clusterCIDRs`).
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
@@ -16,11 +15,8 @@ mod packet_support;
 
 use std::net::Ipv6Addr;
 
-use cni_ebpf::datapath::Endpoint;
-use cni_ebpf_common::{
-    Cidr6, EndpointInfo, EndpointKey, EndpointKey6, FlowFlags, NatKey6, NodeConfig6, Reason,
-    MAX_CLUSTER_CIDRS,
-};
+use cni_ebpf::datapath::{Endpoint, NodeConfigSpec};
+use cni_ebpf_common::{FlowFlags, NatKey6, Reason};
 use packet_support::*;
 
 const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
@@ -152,22 +148,16 @@ fn parse6(f: &[u8]) -> Seen6 {
     }
 }
 
-fn map_array(fx: &Fixture, name: &str) -> aya::maps::Map {
-    let pin = fx
-        .network_dir()
-        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
-        .join("maps")
-        .join(name);
-    aya::maps::Map::Array(aya::maps::MapData::from_pin(&pin).unwrap())
-}
-
-/// The node: IPv4 as the other packet tests have it, pod A dual-stack (its IPv6 address
-/// its own source), plus the IPv6 half of the configuration (node address NODE6,
-/// cluster fd00:10:244::/48) and pod A's IPv6 address in ENDPOINTS6 (its IPv4 entry's
-/// delivery information).
+/// The node: IPv4 as the other packet tests have it, pod A dual-stack, plus the IPv6
+/// half of the configuration (masquerade address NODE6, cluster fd00:10:244::/48).
 fn dual_stack_node() -> Fixture {
     let fx = Fixture::new();
-    fx.standard_node(true);
+    fx.configure_node(&NodeConfigSpec {
+        node_addr6: Some(NODE6),
+        cluster_cidrs6: vec!["fd00:10:244::/48".parse().unwrap()],
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             ips: vec![POD_A.into(), std::net::IpAddr::V6(POD_A6)],
@@ -175,36 +165,6 @@ fn dual_stack_node() -> Fixture {
         })
         .unwrap();
     fx.dp().put_endpoint_entries(&endpoint_b()).unwrap();
-    let mut cfg = NodeConfig6 {
-        node_addr: wire(NODE6),
-        n_cidrs: 1,
-        _pad: 0,
-        cluster_cidrs: [Cidr6::default(); MAX_CLUSTER_CIDRS],
-    };
-    cfg.cluster_cidrs[0] = Cidr6 {
-        addr: wire(Ipv6Addr::new(0xfd00, 0x10, 0x244, 0, 0, 0, 0, 0)),
-        mask: wire(Ipv6Addr::new(0xffff, 0xffff, 0xffff, 0, 0, 0, 0, 0)),
-    };
-    let mut m = map_array(&fx, "NODE_CONFIG6");
-    let mut arr: aya::maps::Array<_, NodeConfig6> = aya::maps::Array::try_from(&mut m).unwrap();
-    arr.set(0, cfg, 0).unwrap();
-
-    let m4 = fx.map("ENDPOINTS");
-    let eps: aya::maps::HashMap<_, EndpointKey, EndpointInfo> =
-        aya::maps::HashMap::try_from(&m4).unwrap();
-    let info = eps
-        .get(
-            &EndpointKey {
-                addr: u32::from_ne_bytes(POD_A.octets()),
-            },
-            0,
-        )
-        .unwrap();
-    let mut m6 = fx.map("ENDPOINTS6");
-    let mut eps6: aya::maps::HashMap<_, EndpointKey6, EndpointInfo> =
-        aya::maps::HashMap::try_from(&mut m6).unwrap();
-    eps6.insert(EndpointKey6 { addr: wire(POD_A6) }, info, 0)
-        .unwrap();
     fx
 }
 
@@ -391,4 +351,75 @@ fn the_reply_of_a_flow_opened_from_outside_keeps_the_pods_ipv6_address() {
     fx.assert_passes_unchanged("uplink_egress", &ack, "the pod's next segment");
     assert_eq!(nat6_len(&fx), 0);
     assert!(fx.reason(Reason::PassInboundReply) >= 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_to_another_pod_of_the_node_goes_straight_into_it() {
+    let fx = dual_stack_node();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            ..endpoint_b()
+        })
+        .unwrap();
+    let syn = tcp6(POD_A6, 40000, POD_B6, 80, SYN);
+    let (v, out) = fx.run("from_pod", &syn);
+    assert_eq!(v, REDIRECT, "into pod B (bpf_redirect_peer)");
+    assert_eq!(out[0..6], POD_MAC_B, "to pod B's MAC");
+    assert_eq!(out[6..12], HOST_MAC_B, "from its host veth's");
+    assert_eq!(out[14 + 7], 63, "hop limit decremented (a routed hop)");
+    let s = parse6(&out);
+    assert_eq!((s.src, s.dst), (POD_A6, POD_B6));
+    assert!(
+        s.csum_ok,
+        "the tuple is untouched, the checksum still right"
+    );
+    assert_eq!(fx.reason(Reason::RedirectPod), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn removing_a_dual_stack_pod_purges_its_ipv6_flows_and_entries() {
+    let fx = dual_stack_node();
+    let (v, _) = fx.run("uplink_egress", &udp6(POD_A6, 5353, EXT6, 53));
+    assert_eq!(v, OK);
+    fx.run("from_pod", &tcp6(POD_A6, 40000, EXT6, 80, SYN));
+    assert_eq!(nat6_len(&fx), 2);
+    let view = fx.dp().node_config_view().unwrap();
+    assert_eq!(
+        view.node_addr6,
+        Some(NODE6),
+        "inspect shows the IPv6 masquerade source"
+    );
+    assert!(view.cluster_cidrs.contains(&"fd00:10:244::/48".to_owned()));
+    let attachments = fx.dp().attachments().unwrap();
+    let a = attachments
+        .iter()
+        .find(|a| a.container_id == "ctr-a")
+        .unwrap();
+    assert!(
+        a.ips.contains(&std::net::IpAddr::V6(POD_A6)),
+        "GC sees the IPv6 entry"
+    );
+
+    let ips = [POD_A.into(), std::net::IpAddr::V6(POD_A6)];
+    fx.dp()
+        .detach_endpoint("ctr-a", "eth0", "veth-ctr-a", &ips)
+        .unwrap();
+    assert_eq!(nat6_len(&fx), 0, "the masqueraded flow's entries are gone");
+    let m = fx.map("FLOWS6");
+    let flows: aya::maps::HashMap<_, NatKey6, cni_ebpf_common::FlowEntry> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    assert_eq!(flows.keys().count(), 0, "and the pod's flow verdicts");
+    let m = fx.map("ENDPOINTS6");
+    let eps: aya::maps::HashMap<_, cni_ebpf_common::EndpointKey6, cni_ebpf_common::EndpointInfo> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    assert_eq!(eps.keys().count(), 0, "no tombstone left behind");
+    // The address is free for the next pod: its packets open nothing of the old one's.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &udp6(EXT6, 53, NODE6, 1024),
+        "a late reply to the gone pod's flow",
+    );
 }

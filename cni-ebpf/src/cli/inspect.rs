@@ -8,7 +8,7 @@
 use std::{
     collections::{HashMap, HashSet},
     fmt,
-    net::Ipv4Addr,
+    net::IpAddr,
     path::{Path, PathBuf},
 };
 
@@ -129,7 +129,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             .map(|e| (e.container_id.as_str(), e.ifname.as_str()))
             .collect();
         ports.retain(|p| owners.contains(&(p.container_id.as_str(), p.ifname.as_str())));
-        let ips: HashSet<Ipv4Addr> = endpoints.iter().map(|e| e.ip).collect();
+        let ips: HashSet<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
         nat.retain(|n| {
             [n.src, n.dst, n.new_src, n.new_dst]
                 .iter()
@@ -162,9 +162,12 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let addr = node
         .node_addr
         .map_or_else(|| "-".to_owned(), |a| a.to_string());
+    let addr6 = node
+        .node_addr6
+        .map_or_else(|| "-".to_owned(), |a| a.to_string());
     println!(
-        "node: address {addr}, uplink #{}, ipMasq {}, clusterCIDRs [{}], SNAT ports {}-{} \
-         (at most {} per pod and destination)",
+        "node: address {addr}, IPv6 address {addr6}, uplink #{}, ipMasq {}, clusterCIDRs [{}], \
+         SNAT ports {}-{} (at most {} per pod and destination)",
         node.uplink_ifindex,
         node.ip_masq,
         node.cluster_cidrs.join(", "),

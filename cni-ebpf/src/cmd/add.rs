@@ -233,9 +233,7 @@ impl Transaction<'_> {
                 self.node
                     .add_address(host_index, IpNet::from(gw), true)
                     .await?;
-                if let IpAddr::V4(v4) = gw {
-                    node_addrs.push((v4, host_index));
-                }
+                node_addrs.push((gw, host_index));
             }
         }
         // The gateway is now a node address (host ports are reachable on it, and traffic

@@ -56,11 +56,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         match dp.attachments() {
             Ok(states) => {
                 for s in states {
-                    consider(
-                        s.container_id,
-                        s.ifname,
-                        s.ips.into_iter().map(std::net::IpAddr::V4).collect(),
-                    );
+                    consider(s.container_id, s.ifname, s.ips);
                 }
             }
             Err(e) => errors.push(e),

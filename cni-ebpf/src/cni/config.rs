@@ -431,18 +431,20 @@ impl NetConf {
             }
         }
         let cluster_cidrs = raw.cluster_cidrs.unwrap_or_default();
-        let v4_cidrs = cluster_cidrs
-            .iter()
-            .filter(|c| matches!(c, IpNet::V4(_)))
-            .count();
-        if v4_cidrs > cni_ebpf_common::MAX_CLUSTER_CIDRS {
-            return Err(Error::config(
-                "clusterCIDRs",
-                format!(
-                    "{v4_cidrs} IPv4 CIDRs; at most {} are supported",
-                    cni_ebpf_common::MAX_CLUSTER_CIDRS
-                ),
-            ));
+        for (family, v6) in [("IPv4", false), ("IPv6", true)] {
+            let n = cluster_cidrs
+                .iter()
+                .filter(|c| matches!(c, IpNet::V6(_)) == v6)
+                .count();
+            if n > cni_ebpf_common::MAX_CLUSTER_CIDRS {
+                return Err(Error::config(
+                    "clusterCIDRs",
+                    format!(
+                        "{n} {family} CIDRs; at most {} per family are supported",
+                        cni_ebpf_common::MAX_CLUSTER_CIDRS
+                    ),
+                ));
+            }
         }
         let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
         if !(68..=65535).contains(&mtu) {

@@ -1,16 +1,20 @@
-//! CHECK's read-back: the live endpoint entries, `from_pod` on the host veth, the host
-//! ports and the uplink programs compared with what ADD set up. Each mismatch is an
+//! CHECK's read-back: the live endpoint entries (both families), `from_pod` on the host
+//! veth, the host ports, the uplink programs and the IPv6 programs' slots compared with
+//! what ADD set up. Each mismatch is an
 //! [`Error::Check`] naming it.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 
 use aya::programs::TcAttachType;
-use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointFlags, EndpointKey, SRC6_OWN};
+use cni_ebpf_common::{
+    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6,
+    SRC6_OWN,
+};
 
 use super::{
     attach,
-    maps::{self, ipv4_from_map, ipv4_to_map, port_from_map},
-    owner_label, proto_name, v4s, Datapath, Endpoint,
+    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_to_map, port_from_map},
+    owner_label, proto_name, v4s, v6s, Datapath, Endpoint,
 };
 use crate::{
     cni::config::{format_mac, AttachPolicy, PortMapping},
@@ -37,59 +41,27 @@ impl Datapath {
         let ips = v4s(&ep.ips);
         {
             let mut m = self.maps()?;
-            let h = m.endpoints()?;
-            for ip in &ips {
-                let Some(v) = maps::get(
-                    &h,
-                    &EndpointKey {
+            let mut found = Vec::new();
+            {
+                let h = m.endpoints()?;
+                for ip in &ips {
+                    let k = EndpointKey {
                         addr: ipv4_to_map(*ip),
-                    },
-                    map_name::ENDPOINTS,
-                )?
-                else {
-                    return Err(Error::Check(format!(
-                        "the endpoint map has no entry for {ip} (container {}, {})",
-                        ep.container_id, ep.ifname
-                    )));
-                };
-                if v.owner != owner {
-                    let who = owner_label(&mut m, v.owner);
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} belongs to {who}, not container {} ({})",
-                        ep.container_id, ep.ifname
-                    )));
+                    };
+                    found.push((IpAddr::V4(*ip), maps::get(&h, &k, map_name::ENDPOINTS)?));
                 }
-                if v.ifindex != ep.host_ifindex {
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} points at ifindex {}, but host veth {} is ifindex {}",
-                        v.ifindex, ep.host_ifname, ep.host_ifindex
-                    )));
+            }
+            {
+                let h6 = m.endpoints6()?;
+                for ip in v6s(&ep.ips) {
+                    let k = EndpointKey6 {
+                        addr: ipv6_to_map(ip),
+                    };
+                    found.push((IpAddr::V6(ip), maps::get(&h6, &k, map_name::ENDPOINTS6)?));
                 }
-                if v.host_mac != ep.host_mac {
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} has host MAC {}, expected {}",
-                        format_mac(&v.host_mac),
-                        format_mac(&ep.host_mac)
-                    )));
-                }
-                if !pod_macs.contains(&v.pod_mac) {
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} has pod MAC {}, expected {}",
-                        format_mac(&v.pod_mac),
-                        format_mac(&ep.pod_mac)
-                    )));
-                }
-                if !v.flags.contains(EndpointFlags::ACTIVE) {
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} is not active"
-                    )));
-                }
-                if v.flags.contains(EndpointFlags::PACED) != ep.egress_rate.is_some() {
-                    return Err(Error::Check(format!(
-                        "the endpoint entry for {ip} is {}marked as paced (egress rate)",
-                        if ep.egress_rate.is_some() { "not " } else { "" }
-                    )));
-                }
+            }
+            for (ip, v) in found {
+                check_entry(&mut m, ep, owner, pod_macs, ip, v)?;
             }
         }
 
@@ -259,6 +231,7 @@ impl Datapath {
     }
 
     fn check_uplink(&self) -> Result<()> {
+        self.check_calls6()?;
         let cfg = self.node_config_raw()?;
         let name = ifname_of(cfg.uplink_ifindex).ok_or_else(|| {
             Error::Check(format!(
@@ -273,6 +246,96 @@ impl Datapath {
         }
         Ok(())
     }
+}
+
+impl Datapath {
+    /// Every slot of `CALLS6` holds its pinned IPv6 program: an empty or foreign slot
+    /// would pass (or misroute) every IPv6 packet of the node.
+    fn check_calls6(&self) -> Result<()> {
+        let pin = self.pins.map(map_name::CALLS6);
+        let data = aya::maps::MapData::from_pin(&pin)
+            .map_err(|e| Error::datapath(format!("opening {}", pin.display()), e))?;
+        // A program array reads back, from userspace, as the id of the program in a slot.
+        let map = aya::maps::Map::Array(data);
+        let slots: aya::maps::Array<&aya::maps::MapData, u32> = aya::maps::Array::try_from(&map)
+            .map_err(|e| Error::datapath(format!("opening {}", pin.display()), e))?;
+        for (name, slot) in prog::CALLS6 {
+            let want = attach::program_id(&self.program(name)?)?;
+            match slots.get(&slot, 0) {
+                Ok(id) if id == want => {}
+                Ok(id) => {
+                    return Err(Error::Check(format!(
+                        "slot {slot} of {} holds program id {id}, not {name} (id {want})",
+                        map_name::CALLS6
+                    )))
+                }
+                Err(_) => {
+                    return Err(Error::Check(format!(
+                        "slot {slot} of {} is empty: {name} is not called, IPv6 packets pass \
+                         unhandled",
+                        map_name::CALLS6
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One endpoint entry of `ep` (address `ip`, `v` as found) is what ADD wrote.
+fn check_entry(
+    m: &mut maps::Maps,
+    ep: &Endpoint,
+    owner: u64,
+    pod_macs: &[[u8; 6]],
+    ip: IpAddr,
+    v: Option<EndpointInfo>,
+) -> Result<()> {
+    let Some(v) = v else {
+        return Err(Error::Check(format!(
+            "the endpoint map has no entry for {ip} (container {}, {})",
+            ep.container_id, ep.ifname
+        )));
+    };
+    if v.owner != owner {
+        let who = owner_label(m, v.owner);
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} belongs to {who}, not container {} ({})",
+            ep.container_id, ep.ifname
+        )));
+    }
+    if v.ifindex != ep.host_ifindex {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} points at ifindex {}, but host veth {} is ifindex {}",
+            v.ifindex, ep.host_ifname, ep.host_ifindex
+        )));
+    }
+    if v.host_mac != ep.host_mac {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} has host MAC {}, expected {}",
+            format_mac(&v.host_mac),
+            format_mac(&ep.host_mac)
+        )));
+    }
+    if !pod_macs.contains(&v.pod_mac) {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} has pod MAC {}, expected {}",
+            format_mac(&v.pod_mac),
+            format_mac(&ep.pod_mac)
+        )));
+    }
+    if !v.flags.contains(EndpointFlags::ACTIVE) {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} is not active"
+        )));
+    }
+    if v.flags.contains(EndpointFlags::PACED) != ep.egress_rate.is_some() {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} is {}marked as paced (egress rate)",
+            if ep.egress_rate.is_some() { "not " } else { "" }
+        )));
+    }
+    Ok(())
 }
 
 /// The reference `bandwidth` plugin chained after cni-ebpf shapes with an `ingress` qdisc

@@ -5,22 +5,19 @@
 //! Removal ends in [`Datapath::forget`]: per-flow state of the pod's addresses (see
 //! `flows.rs`) and the owner record once nothing refers to it.
 
-use std::{
-    collections::HashSet,
-    net::{IpAddr, Ipv4Addr},
-};
+use std::{collections::HashSet, net::IpAddr};
 
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointStats,
-    NatUse, SrcAllow6Key, SrcAllowKey, SRC6_ALLOWED, SRC6_OWN,
+    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6,
+    EndpointStats, NatUse, SrcAllow6Key, SrcAllowKey, SRC6_ALLOWED, SRC6_OWN,
 };
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{
     attach,
-    maps::{self, ipv4_from_map, ipv4_to_map},
-    owner_label, v4s, Datapath,
+    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map},
+    owner_label, v4s, v6s, Datapath,
 };
 use crate::{
     cni::config::EgressRate,
@@ -42,8 +39,8 @@ pub struct Endpoint {
     pub host_mac: [u8; 6],
     /// MAC of the pod's interface.
     pub pod_mac: [u8; 6],
-    /// The pod's addresses (IPv4 ones get endpoint entries, IPv6 ones source entries;
-    /// IPv6 is routed by the kernel).
+    /// The pod's addresses (each gets an endpoint entry of its family, `ENDPOINTS` or
+    /// `ENDPOINTS6`, and IPv6 ones source entries).
     pub ips: Vec<IpAddr>,
     /// Source prefixes the pod may send from besides its own addresses
     /// (`allowedSourceCIDRs`).
@@ -56,13 +53,31 @@ pub struct Endpoint {
 
 impl Datapath {
     /// Writes the endpoint's map entries (owner record, per-pod counters, one entry per
-    /// IPv4 address) without attaching anything. An address held by another container is
+    /// address, in `ENDPOINTS` or `ENDPOINTS6`) without attaching anything. An address held by another container is
     /// an error naming it.
     pub fn put_endpoint_entries(&self, ep: &Endpoint) -> Result<()> {
         let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
         let record = maps::owner_record(&ep.container_id, &ep.ifname)?;
         let ips = v4s(&ep.ips);
+        let ips6 = v6s(&ep.ips);
         let mut m = self.maps()?;
+        {
+            let h = m.endpoints6()?;
+            for ip in &ips6 {
+                let k = EndpointKey6 {
+                    addr: ipv6_to_map(*ip),
+                };
+                if let Some(old) = maps::get(&h, &k, map_name::ENDPOINTS6)? {
+                    if old.owner != owner && old.flags.contains(EndpointFlags::ACTIVE) {
+                        let who = owner_label(&mut m, old.owner);
+                        return Err(Error::datapath(
+                            format!("adding endpoint {ip}"),
+                            format!("the address is already attached to {who}"),
+                        ));
+                    }
+                }
+            }
+        }
         {
             let h = m.endpoints()?;
             for ip in &ips {
@@ -112,20 +127,28 @@ impl Datapath {
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
             .map_err(|e| maps::err(map_name::EP_STATS, "insert", e))?;
+        let info = EndpointInfo {
+            ifindex: ep.host_ifindex,
+            flags: if ep.egress_rate.is_some() {
+                EndpointFlags::ACTIVE | EndpointFlags::PACED
+            } else {
+                EndpointFlags::ACTIVE
+            },
+            host_mac: ep.host_mac,
+            pod_mac: ep.pod_mac,
+            _pad: [0; 4],
+            owner,
+        };
+        let mut h6 = m.endpoints6()?;
+        for ip in &ips6 {
+            let k = EndpointKey6 {
+                addr: ipv6_to_map(*ip),
+            };
+            h6.insert(k, info, 0)
+                .map_err(|e| maps::err(map_name::ENDPOINTS6, format!("insert {ip}"), e))?;
+        }
         let mut h = m.endpoints()?;
         for ip in &ips {
-            let info = EndpointInfo {
-                ifindex: ep.host_ifindex,
-                flags: if ep.egress_rate.is_some() {
-                    EndpointFlags::ACTIVE | EndpointFlags::PACED
-                } else {
-                    EndpointFlags::ACTIVE
-                },
-                host_mac: ep.host_mac,
-                pod_mac: ep.pod_mac,
-                _pad: [0; 4],
-                owner,
-            };
             h.insert(
                 EndpointKey {
                     addr: ipv4_to_map(*ip),
@@ -166,7 +189,7 @@ impl Datapath {
         // removal purged them before it dropped its entry; only a tombstone tells of a
         // removal that stopped before (a full purge is a walk of the whole NAT table, the
         // bulk of an ADD on a node with many open flows).
-        let stale = self.tombstoned(&v4s(&ep.ips))?;
+        let stale = self.tombstoned(&ep.ips)?;
         if !stale.is_empty() {
             tracing::info!("purging the flows a removal of {stale:?} left behind");
             self.purge_flows(&stale)?;
@@ -219,7 +242,8 @@ impl Datapath {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let mut addrs = Vec::new();
         for taken in [
-            self.take_port_mappings(owner),
+            self.take_port_mappings(owner)
+                .map(|v| v.into_iter().map(IpAddr::V4).collect()),
             self.take_endpoint_entries(owner, ips),
         ] {
             match taken {
@@ -242,8 +266,37 @@ impl Datapath {
 
     /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
     /// counters; returns the addresses removed.
-    fn take_endpoint_entries(&self, owner: u64, ips: &[IpAddr]) -> Result<Vec<Ipv4Addr>> {
+    fn take_endpoint_entries(&self, owner: u64, ips: &[IpAddr]) -> Result<Vec<IpAddr>> {
         let mut m = self.maps()?;
+        let mut gone = Vec::new();
+        let mut ifindexes = HashSet::new();
+        {
+            let mut h6 = m.endpoints6()?;
+            let mut doomed: Vec<(EndpointKey6, EndpointInfo)> = maps::entries(&h6)
+                .into_iter()
+                .filter(|(_, v)| v.owner == owner)
+                .collect();
+            for ip in v6s(ips) {
+                let k = EndpointKey6 {
+                    addr: ipv6_to_map(ip),
+                };
+                if !doomed.iter().any(|(dk, _)| *dk == k) {
+                    if let Some(v) = maps::get(&h6, &k, map_name::ENDPOINTS6)? {
+                        if v.owner == owner {
+                            doomed.push((k, v));
+                        }
+                    }
+                }
+            }
+            for (k, mut v) in doomed {
+                ifindexes.insert(v.ifindex);
+                // A tombstone until the address's flows are purged ([`Self::forget`]).
+                v.flags.remove(EndpointFlags::ACTIVE);
+                h6.insert(k, v, 0)
+                    .map_err(|e| maps::err(map_name::ENDPOINTS6, "mark as removed", e))?;
+                gone.push(IpAddr::V6(ipv6_from_map(k.addr)));
+            }
+        }
         let mut h = m.endpoints()?;
         let mut doomed: Vec<(EndpointKey, EndpointInfo)> = maps::entries(&h)
             .into_iter()
@@ -261,15 +314,13 @@ impl Datapath {
                 }
             }
         }
-        let mut gone = Vec::new();
-        let mut ifindexes = HashSet::new();
         for (k, mut v) in doomed {
             ifindexes.insert(v.ifindex);
             // A tombstone until the address's flows are purged ([`Self::forget`]).
             v.flags.remove(EndpointFlags::ACTIVE);
             h.insert(k, v, 0)
                 .map_err(|e| maps::err(map_name::ENDPOINTS, "mark as removed", e))?;
-            gone.push(ipv4_from_map(k.addr));
+            gone.push(IpAddr::V4(ipv4_from_map(k.addr)));
         }
         Self::take_sources6(&mut m, ips, &mut ifindexes)?;
         let mut allow = m.src_allow()?;
@@ -308,7 +359,7 @@ impl Datapath {
 
     /// After `owner`'s entries are taken: the flow state of `addrs`, then `owner`'s
     /// tombstones of them, then the owner record if nothing refers to it any more.
-    pub(super) fn forget(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
+    pub(super) fn forget(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
         self.purge_flows(addrs)?;
         self.clear_tombstones(owner, addrs)?;
         self.drop_owner_if_unused(owner)
@@ -316,17 +367,25 @@ impl Datapath {
 
     /// Removes `owner`'s tombstones of `addrs` (an entry another pod has taken over since
     /// is left alone).
-    fn clear_tombstones(&self, owner: u64, addrs: &[Ipv4Addr]) -> Result<()> {
+    fn clear_tombstones(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
         let mut m = self.maps()?;
+        let ours = |v: &EndpointInfo| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE);
         let mut h = m.endpoints()?;
-        for ip in addrs {
+        for ip in v4s(addrs) {
             let k = EndpointKey {
-                addr: ipv4_to_map(*ip),
+                addr: ipv4_to_map(ip),
             };
-            if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
-                if v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE) {
-                    maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
-                }
+            if maps::get(&h, &k, map_name::ENDPOINTS)?.is_some_and(|v| ours(&v)) {
+                maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
+            }
+        }
+        let mut h6 = m.endpoints6()?;
+        for ip in v6s(addrs) {
+            let k = EndpointKey6 {
+                addr: ipv6_to_map(ip),
+            };
+            if maps::get(&h6, &k, map_name::ENDPOINTS6)?.is_some_and(|v| ours(&v)) {
+                maps::remove(&mut h6, &k, map_name::ENDPOINTS6)?;
             }
         }
         Ok(())
@@ -335,18 +394,27 @@ impl Datapath {
     /// Which of `addrs` have a tombstone: a removal of their previous holder stopped
     /// before it purged their flows (killed, or failed part-way). Every other address
     /// either has a live entry or none, and then no flow state either.
-    fn tombstoned(&self, addrs: &[Ipv4Addr]) -> Result<Vec<Ipv4Addr>> {
+    fn tombstoned(&self, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
         let mut m = self.maps()?;
-        let h = m.endpoints()?;
+        let dead =
+            |v: Option<EndpointInfo>| v.is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE));
         let mut out = Vec::new();
-        for ip in addrs {
+        let h = m.endpoints()?;
+        for ip in v4s(addrs) {
             let k = EndpointKey {
-                addr: ipv4_to_map(*ip),
+                addr: ipv4_to_map(ip),
             };
-            if maps::get(&h, &k, map_name::ENDPOINTS)?
-                .is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE))
-            {
-                out.push(*ip);
+            if dead(maps::get(&h, &k, map_name::ENDPOINTS)?) {
+                out.push(IpAddr::V4(ip));
+            }
+        }
+        let h6 = m.endpoints6()?;
+        for ip in v6s(addrs) {
+            let k = EndpointKey6 {
+                addr: ipv6_to_map(ip),
+            };
+            if dead(maps::get(&h6, &k, map_name::ENDPOINTS6)?) {
+                out.push(IpAddr::V6(ip));
             }
         }
         Ok(out)
@@ -356,7 +424,10 @@ impl Datapath {
         let mut m = self.maps()?;
         let used_ep = maps::entries(&m.endpoints()?)
             .iter()
-            .any(|(_, v)| v.owner == owner);
+            .any(|(_, v)| v.owner == owner)
+            || maps::entries(&m.endpoints6()?)
+                .iter()
+                .any(|(_, v)| v.owner == owner);
         let used_pm = maps::entries(&m.portmaps()?)
             .iter()
             .any(|(_, v)| v.owner == owner);

@@ -11,13 +11,15 @@
 
 use std::{
     collections::{HashMap, HashSet},
-    net::Ipv4Addr,
+    hash::Hash,
+    net::IpAddr,
 };
 
-use cni_ebpf_common::{map as map_name, NatDestKey, NatEntry, NatFlags, NatKey, NatKind};
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use cni_ebpf_common::{map as map_name, NatDestKeyOf, NatEntryOf, NatFlags, NatKeyOf, NatKind};
 
 use super::{
-    maps::{self, ipv4_to_map},
+    maps::{self, ipv4_to_map, ipv6_to_map, Maps},
     Datapath,
 };
 use crate::error::Result;
@@ -25,43 +27,66 @@ use crate::error::Result;
 impl Datapath {
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
     /// (matched or rewritten) has one, flow verdicts, pod sockets and the sockets' peers,
-    /// node sockets translated to one.
-    pub(super) fn purge_flows(&self, addrs: &[Ipv4Addr]) -> Result<()> {
+    /// node sockets translated to one. Both families.
+    pub(super) fn purge_flows(&self, addrs: &[IpAddr]) -> Result<()> {
         if addrs.is_empty() {
             return Ok(());
         }
         self.purge_nat(addrs)?;
-        let set = addr_set(addrs);
-        let has = |a: &u32| set.contains(a);
+        let (v4, v6) = addr_sets(addrs);
         let mut m = self.maps()?;
-        maps::remove_where(&mut m.flows()?, map_name::FLOWS, |k, _| {
-            has(&k.saddr) || has(&k.daddr)
-        })?;
-        maps::remove_where(&mut m.stack_sockets()?, map_name::STACK_SOCKETS, |k, v| {
-            has(&k.addr) || has(&v.addr)
-        })?;
-        maps::remove_where(&mut m.sock_revnat()?, map_name::SOCK_REVNAT, |k, _| {
-            has(&k.addr)
-        })
+        if !v4.is_empty() {
+            let has = |a: &u32| v4.contains(a);
+            maps::remove_where(&mut m.flows()?, map_name::FLOWS, |k, _| {
+                has(&k.saddr) || has(&k.daddr)
+            })?;
+            maps::remove_where(&mut m.stack_sockets()?, map_name::STACK_SOCKETS, |k, v| {
+                has(&k.addr) || has(&v.addr)
+            })?;
+            maps::remove_where(&mut m.sock_revnat()?, map_name::SOCK_REVNAT, |k, _| {
+                has(&k.addr)
+            })?;
+        }
+        if !v6.is_empty() {
+            let has = |a: &[u32; 4]| v6.contains(a);
+            maps::remove_where(&mut m.flows6()?, map_name::FLOWS6, |k, _| {
+                has(&k.saddr) || has(&k.daddr)
+            })?;
+            maps::remove_where(
+                &mut m.stack_sockets6()?,
+                map_name::STACK_SOCKETS6,
+                |k, v| has(&k.addr) || has(&v.addr),
+            )?;
+        }
+        Ok(())
     }
 
     /// Deletes every NAT entry whose tuple (matched or rewritten) has one of `addrs`.
-    pub(super) fn purge_nat(&self, addrs: &[Ipv4Addr]) -> Result<()> {
-        if addrs.is_empty() {
-            return Ok(());
+    pub(super) fn purge_nat(&self, addrs: &[IpAddr]) -> Result<()> {
+        let (v4, v6) = addr_sets(addrs);
+        if !v4.is_empty() {
+            let has = |a: &u32| v4.contains(a);
+            self.purge_nat_where(Family::V4, |k: &NatKeyOf<u32>, v: &NatEntryOf<u32>| {
+                has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+            })?;
         }
-        let set = addr_set(addrs);
-        let has = |a: &u32| set.contains(a);
-        self.purge_nat_where(|k, v| {
-            has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
-        })
-        .map(|_| ())
+        if !v6.is_empty() {
+            let has = |a: &[u32; 4]| v6.contains(a);
+            self.purge_nat_where(
+                Family::V6,
+                |k: &NatKeyOf<[u32; 4]>, v: &NatEntryOf<[u32; 4]>| {
+                    has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+                },
+            )?;
+        }
+        Ok(())
     }
 
-    /// Deletes the NAT entries charged to a pod that has no share any more: a removal took
-    /// the pod's entries and share and then stopped before its purge, without leaving a
-    /// tombstone (one by an earlier version of this plugin, which dropped the endpoint
-    /// entries first). Only GC runs it: it walks the whole table. Returns how many went.
+    /// Deletes the NAT entries (both families) charged to a pod that has no share any
+    /// more: a removal took the pod's entries and share and then stopped before its purge,
+    /// without leaving a tombstone (one by an earlier version of this plugin, which dropped
+    /// the endpoint entries first). Only GC runs it: it walks the whole tables. Returns how
+    /// many went.
     pub fn purge_orphan_flows(&self) -> Result<usize> {
         let shares: HashSet<u32> = {
             let mut m = self.maps()?;
@@ -72,13 +97,29 @@ impl Datapath {
         };
         // A share is written before its pod's first flow can exist (ADD, before
         // `from_pod` is attached) and taken before the pod's flows are purged.
-        self.purge_nat_where(|_, v| v.pod != 0 && !shares.contains(&v.pod))
+        let v4 = self.purge_nat_where(Family::V4, |_, v: &NatEntryOf<u32>| {
+            v.pod != 0 && !shares.contains(&v.pod)
+        })?;
+        let v6 = self.purge_nat_where(Family::V6, |_, v: &NatEntryOf<[u32; 4]>| {
+            v.pod != 0 && !shares.contains(&v.pod)
+        })?;
+        Ok(v4 + v6)
     }
 
-    /// Deletes the NAT entries `doomed` picks, giving back their charges; returns how many.
-    fn purge_nat_where(&self, doomed: impl Fn(&NatKey, &NatEntry) -> bool) -> Result<usize> {
+    /// Deletes the NAT entries of `family`'s table that `doomed` picks, giving back their
+    /// charges; returns how many.
+    fn purge_nat_where<A: NatAddr>(
+        &self,
+        family: Family<A>,
+        doomed: impl Fn(&NatKeyOf<A>, &NatEntryOf<A>) -> bool,
+    ) -> Result<usize>
+    where
+        NatKeyOf<A>: aya::Pod,
+        NatEntryOf<A>: aya::Pod,
+        NatDestKeyOf<A>: aya::Pod + Eq + Hash,
+    {
         let mut m = self.maps()?;
-        let mut nat = m.nat()?;
+        let mut nat = (family.nat)(&mut m)?;
         let doomed: Vec<_> = maps::entries(&nat)
             .into_iter()
             .filter(|(k, v)| doomed(k, v))
@@ -89,7 +130,7 @@ impl Datapath {
         // and a masquerade reverse entry its port to the pod's count towards its
         // destination.
         let mut given_back: HashMap<u32, u32> = HashMap::new();
-        let mut ports_back: HashMap<NatDestKey, u32> = HashMap::new();
+        let mut ports_back: HashMap<NatDestKeyOf<A>, u32> = HashMap::new();
         for (k, v) in doomed {
             if nat.remove(&k).is_err() {
                 continue;
@@ -99,7 +140,7 @@ impl Datapath {
                 *given_back.entry(v.pod).or_default() += 1;
             }
             if v.pod != 0 && v.kind == NatKind::SNAT_REV {
-                let d = NatDestKey {
+                let d = NatDestKeyOf {
                     pod: v.pod,
                     daddr: k.saddr,
                     dport: k.sport,
@@ -109,11 +150,11 @@ impl Datapath {
                 *ports_back.entry(d).or_default() += 1;
             }
         }
-        let mut dest_use = m.nat_dest_use()?;
+        let mut dest_use = (family.dest_use)(&mut m)?;
         for (d, n) in ports_back {
             // As below; a count that reaches zero goes, as the programs do it.
             if let Ok(held) = dest_use.get(&d, 0) {
-                let left = held.saturating_sub(n);
+                let left: u32 = held.saturating_sub(n);
                 let _ = if left == 0 {
                     dest_use.remove(&d)
                 } else {
@@ -134,6 +175,49 @@ impl Datapath {
     }
 }
 
-fn addr_set(addrs: &[Ipv4Addr]) -> HashSet<u32> {
-    addrs.iter().map(|a| ipv4_to_map(*a)).collect()
+/// An address type of the NAT tables (wire order): `u32` or `[u32; 4]`.
+pub(super) trait NatAddr: aya::Pod + Copy + Eq + Hash {}
+impl NatAddr for u32 {}
+impl NatAddr for [u32; 4] {}
+
+/// One family's NAT table and destination port counts, as [`Maps`] opens them.
+pub(super) struct Family<A: NatAddr> {
+    nat: NatTable<A>,
+    dest_use: DestUseTable<A>,
+}
+
+type NatTable<A> =
+    for<'a> fn(&'a mut Maps) -> Result<BpfHashMap<&'a mut MapData, NatKeyOf<A>, NatEntryOf<A>>>;
+type DestUseTable<A> =
+    for<'a> fn(&'a mut Maps) -> Result<BpfHashMap<&'a mut MapData, NatDestKeyOf<A>, u32>>;
+
+impl Family<u32> {
+    const V4: Self = Self {
+        nat: Maps::nat,
+        dest_use: Maps::nat_dest_use,
+    };
+}
+
+impl Family<[u32; 4]> {
+    const V6: Self = Self {
+        nat: Maps::nat6,
+        dest_use: Maps::nat_dest_use6,
+    };
+}
+
+/// `addrs` as the maps hold them, per family.
+fn addr_sets(addrs: &[IpAddr]) -> (HashSet<u32>, HashSet<[u32; 4]>) {
+    let mut v4 = HashSet::new();
+    let mut v6 = HashSet::new();
+    for a in addrs {
+        match a {
+            IpAddr::V4(a) => {
+                v4.insert(ipv4_to_map(*a));
+            }
+            IpAddr::V6(a) => {
+                v6.insert(ipv6_to_map(*a));
+            }
+        }
+    }
+    (v4, v6)
 }

@@ -8,8 +8,9 @@ use aya::maps::{
     PerCpuValues,
 };
 use cni_ebpf_common::{
-    map, EndpointInfo, EndpointKey, EndpointStats, FlowEntry, NatDestKey, NatEntry, NatKey, NatUse,
-    NodeAddr, NodeConfig, NodeState, Owner, Pacing, PortKey, PortTarget, SockKey, SockPeer,
+    map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
+    NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
+    NodeState, Owner, Pacing, PortKey, PortTarget, SockKey, SockKey6, SockPeer, SockPeer6,
     SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
@@ -35,6 +36,13 @@ pub struct Maps {
     pub(crate) src_allow6: Map,
     pub(crate) nat_use: Map,
     pub(crate) nat_dest_use: Map,
+    pub(crate) endpoints6: Map,
+    pub(crate) nat6: Map,
+    pub(crate) nat_dest_use6: Map,
+    pub(crate) flows6: Map,
+    pub(crate) stack_sockets6: Map,
+    pub(crate) node_config6: Map,
+    pub(crate) node_addrs6: Map,
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -72,6 +80,13 @@ impl Maps {
             src_allow6: open(pins, map::SRC_ALLOW6)?,
             nat_use: open(pins, map::NAT_USE)?,
             nat_dest_use: open(pins, map::NAT_DEST_USE)?,
+            endpoints6: open(pins, map::ENDPOINTS6)?,
+            nat6: open(pins, map::NAT6)?,
+            nat_dest_use6: open(pins, map::NAT_DEST_USE6)?,
+            flows6: open(pins, map::FLOWS6)?,
+            stack_sockets6: open(pins, map::STACK_SOCKETS6)?,
+            node_config6: open(pins, map::NODE_CONFIG6)?,
+            node_addrs6: open(pins, map::NODE_ADDRS6)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -91,6 +106,13 @@ impl Maps {
         m.src_allow6()?;
         m.nat_use()?;
         m.nat_dest_use()?;
+        m.endpoints6()?;
+        m.nat6()?;
+        m.nat_dest_use6()?;
+        m.flows6()?;
+        m.stack_sockets6()?;
+        m.node_config6()?;
+        m.node_addrs6()?;
         Ok(m)
     }
 
@@ -173,6 +195,43 @@ impl Maps {
     /// [`map::PACING`].
     pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
         HashMap::try_from(&mut self.pacing).map_err(|e| map_err(map::PACING, "open", e))
+    }
+
+    /// [`map::ENDPOINTS6`].
+    pub fn endpoints6(&mut self) -> Result<HashMap<&mut MapData, EndpointKey6, EndpointInfo>> {
+        HashMap::try_from(&mut self.endpoints6).map_err(|e| map_err(map::ENDPOINTS6, "open", e))
+    }
+
+    /// [`map::NAT6`].
+    pub fn nat6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, NatEntry6>> {
+        HashMap::try_from(&mut self.nat6).map_err(|e| map_err(map::NAT6, "open", e))
+    }
+
+    /// [`map::NAT_DEST_USE6`].
+    pub fn nat_dest_use6(&mut self) -> Result<HashMap<&mut MapData, NatDestKey6, u32>> {
+        HashMap::try_from(&mut self.nat_dest_use6)
+            .map_err(|e| map_err(map::NAT_DEST_USE6, "open", e))
+    }
+
+    /// [`map::FLOWS6`].
+    pub fn flows6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, FlowEntry>> {
+        HashMap::try_from(&mut self.flows6).map_err(|e| map_err(map::FLOWS6, "open", e))
+    }
+
+    /// [`map::STACK_SOCKETS6`].
+    pub fn stack_sockets6(&mut self) -> Result<HashMap<&mut MapData, SockKey6, SockPeer6>> {
+        HashMap::try_from(&mut self.stack_sockets6)
+            .map_err(|e| map_err(map::STACK_SOCKETS6, "open", e))
+    }
+
+    /// [`map::NODE_CONFIG6`].
+    pub fn node_config6(&mut self) -> Result<Array<&mut MapData, NodeConfig6>> {
+        Array::try_from(&mut self.node_config6).map_err(|e| map_err(map::NODE_CONFIG6, "open", e))
+    }
+
+    /// [`map::NODE_ADDRS6`].
+    pub fn node_addrs6(&mut self) -> Result<HashMap<&mut MapData, Addr6, NodeAddr>> {
+        HashMap::try_from(&mut self.node_addrs6).map_err(|e| map_err(map::NODE_ADDRS6, "open", e))
     }
 
     /// [`map::SOCK_REVNAT`].
@@ -363,6 +422,25 @@ pub fn ipv4_to_map(a: Ipv4Addr) -> u32 {
 #[must_use]
 pub fn ipv4_from_map(a: u32) -> Ipv4Addr {
     Ipv4Addr::from(a.to_ne_bytes())
+}
+
+/// An IPv6 address as a wire-order map field ([`Addr6`]).
+#[must_use]
+pub fn ipv6_to_map(a: std::net::Ipv6Addr) -> Addr6 {
+    let o = a.octets();
+    std::array::from_fn(|i| {
+        u32::from_ne_bytes([o[4 * i], o[4 * i + 1], o[4 * i + 2], o[4 * i + 3]])
+    })
+}
+
+/// A wire-order map field ([`Addr6`]) as an IPv6 address.
+#[must_use]
+pub fn ipv6_from_map(a: Addr6) -> std::net::Ipv6Addr {
+    let mut o = [0u8; 16];
+    for (chunk, w) in o.chunks_exact_mut(4).zip(a) {
+        chunk.copy_from_slice(&w.to_ne_bytes());
+    }
+    std::net::Ipv6Addr::from(o)
 }
 
 /// A port as a network-order map field.

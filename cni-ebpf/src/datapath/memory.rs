@@ -195,34 +195,25 @@ impl Datapath {
             map_name::NAT_DEST_USE,
             n(maps::entries(&m.nat_dest_use()?).len()),
         );
-        drop(m);
-        // The IPv6 maps, counted through read-only handles of their own.
-        use cni_ebpf_common::{
-            Addr6, EndpointInfo, EndpointKey6, FlowEntry, NatDestKey6, NatEntry6, NatKey6,
-            NodeAddr, SockKey6, SockPeer6,
-        };
-        let ep6 = self.count_keys::<EndpointKey6, EndpointInfo>(map_name::ENDPOINTS6)?;
-        out.insert(map_name::ENDPOINTS6, n(ep6));
-        let nat6 = self.count_keys::<NatKey6, NatEntry6>(map_name::NAT6)?;
-        out.insert(map_name::NAT6, n(nat6));
-        let dest6 = self.count_keys::<NatDestKey6, u32>(map_name::NAT_DEST_USE6)?;
-        out.insert(map_name::NAT_DEST_USE6, n(dest6));
-        let flows6 = self.count_keys::<NatKey6, FlowEntry>(map_name::FLOWS6)?;
-        out.insert(map_name::FLOWS6, n(flows6));
-        let socks6 = self.count_keys::<SockKey6, SockPeer6>(map_name::STACK_SOCKETS6)?;
-        out.insert(map_name::STACK_SOCKETS6, n(socks6));
-        let addrs6 = self.count_keys::<Addr6, NodeAddr>(map_name::NODE_ADDRS6)?;
-        out.insert(map_name::NODE_ADDRS6, n(addrs6));
+        out.insert(
+            map_name::ENDPOINTS6,
+            n(maps::entries(&m.endpoints6()?).len()),
+        );
+        out.insert(map_name::NAT6, n(maps::entries(&m.nat6()?).len()));
+        out.insert(
+            map_name::NAT_DEST_USE6,
+            n(maps::entries(&m.nat_dest_use6()?).len()),
+        );
+        out.insert(map_name::FLOWS6, n(maps::entries(&m.flows6()?).len()));
+        out.insert(
+            map_name::STACK_SOCKETS6,
+            n(maps::entries(&m.stack_sockets6()?).len()),
+        );
+        out.insert(
+            map_name::NODE_ADDRS6,
+            n(maps::entries(&m.node_addrs6()?).len()),
+        );
         Ok(out)
-    }
-
-    /// The keys of hash map `name` (`K` → `V`), counted by walking them through a
-    /// read-only handle.
-    fn count_keys<K: aya::Pod, V: aya::Pod>(&self, name: &str) -> Result<usize> {
-        let map = super::load::open_map_read_only(self.pins(), name)?;
-        let hash: aya::maps::HashMap<&aya::maps::MapData, K, V> =
-            aya::maps::HashMap::try_from(&map).map_err(|e| maps::err(name, "open", e))?;
-        Ok(hash.keys().filter_map(std::result::Result::ok).count())
     }
 }
 

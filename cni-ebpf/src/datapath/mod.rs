@@ -146,14 +146,22 @@ impl Datapath {
             .clone()
             .ok_or_else(|| Error::config("uplink", "could not determine the uplink interface"))?;
         let mut cidrs = Vec::new();
+        let mut cidrs6 = Vec::new();
         for c in &conf.cluster_cidrs {
-            if let IpNet::V4(v4) = c {
-                cidrs.push(v4.trunc());
+            match c {
+                IpNet::V4(v4) => cidrs.push(v4.trunc()),
+                IpNet::V6(v6) => cidrs6.push(v6.trunc()),
             }
         }
         if conf.ip_masq && facts.uplink_addr.is_none() {
             tracing::warn!(
                 "uplink {uplink_name} has no IPv4 address: masquerading is disabled until it has one"
+            );
+        }
+        if conf.ip_masq && facts.uplink_addr6.is_none() && !cidrs6.is_empty() {
+            tracing::warn!(
+                "uplink {uplink_name} has no usable global IPv6 address: IPv6 masquerading is \
+                 disabled until it has one"
             );
         }
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
@@ -165,6 +173,8 @@ impl Datapath {
             uplink_ifindex,
             ip_masq: conf.ip_masq,
             cluster_cidrs: cidrs,
+            node_addr6: facts.uplink_addr6,
+            cluster_cidrs6: cidrs6,
             snat_ports,
             snat_dest_cap: node_config::snat_dest_cap(conf.nat_ports_per_destination, snat_ports),
             netns_cookie,
@@ -363,6 +373,15 @@ fn owner_label(m: &mut Maps, owner: u64) -> String {
     }
 }
 
+fn v6s(ips: &[IpAddr]) -> Vec<std::net::Ipv6Addr> {
+    ips.iter()
+        .filter_map(|ip| match ip {
+            IpAddr::V6(v6) => Some(*v6),
+            IpAddr::V4(_) => None,
+        })
+        .collect()
+}
+
 fn v4s(ips: &[IpAddr]) -> Vec<Ipv4Addr> {
     ips.iter()
         .filter_map(|ip| match ip {
@@ -377,6 +396,7 @@ fn proto_name(p: u8) -> String {
         proto::TCP => "tcp".into(),
         proto::UDP => "udp".into(),
         proto::ICMP => "icmp".into(),
+        proto::ICMPV6 => "icmpv6".into(),
         n => n.to_string(),
     }
 }

@@ -1,9 +1,9 @@
-//! What the programs need to know about the node: uplink, its IPv4 address, every local
-//! IPv4 address, the SNAT port range. Read with the caller's netlink connection, on the
+//! What the programs need to know about the node: uplink, its IPv4 and IPv6 addresses,
+//! every local address, the SNAT port range. Read with the caller's netlink connection, on the
 //! caller's runtime: ADD reads them on the connection it builds the pod with, so an ADD
 //! starts no second runtime or thread for them.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::{
     error::{Error, Result},
@@ -19,8 +19,11 @@ pub struct UplinkFacts {
     pub uplink: Option<(String, u32)>,
     /// First global IPv4 address of the uplink (masquerade source).
     pub uplink_addr: Option<Ipv4Addr>,
-    /// Every IPv4 address of the node with its ifindex.
-    pub addrs: Vec<(Ipv4Addr, u32)>,
+    /// First usable global IPv6 address of the uplink (IPv6 masquerade source): global
+    /// scope, not tentative, deprecated or failed DAD.
+    pub uplink_addr6: Option<Ipv6Addr>,
+    /// Every address of the node (both families) with its ifindex.
+    pub addrs: Vec<(IpAddr, u32)>,
 }
 
 /// How often (seconds) ADD lists every node address rather than the uplink's only.
@@ -56,20 +59,35 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
             })?
         }
     };
-    let addrs = if all {
-        nl.ipv4_addresses(None).await?
+    let (addrs, addrs6) = if all {
+        (
+            nl.ipv4_addresses(None).await?,
+            nl.ipv6_addresses(None).await?,
+        )
     } else {
-        Nl::connect_strict()?
-            .ipv4_addresses(Some(dev.index))
-            .await?
+        let strict = Nl::connect_strict()?;
+        (
+            strict.ipv4_addresses(Some(dev.index)).await?,
+            strict.ipv6_addresses(Some(dev.index)).await?,
+        )
     };
     let uplink_addr = addrs
         .iter()
         .find(|(a, i)| *i == dev.index && !a.is_link_local() && !a.is_loopback())
         .map(|(a, _)| *a);
+    let uplink_addr6 = addrs6
+        .iter()
+        .find(|(_, i, usable)| *i == dev.index && *usable)
+        .map(|(a, _, _)| *a);
+    let addrs = addrs
+        .into_iter()
+        .map(|(a, i)| (IpAddr::V4(a), i))
+        .chain(addrs6.into_iter().map(|(a, i, _)| (IpAddr::V6(a), i)))
+        .collect();
     Ok(UplinkFacts {
         uplink: Some((dev.name, dev.index)),
         uplink_addr,
+        uplink_addr6,
         addrs,
     })
 }

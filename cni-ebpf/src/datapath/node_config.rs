@@ -1,17 +1,22 @@
 //! Node-wide state the programs read: the `NODE_CONFIG` entry (masquerade address, uplink,
-//! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeConfigSpec`]) and the set of
-//! addresses the programs treat as "this node" (`NODE_ADDRS`). Gathering the facts from
+//! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeConfigSpec`]), its IPv6 half
+//! `NODE_CONFIG6` (IPv6 masquerade address and clusterCIDRs), and the set of addresses
+//! the programs treat as "this node" (`NODE_ADDRS`, `NODE_ADDRS6`). Gathering the facts from
 //! the node is [`super::node`]'s job.
 
-use std::{collections::BTreeMap, net::Ipv4Addr};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
 use cni_ebpf_common::{
-    map as map_name, Cidr4, NodeAddr, NodeConfig, NodeFlags, NodeState, MAX_CLUSTER_CIDRS,
+    map as map_name, Cidr4, Cidr6, NodeAddr, NodeConfig, NodeConfig6, NodeFlags, NodeState,
+    MAX_CLUSTER_CIDRS,
 };
-use ipnet::Ipv4Net;
+use ipnet::{Ipv4Net, Ipv6Net};
 
 use super::{
-    maps::{self, ipv4_to_map},
+    maps::{self, ipv4_to_map, ipv6_to_map},
     Datapath,
 };
 use crate::error::Result;
@@ -30,6 +35,10 @@ pub struct NodeConfigSpec {
     /// IPv4 `clusterCIDRs`: the first [`MAX_CLUSTER_CIDRS`] are written (parsing the
     /// configuration refuses more, naming `clusterCIDRs`).
     pub cluster_cidrs: Vec<Ipv4Net>,
+    /// IPv6 masquerade source address (`NODE_CONFIG6`); `None` disables IPv6 masquerading.
+    pub node_addr6: Option<Ipv6Addr>,
+    /// IPv6 `clusterCIDRs` (at most [`MAX_CLUSTER_CIDRS`], as the IPv4 ones).
+    pub cluster_cidrs6: Vec<Ipv6Net>,
     /// SNAT port range (inclusive).
     pub snat_ports: (u16, u16),
     /// Most SNAT ports one pod may hold towards one destination (0: no cap); see
@@ -94,6 +103,8 @@ impl Datapath {
                 mask: ipv4_to_map(c.netmask()),
             };
         }
+        // The IPv6 half first: the IPv4 entry's `ipMasq` and SNAT ports apply to it too.
+        self.write_node_config6(s)?;
         if cfg == *old {
             return Ok(());
         }
@@ -101,6 +112,37 @@ impl Datapath {
         let mut arr = m.node_config()?;
         arr.set(0, cfg, 0)
             .map_err(|e| maps::err(map_name::NODE_CONFIG, "write", e))
+    }
+
+    /// Writes `NODE_CONFIG6` for `s` (nothing when nothing changes).
+    fn write_node_config6(&self, s: &NodeConfigSpec) -> Result<()> {
+        let mut cfg = NodeConfig6 {
+            node_addr: s.node_addr6.map_or([0; 4], ipv6_to_map),
+            n_cidrs: u32::try_from(s.cluster_cidrs6.len().min(MAX_CLUSTER_CIDRS)).unwrap_or(0),
+            _pad: 0,
+            cluster_cidrs: [Cidr6::default(); MAX_CLUSTER_CIDRS],
+        };
+        for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs6) {
+            *slot = Cidr6 {
+                addr: ipv6_to_map(c.network()),
+                mask: ipv6_to_map(c.netmask()),
+            };
+        }
+        let mut m = self.maps()?;
+        let mut arr = m.node_config6()?;
+        if arr.get(&0, 0).is_ok_and(|old| old == cfg) {
+            return Ok(());
+        }
+        arr.set(0, cfg, 0)
+            .map_err(|e| maps::err(map_name::NODE_CONFIG6, "write", e))
+    }
+
+    /// The `NODE_CONFIG6` entry as the programs read it.
+    pub(super) fn node_config6_raw(&self) -> Result<NodeConfig6> {
+        let mut m = self.maps()?;
+        let arr = m.node_config6()?;
+        arr.get(&0, 0)
+            .map_err(|e| maps::err(map_name::NODE_CONFIG6, "read", e))
     }
 
     /// When every node address was last listed (`CLOCK_BOOTTIME` seconds; 0: never).
@@ -126,27 +168,11 @@ impl Datapath {
 
     /// Replaces the set of addresses the programs treat as "this node" (host-port
     /// destinations, never masqueraded).
-    pub fn set_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
+    pub fn set_node_addrs(&self, addrs: &[(IpAddr, u32)]) -> Result<()> {
+        let (v4, v6) = split_addrs(addrs);
         let mut m = self.maps()?;
-        let mut h = m.node_addrs()?;
-        let want: BTreeMap<u32, u32> = addrs.iter().map(|(a, i)| (ipv4_to_map(*a), *i)).collect();
-        let have: BTreeMap<u32, u32> = maps::entries(&h)
-            .into_iter()
-            .map(|(k, v)| (k, v.ifindex))
-            .collect();
-        for k in have.keys() {
-            if !want.contains_key(k) {
-                maps::remove(&mut h, k, map_name::NODE_ADDRS)?;
-            }
-        }
-        for (k, i) in want {
-            if have.get(&k) == Some(&i) {
-                continue;
-            }
-            h.insert(k, NodeAddr { ifindex: i }, 0)
-                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", e))?;
-        }
-        Ok(())
+        replace_all(&mut m.node_addrs()?, map_name::NODE_ADDRS, v4)?;
+        replace_all(&mut m.node_addrs6()?, map_name::NODE_ADDRS6, v6)
     }
 
     /// Whether `a` is in the node-address map.
@@ -160,19 +186,70 @@ impl Datapath {
     /// gateway addresses ADD puts on a new host veth), without removing any: `open_or_load`
     /// replaces the whole set from a full listing at most every
     /// [`super::node::NODE_ADDRS_EVERY_S`].
-    pub fn add_node_addrs(&self, addrs: &[(Ipv4Addr, u32)]) -> Result<()> {
+    pub fn add_node_addrs(&self, addrs: &[(IpAddr, u32)]) -> Result<()> {
+        let (v4, v6) = split_addrs(addrs);
         let mut m = self.maps()?;
-        let mut h = m.node_addrs()?;
-        for (a, i) in addrs {
-            let k = ipv4_to_map(*a);
-            if maps::get(&h, &k, map_name::NODE_ADDRS)?.is_some() {
-                continue;
-            }
-            h.insert(k, NodeAddr { ifindex: *i }, 0)
-                .map_err(|e| maps::err(map_name::NODE_ADDRS, "insert", e))?;
-        }
-        Ok(())
+        add_missing(&mut m.node_addrs()?, map_name::NODE_ADDRS, v4)?;
+        add_missing(&mut m.node_addrs6()?, map_name::NODE_ADDRS6, v6)
     }
+}
+
+/// `addrs` per family, keyed as the maps key them.
+fn split_addrs(addrs: &[(IpAddr, u32)]) -> (BTreeMap<u32, u32>, BTreeMap<[u32; 4], u32>) {
+    let mut v4 = BTreeMap::new();
+    let mut v6 = BTreeMap::new();
+    for (a, i) in addrs {
+        match a {
+            IpAddr::V4(a) => {
+                v4.insert(ipv4_to_map(*a), *i);
+            }
+            IpAddr::V6(a) => {
+                v6.insert(ipv6_to_map(*a), *i);
+            }
+        }
+    }
+    (v4, v6)
+}
+
+/// Makes node-address map `h` hold exactly `want`.
+fn replace_all<K: aya::Pod + Ord>(
+    h: &mut aya::maps::HashMap<&mut aya::maps::MapData, K, NodeAddr>,
+    name: &str,
+    want: BTreeMap<K, u32>,
+) -> Result<()> {
+    let have: BTreeMap<K, u32> = maps::entries(h)
+        .into_iter()
+        .map(|(k, v)| (k, v.ifindex))
+        .collect();
+    for k in have.keys() {
+        if !want.contains_key(k) {
+            maps::remove(h, k, name)?;
+        }
+    }
+    for (k, i) in want {
+        if have.get(&k) == Some(&i) {
+            continue;
+        }
+        h.insert(k, NodeAddr { ifindex: i }, 0)
+            .map_err(|e| maps::err(name, "insert", e))?;
+    }
+    Ok(())
+}
+
+/// Adds the addresses of `add` that node-address map `h` lacks.
+fn add_missing<K: aya::Pod + Ord>(
+    h: &mut aya::maps::HashMap<&mut aya::maps::MapData, K, NodeAddr>,
+    name: &str,
+    add: BTreeMap<K, u32>,
+) -> Result<()> {
+    for (k, i) in add {
+        if maps::get(h, &k, name)?.is_some() {
+            continue;
+        }
+        h.insert(k, NodeAddr { ifindex: i }, 0)
+            .map_err(|e| maps::err(name, "insert", e))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

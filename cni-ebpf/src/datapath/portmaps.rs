@@ -97,7 +97,11 @@ impl Datapath {
     /// so an old flow never reaches a new pod. Idempotent.
     pub fn remove_port_mappings(&self, owner: (&str, &str)) -> Result<()> {
         let oid = owner_id(owner.0.as_bytes(), owner.1.as_bytes());
-        let pods = self.take_port_mappings(oid)?;
+        let pods: Vec<IpAddr> = self
+            .take_port_mappings(oid)?
+            .into_iter()
+            .map(IpAddr::V4)
+            .collect();
         self.forget(oid, &pods)
     }
 

@@ -3,16 +3,20 @@
 //! configuration, and what the maps hold per (container ID, ifname). Nothing here writes
 //! a map.
 
-use std::{collections::BTreeMap, net::Ipv4Addr, time::Duration};
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    time::Duration,
+};
 
 use cni_ebpf_common::{
-    map as map_name, EndpointFlags, EndpointStats, FlowFlags, NatDeliver, NatKind, NodeFlags,
-    Reason, MAX_CLUSTER_CIDRS,
+    map as map_name, EndpointFlags, EndpointInfo, EndpointStats, FlowFlags, NatDeliver, NatKind,
+    NodeFlags, Reason, MAX_CLUSTER_CIDRS,
 };
 use serde::Serialize;
 
 use super::{
-    maps::{self, ipv4_from_map, port_from_map},
+    maps::{self, ipv4_from_map, ipv6_from_map, port_from_map},
     proto_name, Datapath,
 };
 use crate::{cni::config::format_mac, error::Result};
@@ -20,8 +24,8 @@ use crate::{cni::config::format_mac, error::Result};
 /// An endpoint entry, for `inspect` and GC.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EndpointView {
-    /// Pod IPv4 address.
-    pub ip: Ipv4Addr,
+    /// Pod address (either family).
+    pub ip: IpAddr,
     /// Host veth ifindex.
     pub host_ifindex: u32,
     /// Host veth MAC.
@@ -85,19 +89,19 @@ pub struct NatView {
     /// `tcp`, `udp`, `icmp`.
     pub protocol: String,
     /// Tuple matched: source address.
-    pub src: Ipv4Addr,
+    pub src: IpAddr,
     /// Source port (echo id for ICMP).
     pub sport: u16,
     /// Destination address.
-    pub dst: Ipv4Addr,
+    pub dst: IpAddr,
     /// Destination port.
     pub dport: u16,
     /// Rewritten source address.
-    pub new_src: Ipv4Addr,
+    pub new_src: IpAddr,
     /// Rewritten source port.
     pub new_sport: u16,
     /// Rewritten destination address.
-    pub new_dst: Ipv4Addr,
+    pub new_dst: IpAddr,
     /// Rewritten destination port.
     pub new_dport: u16,
     /// Time since the last packet, in milliseconds.
@@ -167,18 +171,20 @@ pub struct ReasonCount {
 pub struct NodeConfigView {
     /// Masquerade source.
     pub node_addr: Option<Ipv4Addr>,
+    /// IPv6 masquerade source.
+    pub node_addr6: Option<std::net::Ipv6Addr>,
     /// Uplink ifindex.
     pub uplink_ifindex: u32,
     /// `ipMasq`.
     pub ip_masq: bool,
-    /// Cluster CIDRs.
+    /// Cluster CIDRs (IPv4, then IPv6).
     pub cluster_cidrs: Vec<String>,
     /// SNAT port range.
     pub snat_ports: (u16, u16),
     /// Most SNAT ports one pod may hold towards one destination (0: no cap).
     pub snat_dest_cap: u32,
-    /// The node addresses the programs treat as "this node".
-    pub node_addrs: Vec<Ipv4Addr>,
+    /// The node addresses the programs treat as "this node" (IPv4, then IPv6).
+    pub node_addrs: Vec<std::net::IpAddr>,
 }
 
 /// Everything the datapath holds for one (container ID, ifname), for GC.
@@ -188,8 +194,8 @@ pub struct AttachmentState {
     pub container_id: String,
     /// Ifname.
     pub ifname: String,
-    /// Endpoint addresses.
-    pub ips: Vec<Ipv4Addr>,
+    /// Endpoint addresses (both families).
+    pub ips: Vec<std::net::IpAddr>,
     /// Host veth ifindexes of its endpoint entries.
     pub host_ifindexes: Vec<u32>,
     /// Number of host ports.
@@ -217,7 +223,15 @@ impl Datapath {
     /// Every endpoint entry with its owner and counters.
     pub fn endpoints(&self) -> Result<Vec<EndpointView>> {
         let mut m = self.maps()?;
-        let eps = maps::entries(&m.endpoints()?);
+        let eps: Vec<(IpAddr, EndpointInfo)> = maps::entries(&m.endpoints()?)
+            .into_iter()
+            .map(|(k, v)| (ipv4_from_map(k.addr).into(), v))
+            .chain(
+                maps::entries(&m.endpoints6()?)
+                    .into_iter()
+                    .map(|(k, v)| (ipv6_from_map(k.addr).into(), v)),
+            )
+            .collect();
         let stats = m.ep_stats()?;
         let stats: BTreeMap<u32, EndpointStats> = stats
             .iter()
@@ -231,11 +245,11 @@ impl Datapath {
         let owners = m.owners()?;
         let mut out: Vec<_> = eps
             .into_iter()
-            .map(|(k, v)| {
+            .map(|(ip, v)| {
                 let (container_id, ifname) = owner_names_of(&owners, v.owner);
                 let s = stats.get(&v.ifindex).copied().unwrap_or_default();
                 EndpointView {
-                    ip: ipv4_from_map(k.addr),
+                    ip,
                     host_ifindex: v.ifindex,
                     host_mac: format_mac(&v.host_mac),
                     pod_mac: format_mac(&v.pod_mac),
@@ -290,34 +304,19 @@ impl Datapath {
         Ok(out)
     }
 
-    /// Every NAT entry.
+    /// Every NAT entry, IPv4 then IPv6.
     pub fn nat_entries(&self) -> Result<Vec<NatView>> {
         let now = now_ns();
         let mut m = self.maps()?;
-        let nat = m.nat()?;
-        Ok(maps::entries(&nat)
+        let v4 = maps::entries(&m.nat()?);
+        let v6 = maps::entries(&m.nat6()?);
+        Ok(v4
             .into_iter()
-            .map(|(k, v)| NatView {
-                kind: v.kind.name(),
-                hook: v.hook.name(),
-                protocol: proto_name(k.proto),
-                src: ipv4_from_map(k.saddr),
-                sport: port_from_map(k.sport),
-                dst: ipv4_from_map(k.daddr),
-                dport: port_from_map(k.dport),
-                new_src: ipv4_from_map(v.saddr),
-                new_sport: port_from_map(v.sport),
-                new_dst: ipv4_from_map(v.daddr),
-                new_dport: port_from_map(v.dport),
-                idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
-                state: v.flags.close_state(),
-                deliver: if v.deliver == NatDeliver::STACK {
-                    "stack"
-                } else {
-                    "direct"
-                },
-                pod_ifindex: v.pod,
-            })
+            .map(|(k, v)| nat_view(&k, &v, now, |a| ipv4_from_map(a).into()))
+            .chain(
+                v6.into_iter()
+                    .map(|(k, v)| nat_view(&k, &v, now, |a| ipv6_from_map(a).into())),
+            )
             .collect())
     }
 
@@ -417,24 +416,34 @@ impl Datapath {
     /// The node configuration as the programs see it.
     pub fn node_config_view(&self) -> Result<NodeConfigView> {
         let cfg = self.node_config_raw()?;
+        let cfg6 = self.node_config6_raw()?;
         let mut m = self.maps()?;
-        let mut node_addrs: Vec<_> = maps::entries(&m.node_addrs()?)
+        let mut node_addrs: Vec<std::net::IpAddr> = maps::entries(&m.node_addrs()?)
             .into_iter()
-            .map(|(k, _)| ipv4_from_map(k))
+            .map(|(k, _)| ipv4_from_map(k).into())
+            .chain(
+                maps::entries(&m.node_addrs6()?)
+                    .into_iter()
+                    .map(|(k, _)| ipv6_from_map(k).into()),
+            )
             .collect();
         node_addrs.sort();
         let n = (cfg.n_cidrs as usize).min(MAX_CLUSTER_CIDRS);
+        let n6 = (cfg6.n_cidrs as usize).min(MAX_CLUSTER_CIDRS);
+        let cidrs4 = cfg.cluster_cidrs[..n].iter().map(|c| {
+            let prefix = u32::from_be_bytes(c.mask.to_ne_bytes()).count_ones();
+            format!("{}/{prefix}", ipv4_from_map(c.addr))
+        });
+        let cidrs6 = cfg6.cluster_cidrs[..n6].iter().map(|c| {
+            let prefix: u32 = c.mask.iter().map(|w| w.count_ones()).sum();
+            format!("{}/{prefix}", ipv6_from_map(c.addr))
+        });
         Ok(NodeConfigView {
             node_addr: (cfg.node_addr != 0).then(|| ipv4_from_map(cfg.node_addr)),
+            node_addr6: (cfg6.node_addr != [0; 4]).then(|| ipv6_from_map(cfg6.node_addr)),
             uplink_ifindex: cfg.uplink_ifindex,
             ip_masq: cfg.flags.contains(NodeFlags::MASQ),
-            cluster_cidrs: cfg.cluster_cidrs[..n]
-                .iter()
-                .map(|c| {
-                    let prefix = u32::from_be_bytes(c.mask.to_ne_bytes()).count_ones();
-                    format!("{}/{prefix}", ipv4_from_map(c.addr))
-                })
-                .collect(),
+            cluster_cidrs: cidrs4.chain(cidrs6).collect(),
             snat_ports: (cfg.snat_port_min, cfg.snat_port_max),
             snat_dest_cap: cfg.snat_dest_cap,
             node_addrs,
@@ -446,22 +455,64 @@ impl Datapath {
     pub fn attachments(&self) -> Result<Vec<AttachmentState>> {
         let mut m = self.maps()?;
         let owners = maps::entries(&m.owners()?);
-        let eps = maps::entries(&m.endpoints()?);
+        let eps: Vec<(std::net::IpAddr, cni_ebpf_common::EndpointInfo)> =
+            maps::entries(&m.endpoints()?)
+                .into_iter()
+                .map(|(k, v)| (ipv4_from_map(k.addr).into(), v))
+                .chain(
+                    maps::entries(&m.endpoints6()?)
+                        .into_iter()
+                        .map(|(k, v)| (ipv6_from_map(k.addr).into(), v)),
+                )
+                .collect();
         let pms = maps::entries(&m.portmaps()?);
         Ok(owners
             .into_iter()
             .map(|(id, o)| {
                 let (container_id, ifname) = maps::owner_names(&o);
                 let mine: Vec<_> = eps.iter().filter(|(_, v)| v.owner == id).collect();
+                let mut host_ifindexes: Vec<u32> = mine.iter().map(|(_, v)| v.ifindex).collect();
+                host_ifindexes.sort_unstable();
+                host_ifindexes.dedup();
                 AttachmentState {
                     container_id,
                     ifname,
-                    ips: mine.iter().map(|(k, _)| ipv4_from_map(k.addr)).collect(),
-                    host_ifindexes: mine.iter().map(|(_, v)| v.ifindex).collect(),
+                    ips: mine.iter().map(|(a, _)| *a).collect(),
+                    host_ifindexes,
                     port_mappings: pms.iter().filter(|(_, v)| v.owner == id).count(),
                 }
             })
             .collect())
+    }
+}
+
+/// One NAT entry as `inspect` shows it (`addr`: the family's address conversion).
+fn nat_view<A: Copy>(
+    k: &cni_ebpf_common::NatKeyOf<A>,
+    v: &cni_ebpf_common::NatEntryOf<A>,
+    now: u64,
+    addr: impl Fn(A) -> IpAddr,
+) -> NatView {
+    NatView {
+        kind: v.kind.name(),
+        hook: v.hook.name(),
+        protocol: proto_name(k.proto),
+        src: addr(k.saddr),
+        sport: port_from_map(k.sport),
+        dst: addr(k.daddr),
+        dport: port_from_map(k.dport),
+        new_src: addr(v.saddr),
+        new_sport: port_from_map(v.sport),
+        new_dst: addr(v.daddr),
+        new_dport: port_from_map(v.dport),
+        idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
+        state: v.flags.close_state(),
+        deliver: if v.deliver == NatDeliver::STACK {
+            "stack"
+        } else {
+            "direct"
+        },
+        pod_ifindex: v.pod,
     }
 }
 

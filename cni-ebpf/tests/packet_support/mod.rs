@@ -170,10 +170,10 @@ impl Fixture {
     pub fn standard_node_addrs(&self) {
         self.dp()
             .set_node_addrs(&[
-                (NODE, 2),
-                (NODE2, 2),
-                (GATEWAY, IFINDEX_A),
-                (GATEWAY, IFINDEX_B),
+                (NODE.into(), 2),
+                (NODE2.into(), 2),
+                (GATEWAY.into(), IFINDEX_A),
+                (GATEWAY.into(), IFINDEX_B),
             ])
             .unwrap_or_else(|e| panic!("set_node_addrs: {e}"));
     }
@@ -704,6 +704,8 @@ pub fn standard_settings(masq: bool) -> NodeConfigSpec {
         uplink_ifindex: 2,
         ip_masq: masq,
         cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
+        node_addr6: None,
+        cluster_cidrs6: Vec::new(),
         snat_ports: SNAT_PORTS,
         snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, SNAT_PORTS),
         netns_cookie: 0,
