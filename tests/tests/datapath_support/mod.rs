@@ -513,7 +513,7 @@ pub fn udp_exchange(netns: &Path, addr: &str, payload: &[u8]) -> io::Result<(Str
     let to = sock_addr(addr);
     let payload = payload.to_vec();
     in_netns(netns, move || {
-        let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
+        let s = UdpSocket::bind(unspecified_like(&to))?;
         s.set_read_timeout(Some(Duration::from_secs(1)))?;
         let mut last = io::Error::from(io::ErrorKind::TimedOut);
         for _ in 0..3 {
@@ -537,7 +537,7 @@ pub fn udp_exchange(netns: &Path, addr: &str, payload: &[u8]) -> io::Result<(Str
 pub fn udp_error(netns: &Path, addr: &str) -> io::Result<usize> {
     let to = sock_addr(addr);
     in_netns(netns, move || {
-        let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))?;
+        let s = UdpSocket::bind(unspecified_like(&to))?;
         s.connect(to)?;
         s.set_read_timeout(Some(Duration::from_secs(1)))?;
         let mut last = Ok(0);
@@ -552,6 +552,15 @@ pub fn udp_error(netns: &Path, addr: &str) -> io::Result<usize> {
         }
         last
     })
+}
+
+/// Any port on the unspecified address of `to`'s family (a local socket to send to it).
+fn unspecified_like(to: &SocketAddr) -> SocketAddr {
+    if to.is_ipv6() {
+        SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+    }
 }
 
 /// The first line of a WhoAmIServer / TaggedServer answer, without the tag.

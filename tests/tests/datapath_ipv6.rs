@@ -1,0 +1,153 @@
+//! Issue 13: IPv6 through the datapath on the simulated node, dual-stack pods under the
+//! real plugin. Pod → outside masqueraded to the node's IPv6 address (TCP, UDP, ICMPv6
+//! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
+//! translation both ways); pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
+//! CHECK, inspect and DEL covering the IPv6 entries.
+
+#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
+
+mod datapath_support;
+
+use datapath_support::{
+    add, assert_seen_as, del, greet, inspect, list, reason, udp_exchange, CLUSTER_CIDR,
+};
+use serde_json::{json, Value};
+use tests::{
+    assert_ping, ConfBuilder, SimNode, WhoAmIServer, EXT_IP6, NODE_IP6, POD_SUBNET_V4,
+    POD_SUBNET_V6,
+};
+
+/// The IPv6 cluster CIDR (the pod prefix of every node).
+const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
+
+/// Dual-stack pods, masquerade on, both families' cluster CIDRs.
+fn dual_stack_masq_conf(node: &SimNode) -> ConfBuilder {
+    node.conf()
+        .version("1.1.0")
+        .subnets(&[POD_SUBNET_V4, POD_SUBNET_V6])
+        .set("ipMasq", json!(true))
+        .set("clusterCIDRs", json!([CLUSTER_CIDR, CLUSTER_CIDR6]))
+}
+
+/// The pod's IPv6 address (no prefix) in an ADD result.
+#[track_caller]
+fn pod_ip6(result: &Value) -> String {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains(':'))
+        .and_then(|a| a.split('/').next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no IPv6 address in the result: {result}"))
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pod_to_ext_over_ipv6_is_masqueraded_to_the_node_ipv6_address() {
+    let node = SimNode::new("dp_masq6");
+    let conf = dual_stack_masq_conf(&node);
+    let a = node.pod("a");
+    let r = add(&node, &a, &conf);
+    let ip6 = pod_ip6(&r);
+    let doc = inspect(&node);
+    assert_eq!(doc["node"]["node_addr6"], NODE_IP6, "{:#}", doc["node"]);
+    assert!(
+        doc["node"]["cluster_cidrs"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == CLUSTER_CIDR6)),
+        "the IPv6 clusterCIDR is configured, not dropped: {:#}",
+        doc["node"]
+    );
+    assert!(
+        list(&doc, "endpoints")
+            .iter()
+            .any(|e| e["ip"] == ip6.as_str()),
+        "inspect lists the pod's IPv6 endpoint: {:#}",
+        doc["endpoints"]
+    );
+
+    let server = WhoAmIServer::start(node.ext_netns(), 8086);
+    let ext = format!("[{EXT_IP6}]:8086");
+    // TCP.
+    let answer = greet(a.netns(), &ext).unwrap_or_else(|e| panic!("TCP pod → [ext]: {e}"));
+    assert_seen_as(
+        &answer,
+        NODE_IP6,
+        "TCP over IPv6: ext must see the node's address",
+    );
+    // UDP; the answer comes back from ext's own address and port.
+    let (answer, from) =
+        udp_exchange(a.netns(), &ext, b"who").unwrap_or_else(|e| panic!("UDP pod → [ext]: {e}"));
+    assert_seen_as(&answer, NODE_IP6, "UDP over IPv6");
+    assert_eq!(from.to_string(), ext, "reply source as the pod sees it");
+    // ICMPv6 echo (its NAT entry below shows it was masqueraded by identifier).
+    assert_ping(a.netns(), EXT_IP6);
+
+    let doc = inspect(&node);
+    for proto in ["tcp", "udp", "icmpv6"] {
+        assert!(
+            list(&doc, "nat").iter().any(|n| n["kind"] == "snat"
+                && n["protocol"] == proto
+                && n["src"] == ip6.as_str()
+                && n["new_src"] == NODE_IP6
+                && n["dst"] == EXT_IP6),
+            "no {proto} SNAT entry {ip6} → {EXT_IP6} rewritten to {NODE_IP6}: {:#}",
+            doc["nat"]
+        );
+    }
+    assert!(reason(&doc, "snat_new") >= 3, "{:#}", doc["reasons"]);
+    assert_eq!(
+        reason(&doc, "pass_ipv6_not_loaded"),
+        0,
+        "{:#}",
+        doc["reasons"]
+    );
+
+    // CHECK reads the IPv6 entry and the IPv6 programs' slots.
+    node.check(&a, "eth0", &conf, &r).assert_empty_success();
+
+    drop(server);
+    del(&node, &a, &conf);
+    let doc = inspect(&node);
+    assert!(
+        !list(&doc, "nat")
+            .iter()
+            .any(|n| n["src"] == ip6.as_str() || n["new_dst"] == ip6.as_str()),
+        "DEL must purge the pod's IPv6 flows: {:#}",
+        doc["nat"]
+    );
+    assert!(list(&doc, "endpoints").is_empty(), "{:#}", doc["endpoints"]);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_talk_over_ipv6_straight_into_each_other() {
+    let node = SimNode::new("dp_pod6");
+    let conf = dual_stack_masq_conf(&node);
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    add(&node, &a, &conf);
+    let rb = add(&node, &b, &conf);
+    let b6 = pod_ip6(&rb);
+    let server = WhoAmIServer::start(b.netns(), 8087);
+    let before = reason(&inspect(&node), "redirect_pod");
+    let answer = greet(a.netns(), &format!("[{b6}]:8087"))
+        .unwrap_or_else(|e| panic!("TCP pod a → [pod b]: {e}"));
+    let doc = inspect(&node);
+    let a6 = list(&doc, "endpoints")
+        .iter()
+        .find(|e| e["ip"].as_str().is_some_and(|ip| ip.contains(':')) && e["ip"] != b6.as_str())
+        .and_then(|e| e["ip"].as_str())
+        .unwrap_or_else(|| panic!("pod a's IPv6 endpoint: {:#}", doc["endpoints"]))
+        .to_owned();
+    assert_seen_as(&answer, &a6, "pod b must see pod a's own IPv6 address");
+    let grew = reason(&doc, "redirect_pod") - before;
+    assert!(
+        grew >= 2,
+        "redirect_pod grew by {grew}: IPv6 pod → pod must be redirected by from_pod6"
+    );
+    drop(server);
+    del(&node, &a, &conf);
+    del(&node, &b, &conf);
+}
