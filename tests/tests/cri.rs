@@ -140,16 +140,19 @@ fn assert_cri_matches_ipam(node: &SimNode, sandbox: &str, st: &PodStatus) {
             store.ips
         );
     }
-    // The datapath's endpoint entry of the sandbox (IPv4; IPv6 is routed by the stack).
+    // The datapath's endpoint entries of the sandbox: one per address, both families.
     let endpoints = node.endpoints(NET);
-    let mine: Vec<&Value> = endpoints
+    let mut mine: Vec<&str> = endpoints
         .iter()
-        .filter(|e| e["container_id"].as_str() == Some(sandbox))
+        .filter(|e| e["container_id"].as_str() == Some(sandbox) && e["ifname"] == "eth0")
+        .filter_map(|e| e["ip"].as_str())
         .collect();
-    assert!(
-        mine.len() == 1 && mine[0]["ip"].as_str() == Some(st.ip4()) && mine[0]["ifname"] == "eth0",
-        "endpoint entries of {sandbox} ({}): {endpoints:#?}",
-        st.ip4()
+    mine.sort_unstable();
+    let mut want: Vec<&str> = st.ips.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(
+        mine, want,
+        "endpoint entries of {sandbox}: {endpoints:#?}"
     );
 }
 
