@@ -38,7 +38,7 @@
 //! - [`forward`]: the routed hop, redirect into a pod or to the uplink;
 //! - [`hostport`]: host-port DNAT and hairpin;
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
-//! - [`icmp`]: ICMP errors about translated flows;
+//! - [`icmp`], [`icmp6`]: ICMP and ICMPv6 errors about translated flows;
 //! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs);
 //! - [`v6`]: the IPv6 programs, tail-called by the three above (`CALLS6`).
 
@@ -48,6 +48,7 @@ mod forward;
 mod guard;
 mod hostport;
 mod icmp;
+mod icmp6;
 mod maps;
 mod masq;
 mod nat;

@@ -37,6 +37,16 @@ pub(crate) const IP6_HLEN: usize = 40;
 pub(crate) const L4_OFF6: usize = IP_OFF + IP6_HLEN;
 /// ICMPv6 echo request and reply.
 pub(crate) const ICMP6_ECHO_REQUEST: u8 = 128;
+/// ICMPv6 error types (RFC 4443) about a packet sent: destination unreachable, packet too
+/// big, time exceeded, parameter problem (every error type is below 128).
+pub(crate) const ICMP6_DEST_UNREACH: u8 = 1;
+pub(crate) const ICMP6_PACKET_TOO_BIG: u8 = 2;
+pub(crate) const ICMP6_TIME_EXCEEDED: u8 = 3;
+pub(crate) const ICMP6_PARAM_PROB: u8 = 4;
+/// Offset of the quoted IPv6 header in an ICMPv6 error (after the 8-byte ICMPv6 header).
+pub(crate) const INNER6_IP_OFF: usize = L4_OFF6 + 8;
+/// Offset of the quoted packet's L4 header.
+pub(crate) const INNER6_L4_OFF: usize = INNER6_IP_OFF + IP6_HLEN;
 pub(crate) const ICMP6_ECHO_REPLY: u8 = 129;
 
 /// Offsets of L4 fields, from the L4 header's start: ports (TCP, UDP) come first.

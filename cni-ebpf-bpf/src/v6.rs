@@ -24,6 +24,7 @@ use crate::{
     family::Family,
     flows,
     forward::deliver6,
+    icmp6,
     maps::{count, node_config, CALLS6},
     masq::{self, Granted},
     nat::{nat_lookup, nat_remove, sweep_if_requested},
@@ -86,9 +87,10 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
     PASS
 }
 
-/// `uplink_ingress`, IPv6 (tail call): replies of masqueraded flows translated back (and
-/// handed to the stack, which routes them to the pod); flows opened from outside towards
-/// a pod noted, so that its replies are never masqueraded.
+/// `uplink_ingress`, IPv6 (tail call): replies of masqueraded flows, and ICMPv6 errors
+/// about them, translated back (and handed to the stack, which routes them to the pod);
+/// flows opened from outside towards a pod noted, so that its replies are never
+/// masqueraded.
 #[classifier]
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
     let p = match parse6(&ctx) {
@@ -98,6 +100,9 @@ pub fn uplink_ingress6(ctx: TcContext) -> i32 {
             return PASS;
         }
     };
+    if icmp6::is_error(&p) {
+        return icmp6::error_in(&ctx, &p);
+    }
     if let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) {
         if !apply(&ctx, &p, &n) {
             return rewrite_failed();

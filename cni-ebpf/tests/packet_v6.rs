@@ -423,3 +423,107 @@ fn removing_a_dual_stack_pod_purges_its_ipv6_flows_and_entries() {
         "a late reply to the gone pod's flow",
     );
 }
+
+/// An ICMPv6 error (`ty`, `code`, 4 bytes of `rest`) from `from` to `to` quoting
+/// `quoted` (an IPv6 packet, from its header on).
+fn icmp6_error(
+    from: Ipv6Addr,
+    to: Ipv6Addr,
+    ty: u8,
+    code: u8,
+    rest: [u8; 4],
+    quoted: &[u8],
+) -> Vec<u8> {
+    let mut s = vec![ty, code, 0, 0];
+    s.extend_from_slice(&rest);
+    s.extend_from_slice(quoted);
+    frame6(from, to, ICMPV6, &l4_6(from, to, ICMPV6, s, 2))
+}
+
+/// The quoted packet of ICMPv6 error frame `f`: source, destination, source port (or
+/// echo id) as the error carries them.
+fn quote_of(f: &[u8]) -> (Ipv6Addr, Ipv6Addr, u16) {
+    let q = &f[14 + 40 + 8..];
+    let src = Ipv6Addr::from(<[u8; 16]>::try_from(&q[8..24]).unwrap());
+    let dst = Ipv6Addr::from(<[u8; 16]>::try_from(&q[24..40]).unwrap());
+    let l4 = &q[40..];
+    let sport = if q[6] == ICMPV6 {
+        u16::from_be_bytes([l4[4], l4[5]])
+    } else {
+        u16::from_be_bytes([l4[0], l4[1]])
+    };
+    (src, dst, sport)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmpv6_errors_about_masqueraded_flows_reach_the_pod() {
+    let fx = dual_stack_node();
+    let router = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+    let mut errors_seen = 0;
+    for (what, out, ty, code, rest) in [
+        (
+            "packet too big about TCP",
+            tcp6(POD_A6, 40000, EXT6, 443, ACK),
+            2u8,
+            0u8,
+            1280u32.to_be_bytes(),
+        ),
+        (
+            "port unreachable about UDP",
+            udp6(POD_A6, 5353, EXT6, 53),
+            1,
+            4,
+            [0; 4],
+        ),
+        (
+            "time exceeded about an echo request",
+            echo6(POD_A6, EXT6, ECHO6_REQUEST, 0x4321),
+            3,
+            0,
+            [0; 4],
+        ),
+    ] {
+        let (v, sent) = fx.run("uplink_egress", &out);
+        assert_eq!(v, OK, "{what}: masqueraded");
+        let s = parse6(&sent);
+        // The quote: the translated packet as it left, cut after 8 bytes of L4 header as
+        // many routers do (the quoted L4 checksum is then partly missing).
+        let quoted = &sent[14..14 + 40 + 8];
+        let err = icmp6_error(router, NODE6, ty, code, rest, quoted);
+        assert_eq!(quote_of(&err), (NODE6, EXT6, s.sport));
+        let (v, back) = fx.run("uplink_ingress", &err);
+        assert_eq!(v, OK, "{what}: translated and handed to the stack");
+        errors_seen += 1;
+        let b = parse6(&back);
+        assert_eq!(b.dst, POD_A6, "{what}: the error goes to the pod");
+        assert_eq!(b.src, router, "{what}: from the router that sent it");
+        assert!(
+            b.csum_ok,
+            "{what}: ICMPv6 checksum right over the new pseudo-header and quote"
+        );
+        let before = parse6(&out);
+        assert_eq!(
+            quote_of(&back),
+            (POD_A6, EXT6, before.sport),
+            "{what}: the quote is the packet as the pod sent it"
+        );
+        assert_eq!(
+            back[14 + 40..14 + 40 + 8][4..8],
+            rest,
+            "{what}: the MTU field untouched"
+        );
+        assert_eq!(fx.reason(Reason::IcmpErrorTranslated), errors_seen);
+    }
+    // An error about a flow we never translated passes unchanged.
+    let foreign = tcp6(NODE6, 33333, EXT6, 443, ACK);
+    let err = icmp6_error(
+        router,
+        NODE6,
+        2,
+        0,
+        1280u32.to_be_bytes(),
+        &foreign[14..14 + 48],
+    );
+    fx.assert_passes_unchanged("uplink_ingress", &err, "an error about the node's own flow");
+}

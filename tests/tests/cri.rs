@@ -150,10 +150,7 @@ fn assert_cri_matches_ipam(node: &SimNode, sandbox: &str, st: &PodStatus) {
     mine.sort_unstable();
     let mut want: Vec<&str> = st.ips.iter().map(String::as_str).collect();
     want.sort_unstable();
-    assert_eq!(
-        mine, want,
-        "endpoint entries of {sandbox}: {endpoints:#?}"
-    );
+    assert_eq!(mine, want, "endpoint entries of {sandbox}: {endpoints:#?}");
 }
 
 /// After every pod is gone: the CRI lists none, and the node is as it was before the

@@ -1,7 +1,7 @@
 //! Issue 13: IPv6 through the datapath on the simulated node, dual-stack pods under the
 //! real plugin. Pod → outside masqueraded to the node's IPv6 address (TCP, UDP, ICMPv6
 //! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
-//! translation both ways); pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
+//! translation both ways) and ICMPv6 errors about it reaching the pod's socket; pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
 //! CHECK, inspect and DEL covering the IPv6 entries.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
@@ -9,7 +9,7 @@
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, greet, inspect, list, reason, udp_exchange, CLUSTER_CIDR,
+    add, assert_seen_as, del, greet, inspect, list, reason, udp_error, udp_exchange, CLUSTER_CIDR,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -82,6 +82,14 @@ fn pod_to_ext_over_ipv6_is_masqueraded_to_the_node_ipv6_address() {
         udp_exchange(a.netns(), &ext, b"who").unwrap_or_else(|e| panic!("UDP pod → [ext]: {e}"));
     assert_seen_as(&answer, NODE_IP6, "UDP over IPv6");
     assert_eq!(from.to_string(), ext, "reply source as the pod sees it");
+    // An ICMPv6 error about a masqueraded flow (port unreachable from ext) is translated
+    // back and reaches the pod's socket.
+    let refused = udp_error(a.netns(), &format!("[{EXT_IP6}]:9"));
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "UDP to a closed port of ext over IPv6: the error must reach the pod: {refused:?}"
+    );
+    assert!(reason(&inspect(&node), "icmp_error_translated") >= 1);
     // ICMPv6 echo (its NAT entry below shows it was masqueraded by identifier).
     assert_ping(a.netns(), EXT_IP6);
 
