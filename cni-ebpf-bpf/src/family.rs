@@ -7,19 +7,21 @@
 //! packet names its family through its address type, so every call infers it.
 
 use aya_ebpf::{
+    bindings::TC_ACT_OK,
     maps::{HashMap, LruHashMap},
     programs::TcContext,
 };
 use cni_ebpf_common::{
     proto, Addr4, Addr6, EndpointFlags, EndpointInfo, EndpointKey6, FlowEntry, NatDestKeyOf,
-    NatEntryOf, NatKeyOf, NodeConfig, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
+    NatEntryOf, NatKeyOf, NodeConfig, Reason, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
 };
 
 use crate::{
+    forward::deliver_or_stack,
     maps::{
-        in_cluster, is_node_addr, local_endpoint, port_mapping, ENDPOINTS6, FLOWS, FLOWS6, NAT,
-        NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
-        STACK_SOCKETS6,
+        count, in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6,
+        FLOWS, FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6,
+        STACK_SOCKETS, STACK_SOCKETS6,
     },
     parse::{Pkt, ICMP6_ECHO_REQUEST, ICMP_ECHO},
     rewrite,
@@ -57,6 +59,11 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     fn masquerade_addr(cfg: &NodeConfig) -> Option<Self>;
     /// Whether `self:port` (network order) is a host port of protocol `proto_`.
     fn is_host_port(self, port: u16, proto_: u8) -> bool;
+    /// The pod address and port behind host port `self:port` of `proto_`, if there is one.
+    fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
+    /// Hands a packet translated towards `daddr` on: IPv4 straight into a local pod
+    /// (else the stack), IPv6 to the stack (no IPv6 fast path yet).
+    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32;
 
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
     /// has. `Err` when a step failed (see `rewrite::apply`).
@@ -112,6 +119,16 @@ impl Family for Addr4 {
     #[inline(always)]
     fn is_host_port(self, port: u16, proto_: u8) -> bool {
         port_mapping(self, port, proto_).is_some()
+    }
+
+    #[inline(always)]
+    fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)> {
+        port_mapping(self, port, proto_).map(|t| (t.addr, t.port))
+    }
+
+    #[inline(always)]
+    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32 {
+        deliver_or_stack(ctx, daddr)
     }
 
     #[inline(always)]
@@ -184,10 +201,20 @@ impl Family for Addr6 {
         (a != [0; 4]).then_some(a)
     }
 
-    /// No IPv6 host ports yet: nothing to keep SNAT ports clear of.
     #[inline(always)]
-    fn is_host_port(self, _port: u16, _proto: u8) -> bool {
-        false
+    fn is_host_port(self, port: u16, proto_: u8) -> bool {
+        port_mapping6(self, port, proto_).is_some()
+    }
+
+    #[inline(always)]
+    fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)> {
+        port_mapping6(self, port, proto_).map(|t| (t.addr, t.port))
+    }
+
+    #[inline(always)]
+    fn deliver_translated(_ctx: &TcContext, _daddr: Self) -> i32 {
+        count(Reason::TranslatedToStack);
+        TC_ACT_OK as i32
     }
 
     #[inline(always)]

@@ -4,12 +4,13 @@ use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
     programs::TcContext,
 };
-use cni_ebpf_common::{proto, Addr4, NatHook, NatKey, NatKind, PortTarget, Reason};
+use cni_ebpf_common::{proto, Addr4, NatHook, NatKey, NatKeyOf, NatKind, PortTarget, Reason};
 
 use crate::{
+    family::Family,
     flows,
     forward::deliver_or_stack,
-    maps::{count, is_node_addr, local_endpoint, node_config, port_mapping},
+    maps::{count, local_endpoint, node_config},
     nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow},
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
@@ -77,43 +78,35 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
 
 /// A new host-port flow from outside: client C:cp → N:hp (N a node address) becomes
 /// C:cp → B:bp, and the reply B:bp → C:cp leaves as N:hp. `None` when `p` is not for a
-/// host port.
+/// host port. Both families.
 #[inline(always)]
-pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
-    if !(p.natable && (p.proto == proto::TCP || p.proto == proto::UDP) && is_node_addr(p.daddr)) {
+pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
+    if !(p.natable && (p.proto == proto::TCP || p.proto == proto::UDP) && p.daddr.is_node_addr()) {
         return None;
     }
-    let t = port_mapping(p.daddr, p.dport, p.proto)?;
+    let (b, bp) = p.daddr.host_port_target(p.dport, p.proto)?;
     if !p.opens_hostport_flow() {
         count(Reason::PassStaleHostPortFlow);
         return Some(PASS);
     }
     // Charged to the pod behind the host port (outside clients have no share of their
     // own): a flood of clients uses up that pod's share only.
-    let pod = local_endpoint(t.addr).map_or(0, |ep| ep.ifindex);
-    if !room_for_flow::<Addr4>(pod) {
+    let pod = b.local_endpoint().map_or(0, |ep| ep.ifindex);
+    if !room_for_flow::<A>(pod) {
         count(Reason::DropNatPodCap);
         return Some(TC_ACT_SHOT as i32);
     }
     let (c, cp, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
-    let rev_key = NatKey {
-        saddr: t.addr,
+    let rev_key = NatKeyOf {
+        saddr: b,
         daddr: c,
-        sport: t.port,
+        sport: bp,
         dport: cp,
         proto: p.proto,
         _pad: [0; 3],
     };
     let rev = entry(n, c, hp, cp, NatHook::UPLINK_OUT, NatKind::DNAT_REV, pod);
-    let fwd = entry(
-        c,
-        t.addr,
-        cp,
-        t.port,
-        NatHook::UPLINK_IN,
-        NatKind::DNAT_FWD,
-        pod,
-    );
+    let fwd = entry(c, b, cp, bp, NatHook::UPLINK_IN, NatKind::DNAT_FWD, pod);
     if !nat_add(&rev_key, &rev, 0) {
         count(Reason::PassNatInsertFailed);
         return Some(PASS);
@@ -127,9 +120,10 @@ pub(crate) fn dnat_new(ctx: &TcContext, p: &Pkt) -> Option<i32> {
         forget_new_flow(&p.key(), &rev_key);
         return Some(rewrite_failed());
     }
-    // Netfilter never sees this flow (delivered past the stack): its replies may bypass it.
-    // Noted only once the packet is on its way, so a dropped one leaves no flow state.
+    // Netfilter never sees an IPv4 one of these flows (delivered past the stack): its
+    // replies may bypass it. Noted only once the packet is on its way, so a dropped one
+    // leaves no flow state. (An IPv6 one goes through the stack both ways.)
     flows::note_own_inbound(&rev_key);
     count(Reason::DnatNew);
-    Some(deliver_or_stack(ctx, fwd.daddr))
+    Some(A::deliver_translated(ctx, b))
 }

@@ -14,11 +14,12 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeState, Owner, Pacing, PortKey, PortTarget, Reason, SockKey, SockKey6,
-    SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
-    MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
-    MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT,
-    MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, REASON_SLOTS,
+    NodeConfig6, NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, Reason,
+    SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey,
+    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
+    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_PORTMAPS,
+    MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6,
+    REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -115,6 +116,27 @@ pub(crate) static NODE_CONFIG6: Array<NodeConfig6> = Array::pinned(1, 0);
 /// The node's own IPv6 addresses.
 #[map]
 pub(crate) static NODE_ADDRS6: HashMap<Addr6, NodeAddr> = HashMap::pinned(MAX_NODE_ADDRS6, 0);
+
+/// IPv6 host ports, as [`PORTMAPS`].
+#[map]
+pub(crate) static PORTMAPS6: HashMap<PortKey6, PortTarget6> = HashMap::pinned(MAX_PORTMAPS, 0);
+
+/// The IPv6 host port `daddr:dport` of `proto_` (a `hostIP` entry, else the wildcard).
+#[inline(always)]
+pub(crate) fn port_mapping6(daddr: Addr6, dport: u16, proto_: u8) -> Option<PortTarget6> {
+    let mut key = PortKey6 {
+        addr: daddr,
+        port: dport,
+        proto: proto_,
+        _pad: 0,
+    };
+    // SAFETY: values are copied out at once.
+    if let Some(t) = unsafe { PORTMAPS6.get(&key) } {
+        return Some(*t);
+    }
+    key.addr = [0; 4];
+    unsafe { PORTMAPS6.get(&key) }.copied()
+}
 
 /// The IPv6 programs, tail-called by the attached ones (slots `prog::CALLS6`): each
 /// family's path is its own program, with the verifier's 512-byte stack to itself.

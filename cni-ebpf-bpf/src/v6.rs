@@ -24,7 +24,7 @@ use crate::{
     family::Family,
     flows,
     forward::deliver6,
-    icmp6,
+    hostport, icmp6,
     maps::{count, node_config, CALLS6},
     masq::{self, Granted},
     nat::{nat_lookup, nat_remove, sweep_if_requested},
@@ -88,36 +88,67 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
 }
 
 /// `uplink_ingress`, IPv6 (tail call): replies of masqueraded flows, and ICMPv6 errors
-/// about them, translated back (and handed to the stack, which routes them to the pod);
-/// flows opened from outside towards a pod noted, so that its replies are never
+/// about them, translated back; new flows to an IPv6 host port DNATed to the pod, keeping
+/// the client's address (every one of them handed to the stack, which routes it to the
+/// pod); flows opened from outside towards a pod noted, so that its replies are never
 /// masqueraded.
+///
+/// Stages called one after the other (as in [`uplink_egress6`]), each parsing the
+/// headers itself: nested, their IPv6 frames would not fit the verifier's 512 bytes.
 #[classifier]
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
-    let p = match parse6(&ctx) {
+    sweep_if_requested::<Addr6>();
+    if let Some(v) = ingress6_known(&ctx) {
+        return v;
+    }
+    if let Some(v) = ingress6_dnat(&ctx) {
+        return v;
+    }
+    ingress6_rest(&ctx)
+}
+
+/// A packet of a translated flow, or an ICMPv6 error about one (or one that cannot be
+/// parsed): its verdict. `None` when there is no such flow.
+#[inline(never)]
+fn ingress6_known(ctx: &TcContext) -> Option<i32> {
+    let p = match parse6(ctx) {
         Ok(p) => p,
         Err(r) => {
             count(r);
-            return PASS;
+            return Some(PASS);
         }
     };
     if icmp6::is_error(&p) {
-        return icmp6::error_in(&ctx, &p);
+        return Some(icmp6::error_in(ctx, &p));
     }
-    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) {
-        if !apply(&ctx, &p, &n) {
-            return rewrite_failed();
-        }
-        count(if n.kind == NatKind::SNAT_REV {
-            Reason::SnatReply
-        } else {
-            Reason::DnatForward
-        });
-        count(Reason::TranslatedToStack);
-        return TC_ACT_OK as i32;
+    let n = nat_lookup(&p, NatHook::UPLINK_IN)?;
+    if !apply(ctx, &p, &n) {
+        return Some(rewrite_failed());
     }
-    if p.daddr.local_endpoint().is_some() {
-        if let Some(cfg) = node_config() {
-            flows::note_inbound(&p, cfg);
+    count(if n.kind == NatKind::SNAT_REV {
+        Reason::SnatReply
+    } else {
+        Reason::DnatForward
+    });
+    count(Reason::TranslatedToStack);
+    Some(TC_ACT_OK as i32)
+}
+
+/// A new flow to an IPv6 host port ([`hostport::dnat_new`]); `None` when not one.
+#[inline(never)]
+fn ingress6_dnat(ctx: &TcContext) -> Option<i32> {
+    let p = parse6(ctx).ok()?;
+    hostport::dnat_new(ctx, &p)
+}
+
+/// Anything else: a flow from outside towards a local pod noted, and passed.
+#[inline(never)]
+fn ingress6_rest(ctx: &TcContext) -> i32 {
+    if let Ok(p) = parse6(ctx) {
+        if p.daddr.local_endpoint().is_some() {
+            if let Some(cfg) = node_config() {
+                flows::note_inbound(&p, cfg);
+            }
         }
     }
     count(Reason::PassNoMatch);

@@ -247,6 +247,36 @@ pub struct PortTarget {
 }
 const _: () = assert!(size_of::<PortTarget>() == 16);
 
+/// Key of [`map::PORTMAPS6`]: an IPv6 host port (as [`PortKey`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct PortKey6 {
+    /// `hostIP`, wire order; `::` = every node IPv6 address.
+    pub addr: Addr6,
+    /// `hostPort`, network order.
+    pub port: u16,
+    /// [`proto::TCP`] or [`proto::UDP`].
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<PortKey6>() == 20);
+
+/// Value of [`map::PORTMAPS6`]: the pod behind an IPv6 host port (as [`PortTarget`]).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PortTarget6 {
+    /// Pod IPv6 address, wire order.
+    pub addr: Addr6,
+    /// `containerPort`, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: [u16; 3],
+    /// Owner ([`owner_id`]), native order.
+    pub owner: u64,
+}
+const _: () = assert!(size_of::<PortTarget6>() == 32);
+
 /// Value of [`map::SRC_ALLOW6`]: one of the pod's own addresses.
 pub const SRC6_OWN: u32 = 2;
 /// Value of [`map::SRC_ALLOW6`]: a prefix of the pod's allow-list.
@@ -523,6 +553,8 @@ mod pod {
     unsafe impl aya::Pod for super::NatEntry6 {}
     unsafe impl aya::Pod for super::NatDestKey6 {}
     unsafe impl aya::Pod for super::EndpointKey6 {}
+    unsafe impl aya::Pod for super::PortKey6 {}
+    unsafe impl aya::Pod for super::PortTarget6 {}
     unsafe impl aya::Pod for super::Cidr6 {}
     unsafe impl aya::Pod for super::NodeConfig6 {}
     unsafe impl aya::Pod for super::SockKey6 {}

@@ -122,12 +122,14 @@ pub mod map {
     pub const NODE_CONFIG6: &str = "NODE_CONFIG6";
     /// Node IPv6 address ([`crate::Addr6`]) → [`crate::NodeAddr`].
     pub const NODE_ADDRS6: &str = "NODE_ADDRS6";
+    /// [`crate::PortKey6`] → [`crate::PortTarget6`]: IPv6 host ports, as [`PORTMAPS`].
+    pub const PORTMAPS6: &str = "PORTMAPS6";
     /// Program array: the IPv6 programs, tail-called by the attached ones (slots
     /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
     /// verifier's whole 512-byte stack to itself.
     pub const CALLS6: &str = "CALLS6";
     /// Every map.
-    pub const ALL: [&str; 25] = [
+    pub const ALL: [&str; 26] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -153,6 +155,7 @@ pub mod map {
         NODE_CONFIG6,
         NODE_ADDRS6,
         CALLS6,
+        PORTMAPS6,
     ];
 }
 

@@ -243,7 +243,7 @@ fn attach_check_detach(policy: AttachPolicy, tag: &str) {
         matches!(e, Error::Check(ref m) if m.contains("8080") && m.contains("missing")),
         "{e}"
     );
-    dp.add_port_mappings(("ctr-attach", "eth0"), POD_A, &pms)
+    dp.add_port_mappings(("ctr-attach", "eth0"), &ep.ips, &pms)
         .unwrap();
     dp.check_endpoint(&ep, &pms).unwrap();
     let e = dp.check_endpoint(&ep, &[]).unwrap_err();

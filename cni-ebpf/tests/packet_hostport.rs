@@ -221,7 +221,11 @@ fn taken_host_port_names_the_owner() {
     let fx = with_mappings();
     let err = fx
         .dp()
-        .add_port_mappings(("ctr-b", "eth0"), POD_B, &[pm(8080, 8080, "tcp", None)])
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            &[POD_B.into()],
+            &[pm(8080, 8080, "tcp", None)],
+        )
         .expect_err("8080/tcp is taken by ctr-a");
     assert!(
         err.to_string().contains("ctr-a"),
@@ -232,7 +236,7 @@ fn taken_host_port_names_the_owner() {
         .dp()
         .add_port_mappings(
             ("ctr-b", "eth0"),
-            POD_B,
+            &[POD_B.into()],
             &[pm(8080, 80, "tcp", Some("198.18.0.2"))],
         )
         .expect_err("wildcard 8080/tcp is taken");

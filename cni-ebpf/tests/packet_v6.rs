@@ -158,6 +158,7 @@ fn dual_stack_node() -> Fixture {
         ..standard_settings(true)
     });
     fx.standard_node_addrs();
+    fx.dp().add_node_addrs(&[(NODE6.into(), 2)]).unwrap();
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             ips: vec![POD_A.into(), std::net::IpAddr::V6(POD_A6)],
@@ -526,4 +527,110 @@ fn icmpv6_errors_about_masqueraded_flows_reach_the_pod() {
         &foreign[14..14 + 48],
     );
     fx.assert_passes_unchanged("uplink_ingress", &err, "an error about the node's own flow");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
+    let fx = dual_stack_node();
+    let pod_ips = [POD_A.into(), std::net::IpAddr::V6(POD_A6)];
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            &pod_ips,
+            &[pm(8080, 80, "tcp", None), pm(5353, 53, "udp", None)],
+        )
+        .unwrap();
+    let views = fx.dp().port_mappings().unwrap();
+    assert_eq!(views.len(), 4, "no hostIP: both families: {views:#?}");
+    for (what, syn, reply) in [
+        (
+            "TCP",
+            tcp6(EXT6, 50000, NODE6, 8080, SYN),
+            tcp6(POD_A6, 80, EXT6, 50000, SYN | ACK),
+        ),
+        (
+            "UDP",
+            udp6(EXT6, 50001, NODE6, 5353),
+            udp6(POD_A6, 53, EXT6, 50001),
+        ),
+    ] {
+        let (v, inb) = fx.run("uplink_ingress", &syn);
+        assert_eq!(v, OK, "{what}: DNATed and handed to the stack");
+        let i = parse6(&inb);
+        assert_eq!(
+            (i.src, i.dst),
+            (EXT6, POD_A6),
+            "{what}: the client's address kept"
+        );
+        assert_eq!(i.dport, if what == "TCP" { 80 } else { 53 });
+        assert!(i.csum_ok, "{what}: checksum over the new pseudo-header");
+        let (v, out) = fx.run("uplink_egress", &reply);
+        assert_eq!(v, OK, "{what}: the reply restored");
+        let o = parse6(&out);
+        assert_eq!(
+            (o.src, o.dst),
+            (NODE6, EXT6),
+            "{what}: the reply leaves as the node"
+        );
+        assert_eq!(o.sport, if what == "TCP" { 8080 } else { 5353 });
+        assert!(o.csum_ok, "{what}: reply checksum");
+    }
+    assert_eq!(fx.reason(Reason::DnatNew), 2);
+    // An IPv6 hostIP maps IPv6 only, and only there.
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            &[POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            &[pm(9090, 90, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap();
+    let (v, inb) = fx.run("uplink_ingress", &tcp6(EXT6, 50002, NODE6, 9090, SYN));
+    assert_eq!(v, OK);
+    assert_eq!(parse6(&inb).dst, POD_B6);
+    assert_eq!(
+        fx.dp().port_mappings().unwrap().len(),
+        5,
+        "one entry, IPv6 only"
+    );
+    // The same port on IPv4 is free still (another family, another map).
+    fx.add_ports("ctr-c", POD_B, &[pm(9090, 91, "tcp", None)]);
+    // An IPv6 hostIP for a pod without an IPv6 address is refused, naming hostIP.
+    let err = fx
+        .dp()
+        .add_port_mappings(
+            ("ctr-d", "eth0"),
+            &[POD_B.into()],
+            &[pm(7070, 70, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("hostIP") && err.to_string().contains("IPv6"),
+        "{err}"
+    );
+    // Taken: the wildcard IPv6 8080 is ctr-a's.
+    let err = fx
+        .dp()
+        .add_port_mappings(
+            ("ctr-e", "eth0"),
+            &[std::net::IpAddr::V6(POD_B6)],
+            &[pm(8080, 80, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("ctr-a"), "{err}");
+    // Removal takes both families' entries.
+    fx.dp().remove_port_mappings(("ctr-a", "eth0")).unwrap();
+    assert!(
+        !fx.dp()
+            .port_mappings()
+            .unwrap()
+            .iter()
+            .any(|v| v.container_id == "ctr-a"),
+        "ctr-a's host ports are gone"
+    );
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp6(EXT6, 50003, NODE6, 8080, SYN),
+        "a removed IPv6 host port",
+    );
 }

@@ -2,14 +2,16 @@
 //! real plugin. Pod → outside masqueraded to the node's IPv6 address (TCP, UDP, ICMPv6
 //! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
 //! translation both ways) and ICMPv6 errors about it reaching the pod's socket; pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
-//! CHECK, inspect and DEL covering the IPv6 entries.
+//! IPv6 host ports from outside with the client's address kept; CHECK, inspect and DEL
+//! covering the IPv6 entries.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, greet, inspect, list, reason, udp_error, udp_exchange, CLUSTER_CIDR,
+    add, assert_seen_as, del, greet, inspect, list, reason, tcp_udp, udp_error, udp_exchange,
+    with_ports, CLUSTER_CIDR,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -158,4 +160,47 @@ fn pods_talk_over_ipv6_straight_into_each_other() {
     drop(server);
     del(&node, &a, &conf);
     del(&node, &b, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ext_reaches_a_pod_through_an_ipv6_host_port_with_its_own_address() {
+    let node = SimNode::new("dp_hostport6");
+    let conf = with_ports(&dual_stack_masq_conf(&node), &tcp_udp(8088, 80, None));
+    let a = node.pod("a");
+    let r = add(&node, &a, &conf);
+    let doc = inspect(&node);
+    let ports = list(&doc, "portMappings");
+    assert_eq!(
+        ports.len(),
+        4,
+        "no hostIP on a dual-stack pod: TCP and UDP in both families: {ports:#?}"
+    );
+    let server = WhoAmIServer::start(a.netns(), 80);
+    let hostport = format!("[{NODE_IP6}]:8088");
+    let answer =
+        greet(node.ext_netns(), &hostport).unwrap_or_else(|e| panic!("TCP ext → {hostport}: {e}"));
+    assert_seen_as(
+        &answer,
+        EXT_IP6,
+        "the pod must see the client's IPv6 address",
+    );
+    let (answer, from) = udp_exchange(node.ext_netns(), &hostport, b"who")
+        .unwrap_or_else(|e| panic!("UDP ext → {hostport}: {e}"));
+    assert_seen_as(&answer, EXT_IP6, "UDP: the client's address kept");
+    assert_eq!(
+        from.to_string(),
+        hostport,
+        "the reply comes from the host port"
+    );
+    assert!(reason(&inspect(&node), "dnat_new") >= 2);
+    node.check(&a, "eth0", &conf, &r).assert_empty_success();
+    drop(server);
+    del(&node, &a, &conf);
+    let doc = inspect(&node);
+    assert!(
+        list(&doc, "portMappings").is_empty(),
+        "{:#}",
+        doc["portMappings"]
+    );
 }

@@ -311,20 +311,10 @@ impl Transaction<'_> {
         if conf.runtime_config.port_mappings.is_empty() {
             return Ok(());
         }
-        let pod_v4 = pod_ips.iter().find_map(|ip| match ip {
-            IpAddr::V4(v4) => Some(*v4),
-            IpAddr::V6(_) => None,
-        });
-        let pod_v4 = pod_v4.ok_or_else(|| {
-            Error::config(
-                "runtimeConfig.portMappings",
-                "host ports need an IPv4 pod address (no IPv4 range configured)",
-            )
-        })?;
         self.undo.push(Undo::PortMappings);
         self.dp.add_port_mappings(
             (&env.container_id, &env.ifname),
-            pod_v4,
+            &pod_ips,
             &conf.runtime_config.port_mappings,
         )
     }

@@ -3,7 +3,7 @@
 //! what ADD set up. Each mismatch is an
 //! [`Error::Check`] naming it.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use aya::programs::TcAttachType;
 use cni_ebpf_common::{
@@ -13,7 +13,7 @@ use cni_ebpf_common::{
 
 use super::{
     attach,
-    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_to_map, port_from_map},
+    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map, port_from_map},
     owner_label, proto_name, v4s, v6s, Datapath, Endpoint,
 };
 use crate::{
@@ -69,7 +69,7 @@ impl Datapath {
         self.check_endpoint_attachment(ep)?;
         self.check_pacing(ep.host_ifindex, ep.egress_rate.as_ref())?;
         check_no_chained_shaping(ep)?;
-        self.check_port_mappings(owner, &ips, mappings)?;
+        self.check_port_mappings(owner, &ep.ips, mappings)?;
         self.check_uplink()
     }
 
@@ -152,7 +152,7 @@ impl Datapath {
     fn check_port_mappings(
         &self,
         owner: u64,
-        ips: &[Ipv4Addr],
+        ips: &[IpAddr],
         mappings: &[PortMapping],
     ) -> Result<()> {
         let mut m = self.maps()?;
@@ -160,43 +160,76 @@ impl Datapath {
             .into_iter()
             .filter(|(_, v)| v.owner == owner)
             .collect();
+        let live6: Vec<_> = maps::entries(&m.portmaps6()?)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .collect();
         let mut expected = Vec::new();
+        let mut expected6 = Vec::new();
         for pm in mappings {
-            let key = super::portmaps::port_key(pm)?;
-            let p = key.proto;
+            let plan = super::portmaps::plan(pm, ips, owner)?;
             let label = format!(
                 "hostPort {}/{}{} → containerPort {}",
                 pm.host_port,
-                proto_name(p),
+                pm.protocol.to_ascii_lowercase(),
                 pm.host_ip.map(|i| format!(" on {i}")).unwrap_or_default(),
                 pm.container_port
             );
-            let found = maps::get(&m.portmaps()?, &key, map_name::PORTMAPS)?;
-            let Some(v) = found else {
-                return Err(Error::Check(format!("port mapping {label} is missing")));
-            };
-            if v.owner != owner {
-                let who = owner_label(&mut m, v.owner);
-                return Err(Error::Check(format!(
-                    "port mapping {label} belongs to {who}"
-                )));
+            let mut found = Vec::new();
+            if let Some((k, want)) = plan.v4 {
+                let v = maps::get(&m.portmaps()?, &k, map_name::PORTMAPS)?;
+                found.push((
+                    "IPv4",
+                    v.map(|v| (v.owner, IpAddr::V4(ipv4_from_map(v.addr)), v.port)),
+                    (IpAddr::V4(ipv4_from_map(want.addr)), want.port),
+                ));
+                expected.push(k);
             }
-            if port_from_map(v.port) != pm.container_port || !ips.contains(&ipv4_from_map(v.addr)) {
-                return Err(Error::Check(format!(
-                    "port mapping {label} points at {}:{}",
-                    ipv4_from_map(v.addr),
-                    port_from_map(v.port)
-                )));
+            if let Some((k, want)) = plan.v6 {
+                let v = maps::get(&m.portmaps6()?, &k, map_name::PORTMAPS6)?;
+                found.push((
+                    "IPv6",
+                    v.map(|v| (v.owner, IpAddr::V6(ipv6_from_map(v.addr)), v.port)),
+                    (IpAddr::V6(ipv6_from_map(want.addr)), want.port),
+                ));
+                expected6.push(k);
             }
-            expected.push(key);
+            for (family, got, (want_addr, want_port)) in found {
+                let Some((who, addr, port)) = got else {
+                    return Err(Error::Check(format!(
+                        "port mapping {label} is missing ({family})"
+                    )));
+                };
+                if who != owner {
+                    let who = owner_label(&mut m, who);
+                    return Err(Error::Check(format!(
+                        "port mapping {label} belongs to {who} ({family})"
+                    )));
+                }
+                if (addr, port) != (want_addr, want_port) {
+                    return Err(Error::Check(format!(
+                        "port mapping {label} points at {addr}:{} ({family})",
+                        port_from_map(port)
+                    )));
+                }
+            }
         }
-        if let Some((k, v)) = live.iter().find(|(k, _)| !expected.contains(k)) {
+        let unexpected = live
+            .iter()
+            .find(|(k, _)| !expected.contains(k))
+            .map(|(k, v)| (k.port, k.proto, IpAddr::V4(ipv4_from_map(v.addr)), v.port))
+            .or_else(|| {
+                live6
+                    .iter()
+                    .find(|(k, _)| !expected6.contains(k))
+                    .map(|(k, v)| (k.port, k.proto, IpAddr::V6(ipv6_from_map(v.addr)), v.port))
+            });
+        if let Some((hp, p, addr, port)) = unexpected {
             return Err(Error::Check(format!(
-                "unexpected port mapping hostPort {}/{} → {}:{} (not in runtimeConfig.portMappings)",
-                port_from_map(k.port),
-                proto_name(k.proto),
-                ipv4_from_map(v.addr),
-                port_from_map(v.port)
+                "unexpected port mapping hostPort {}/{} → {addr}:{} (not in runtimeConfig.portMappings)",
+                port_from_map(hp),
+                proto_name(p),
+                port_from_map(port)
             )));
         }
         Ok(())

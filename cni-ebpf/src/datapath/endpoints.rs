@@ -242,8 +242,7 @@ impl Datapath {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let mut addrs = Vec::new();
         for taken in [
-            self.take_port_mappings(owner)
-                .map(|v| v.into_iter().map(IpAddr::V4).collect()),
+            self.take_port_mappings(owner),
             self.take_endpoint_entries(owner, ips),
         ] {
             match taken {
@@ -430,7 +429,10 @@ impl Datapath {
                 .any(|(_, v)| v.owner == owner);
         let used_pm = maps::entries(&m.portmaps()?)
             .iter()
-            .any(|(_, v)| v.owner == owner);
+            .any(|(_, v)| v.owner == owner)
+            || maps::entries(&m.portmaps6()?)
+                .iter()
+                .any(|(_, v)| v.owner == owner);
         if !used_ep && !used_pm {
             maps::remove(&mut m.owners()?, &owner, map_name::OWNERS)?;
         }

@@ -10,8 +10,9 @@ use aya::maps::{
 use cni_ebpf_common::{
     map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
     NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
-    NodeState, Owner, Pacing, PortKey, PortTarget, SockKey, SockKey6, SockPeer, SockPeer6,
-    SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, SockKey, SockKey6,
+    SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN,
+    OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -43,6 +44,7 @@ pub struct Maps {
     pub(crate) stack_sockets6: Map,
     pub(crate) node_config6: Map,
     pub(crate) node_addrs6: Map,
+    pub(crate) portmaps6: Map,
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -87,6 +89,7 @@ impl Maps {
             stack_sockets6: open(pins, map::STACK_SOCKETS6)?,
             node_config6: open(pins, map::NODE_CONFIG6)?,
             node_addrs6: open(pins, map::NODE_ADDRS6)?,
+            portmaps6: open(pins, map::PORTMAPS6)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -113,6 +116,7 @@ impl Maps {
         m.stack_sockets6()?;
         m.node_config6()?;
         m.node_addrs6()?;
+        m.portmaps6()?;
         Ok(m)
     }
 
@@ -232,6 +236,11 @@ impl Maps {
     /// [`map::NODE_ADDRS6`].
     pub fn node_addrs6(&mut self) -> Result<HashMap<&mut MapData, Addr6, NodeAddr>> {
         HashMap::try_from(&mut self.node_addrs6).map_err(|e| map_err(map::NODE_ADDRS6, "open", e))
+    }
+
+    /// [`map::PORTMAPS6`].
+    pub fn portmaps6(&mut self) -> Result<HashMap<&mut MapData, PortKey6, PortTarget6>> {
+        HashMap::try_from(&mut self.portmaps6).map_err(|e| map_err(map::PORTMAPS6, "open", e))
     }
 
     /// [`map::SOCK_REVNAT`].

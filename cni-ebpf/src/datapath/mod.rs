@@ -134,7 +134,7 @@ impl Datapath {
         let mut all = listed == 0 || now.saturating_sub(listed) >= node::NODE_ADDRS_EVERY_S;
         // A `hostIP` the datapath does not know as a node address yet: list them all now.
         for pm in &conf.runtime_config.port_mappings {
-            if let Some(IpAddr::V4(a)) = pm.host_ip {
+            if let Some(a) = pm.host_ip {
                 if !all && !a.is_unspecified() && !dp.is_node_addr(a)? {
                     all = true;
                 }

@@ -176,10 +176,16 @@ impl Datapath {
     }
 
     /// Whether `a` is in the node-address map.
-    pub(super) fn is_node_addr(&self, a: Ipv4Addr) -> Result<bool> {
+    pub(super) fn is_node_addr(&self, a: IpAddr) -> Result<bool> {
         let mut m = self.maps()?;
-        let h = m.node_addrs()?;
-        Ok(maps::get(&h, &ipv4_to_map(a), map_name::NODE_ADDRS)?.is_some())
+        Ok(match a {
+            IpAddr::V4(a) => {
+                maps::get(&m.node_addrs()?, &ipv4_to_map(a), map_name::NODE_ADDRS)?.is_some()
+            }
+            IpAddr::V6(a) => {
+                maps::get(&m.node_addrs6()?, &ipv6_to_map(a), map_name::NODE_ADDRS6)?.is_some()
+            }
+        })
     }
 
     /// Adds addresses to the set the programs treat as "this node" (the uplink's, and the

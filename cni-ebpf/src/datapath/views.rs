@@ -63,14 +63,14 @@ pub struct EndpointView {
 /// A host-port entry, for `inspect`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PortMappingView {
-    /// `hostIP`, `None` = every node address.
-    pub host_ip: Option<Ipv4Addr>,
+    /// `hostIP`, `None` = every node address of the family of `pod_ip`.
+    pub host_ip: Option<IpAddr>,
     /// `hostPort`.
     pub host_port: u16,
     /// `tcp` / `udp`.
     pub protocol: String,
     /// Pod address.
-    pub pod_ip: Ipv4Addr,
+    pub pod_ip: IpAddr,
     /// `containerPort`.
     pub container_port: u16,
     /// Owner container ID.
@@ -280,25 +280,49 @@ impl Datapath {
         Ok(out)
     }
 
-    /// Every host port.
+    /// Every host port, IPv4 then IPv6.
     pub fn port_mappings(&self) -> Result<Vec<PortMappingView>> {
         let mut m = self.maps()?;
         let pms = maps::entries(&m.portmaps()?);
+        let pms6 = maps::entries(&m.portmaps6()?);
         let owners = m.owners()?;
-        let mut out: Vec<_> = pms
-            .into_iter()
-            .map(|(k, v)| {
-                let (container_id, ifname) = owner_names_of(&owners, v.owner);
+        let view =
+            |owner: u64, host_ip: Option<IpAddr>, port: u16, p: u8, pod: IpAddr, cport: u16| {
+                let (container_id, ifname) = owner_names_of(&owners, owner);
                 PortMappingView {
-                    host_ip: (k.addr != 0).then(|| ipv4_from_map(k.addr)),
-                    host_port: port_from_map(k.port),
-                    protocol: proto_name(k.proto),
-                    pod_ip: ipv4_from_map(v.addr),
-                    container_port: port_from_map(v.port),
+                    host_ip,
+                    host_port: port_from_map(port),
+                    protocol: proto_name(p),
+                    pod_ip: pod,
+                    container_port: port_from_map(cport),
                     container_id,
                     ifname,
                 }
+            };
+        let mut out: Vec<_> = pms
+            .into_iter()
+            .map(|(k, v)| {
+                let host = (k.addr != 0).then(|| ipv4_from_map(k.addr).into());
+                view(
+                    v.owner,
+                    host,
+                    k.port,
+                    k.proto,
+                    ipv4_from_map(v.addr).into(),
+                    v.port,
+                )
             })
+            .chain(pms6.into_iter().map(|(k, v)| {
+                let host = (k.addr != [0; 4]).then(|| ipv6_from_map(k.addr).into());
+                view(
+                    v.owner,
+                    host,
+                    k.port,
+                    k.proto,
+                    ipv6_from_map(v.addr).into(),
+                    v.port,
+                )
+            }))
             .collect();
         out.sort_by(|a, b| (a.host_port, &a.protocol).cmp(&(b.host_port, &b.protocol)));
         Ok(out)
@@ -466,6 +490,7 @@ impl Datapath {
                 )
                 .collect();
         let pms = maps::entries(&m.portmaps()?);
+        let pms6 = maps::entries(&m.portmaps6()?);
         Ok(owners
             .into_iter()
             .map(|(id, o)| {
@@ -479,7 +504,8 @@ impl Datapath {
                     ifname,
                     ips: mine.iter().map(|(a, _)| *a).collect(),
                     host_ifindexes,
-                    port_mappings: pms.iter().filter(|(_, v)| v.owner == id).count(),
+                    port_mappings: pms.iter().filter(|(_, v)| v.owner == id).count()
+                        + pms6.iter().filter(|(_, v)| v.owner == id).count(),
                 }
             })
             .collect())

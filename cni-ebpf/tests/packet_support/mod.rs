@@ -329,9 +329,14 @@ impl Fixture {
     }
 
     /// Gives pod `pod` (container `ctr`, interface eth0) the host ports `maps`.
-    pub fn add_ports(&self, ctr: &str, pod: Ipv4Addr, maps: &[cni_ebpf::cni::config::PortMapping]) {
+    pub fn add_ports(
+        &self,
+        ctr: &str,
+        pod: impl Into<std::net::IpAddr>,
+        maps: &[cni_ebpf::cni::config::PortMapping],
+    ) {
         self.dp()
-            .add_port_mappings((ctr, "eth0"), pod, maps)
+            .add_port_mappings((ctr, "eth0"), &[pod.into()], maps)
             .unwrap_or_else(|e| panic!("add_port_mappings: {e}"));
     }
 
