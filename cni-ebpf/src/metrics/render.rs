@@ -307,7 +307,7 @@ mod tests {
 
     fn endpoint(ip: [u8; 4], id: &str, ifindex: u32, rate: Option<u64>) -> EndpointView {
         EndpointView {
-            ip: Ipv4Addr::from(ip),
+            ip: Ipv4Addr::from(ip).into(),
             host_ifindex: ifindex,
             host_mac: "02:00:00:00:00:01".into(),
             pod_mac: "02:00:00:00:00:02".into(),
