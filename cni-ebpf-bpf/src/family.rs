@@ -17,7 +17,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    forward::deliver_or_stack,
+    forward::{deliver, deliver6, deliver_or_stack},
     maps::{
         count, in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6,
         FLOWS, FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6,
@@ -61,6 +61,8 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     fn is_host_port(self, port: u16, proto_: u8) -> bool;
     /// The pod address and port behind host port `self:port` of `proto_`, if there is one.
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
+    /// Delivers the packet into local pod `ep` (past the node's stack).
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32;
     /// Hands a packet translated towards `daddr` on: IPv4 straight into a local pod
     /// (else the stack), IPv6 to the stack (no IPv6 fast path yet).
     fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32;
@@ -124,6 +126,11 @@ impl Family for Addr4 {
     #[inline(always)]
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)> {
         port_mapping(self, port, proto_).map(|t| (t.addr, t.port))
+    }
+
+    #[inline(always)]
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+        deliver(ctx, ep)
     }
 
     #[inline(always)]
@@ -209,6 +216,11 @@ impl Family for Addr6 {
     #[inline(always)]
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)> {
         port_mapping6(self, port, proto_).map(|t| (t.addr, t.port))
+    }
+
+    #[inline(always)]
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+        deliver6(ctx, ep)
     }
 
     #[inline(always)]

@@ -1,51 +1,78 @@
 //! Host ports: DNAT of nodeIP:hostPort to the pod from outside, and hairpin from pods.
 
 use aya_ebpf::{
-    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
     programs::TcContext,
 };
-use cni_ebpf_common::{proto, Addr4, NatHook, NatKey, NatKeyOf, NatKind, PortTarget, Reason};
+use cni_ebpf_common::{proto, NatHook, NatKeyOf, NatKind, Reason};
 
 use crate::{
     family::Family,
     flows,
-    forward::deliver_or_stack,
-    maps::{count, local_endpoint, node_config},
+    maps::{count, node_config},
     nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow},
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
     PASS,
 };
 
-/// Client pod A → node N:hostPort, backed by pod B (possibly A itself).
+/// Client pod A → node N:hostPort, backed by pod B:bp (possibly A itself): a new hairpin
+/// flow, delivered into B past the stack (both families).
 #[inline(always)]
-pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
-    let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
-    let (b, bp) = (t.addr, t.port);
-    // Charged to the client pod, which opens the flow.
-    let pod = local_endpoint(a).map_or(0, |ep| ep.ifindex);
-    if !room_for_flow::<Addr4>(pod) {
-        count(Reason::DropNatPodCap);
-        return TC_ACT_SHOT as i32;
+pub(crate) fn hairpin_new<A: Family + Default>(ctx: &TcContext, p: &Pkt<A>, b: A, bp: u16) -> i32 {
+    let mut g = HairpinGrant::default();
+    if let Err(v) = hairpin_grant(p, b, bp, &mut g) {
+        return v;
     }
-    let (rev_key, fwd) = if b == a {
+    hairpin_finish(ctx, p, &g)
+}
+
+/// What a new hairpin flow was given: its forward translation (as a NAT entry's tuple)
+/// and the key of its reverse entry, already in the table.
+#[derive(Default)]
+pub(crate) struct HairpinGrant<A> {
+    saddr: A,
+    daddr: A,
+    sport: u16,
+    dport: u16,
+    pod: u32,
+    pub(crate) rev_key: NatKeyOf<A>,
+}
+
+/// The first half of [`hairpin_new`]: the reverse entry in the table (for a pod reaching
+/// itself, with a node port for its source), the rest written to `out`; `Err(verdict)`
+/// when the flow is refused. Apart from [`hairpin_finish`] so that the IPv6 program can
+/// run them one after the other (their frames would not fit together).
+#[inline(always)]
+pub(crate) fn hairpin_grant<A: Family>(
+    p: &Pkt<A>,
+    b: A,
+    bp: u16,
+    out: &mut HairpinGrant<A>,
+) -> Result<(), i32> {
+    let (a, ap, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+    // Charged to the client pod, which opens the flow.
+    let pod = a.local_endpoint().map_or(0, |ep| ep.ifindex);
+    if !room_for_flow::<A>(pod) {
+        count(Reason::DropNatPodCap);
+        return Err(TC_ACT_SHOT as i32);
+    }
+    let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
+    if b == a {
         // A pod reaching itself through its host port: the packet must not carry its own
         // address as source (the pod would drop it as martian), so it comes from N.
         let Some(cfg) = node_config() else {
             count(Reason::PassNatInsertFailed);
-            return PASS;
+            return Err(PASS);
         };
-        let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
         let Some(np) = alloc_port(cfg, a, bp, n, p.proto, &rev, 0) else {
             count(Reason::DropNoSnatPort);
-            return TC_ACT_SHOT as i32;
+            return Err(TC_ACT_SHOT as i32);
         };
-        (
-            rev_key(a, bp, n, np, p.proto),
-            entry(n, a, np, bp, NatHook::POD, NatKind::HAIRPIN_FWD, pod),
-        )
+        out.rev_key = rev_key(a, bp, n, np, p.proto);
+        (out.saddr, out.daddr, out.sport, out.dport) = (n, a, np, bp);
     } else {
-        let rev_key = NatKey {
+        out.rev_key = NatKeyOf {
             saddr: b,
             daddr: a,
             sport: bp,
@@ -53,27 +80,51 @@ pub(crate) fn hairpin_new(ctx: &TcContext, p: &Pkt, t: &PortTarget) -> i32 {
             proto: p.proto,
             _pad: [0; 3],
         };
-        let rev = entry(n, a, hp, ap, NatHook::POD, NatKind::HAIRPIN_REV, pod);
-        if !nat_add(&rev_key, &rev, BPF_NOEXIST as u64) {
+        if !nat_add(&out.rev_key, &rev, BPF_NOEXIST as u64) {
             count(Reason::PassNatInsertFailed);
-            return PASS;
+            return Err(PASS);
         }
-        (
-            rev_key,
-            entry(a, b, ap, bp, NatHook::POD, NatKind::HAIRPIN_FWD, pod),
-        )
-    };
+        (out.saddr, out.daddr, out.sport, out.dport) = (a, b, ap, bp);
+    }
+    out.pod = pod;
+    Ok(())
+}
+
+/// The second half of [`hairpin_new`]: the forward entry, the rewrite, the delivery.
+#[inline(always)]
+pub(crate) fn hairpin_finish<A: Family>(ctx: &TcContext, p: &Pkt<A>, g: &HairpinGrant<A>) -> i32 {
+    let fwd = entry(
+        g.saddr,
+        g.daddr,
+        g.sport,
+        g.dport,
+        NatHook::POD,
+        NatKind::HAIRPIN_FWD,
+        g.pod,
+    );
     if !nat_add(&p.key(), &fwd, 0) {
-        nat_remove(&rev_key);
+        nat_remove(&g.rev_key);
         count(Reason::PassNatInsertFailed);
         return PASS;
     }
     if !apply(ctx, p, &fwd) {
-        forget_new_flow(&p.key(), &rev_key);
+        forget_new_flow(&p.key(), &g.rev_key);
         return rewrite_failed();
     }
     count(Reason::HairpinNew);
-    deliver_or_stack(ctx, fwd.daddr)
+    deliver_local(ctx, fwd.daddr)
+}
+
+/// Into local pod `daddr` past the stack, else (not local any more) to the stack.
+#[inline(always)]
+pub(crate) fn deliver_local<A: Family>(ctx: &TcContext, daddr: A) -> i32 {
+    match daddr.local_endpoint() {
+        Some(ep) => A::deliver(ctx, &ep),
+        None => {
+            count(Reason::TranslatedToStack);
+            TC_ACT_OK as i32
+        }
+    }
 }
 
 /// A new host-port flow from outside: client C:cp → N:hp (N a node address) becomes

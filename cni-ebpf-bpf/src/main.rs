@@ -145,7 +145,7 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     // A new hairpin flow: a pod to one of this node's addresses on a host port.
     if to_node && p.natable && p.opens_hostport_flow() {
         if let Some(t) = port_mapping(p.daddr, p.dport, p.proto) {
-            return Ok(hostport::hairpin_new(ctx, &p, &t));
+            return Ok(hostport::hairpin_new(ctx, &p, t.addr, t.port));
         }
     }
 

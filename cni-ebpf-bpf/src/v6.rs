@@ -24,7 +24,8 @@ use crate::{
     family::Family,
     flows,
     forward::deliver6,
-    hostport, icmp6,
+    hostport::{self, HairpinGrant},
+    icmp6,
     maps::{count, node_config, CALLS6},
     masq::{self, Granted},
     nat::{nat_lookup, nat_remove, sweep_if_requested},
@@ -62,17 +63,83 @@ pub(crate) fn call_from_pod6(ctx: &TcContext, own_source: bool) -> i32 {
     call(ctx, prog::CALL6_FROM_POD)
 }
 
-/// `from_pod`, IPv6 (tail call).
+/// `from_pod`, IPv6 (tail call): hairpin flows (a pod to one of the node's IPv6 addresses
+/// on a host port, and their replies) translated and delivered into the pod; same-node
+/// pod → pod straight into the destination pod; everything else to the stack.
+///
+/// Stages called one after the other (as in [`uplink_egress6`]), each parsing the
+/// headers itself: a new self-hairpin flow's port search would not fit under the others.
 #[classifier]
 pub fn from_pod6(ctx: TcContext) -> i32 {
+    sweep_if_requested::<Addr6>();
     // SAFETY: as in `call_from_pod6`, which wrote it.
     let own_source = unsafe { (*ctx.skb.skb).cb[0] } == CB_OWN_SOURCE;
-    let p = match parse6(&ctx) {
+    if let Some(v) = pod6_hairpin_known(&ctx) {
+        return v;
+    }
+    let mut g = HairpinGrant::default();
+    match pod6_hairpin_grant(&ctx, &mut g) {
+        Some(Ok(())) => return pod6_hairpin_finish(&ctx, &g),
+        Some(Err(v)) => return v,
+        None => {}
+    }
+    pod6_rest(&ctx, own_source)
+}
+
+/// A packet of an existing hairpin flow (or one that cannot be parsed): its verdict.
+#[inline(never)]
+fn pod6_hairpin_known(ctx: &TcContext) -> Option<i32> {
+    let p = match parse6(ctx) {
         Ok(p) => p,
         Err(r) => {
             count(r);
-            return PASS;
+            return Some(PASS);
         }
+    };
+    // Hairpin flows only ever go to a node address (client → hostPort) or to a local pod
+    // (the replies).
+    if p.daddr.local_endpoint().is_none() && !p.daddr.is_node_addr() {
+        return None;
+    }
+    let n = nat_lookup(&p, NatHook::POD)?;
+    if !apply(ctx, &p, &n) {
+        return Some(rewrite_failed());
+    }
+    count(Reason::HairpinForward);
+    Some(hostport::deliver_local(ctx, n.daddr))
+}
+
+/// A new hairpin flow (the pod to one of the node's IPv6 addresses on a host port): its
+/// grant in `g` (see [`hostport::hairpin_grant`]), or `Err(verdict)`; `None` when the
+/// packet opens no hairpin flow.
+#[inline(never)]
+fn pod6_hairpin_grant(ctx: &TcContext, g: &mut HairpinGrant<Addr6>) -> Option<Result<(), i32>> {
+    let p = parse6(ctx).ok()?;
+    if !(p.natable && p.opens_hostport_flow() && p.daddr.is_node_addr()) {
+        return None;
+    }
+    let (b, bp) = p.daddr.host_port_target(p.dport, p.proto)?;
+    Some(hostport::hairpin_grant(&p, b, bp, g))
+}
+
+/// A granted hairpin flow: its forward entry, rewrite and delivery.
+#[inline(never)]
+fn pod6_hairpin_finish(ctx: &TcContext, g: &HairpinGrant<Addr6>) -> i32 {
+    match parse6(ctx) {
+        Ok(p) => hostport::hairpin_finish(ctx, &p, g),
+        // The same bytes parsed a moment ago: not reached; the reverse entry goes.
+        Err(_) => {
+            nat_remove(&g.rev_key);
+            PASS
+        }
+    }
+}
+
+/// Same-node pod → pod, unless netfilter must see it; else to the stack.
+#[inline(never)]
+fn pod6_rest(ctx: &TcContext, own_source: bool) -> i32 {
+    let Ok(p) = parse6(ctx) else {
+        return PASS;
     };
     if let Some(ep) = p.daddr.local_endpoint() {
         if !p.natable || flows::is_translated_reply(&p) {
@@ -81,7 +148,7 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
         }
         flows::opens_direct(&p);
         count(Reason::RedirectPod);
-        return deliver6(&ctx, &ep);
+        return deliver6(ctx, &ep);
     }
     flows::to_stack(&p, own_source);
     PASS

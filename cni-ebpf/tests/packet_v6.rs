@@ -634,3 +634,71 @@ fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
         "a removed IPv6 host port",
     );
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn pods_reach_an_ipv6_host_port_of_their_node_including_their_own() {
+    let fx = dual_stack_node();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            ..endpoint_b()
+        })
+        .unwrap();
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            &[POD_A.into(), std::net::IpAddr::V6(POD_A6)],
+            &[pm(8080, 80, "tcp", None)],
+        )
+        .unwrap();
+    // Pod B → [node]:8080 → pod A: B's address kept, delivered into A.
+    let (v, out) = fx.run_on(
+        "from_pod",
+        IFINDEX_B,
+        &tcp6(POD_B6, 41000, NODE6, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "into pod A");
+    let o = parse6(&out);
+    assert_eq!((o.src, o.dst, o.dport), (POD_B6, POD_A6, 80));
+    assert!(o.csum_ok);
+    // A's reply comes back as [node]:8080.
+    let (v, back) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 80, POD_B6, 41000, SYN | ACK),
+    );
+    assert_eq!(v, REDIRECT, "into pod B");
+    let b = parse6(&back);
+    assert_eq!((b.src, b.sport, b.dst), (NODE6, 8080, POD_B6));
+    assert!(b.csum_ok);
+    // Pod A → its own host port: the source becomes the node's (a node port), so A sees a
+    // peer that is not itself, and its reply is restored.
+    let (v, out) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 42000, NODE6, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "back into pod A");
+    let o = parse6(&out);
+    assert_eq!((o.src, o.dst, o.dport), (NODE6, POD_A6, 80));
+    assert!(
+        (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&o.sport),
+        "a node port: {}",
+        o.sport
+    );
+    assert!(o.csum_ok);
+    let (v, back) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 80, NODE6, o.sport, SYN | ACK),
+    );
+    assert_eq!(v, REDIRECT);
+    let b = parse6(&back);
+    assert_eq!(
+        (b.src, b.sport, b.dst, b.dport),
+        (NODE6, 8080, POD_A6, 42000)
+    );
+    assert!(b.csum_ok);
+    assert_eq!(fx.reason(Reason::HairpinNew), 2);
+}

@@ -2,7 +2,8 @@
 //! real plugin. Pod → outside masqueraded to the node's IPv6 address (TCP, UDP, ICMPv6
 //! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
 //! translation both ways) and ICMPv6 errors about it reaching the pod's socket; pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
-//! IPv6 host ports from outside with the client's address kept; CHECK, inspect and DEL
+//! IPv6 host ports from outside with the client's address kept, and from pods (hairpin,
+//! a pod's own included); CHECK, inspect and DEL
 //! covering the IPv6 entries.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
@@ -195,6 +196,24 @@ fn ext_reaches_a_pod_through_an_ipv6_host_port_with_its_own_address() {
     );
     assert!(reason(&inspect(&node), "dnat_new") >= 2);
     node.check(&a, "eth0", &conf, &r).assert_empty_success();
+
+    // Hairpin: another pod, and the pod itself, through the node's IPv6 host port.
+    let plain = dual_stack_masq_conf(&node);
+    let b = node.pod("b");
+    let rb = add(&node, &b, &plain);
+    let answer =
+        greet(b.netns(), &hostport).unwrap_or_else(|e| panic!("TCP pod b → {hostport}: {e}"));
+    assert_seen_as(
+        &answer,
+        &pod_ip6(&rb),
+        "pod a must see pod b's own IPv6 address",
+    );
+    let answer = greet(a.netns(), &hostport)
+        .unwrap_or_else(|e| panic!("TCP pod a → its own {hostport}: {e}"));
+    assert_seen_as(&answer, NODE_IP6, "a pod reaching itself sees the node");
+    assert!(reason(&inspect(&node), "hairpin_new") >= 2);
+    del(&node, &b, &plain);
+
     drop(server);
     del(&node, &a, &conf);
     let doc = inspect(&node);
