@@ -63,13 +63,13 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, NatKind, Reason};
+use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, Reason};
 
 use crate::{
     forward::{deliver, deliver_or_stack, to_uplink},
     guard::{check_source, Verdict},
     maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, Source},
-    nat::nat_lookup,
+    nat::{count_translated, nat_lookup},
     parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
     rewrite::{apply, rewrite_failed},
 };
@@ -209,11 +209,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
             count(Reason::SnatReplyToStack);
             return Ok(TC_ACT_OK as i32);
         }
-        count(if n.kind == NatKind::SNAT_REV {
-            Reason::SnatReply
-        } else {
-            Reason::DnatForward
-        });
+        count_translated(n.kind);
         return Ok(deliver_or_stack(ctx, n.daddr));
     }
 
@@ -263,11 +259,7 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
         if !apply(ctx, &p, &n) {
             return Ok(rewrite_failed());
         }
-        count(if n.kind == NatKind::SNAT_FWD {
-            Reason::SnatForward
-        } else {
-            Reason::DnatReply
-        });
+        count_translated(n.kind);
         return Ok(TC_ACT_OK as i32);
     }
 

@@ -689,6 +689,18 @@ extern "C" fn sweep_one<A: Family>(
     0
 }
 
+/// Counts a packet of an existing flow translated by entry kind `kind`.
+#[inline(always)]
+pub(crate) fn count_translated(kind: NatKind) {
+    count(match kind {
+        NatKind::SNAT_FWD => Reason::SnatForward,
+        NatKind::SNAT_REV => Reason::SnatReply,
+        NatKind::DNAT_FWD => Reason::DnatForward,
+        NatKind::DNAT_REV => Reason::DnatReply,
+        _ => Reason::HairpinForward,
+    });
+}
+
 #[inline(always)]
 pub(crate) fn now() -> u64 {
     // SAFETY: plain helper call.

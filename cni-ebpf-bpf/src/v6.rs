@@ -18,7 +18,7 @@
 //! translatable tuple and are passed untouched; so is any packet with extension headers.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use cni_ebpf_common::{prog, Addr6, FlowFlags, NatHook, NatKind, Reason};
+use cni_ebpf_common::{prog, Addr6, FlowFlags, NatHook, Reason};
 
 use crate::{
     family::Family,
@@ -28,7 +28,7 @@ use crate::{
     icmp6,
     maps::{count, node_config, CALLS6},
     masq::{self, Granted},
-    nat::{nat_lookup, nat_remove, sweep_if_requested},
+    nat::{count_translated, nat_lookup, nat_remove, sweep_if_requested},
     parse::{parse6, read, ETH_P_IPV6, ETH_TYPE_OFF},
     rewrite::{apply, rewrite_failed},
     PASS,
@@ -192,11 +192,7 @@ fn ingress6_known(ctx: &TcContext) -> Option<i32> {
     if !apply(ctx, &p, &n) {
         return Some(rewrite_failed());
     }
-    count(if n.kind == NatKind::SNAT_REV {
-        Reason::SnatReply
-    } else {
-        Reason::DnatForward
-    });
+    count_translated(n.kind);
     count(Reason::TranslatedToStack);
     Some(TC_ACT_OK as i32)
 }
@@ -264,11 +260,7 @@ fn egress6_known(ctx: &TcContext) -> Result<i32, Option<FlowFlags>> {
     if !apply(ctx, &p, &n) {
         return Ok(rewrite_failed());
     }
-    count(if n.kind == NatKind::SNAT_FWD {
-        Reason::SnatForward
-    } else {
-        Reason::DnatReply
-    });
+    count_translated(n.kind);
     Ok(TC_ACT_OK as i32)
 }
 

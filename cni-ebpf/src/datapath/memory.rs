@@ -213,6 +213,7 @@ impl Datapath {
             map_name::NODE_ADDRS6,
             n(maps::entries(&m.node_addrs6()?).len()),
         );
+        out.insert(map_name::PORTMAPS6, n(maps::entries(&m.portmaps6()?).len()));
         Ok(out)
     }
 }

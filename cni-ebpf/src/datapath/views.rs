@@ -223,15 +223,7 @@ impl Datapath {
     /// Every endpoint entry with its owner and counters.
     pub fn endpoints(&self) -> Result<Vec<EndpointView>> {
         let mut m = self.maps()?;
-        let eps: Vec<(IpAddr, EndpointInfo)> = maps::entries(&m.endpoints()?)
-            .into_iter()
-            .map(|(k, v)| (ipv4_from_map(k.addr).into(), v))
-            .chain(
-                maps::entries(&m.endpoints6()?)
-                    .into_iter()
-                    .map(|(k, v)| (ipv6_from_map(k.addr).into(), v)),
-            )
-            .collect();
+        let eps = endpoint_entries(&mut m)?;
         let stats = m.ep_stats()?;
         let stats: BTreeMap<u32, EndpointStats> = stats
             .iter()
@@ -479,16 +471,7 @@ impl Datapath {
     pub fn attachments(&self) -> Result<Vec<AttachmentState>> {
         let mut m = self.maps()?;
         let owners = maps::entries(&m.owners()?);
-        let eps: Vec<(std::net::IpAddr, cni_ebpf_common::EndpointInfo)> =
-            maps::entries(&m.endpoints()?)
-                .into_iter()
-                .map(|(k, v)| (ipv4_from_map(k.addr).into(), v))
-                .chain(
-                    maps::entries(&m.endpoints6()?)
-                        .into_iter()
-                        .map(|(k, v)| (ipv6_from_map(k.addr).into(), v)),
-                )
-                .collect();
+        let eps = endpoint_entries(&mut m)?;
         let pms = maps::entries(&m.portmaps()?);
         let pms6 = maps::entries(&m.portmaps6()?);
         Ok(owners
@@ -510,6 +493,17 @@ impl Datapath {
             })
             .collect())
     }
+}
+
+/// Every endpoint entry of both families, by address.
+fn endpoint_entries(m: &mut maps::Maps) -> Result<Vec<(IpAddr, EndpointInfo)>> {
+    let v4 = maps::entries(&m.endpoints()?)
+        .into_iter()
+        .map(|(k, v)| (IpAddr::from(ipv4_from_map(k.addr)), v));
+    let v6 = maps::entries(&m.endpoints6()?)
+        .into_iter()
+        .map(|(k, v)| (IpAddr::from(ipv6_from_map(k.addr)), v));
+    Ok(v4.chain(v6).collect())
 }
 
 /// One NAT entry as `inspect` shows it (`addr`: the family's address conversion).
