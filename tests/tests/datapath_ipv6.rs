@@ -205,7 +205,7 @@ fn ext_reaches_a_pod_through_an_ipv6_host_port_with_its_own_address() {
         greet(b.netns(), &hostport).unwrap_or_else(|e| panic!("TCP pod b → {hostport}: {e}"));
     assert_seen_as(
         &answer,
-        &pod_ip6(&rb),
+        pod_ip6(&rb),
         "pod a must see pod b's own IPv6 address",
     );
     let answer = greet(a.netns(), &hostport)
