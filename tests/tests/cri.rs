@@ -252,20 +252,23 @@ fn cri_pods_get_addresses_host_ports_and_traffic_and_leave_nothing() {
             st.ip4()
         );
     }
-    // The hostPort became exactly one port-mapping entry: TCP 8080 → pod a:80, owned by
-    // the sandbox.
+    // The hostPort became one port-mapping entry per family of the pod: TCP 8080 → pod
+    // a:80 (its IPv4 and its IPv6 address), owned by the sandbox.
     let mappings = dp["portMappings"].clone();
     let list = mappings.as_array().cloned().unwrap_or_default();
+    let mut pods: Vec<&str> = list.iter().filter_map(|m| m["pod_ip"].as_str()).collect();
+    pods.sort_unstable();
+    let mut want: Vec<&str> = st_a.ips.iter().map(String::as_str).collect();
+    want.sort_unstable();
     assert!(
-        list.len() == 1
-            && list[0]["host_port"] == 8080
-            && list[0]["container_port"] == 80
-            && list[0]["protocol"]
-                .as_str()
-                .is_some_and(|p| p.eq_ignore_ascii_case("tcp"))
-            && list[0]["pod_ip"].as_str() == Some(st_a.ip4())
-            && list[0]["container_id"].as_str() == Some(sa.as_str()),
-        "port mappings: {mappings:#}"
+        pods == want
+            && list.iter().all(|m| m["host_port"] == 8080
+                && m["container_port"] == 80
+                && m["protocol"]
+                    .as_str()
+                    .is_some_and(|p| p.eq_ignore_ascii_case("tcp"))
+                && m["container_id"].as_str() == Some(sa.as_str())),
+        "port mappings (want one to each of {want:?}): {mappings:#}"
     );
 
     let ca = start_web(&cd, &sa, &a);

@@ -577,6 +577,18 @@ fn two_networks_in_one_pod_are_independent_attachments() {
 
     // A second interface on the *same* network: the spec does not require it to work,
     // but if it fails it must fail cleanly and leave eth0 alone.
+    // The kernel's duplicate address detection of eth0's link-local address may still
+    // be under way (its `tentative` flag and local route change on their own): wait for
+    // it (bounded) so that the snapshots compare only what the failed ADD could change.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while std::time::Instant::now() < deadline
+        && pod
+            .exec(&["ip", "-6", "addr", "show", "tentative"])
+            .stdout
+            .contains("inet6")
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     let before = node.snapshot();
     let pod_before = pod.snapshot();
     let out = node.exec_plugin("ADD", &pod.env("eth2"), &conf.plugin());
