@@ -258,10 +258,16 @@ fn del_leaves_no_map_entry_link_or_pin_of_the_pod() {
         "SRC_ALLOW",
         "SRC_ALLOW6",
         "NAT_USE",
+        "ENDPOINTS6",
+        "PORTMAPS6",
+        "NAT6",
     ] {
         let mut left = dump_map(&node, map);
-        // NAT_USE key 0 is the node-wide sweep clock, not a pod's share.
-        left.retain(|(k, _)| !(map == "NAT_USE" && k.iter().all(|b| *b == 0)));
+        // NAT_USE keys 0 and u32::MAX are the IPv4 and IPv6 tables' sweep clocks, not
+        // pods' shares.
+        left.retain(|(k, _)| {
+            !(map == "NAT_USE" && (k.iter().all(|b| *b == 0) || k.iter().all(|b| *b == 0xff)))
+        });
         assert!(
             left.is_empty(),
             "{map} keeps {} entries after the last DEL",

@@ -175,8 +175,8 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
         send_from(a.netns(), &b4, t4, PORT, 3);
         send_from(a.netns(), &b6, t6, PORT, 3);
     }
-    // The same from pod a's own addresses: these arrive (the outside sees IPv4 from the
-    // node's address: masqueraded).
+    // The same from pod a's own addresses: these arrive (the outside sees both families
+    // from the node's addresses: masqueraded).
     for (t4, t6, _) in &targets {
         send_from(a.netns(), &a4, t4, PORT, 1);
         send_from(a.netns(), &a6, t6, PORT, 1);
@@ -187,7 +187,7 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
             && at_node.from(&a4) >= 1
             && at_node.from(&a6) >= 1
             && at_ext.from(NODE_IP4) >= 1
-            && at_ext.from(&a6) >= 1
+            && at_ext.from(NODE_IP6) >= 1
     });
     assert!(
         arrived,
@@ -209,9 +209,11 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
             );
         }
     }
-    // The outside saw pod a's own IPv4 datagram masqueraded exactly once: no SNAT entry
-    // was made for the spoofed ones (they would have arrived from the node's address too).
+    // The outside saw pod a's own datagrams masqueraded exactly once per family: no SNAT
+    // entry was made for the spoofed ones (they would have arrived from the node's
+    // address too).
     assert_eq!(at_ext.from(NODE_IP4), 1, "{:?}", at_ext.seen.lock());
+    assert_eq!(at_ext.from(NODE_IP6), 1, "{:?}", at_ext.seen.lock());
     let after = inspect(&node);
     let dropped = reason(&after, "drop_spoofed_source") - reason(&before, "drop_spoofed_source");
     assert!(
@@ -248,10 +250,13 @@ fn a_pod_spoofing_a_neighbour_reaches_nobody_in_either_family() {
     del(&node, &c, &conf);
     del(&node, &r, &router_conf);
     // DEL took every pod's source entries (own IPv6 addresses, both allow-lists) and NAT
-    // share with it (NAT_USE key 0 is the node-wide sweep clock).
+    // share with it (NAT_USE keys 0 and u32::MAX are the node-wide sweep clocks of the
+    // IPv4 and IPv6 NAT tables).
     for map in ["SRC_ALLOW", "SRC_ALLOW6", "NAT_USE"] {
         let mut left = dump_map(&node, map);
-        left.retain(|(k, _)| !(map == "NAT_USE" && k.iter().all(|b| *b == 0)));
+        left.retain(|(k, _)| {
+            !(map == "NAT_USE" && (k.iter().all(|b| *b == 0) || k.iter().all(|b| *b == 0xff)))
+        });
         assert!(
             left.is_empty(),
             "{map} keeps {} entries after DEL",
