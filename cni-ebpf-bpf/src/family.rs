@@ -7,21 +7,20 @@
 //! packet names its family through its address type, so every call infers it.
 
 use aya_ebpf::{
-    bindings::TC_ACT_OK,
     maps::{HashMap, LruHashMap},
     programs::TcContext,
 };
 use cni_ebpf_common::{
     proto, Addr4, Addr6, EndpointFlags, EndpointInfo, EndpointKey6, FlowEntry, NatDestKeyOf,
-    NatEntryOf, NatKeyOf, NodeConfig, Reason, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
+    NatEntryOf, NatKeyOf, NodeConfig, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
 };
 
 use crate::{
-    forward::{deliver, deliver6, deliver_or_stack},
+    forward::{deliver, deliver6, deliver_or_stack, deliver_or_stack6},
     maps::{
-        count, in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6,
-        FLOWS, FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6,
-        STACK_SOCKETS, STACK_SOCKETS6,
+        in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
+        FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
+        STACK_SOCKETS6,
     },
     parse::{Pkt, ICMP6_ECHO_REQUEST, ICMP_ECHO},
     rewrite,
@@ -63,8 +62,8 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
     /// Delivers the packet into local pod `ep` (past the node's stack).
     fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32;
-    /// Hands a packet translated towards `daddr` on: IPv4 straight into a local pod
-    /// (else the stack), IPv6 to the stack (no IPv6 fast path yet).
+    /// Hands a packet translated towards `daddr` on: straight into a local pod, else to
+    /// the stack.
     fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32;
 
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
@@ -224,9 +223,8 @@ impl Family for Addr6 {
     }
 
     #[inline(always)]
-    fn deliver_translated(_ctx: &TcContext, _daddr: Self) -> i32 {
-        count(Reason::TranslatedToStack);
-        TC_ACT_OK as i32
+    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32 {
+        deliver_or_stack6(ctx, daddr)
     }
 
     #[inline(always)]

@@ -7,9 +7,10 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use cni_ebpf_common::{proto, EndpointInfo, Reason};
+use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
 
 use crate::{
+    family::Family,
     maps::{add_stats, count, local_endpoint, node_config},
     parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     PASS,
@@ -131,7 +132,7 @@ pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
 }
 
-/// `struct bpf_fib_lookup` (IPv4 use). Addresses and ports network order.
+/// `struct bpf_fib_lookup`. Addresses and ports network order.
 #[repr(C)]
 pub(crate) struct FibLookup {
     family: u8,
@@ -143,9 +144,11 @@ pub(crate) struct FibLookup {
     tot_len: u16,
     /// In: ingress ifindex. Out: egress ifindex.
     ifindex: u32,
+    /// IPv4: the TOS byte. IPv6: the flow information (traffic class and flow label,
+    /// network order).
     tos: u32,
     src: [u32; 4],
-    /// In: destination. Out (IPv4): the next hop.
+    /// In: destination. Out: the next hop (IPv4 only: the IPv6 lookup leaves it).
     dst: [u32; 4],
     vlan: u32,
     smac: [u8; 6],
@@ -155,6 +158,11 @@ pub(crate) struct FibLookup {
 const _: () = assert!(core::mem::size_of::<FibLookup>() == 64);
 
 pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
+
+/// The flow information bits of an IPv6 header's first word (network order): the traffic
+/// class and flow label, without the version.
+const IP6_FLOWINFO_MASK: u32 = 0x0fff_ffff_u32.to_be();
 
 /// `bpf_check_mtu` flag: check every GSO segment, not the whole packet.
 pub(crate) const BPF_MTU_CHK_SEGS: u64 = 1;
@@ -207,7 +215,7 @@ pub(crate) fn fib_uplink(
     } else {
         (0, 0)
     };
-    let mut fib = FibLookup {
+    let fib = FibLookup {
         family: AF_INET,
         l4_protocol: p.proto,
         sport,
@@ -221,6 +229,13 @@ pub(crate) fn fib_uplink(
         smac: [0; 6],
         dmac: [0; 6],
     };
+    fib_check(ctx, fib, cfg.uplink_ifindex)
+}
+
+/// Asks the FIB for `fib`; the result if the route leads out of `uplink` with its next hop
+/// resolved and the packet (each GSO segment) fits the uplink's MTU.
+#[inline(always)]
+fn fib_check(ctx: &TcContext, mut fib: FibLookup, uplink: u32) -> Option<FibLookup> {
     // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -230,11 +245,12 @@ pub(crate) fn fib_uplink(
             0,
         )
     };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != cfg.uplink_ifindex {
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != uplink {
         return None;
     }
     // The lookup's own MTU check lets every GSO packet through; check each segment
-    // against the uplink's MTU so that the stack answers "fragmentation needed".
+    // against the uplink's MTU so that the stack answers "fragmentation needed" (IPv4)
+    // or "packet too big" (IPv6).
     let mut mtu: u32 = 0;
     // SAFETY: plain helper call with a pointer to our stack.
     let rc = unsafe { bpf_check_mtu(ctx.as_ptr(), fib.ifindex, &mut mtu, 0, BPF_MTU_CHK_SEGS) };
@@ -242,4 +258,70 @@ pub(crate) fn fib_uplink(
         return None;
     }
     Some(fib)
+}
+
+/// [`to_uplink`] for IPv6: the same decision, by the IPv6 FIB; the hop limit decremented.
+#[inline(always)]
+pub(crate) fn to_uplink6(ctx: &TcContext, p: &Pkt<Addr6>, ifindex: u32, own_source: bool) -> i32 {
+    match fib_uplink6(ctx, p, ifindex, own_source) {
+        Some(fib) if route_hop6(ctx, &fib.dmac, &fib.smac) => {
+            count(Reason::RedirectUplink);
+            // SAFETY: plain helper call.
+            unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
+        }
+        _ => {
+            count(Reason::PassKernelRoute);
+            PASS
+        }
+    }
+}
+
+/// [`fib_uplink`] for IPv6.
+#[inline(always)]
+fn fib_uplink6(
+    ctx: &TcContext,
+    p: &Pkt<Addr6>,
+    ifindex: u32,
+    own_source: bool,
+) -> Option<FibLookup> {
+    if !own_source {
+        return None;
+    }
+    let cfg = node_config()?;
+    if cfg.uplink_ifindex == 0 {
+        return None;
+    }
+    let first: u32 = read(ctx, IP_OFF).ok()?;
+    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
+        (p.sport, p.dport)
+    } else {
+        (0, 0)
+    };
+    let fib = FibLookup {
+        family: AF_INET6,
+        l4_protocol: p.proto,
+        sport,
+        dport,
+        tot_len: 0,
+        ifindex,
+        tos: first & IP6_FLOWINFO_MASK,
+        src: p.saddr,
+        dst: p.daddr,
+        vlan: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    fib_check(ctx, fib, cfg.uplink_ifindex)
+}
+
+/// [`deliver_or_stack`] for IPv6.
+#[inline(always)]
+pub(crate) fn deliver_or_stack6(ctx: &TcContext, daddr: Addr6) -> i32 {
+    match Addr6::local_endpoint(daddr) {
+        Some(ep) => deliver6(ctx, &ep),
+        None => {
+            count(Reason::TranslatedToStack);
+            TC_ACT_OK as i32
+        }
+    }
 }

@@ -171,9 +171,9 @@ pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
         forget_new_flow(&p.key(), &rev_key);
         return Some(rewrite_failed());
     }
-    // Netfilter never sees an IPv4 one of these flows (delivered past the stack): its
-    // replies may bypass it. Noted only once the packet is on its way, so a dropped one
-    // leaves no flow state. (An IPv6 one goes through the stack both ways.)
+    // Netfilter never sees one of these flows (delivered past the stack): its replies may
+    // bypass it. Noted only once the packet is on its way, so a dropped one leaves no
+    // flow state.
     flows::note_own_inbound(&rev_key);
     count(Reason::DnatNew);
     Some(A::deliver_translated(ctx, b))

@@ -6,24 +6,22 @@
 //! frames would not fit one program. A slot left empty (a datapath being loaded) passes
 //! the packet unchanged, as before IPv6 had a datapath (`pass_ipv6_not_loaded`).
 //!
-//! What they do today: same-node pod → pod straight into the destination pod
-//! (`bpf_redirect_peer`, under the same netfilter rule as IPv4: the reply of a Service
-//! flow goes to the stack), masquerade of pod flows leaving the cluster at the uplink,
-//! and the flow tracking masquerade needs (which flows a pod opened, which were opened
-//! from outside). Every other IPv6 packet is the kernel's: a pod's traffic leaving the
-//! node, and the replies of masqueraded flows after their reverse translation, go
-//! through the stack, so netfilter sees both directions of every flow that leaves the
-//! node (there is no IPv6 uplink fast path yet, and half a flow past the stack would be
-//! INVALID to conntrack). Neighbour discovery, router advertisements and DAD carry no
-//! translatable tuple and are passed untouched; so is any packet with extension headers.
+//! They do what the IPv4 programs do, under the same netfilter rule (`flows`): same-node
+//! pod → pod straight into the destination pod (`bpf_redirect_peer`; the reply of a
+//! Service flow goes to the stack); a pod flow leaving the node straight to the uplink
+//! once it is verified to leave untranslated (the IPv6 FIB decides, and a packet too big
+//! for the uplink goes to the stack, which answers "packet too big"); masquerade at the
+//! uplink, its replies (and ICMPv6 errors about them) translated back; host ports and
+//! hairpin. Neighbour discovery, router advertisements and DAD carry no translatable
+//! tuple and are passed untouched; so is any packet with extension headers.
 
 use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
-use cni_ebpf_common::{prog, Addr6, FlowFlags, NatHook, Reason};
+use cni_ebpf_common::{prog, Addr6, FlowFlags, NatDeliver, NatHook, Reason};
 
 use crate::{
     family::Family,
     flows,
-    forward::deliver6,
+    forward::{deliver6, deliver_or_stack6, to_uplink6},
     hostport::{self, HairpinGrant},
     icmp6,
     maps::{count, node_config, CALLS6},
@@ -65,7 +63,8 @@ pub(crate) fn call_from_pod6(ctx: &TcContext, own_source: bool) -> i32 {
 
 /// `from_pod`, IPv6 (tail call): hairpin flows (a pod to one of the node's IPv6 addresses
 /// on a host port, and their replies) translated and delivered into the pod; same-node
-/// pod → pod straight into the destination pod; everything else to the stack.
+/// pod → pod straight into the destination pod; verified flows leaving the node straight
+/// to the uplink; everything else to the stack.
 ///
 /// Stages called one after the other (as in [`uplink_egress6`]), each parsing the
 /// headers itself: a new self-hairpin flow's port search would not fit under the others.
@@ -135,7 +134,8 @@ fn pod6_hairpin_finish(ctx: &TcContext, g: &HairpinGrant<Addr6>) -> i32 {
     }
 }
 
-/// Same-node pod → pod, unless netfilter must see it; else to the stack.
+/// Same-node pod → pod, unless netfilter must see it; a flow leaving the node straight
+/// to the uplink once it is verified to leave untranslated; else to the stack.
 #[inline(never)]
 fn pod6_rest(ctx: &TcContext, own_source: bool) -> i32 {
     let Ok(p) = parse6(ctx) else {
@@ -150,23 +150,31 @@ fn pod6_rest(ctx: &TcContext, own_source: bool) -> i32 {
         count(Reason::RedirectPod);
         return deliver6(ctx, &ep);
     }
+    if flows::may_bypass_stack(&p) {
+        // SAFETY: reading a field of the context.
+        let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+        return to_uplink6(ctx, &p, ifindex, own_source);
+    }
     flows::to_stack(&p, own_source);
     PASS
 }
 
 /// `uplink_ingress`, IPv6 (tail call): replies of masqueraded flows, and ICMPv6 errors
 /// about them, translated back; new flows to an IPv6 host port DNATed to the pod, keeping
-/// the client's address (every one of them handed to the stack, which routes it to the
-/// pod); flows opened from outside towards a pod noted, so that its replies are never
-/// masqueraded.
+/// the client's address; both delivered into the pod past the stack unless netfilter saw
+/// the flow's other direction. Packets for a local pod whose flow is verified both ways
+/// go straight in; flows opened from outside towards a pod are noted, so that its
+/// replies are never masqueraded.
 ///
 /// Stages called one after the other (as in [`uplink_egress6`]), each parsing the
 /// headers itself: nested, their IPv6 frames would not fit the verifier's 512 bytes.
 #[classifier]
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
     sweep_if_requested::<Addr6>();
-    if let Some(v) = ingress6_known(&ctx) {
-        return v;
+    match ingress6_known(&ctx) {
+        Known::Verdict(v) => return v,
+        Known::IcmpError => return ingress6_icmp_error(&ctx),
+        Known::No => {}
     }
     if let Some(v) = ingress6_dnat(&ctx) {
         return v;
@@ -174,27 +182,51 @@ pub fn uplink_ingress6(ctx: TcContext) -> i32 {
     ingress6_rest(&ctx)
 }
 
-/// A packet of a translated flow, or an ICMPv6 error about one (or one that cannot be
-/// parsed): its verdict. `None` when there is no such flow.
+/// What [`ingress6_known`] found.
+enum Known {
+    /// A packet of a translated flow (or one that cannot be parsed): its verdict.
+    Verdict(i32),
+    /// An ICMPv6 error: [`ingress6_icmp_error`]'s.
+    IcmpError,
+    /// Neither.
+    No,
+}
+
+/// A packet of a translated flow, translated back and delivered.
 #[inline(never)]
-fn ingress6_known(ctx: &TcContext) -> Option<i32> {
+fn ingress6_known(ctx: &TcContext) -> Known {
     let p = match parse6(ctx) {
         Ok(p) => p,
         Err(r) => {
             count(r);
-            return Some(PASS);
+            return Known::Verdict(PASS);
         }
     };
     if icmp6::is_error(&p) {
-        return Some(icmp6::error_in(ctx, &p));
+        return Known::IcmpError;
     }
-    let n = nat_lookup(&p, NatHook::UPLINK_IN)?;
+    let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) else {
+        return Known::No;
+    };
     if !apply(ctx, &p, &n) {
-        return Some(rewrite_failed());
+        return Known::Verdict(rewrite_failed());
+    }
+    if n.deliver == NatDeliver::STACK {
+        count(Reason::SnatReplyToStack);
+        return Known::Verdict(TC_ACT_OK as i32);
     }
     count_translated(n.kind);
-    count(Reason::TranslatedToStack);
-    Some(TC_ACT_OK as i32)
+    Known::Verdict(deliver_or_stack6(ctx, n.daddr))
+}
+
+/// An ICMPv6 error, about a translated flow or not (see [`icmp6::error_in`]). Its own
+/// stage: its frame would not fit under [`ingress6_known`]'s.
+#[inline(never)]
+fn ingress6_icmp_error(ctx: &TcContext) -> i32 {
+    match parse6(ctx) {
+        Ok(p) => icmp6::error_in(ctx, &p),
+        Err(_) => PASS,
+    }
 }
 
 /// A new flow to an IPv6 host port ([`hostport::dnat_new`]); `None` when not one.
@@ -204,11 +236,16 @@ fn ingress6_dnat(ctx: &TcContext) -> Option<i32> {
     hostport::dnat_new(ctx, &p)
 }
 
-/// Anything else: a flow from outside towards a local pod noted, and passed.
+/// Anything else for a local pod: straight in when its flow is verified both ways, else
+/// to the stack, a flow from outside noted.
 #[inline(never)]
 fn ingress6_rest(ctx: &TcContext) -> i32 {
     if let Ok(p) = parse6(ctx) {
-        if p.daddr.local_endpoint().is_some() {
+        if let Some(ep) = p.daddr.local_endpoint() {
+            if flows::inbound_may_bypass_stack(&p) {
+                count(Reason::RedirectFromUplink);
+                return deliver6(ctx, &ep);
+            }
             if let Some(cfg) = node_config() {
                 flows::note_inbound(&p, cfg);
             }

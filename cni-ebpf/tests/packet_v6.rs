@@ -279,7 +279,9 @@ fn masquerade_round_trip(
         b.csum_ok,
         "the reply's checksum right over the pod's pseudo-header"
     );
-    assert_eq!(fx.reason(Reason::SnatReply), 1);
+    // The flow reached the uplink without `from_pod` seeing it (as one netfilter
+    // translated would): its replies go back through the stack.
+    assert_eq!(fx.reason(Reason::SnatReplyToStack), 1);
 }
 
 #[test]
@@ -556,7 +558,12 @@ fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
         ),
     ] {
         let (v, inb) = fx.run("uplink_ingress", &syn);
-        assert_eq!(v, OK, "{what}: DNATed and handed to the stack");
+        assert_eq!(
+            v, REDIRECT,
+            "{what}: DNATed and delivered into the pod past the stack"
+        );
+        assert_eq!(inb[0..6], POD_MAC_A, "{what}: to pod A's MAC");
+        assert_eq!(inb[14 + 7], 63, "{what}: a routed hop");
         let i = parse6(&inb);
         assert_eq!(
             (i.src, i.dst),
@@ -565,6 +572,18 @@ fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
         );
         assert_eq!(i.dport, if what == "TCP" { 80 } else { 53 });
         assert!(i.csum_ok, "{what}: checksum over the new pseudo-header");
+        // Netfilter never saw the flow: the pod's reply takes the uplink fast path (whose
+        // FIB lookup, outside any node here, may leave it to the kernel route) and is
+        // never judged by the flow check.
+        let unverified = fx.reason(Reason::PassUnverifiedFlow);
+        let fast = fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute);
+        fx.run("from_pod", &reply);
+        assert_eq!(fx.reason(Reason::PassUnverifiedFlow), unverified, "{what}");
+        assert_eq!(
+            fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute),
+            fast + 1,
+            "{what}: the reply reaches the uplink fast path"
+        );
         let (v, out) = fx.run("uplink_egress", &reply);
         assert_eq!(v, OK, "{what}: the reply restored");
         let o = parse6(&out);
@@ -701,4 +720,127 @@ fn pods_reach_an_ipv6_host_port_of_their_node_including_their_own() {
     );
     assert!(b.csum_ok);
     assert_eq!(fx.reason(Reason::HairpinNew), 2);
+}
+
+fn key6(saddr: Ipv6Addr, sport: u16, daddr: Ipv6Addr, dport: u16, proto: u8) -> NatKey6 {
+    NatKey6 {
+        saddr: wire(saddr),
+        daddr: wire(daddr),
+        sport: sport.to_be(),
+        dport: dport.to_be(),
+        proto,
+        _pad: [0; 3],
+    }
+}
+
+/// The uplink fast path's count: a redirect to the uplink, or (the FIB lookup, outside
+/// any node here, finding no route out of the uplink) the kernel route.
+fn uplink_fast_path(fx: &Fixture) -> u64 {
+    fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_untranslated_ipv6_flow_is_verified_then_fast_pathed_both_ways() {
+    let fx = dual_stack_node();
+    let syn = tcp6(POD_A6, 40000, EXT6, 443, SYN);
+    fx.assert_passes_unchanged("from_pod", &syn, "the first packet goes to the stack");
+    let key = key6(POD_A6, 40000, EXT6, 443, TCP);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+    // The stack forwarded it unchanged: uplink_egress sees the pod's very tuple (and
+    // masquerades it).
+    let (v, out) = fx.run("uplink_egress", &syn);
+    assert_eq!(v, OK);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::VERIFIED));
+    assert_eq!(fx.reason(Reason::FlowVerified), 1);
+    let nport = parse6(&out).sport;
+
+    // Later packets skip the stack and the flow check.
+    let ack = tcp6(POD_A6, 40000, EXT6, 443, ACK);
+    let before = fx.reason(Reason::PassUnverifiedFlow);
+    fx.run("from_pod", &ack);
+    assert_eq!(
+        fx.reason(Reason::PassUnverifiedFlow),
+        before,
+        "ACK of a verified flow"
+    );
+    assert_eq!(
+        uplink_fast_path(&fx),
+        1,
+        "the verified flow's packet took the fast path"
+    );
+
+    // The reply, translated back, goes straight into the pod: the stack saw neither
+    // direction after the first packet.
+    let reply = tcp6(EXT6, 443, NODE6, nport, SYN | ACK);
+    let (v, back) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, REDIRECT, "into pod A (bpf_redirect_peer)");
+    assert_eq!(back[0..6], POD_MAC_A);
+    assert_eq!(back[14 + 7], 63, "hop limit decremented");
+    let b = parse6(&back);
+    assert_eq!((b.src, b.dst, b.dport), (EXT6, POD_A6, 40000));
+    assert!(b.csum_ok);
+
+    // A SYN is judged afresh (a new connection on a reused tuple).
+    fx.assert_passes_unchanged("from_pod", &syn, "SYN of a verified tuple");
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_flow_netfilter_translates_stays_on_the_kernel_path() {
+    let fx = dual_stack_node();
+    let vip = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 10);
+    let remote = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 5);
+    let to_vip = tcp6(POD_A6, 40000, vip, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &to_vip, "pod → IPv6 ClusterIP");
+    // kube-proxy DNATs it to a pod of another node: the uplink sees another tuple.
+    let dnated = tcp6(POD_A6, 40000, remote, 8080, SYN);
+    fx.assert_passes_unchanged("uplink_egress", &dnated, "DNATed to a cluster pod");
+    let key = key6(POD_A6, 40000, vip, 80, TCP);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+    assert_eq!(fx.reason(Reason::FlowVerified), 0);
+    for _ in 0..3 {
+        fx.assert_passes_unchanged(
+            "from_pod",
+            &tcp6(POD_A6, 40000, vip, 80, ACK),
+            "a later packet of a translated flow",
+        );
+    }
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 4);
+    assert_eq!(uplink_fast_path(&fx), 0);
+    // The endpoint's reply (remote → pod, before netfilter's un-DNAT) is not for a
+    // verified flow: the stack gets it.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp6(remote, 8080, POD_A6, 40000, SYN | ACK),
+        "the reply of a translated flow",
+    );
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_verified_ipv6_flow_to_another_node_comes_back_straight_into_the_pod() {
+    let fx = dual_stack_node();
+    let remote = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 5);
+    let out = udp6(POD_A6, 40000, remote, 53);
+    fx.assert_passes_unchanged("from_pod", &out, "the first packet");
+    // Inside the cluster: verified, never masqueraded.
+    fx.assert_passes_unchanged("uplink_egress", &out, "a pod → pod packet across nodes");
+    assert_eq!(nat6_len(&fx), 0);
+    assert_eq!(
+        flow6(&fx, &key6(POD_A6, 40000, remote, 53, UDP)),
+        Some(FlowFlags::VERIFIED)
+    );
+    let (v, back) = fx.run("uplink_ingress", &udp6(remote, 53, POD_A6, 40000));
+    assert_eq!(v, REDIRECT, "the reply goes straight into pod A");
+    assert_eq!(back[0..6], POD_MAC_A);
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 1);
+    // A packet of another flow from the same peer goes to the stack.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &udp6(remote, 54, POD_A6, 40000),
+        "a flow the pod never opened",
+    );
 }

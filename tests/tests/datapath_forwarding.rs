@@ -9,9 +9,9 @@
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, endpoint, greet, inspect, list, masq_conf, nat_mentioning, num,
-    pod_ip, reason, seen_peer, tcp_udp, udp_error, udp_exchange, wait_until, with_ports,
-    IcmpSniffer, Mode, TaggedServer, GW4, T,
+    add, assert_seen_as, del, endpoint, forwarded_datagrams, greet, inspect, list, masq_conf,
+    nat_mentioning, num, pod_ip, reason, seen_peer, tcp_udp, udp_error, udp_exchange, upload,
+    wait_until, with_ports, Family, IcmpSniffer, Mode, TaggedServer, GW4, T,
 };
 use serde_json::Value;
 use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
@@ -400,57 +400,6 @@ fn pods_reach_host_ports_of_their_own_node_including_their_own() {
     del(&node, &b, &base);
 }
 
-/// `Ip: ForwDatagrams` of a namespace: packets its kernel forwarded.
-#[track_caller]
-fn forwarded_datagrams(node: &SimNode) -> u64 {
-    let out = node.exec(&["cat", "/proc/net/snmp"]);
-    let text = out.stdout.clone();
-    let mut lines = text.lines().filter(|l| l.starts_with("Ip:"));
-    let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(n, _)| *n == "ForwDatagrams")
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or_else(|| panic!("no ForwDatagrams in /proc/net/snmp: {text}"))
-}
-
-/// Sends `len` bytes over TCP from `netns` to a sink in `ext` on `port` and returns how
-/// many the sink received (bounded by [`T`] per read).
-#[track_caller]
-fn upload(node: &SimNode, netns: &std::path::Path, port: u16, len: usize) -> usize {
-    use std::io::{Read, Write};
-    let bind = std::net::SocketAddr::from(([0, 0, 0, 0], port));
-    let listener =
-        tests::net::in_netns(node.ext_netns(), move || std::net::TcpListener::bind(bind))
-            .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
-    let sink = std::thread::spawn(move || -> std::io::Result<usize> {
-        let (mut conn, _) = listener.accept()?;
-        conn.set_read_timeout(Some(T))?;
-        let mut buf = vec![0u8; 64 * 1024];
-        let mut total = 0;
-        loop {
-            match conn.read(&mut buf)? {
-                0 => return Ok(total),
-                n => total += n,
-            }
-        }
-    });
-    let mut s = datapath_support::connect(netns, &format!("{EXT_IP4}:{port}"))
-        .unwrap_or_else(|e| panic!("TCP pod → ext:{port}: {e}"));
-    s.set_write_timeout(Some(T)).ok();
-    let data = vec![0x5au8; len];
-    if let Err(e) = s.write_all(&data) {
-        panic!("upload of {len} bytes to ext:{port}: {e}");
-    }
-    drop(s);
-    match sink.join() {
-        Ok(Ok(n)) => n,
-        Ok(Err(e)) => panic!("sink in ext: {e}"),
-        Err(_) => panic!("sink thread panicked"),
-    }
-}
-
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
@@ -461,7 +410,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     // The first packet resolves the uplink's next hop through the kernel.
     assert_ping(a.netns(), EXT_IP4);
 
-    let (before, fwd_before) = (inspect(&node), forwarded_datagrams(&node));
+    let (before, fwd_before) = (inspect(&node), forwarded_datagrams(&node, Family::V4));
     let srv = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
     for i in 0..20 {
         let answer = greet(a.netns(), &format!("{EXT_IP4}:8080"))
@@ -469,7 +418,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
         assert_seen_as(&answer, NODE_IP4, "still masqueraded");
     }
     assert_ping(a.netns(), EXT_IP4);
-    let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node));
+    let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node, Family::V4));
     let fast = reason(&after, "redirect_uplink") - reason(&before, "redirect_uplink");
     // Per connection at least SYN, ACK and FIN leave the pod; plus the echo requests.
     assert!(
@@ -501,7 +450,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     let out = a.exec(&["ip", "addr", "add", &format!("{spoofed}/32"), "dev", "eth0"]);
     assert!(out.status.success(), "{out:?}");
     let before = inspect(&node);
-    let fwd_before = forwarded_datagrams(&node);
+    let fwd_before = forwarded_datagrams(&node, Family::V4);
     let sock = tests::net::in_netns(a.netns(), move || {
         let s = std::net::UdpSocket::bind((spoofed, 0))?;
         s.send_to(b"x", (EXT_IP4, 9))
@@ -515,7 +464,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
         "a packet from {spoofed} (pod is {ip}) was not dropped as spoofed"
     );
     assert_eq!(
-        forwarded_datagrams(&node),
+        forwarded_datagrams(&node, Family::V4),
         fwd_before,
         "a spoofed packet was forwarded by the node"
     );
@@ -527,7 +476,10 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     let out = node.exec(&["ip", "link", "set", "dev", tests::UPLINK, "mtu", "1400"]);
     assert!(out.status.success(), "{out:?}");
     let sent = 256 * 1024;
-    assert_eq!(upload(&node, a.netns(), 8082, sent), sent);
+    assert_eq!(
+        upload(&node, a.netns(), &format!("{EXT_IP4}:8082"), sent),
+        sent
+    );
     let route = a.exec(&["ip", "-4", "route", "get", EXT_IP4]);
     let route = route.stdout.clone();
     assert!(

@@ -3,16 +3,17 @@
 //! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
 //! translation both ways) and ICMPv6 errors about it reaching the pod's socket; pod ↔ pod over IPv6 into the destination pod by `from_pod6`;
 //! IPv6 host ports from outside with the client's address kept, and from pods (hairpin,
-//! a pod's own included); CHECK, inspect and DEL
-//! covering the IPv6 entries.
+//! a pod's own included); the uplink fast path (after a flow's first packet, past the
+//! node's forwarding, both ways; "packet too big" from the kernel); CHECK, inspect and
+//! DEL covering the IPv6 entries.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, greet, inspect, list, reason, tcp_udp, udp_error, udp_exchange,
-    with_ports, CLUSTER_CIDR,
+    add, assert_seen_as, del, forwarded_datagrams, greet, inspect, list, reason, tcp_udp,
+    udp_error, udp_exchange, upload, with_ports, Family, CLUSTER_CIDR,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -222,4 +223,74 @@ fn ext_reaches_a_pod_through_an_ipv6_host_port_with_its_own_address() {
         "{:#}",
         doc["portMappings"]
     );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ipv6_traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
+    let node = SimNode::new("dp_fast6");
+    let conf = dual_stack_masq_conf(&node);
+    let a = node.pod("a");
+    add(&node, &a, &conf);
+    // The first packet resolves the uplink's next hop (neighbour discovery) in the kernel.
+    assert_ping(a.netns(), EXT_IP6);
+
+    let (before, fwd_before) = (inspect(&node), forwarded_datagrams(&node, Family::V6));
+    let server = WhoAmIServer::start(node.ext_netns(), 8087);
+    let ext = format!("[{EXT_IP6}]:8087");
+    for i in 0..20 {
+        let answer = greet(a.netns(), &ext).unwrap_or_else(|e| panic!("TCP pod → [ext] #{i}: {e}"));
+        assert_seen_as(&answer, NODE_IP6, "still masqueraded");
+    }
+    assert_ping(a.netns(), EXT_IP6);
+    let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node, Family::V6));
+    let grew = |name: &str| reason(&after, name) - reason(&before, name);
+    // Per connection at least SYN, ACK and FIN leave the pod; plus the echo requests.
+    assert!(
+        grew("redirect_uplink") >= 60,
+        "redirect_uplink grew by {}, expected ≥ 60: {:#}",
+        grew("redirect_uplink"),
+        after["reasons"]
+    );
+    // The replies, translated back, go straight into the pod too.
+    assert!(
+        grew("snat_reply") >= 40,
+        "snat_reply grew by {}, expected ≥ 40 (delivered into the pod): {:#}",
+        grew("snat_reply"),
+        after["reasons"]
+    );
+    // Each flow's first packet goes through the node's stack so that netfilter sees it;
+    // everything after it bypasses the kernel's forwarding: 20 connections + 1 ping
+    // flow, and a little slack for retransmissions.
+    let flows = 20 + 1;
+    assert!(
+        fwd_after - fwd_before <= flows + 2,
+        "the node's kernel forwarded {} IPv6 packets for {flows} flows; after its first \
+         packet pod → ext must bypass it",
+        fwd_after - fwd_before
+    );
+    let first = grew("pass_unverified_flow");
+    assert!(
+        (flows..=flows + 2).contains(&first),
+        "pass_unverified_flow grew by {first}, expected one per flow ({flows}): {:#}",
+        after["reasons"]
+    );
+    drop(server);
+
+    // Too big for the uplink: the kernel gets the packet and sends the pod "packet too
+    // big" (a blind redirect never would), after which the upload completes.
+    let out = node.exec(&["ip", "link", "set", "dev", tests::UPLINK, "mtu", "1400"]);
+    assert!(out.status.success(), "{out:?}");
+    let sent = 256 * 1024;
+    assert_eq!(
+        upload(&node, a.netns(), &format!("[{EXT_IP6}]:8088"), sent),
+        sent
+    );
+    let route = a.exec(&["ip", "-6", "route", "get", EXT_IP6]);
+    let route = route.stdout.clone();
+    assert!(
+        route.contains("mtu 1400"),
+        "the pod must have learned the uplink's MTU 1400: {route}"
+    );
+    del(&node, &a, &conf);
 }

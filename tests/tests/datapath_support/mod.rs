@@ -810,3 +810,73 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
         thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// An address family, where a helper reads a per-family figure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+/// Packets the node's kernel forwarded: `Ip: ForwDatagrams` (IPv4, `/proc/net/snmp`) or
+/// `Ip6OutForwDatagrams` (IPv6, `/proc/net/snmp6`).
+#[track_caller]
+pub fn forwarded_datagrams(node: &SimNode, family: Family) -> u64 {
+    match family {
+        Family::V4 => {
+            let text = node.exec(&["cat", "/proc/net/snmp"]).stdout.clone();
+            let mut lines = text.lines().filter(|l| l.starts_with("Ip:"));
+            let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
+            names
+                .split_whitespace()
+                .zip(values.split_whitespace())
+                .find(|(n, _)| *n == "ForwDatagrams")
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or_else(|| panic!("no ForwDatagrams in /proc/net/snmp: {text}"))
+        }
+        Family::V6 => {
+            let text = node.exec(&["cat", "/proc/net/snmp6"]).stdout.clone();
+            text.lines()
+                .filter_map(|l| l.split_once(char::is_whitespace))
+                .find(|(n, _)| *n == "Ip6OutForwDatagrams")
+                .and_then(|(_, v)| v.trim().parse().ok())
+                .unwrap_or_else(|| panic!("no Ip6OutForwDatagrams in /proc/net/snmp6: {text}"))
+        }
+    }
+}
+
+/// Sends `len` bytes over TCP from `netns` to a sink in `ext` listening on `addr`
+/// (`ip:port` or `[ip6]:port`) and returns how many the sink received (bounded by [`T`]
+/// per read).
+#[track_caller]
+pub fn upload(node: &SimNode, netns: &Path, addr: &str, len: usize) -> usize {
+    let bind: SocketAddr = addr
+        .parse()
+        .unwrap_or_else(|e| panic!("{addr} is not a socket address: {e}"));
+    let listener = in_netns(node.ext_netns(), move || TcpListener::bind(bind))
+        .unwrap_or_else(|e| panic!("bind {bind} in ext: {e}"));
+    let sink = thread::spawn(move || -> io::Result<usize> {
+        let (mut conn, _) = listener.accept()?;
+        conn.set_read_timeout(Some(T))?;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut total = 0;
+        loop {
+            match conn.read(&mut buf)? {
+                0 => return Ok(total),
+                n => total += n,
+            }
+        }
+    });
+    let mut s = connect(netns, addr).unwrap_or_else(|e| panic!("TCP → ext {addr}: {e}"));
+    s.set_write_timeout(Some(T)).ok();
+    let data = vec![0x5au8; len];
+    if let Err(e) = s.write_all(&data) {
+        panic!("upload of {len} bytes to ext {addr}: {e}");
+    }
+    drop(s);
+    match sink.join() {
+        Ok(Ok(n)) => n,
+        Ok(Err(e)) => panic!("sink in ext: {e}"),
+        Err(_) => panic!("sink thread panicked"),
+    }
+}
