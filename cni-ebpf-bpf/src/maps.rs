@@ -15,11 +15,11 @@ use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
     NodeConfig6, NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, Reason,
-    SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey,
-    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
-    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_PORTMAPS,
-    MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6,
-    REASON_SLOTS,
+    SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
+    SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS,
+    MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6,
+    MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS,
+    MAX_STACK_SOCKETS6, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -63,6 +63,10 @@ pub(crate) static STACK_SOCKETS: LruHashMap<SockKey, SockPeer> =
 /// Node sockets translated to a pod by the socket hooks → the host port they asked for.
 #[map]
 pub(crate) static SOCK_REVNAT: LruHashMap<SockRevKey, SockRevValue> =
+    LruHashMap::pinned(MAX_SOCK_REVNAT, 0);
+/// As [`SOCK_REVNAT`], for node IPv6 sockets translated to a pod's IPv6 address.
+#[map]
+pub(crate) static SOCK_REVNAT6: LruHashMap<SockRevKey6, SockRevValue6> =
     LruHashMap::pinned(MAX_SOCK_REVNAT, 0);
 /// Extra source prefixes per pod (host veth ifindex); see `source_allowed`.
 #[map]

@@ -8,6 +8,11 @@
 //! is mapped back to the host port for `getpeername()` and `recvmsg()`, so the process
 //! never sees the pod's address.
 //!
+//! Both families: an IPv4 socket to an IPv4 host port (`*4` hooks, `SOCK_REVNAT`); an IPv6
+//! socket to an IPv6 host port on a node address or `::1` (`*6` hooks, `SOCK_REVNAT6`), or
+//! to an IPv4 one through an IPv4-mapped address (`::ffff:a.b.c.d`, as a dual-stack socket
+//! reaches IPv4; translated to the pod's mapped IPv4 address, `SOCK_REVNAT`).
+//!
 //! The hooks are attached to a cgroup (by default the cgroup2 root), which may hold
 //! processes of every network namespace on the machine: they only act on sockets of the
 //! node's namespace (`NodeConfig::netns_cookie`) and leave everything else unchanged.
@@ -18,9 +23,17 @@ use aya_ebpf::{
     programs::SockAddrContext,
     EbpfContext,
 };
-use cni_ebpf_common::{proto, PortTarget, Reason, SockRevKey, SockRevValue};
+use cni_ebpf_common::{
+    proto, Addr6, PortTarget, PortTarget6, Reason, SockRevKey, SockRevKey6, SockRevValue,
+    SockRevValue6,
+};
 
-use crate::maps::{count, is_node_addr, node_config, port_mapping, SOCK_REVNAT};
+use crate::{
+    family::Family,
+    maps::{
+        count, is_node_addr, node_config, port_mapping, port_mapping6, SOCK_REVNAT, SOCK_REVNAT6,
+    },
+};
 
 /// Verdict of a `sock_addr` program that lets the call go on.
 const ALLOW: i32 = 1;
@@ -31,16 +44,36 @@ fn is_loopback(addr: u32) -> bool {
     addr.to_ne_bytes()[0] == 127
 }
 
+/// `::1`, network order.
+const LOOPBACK6: Addr6 = [0, 0, 0, 1u32.to_be()];
+
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), network order.
+const V4_MAPPED: u32 = 0xffffu32.to_be();
+
+/// The IPv4 address inside an IPv4-mapped IPv6 address, if `a` is one.
+#[inline(always)]
+fn v4_mapped(a: &Addr6) -> Option<u32> {
+    (a[0] == 0 && a[1] == 0 && a[2] == V4_MAPPED).then_some(a[3])
+}
+
+/// Whether the socket may be translated: TCP or UDP, of the node's network namespace.
+#[inline(always)]
+fn node_socket(ctx: &SockAddrContext, proto_: u8) -> bool {
+    if proto_ != proto::TCP && proto_ != proto::UDP {
+        return false;
+    }
+    let Some(cfg) = node_config() else {
+        return false;
+    };
+    // SAFETY: plain helper call on our context.
+    cfg.netns_cookie != 0 && unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } == cfg.netns_cookie
+}
+
 /// The host port `addr:port` (network order) of protocol `proto_` maps to, if the socket
 /// belongs to the node's network namespace.
 #[inline(always)]
 fn host_port_target(ctx: &SockAddrContext, addr: u32, port: u16, proto_: u8) -> Option<PortTarget> {
-    if proto_ != proto::TCP && proto_ != proto::UDP {
-        return None;
-    }
-    let cfg = node_config()?;
-    // SAFETY: plain helper call on our context.
-    if cfg.netns_cookie == 0 || unsafe { bpf_get_netns_cookie(ctx.as_ptr()) } != cfg.netns_cookie {
+    if !node_socket(ctx, proto_) {
         return None;
     }
     if is_loopback(addr) {
@@ -103,6 +136,146 @@ fn reverse(ctx: &SockAddrContext) {
     }
 }
 
+/// [`host_port_target`] for an IPv6 address: `::1` (mappings without a hostIP) or one of
+/// the node's IPv6 addresses.
+#[inline(always)]
+fn host_port_target6(
+    ctx: &SockAddrContext,
+    addr: Addr6,
+    port: u16,
+    proto_: u8,
+) -> Option<PortTarget6> {
+    if !node_socket(ctx, proto_) {
+        return None;
+    }
+    if addr == LOOPBACK6 {
+        port_mapping6([0; 4], port, proto_)
+    } else if addr.is_node_addr() {
+        port_mapping6(addr, port, proto_)
+    } else {
+        None
+    }
+}
+
+/// The destination of an IPv6 socket call (network order).
+#[inline(always)]
+fn user_ip6(ctx: &SockAddrContext) -> Addr6 {
+    // SAFETY: `sock_addr` points at the kernel's context for the whole call; 4-byte reads
+    // of `user_ip6`, which the verifier allows.
+    unsafe {
+        let sa = ctx.sock_addr;
+        [
+            core::ptr::read_volatile(&raw const (*sa).user_ip6[0]),
+            core::ptr::read_volatile(&raw const (*sa).user_ip6[1]),
+            core::ptr::read_volatile(&raw const (*sa).user_ip6[2]),
+            core::ptr::read_volatile(&raw const (*sa).user_ip6[3]),
+        ]
+    }
+}
+
+/// Sets the destination (or, in `recvmsg`/`getpeername`, the peer) of an IPv6 socket
+/// call.
+#[inline(always)]
+fn set_user_ip6(ctx: &SockAddrContext, a: Addr6, port: u16) {
+    // SAFETY: as in `user_ip6`; 4-byte writes, which the verifier allows.
+    unsafe {
+        let sa = ctx.sock_addr;
+        core::ptr::write_volatile(&raw mut (*sa).user_ip6[0], a[0]);
+        core::ptr::write_volatile(&raw mut (*sa).user_ip6[1], a[1]);
+        core::ptr::write_volatile(&raw mut (*sa).user_ip6[2], a[2]);
+        core::ptr::write_volatile(&raw mut (*sa).user_ip6[3], a[3]);
+        (*sa).user_port = port as u32;
+    }
+}
+
+/// [`translate`] for an IPv6 socket: an IPv6 host port, or an IPv4 one through its
+/// IPv4-mapped address.
+#[inline(always)]
+fn translate6(ctx: &SockAddrContext) -> bool {
+    let addr = user_ip6(ctx);
+    // SAFETY: as in `user_ip6`.
+    let (port, proto_) = unsafe {
+        (
+            (*ctx.sock_addr).user_port as u16,
+            (*ctx.sock_addr).protocol as u8,
+        )
+    };
+    // SAFETY: plain helper call on our context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some(a4) = v4_mapped(&addr) {
+        let Some(t) = host_port_target(ctx, a4, port, proto_) else {
+            return false;
+        };
+        let key = SockRevKey {
+            cookie,
+            addr: t.addr,
+            port: t.port,
+            _pad: 0,
+        };
+        let orig = SockRevValue {
+            addr: a4,
+            port,
+            _pad: 0,
+        };
+        let _ = SOCK_REVNAT.insert(&key, &orig, 0);
+        set_user_ip6(ctx, [0, 0, V4_MAPPED, t.addr], t.port);
+    } else {
+        let Some(t) = host_port_target6(ctx, addr, port, proto_) else {
+            return false;
+        };
+        let key = SockRevKey6 {
+            cookie,
+            addr: t.addr,
+            port: t.port,
+            _pad: 0,
+            _pad2: 0,
+        };
+        let orig = SockRevValue6 {
+            addr,
+            port,
+            _pad: 0,
+        };
+        let _ = SOCK_REVNAT6.insert(&key, &orig, 0);
+        set_user_ip6(ctx, t.addr, t.port);
+    }
+    count(Reason::SockHostPort);
+    true
+}
+
+/// [`reverse`] for an IPv6 socket.
+#[inline(always)]
+fn reverse6(ctx: &SockAddrContext) {
+    let addr = user_ip6(ctx);
+    // SAFETY: as in `user_ip6`.
+    let port = unsafe { (*ctx.sock_addr).user_port as u16 };
+    // SAFETY: plain helper call on our context.
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if let Some(a4) = v4_mapped(&addr) {
+        let key = SockRevKey {
+            cookie,
+            addr: a4,
+            port,
+            _pad: 0,
+        };
+        // SAFETY: copied out at once.
+        if let Some(orig) = unsafe { SOCK_REVNAT.get(key) }.copied() {
+            set_user_ip6(ctx, [0, 0, V4_MAPPED, orig.addr], orig.port);
+        }
+    } else {
+        let key = SockRevKey6 {
+            cookie,
+            addr,
+            port,
+            _pad: 0,
+            _pad2: 0,
+        };
+        // SAFETY: copied out at once.
+        if let Some(orig) = unsafe { SOCK_REVNAT6.get(key) }.copied() {
+            set_user_ip6(ctx, orig.addr, orig.port);
+        }
+    }
+}
+
 /// `connect()` of a node socket (TCP, or connected UDP) to a host port.
 #[cgroup_sock_addr(connect4)]
 pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
@@ -128,5 +301,34 @@ pub fn sock_recvmsg4(ctx: SockAddrContext) -> i32 {
 #[cgroup_sock_addr(getpeername4)]
 pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
     reverse(&ctx);
+    ALLOW
+}
+
+/// `connect()` of a node IPv6 socket (TCP, or connected UDP) to a host port.
+#[cgroup_sock_addr(connect6)]
+pub fn sock_connect6(ctx: SockAddrContext) -> i32 {
+    translate6(&ctx);
+    ALLOW
+}
+
+/// `sendmsg()` of an unconnected node IPv6 UDP socket to a host port.
+#[cgroup_sock_addr(sendmsg6)]
+pub fn sock_sendmsg6(ctx: SockAddrContext) -> i32 {
+    translate6(&ctx);
+    ALLOW
+}
+
+/// `recvmsg()` of an unconnected node IPv6 UDP socket: the pod's reply shows as the host
+/// port.
+#[cgroup_sock_addr(recvmsg6)]
+pub fn sock_recvmsg6(ctx: SockAddrContext) -> i32 {
+    reverse6(&ctx);
+    ALLOW
+}
+
+/// `getpeername()` of a node IPv6 socket connected to a host port.
+#[cgroup_sock_addr(getpeername6)]
+pub fn sock_getpeername6(ctx: SockAddrContext) -> i32 {
+    reverse6(&ctx);
     ALLOW
 }

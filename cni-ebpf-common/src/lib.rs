@@ -64,7 +64,7 @@ pub const NAT_SWEEP_INTERVAL_NS: u64 = 1_000_000_000;
 /// yet (seen too recently) and entries a slice of the same pass found live cost only the
 /// visit.
 pub const NAT_SWEEP_BUDGET: u32 = 2048;
-/// Capacity of [`map::SOCK_REVNAT`].
+/// Capacity of [`map::SOCK_REVNAT`] (and of [`map::SOCK_REVNAT6`]).
 pub const MAX_SOCK_REVNAT: u32 = 65_536;
 /// Number of `clusterCIDRs` the programs consider (per family).
 pub const MAX_CLUSTER_CIDRS: usize = 16;
@@ -404,6 +404,36 @@ pub struct SockRevValue {
 }
 const _: () = assert!(size_of::<SockRevValue>() == 8);
 
+/// Key of [`map::SOCK_REVNAT6`]: a node socket and the IPv6 pod address it was sent to.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SockRevKey6 {
+    /// `bpf_get_socket_cookie` of the socket, native order.
+    pub cookie: u64,
+    /// Pod address, network order.
+    pub addr: Addr6,
+    /// Pod port, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+    /// Explicit padding, always zero.
+    pub _pad2: u32,
+}
+const _: () = assert!(size_of::<SockRevKey6>() == 32);
+
+/// Value of [`map::SOCK_REVNAT6`]: the IPv6 host-port address the socket asked for.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SockRevValue6 {
+    /// Address the socket addressed (a node address or `::1`), network order.
+    pub addr: Addr6,
+    /// Host port, network order.
+    pub port: u16,
+    /// Explicit padding, always zero.
+    pub _pad: u16,
+}
+const _: () = assert!(size_of::<SockRevValue6>() == 20);
+
 bitflags::bitflags! {
     /// [`NodeConfig::flags`] (native order).
     #[repr(transparent)]
@@ -569,6 +599,8 @@ mod pod {
     unsafe impl aya::Pod for super::SockPeer {}
     unsafe impl aya::Pod for super::SockRevKey {}
     unsafe impl aya::Pod for super::SockRevValue {}
+    unsafe impl aya::Pod for super::SockRevKey6 {}
+    unsafe impl aya::Pod for super::SockRevValue6 {}
     unsafe impl aya::Pod for super::SrcAllowKey {}
     unsafe impl aya::Pod for super::Pacing {}
     unsafe impl aya::Pod for super::NatUse {}

@@ -16,14 +16,27 @@ pub mod prog {
     pub const SOCK_RECVMSG4: &str = "sock_recvmsg4";
     /// `getpeername()` of the node's own sockets (cgroup `getpeername4`).
     pub const SOCK_GETPEERNAME4: &str = "sock_getpeername4";
+    /// `connect()` of the node's own IPv6 sockets (cgroup `connect6`), IPv4-mapped
+    /// destinations included.
+    pub const SOCK_CONNECT6: &str = "sock_connect6";
+    /// `sendmsg()` of the node's own unconnected IPv6 UDP sockets (cgroup `sendmsg6`).
+    pub const SOCK_SENDMSG6: &str = "sock_sendmsg6";
+    /// `recvmsg()` of the node's own unconnected IPv6 UDP sockets (cgroup `recvmsg6`).
+    pub const SOCK_RECVMSG6: &str = "sock_recvmsg6";
+    /// `getpeername()` of the node's own IPv6 sockets (cgroup `getpeername6`).
+    pub const SOCK_GETPEERNAME6: &str = "sock_getpeername6";
     /// The tc programs.
     pub const TC: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
     /// The socket (cgroup sock_addr) programs.
-    pub const SOCK: [&str; 4] = [
+    pub const SOCK: [&str; 8] = [
         SOCK_CONNECT4,
         SOCK_SENDMSG4,
         SOCK_RECVMSG4,
         SOCK_GETPEERNAME4,
+        SOCK_CONNECT6,
+        SOCK_SENDMSG6,
+        SOCK_RECVMSG6,
+        SOCK_GETPEERNAME6,
     ];
     /// `from_pod` for IPv6 packets: a tail call of `from_pod` (slot
     /// [`CALL6_FROM_POD`] of the `CALLS6` program array), never attached itself.
@@ -46,7 +59,7 @@ pub mod prog {
     ];
     /// Every program, in load order (the tail-called IPv6 programs first: a program that
     /// calls them finds them in place from its first packet).
-    pub const ALL: [&str; 10] = [
+    pub const ALL: [&str; 14] = [
         FROM_POD6,
         UPLINK_INGRESS6,
         UPLINK_EGRESS6,
@@ -57,6 +70,10 @@ pub mod prog {
         SOCK_SENDMSG4,
         SOCK_RECVMSG4,
         SOCK_GETPEERNAME4,
+        SOCK_CONNECT6,
+        SOCK_SENDMSG6,
+        SOCK_RECVMSG6,
+        SOCK_GETPEERNAME6,
     ];
 }
 
@@ -128,8 +145,12 @@ pub mod map {
     /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
     /// verifier's whole 512-byte stack to itself.
     pub const CALLS6: &str = "CALLS6";
+    /// [`crate::SockRevKey6`] → [`crate::SockRevValue6`] (LRU): as [`SOCK_REVNAT`], for
+    /// the node's IPv6 sockets translated to a pod's IPv6 address. (An IPv6 socket sent to
+    /// an IPv4-mapped address is in [`SOCK_REVNAT`].)
+    pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
     /// Every map.
-    pub const ALL: [&str; 26] = [
+    pub const ALL: [&str; 27] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -156,6 +177,7 @@ pub mod map {
         NODE_ADDRS6,
         CALLS6,
         PORTMAPS6,
+        SOCK_REVNAT6,
     ];
 }
 

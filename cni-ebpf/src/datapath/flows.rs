@@ -57,6 +57,9 @@ impl Datapath {
                 map_name::STACK_SOCKETS6,
                 |k, v| has(&k.addr) || has(&v.addr),
             )?;
+            maps::remove_where(&mut m.sock_revnat6()?, map_name::SOCK_REVNAT6, |k, _| {
+                has(&k.addr)
+            })?;
         }
         Ok(())
     }

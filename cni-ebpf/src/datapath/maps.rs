@@ -11,8 +11,8 @@ use cni_ebpf_common::{
     map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
     NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
     NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, SockKey, SockKey6,
-    SockPeer, SockPeer6, SockRevKey, SockRevValue, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN,
-    OWNER_IFNAME_LEN,
+    SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key,
+    SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -45,6 +45,7 @@ pub struct Maps {
     pub(crate) node_config6: Map,
     pub(crate) node_addrs6: Map,
     pub(crate) portmaps6: Map,
+    pub(crate) sock_revnat6: Map,
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -90,6 +91,7 @@ impl Maps {
             node_config6: open(pins, map::NODE_CONFIG6)?,
             node_addrs6: open(pins, map::NODE_ADDRS6)?,
             portmaps6: open(pins, map::PORTMAPS6)?,
+            sock_revnat6: open(pins, map::SOCK_REVNAT6)?,
         };
         // Typed views fail on a key/value size mismatch: a layout this binary does not know.
         m.endpoints()?;
@@ -117,6 +119,7 @@ impl Maps {
         m.node_config6()?;
         m.node_addrs6()?;
         m.portmaps6()?;
+        m.sock_revnat6()?;
         Ok(m)
     }
 
@@ -246,6 +249,11 @@ impl Maps {
     /// [`map::SOCK_REVNAT`].
     pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
         HashMap::try_from(&mut self.sock_revnat).map_err(|e| map_err(map::SOCK_REVNAT, "open", e))
+    }
+
+    /// [`map::SOCK_REVNAT6`].
+    pub fn sock_revnat6(&mut self) -> Result<HashMap<&mut MapData, SockRevKey6, SockRevValue6>> {
+        HashMap::try_from(&mut self.sock_revnat6).map_err(|e| map_err(map::SOCK_REVNAT6, "open", e))
     }
 }
 

@@ -214,6 +214,10 @@ impl Datapath {
             n(maps::entries(&m.node_addrs6()?).len()),
         );
         out.insert(map_name::PORTMAPS6, n(maps::entries(&m.portmaps6()?).len()));
+        out.insert(
+            map_name::SOCK_REVNAT6,
+            n(maps::entries(&m.sock_revnat6()?).len()),
+        );
         Ok(out)
     }
 }

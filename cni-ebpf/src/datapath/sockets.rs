@@ -1,5 +1,5 @@
 //! The socket programs (`sock_connect4`, `sock_sendmsg4`, `sock_recvmsg4`,
-//! `sock_getpeername4`): host ports for the node's own processes, attached once per
+//! `sock_getpeername4` and their IPv6 twins `sock_*6`): host ports for the node's own processes, attached once per
 //! network to a cgroup2 directory (`cgroupPath`, by default the hierarchy's root) through
 //! pinned links, by the first [`Datapath::open_or_load`] that finds them missing.
 //!
@@ -25,13 +25,20 @@ use crate::{
 };
 
 /// The socket programs and the hook each goes to.
-const SOCKET_PROGS: [(&str, CgroupSockAddrAttachType); 4] = [
+const SOCKET_PROGS: [(&str, CgroupSockAddrAttachType); 8] = [
     (prog::SOCK_CONNECT4, CgroupSockAddrAttachType::Connect4),
     (prog::SOCK_SENDMSG4, CgroupSockAddrAttachType::UDPSendMsg4),
     (prog::SOCK_RECVMSG4, CgroupSockAddrAttachType::UDPRecvMsg4),
     (
         prog::SOCK_GETPEERNAME4,
         CgroupSockAddrAttachType::GetPeerName4,
+    ),
+    (prog::SOCK_CONNECT6, CgroupSockAddrAttachType::Connect6),
+    (prog::SOCK_SENDMSG6, CgroupSockAddrAttachType::UDPSendMsg6),
+    (prog::SOCK_RECVMSG6, CgroupSockAddrAttachType::UDPRecvMsg6),
+    (
+        prog::SOCK_GETPEERNAME6,
+        CgroupSockAddrAttachType::GetPeerName6,
     ),
 ];
 

@@ -397,7 +397,8 @@ impl Datapath {
             }
         }
         out.stack_sockets = maps::entries(&m.stack_sockets()?).len() as u64;
-        out.host_port_sockets = maps::entries(&m.sock_revnat()?).len() as u64;
+        out.host_port_sockets = (maps::entries(&m.sock_revnat()?).len()
+            + maps::entries(&m.sock_revnat6()?).len()) as u64;
         Ok(out)
     }
 
