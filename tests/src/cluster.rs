@@ -6,10 +6,11 @@
 //!                     ext-<tag>   eth0 198.18.0.2/24  fd00:198:18::2/64
 //!                                  │   (the outside world, default gateway of both nodes)
 //!   fabric-<tag>:  br0 ── to-ext ──┘
-//!                   ├──── to-a ── uplink0 198.18.0.1/24  node-<tag>-a  ("node-a")
-//!                   │               pods 10.244.1.0/24; 10.244.2.0/24 via 198.18.0.3
-//!                   └──── to-b ── uplink0 198.18.0.3/24  node-<tag>-b  ("node-b")
-//!                                   pods 10.244.2.0/24; 10.244.1.0/24 via 198.18.0.1
+//!                   ├──── to-a ── uplink0 198.18.0.1/24 fd00:198:18::1/64  node-<tag>-a
+//!                   │      pods 10.244.1.0/24, fd00:10:244:1::/64;
+//!                   │      10.244.2.0/24 via 198.18.0.3, fd00:10:244:2::/64 via fd00:198:18::3
+//!                   └──── to-b ── uplink0 198.18.0.3/24 fd00:198:18::3/64  node-<tag>-b
+//!                          pods 10.244.2.0/24, fd00:10:244:2::/64; the reverse routes
 //! ```
 //!
 //! [`Cluster::without_pod_routes`] leaves the two pod-CIDR routes out (for host-gw tests).
@@ -37,6 +38,14 @@ use crate::{
 pub const CLUSTER_CIDR4: &str = "10.244.0.0/16";
 /// The Service CIDR the tests allocate ClusterIPs from.
 pub const SERVICE_CIDR4: &str = "10.96.0.0/16";
+/// The IPv6 cluster CIDR (of dual-stack clusters: [`ClusterNode::conf_dual_stack`]).
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
+/// The IPv6 Service CIDR.
+pub const SERVICE_CIDR6: &str = "fd00:10:96::/112";
+/// Node A's IPv6 pod CIDR (the single node's `POD_SUBNET_V6`).
+pub const NODE_A_POD_CIDR6: &str = "fd00:10:244:1::/64";
+/// Node B's IPv6 pod CIDR.
+pub const NODE_B_POD_CIDR6: &str = "fd00:10:244:2::/64";
 /// Node A's pod CIDR.
 pub const NODE_A_POD_CIDR4: &str = "10.244.1.0/24";
 /// Node B's pod CIDR.
@@ -58,6 +67,7 @@ pub struct ClusterNode {
     ip4: &'static str,
     ip6: &'static str,
     pod_cidr4: &'static str,
+    pod_cidr6: &'static str,
 }
 
 impl ClusterNode {
@@ -113,6 +123,15 @@ impl ClusterNode {
             .set("clusterCIDRs", json!([CLUSTER_CIDR4]))
     }
 
+    /// [`Self::conf`] for dual-stack pods: IPv4 and IPv6 addresses from the node's pod
+    /// CIDRs, both families' cluster CIDRs.
+    #[must_use]
+    pub fn conf_dual_stack(&self) -> ConfBuilder {
+        self.conf()
+            .subnets(&[self.pod_cidr4, self.pod_cidr6])
+            .set("clusterCIDRs", json!([CLUSTER_CIDR4, CLUSTER_CIDR6]))
+    }
+
     /// What kube-proxy on this node knows about it: its name, its fabric address, the
     /// cluster CIDR and the Service CIDR.
     #[must_use]
@@ -120,11 +139,21 @@ impl ClusterNode {
         ProxyNode::new(self.name, &[self.ip4], CLUSTER_CIDR4, SERVICE_CIDR4)
     }
 
+    /// [`Self::proxy_node`] for IPv6 (kube-proxy's second family on a dual-stack node).
+    #[must_use]
+    pub fn proxy_node6(&self) -> ProxyNode {
+        ProxyNode::new(self.name, &[self.ip6], CLUSTER_CIDR6, SERVICE_CIDR6)
+    }
+
     /// Loads kube-proxy's rules for `services` in `mode` into this node (see
-    /// [`kubeproxy::install`]).
+    /// [`kubeproxy::install`]): the IPv4 ones, and the IPv6 ones too when a Service is
+    /// IPv6 (as kube-proxy runs one proxier per family on a dual-stack node).
     #[track_caller]
     pub fn install_kube_proxy(&self, mode: Mode, services: &[ServicePort]) {
         kubeproxy::install(self.netns(), mode, &self.proxy_node(), services);
+        if services.iter().any(ServicePort::is_ipv6) {
+            kubeproxy::install(self.netns(), mode, &self.proxy_node6(), services);
+        }
     }
 }
 
@@ -170,7 +199,7 @@ impl Cluster {
         let tag = unique_tag(test);
         let fabric = NetNs::create(&format!("fabric-{tag}"));
         let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
-        let node = |suffix: &str, name, ip4, ip6, pod_cidr4| ClusterNode {
+        let node = |suffix: &str, name, ip4, ip6, pod_cidr4, pod_cidr6| ClusterNode {
             sim: SimNode::unwired(
                 format!("{tag}-{suffix}"),
                 &format!("node-{tag}-{suffix}"),
@@ -180,9 +209,24 @@ impl Cluster {
             ip4,
             ip6,
             pod_cidr4,
+            pod_cidr6,
         };
-        let a = node("a", "node-a", NODE_A_IP4, NODE_A_IP6, NODE_A_POD_CIDR4);
-        let b = node("b", "node-b", NODE_B_IP4, NODE_B_IP6, NODE_B_POD_CIDR4);
+        let a = node(
+            "a",
+            "node-a",
+            NODE_A_IP4,
+            NODE_A_IP6,
+            NODE_A_POD_CIDR4,
+            NODE_A_POD_CIDR6,
+        );
+        let b = node(
+            "b",
+            "node-b",
+            NODE_B_IP4,
+            NODE_B_IP6,
+            NODE_B_POD_CIDR4,
+            NODE_B_POD_CIDR6,
+        );
         let cluster = Self {
             tag,
             a,
@@ -235,17 +279,32 @@ impl Cluster {
                 peer.ip4,
             ])
             .ok();
+            run(&[
+                "ip",
+                "-n",
+                n,
+                "-6",
+                "route",
+                "add",
+                peer.pod_cidr6,
+                "via",
+                peer.ip6,
+            ])
+            .ok();
         }
     }
 
-    /// Every node and `ext` pings every other once (IPv4), so the neighbour tables are
-    /// filled as on a live cluster. Panics naming the pair that got no answer.
+    /// Every node and `ext` pings every other once (IPv4 and IPv6), so the neighbour
+    /// tables are filled as on a live cluster. Panics naming the pair that got no answer.
     #[track_caller]
     pub fn resolve_neighbours(&self) {
         let members = [
             ("node-a", self.a.netns(), self.a.ip4),
             ("node-b", self.b.netns(), self.b.ip4),
             ("ext", self.ext.path(), EXT_IP4),
+            ("node-a", self.a.netns(), self.a.ip6),
+            ("node-b", self.b.netns(), self.b.ip6),
+            ("ext", self.ext.path(), EXT_IP6),
         ];
         for (from, ns, _) in &members {
             for (to, _, addr) in &members {

@@ -171,6 +171,12 @@ impl ServicePort {
     fn v6(&self) -> bool {
         self.cluster_ip.is_ipv6()
     }
+
+    /// Whether this is an IPv6 Service port (its ClusterIP's family).
+    #[must_use]
+    pub fn is_ipv6(&self) -> bool {
+        self.v6()
+    }
 }
 
 /// What kube-proxy knows about the node it runs on.

@@ -44,8 +44,9 @@ pub struct EchoServer {
 impl EchoServer {
     /// Starts the server in `netns` on `port`.
     pub fn start(netns: &Path, port: u16, serving: Serving) -> io::Result<Self> {
+        // `[::]`: both families (IPv4 clients arrive as IPv4-mapped addresses).
         let listener = in_netns(netns, move || {
-            TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+            TcpListener::bind(SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)))
         })?;
         // A second listen(2) only deepens the backlog (std uses 128): a burst of
         // connections is queued, not refused.

@@ -22,20 +22,27 @@
 //! The row "node's own host network → its hostPort" runs its client as a process inside a
 //! cgroup-v2 directory the test creates, passed to node A's plugin as `cgroupPath` (where
 //! the socket-level hook for locally generated traffic attaches).
+//!
+//! Issue 13: the cluster is dual-stack (pods in `fd00:10:244:1::/64` and
+//! `fd00:10:244:2::/64`, routed to each other; nodes `fd00:198:18::1` and `::3`, `ext`
+//! `fd00:198:18::2`), and every row is also checked over IPv6: each Service has an IPv6
+//! twin in `fd00:10:96::/112` (`::10`, `::11`, `::12`, the same ports and NodePorts, as a
+//! dual-stack Service has), rendered by kube-proxy's IPv6 proxier (`ip6tables` /
+//! `table ip6 kube-proxy`) next to the IPv4 one.
 
 use std::{
     io::{self, Read, Write},
-    net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket},
+    net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket},
     path::Path,
     time::Duration,
 };
 
 use serde_json::json;
 use tests::{
-    cluster::{NODE_A_IP4, NODE_B_IP4},
+    cluster::{NODE_A_IP4, NODE_A_IP6, NODE_B_IP4, NODE_B_IP6},
     kubeproxy::{Mode, Protocol, ServicePort, TrafficPolicy},
     net::{in_netns, sock_addr},
-    Cluster, ConfBuilder, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4,
+    Cluster, ConfBuilder, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4, EXT_IP6,
 };
 
 /// Per-step bound of every client (connect, send, receive).
@@ -50,6 +57,8 @@ const WEB: (&str, u16, u16) = ("10.96.0.10", 80, 53);
 const NP_CLUSTER: (&str, u16) = ("10.96.0.11", 30080);
 /// `default/np-local`'s ClusterIP and NodePort.
 const NP_LOCAL: (&str, u16) = ("10.96.0.12", 30081);
+/// The IPv6 ClusterIPs of `default/web`, `default/np-cluster` and `default/np-local`.
+const CLUSTER_IPS6: [&str; 3] = ["fd00:10:96::10", "fd00:10:96::11", "fd00:10:96::12"];
 /// The port of the echo servers (TCP) used by the long conversations.
 const ECHO_PORT: u16 = 8081;
 /// Round trips and bulk bytes (each way) of one long conversation.
@@ -103,9 +112,13 @@ fn tcp(netns: &Path, addr: &str) -> Result<String, String> {
 /// answer came from, or why there was none.
 fn udp(netns: &Path, addr: &str) -> Result<(String, SocketAddr), String> {
     let to = sock_addr(addr);
+    let bind = if to.is_ipv6() {
+        SocketAddr::from((Ipv6Addr::UNSPECIFIED, 0))
+    } else {
+        SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
+    };
     in_netns(netns, move || {
-        let s = UdpSocket::bind(SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)))
-            .map_err(|e| describe("bind", &e))?;
+        let s = UdpSocket::bind(bind).map_err(|e| describe("bind", &e))?;
         let _ = s.set_read_timeout(Some(T / 2));
         let mut last = io::Error::from(io::ErrorKind::TimedOut);
         for _ in 0..2 {
@@ -261,8 +274,12 @@ impl Rows {
     fn assert_all_answered(self, cluster: &Cluster) {
         let any_failed = self.results.iter().any(|(_, r)| r.is_err());
         if any_failed && self.mode == Some(Mode::Iptables) {
-            for node in cluster.nodes() {
-                let save = node.exec(&["iptables-save", "-c"]);
+            for (node, tool) in cluster
+                .nodes()
+                .into_iter()
+                .flat_map(|n| [(n, "iptables-save"), (n, "ip6tables-save")])
+            {
+                let save = node.exec(&[tool, "-c"]);
                 let hits: Vec<&str> = save
                     .stdout
                     .lines()
@@ -270,7 +287,8 @@ impl Rows {
                     .filter(|l| l.contains("-j DROP") || l.contains("-j REJECT"))
                     .collect();
                 eprintln!(
-                    "[{}] {}: DROP/REJECT rules that matched packets [packets:bytes]:\n  {}",
+                    "[{}] {} ({tool}): DROP/REJECT rules that matched packets \
+                     [packets:bytes]:\n  {}",
                     self.variant,
                     node.name(),
                     if hits.is_empty() {
@@ -306,10 +324,70 @@ impl Rows {
 // ------------------------------------------------------------------------------------
 // The cluster of these tests
 
-/// A running pod: its namespace and IPv4 address.
+/// A running pod: its namespace and addresses.
 struct Running {
     pod: Pod,
-    ip: String,
+    ip4: String,
+    ip6: String,
+}
+
+impl Running {
+    /// The pod's address of family `f`.
+    fn ip(&self, f: Fam) -> &str {
+        match f {
+            Fam::V4 => &self.ip4,
+            Fam::V6 => &self.ip6,
+        }
+    }
+}
+
+/// The address family a row runs over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fam {
+    V4,
+    V6,
+}
+
+impl Fam {
+    /// `ip:port`, or `[ip]:port` for IPv6.
+    fn join(self, ip: &str, port: u16) -> String {
+        match self {
+            Fam::V4 => format!("{ip}:{port}"),
+            Fam::V6 => format!("[{ip}]:{port}"),
+        }
+    }
+
+    /// What a row's name starts with.
+    fn label(self) -> &'static str {
+        match self {
+            Fam::V4 => "",
+            Fam::V6 => "[IPv6] ",
+        }
+    }
+
+    /// `ext`'s address.
+    fn ext(self) -> &'static str {
+        match self {
+            Fam::V4 => EXT_IP4,
+            Fam::V6 => EXT_IP6,
+        }
+    }
+
+    /// Node A's and node B's addresses.
+    fn nodes(self) -> (&'static str, &'static str) {
+        match self {
+            Fam::V4 => (NODE_A_IP4, NODE_B_IP4),
+            Fam::V6 => (NODE_A_IP6, NODE_B_IP6),
+        }
+    }
+
+    /// The ClusterIPs of `default/web`, `default/np-cluster`, `default/np-local`.
+    fn cluster_ips(self) -> [&'static str; 3] {
+        match self {
+            Fam::V4 => [WEB.0, NP_CLUSTER.0, NP_LOCAL.0],
+            Fam::V6 => CLUSTER_IPS6,
+        }
+    }
 }
 
 /// The cluster, its pods and servers. Field order is drop order: servers stop before
@@ -327,30 +405,36 @@ struct World {
 
 fn add(node: &tests::ClusterNode, name: &str, conf: &ConfBuilder) -> Running {
     let pod = node.pod(name);
-    let ip = node.add(&pod, "eth0", conf).ip4();
-    Running { pod, ip }
+    let r = node.add(&pod, "eth0", conf);
+    Running {
+        pod,
+        ip4: r.ip4(),
+        ip6: r.ip6(),
+    }
 }
 
-/// The Services of the table, all with the single endpoint `a1:PORT` on node A.
-fn services(a1: &str) -> Vec<ServicePort> {
-    let ep = format!("{a1}:{PORT}");
-    vec![
-        ServicePort::new("default/web", "http", Protocol::Tcp, WEB.0, WEB.1)
-            .endpoint(&ep, "node-a"),
-        ServicePort::new("default/web", "dns", Protocol::Udp, WEB.0, WEB.2).endpoint(&ep, "node-a"),
-        ServicePort::new(
-            "default/np-cluster",
-            "tcp",
-            Protocol::Tcp,
-            NP_CLUSTER.0,
-            PORT,
-        )
-        .endpoint(&ep, "node-a")
-        .node_port(NP_CLUSTER.1, TrafficPolicy::Cluster),
-        ServicePort::new("default/np-local", "tcp", Protocol::Tcp, NP_LOCAL.0, PORT)
-            .endpoint(&ep, "node-a")
-            .node_port(NP_LOCAL.1, TrafficPolicy::Local),
-    ]
+/// The Services of the table, all with the single endpoint `a1:PORT` on node A, in both
+/// families (a dual-stack Service: a ClusterIP and an endpoint per family, one NodePort).
+fn services(a1: &Running) -> Vec<ServicePort> {
+    [Fam::V4, Fam::V6]
+        .into_iter()
+        .flat_map(|f| {
+            let ep = f.join(a1.ip(f), PORT);
+            let [web, np_cluster, np_local] = f.cluster_ips();
+            [
+                ServicePort::new("default/web", "http", Protocol::Tcp, web, WEB.1)
+                    .endpoint(&ep, "node-a"),
+                ServicePort::new("default/web", "dns", Protocol::Udp, web, WEB.2)
+                    .endpoint(&ep, "node-a"),
+                ServicePort::new("default/np-cluster", "tcp", Protocol::Tcp, np_cluster, PORT)
+                    .endpoint(&ep, "node-a")
+                    .node_port(NP_CLUSTER.1, TrafficPolicy::Cluster),
+                ServicePort::new("default/np-local", "tcp", Protocol::Tcp, np_local, PORT)
+                    .endpoint(&ep, "node-a")
+                    .node_port(NP_LOCAL.1, TrafficPolicy::Local),
+            ]
+        })
+        .collect()
 }
 
 /// Builds the cluster, ADDs the pods through the real plugin, loads kube-proxy's rules in
@@ -361,9 +445,9 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     let (a, b) = (cluster.a(), cluster.b());
     let cgroup = TestCgroup::create(cluster.tag());
     let conf_a = a
-        .conf()
+        .conf_dual_stack()
         .set("cgroupPath", json!(cgroup.path().to_string_lossy()));
-    let conf_b = b.conf();
+    let conf_b = b.conf_dual_stack();
     let mappings: Vec<_> = ["tcp", "udp"]
         .iter()
         .map(|p| json!({ "hostPort": HOST_PORT, "containerPort": PORT, "protocol": p }))
@@ -379,7 +463,7 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     let b1 = add(b, "b1", &conf_b);
     let b2 = add(b, "b2", &conf_b);
     if let Some(mode) = mode {
-        cluster.install_kube_proxy(mode, &services(&a1.ip));
+        cluster.install_kube_proxy(mode, &services(&a1));
     }
     let echo: Vec<EchoServer> = [a1.pod.netns(), b1.pod.netns(), cluster.ext_netns()]
         .into_iter()
@@ -405,107 +489,127 @@ fn world(test: &str, mode: Option<Mode>) -> World {
 // ------------------------------------------------------------------------------------
 // The rows
 
-/// The rows that need a Service (kube-proxy's rules).
-fn service_rows(w: &World, rows: &mut Rows) {
+/// The rows that need a Service (kube-proxy's rules), over family `f`.
+fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
     let (a, b, ext) = (w.cluster.a(), w.cluster.b(), w.cluster.ext_netns());
-    let web = format!("{}:{}", WEB.0, WEB.1);
-    let dns = format!("{}:{}", WEB.0, WEB.2);
+    let (node_a, node_b) = f.nodes();
+    let [web_ip, _, _] = f.cluster_ips();
+    let web = f.join(web_ip, WEB.1);
+    let dns = f.join(web_ip, WEB.2);
+    let l = f.label();
 
     rows.check(
-        "pod → ClusterIP → pod, same node (TCP): endpoint sees the client pod",
-        tcp_seen_as(w.a2.pod.netns(), &web, &w.a2.ip),
+        &format!("{l}pod → ClusterIP → pod, same node (TCP): endpoint sees the client pod"),
+        tcp_seen_as(w.a2.pod.netns(), &web, w.a2.ip(f)),
     );
     rows.check(
-        "pod → ClusterIP → pod, same node (UDP): endpoint sees the client pod",
-        udp_seen_as(w.a2.pod.netns(), &dns, &w.a2.ip),
+        &format!("{l}pod → ClusterIP → pod, same node (UDP): endpoint sees the client pod"),
+        udp_seen_as(w.a2.pod.netns(), &dns, w.a2.ip(f)),
     );
     rows.check(
-        "pod → ClusterIP → pod, other node (TCP): endpoint sees the client pod",
-        tcp_seen_as(w.b2.pod.netns(), &web, &w.b2.ip),
+        &format!("{l}pod → ClusterIP → pod, other node (TCP): endpoint sees the client pod"),
+        tcp_seen_as(w.b2.pod.netns(), &web, w.b2.ip(f)),
     );
     rows.check(
-        "pod → ClusterIP → pod, other node (UDP): endpoint sees the client pod",
-        udp_seen_as(w.b2.pod.netns(), &dns, &w.b2.ip),
+        &format!("{l}pod → ClusterIP → pod, other node (UDP): endpoint sees the client pod"),
+        udp_seen_as(w.b2.pod.netns(), &dns, w.b2.ip(f)),
     );
     rows.check(
-        "pod → ClusterIP → itself (hairpin, masqueraded by kube-proxy)",
+        &format!("{l}pod → ClusterIP → itself (hairpin, masqueraded by kube-proxy)"),
         tcp(w.a1.pod.netns(), &web).map(|p| format!("seen as {p}")),
     );
     rows.check(
-        "external → NodePort, externalTrafficPolicy Cluster",
-        tcp(ext, &format!("{NODE_A_IP4}:{}", NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
+        &format!("{l}external → NodePort, externalTrafficPolicy Cluster"),
+        tcp(ext, &f.join(node_a, NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
     );
     rows.check(
-        "external → NodePort, externalTrafficPolicy Local: pod sees the client",
-        tcp_seen_as(ext, &format!("{NODE_A_IP4}:{}", NP_LOCAL.1), EXT_IP4),
+        &format!("{l}external → NodePort, externalTrafficPolicy Local: pod sees the client"),
+        tcp_seen_as(ext, &f.join(node_a, NP_LOCAL.1), f.ext()),
     );
     rows.check(
-        "external → NodePort on node B → endpoint on node A",
-        tcp(ext, &format!("{NODE_B_IP4}:{}", NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
+        &format!("{l}external → NodePort on node B → endpoint on node A"),
+        tcp(ext, &f.join(node_b, NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
     );
     rows.check(
-        "node host network → ClusterIP (endpoint on this node)",
+        &format!("{l}node host network → ClusterIP (endpoint on this node)"),
         tcp(a.netns(), &web).map(|p| format!("seen as {p}")),
     );
     rows.check(
-        "node host network → ClusterIP (endpoint on the other node) [extra]",
+        &format!("{l}node host network → ClusterIP (endpoint on the other node) [extra]"),
         tcp(b.netns(), &web).map(|p| format!("seen as {p}")),
     );
 }
 
-/// The rows that need no Service: routing between nodes, masquerade, host ports.
-fn plain_rows(w: &World, rows: &mut Rows) {
+/// The rows that need no Service, over family `f`: routing between nodes, masquerade,
+/// host ports.
+fn plain_rows(w: &World, rows: &mut Rows, f: Fam) {
     let (a, b, ext) = (w.cluster.a(), w.cluster.b(), w.cluster.ext_netns());
-    let host_port = format!("{NODE_A_IP4}:{HOST_PORT}");
+    let (node_a, node_b) = f.nodes();
+    let host_port = f.join(node_a, HOST_PORT);
+    let l = f.label();
 
     rows.check(
-        "other node's host network → pod: pod sees that node's address",
-        tcp_seen_as(b.netns(), &format!("{}:{PORT}", w.a1.ip), b.ip4()),
+        &format!("{l}other node's host network → pod: pod sees that node's address"),
+        tcp_seen_as(b.netns(), &f.join(w.a1.ip(f), PORT), node_b),
     );
     rows.check(
-        "pod → pod across nodes (B → A): source kept",
-        tcp_seen_as(w.b2.pod.netns(), &format!("{}:{PORT}", w.a1.ip), &w.b2.ip),
+        &format!("{l}pod → pod across nodes (B → A): source kept"),
+        tcp_seen_as(w.b2.pod.netns(), &f.join(w.a1.ip(f), PORT), w.b2.ip(f)),
     );
     rows.check(
-        "pod → pod across nodes (A → B): source kept",
-        tcp_seen_as(w.a2.pod.netns(), &format!("{}:{PORT}", w.b1.ip), &w.a2.ip),
+        &format!("{l}pod → pod across nodes (A → B): source kept"),
+        tcp_seen_as(w.a2.pod.netns(), &f.join(w.b1.ip(f), PORT), w.a2.ip(f)),
     );
     rows.check(
-        "pod → pod across nodes (B → A): long conversation",
-        conversation(w.b2.pod.netns(), &format!("{}:{ECHO_PORT}", w.a1.ip)),
+        &format!("{l}pod → pod across nodes (B → A): long conversation"),
+        conversation(w.b2.pod.netns(), &f.join(w.a1.ip(f), ECHO_PORT)),
     );
     rows.check(
-        "other node's host network → pod: long conversation",
-        conversation(b.netns(), &format!("{}:{ECHO_PORT}", w.a1.ip)),
+        &format!("{l}other node's host network → pod: long conversation"),
+        conversation(b.netns(), &f.join(w.a1.ip(f), ECHO_PORT)),
     );
     rows.check(
-        "pod → outside: long conversation",
-        conversation(w.a2.pod.netns(), &format!("{EXT_IP4}:{ECHO_PORT}")),
+        &format!("{l}pod → outside: long conversation"),
+        conversation(w.a2.pod.netns(), &f.join(f.ext(), ECHO_PORT)),
     );
     rows.check(
-        "pod → outside (node A): masqueraded to node A's address",
-        tcp_seen_as(w.a2.pod.netns(), &format!("{EXT_IP4}:{PORT}"), a.ip4()),
+        &format!("{l}pod → outside (node A): masqueraded to node A's address"),
+        tcp_seen_as(w.a2.pod.netns(), &f.join(f.ext(), PORT), node_a),
     );
     rows.check(
-        "pod → outside (node B): masqueraded to node B's address",
-        tcp_seen_as(w.b2.pod.netns(), &format!("{EXT_IP4}:{PORT}"), b.ip4()),
+        &format!("{l}pod → outside (node B): masqueraded to node B's address"),
+        tcp_seen_as(w.b2.pod.netns(), &f.join(f.ext(), PORT), node_b),
     );
     rows.check(
-        "external → hostPort: client address kept",
-        tcp_seen_as(ext, &host_port, EXT_IP4),
+        &format!("{l}external → hostPort: client address kept"),
+        tcp_seen_as(ext, &host_port, f.ext()),
     );
     rows.check(
-        "pod on node B → hostPort on node A",
+        &format!("{l}pod on node B → hostPort on node A"),
         tcp(w.b2.pod.netns(), &host_port).map(|p| format!("seen as {p}")),
     );
-    for (what, addr) in [
-        ("node address", host_port.clone()),
-        ("127.0.0.1", format!("127.0.0.1:{HOST_PORT}")),
-    ] {
+    // The node's own processes: its address, the loopback address portmap offers (IPv6:
+    // `::1`), and for IPv4 also a dual-stack IPv6 socket reaching it by its IPv4-mapped
+    // form (`sock_connect6` translating to the pod's mapped IPv4 address).
+    let local = match f {
+        Fam::V4 => vec![
+            ("node address", host_port.clone()),
+            ("127.0.0.1", format!("127.0.0.1:{HOST_PORT}")),
+            (
+                "::ffff:127.0.0.1 (an IPv6 socket) [extra]",
+                format!("[::ffff:127.0.0.1]:{HOST_PORT}"),
+            ),
+        ],
+        Fam::V6 => vec![
+            ("node address", host_port.clone()),
+            ("::1", format!("[::1]:{HOST_PORT}")),
+        ],
+    };
+    for (what, addr) in local {
         for proto in ["tcp", "udp"] {
             rows.check(
                 &format!(
-                    "node's own host network → its hostPort via {what} ({})",
+                    "{l}node's own host network → its hostPort via {what} ({})",
                     proto.to_uppercase()
                 ),
                 client_process(&w.cgroup, a.netns(), proto, &addr),
@@ -514,13 +618,22 @@ fn plain_rows(w: &World, rows: &mut Rows) {
     }
 }
 
+/// Every row a kube-proxy mode (or none) has, over both families.
+fn all_rows(w: &World, rows: &mut Rows, services: bool) {
+    for f in [Fam::V4, Fam::V6] {
+        if services {
+            service_rows(w, rows, f);
+        }
+        plain_rows(w, rows, f);
+    }
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_iptables() {
     let w = world("k8s_ipt", Some(Mode::Iptables));
     let mut rows = Rows::new(Some(Mode::Iptables));
-    service_rows(&w, &mut rows);
-    plain_rows(&w, &mut rows);
+    all_rows(&w, &mut rows, true);
     rows.assert_all_answered(&w.cluster);
 }
 
@@ -529,8 +642,7 @@ fn kubernetes_every_row_with_kube_proxy_iptables() {
 fn kubernetes_every_row_with_kube_proxy_nftables() {
     let w = world("k8s_nft", Some(Mode::Nftables));
     let mut rows = Rows::new(Some(Mode::Nftables));
-    service_rows(&w, &mut rows);
-    plain_rows(&w, &mut rows);
+    all_rows(&w, &mut rows, true);
     rows.assert_all_answered(&w.cluster);
 }
 
@@ -539,6 +651,6 @@ fn kubernetes_every_row_with_kube_proxy_nftables() {
 fn kubernetes_rows_without_a_service_with_no_kube_proxy() {
     let w = world("k8s_none", None);
     let mut rows = Rows::new(None);
-    plain_rows(&w, &mut rows);
+    all_rows(&w, &mut rows, false);
     rows.assert_all_answered(&w.cluster);
 }
