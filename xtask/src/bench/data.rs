@@ -14,7 +14,7 @@
 use std::{
     collections::BTreeMap,
     io::{Read, Write},
-    net::{SocketAddr, TcpStream},
+    net::{IpAddr, SocketAddr, TcpStream},
     path::{Path, PathBuf},
     time::{Duration, Instant},
 };
@@ -26,7 +26,10 @@ use super::{
     chart,
     proc::{self, check_interrupt, Background},
     report::{median, Report, Summary},
-    topo::{pod_ip, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
+    topo::{
+        pod_ip, pod_ip6, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, EXT_IP6,
+        NODE_IP, NODE_IP6,
+    },
 };
 use tests::{EchoServer, NetNs, Serving};
 
@@ -203,6 +206,24 @@ impl Bare {
         ])?;
         a.sh(&["ip", "addr", "add", "10.99.0.1/24", "dev", "veth0"])?;
         b.sh(&["ip", "addr", "add", "10.99.0.2/24", "dev", "veth0"])?;
+        a.sh(&[
+            "ip",
+            "addr",
+            "add",
+            "fd00:99::1/64",
+            "dev",
+            "veth0",
+            "nodad",
+        ])?;
+        b.sh(&[
+            "ip",
+            "addr",
+            "add",
+            "fd00:99::2/64",
+            "dev",
+            "veth0",
+            "nodad",
+        ])?;
         a.sh(&["ip", "link", "set", "veth0", "up"])?;
         b.sh(&["ip", "link", "set", "veth0", "up"])?;
         client_sysctls(a.path())?;
@@ -231,12 +252,19 @@ struct DpNode {
     client: Pod,
     server: Pod,
     server_ip: String,
+    /// The server pod's IPv6 address (dual-stack nodes).
+    server_ip6: Option<String>,
     server_result: Value,
 }
 
 impl DpNode {
-    fn create(ws: &Workspace, variant: Variant) -> Result<Self> {
-        let node = BenchNode::create(ws, variant, "dp")?;
+    /// A node of `variant`; with IPv6 too when `dual_stack`.
+    fn create(ws: &Workspace, variant: Variant, dual_stack: bool) -> Result<Self> {
+        let node = if dual_stack {
+            BenchNode::create_dual_stack(ws, variant, "dp6")?
+        } else {
+            BenchNode::create(ws, variant, "dp")?
+        };
         let client = node.pod(0)?;
         let server = node.pod(1)?;
         node.op("ADD", Via::Direct, &client, &[], None)?;
@@ -244,6 +272,11 @@ impl DpNode {
         client_sysctls(&client.path())?;
         Ok(Self {
             server_ip: pod_ip(&r.result)?,
+            server_ip6: if dual_stack {
+                Some(pod_ip6(&r.result)?)
+            } else {
+                None
+            },
             server_result: r.result,
             node,
             client,
@@ -322,7 +355,10 @@ pub fn measure_repeat(
     }
     for t in &targets {
         check_interrupt()?;
-        let addr: SocketAddr = format!("{}:{}", t.ip, t.echo_port).parse()?;
+        let ip: IpAddr =
+            t.ip.parse()
+                .with_context(|| format!("{title}: {} is not an address", t.ip))?;
+        let addr = SocketAddr::new(ip, t.echo_port);
         if let Some(port) = t.iperf_port {
             match iperf(&t.client, &t.ip, port, secs) {
                 Ok(g) => push("tput", t.column, g),
@@ -376,24 +412,35 @@ pub fn put_medians(report: &mut Report, samples: &Samples, scen: &str, key: &str
 }
 
 /// Scenario keys and titles.
-const SCENARIOS: [(&str, &str); 3] = [
+const SCENARIOS: [(&str, &str); 6] = [
     ("pod2pod", "pod → pod (same node)"),
     ("pod2ext", "pod → ext (masquerade)"),
     ("hostport", "ext → node:hostPort → pod"),
+    ("pod2pod6", "pod → pod over IPv6 (same node)"),
+    ("pod2ext6", "pod → ext over IPv6 (masquerade)"),
+    ("hostport6", "ext → [node]:hostPort → pod over IPv6"),
 ];
 
 /// Runs the data-plane phase into `report`.
 pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
-    eprintln!("bench: data plane: setting up bare veth, cni-ebpf and reference nodes");
+    eprintln!(
+        "bench: data plane: setting up bare veth, cni-ebpf and reference nodes (IPv4, and \
+         dual-stack for the IPv6 rows)"
+    );
     let bare = Bare::create(&ws.tag)?;
     let nodes = [
-        DpNode::create(ws, Variant::Ebpf)?,
-        DpNode::create(ws, Variant::Reference)?,
+        DpNode::create(ws, Variant::Ebpf, false)?,
+        DpNode::create(ws, Variant::Reference, false)?,
     ];
-    // Servers: in the bare server namespace, in each server pod and in each ext.
+    let nodes6 = [
+        DpNode::create(ws, Variant::Ebpf, true)?,
+        DpNode::create(ws, Variant::Reference, true)?,
+    ];
+    // Servers (iperf3 and the echo server listen on both families): in the bare server
+    // namespace, in each server pod and in each ext.
     let mut servers: Vec<(Background, EchoServer)> = Vec::new();
     let mut server_nss: Vec<PathBuf> = vec![bare.b.path().to_path_buf()];
-    for n in &nodes {
+    for n in nodes.iter().chain(&nodes6) {
         server_nss.push(n.server.path());
         server_nss.push(n.node.ext_netns());
     }
@@ -407,37 +454,43 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     std::thread::sleep(Duration::from_millis(300));
 
     let targets = |scenario: &str| -> Vec<Target> {
+        let v6 = scenario.ends_with('6');
         let mut t = Vec::new();
-        if scenario == "pod2pod" {
+        if scenario.starts_with("pod2pod") {
             t.push(Target {
                 column: "bare veth",
                 client: bare.a.path().to_path_buf(),
-                ip: "10.99.0.2".into(),
+                ip: if v6 { "fd00:99::2" } else { "10.99.0.2" }.into(),
                 iperf_port: Some(IPERF_PORT),
                 echo_port: ECHO_PORT,
             });
         }
-        for n in &nodes {
+        for n in if v6 { &nodes6 } else { &nodes } {
             let column = n.node.variant.key();
-            t.push(match scenario {
+            let server_ip = if v6 {
+                n.server_ip6.clone().unwrap_or_default()
+            } else {
+                n.server_ip.clone()
+            };
+            t.push(match scenario.trim_end_matches('6') {
                 "pod2pod" => Target {
                     column,
                     client: n.client.path(),
-                    ip: n.server_ip.clone(),
+                    ip: server_ip,
                     iperf_port: Some(IPERF_PORT),
                     echo_port: ECHO_PORT,
                 },
                 "pod2ext" => Target {
                     column,
                     client: n.client.path(),
-                    ip: EXT_IP.into(),
+                    ip: if v6 { EXT_IP6 } else { EXT_IP }.into(),
                     iperf_port: Some(IPERF_PORT),
                     echo_port: ECHO_PORT,
                 },
                 _ => Target {
                     column,
                     client: n.node.ext_netns(),
-                    ip: NODE_IP.into(),
+                    ip: if v6 { NODE_IP6 } else { NODE_IP }.into(),
                     iperf_port: Some(IPERF_HOST_PORT),
                     echo_port: ECHO_HOST_PORT,
                 },
@@ -479,6 +532,9 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     details.insert("perRepeat".into(), json!(samples));
     if let Some(counters) = ebpf_reasons(&nodes[0].node) {
         details.insert("cniEbpfReasonCounters".into(), counters);
+    }
+    if let Some(counters) = ebpf_reasons(&nodes6[0].node) {
+        details.insert("cniEbpfReasonCountersDualStack".into(), counters);
     }
     report
         .details
@@ -537,7 +593,10 @@ fn short_name(scenario: &str) -> &'static str {
     match scenario {
         "pod2pod" => "pod→pod",
         "pod2ext" => "pod→ext",
-        _ => "ext→hostPort",
+        "hostport" => "ext→hostPort",
+        "pod2pod6" => "pod→pod v6",
+        "pod2ext6" => "pod→ext v6",
+        _ => "ext→hostPort v6",
     }
 }
 

@@ -112,12 +112,15 @@ fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'
         Variant::Ebpf => vec![topo::ebpf_plugin(&EbpfConf {
             subnet: node.pod_cidr4(),
             cluster_cidr: CLUSTER_CIDR4,
+            v6: None,
             pins: node.pin_root(),
             data_dir: &node.data_dir(),
             log_file: &node.log_file(),
             log_level: &ws.log_level,
         })],
-        Variant::Reference => topo::reference_plugins(node.pod_cidr4(), &node.dir().join("ipam")),
+        Variant::Reference => {
+            topo::reference_plugins(node.pod_cidr4(), None, &node.dir().join("ipam"))
+        }
     };
     Chain {
         network: variant.network(),

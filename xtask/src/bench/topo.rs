@@ -27,6 +27,14 @@ use tests::{NetNs, NodeNamespaces};
 
 /// The pod subnet (both variants; a /16 so that 1 000+ pods fit).
 pub const POD_SUBNET: &str = "10.244.0.0/16";
+/// The IPv6 pod subnet of dual-stack nodes ([`BenchNode::create_dual_stack`]).
+pub const POD_SUBNET6: &str = "fd00:10:244:1::/64";
+/// The IPv6 cluster CIDR of dual-stack nodes.
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
+/// The node's IPv6 address on its uplink.
+pub const NODE_IP6: &str = tests::NODE_IP6;
+/// The `ext` namespace's IPv6 address.
+pub const EXT_IP6: &str = tests::EXT_IP6;
 /// The node's address on its uplink (the tests' node plan).
 pub const NODE_IP: &str = tests::NODE_IP4;
 /// The `ext` namespace's address.
@@ -229,6 +237,8 @@ pub struct BenchNode {
     client: PathBuf,
     log_level: String,
     portmap_check_bug: AtomicBool,
+    /// Pods get an IPv6 address too ([`POD_SUBNET6`]).
+    dual_stack: bool,
 }
 
 impl Drop for BenchNode {
@@ -242,6 +252,17 @@ impl Drop for BenchNode {
 impl BenchNode {
     /// Builds node + ext for `variant`; `label` makes names unique within the run.
     pub fn create(ws: &Workspace, variant: Variant, label: &str) -> Result<Self> {
+        Self::build(ws, variant, label, false)
+    }
+
+    /// [`Self::create`] with dual-stack pods: an IPv6 address from [`POD_SUBNET6`] too,
+    /// IPv6 masquerade and host ports (the reference chain: `bridge` and `portmap` with
+    /// ip6tables).
+    pub fn create_dual_stack(ws: &Workspace, variant: Variant, label: &str) -> Result<Self> {
+        Self::build(ws, variant, label, true)
+    }
+
+    fn build(ws: &Workspace, variant: Variant, label: &str, dual_stack: bool) -> Result<Self> {
         let label = format!("{}{label}", variant.tag());
         let sim = NodeNamespaces::create(&format!("{}-{label}", ws.tag))?;
         let dir = ws.tmp.join(&label);
@@ -256,6 +277,7 @@ impl BenchNode {
             client: ws.client.clone(),
             log_level: ws.log_level.clone(),
             portmap_check_bug: AtomicBool::new(false),
+            dual_stack,
         };
         for sub in ["data", "cache", "cni-bin", "ipam"] {
             std::fs::create_dir_all(node.dir.join(sub))?;
@@ -312,12 +334,17 @@ impl BenchNode {
             Variant::Ebpf => vec![ebpf_plugin(&EbpfConf {
                 subnet: POD_SUBNET,
                 cluster_cidr: POD_SUBNET,
+                v6: self.dual_stack.then_some((POD_SUBNET6, CLUSTER_CIDR6)),
                 pins: &self.pins,
                 data_dir: &self.dir.join("data"),
                 log_file: &self.dir.join("cni-ebpf.log"),
                 log_level: &self.log_level,
             })],
-            Variant::Reference => reference_plugins(POD_SUBNET, &self.dir.join("ipam")),
+            Variant::Reference => reference_plugins(
+                POD_SUBNET,
+                self.dual_stack.then_some(POD_SUBNET6),
+                &self.dir.join("ipam"),
+            ),
         }
     }
 
@@ -480,6 +507,8 @@ pub struct EbpfConf<'a> {
     pub subnet: &'a str,
     /// `clusterCIDRs` (one IPv4 CIDR).
     pub cluster_cidr: &'a str,
+    /// Dual stack: the IPv6 subnet of the node's pods and the IPv6 cluster CIDR.
+    pub v6: Option<(&'a str, &'a str)>,
     /// `bpffsRoot`.
     pub pins: &'a Path,
     /// `dataDir`.
@@ -492,12 +521,20 @@ pub struct EbpfConf<'a> {
 
 /// The cni-ebpf plugin object the bench runs: `ipMasq`, host ports in eBPF, default route.
 pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
+    let mut ranges = vec![json!([{ "subnet": c.subnet }])];
+    let mut routes = vec![json!({ "dst": "0.0.0.0/0" })];
+    let mut cluster = vec![c.cluster_cidr];
+    if let Some((subnet6, cluster6)) = c.v6 {
+        ranges.push(json!([{ "subnet": subnet6 }]));
+        routes.push(json!({ "dst": "::/0" }));
+        cluster.push(cluster6);
+    }
     json!({
         "type": "cni-ebpf",
         "mtu": 1500,
         "uplink": "uplink0",
         "ipMasq": true,
-        "clusterCIDRs": [c.cluster_cidr],
+        "clusterCIDRs": cluster,
         "bpffsRoot": c.pins,
         "dataDir": c.data_dir,
         "logFile": c.log_file,
@@ -506,13 +543,20 @@ pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
         // No socket hooks on the machine's cgroup2 root (nothing here measures the
         // node's own sockets).
         "cgroupPath": "",
-        "ipam": { "ranges": [[{ "subnet": c.subnet }]], "routes": [{ "dst": "0.0.0.0/0" }] },
+        "ipam": { "ranges": ranges, "routes": routes },
     })
 }
 
 /// The reference chain the bench runs: `bridge` (`cni0`, `isGateway`, `ipMasq`, hairpin)
-/// with `host-local` on `subnet` (state in `ipam_dir`), then `portmap`.
-pub fn reference_plugins(subnet: &str, ipam_dir: &Path) -> Vec<Value> {
+/// with `host-local` on `subnet` (and `subnet6`, dual stack; state in `ipam_dir`), then
+/// `portmap`.
+pub fn reference_plugins(subnet: &str, subnet6: Option<&str>, ipam_dir: &Path) -> Vec<Value> {
+    let mut ranges = vec![json!([{ "subnet": subnet }])];
+    let mut routes = vec![json!({ "dst": "0.0.0.0/0" })];
+    if let Some(s6) = subnet6 {
+        ranges.push(json!([{ "subnet": s6 }]));
+        routes.push(json!({ "dst": "::/0" }));
+    }
     vec![
         json!({
             "type": "bridge",
@@ -523,8 +567,8 @@ pub fn reference_plugins(subnet: &str, ipam_dir: &Path) -> Vec<Value> {
             "mtu": 1500,
             "ipam": {
                 "type": "host-local",
-                "ranges": [[{ "subnet": subnet }]],
-                "routes": [{ "dst": "0.0.0.0/0" }],
+                "ranges": ranges,
+                "routes": routes,
                 "dataDir": ipam_dir,
             },
         }),
@@ -633,13 +677,22 @@ fn parse_result(stdout: &str) -> Value {
 
 /// The pod's first IPv4 address in an ADD result.
 pub fn pod_ip(result: &Value) -> Result<String> {
+    pod_ip_of(result, '.').with_context(|| format!("no IPv4 address in {result}"))
+}
+
+/// The pod's first IPv6 address in an ADD result.
+pub fn pod_ip6(result: &Value) -> Result<String> {
+    pod_ip_of(result, ':').with_context(|| format!("no IPv6 address in {result}"))
+}
+
+/// The first address in an ADD result whose text has `mark` (`.` IPv4, `:` IPv6).
+fn pod_ip_of(result: &Value, mark: char) -> Option<String> {
     result["ips"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|ip| ip["address"].as_str())
-        .find(|a| a.contains('.'))
+        .find(|a| a.contains(mark))
         .and_then(|a| a.split('/').next())
         .map(str::to_owned)
-        .with_context(|| format!("no IPv4 address in {result}"))
 }
