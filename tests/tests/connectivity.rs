@@ -1,11 +1,16 @@
-//! Connectivity through the real plugin for every spec version: pod ↔ pod on one node and
-//! pod ↔ node, IPv4 and IPv6, with the Result in each version's shape.
+//! Connectivity through the real plugin for every spec version, the dual-stack matrix:
+//! pod ↔ pod on one node, pod ↔ node, pod → outside (masqueraded to the node's address of
+//! the family) and outside → a host port (the client's address kept), each over IPv4 and
+//! IPv6, with the Result in each version's shape.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
+use std::time::Duration;
+
+use serde_json::json;
 use tests::{
-    assert_no_ping, assert_ping, netns_exec_ok, Pod, ResultView, SimNode, ALL_VERSIONS, NODE_IP4,
-    NODE_IP6,
+    assert_no_ping, assert_ping, netns_exec_ok, tcp_request, Pod, ResultView, SimNode,
+    WhoAmIServer, ALL_VERSIONS, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6,
 };
 
 const GW4: &str = "10.244.1.1";
@@ -90,23 +95,48 @@ fn assert_shape(version: &str, r: &ResultView, pod: &Pod) {
     }
 }
 
+/// The port of the "who am I" servers in `ext` and in pod a, and pod a's host port.
+const SERVER_PORT: u16 = 8080;
+const HOST_PORT: u16 = 18080;
+
+/// The address the "who am I" server at `addr` saw for a TCP client in `netns`.
+#[track_caller]
+fn seen_from(netns: &std::path::Path, addr: &str, what: &str) -> String {
+    let answer = tcp_request(netns, addr, b"who", Duration::from_secs(3))
+        .unwrap_or_else(|e| panic!("{what}: TCP to {addr}: {e}"));
+    let peer = answer.lines().next().unwrap_or_default();
+    peer.rsplit_once(':').map_or(peer, |(ip, _)| ip).to_owned()
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn pods_reach_each_other_and_the_node_in_every_version() {
     let node = SimNode::new("connectivity");
     let (a, b) = (node.pod("a"), node.pod("b"));
+    let _ext_server = WhoAmIServer::start(node.ext_netns(), SERVER_PORT);
+    let _pod_server = WhoAmIServer::start(a.netns(), SERVER_PORT);
     let mut last = None;
     for version in ALL_VERSIONS {
-        let conf = node.conf().version(version);
-        let ra = node.add(&a, "eth0", &conf);
+        let conf = node
+            .conf()
+            .version(version)
+            .set("ipMasq", json!(true))
+            .set("clusterCIDRs", json!(["10.244.0.0/16", "fd00:10:244::/48"]));
+        // Pod a has a host port in both families (no hostIP).
+        let conf_a = conf.clone().set(
+            "runtimeConfig",
+            json!({ "portMappings": [
+                { "hostPort": HOST_PORT, "containerPort": SERVER_PORT, "protocol": "tcp" }
+            ] }),
+        );
+        let ra = node.add(&a, "eth0", &conf_a);
         let rb = node.add(&b, "eth0", &conf);
         assert_shape(version, &ra, &a);
         assert_shape(version, &rb, &b);
         assert_ne!(ra.ip4(), rb.ip4(), "two pods got one address");
         if has_check(version) {
-            for (pod, r) in [(&a, &ra), (&b, &rb)] {
-                node.check(pod, "eth0", &conf, &r.raw)
-                    .assert_empty_success();
+            for (pod, c, r) in [(&a, &conf_a, &ra), (&b, &conf, &rb)] {
+                node.check(pod, "eth0", c, &r.raw).assert_empty_success();
             }
         }
 
@@ -125,8 +155,26 @@ fn pods_reach_each_other_and_the_node_in_every_version() {
             assert_ping(node.netns(), &r.ip4());
             assert_ping(node.netns(), &r.ip6());
         }
+        // pod → outside, masqueraded to the node's address of each family.
+        for pod in [&a, &b] {
+            for (ext, node_ip) in [
+                (format!("{EXT_IP4}:{SERVER_PORT}"), NODE_IP4),
+                (format!("[{EXT_IP6}]:{SERVER_PORT}"), NODE_IP6),
+            ] {
+                let seen = seen_from(pod.netns(), &ext, version);
+                assert_eq!(seen, node_ip, "{version}: pod → {ext} must be masqueraded");
+            }
+        }
+        // outside → the host port, in both families, the client's address kept.
+        for (host_port, client) in [
+            (format!("{NODE_IP4}:{HOST_PORT}"), EXT_IP4),
+            (format!("[{NODE_IP6}]:{HOST_PORT}"), EXT_IP6),
+        ] {
+            let seen = seen_from(node.ext_netns(), &host_port, version);
+            assert_eq!(seen, client, "{version}: ext → {host_port}");
+        }
 
-        node.del(&a, "eth0", &conf);
+        node.del(&a, "eth0", &conf_a);
         node.del(&b, "eth0", &conf);
         last = Some(ra);
     }
