@@ -146,7 +146,11 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     let (veth_a, veth_b) = (host_veth(&node, &a), host_veth(&node, &b));
     assert_eq!(filter_ids(&node, &veth_a, "ingress"), [old_from_pod]);
     let old_cgroup = cgroup_ids(cgroup.path());
-    assert_eq!(old_cgroup.len(), 4, "four socket programs on the cgroup");
+    assert_eq!(
+        old_cgroup.len(),
+        cni_ebpf_common::prog::SOCK.len(),
+        "the socket programs of both families on the cgroup"
+    );
 
     // Open flows of every kind: pod → pod, pod → outside (masqueraded), outside → host port.
     let stop = Arc::new(AtomicBool::new(false));
@@ -230,8 +234,8 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     let new_cgroup = cgroup_ids(cgroup.path());
     assert_eq!(
         new_cgroup.len(),
-        4,
-        "still four socket programs: {new_cgroup:?}"
+        cni_ebpf_common::prog::SOCK.len(),
+        "still every socket program: {new_cgroup:?}"
     );
     assert!(
         new_cgroup.iter().all(|id| !old_cgroup.contains(id)),
