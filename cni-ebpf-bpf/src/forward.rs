@@ -177,8 +177,26 @@ pub(crate) const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
 /// unchanged, which routes, fragments or answers it as before.
 #[inline(always)]
 pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32, own_source: bool) -> i32 {
-    match fib_uplink(ctx, p, ifindex, own_source) {
-        Some(fib) if route_hop(ctx, &fib.dmac, &fib.smac) => {
+    redirect_to_uplink(ctx, fib_uplink(ctx, p, ifindex, own_source), route_hop)
+}
+
+/// [`to_uplink`] for IPv6: the same decision, by the IPv6 FIB; the hop limit decremented.
+#[inline(always)]
+pub(crate) fn to_uplink6(ctx: &TcContext, p: &Pkt<Addr6>, ifindex: u32, own_source: bool) -> i32 {
+    redirect_to_uplink(ctx, fib_uplink6(ctx, p, ifindex, own_source), route_hop6)
+}
+
+/// Redirects the packet to the uplink the FIB found (after `hop`: the routed hop of its
+/// family), or leaves it to the kernel's route.
+#[inline(always)]
+fn redirect_to_uplink(
+    ctx: &TcContext,
+    fib: Option<FibLookup>,
+    // Generic, not a function pointer: BPF has no indirect calls.
+    hop: impl Fn(&TcContext, &[u8; 6], &[u8; 6]) -> bool,
+) -> i32 {
+    match fib {
+        Some(fib) if hop(ctx, &fib.dmac, &fib.smac) => {
             count(Reason::RedirectUplink);
             // SAFETY: plain helper call.
             unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
@@ -190,6 +208,27 @@ pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32, own_source: bool
     }
 }
 
+/// The uplink a pod's packet may be handed to and the ports of its FIB lookup: `None`
+/// unless the packet is from the pod's own address (an allow-listed foreign source, a
+/// router pod's `allowedSourceCIDRs`, goes through the kernel and its reverse path
+/// filter; other sources were dropped on entry to `from_pod`) and the node has an uplink.
+#[inline(always)]
+fn fib_prelude<A>(p: &Pkt<A>, own_source: bool) -> Option<(u32, u16, u16)> {
+    if !own_source {
+        return None;
+    }
+    let cfg = node_config()?;
+    if cfg.uplink_ifindex == 0 {
+        return None;
+    }
+    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
+        (p.sport, p.dport)
+    } else {
+        (0, 0)
+    };
+    Some((cfg.uplink_ifindex, sport, dport))
+}
+
 /// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
 /// uplink, next hop resolved, fits".
 #[inline(always)]
@@ -199,22 +238,8 @@ pub(crate) fn fib_uplink(
     ifindex: u32,
     own_source: bool,
 ) -> Option<FibLookup> {
-    // Only the pod's own address takes the fast path: an allow-listed foreign source (a
-    // router pod's, `allowedSourceCIDRs`) goes through the kernel and its reverse path
-    // filter. (Other sources were dropped on entry to `from_pod`.)
-    if !own_source {
-        return None;
-    }
-    let cfg = node_config()?;
-    if cfg.uplink_ifindex == 0 {
-        return None;
-    }
+    let (uplink, sport, dport) = fib_prelude(p, own_source)?;
     let tos: u8 = read(ctx, IP_OFF + IP_TOS).ok()?;
-    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
-        (p.sport, p.dport)
-    } else {
-        (0, 0)
-    };
     let fib = FibLookup {
         family: AF_INET,
         l4_protocol: p.proto,
@@ -229,7 +254,7 @@ pub(crate) fn fib_uplink(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, cfg.uplink_ifindex)
+    fib_check(ctx, fib, uplink)
 }
 
 /// Asks the FIB for `fib`; the result if the route leads out of `uplink` with its next hop
@@ -260,22 +285,6 @@ fn fib_check(ctx: &TcContext, mut fib: FibLookup, uplink: u32) -> Option<FibLook
     Some(fib)
 }
 
-/// [`to_uplink`] for IPv6: the same decision, by the IPv6 FIB; the hop limit decremented.
-#[inline(always)]
-pub(crate) fn to_uplink6(ctx: &TcContext, p: &Pkt<Addr6>, ifindex: u32, own_source: bool) -> i32 {
-    match fib_uplink6(ctx, p, ifindex, own_source) {
-        Some(fib) if route_hop6(ctx, &fib.dmac, &fib.smac) => {
-            count(Reason::RedirectUplink);
-            // SAFETY: plain helper call.
-            unsafe { bpf_redirect(fib.ifindex, 0) as i32 }
-        }
-        _ => {
-            count(Reason::PassKernelRoute);
-            PASS
-        }
-    }
-}
-
 /// [`fib_uplink`] for IPv6.
 #[inline(always)]
 fn fib_uplink6(
@@ -284,19 +293,8 @@ fn fib_uplink6(
     ifindex: u32,
     own_source: bool,
 ) -> Option<FibLookup> {
-    if !own_source {
-        return None;
-    }
-    let cfg = node_config()?;
-    if cfg.uplink_ifindex == 0 {
-        return None;
-    }
+    let (uplink, sport, dport) = fib_prelude(p, own_source)?;
     let first: u32 = read(ctx, IP_OFF).ok()?;
-    let (sport, dport) = if p.proto == proto::TCP || p.proto == proto::UDP {
-        (p.sport, p.dport)
-    } else {
-        (0, 0)
-    };
     let fib = FibLookup {
         family: AF_INET6,
         l4_protocol: p.proto,
@@ -311,7 +309,7 @@ fn fib_uplink6(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, cfg.uplink_ifindex)
+    fib_check(ctx, fib, uplink)
 }
 
 /// [`deliver_or_stack`] for IPv6.

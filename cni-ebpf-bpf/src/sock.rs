@@ -97,19 +97,12 @@ fn translate(ctx: &SockAddrContext) -> bool {
         return false;
     };
     // SAFETY: plain helper call on our context.
-    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevKey {
-        cookie,
-        addr: t.addr,
-        port: t.port,
-        _pad: 0,
-    };
-    let orig = SockRevValue {
+    remember(
+        unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
+        &t,
         addr,
         port,
-        _pad: 0,
-    };
-    let _ = SOCK_REVNAT.insert(&key, &orig, 0);
+    );
     sa.user_ip4 = t.addr;
     sa.user_port = t.port as u32;
     count(Reason::SockHostPort);
@@ -123,17 +116,41 @@ fn reverse(ctx: &SockAddrContext) {
     let sa = unsafe { &mut *ctx.sock_addr };
     // SAFETY: plain helper call on our context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
-    let key = SockRevKey {
-        cookie,
-        addr: sa.user_ip4,
-        port: sa.user_port as u16,
-        _pad: 0,
-    };
-    // SAFETY: copied out at once.
-    if let Some(orig) = unsafe { SOCK_REVNAT.get(key) }.copied() {
+    if let Some(orig) = recall(cookie, sa.user_ip4, sa.user_port as u16) {
         sa.user_ip4 = orig.addr;
         sa.user_port = orig.port as u32;
     }
+}
+
+/// Notes that the socket `cookie`, which asked for `addr:port`, now talks to `t` (IPv4).
+#[inline(always)]
+fn remember(cookie: u64, t: &PortTarget, addr: u32, port: u16) {
+    let key = SockRevKey {
+        cookie,
+        addr: t.addr,
+        port: t.port,
+        _pad: 0,
+    };
+    let orig = SockRevValue {
+        addr,
+        port,
+        _pad: 0,
+    };
+    let _ = SOCK_REVNAT.insert(&key, &orig, 0);
+}
+
+/// What the socket `cookie` asked for before it was sent to `addr:port` (IPv4), if the
+/// hooks translated it.
+#[inline(always)]
+fn recall(cookie: u64, addr: u32, port: u16) -> Option<SockRevValue> {
+    let key = SockRevKey {
+        cookie,
+        addr,
+        port,
+        _pad: 0,
+    };
+    // SAFETY: copied out at once.
+    unsafe { SOCK_REVNAT.get(key) }.copied()
 }
 
 /// [`host_port_target`] for an IPv6 address: `::1` (mappings without a hostIP) or one of
@@ -206,18 +223,7 @@ fn translate6(ctx: &SockAddrContext) -> bool {
         let Some(t) = host_port_target(ctx, a4, port, proto_) else {
             return false;
         };
-        let key = SockRevKey {
-            cookie,
-            addr: t.addr,
-            port: t.port,
-            _pad: 0,
-        };
-        let orig = SockRevValue {
-            addr: a4,
-            port,
-            _pad: 0,
-        };
-        let _ = SOCK_REVNAT.insert(&key, &orig, 0);
+        remember(cookie, &t, a4, port);
         set_user_ip6(ctx, [0, 0, V4_MAPPED, t.addr], t.port);
     } else {
         let Some(t) = host_port_target6(ctx, addr, port, proto_) else {
@@ -251,14 +257,7 @@ fn reverse6(ctx: &SockAddrContext) {
     // SAFETY: plain helper call on our context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(a4) = v4_mapped(&addr) {
-        let key = SockRevKey {
-            cookie,
-            addr: a4,
-            port,
-            _pad: 0,
-        };
-        // SAFETY: copied out at once.
-        if let Some(orig) = unsafe { SOCK_REVNAT.get(key) }.copied() {
+        if let Some(orig) = recall(cookie, a4, port) {
             set_user_ip6(ctx, [0, 0, V4_MAPPED, orig.addr], orig.port);
         }
     } else {
