@@ -16,7 +16,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    forward::{deliver, deliver6, deliver_or_stack, deliver_or_stack6},
+    forward::{deliver, deliver6},
     maps::{
         in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
         FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
@@ -62,9 +62,6 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
     /// Delivers the packet into local pod `ep` (past the node's stack).
     fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32;
-    /// Hands a packet translated towards `daddr` on: straight into a local pod, else to
-    /// the stack.
-    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32;
 
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
     /// has. `Err` when a step failed (see `rewrite::apply`).
@@ -130,11 +127,6 @@ impl Family for Addr4 {
     #[inline(always)]
     fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
         deliver(ctx, ep)
-    }
-
-    #[inline(always)]
-    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32 {
-        deliver_or_stack(ctx, daddr)
     }
 
     #[inline(always)]
@@ -220,11 +212,6 @@ impl Family for Addr6 {
     #[inline(always)]
     fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
         deliver6(ctx, ep)
-    }
-
-    #[inline(always)]
-    fn deliver_translated(ctx: &TcContext, daddr: Self) -> i32 {
-        deliver_or_stack6(ctx, daddr)
     }
 
     #[inline(always)]

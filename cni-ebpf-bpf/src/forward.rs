@@ -10,7 +10,6 @@ use aya_ebpf::{
 use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
 
 use crate::{
-    family::Family,
     maps::{add_stats, count, local_endpoint, node_config},
     parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     PASS,
@@ -310,16 +309,4 @@ fn fib_uplink6(
         dmac: [0; 6],
     };
     fib_check(ctx, fib, uplink)
-}
-
-/// [`deliver_or_stack`] for IPv6.
-#[inline(always)]
-pub(crate) fn deliver_or_stack6(ctx: &TcContext, daddr: Addr6) -> i32 {
-    match Addr6::local_endpoint(daddr) {
-        Some(ep) => deliver6(ctx, &ep),
-        None => {
-            count(Reason::TranslatedToStack);
-            TC_ACT_OK as i32
-        }
-    }
 }

@@ -176,5 +176,5 @@ pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
     // flow state.
     flows::note_own_inbound(&rev_key);
     count(Reason::DnatNew);
-    Some(A::deliver_translated(ctx, b))
+    Some(deliver_local(ctx, b))
 }

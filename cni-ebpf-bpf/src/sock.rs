@@ -229,19 +229,7 @@ fn translate6(ctx: &SockAddrContext) -> bool {
         let Some(t) = host_port_target6(ctx, addr, port, proto_) else {
             return false;
         };
-        let key = SockRevKey6 {
-            cookie,
-            addr: t.addr,
-            port: t.port,
-            _pad: 0,
-            _pad2: 0,
-        };
-        let orig = SockRevValue6 {
-            addr,
-            port,
-            _pad: 0,
-        };
-        let _ = SOCK_REVNAT6.insert(&key, &orig, 0);
+        remember6(cookie, &t, addr, port);
         set_user_ip6(ctx, t.addr, t.port);
     }
     count(Reason::SockHostPort);
@@ -260,19 +248,41 @@ fn reverse6(ctx: &SockAddrContext) {
         if let Some(orig) = recall(cookie, a4, port) {
             set_user_ip6(ctx, [0, 0, V4_MAPPED, orig.addr], orig.port);
         }
-    } else {
-        let key = SockRevKey6 {
-            cookie,
-            addr,
-            port,
-            _pad: 0,
-            _pad2: 0,
-        };
-        // SAFETY: copied out at once.
-        if let Some(orig) = unsafe { SOCK_REVNAT6.get(key) }.copied() {
-            set_user_ip6(ctx, orig.addr, orig.port);
-        }
+    } else if let Some(orig) = recall6(cookie, addr, port) {
+        set_user_ip6(ctx, orig.addr, orig.port);
     }
+}
+
+/// [`remember`] for an IPv6 host port (`SOCK_REVNAT6`).
+#[inline(always)]
+fn remember6(cookie: u64, t: &PortTarget6, addr: Addr6, port: u16) {
+    let key = SockRevKey6 {
+        cookie,
+        addr: t.addr,
+        port: t.port,
+        _pad: 0,
+        _pad2: 0,
+    };
+    let orig = SockRevValue6 {
+        addr,
+        port,
+        _pad: 0,
+    };
+    let _ = SOCK_REVNAT6.insert(&key, &orig, 0);
+}
+
+/// [`recall`] for an IPv6 pod address (`SOCK_REVNAT6`).
+#[inline(always)]
+fn recall6(cookie: u64, addr: Addr6, port: u16) -> Option<SockRevValue6> {
+    let key = SockRevKey6 {
+        cookie,
+        addr,
+        port,
+        _pad: 0,
+        _pad2: 0,
+    };
+    // SAFETY: copied out at once.
+    unsafe { SOCK_REVNAT6.get(key) }.copied()
 }
 
 /// `connect()` of a node socket (TCP, or connected UDP) to a host port.

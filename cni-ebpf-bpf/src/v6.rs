@@ -21,7 +21,7 @@ use cni_ebpf_common::{prog, Addr6, FlowFlags, NatDeliver, NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::{deliver6, deliver_or_stack6, to_uplink6},
+    forward::{deliver6, to_uplink6},
     hostport::{self, HairpinGrant},
     icmp6,
     maps::{count, node_config, CALLS6},
@@ -216,7 +216,7 @@ fn ingress6_known(ctx: &TcContext) -> Known {
         return Known::Verdict(TC_ACT_OK as i32);
     }
     count_translated(n.kind);
-    Known::Verdict(deliver_or_stack6(ctx, n.daddr))
+    Known::Verdict(hostport::deliver_local(ctx, n.daddr))
 }
 
 /// An ICMPv6 error, about a translated flow or not (see [`icmp6::error_in`]). Its own
