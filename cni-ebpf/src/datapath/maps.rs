@@ -267,6 +267,11 @@ pub fn is_not_found(e: &MapError) -> bool {
     }
 }
 
+/// Whether a map error is "the map is full" (`E2BIG` from an insert of a new key).
+pub fn is_full(e: &MapError) -> bool {
+    matches!(e, MapError::SyscallError(s) if s.io_error.raw_os_error() == Some(libc::E2BIG))
+}
+
 /// Wraps a map error with context, keeping it typed (`Error::source`, the errno).
 pub fn err(name: &str, what: impl AsRef<str>, e: MapError) -> Error {
     map_err(name, what.as_ref(), e)

@@ -181,7 +181,7 @@ impl Datapath {
         };
         dp.write_node_config(&old, &settings)?;
         if all {
-            dp.set_node_addrs(&facts.addrs)?;
+            dp.set_node_addrs(&facts.addrs, uplink_ifindex)?;
             dp.set_addrs_listed_s(now)?;
         } else {
             dp.add_node_addrs(&facts.addrs)?;

@@ -79,10 +79,20 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
         .iter()
         .find(|(_, i, usable)| *i == dev.index && *usable)
         .map(|(a, _, _)| *a);
+    // IPv6 link-local addresses are left out: they mean something on one link only (no
+    // host port is offered on one, no packet to one is forwarded), and every host veth
+    // has its own, so a node with a few hundred pods would fill the node-address map
+    // with them. (IPv4 link-local addresses stay: 169.254.20.10 of NodeLocal DNSCache
+    // is a node address that pods reach through their gateway.)
     let addrs = addrs
         .into_iter()
         .map(|(a, i)| (IpAddr::V4(a), i))
-        .chain(addrs6.into_iter().map(|(a, i, _)| (IpAddr::V6(a), i)))
+        .chain(
+            addrs6
+                .into_iter()
+                .filter(|(a, _, _)| !a.is_unicast_link_local())
+                .map(|(a, i, _)| (IpAddr::V6(a), i)),
+        )
         .collect();
     Ok(UplinkFacts {
         uplink: Some((dev.name, dev.index)),

@@ -11,7 +11,7 @@ use std::{
 
 use cni_ebpf_common::{
     map as map_name, Cidr4, Cidr6, NodeAddr, NodeConfig, NodeConfig6, NodeFlags, NodeState,
-    MAX_CLUSTER_CIDRS,
+    MAX_CLUSTER_CIDRS, MAX_NODE_ADDRS,
 };
 use ipnet::{Ipv4Net, Ipv6Net};
 
@@ -167,12 +167,24 @@ impl Datapath {
     }
 
     /// Replaces the set of addresses the programs treat as "this node" (host-port
-    /// destinations, never masqueraded).
-    pub fn set_node_addrs(&self, addrs: &[(IpAddr, u32)]) -> Result<()> {
+    /// destinations, never masqueraded). If the node has more than a map holds, the
+    /// uplink's addresses (on `uplink_ifindex`) and those already tracked come first, and
+    /// [`NODE_ADDRS_RESERVE`] slots stay free for the gateways of new pods.
+    pub fn set_node_addrs(&self, addrs: &[(IpAddr, u32)], uplink_ifindex: u32) -> Result<()> {
         let (v4, v6) = split_addrs(addrs);
         let mut m = self.maps()?;
-        replace_all(&mut m.node_addrs()?, map_name::NODE_ADDRS, v4)?;
-        replace_all(&mut m.node_addrs6()?, map_name::NODE_ADDRS6, v6)
+        replace_all(
+            &mut m.node_addrs()?,
+            map_name::NODE_ADDRS,
+            v4,
+            uplink_ifindex,
+        )?;
+        replace_all(
+            &mut m.node_addrs6()?,
+            map_name::NODE_ADDRS6,
+            v6,
+            uplink_ifindex,
+        )
     }
 
     /// Whether `a` is in the node-address map.
@@ -217,11 +229,18 @@ fn split_addrs(addrs: &[(IpAddr, u32)]) -> (BTreeMap<u32, u32>, BTreeMap<[u32; 4
     (v4, v6)
 }
 
-/// Makes node-address map `h` hold exactly `want`.
+/// Slots of a node-address map a full listing leaves free for the addresses ADD adds
+/// itself (a new pod's gateway), when the node has more addresses than the map holds.
+pub const NODE_ADDRS_RESERVE: usize = 16;
+
+/// Makes node-address map `h` hold exactly `want`, as far as it has room: the uplink's
+/// addresses first, then those it holds already (rewriting a key needs no room), then the
+/// others up to [`MAX_NODE_ADDRS`] less [`NODE_ADDRS_RESERVE`].
 fn replace_all<K: aya::Pod + Ord>(
     h: &mut aya::maps::HashMap<&mut aya::maps::MapData, K, NodeAddr>,
     name: &str,
     want: BTreeMap<K, u32>,
+    uplink_ifindex: u32,
 ) -> Result<()> {
     let have: BTreeMap<K, u32> = maps::entries(h)
         .into_iter()
@@ -232,30 +251,79 @@ fn replace_all<K: aya::Pod + Ord>(
             maps::remove(h, k, name)?;
         }
     }
-    for (k, i) in want {
+    let mut order: Vec<(K, u32)> = want.into_iter().collect();
+    order.sort_by_key(|(k, i)| (*i != uplink_ifindex, !have.contains_key(k)));
+    let cap = usize::try_from(MAX_NODE_ADDRS).unwrap_or(usize::MAX);
+    let room = cap.saturating_sub(NODE_ADDRS_RESERVE);
+    let mut full = Full::default();
+    for (n, (k, i)) in order.into_iter().enumerate() {
+        let kept = i == uplink_ifindex || have.contains_key(&k);
+        if !kept && n >= room {
+            full.0 += 1;
+            continue;
+        }
         if have.get(&k) == Some(&i) {
             continue;
         }
-        h.insert(k, NodeAddr { ifindex: i }, 0)
-            .map_err(|e| maps::err(name, "insert", e))?;
+        insert_node_addr(h, name, k, i, &mut full)?;
     }
+    full.warn(name);
     Ok(())
 }
 
-/// Adds the addresses of `add` that node-address map `h` lacks.
+/// Adds the addresses of `add` that node-address map `h` lacks, as far as it has room.
 fn add_missing<K: aya::Pod + Ord>(
     h: &mut aya::maps::HashMap<&mut aya::maps::MapData, K, NodeAddr>,
     name: &str,
     add: BTreeMap<K, u32>,
 ) -> Result<()> {
+    let mut full = Full::default();
     for (k, i) in add {
         if maps::get(h, &k, name)?.is_some() {
             continue;
         }
-        h.insert(k, NodeAddr { ifindex: i }, 0)
-            .map_err(|e| maps::err(name, "insert", e))?;
+        insert_node_addr(h, name, k, i, &mut full)?;
     }
+    full.warn(name);
     Ok(())
+}
+
+/// Addresses a full node-address map turned away.
+#[derive(Default)]
+struct Full(usize);
+
+impl Full {
+    fn warn(&self, name: &str) {
+        if self.0 > 0 {
+            tracing::warn!(
+                "map {name} is full: {} node address(es) are not tracked; host ports are not \
+                 served on them and pod traffic to them is not recognised as the node's",
+                self.0
+            );
+        }
+    }
+}
+
+/// Inserts one node address. A node can carry more addresses than the map holds (kube-proxy
+/// in IPVS mode binds every ClusterIP to `kube-ipvs0`): a full map is counted in `full`
+/// and warned about, never an error, since failing ADD for it would stop every pod on
+/// the node from starting. What an untracked address costs: no host port on it, and a
+/// pod's packet to it is routed by the kernel like any other.
+fn insert_node_addr<K: aya::Pod>(
+    h: &mut aya::maps::HashMap<&mut aya::maps::MapData, K, NodeAddr>,
+    name: &str,
+    k: K,
+    ifindex: u32,
+    full: &mut Full,
+) -> Result<()> {
+    match h.insert(k, NodeAddr { ifindex }, 0) {
+        Ok(()) => Ok(()),
+        Err(e) if maps::is_full(&e) => {
+            full.0 += 1;
+            Ok(())
+        }
+        Err(e) => Err(maps::err(name, "insert", e)),
+    }
 }
 
 #[cfg(test)]

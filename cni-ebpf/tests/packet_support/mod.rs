@@ -169,12 +169,15 @@ impl Fixture {
     /// The node addresses of [`Self::standard_node`]: NODE, NODE2 and the pods' gateway.
     pub fn standard_node_addrs(&self) {
         self.dp()
-            .set_node_addrs(&[
-                (NODE.into(), 2),
-                (NODE2.into(), 2),
-                (GATEWAY.into(), IFINDEX_A),
-                (GATEWAY.into(), IFINDEX_B),
-            ])
+            .set_node_addrs(
+                &[
+                    (NODE.into(), 2),
+                    (NODE2.into(), 2),
+                    (GATEWAY.into(), IFINDEX_A),
+                    (GATEWAY.into(), IFINDEX_B),
+                ],
+                2,
+            )
             .unwrap_or_else(|e| panic!("set_node_addrs: {e}"));
     }
 
