@@ -18,34 +18,54 @@ use cni_ebpf_common::{
 use super::{load, pins::Pins};
 use crate::error::{Error, Result};
 
-/// Every map of one network, opened from its pins.
+/// How a map pin is opened (read-write or read-only descriptors).
+type OpenMap = fn(&Pins, &str) -> Result<Map>;
+
+/// Every map of one network, each opened from its pin on first use (an ADD touches about
+/// half of them; opening one is two syscalls and a descriptor to close). [`Maps::open`]
+/// and [`Maps::open_read_only`] open and check them all at once.
 pub struct Maps {
-    pub(crate) endpoints: Map,
-    pub(crate) ep_stats: Map,
-    pub(crate) portmaps: Map,
-    pub(crate) nat: Map,
-    pub(crate) node_config: Map,
-    pub(crate) node_state: Map,
-    pub(crate) node_addrs: Map,
-    pub(crate) reasons: Map,
-    pub(crate) owners: Map,
-    pub(crate) flows: Map,
-    pub(crate) stack_sockets: Map,
-    pub(crate) sock_revnat: Map,
-    pub(crate) src_allow: Map,
-    pub(crate) pacing: Map,
-    pub(crate) src_allow6: Map,
-    pub(crate) nat_use: Map,
-    pub(crate) nat_dest_use: Map,
-    pub(crate) endpoints6: Map,
-    pub(crate) nat6: Map,
-    pub(crate) nat_dest_use6: Map,
-    pub(crate) flows6: Map,
-    pub(crate) stack_sockets6: Map,
-    pub(crate) node_config6: Map,
-    pub(crate) node_addrs6: Map,
-    pub(crate) portmaps6: Map,
-    pub(crate) sock_revnat6: Map,
+    pins: Pins,
+    open: OpenMap,
+    endpoints: Option<Map>,
+    ep_stats: Option<Map>,
+    portmaps: Option<Map>,
+    nat: Option<Map>,
+    node_config: Option<Map>,
+    node_state: Option<Map>,
+    node_addrs: Option<Map>,
+    reasons: Option<Map>,
+    owners: Option<Map>,
+    flows: Option<Map>,
+    stack_sockets: Option<Map>,
+    sock_revnat: Option<Map>,
+    src_allow: Option<Map>,
+    pacing: Option<Map>,
+    src_allow6: Option<Map>,
+    nat_use: Option<Map>,
+    nat_dest_use: Option<Map>,
+    endpoints6: Option<Map>,
+    nat6: Option<Map>,
+    nat_dest_use6: Option<Map>,
+    flows6: Option<Map>,
+    stack_sockets6: Option<Map>,
+    node_config6: Option<Map>,
+    node_addrs6: Option<Map>,
+    portmaps6: Option<Map>,
+    sock_revnat6: Option<Map>,
+}
+
+/// The map in `slot`, opened from its pin first if it is not yet.
+fn slot<'a>(
+    slot: &'a mut Option<Map>,
+    pins: &Pins,
+    open: OpenMap,
+    name: &str,
+) -> Result<&'a mut Map> {
+    match slot {
+        Some(m) => Ok(m),
+        None => Ok(slot.insert(open(pins, name)?)),
+    }
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -64,196 +84,337 @@ impl Maps {
         Self::open_with(pins, load::open_map_read_only)
     }
 
-    fn open_with(pins: &Pins, open: fn(&Pins, &str) -> Result<Map>) -> Result<Self> {
-        let mut m = Self {
-            endpoints: open(pins, map::ENDPOINTS)?,
-            ep_stats: open(pins, map::EP_STATS)?,
-            portmaps: open(pins, map::PORTMAPS)?,
-            nat: open(pins, map::NAT)?,
-            node_config: open(pins, map::NODE_CONFIG)?,
-            node_state: open(pins, map::NODE_STATE)?,
-            node_addrs: open(pins, map::NODE_ADDRS)?,
-            reasons: open(pins, map::REASONS)?,
-            owners: open(pins, map::OWNERS)?,
-            flows: open(pins, map::FLOWS)?,
-            stack_sockets: open(pins, map::STACK_SOCKETS)?,
-            sock_revnat: open(pins, map::SOCK_REVNAT)?,
-            src_allow: open(pins, map::SRC_ALLOW)?,
-            pacing: open(pins, map::PACING)?,
-            src_allow6: open(pins, map::SRC_ALLOW6)?,
-            nat_use: open(pins, map::NAT_USE)?,
-            nat_dest_use: open(pins, map::NAT_DEST_USE)?,
-            endpoints6: open(pins, map::ENDPOINTS6)?,
-            nat6: open(pins, map::NAT6)?,
-            nat_dest_use6: open(pins, map::NAT_DEST_USE6)?,
-            flows6: open(pins, map::FLOWS6)?,
-            stack_sockets6: open(pins, map::STACK_SOCKETS6)?,
-            node_config6: open(pins, map::NODE_CONFIG6)?,
-            node_addrs6: open(pins, map::NODE_ADDRS6)?,
-            portmaps6: open(pins, map::PORTMAPS6)?,
-            sock_revnat6: open(pins, map::SOCK_REVNAT6)?,
-        };
-        // Typed views fail on a key/value size mismatch: a layout this binary does not know.
-        m.endpoints()?;
-        m.ep_stats()?;
-        m.portmaps()?;
-        m.nat()?;
-        m.node_config()?;
-        m.node_state()?;
-        m.node_addrs()?;
-        m.reasons()?;
-        m.owners()?;
-        m.flows()?;
-        m.stack_sockets()?;
-        m.sock_revnat()?;
-        m.src_allow()?;
-        m.pacing()?;
-        m.src_allow6()?;
-        m.nat_use()?;
-        m.nat_dest_use()?;
-        m.endpoints6()?;
-        m.nat6()?;
-        m.nat_dest_use6()?;
-        m.flows6()?;
-        m.stack_sockets6()?;
-        m.node_config6()?;
-        m.node_addrs6()?;
-        m.portmaps6()?;
-        m.sock_revnat6()?;
+    fn open_with(pins: &Pins, open: OpenMap) -> Result<Self> {
+        let mut m = Self::lazy(pins, open);
+        m.open_all()?;
         Ok(m)
+    }
+
+    /// Opens nothing yet: each map is opened (and its key and value sizes checked) by its
+    /// accessor's first call.
+    pub fn open_lazily(pins: &Pins) -> Self {
+        Self::lazy(pins, load::open_map)
+    }
+
+    fn lazy(pins: &Pins, open: OpenMap) -> Self {
+        Self {
+            pins: pins.clone(),
+            open,
+            endpoints: None,
+            ep_stats: None,
+            portmaps: None,
+            nat: None,
+            node_config: None,
+            node_state: None,
+            node_addrs: None,
+            reasons: None,
+            owners: None,
+            flows: None,
+            stack_sockets: None,
+            sock_revnat: None,
+            src_allow: None,
+            pacing: None,
+            src_allow6: None,
+            nat_use: None,
+            nat_dest_use: None,
+            endpoints6: None,
+            nat6: None,
+            nat_dest_use6: None,
+            flows6: None,
+            stack_sockets6: None,
+            node_config6: None,
+            node_addrs6: None,
+            portmaps6: None,
+            sock_revnat6: None,
+        }
+    }
+
+    /// Opens every map; typed views fail on a key/value size mismatch (a layout this
+    /// binary does not know).
+    fn open_all(&mut self) -> Result<()> {
+        self.endpoints()?;
+        self.ep_stats()?;
+        self.portmaps()?;
+        self.nat()?;
+        self.node_config()?;
+        self.node_state()?;
+        self.node_addrs()?;
+        self.reasons()?;
+        self.owners()?;
+        self.flows()?;
+        self.stack_sockets()?;
+        self.sock_revnat()?;
+        self.src_allow()?;
+        self.pacing()?;
+        self.src_allow6()?;
+        self.nat_use()?;
+        self.nat_dest_use()?;
+        self.endpoints6()?;
+        self.nat6()?;
+        self.nat_dest_use6()?;
+        self.flows6()?;
+        self.stack_sockets6()?;
+        self.node_config6()?;
+        self.node_addrs6()?;
+        self.portmaps6()?;
+        self.sock_revnat6()?;
+        Ok(())
     }
 
     /// [`map::ENDPOINTS`].
     pub fn endpoints(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>> {
-        HashMap::try_from(&mut self.endpoints).map_err(|e| map_err(map::ENDPOINTS, "open", e))
+        HashMap::try_from(slot(
+            &mut self.endpoints,
+            &self.pins,
+            self.open,
+            map::ENDPOINTS,
+        )?)
+        .map_err(|e| map_err(map::ENDPOINTS, "open", e))
     }
 
     /// [`map::EP_STATS`].
     pub fn ep_stats(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, EndpointStats>> {
-        PerCpuHashMap::try_from(&mut self.ep_stats).map_err(|e| map_err(map::EP_STATS, "open", e))
+        PerCpuHashMap::try_from(slot(
+            &mut self.ep_stats,
+            &self.pins,
+            self.open,
+            map::EP_STATS,
+        )?)
+        .map_err(|e| map_err(map::EP_STATS, "open", e))
     }
 
     /// [`map::PORTMAPS`].
     pub fn portmaps(&mut self) -> Result<HashMap<&mut MapData, PortKey, PortTarget>> {
-        HashMap::try_from(&mut self.portmaps).map_err(|e| map_err(map::PORTMAPS, "open", e))
+        HashMap::try_from(slot(
+            &mut self.portmaps,
+            &self.pins,
+            self.open,
+            map::PORTMAPS,
+        )?)
+        .map_err(|e| map_err(map::PORTMAPS, "open", e))
     }
 
     /// [`map::NAT`].
     pub fn nat(&mut self) -> Result<HashMap<&mut MapData, NatKey, NatEntry>> {
-        HashMap::try_from(&mut self.nat).map_err(|e| map_err(map::NAT, "open", e))
+        HashMap::try_from(slot(&mut self.nat, &self.pins, self.open, map::NAT)?)
+            .map_err(|e| map_err(map::NAT, "open", e))
     }
 
     /// [`map::NODE_CONFIG`].
     pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
-        Array::try_from(&mut self.node_config).map_err(|e| map_err(map::NODE_CONFIG, "open", e))
+        Array::try_from(slot(
+            &mut self.node_config,
+            &self.pins,
+            self.open,
+            map::NODE_CONFIG,
+        )?)
+        .map_err(|e| map_err(map::NODE_CONFIG, "open", e))
     }
 
     /// [`map::NODE_STATE`].
     pub fn node_state(&mut self) -> Result<Array<&mut MapData, NodeState>> {
-        Array::try_from(&mut self.node_state).map_err(|e| map_err(map::NODE_STATE, "open", e))
+        Array::try_from(slot(
+            &mut self.node_state,
+            &self.pins,
+            self.open,
+            map::NODE_STATE,
+        )?)
+        .map_err(|e| map_err(map::NODE_STATE, "open", e))
     }
 
     /// [`map::NODE_ADDRS`].
     pub fn node_addrs(&mut self) -> Result<HashMap<&mut MapData, u32, NodeAddr>> {
-        HashMap::try_from(&mut self.node_addrs).map_err(|e| map_err(map::NODE_ADDRS, "open", e))
+        HashMap::try_from(slot(
+            &mut self.node_addrs,
+            &self.pins,
+            self.open,
+            map::NODE_ADDRS,
+        )?)
+        .map_err(|e| map_err(map::NODE_ADDRS, "open", e))
     }
 
     /// [`map::REASONS`].
     pub fn reasons(&mut self) -> Result<PerCpuArray<&mut MapData, u64>> {
-        PerCpuArray::try_from(&mut self.reasons).map_err(|e| map_err(map::REASONS, "open", e))
+        PerCpuArray::try_from(slot(
+            &mut self.reasons,
+            &self.pins,
+            self.open,
+            map::REASONS,
+        )?)
+        .map_err(|e| map_err(map::REASONS, "open", e))
     }
 
     /// [`map::OWNERS`].
     pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
-        HashMap::try_from(&mut self.owners).map_err(|e| map_err(map::OWNERS, "open", e))
+        HashMap::try_from(slot(&mut self.owners, &self.pins, self.open, map::OWNERS)?)
+            .map_err(|e| map_err(map::OWNERS, "open", e))
     }
 
     /// [`map::FLOWS`].
     pub fn flows(&mut self) -> Result<HashMap<&mut MapData, NatKey, FlowEntry>> {
-        HashMap::try_from(&mut self.flows).map_err(|e| map_err(map::FLOWS, "open", e))
+        HashMap::try_from(slot(&mut self.flows, &self.pins, self.open, map::FLOWS)?)
+            .map_err(|e| map_err(map::FLOWS, "open", e))
     }
 
     /// [`map::STACK_SOCKETS`].
     pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
-        HashMap::try_from(&mut self.stack_sockets)
-            .map_err(|e| map_err(map::STACK_SOCKETS, "open", e))
+        HashMap::try_from(slot(
+            &mut self.stack_sockets,
+            &self.pins,
+            self.open,
+            map::STACK_SOCKETS,
+        )?)
+        .map_err(|e| map_err(map::STACK_SOCKETS, "open", e))
     }
 
     /// [`map::SRC_ALLOW`].
     pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
-        LpmTrie::try_from(&mut self.src_allow).map_err(|e| map_err(map::SRC_ALLOW, "open", e))
+        LpmTrie::try_from(slot(
+            &mut self.src_allow,
+            &self.pins,
+            self.open,
+            map::SRC_ALLOW,
+        )?)
+        .map_err(|e| map_err(map::SRC_ALLOW, "open", e))
     }
 
     /// [`map::SRC_ALLOW6`].
     pub fn src_allow6(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllow6Key, u32>> {
-        LpmTrie::try_from(&mut self.src_allow6).map_err(|e| map_err(map::SRC_ALLOW6, "open", e))
+        LpmTrie::try_from(slot(
+            &mut self.src_allow6,
+            &self.pins,
+            self.open,
+            map::SRC_ALLOW6,
+        )?)
+        .map_err(|e| map_err(map::SRC_ALLOW6, "open", e))
     }
 
     /// [`map::NAT_USE`].
     pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
-        HashMap::try_from(&mut self.nat_use).map_err(|e| map_err(map::NAT_USE, "open", e))
+        HashMap::try_from(slot(
+            &mut self.nat_use,
+            &self.pins,
+            self.open,
+            map::NAT_USE,
+        )?)
+        .map_err(|e| map_err(map::NAT_USE, "open", e))
     }
 
     /// [`map::NAT_DEST_USE`].
     pub fn nat_dest_use(&mut self) -> Result<HashMap<&mut MapData, NatDestKey, u32>> {
-        HashMap::try_from(&mut self.nat_dest_use).map_err(|e| map_err(map::NAT_DEST_USE, "open", e))
+        HashMap::try_from(slot(
+            &mut self.nat_dest_use,
+            &self.pins,
+            self.open,
+            map::NAT_DEST_USE,
+        )?)
+        .map_err(|e| map_err(map::NAT_DEST_USE, "open", e))
     }
 
     /// [`map::PACING`].
     pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
-        HashMap::try_from(&mut self.pacing).map_err(|e| map_err(map::PACING, "open", e))
+        HashMap::try_from(slot(&mut self.pacing, &self.pins, self.open, map::PACING)?)
+            .map_err(|e| map_err(map::PACING, "open", e))
     }
 
     /// [`map::ENDPOINTS6`].
     pub fn endpoints6(&mut self) -> Result<HashMap<&mut MapData, EndpointKey6, EndpointInfo>> {
-        HashMap::try_from(&mut self.endpoints6).map_err(|e| map_err(map::ENDPOINTS6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.endpoints6,
+            &self.pins,
+            self.open,
+            map::ENDPOINTS6,
+        )?)
+        .map_err(|e| map_err(map::ENDPOINTS6, "open", e))
     }
 
     /// [`map::NAT6`].
     pub fn nat6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, NatEntry6>> {
-        HashMap::try_from(&mut self.nat6).map_err(|e| map_err(map::NAT6, "open", e))
+        HashMap::try_from(slot(&mut self.nat6, &self.pins, self.open, map::NAT6)?)
+            .map_err(|e| map_err(map::NAT6, "open", e))
     }
 
     /// [`map::NAT_DEST_USE6`].
     pub fn nat_dest_use6(&mut self) -> Result<HashMap<&mut MapData, NatDestKey6, u32>> {
-        HashMap::try_from(&mut self.nat_dest_use6)
-            .map_err(|e| map_err(map::NAT_DEST_USE6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.nat_dest_use6,
+            &self.pins,
+            self.open,
+            map::NAT_DEST_USE6,
+        )?)
+        .map_err(|e| map_err(map::NAT_DEST_USE6, "open", e))
     }
 
     /// [`map::FLOWS6`].
     pub fn flows6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, FlowEntry>> {
-        HashMap::try_from(&mut self.flows6).map_err(|e| map_err(map::FLOWS6, "open", e))
+        HashMap::try_from(slot(&mut self.flows6, &self.pins, self.open, map::FLOWS6)?)
+            .map_err(|e| map_err(map::FLOWS6, "open", e))
     }
 
     /// [`map::STACK_SOCKETS6`].
     pub fn stack_sockets6(&mut self) -> Result<HashMap<&mut MapData, SockKey6, SockPeer6>> {
-        HashMap::try_from(&mut self.stack_sockets6)
-            .map_err(|e| map_err(map::STACK_SOCKETS6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.stack_sockets6,
+            &self.pins,
+            self.open,
+            map::STACK_SOCKETS6,
+        )?)
+        .map_err(|e| map_err(map::STACK_SOCKETS6, "open", e))
     }
 
     /// [`map::NODE_CONFIG6`].
     pub fn node_config6(&mut self) -> Result<Array<&mut MapData, NodeConfig6>> {
-        Array::try_from(&mut self.node_config6).map_err(|e| map_err(map::NODE_CONFIG6, "open", e))
+        Array::try_from(slot(
+            &mut self.node_config6,
+            &self.pins,
+            self.open,
+            map::NODE_CONFIG6,
+        )?)
+        .map_err(|e| map_err(map::NODE_CONFIG6, "open", e))
     }
 
     /// [`map::NODE_ADDRS6`].
     pub fn node_addrs6(&mut self) -> Result<HashMap<&mut MapData, Addr6, NodeAddr>> {
-        HashMap::try_from(&mut self.node_addrs6).map_err(|e| map_err(map::NODE_ADDRS6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.node_addrs6,
+            &self.pins,
+            self.open,
+            map::NODE_ADDRS6,
+        )?)
+        .map_err(|e| map_err(map::NODE_ADDRS6, "open", e))
     }
 
     /// [`map::PORTMAPS6`].
     pub fn portmaps6(&mut self) -> Result<HashMap<&mut MapData, PortKey6, PortTarget6>> {
-        HashMap::try_from(&mut self.portmaps6).map_err(|e| map_err(map::PORTMAPS6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.portmaps6,
+            &self.pins,
+            self.open,
+            map::PORTMAPS6,
+        )?)
+        .map_err(|e| map_err(map::PORTMAPS6, "open", e))
     }
 
     /// [`map::SOCK_REVNAT`].
     pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
-        HashMap::try_from(&mut self.sock_revnat).map_err(|e| map_err(map::SOCK_REVNAT, "open", e))
+        HashMap::try_from(slot(
+            &mut self.sock_revnat,
+            &self.pins,
+            self.open,
+            map::SOCK_REVNAT,
+        )?)
+        .map_err(|e| map_err(map::SOCK_REVNAT, "open", e))
     }
 
     /// [`map::SOCK_REVNAT6`].
     pub fn sock_revnat6(&mut self) -> Result<HashMap<&mut MapData, SockRevKey6, SockRevValue6>> {
-        HashMap::try_from(&mut self.sock_revnat6).map_err(|e| map_err(map::SOCK_REVNAT6, "open", e))
+        HashMap::try_from(slot(
+            &mut self.sock_revnat6,
+            &self.pins,
+            self.open,
+            map::SOCK_REVNAT6,
+        )?)
+        .map_err(|e| map_err(map::SOCK_REVNAT6, "open", e))
     }
 }
 

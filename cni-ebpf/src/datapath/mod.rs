@@ -244,9 +244,10 @@ impl Datapath {
         Self::open_pins(pins)
     }
 
-    /// A handle on complete pins.
+    /// A handle on complete pins; each map is opened on first use (ADD's path: it uses
+    /// about half of them).
     fn open_pins(pins: Pins) -> Result<Self> {
-        let maps = Maps::open(&pins)?;
+        let maps = Maps::open_lazily(&pins);
         Ok(Self {
             pins,
             maps: Mutex::new(maps),
