@@ -396,6 +396,14 @@ pub fn tcx_attached(ifname: &str, dir: TcAttachType, prog_id: u32) -> Result<Opt
     }
 }
 
+/// The id of the program pinned at `pin`: one open and one info query, no program handle
+/// (the per-ADD check that the uplink programs are attached needs only their ids).
+pub fn pinned_program_id(pin: &Path) -> Result<u32> {
+    aya::programs::ProgramInfo::from_pin(pin)
+        .map(|i| i.id())
+        .map_err(|e| Error::datapath(format!("reading the info of {}", pin.display()), e))
+}
+
 /// The kernel id of a program.
 pub fn program_id(program: &SchedClassifier) -> Result<u32> {
     program

@@ -148,13 +148,13 @@ impl Pins {
     /// Every program pin present.
     #[must_use]
     pub fn programs_pinned(&self) -> bool {
-        prog::ALL.iter().all(|p| self.prog(p).exists())
+        all_present(&self.progs_dir(), &prog::ALL)
     }
 
     /// Every map pin present.
     #[must_use]
     pub fn maps_pinned(&self) -> bool {
-        map::ALL.iter().all(|m| self.map(m).exists())
+        all_present(&self.maps_dir(), &map::ALL)
     }
 
     /// Fully loaded: every map and program pinned.
@@ -205,6 +205,15 @@ impl Pins {
 }
 
 /// The (UTF-8) names in directory `dir`; none when it does not exist.
+/// Whether directory `dir` holds an entry for each of `names`: one listing, rather than
+/// a `stat` per pin (every ADD checks the 40 pins). An unreadable directory holds none.
+fn all_present(dir: &Path, names: &[&str]) -> bool {
+    let Ok(have) = names_in(dir) else {
+        return false;
+    };
+    names.iter().all(|n| have.iter().any(|h| h == n))
+}
+
 fn names_in(dir: &Path) -> Result<Vec<String>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,

@@ -75,7 +75,7 @@ impl Datapath {
         dir: Direction,
         tc_dir: TcAttachType,
     ) -> Result<Option<AttachMode>> {
-        let id = attach::program_id(&self.program(p)?)?;
+        let id = attach::pinned_program_id(&self.pins.prog(p))?;
         attach::attached(
             name,
             ifindex,
