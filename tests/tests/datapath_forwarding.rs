@@ -9,9 +9,9 @@
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, endpoint, forwarded_datagrams, greet, inspect, list, masq_conf,
-    nat_mentioning, num, pod_ip, reason, seen_peer, tcp_udp, udp_error, udp_exchange, upload,
-    wait_until, with_ports, Family, IcmpSniffer, Mode, TaggedServer, GW4, T,
+    add, assert_seen_as, del, endpoint, forwarded_datagrams, greet, inspect, known_node_addrs,
+    list, masq_conf, nat_mentioning, num, pod_ip, reason, seen_peer, tcp_udp, udp_error,
+    udp_exchange, upload, wait_until, with_ports, Family, IcmpSniffer, Mode, TaggedServer, GW4, T,
 };
 use serde_json::Value;
 use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
@@ -487,16 +487,6 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
         "the pod must have learned the uplink's MTU 1400: {route}"
     );
     del(&node, &a, &conf);
-}
-
-/// The node addresses the datapath knows (`inspect`).
-fn known_node_addrs(node: &SimNode) -> Vec<String> {
-    inspect(node)["node"]["node_addrs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_owned))
-        .collect()
 }
 
 #[test]

@@ -12,8 +12,8 @@
 mod datapath_support;
 
 use datapath_support::{
-    add, assert_seen_as, del, forwarded_datagrams, greet, inspect, list, reason, tcp_udp,
-    udp_error, udp_exchange, upload, with_ports, Family, CLUSTER_CIDR,
+    add, assert_seen_as, del, forwarded_datagrams, greet, inspect, known_node_addrs, list, reason,
+    tcp_udp, udp_error, udp_exchange, upload, with_ports, Family, CLUSTER_CIDR,
 };
 use serde_json::{json, Value};
 use tests::{
@@ -293,16 +293,6 @@ fn ipv6_traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
         "the pod must have learned the uplink's MTU 1400: {route}"
     );
     del(&node, &a, &conf);
-}
-
-/// The node addresses the datapath tracks (`inspect`).
-fn known_node_addrs(node: &SimNode) -> Vec<String> {
-    inspect(node)["node"]["node_addrs"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|a| a.as_str().map(str::to_owned))
-        .collect()
 }
 
 /// The gateways of an ADD result.

@@ -159,6 +159,17 @@ pub fn inspect(node: &SimNode) -> Value {
     out.json()
 }
 
+/// The node addresses the datapath tracks (`inspect`).
+#[must_use]
+pub fn known_node_addrs(node: &SimNode) -> Vec<String> {
+    inspect(node)["node"]["node_addrs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_owned))
+        .collect()
+}
+
 /// A list of an inspect document (`endpoints`, `portMappings`, `nat`, `reasons`).
 #[must_use]
 pub fn list<'a>(doc: &'a Value, key: &str) -> &'a [Value] {
