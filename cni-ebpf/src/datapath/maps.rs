@@ -25,8 +25,34 @@ type OpenMap = fn(&Pins, &str) -> Result<Map>;
 /// half of them; opening one is two syscalls and a descriptor to close). [`Maps::open`]
 /// and [`Maps::open_read_only`] open and check them all at once.
 pub struct Maps {
+    opener: Opener,
+    slots: Slots,
+}
+
+/// Where and how the maps are opened.
+struct Opener {
     pins: Pins,
     open: OpenMap,
+}
+
+impl Opener {
+    /// The typed view of the map in `slot`, opened from its pin first if it is not yet.
+    /// The view fails on a key/value size mismatch: a layout this binary does not know.
+    fn typed<'a, T>(&self, slot: &'a mut Option<Map>, name: &str) -> Result<T>
+    where
+        T: TryFrom<&'a mut Map, Error = MapError>,
+    {
+        let map = match slot {
+            Some(m) => m,
+            None => slot.insert((self.open)(&self.pins, name)?),
+        };
+        T::try_from(map).map_err(|e| map_err(name, "open", e))
+    }
+}
+
+/// The maps opened so far.
+#[derive(Default)]
+struct Slots {
     endpoints: Option<Map>,
     ep_stats: Option<Map>,
     portmaps: Option<Map>,
@@ -53,19 +79,6 @@ pub struct Maps {
     node_addrs6: Option<Map>,
     portmaps6: Option<Map>,
     sock_revnat6: Option<Map>,
-}
-
-/// The map in `slot`, opened from its pin first if it is not yet.
-fn slot<'a>(
-    slot: &'a mut Option<Map>,
-    pins: &Pins,
-    open: OpenMap,
-    name: &str,
-) -> Result<&'a mut Map> {
-    match slot {
-        Some(m) => Ok(m),
-        None => Ok(slot.insert(open(pins, name)?)),
-    }
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -98,34 +111,11 @@ impl Maps {
 
     fn lazy(pins: &Pins, open: OpenMap) -> Self {
         Self {
-            pins: pins.clone(),
-            open,
-            endpoints: None,
-            ep_stats: None,
-            portmaps: None,
-            nat: None,
-            node_config: None,
-            node_state: None,
-            node_addrs: None,
-            reasons: None,
-            owners: None,
-            flows: None,
-            stack_sockets: None,
-            sock_revnat: None,
-            src_allow: None,
-            pacing: None,
-            src_allow6: None,
-            nat_use: None,
-            nat_dest_use: None,
-            endpoints6: None,
-            nat6: None,
-            nat_dest_use6: None,
-            flows6: None,
-            stack_sockets6: None,
-            node_config6: None,
-            node_addrs6: None,
-            portmaps6: None,
-            sock_revnat6: None,
+            opener: Opener {
+                pins: pins.clone(),
+                open,
+            },
+            slots: Slots::default(),
         }
     }
 
@@ -163,258 +153,145 @@ impl Maps {
 
     /// [`map::ENDPOINTS`].
     pub fn endpoints(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>> {
-        HashMap::try_from(slot(
-            &mut self.endpoints,
-            &self.pins,
-            self.open,
-            map::ENDPOINTS,
-        )?)
-        .map_err(|e| map_err(map::ENDPOINTS, "open", e))
+        self.opener.typed(&mut self.slots.endpoints, map::ENDPOINTS)
     }
 
     /// [`map::EP_STATS`].
     pub fn ep_stats(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, EndpointStats>> {
-        PerCpuHashMap::try_from(slot(
-            &mut self.ep_stats,
-            &self.pins,
-            self.open,
-            map::EP_STATS,
-        )?)
-        .map_err(|e| map_err(map::EP_STATS, "open", e))
+        self.opener.typed(&mut self.slots.ep_stats, map::EP_STATS)
     }
 
     /// [`map::PORTMAPS`].
     pub fn portmaps(&mut self) -> Result<HashMap<&mut MapData, PortKey, PortTarget>> {
-        HashMap::try_from(slot(
-            &mut self.portmaps,
-            &self.pins,
-            self.open,
-            map::PORTMAPS,
-        )?)
-        .map_err(|e| map_err(map::PORTMAPS, "open", e))
+        self.opener.typed(&mut self.slots.portmaps, map::PORTMAPS)
     }
 
     /// [`map::NAT`].
     pub fn nat(&mut self) -> Result<HashMap<&mut MapData, NatKey, NatEntry>> {
-        HashMap::try_from(slot(&mut self.nat, &self.pins, self.open, map::NAT)?)
-            .map_err(|e| map_err(map::NAT, "open", e))
+        self.opener.typed(&mut self.slots.nat, map::NAT)
     }
 
     /// [`map::NODE_CONFIG`].
     pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
-        Array::try_from(slot(
-            &mut self.node_config,
-            &self.pins,
-            self.open,
-            map::NODE_CONFIG,
-        )?)
-        .map_err(|e| map_err(map::NODE_CONFIG, "open", e))
+        self.opener
+            .typed(&mut self.slots.node_config, map::NODE_CONFIG)
     }
 
     /// [`map::NODE_STATE`].
     pub fn node_state(&mut self) -> Result<Array<&mut MapData, NodeState>> {
-        Array::try_from(slot(
-            &mut self.node_state,
-            &self.pins,
-            self.open,
-            map::NODE_STATE,
-        )?)
-        .map_err(|e| map_err(map::NODE_STATE, "open", e))
+        self.opener
+            .typed(&mut self.slots.node_state, map::NODE_STATE)
     }
 
     /// [`map::NODE_ADDRS`].
     pub fn node_addrs(&mut self) -> Result<HashMap<&mut MapData, u32, NodeAddr>> {
-        HashMap::try_from(slot(
-            &mut self.node_addrs,
-            &self.pins,
-            self.open,
-            map::NODE_ADDRS,
-        )?)
-        .map_err(|e| map_err(map::NODE_ADDRS, "open", e))
+        self.opener
+            .typed(&mut self.slots.node_addrs, map::NODE_ADDRS)
     }
 
     /// [`map::REASONS`].
     pub fn reasons(&mut self) -> Result<PerCpuArray<&mut MapData, u64>> {
-        PerCpuArray::try_from(slot(
-            &mut self.reasons,
-            &self.pins,
-            self.open,
-            map::REASONS,
-        )?)
-        .map_err(|e| map_err(map::REASONS, "open", e))
+        self.opener.typed(&mut self.slots.reasons, map::REASONS)
     }
 
     /// [`map::OWNERS`].
     pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
-        HashMap::try_from(slot(&mut self.owners, &self.pins, self.open, map::OWNERS)?)
-            .map_err(|e| map_err(map::OWNERS, "open", e))
+        self.opener.typed(&mut self.slots.owners, map::OWNERS)
     }
 
     /// [`map::FLOWS`].
     pub fn flows(&mut self) -> Result<HashMap<&mut MapData, NatKey, FlowEntry>> {
-        HashMap::try_from(slot(&mut self.flows, &self.pins, self.open, map::FLOWS)?)
-            .map_err(|e| map_err(map::FLOWS, "open", e))
+        self.opener.typed(&mut self.slots.flows, map::FLOWS)
     }
 
     /// [`map::STACK_SOCKETS`].
     pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
-        HashMap::try_from(slot(
-            &mut self.stack_sockets,
-            &self.pins,
-            self.open,
-            map::STACK_SOCKETS,
-        )?)
-        .map_err(|e| map_err(map::STACK_SOCKETS, "open", e))
+        self.opener
+            .typed(&mut self.slots.stack_sockets, map::STACK_SOCKETS)
     }
 
     /// [`map::SRC_ALLOW`].
     pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
-        LpmTrie::try_from(slot(
-            &mut self.src_allow,
-            &self.pins,
-            self.open,
-            map::SRC_ALLOW,
-        )?)
-        .map_err(|e| map_err(map::SRC_ALLOW, "open", e))
+        self.opener.typed(&mut self.slots.src_allow, map::SRC_ALLOW)
     }
 
     /// [`map::SRC_ALLOW6`].
     pub fn src_allow6(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllow6Key, u32>> {
-        LpmTrie::try_from(slot(
-            &mut self.src_allow6,
-            &self.pins,
-            self.open,
-            map::SRC_ALLOW6,
-        )?)
-        .map_err(|e| map_err(map::SRC_ALLOW6, "open", e))
+        self.opener
+            .typed(&mut self.slots.src_allow6, map::SRC_ALLOW6)
     }
 
     /// [`map::NAT_USE`].
     pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
-        HashMap::try_from(slot(
-            &mut self.nat_use,
-            &self.pins,
-            self.open,
-            map::NAT_USE,
-        )?)
-        .map_err(|e| map_err(map::NAT_USE, "open", e))
+        self.opener.typed(&mut self.slots.nat_use, map::NAT_USE)
     }
 
     /// [`map::NAT_DEST_USE`].
     pub fn nat_dest_use(&mut self) -> Result<HashMap<&mut MapData, NatDestKey, u32>> {
-        HashMap::try_from(slot(
-            &mut self.nat_dest_use,
-            &self.pins,
-            self.open,
-            map::NAT_DEST_USE,
-        )?)
-        .map_err(|e| map_err(map::NAT_DEST_USE, "open", e))
+        self.opener
+            .typed(&mut self.slots.nat_dest_use, map::NAT_DEST_USE)
     }
 
     /// [`map::PACING`].
     pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
-        HashMap::try_from(slot(&mut self.pacing, &self.pins, self.open, map::PACING)?)
-            .map_err(|e| map_err(map::PACING, "open", e))
+        self.opener.typed(&mut self.slots.pacing, map::PACING)
     }
 
     /// [`map::ENDPOINTS6`].
     pub fn endpoints6(&mut self) -> Result<HashMap<&mut MapData, EndpointKey6, EndpointInfo>> {
-        HashMap::try_from(slot(
-            &mut self.endpoints6,
-            &self.pins,
-            self.open,
-            map::ENDPOINTS6,
-        )?)
-        .map_err(|e| map_err(map::ENDPOINTS6, "open", e))
+        self.opener
+            .typed(&mut self.slots.endpoints6, map::ENDPOINTS6)
     }
 
     /// [`map::NAT6`].
     pub fn nat6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, NatEntry6>> {
-        HashMap::try_from(slot(&mut self.nat6, &self.pins, self.open, map::NAT6)?)
-            .map_err(|e| map_err(map::NAT6, "open", e))
+        self.opener.typed(&mut self.slots.nat6, map::NAT6)
     }
 
     /// [`map::NAT_DEST_USE6`].
     pub fn nat_dest_use6(&mut self) -> Result<HashMap<&mut MapData, NatDestKey6, u32>> {
-        HashMap::try_from(slot(
-            &mut self.nat_dest_use6,
-            &self.pins,
-            self.open,
-            map::NAT_DEST_USE6,
-        )?)
-        .map_err(|e| map_err(map::NAT_DEST_USE6, "open", e))
+        self.opener
+            .typed(&mut self.slots.nat_dest_use6, map::NAT_DEST_USE6)
     }
 
     /// [`map::FLOWS6`].
     pub fn flows6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, FlowEntry>> {
-        HashMap::try_from(slot(&mut self.flows6, &self.pins, self.open, map::FLOWS6)?)
-            .map_err(|e| map_err(map::FLOWS6, "open", e))
+        self.opener.typed(&mut self.slots.flows6, map::FLOWS6)
     }
 
     /// [`map::STACK_SOCKETS6`].
     pub fn stack_sockets6(&mut self) -> Result<HashMap<&mut MapData, SockKey6, SockPeer6>> {
-        HashMap::try_from(slot(
-            &mut self.stack_sockets6,
-            &self.pins,
-            self.open,
-            map::STACK_SOCKETS6,
-        )?)
-        .map_err(|e| map_err(map::STACK_SOCKETS6, "open", e))
+        self.opener
+            .typed(&mut self.slots.stack_sockets6, map::STACK_SOCKETS6)
     }
 
     /// [`map::NODE_CONFIG6`].
     pub fn node_config6(&mut self) -> Result<Array<&mut MapData, NodeConfig6>> {
-        Array::try_from(slot(
-            &mut self.node_config6,
-            &self.pins,
-            self.open,
-            map::NODE_CONFIG6,
-        )?)
-        .map_err(|e| map_err(map::NODE_CONFIG6, "open", e))
+        self.opener
+            .typed(&mut self.slots.node_config6, map::NODE_CONFIG6)
     }
 
     /// [`map::NODE_ADDRS6`].
     pub fn node_addrs6(&mut self) -> Result<HashMap<&mut MapData, Addr6, NodeAddr>> {
-        HashMap::try_from(slot(
-            &mut self.node_addrs6,
-            &self.pins,
-            self.open,
-            map::NODE_ADDRS6,
-        )?)
-        .map_err(|e| map_err(map::NODE_ADDRS6, "open", e))
+        self.opener
+            .typed(&mut self.slots.node_addrs6, map::NODE_ADDRS6)
     }
 
     /// [`map::PORTMAPS6`].
     pub fn portmaps6(&mut self) -> Result<HashMap<&mut MapData, PortKey6, PortTarget6>> {
-        HashMap::try_from(slot(
-            &mut self.portmaps6,
-            &self.pins,
-            self.open,
-            map::PORTMAPS6,
-        )?)
-        .map_err(|e| map_err(map::PORTMAPS6, "open", e))
+        self.opener.typed(&mut self.slots.portmaps6, map::PORTMAPS6)
     }
 
     /// [`map::SOCK_REVNAT`].
     pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
-        HashMap::try_from(slot(
-            &mut self.sock_revnat,
-            &self.pins,
-            self.open,
-            map::SOCK_REVNAT,
-        )?)
-        .map_err(|e| map_err(map::SOCK_REVNAT, "open", e))
+        self.opener
+            .typed(&mut self.slots.sock_revnat, map::SOCK_REVNAT)
     }
 
     /// [`map::SOCK_REVNAT6`].
     pub fn sock_revnat6(&mut self) -> Result<HashMap<&mut MapData, SockRevKey6, SockRevValue6>> {
-        HashMap::try_from(slot(
-            &mut self.sock_revnat6,
-            &self.pins,
-            self.open,
-            map::SOCK_REVNAT6,
-        )?)
-        .map_err(|e| map_err(map::SOCK_REVNAT6, "open", e))
+        self.opener
+            .typed(&mut self.slots.sock_revnat6, map::SOCK_REVNAT6)
     }
 }
 

@@ -204,7 +204,6 @@ impl Pins {
     }
 }
 
-/// The (UTF-8) names in directory `dir`; none when it does not exist.
 /// Whether directory `dir` holds an entry for each of `names`: one listing, rather than
 /// a `stat` per pin (every ADD checks the 40 pins). An unreadable directory holds none.
 fn all_present(dir: &Path, names: &[&str]) -> bool {
@@ -214,6 +213,7 @@ fn all_present(dir: &Path, names: &[&str]) -> bool {
     names.iter().all(|n| have.iter().any(|h| h == n))
 }
 
+/// The (UTF-8) names in directory `dir`; none when it does not exist.
 fn names_in(dir: &Path) -> Result<Vec<String>> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
