@@ -10,7 +10,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
 
 use crate::{
-    maps::{add_stats, count, local_endpoint, node_config},
+    maps::{add_stats, count, node_config},
     parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     PASS,
 };
@@ -89,19 +89,6 @@ pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
     add_stats(ep.ifindex, ctx.len(), true);
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
-}
-
-/// After a translation: deliver into a local pod if the new destination is one, else hand
-/// the packet to the stack.
-#[inline(always)]
-pub(crate) fn deliver_or_stack(ctx: &TcContext, daddr: u32) -> i32 {
-    match local_endpoint(daddr) {
-        Some(ep) => deliver(ctx, &ep),
-        None => {
-            count(Reason::TranslatedToStack);
-            TC_ACT_OK as i32
-        }
-    }
 }
 
 /// [`route_hop`] for IPv6: the hop limit decremented (IPv6 has no header checksum).

@@ -66,7 +66,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, Reason};
 
 use crate::{
-    forward::{deliver, deliver_or_stack, to_uplink},
+    forward::{deliver, to_uplink},
     guard::{check_source, Verdict},
     maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, Source},
     nat::{count_translated, nat_lookup},
@@ -138,7 +138,7 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
                 return Ok(rewrite_failed());
             }
             count(Reason::HairpinForward);
-            return Ok(deliver_or_stack(ctx, n.daddr));
+            return Ok(hostport::deliver_local(ctx, n.daddr));
         }
     }
 
@@ -210,7 +210,7 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
             return Ok(TC_ACT_OK as i32);
         }
         count_translated(n.kind);
-        return Ok(deliver_or_stack(ctx, n.daddr));
+        return Ok(hostport::deliver_local(ctx, n.daddr));
     }
 
     if let Some(v) = hostport::dnat_new(ctx, &p) {
