@@ -101,12 +101,14 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
     }
 }
 
-/// Where the uplink has fq (not on this machine's kernel, whose configuration lacks it),
-/// the schedule is enforced by departure times: past the burst each packet leaves
-/// `from_pod` with `skb->tstamp` one packet's worth of time (its length at the rate) after
-/// the previous one, and only what would wait longer than the limit (25 ms in the plugin,
-/// longer here) is dropped. The entry is written in fq mode by hand; fq itself, which
-/// honours the times, is the kernel's part.
+/// Where the uplink has fq, the schedule is enforced by departure times: past the burst
+/// each packet for the outside leaves `from_pod` with `skb->tstamp` one packet's worth of
+/// time (its length at the rate) after the previous one, and only what would wait longer
+/// than the limit (25 ms in the plugin, longer here) is dropped. A packet that stays on the
+/// node (for pod B) passes no fq: it gets no departure time and is policed with the longer
+/// limit of a kernel without fq. The entry is written in fq mode by hand; fq itself, which
+/// honours the times, is the kernel's part (tests/tests/bandwidth.rs runs it on a kernel
+/// with fq: `cargo xtask test` boots one).
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
@@ -117,26 +119,53 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
     assert!(errors.is_empty(), "{errors:?}");
     // 20 frames a second (a frame costs 50 ms, far longer than the whole loop takes even
     // on a loaded machine, so the schedule does not catch up with the clock meanwhile)
-    // and a burst of 10 frames, in fq mode, with room for 60 frames of schedule.
-    let frame = udp_frame(POD_A, 4000, POD_B, 53);
-    let bytes_per_s = frame.len() as u64 * 20;
+    // and a burst of 10 frames, in fq mode.
+    let out = udp_frame(POD_A, 4000, EXT, 53);
+    let local = udp_frame(POD_A, 4000, POD_B, 53);
+    assert_eq!(out.len(), local.len());
+    let bytes_per_s = out.len() as u64 * 20;
     let rate = EgressRate {
         bits_per_s: bytes_per_s * 8,
-        burst_bits: frame.len() as u64 * 8 * 10,
+        burst_bits: out.len() as u64 * 8 * 10,
     };
     fx.dp().put_endpoint_entries(&pod_a(Some(rate))).unwrap();
     let mut map = fx.map("PACING");
     let mut pacing: aya::maps::HashMap<_, u32, Pacing> =
         aya::maps::HashMap::try_from(&mut map).unwrap();
-    let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
+    let cost = out.len() as u64 * 1_000_000_000 / bytes_per_s;
+
+    // To pod B, with the plugin's own fq-mode entry (25 ms limit): no departure times,
+    // and past the burst 300 ms of schedule (6 frames) pass, not 25 ms (none).
+    let entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
+    assert_eq!(entry.limit_ns, cni_ebpf_common::PACING_LATENCY_NS);
+    pacing.insert(IFINDEX_A, entry, 0).unwrap();
+    let mut passed = 0;
+    for _ in 0..30 {
+        let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &local);
+        assert_eq!(ts, 0, "a packet for a local pod got a departure time");
+        match v {
+            SHOT => {}
+            REDIRECT => passed += 1,
+            v => panic!("unexpected verdict {v}"),
+        }
+    }
+    let police = (cni_ebpf_common::PACING_POLICE_LIMIT_NS / cost) as usize;
+    assert!(
+        (10 + police - 1..=10 + police + 2).contains(&passed),
+        "{passed} of 30 frames to a local pod passed, expected the burst (10) and the \
+         policing limit ({police})"
+    );
+    let dropped = fx.reason(Reason::DropEgressRate);
+    assert_eq!(dropped, 30 - passed as u64);
+
+    // To the outside, with room for 60 frames of schedule: departure times.
+    let mut entry = entry;
     entry.limit_ns = 10 * 1_000_000_000;
     pacing.insert(IFINDEX_A, entry, 0).unwrap();
-
-    let cost = frame.len() as u64 * 1_000_000_000 / bytes_per_s;
     let mut stamps = Vec::new();
     for _ in 0..60 {
-        let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &frame);
-        assert_eq!(v, REDIRECT, "within its limit nothing is dropped");
+        let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &out);
+        assert_ne!(v, SHOT, "within its limit nothing is dropped");
         stamps.push(ts);
     }
     let unstamped = stamps.iter().take_while(|t| **t == 0).count();
@@ -159,5 +188,5 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
             w[1] - w[0]
         );
     }
-    assert_eq!(fx.reason(Reason::DropEgressRate), 0);
+    assert_eq!(fx.reason(Reason::DropEgressRate), dropped);
 }
