@@ -3,6 +3,10 @@
 //! departure times and the `fq` the plugin puts on the uplink — measured with iperf3 (TCP
 //! and UDP, pod → outside, and TCP pod → pod on the node, where the same schedule polices
 //! without a qdisc), next to an unlimited pod; CHECK and DEL of the rate; the refusals.
+//!
+//! This machine's kernel has no `fq`, so here the rate is policed; `cargo xtask test`
+//! runs this file again under Debian's 6.12 kernel in qemu (xtask/src/vm.rs), which has
+//! it, with `CNI_EBPF_EXPECT_FQ=1`.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -69,6 +73,9 @@ fn iperf(
 }
 
 /// Whether this kernel has the `fq` qdisc (probed on a veth pair made for it in the node).
+/// Where the run says the kernel has it (`CNI_EBPF_EXPECT_FQ=1`: `cargo xtask test` runs
+/// these tests again under a kernel with fq), its absence fails the test, so the
+/// departure-time path cannot quietly fall back to policing.
 fn kernel_has_fq(node: &SimNode) -> bool {
     node.exec(&[
         "ip", "link", "add", "fqprobe0", "type", "veth", "peer", "name", "fqprobe1",
@@ -79,6 +86,9 @@ fn kernel_has_fq(node: &SimNode) -> bool {
         .status
         .success();
     node.exec(&["ip", "link", "del", "fqprobe0"]).ok();
+    if std::env::var("CNI_EBPF_EXPECT_FQ").is_ok_and(|v| v == "1") {
+        assert!(has, "CNI_EBPF_EXPECT_FQ=1 but this kernel has no fq qdisc");
+    }
     has
 }
 

@@ -4,6 +4,7 @@
 //! when it is missing, so a fresh machine needs nothing else.
 
 use std::{
+    ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
 };
@@ -17,6 +18,7 @@ mod fuzz;
 mod image;
 mod setup;
 mod sim;
+mod vm;
 
 #[derive(Parser)]
 #[command(about = "cni-ebpf developer tasks")]
@@ -212,8 +214,7 @@ fn test(args: &[String]) -> Result<()> {
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
     // One release-profile run covers everything: plain tests and the privileged ones that
     // plain `cargo test` lists as ignored.
-    let mut cmd = Command::new("cargo");
-    cmd.args([
+    let cargo_test = [
         "test",
         "--release",
         "--no-fail-fast",
@@ -223,16 +224,29 @@ fn test(args: &[String]) -> Result<()> {
         // The containerd tests: their CRI client needs protoc, which setup installed.
         "--features",
         "tests/cri",
-        "--",
-        "--include-ignored",
-    ])
-    .args(args)
-    .env("CNI_EBPF_BIN", &bin)
-    .env("CNI_EBPF_FAULT_BIN", &fault)
-    .env("CNI_EBPF_STATIC_BIN", &static_bin)
-    .env("LIBCNI_CLIENT", &client)
-    .env("RUST_BACKTRACE", "1");
-    let tests = run(&mut cmd);
+    ];
+    let env: [(&str, &OsStr); 4] = [
+        ("CNI_EBPF_BIN", bin.as_os_str()),
+        ("CNI_EBPF_FAULT_BIN", fault.as_os_str()),
+        ("CNI_EBPF_STATIC_BIN", static_bin.as_os_str()),
+        ("LIBCNI_CLIENT", client.as_os_str()),
+    ];
+    let mut cmd = Command::new("cargo");
+    cmd.args(cargo_test)
+        .args(["--", "--include-ignored"])
+        .args(args)
+        .envs(env)
+        .env("RUST_BACKTRACE", "1");
+    let mut tests = run(&mut cmd);
+    // The same executables again under a kernel with fq (a filter given to this run
+    // applies there too).
+    let second = second_kernel(&cargo_test, &env, args);
+    if let Err(e) = second {
+        tests = match tests {
+            Ok(()) => Err(e),
+            Err(t) => Err(t.context(format!("and on the second kernel: {e:#}"))),
+        };
+    }
     // The bounded fuzz slice runs even when a test failed, so one run reports both; either
     // failing fails `cargo xtask test`.
     let fuzz = fuzz_slice();
@@ -241,6 +255,37 @@ fn test(args: &[String]) -> Result<()> {
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
         (Err(t), Err(f)) => Err(t.context(format!("and the fuzz slice failed too: {f:#}"))),
     }
+}
+
+/// The test binaries that depend on the kernel's features beyond this machine's:
+/// egress rates with `fq` (the bandwidth tests end to end, the pacing packet tests).
+const SECOND_KERNEL_TESTS: &[&str] = &["bandwidth", "packet_pacing"];
+
+/// Runs [`SECOND_KERNEL_TESTS`] under Debian's 6.12 kernel in qemu (see `vm.rs`).
+fn second_kernel(cargo_test: &[&str], env: &[(&str, &OsStr)], args: &[String]) -> Result<()> {
+    let kernel = vm::ensure_kernel()?;
+    let root = workspace_root();
+    let tests: Vec<vm::GuestTest> = vm::test_executables(cargo_test)?
+        .into_iter()
+        .filter(|(name, _)| SECOND_KERNEL_TESTS.contains(&name.as_str()))
+        .map(|(name, exe)| vm::GuestTest {
+            cwd: root.join(if name.starts_with("packet_") {
+                "cni-ebpf"
+            } else {
+                "tests"
+            }),
+            name,
+            exe,
+            filter: args.to_vec(),
+        })
+        .collect();
+    if tests.len() != SECOND_KERNEL_TESTS.len() {
+        bail!(
+            "expected the test binaries {SECOND_KERNEL_TESTS:?}, found {:?}",
+            tests.iter().map(|t| &t.name).collect::<Vec<_>>()
+        );
+    }
+    vm::run_tests(&kernel, &tests, env)
 }
 
 /// The short fuzz run of `cargo xtask test`: [`fuzz::TEST_SECONDS`] per target, or

@@ -37,6 +37,12 @@ const PACKAGES: &[&str] = &[
     // musl-gcc: the static (musl) build compiles ring's C and assembly (the TLS of the
     // Kubernetes API client) for the musl target.
     "musl-tools",
+    // The second kernel (xtask/src/vm.rs): Debian's 6.12 kernel, unpacked into the cache
+    // (not installed), booted in qemu; depmod indexes its modules, xz unpacks the boot
+    // ones.
+    "qemu-system-x86",
+    "kmod",
+    "xz-utils",
 ];
 
 /// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).
@@ -103,6 +109,11 @@ fn has_cargo_fuzz() -> bool {
 
 /// Installs what is missing. With `verbose`, also reports what was already there.
 pub fn run(verbose: bool) -> Result<()> {
+    // Inside the second kernel's guest (vm.rs), whose machine is this one, read-only and
+    // offline: what setup would install is there already.
+    if std::env::var("CNI_EBPF_SKIP_SETUP").is_ok_and(|v| v == "1") {
+        return Ok(());
+    }
     let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         if verbose {

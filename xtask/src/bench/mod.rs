@@ -108,9 +108,83 @@ pub struct Args {
     /// Use this libcni client binary instead of building it.
     #[arg(long)]
     pub libcni_client: Option<PathBuf>,
+    /// Run the bench inside Debian's 6.12 kernel, booted in qemu (software emulation), as
+    /// `cargo xtask test` runs its second-kernel tests: for what this machine's kernel
+    /// lacks — `fq`, so the `bandwidth` phase measures departure-time pacing instead of
+    /// its policing fallback. Emulated CPUs: compare the columns of one run, never a
+    /// figure with one from the machine's own kernel.
+    #[arg(long)]
+    pub second_kernel: bool,
     /// `logLevel` of cni-ebpf during the bench (it logs to a file in the bench's temp dir).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+}
+
+/// `--second-kernel`: builds what the bench runs here, then runs this same xtask with
+/// the same flags in the guest, results into the shared work directory, copied to
+/// `--out` (or `results/bench-<timestamp>-debian-<release>`) afterwards.
+fn run_in_second_kernel(args: &Args) -> Result<()> {
+    let kernel = crate::vm::ensure_kernel()?;
+    let plugin = match &args.plugin {
+        Some(p) => std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?,
+        None => crate::image::build_static()?,
+    };
+    let client = match &args.libcni_client {
+        Some(p) => {
+            std::fs::canonicalize(p).with_context(|| format!("--libcni-client {}", p.display()))?
+        }
+        None => crate::sim::build_libcni_client()?,
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        crate::workspace_root().join("results").join(format!(
+            "bench-{}-linux-{}",
+            timestamp(),
+            kernel.release
+        ))
+    });
+    let guest_out = crate::vm::work_dir().join("bench");
+    // The same flags, minus the ones this side resolved.
+    let mut argv: Vec<String> = vec![std::env::current_exe()?.display().to_string()];
+    let mut skip = false;
+    for a in std::env::args().skip(1) {
+        if skip {
+            skip = false;
+            continue;
+        }
+        if a == "--second-kernel" {
+            continue;
+        }
+        if ["--out", "--plugin", "--libcni-client"].contains(&a.as_str()) {
+            skip = true;
+            continue;
+        }
+        if ["--out=", "--plugin=", "--libcni-client="]
+            .iter()
+            .any(|p| a.starts_with(p))
+        {
+            continue;
+        }
+        argv.push(a);
+    }
+    for (flag, v) in [
+        ("--plugin", &plugin),
+        ("--libcni-client", &client),
+        ("--out", &guest_out),
+    ] {
+        argv.push(flag.to_owned());
+        argv.push(v.display().to_string());
+    }
+    let env = [("CNI_EBPF_SKIP_SETUP", std::ffi::OsStr::new("1"))];
+    let result = crate::vm::run_command(&kernel, &argv, &env);
+    if guest_out.exists() {
+        std::fs::create_dir_all(&out)?;
+        for e in std::fs::read_dir(&guest_out)? {
+            let e = e?;
+            std::fs::copy(e.path(), out.join(e.file_name()))?;
+        }
+        eprintln!("bench: results of the guest in {}", out.display());
+    }
+    result
 }
 
 /// Resolved sizes.
@@ -253,6 +327,9 @@ fn ipam_microbench(out: &Path) -> Result<()> {
 /// Runs the bench.
 pub fn run(args: &Args) -> Result<()> {
     crate::require_root("cargo xtask bench")?;
+    if args.second_kernel {
+        return run_in_second_kernel(args);
+    }
     let phases = args.phases();
     let sizes = args.sizes();
     let out = args.out.clone().unwrap_or_else(|| {
