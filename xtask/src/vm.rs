@@ -67,15 +67,34 @@ fn kernel_package() -> Result<String> {
 }
 
 /// Downloads and unpacks the kernel package into the cache unless it is there; builds
-/// the initramfs. Nothing is installed on the host.
+/// the initramfs (every time: it takes a moment, and follows changes to [`INIT`]).
+/// Nothing is installed on the host. When apt names no kernel or its download fails (a
+/// mirror that moved on to a newer build than the package lists name), the newest kernel
+/// already in the cache is used.
 pub fn ensure_kernel() -> Result<Kernel> {
     let base = cache_dir("vm");
-    // A cached kernel is kept when apt cannot name one (no package lists yet).
-    let pkg = match kernel_package() {
-        Ok(p) => p,
-        Err(e) => newest_cached(&base).with_context(|| format!("{e:#}"))?,
+    let fetched = kernel_package().and_then(|pkg| match unpacked(&base, &pkg) {
+        Some(k) => Ok(k),
+        None => fetch(&base, &pkg),
+    });
+    let kernel = match fetched {
+        Ok(k) => k,
+        Err(e) => {
+            let cached = newest_cached(&base).ok_or(e)?;
+            eprintln!("xtask: using the cached {cached} for the second-kernel tests");
+            unpacked(&base, &cached).context("the cached kernel vanished")?
+        }
     };
-    let dir = base.join(&pkg);
+    build_initrd(
+        &kernel,
+        &base.join(format!("linux-image-{}", kernel.release)),
+    )?;
+    Ok(kernel)
+}
+
+/// The kernel of package `pkg` if it is unpacked in the cache (`base`).
+fn unpacked(base: &Path, pkg: &str) -> Option<Kernel> {
+    let dir = base.join(pkg);
     let release = pkg.trim_start_matches("linux-image-").to_owned();
     let kernel = Kernel {
         vmlinuz: dir.join(format!("root/boot/vmlinuz-{release}")),
@@ -83,14 +102,22 @@ pub fn ensure_kernel() -> Result<Kernel> {
         initrd: dir.join("initrd.gz"),
         release,
     };
-    if kernel.initrd.exists() && kernel.vmlinuz.exists() {
-        return Ok(kernel);
-    }
+    let indexed = kernel
+        .modules
+        .join(&kernel.release)
+        .join("modules.dep")
+        .exists();
+    (kernel.vmlinuz.exists() && indexed).then_some(kernel)
+}
+
+/// Downloads package `pkg` into the cache, unpacks it and indexes its modules.
+fn fetch(base: &Path, pkg: &str) -> Result<Kernel> {
     eprintln!("xtask: fetching {pkg} for the second-kernel tests");
+    let dir = base.join(pkg);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     run(Command::new("apt-get")
-        .args(["download", "-q", &pkg])
+        .args(["download", "-q", pkg])
         .current_dir(&dir))?;
     let deb = std::fs::read_dir(&dir)?
         .filter_map(std::result::Result::ok)
@@ -102,26 +129,24 @@ pub fn ensure_kernel() -> Result<Kernel> {
         .arg(&deb)
         .arg(dir.join("root")))?;
     std::fs::remove_file(&deb)?;
+    let release = pkg.trim_start_matches("linux-image-");
     run(Command::new("depmod")
         .arg("-b")
         .arg(dir.join("root"))
-        .arg(&kernel.release))?;
-    build_initrd(&kernel, &dir)?;
-    Ok(kernel)
+        .arg(release))?;
+    unpacked(base, pkg).with_context(|| format!("{pkg} unpacked without its kernel image"))
 }
 
-/// The newest kernel already unpacked in the cache.
-fn newest_cached(base: &Path) -> Result<String> {
+/// The newest kernel package already unpacked in the cache.
+fn newest_cached(base: &Path) -> Option<String> {
     let mut names: Vec<String> = std::fs::read_dir(base)
-        .map(|d| {
-            d.filter_map(std::result::Result::ok)
-                .filter(|e| e.path().join("initrd.gz").exists())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+        .ok()?
+        .filter_map(std::result::Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| unpacked(base, n).is_some())
+        .collect();
     names.sort();
-    names.pop().context("no kernel in the cache either")
+    names.pop()
 }
 
 /// The first stage, `/init`: mounts the host's root read-only under a tmpfs overlay,
