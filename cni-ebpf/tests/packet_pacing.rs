@@ -117,28 +117,18 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
     fx.dp()
         .remove_pod("ctr-a", "eth0", "veth-ctr-a", &[POD_A.into()], &mut errors);
     assert!(errors.is_empty(), "{errors:?}");
-    // 20 frames a second (a frame costs 50 ms, far longer than the whole loop takes even
-    // on a loaded machine, so the schedule does not catch up with the clock meanwhile)
-    // and a burst of 10 frames, in fq mode.
+    // A burst of 10 frames, in fq mode.
     let out = udp_frame(POD_A, 4000, EXT, 53);
     let local = udp_frame(POD_A, 4000, POD_B, 53);
     assert_eq!(out.len(), local.len());
-    let bytes_per_s = out.len() as u64 * 20;
-    let rate = EgressRate {
-        bits_per_s: bytes_per_s * 8,
-        burst_bits: out.len() as u64 * 8 * 10,
-    };
+    let (rate, cost) = frame_rate(out.len(), 10);
     fx.dp().put_endpoint_entries(&pod_a(Some(rate))).unwrap();
-    let mut map = fx.map("PACING");
-    let mut pacing: aya::maps::HashMap<_, u32, Pacing> =
-        aya::maps::HashMap::try_from(&mut map).unwrap();
-    let cost = out.len() as u64 * 1_000_000_000 / bytes_per_s;
 
     // To pod B, with the plugin's own fq-mode entry (25 ms limit): no departure times,
     // and past the burst 300 ms of schedule (6 frames) pass, not 25 ms (none).
     let entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
     assert_eq!(entry.limit_ns, cni_ebpf_common::PACING_LATENCY_NS);
-    pacing.insert(IFINDEX_A, entry, 0).unwrap();
+    fx.put_pacing(IFINDEX_A, entry);
     let mut passed = 0;
     for _ in 0..30 {
         let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &local);
@@ -161,7 +151,7 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
     // To the outside, with room for 60 frames of schedule: departure times.
     let mut entry = entry;
     entry.limit_ns = 10 * 1_000_000_000;
-    pacing.insert(IFINDEX_A, entry, 0).unwrap();
+    fx.put_pacing(IFINDEX_A, entry);
     let mut stamps = Vec::new();
     for _ in 0..60 {
         let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &out);

@@ -851,19 +851,14 @@ fn a_verified_ipv6_flow_to_another_node_comes_back_straight_into_the_pod() {
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn ipv6_packets_leaving_the_node_are_stamped_and_local_ones_are_not() {
-    use cni_ebpf::cni::config::EgressRate;
-    use cni_ebpf_common::{Pacing, PacingMode};
+    use cni_ebpf_common::PacingMode;
 
     let fx = dual_stack_node();
     let out = udp6(POD_A6, 5353, EXT6, 53);
     let local = udp6(POD_A6, 5353, NODE6, 53);
     assert_eq!(out.len(), local.len());
-    // 20 frames a second, a burst of 2 frames, room for 10 s of schedule.
-    let bytes_per_s = out.len() as u64 * 20;
-    let rate = EgressRate {
-        bits_per_s: bytes_per_s * 8,
-        burst_bits: out.len() as u64 * 8 * 2,
-    };
+    // A burst of 2 frames, room for 10 s of schedule.
+    let (rate, cost) = frame_rate(out.len(), 2);
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             ips: vec![POD_A.into(), std::net::IpAddr::V6(POD_A6)],
@@ -871,12 +866,9 @@ fn ipv6_packets_leaving_the_node_are_stamped_and_local_ones_are_not() {
             ..endpoint_a()
         })
         .unwrap();
-    let mut map = fx.map("PACING");
-    let mut pacing: aya::maps::HashMap<_, u32, Pacing> =
-        aya::maps::HashMap::try_from(&mut map).unwrap();
     let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
     entry.limit_ns = 10 * 1_000_000_000;
-    pacing.insert(IFINDEX_A, entry, 0).unwrap();
+    fx.put_pacing(IFINDEX_A, entry);
 
     // Five frames for the node: past the burst, still no departure time.
     for i in 0..5 {
@@ -886,7 +878,6 @@ fn ipv6_packets_leaving_the_node_are_stamped_and_local_ones_are_not() {
     }
     // The same schedule, now past its burst: every frame for the outside is stamped, one
     // frame's time apart.
-    let cost = out.len() as u64 * 1_000_000_000 / bytes_per_s;
     let stamps: Vec<u64> = (0..5)
         .map(|i| {
             let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &out);

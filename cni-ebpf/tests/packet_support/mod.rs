@@ -380,6 +380,15 @@ impl Fixture {
     }
 
     /// One map of the loaded datapath, opened from its pin.
+    /// Writes pod `ifindex`'s `PACING` entry as given (a mode or limit the node would not
+    /// choose itself).
+    pub fn put_pacing(&self, ifindex: u32, entry: cni_ebpf_common::Pacing) {
+        let mut map = self.map("PACING");
+        let mut pacing: aya::maps::HashMap<_, u32, cni_ebpf_common::Pacing> =
+            aya::maps::HashMap::try_from(&mut map).unwrap();
+        pacing.insert(ifindex, entry, 0).unwrap();
+    }
+
     pub fn map(&self, name: &str) -> aya::maps::Map {
         let pin = self
             .network_dir()
@@ -682,6 +691,19 @@ fn pod_endpoint(
         nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
     }
+}
+
+/// The egress rate of the pacing tests: 20 frames of `frame_len` bytes a second (a frame
+/// costs 50 ms, far longer than a test's loop takes even on a loaded machine, so the
+/// schedule does not catch up with the clock meanwhile) with a burst of `burst_frames`;
+/// and one frame's cost in the schedule (ns).
+pub fn frame_rate(frame_len: usize, burst_frames: u64) -> (cni_ebpf::cni::config::EgressRate, u64) {
+    let bytes_per_s = frame_len as u64 * 20;
+    let rate = cni_ebpf::cni::config::EgressRate {
+        bits_per_s: bytes_per_s * 8,
+        burst_bits: frame_len as u64 * 8 * burst_frames,
+    };
+    (rate, frame_len as u64 * 1_000_000_000 / bytes_per_s)
 }
 
 /// Every tc program of the datapath.
