@@ -153,7 +153,9 @@ fn newest_cached(base: &Path) -> Option<String> {
 /// the kernel's modules and the work directory, then runs the work directory's
 /// `run.sh` chrooted in it and powers off. The kernel's module loader goes through the
 /// same chroot, so `ip link add … type veth` or `tc qdisc add … fq` load their modules
-/// as on a real node.
+/// as on a real node. `/run` is a fresh tmpfs (the host's sockets and netns handles mean
+/// nothing in the guest); `/tmp` is not, since a checkout (a CI clone) may live there:
+/// the overlay makes it writable without writing to the host.
 const INIT: &str = r#"#!/bin/busybox sh
 B=/bin/busybox
 $B mkdir -p /proc /sys /dev /lower /upper /root
@@ -169,7 +171,6 @@ $B mount -t proc proc /root/proc
 $B mount -t sysfs sys /root/sys
 $B mount -t devtmpfs dev /root/dev
 $B mount -t tmpfs tmpfs /root/run
-$B mount -t tmpfs tmpfs /root/tmp
 $B mount -t bpf bpf /root/sys/fs/bpf
 $B mount -t cgroup2 cgroup2 /root/sys/fs/cgroup
 $B mkdir -p /root/lib/modules
