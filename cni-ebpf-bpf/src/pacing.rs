@@ -56,13 +56,9 @@ pub(crate) fn pace(ctx: &TcContext, ifindex: u32) -> bool {
     if rate == 0 {
         return true;
     }
-    // Only a packet that leaves through the uplink's fq is held until its departure time.
-    let held = mode == PacingMode::BY_FQ && !stays_on_node(ctx);
-    let limit = if held || mode != PacingMode::BY_FQ {
-        limit
-    } else {
-        PACING_POLICE_LIMIT_NS
-    };
+    // In fq mode, a packet that stays on the node passes no fq: policed, never stamped.
+    let unheld = mode == PacingMode::BY_FQ && stays_on_node(ctx);
+    let limit = if unheld { PACING_POLICE_LIMIT_NS } else { limit };
     let tat = if tat > now { tat } else { now };
     let ready = tat.saturating_sub(burst);
     let depart = if ready > now { ready } else { now };
@@ -72,7 +68,7 @@ pub(crate) fn pace(ctx: &TcContext, ifindex: u32) -> bool {
     let cost = u64::from(ctx.len()) * NSEC_PER_SEC / rate;
     // SAFETY: as above.
     unsafe { (*p).tat_ns = tat + cost };
-    if depart > now && held {
+    if depart > now && mode == PacingMode::BY_FQ && !unheld {
         // SAFETY: plain helper call on this program's skb. It cannot fail for a
         // monotonic time at tc (the only error is an unknown type).
         unsafe { bpf_skb_set_tstamp(ctx.skb.skb, depart, BPF_SKB_TSTAMP_DELIVERY_MONO) };
