@@ -120,13 +120,14 @@ pub struct Args {
     pub log_level: String,
 }
 
-/// `--second-kernel`: builds what the bench runs here, then runs this same xtask with
-/// the same flags in the guest, results into the shared work directory, copied to
-/// `--out` (or `results/bench-<timestamp>-debian-<release>`) afterwards.
-fn run_in_second_kernel(args: &Args) -> Result<()> {
-    let kernel = crate::vm::ensure_kernel()?;
+/// The plugin and the libcni client the bench runs: `--plugin` and `--libcni-client`, or
+/// built. Absolute: the bench links them into its own directories.
+fn plugin_and_client(args: &Args) -> Result<(PathBuf, PathBuf)> {
     let plugin = match &args.plugin {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?,
+        // The binary users run: the image's static one. (A glibc build spends about 0.5 ms
+        // more per exec in the dynamic loader and libc's CPU feature probing, which every
+        // ADD and DEL pays; the bench reports what a node pays.)
         None => crate::image::build_static()?,
     };
     let client = match &args.libcni_client {
@@ -135,6 +136,15 @@ fn run_in_second_kernel(args: &Args) -> Result<()> {
         }
         None => crate::sim::build_libcni_client()?,
     };
+    Ok((plugin, client))
+}
+
+/// `--second-kernel`: builds what the bench runs here, then runs this same xtask with
+/// the same flags in the guest, results into the shared work directory, copied to
+/// `--out` (or `results/bench-<timestamp>-debian-<release>`) afterwards.
+fn run_in_second_kernel(args: &Args) -> Result<()> {
+    let kernel = crate::vm::ensure_kernel()?;
+    let (plugin, client) = plugin_and_client(args)?;
     let out = args.out.clone().unwrap_or_else(|| {
         crate::workspace_root().join("results").join(format!(
             "bench-{}-linux-{}",
@@ -357,21 +367,7 @@ pub fn run(args: &Args) -> Result<()> {
     let mut result = Ok(());
     if !net_phases.is_empty() {
         crate::ensure_bpffs()?;
-        // Absolute: the bench links these into its own directories.
-        let plugin = match &args.plugin {
-            Some(p) => {
-                std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?
-            }
-            // The binary users run: the image's static one. (A glibc build spends about
-            // 0.5 ms more per exec in the dynamic loader and libc's CPU feature probing,
-            // which every ADD and DEL pays; the bench reports what a node pays.)
-            None => crate::image::build_static()?,
-        };
-        let client = match &args.libcni_client {
-            Some(p) => std::fs::canonicalize(p)
-                .with_context(|| format!("--libcni-client {}", p.display()))?,
-            None => crate::sim::build_libcni_client()?,
-        };
+        let (plugin, client) = plugin_and_client(args)?;
         proc::install_signal_handler()?;
         fill_meta(&mut report, args, &sizes, &plugin);
         let ws = Workspace::create(&plugin, &client, &args.log_level)?;
