@@ -267,7 +267,6 @@ const SECOND_KERNEL_TESTS: &[&str] = &["bandwidth", "packet_pacing"];
 /// nothing on an emulated CPU.
 fn second_kernel(cargo_test: &[&str], env: &[(&str, &OsStr)], args: &[String]) -> Result<()> {
     let kernel = vm::ensure_kernel()?;
-    let root = workspace_root();
     let all = std::env::var("CNI_EBPF_SECOND_KERNEL").is_ok_and(|v| v == "all");
     let wanted = |name: &str| {
         SECOND_KERNEL_TESTS.contains(&name)
@@ -275,16 +274,10 @@ fn second_kernel(cargo_test: &[&str], env: &[(&str, &OsStr)], args: &[String]) -
     };
     let tests: Vec<vm::GuestTest> = vm::test_executables(cargo_test)?
         .into_iter()
-        .filter(|(name, _)| wanted(name))
-        .map(|(name, exe)| vm::GuestTest {
-            cwd: root.join(if name.starts_with("packet_") {
-                "cni-ebpf"
-            } else {
-                "tests"
-            }),
-            name,
-            exe,
+        .filter(|t| wanted(&t.name))
+        .map(|t| vm::GuestTest {
             filter: args.to_vec(),
+            ..t
         })
         .collect();
     if !SECOND_KERNEL_TESTS

@@ -332,39 +332,42 @@ fn boot(kernel: &Kernel, script: &str) -> Result<()> {
     Ok(())
 }
 
-/// Boots `kernel` and runs `tests` in it one after the other, each with `env`; prints
-/// every test's output; fails when any test failed or the guest did not finish.
-pub fn run_tests(kernel: &Kernel, tests: &[GuestTest], env: &[(&str, &OsStr)]) -> Result<()> {
+/// Boots `kernel` and runs each job (`name`, directory, argv) in it one after the other
+/// with `env`, each one's output logged to the work directory; prints every log after
+/// the guest ends; fails when a job did not exit 0 or the guest did not finish.
+fn run_jobs(
+    kernel: &Kernel,
+    jobs: &[(&str, &Path, Vec<String>)],
+    env: &[(&str, &OsStr)],
+) -> Result<()> {
     let work = work_dir();
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work)?;
     let mut script = exports(env)?;
-    for (i, t) in tests.iter().enumerate() {
+    for (i, (_, cwd, argv)) in jobs.iter().enumerate() {
         let log = work.join(format!("{i}.log"));
+        let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
         writeln!(
             script,
-            "(cd '{}' && '{}' --include-ignored --test-threads=1 --nocapture {}) > '{}' 2>&1; \
-             echo \"rc=$?\" >> '{}'",
-            t.cwd.display(),
-            t.exe.display(),
-            t.filter.join(" "),
+            "(cd '{}' && {}) > '{}' 2>&1; echo \"rc=$?\" >> '{}'",
+            cwd.display(),
+            quoted.join(" "),
             log.display(),
             log.display()
         )?;
     }
+    let names: Vec<&str> = jobs.iter().map(|j| j.0).collect();
     eprintln!(
-        "xtask: booting Linux {} in qemu for {} test binar{}",
-        kernel.release,
-        tests.len(),
-        if tests.len() == 1 { "y" } else { "ies" }
+        "xtask: booting Linux {} in qemu for {names:?}",
+        kernel.release
     );
     let booted = boot(kernel, &script);
     let mut failed = Vec::new();
-    for (i, t) in tests.iter().enumerate() {
+    for (i, name) in names.iter().enumerate() {
         let log = std::fs::read_to_string(work.join(format!("{i}.log"))).unwrap_or_default();
-        eprintln!("---- {} on Linux {} ----\n{log}", t.name, kernel.release);
+        eprintln!("---- {name} on Linux {} ----\n{log}", kernel.release);
         if !log.lines().any(|l| l == "rc=0") {
-            failed.push(t.name.as_str());
+            failed.push(*name);
         }
     }
     booted?;
@@ -374,41 +377,37 @@ pub fn run_tests(kernel: &Kernel, tests: &[GuestTest], env: &[(&str, &OsStr)]) -
     Ok(())
 }
 
-/// Boots `kernel` and runs `argv` (a program of this machine) in it with `env`, its
-/// output going to this terminal after the guest ends (`<work>/out.log`). Fails when it
-/// did not exit 0.
+/// Boots `kernel` and runs `tests` in it one after the other, each with `env` (see
+/// [`run_jobs`]).
+pub fn run_tests(kernel: &Kernel, tests: &[GuestTest], env: &[(&str, &OsStr)]) -> Result<()> {
+    let jobs: Vec<(&str, &Path, Vec<String>)> = tests
+        .iter()
+        .map(|t| {
+            let mut argv = vec![
+                t.exe.display().to_string(),
+                "--include-ignored".to_owned(),
+                "--test-threads=1".to_owned(),
+                "--nocapture".to_owned(),
+            ];
+            argv.extend(t.filter.iter().cloned());
+            (t.name.as_str(), t.cwd.as_path(), argv)
+        })
+        .collect();
+    run_jobs(kernel, &jobs, env)
+}
+
+/// Boots `kernel` and runs `argv` (a program of this machine) in it from the workspace
+/// root, with `env` (see [`run_jobs`]).
 pub fn run_command(kernel: &Kernel, argv: &[String], env: &[(&str, &OsStr)]) -> Result<()> {
-    let work = work_dir();
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let log = work.join("out.log");
-    let mut script = exports(env)?;
-    writeln!(script, "cd '{}'", crate::workspace_root().display())?;
-    let quoted: Vec<String> = argv.iter().map(|a| format!("'{a}'")).collect();
-    writeln!(
-        script,
-        "{} > '{}' 2>&1; echo \"rc=$?\" >> '{}'",
-        quoted.join(" "),
-        log.display(),
-        log.display()
-    )?;
-    eprintln!(
-        "xtask: booting Linux {} in qemu for {argv:?}",
-        kernel.release
-    );
-    let booted = boot(kernel, &script);
-    let out = std::fs::read_to_string(&log).unwrap_or_default();
-    eprintln!("---- on Linux {} ----\n{out}", kernel.release);
-    booted?;
-    if !out.lines().any(|l| l == "rc=0") {
-        bail!("{argv:?} failed on Linux {}", kernel.release);
-    }
-    Ok(())
+    let root = crate::workspace_root();
+    let name = argv.first().map_or("command", String::as_str);
+    run_jobs(kernel, &[(name, &root, argv.to_vec())], env)
 }
 
 /// The test executables of the workspace's test run (`cargo_args`, which must be the
-/// same as the run that built them, so nothing is rebuilt), by target name.
-pub fn test_executables(cargo_args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
+/// same as the run that built them, so nothing is rebuilt) as [`GuestTest`]s without a
+/// filter, each to run in its package's directory (as cargo runs it).
+pub fn test_executables(cargo_args: &[&str]) -> Result<Vec<GuestTest>> {
     let out = Command::new("cargo")
         .args(cargo_args)
         .args(["--no-run", "--message-format=json"])
@@ -423,11 +422,21 @@ pub fn test_executables(cargo_args: &[&str]) -> Result<Vec<(String, PathBuf)>> {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(exe), Some(name)) = (v["executable"].as_str(), v["target"]["name"].as_str())
-        else {
+        let (Some(exe), Some(name), Some(cwd)) = (
+            v["executable"].as_str(),
+            v["target"]["name"].as_str(),
+            v["manifest_path"]
+                .as_str()
+                .and_then(|m| Path::new(m).parent()),
+        ) else {
             continue;
         };
-        found.push((name.to_owned(), PathBuf::from(exe)));
+        found.push(GuestTest {
+            name: name.to_owned(),
+            exe: PathBuf::from(exe),
+            cwd: cwd.to_path_buf(),
+            filter: Vec::new(),
+        });
     }
     Ok(found)
 }
