@@ -58,7 +58,11 @@ pub(crate) fn pace(ctx: &TcContext, ifindex: u32) -> bool {
     }
     // In fq mode, a packet that stays on the node passes no fq: policed, never stamped.
     let unheld = mode == PacingMode::BY_FQ && stays_on_node(ctx);
-    let limit = if unheld { PACING_POLICE_LIMIT_NS } else { limit };
+    let limit = if unheld {
+        PACING_POLICE_LIMIT_NS
+    } else {
+        limit
+    };
     let tat = if tat > now { tat } else { now };
     let ready = tat.saturating_sub(burst);
     let depart = if ready > now { ready } else { now };
