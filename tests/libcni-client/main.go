@@ -5,12 +5,25 @@
 // It is deliberately small and speaks a machine-friendly protocol:
 //
 //	libcni-client <add|check|del|version|validate|cached> --conflist FILE [flags]
+//	libcni-client serve
 //
 // add prints the chain's final Result (JSON) on stdout; check and del print nothing on
 // success; version prints the VERSION answer of --type (default: the first plugin of the
 // conflist); validate runs libcni's ValidateNetworkList (VERSION of every plugin plus
 // capability checks) and prints the enabled capabilities; cached prints the
 // Result libcni cached after ADD (what CHECK and DEL send as prevResult).
+//
+// serve is the client as a runtime embeds libcni: one long-lived process (containerd's
+// go-cni and CRI-O's ocicni call libcni from their daemon), so no operation pays for
+// starting a Go program. It reads one JSON request per line on stdin,
+//
+//	{"verb":"add","conflist":F,"netns":P,"id":C,"ifname":"eth0","cniPath":"D1:D2",
+//	 "cacheDir":D,"capArgs":{...}}
+//
+// and answers each, in order, with one line on stdout: {"ok":true,"result":R} (R is the
+// Result of add and cached, null otherwise) or {"ok":false,"error":F} with F as below.
+// Each conflist is read once, on its first request, as a runtime loads its network
+// configuration once. It ends at the end of stdin.
 //
 // On failure it writes one JSON line to stderr,
 // {"code":N,"msg":"…","details":"…","error":"…"}, where code/msg/details come from the
@@ -27,6 +40,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -42,6 +56,7 @@ import (
 )
 
 const usage = `usage: libcni-client <add|check|del|version|validate|cached> --conflist FILE [flags]
+       libcni-client serve   (JSON requests on stdin, one per line)
 
 flags:
   --conflist FILE    network configuration list (JSON); a single plugin config is
@@ -77,6 +92,12 @@ func run(argv []string) int {
 		return 2
 	}
 	verb := argv[0]
+	if verb == "serve" {
+		if len(argv) != 1 {
+			return usageErr("serve takes no arguments")
+		}
+		return serve()
+	}
 
 	fs := flag.NewFlagSet("libcni-client", flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(os.Stderr, usage) }
@@ -181,32 +202,126 @@ func run(argv []string) int {
 		}
 	}
 
-	switch verb {
-	case "add":
-		res, err := cni.AddNetworkList(ctx, list, rt)
-		if err != nil {
-			return fail(err)
-		}
-		return emit(res)
-	case "check":
-		if err := cni.CheckNetworkList(ctx, list, rt); err != nil {
-			return fail(err)
-		}
-	case "del":
-		if err := cni.DelNetworkList(ctx, list, rt); err != nil {
-			return fail(err)
-		}
-	case "cached":
-		res, err := cni.GetNetworkListCachedResult(list, rt)
-		if err != nil {
-			return fail(err)
-		}
-		if res == nil {
-			return fail(errors.New("no cached result"))
-		}
+	res, err := operate(ctx, cni, list, verb, rt)
+	if err != nil {
+		return fail(err)
+	}
+	if res != nil {
 		return emit(res)
 	}
 	return 0
+}
+
+// operate runs add, check, del or cached; it returns the Result of add and cached.
+func operate(ctx context.Context, cni *libcni.CNIConfig, list *libcni.NetworkConfigList,
+	verb string, rt *libcni.RuntimeConf) (interface{}, error) {
+	switch verb {
+	case "add":
+		return cni.AddNetworkList(ctx, list, rt)
+	case "check":
+		return nil, cni.CheckNetworkList(ctx, list, rt)
+	case "del":
+		return nil, cni.DelNetworkList(ctx, list, rt)
+	case "cached":
+		res, err := cni.GetNetworkListCachedResult(list, rt)
+		if err != nil {
+			return nil, err
+		}
+		if res == nil {
+			return nil, errors.New("no cached result")
+		}
+		return res, nil
+	}
+	return nil, fmt.Errorf("unknown verb %q", verb)
+}
+
+// request is one line of serve's input.
+type request struct {
+	Verb     string                 `json:"verb"`
+	Conflist string                 `json:"conflist"`
+	Netns    string                 `json:"netns"`
+	ID       string                 `json:"id"`
+	Ifname   string                 `json:"ifname"`
+	CNIPath  string                 `json:"cniPath"`
+	CacheDir string                 `json:"cacheDir"`
+	CapArgs  map[string]interface{} `json:"capArgs"`
+}
+
+// response is one line of serve's output.
+type response struct {
+	OK     bool        `json:"ok"`
+	Result interface{} `json:"result"`
+	Error  *failure    `json:"error,omitempty"`
+}
+
+// serve answers requests from stdin until it ends (see the package comment).
+func serve() int {
+	lists := map[string]*libcni.NetworkConfigList{}
+	runtimes := map[[2]string]*libcni.CNIConfig{}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 64*1024), 4*1024*1024)
+	out := bufio.NewWriter(os.Stdout)
+	for in.Scan() {
+		res, err := serveOne(in.Bytes(), lists, runtimes)
+		reply := response{OK: err == nil, Result: res}
+		if err != nil {
+			f := failureOf(err)
+			reply.Error = &f
+		}
+		line, err := json.Marshal(reply)
+		if err != nil {
+			line, _ = json.Marshal(response{Error: &failure{Msg: err.Error(), Error: err.Error()}})
+		}
+		out.Write(line)
+		out.WriteByte('\n')
+		if err := out.Flush(); err != nil {
+			fmt.Fprintf(os.Stderr, "libcni-client serve: %v\n", err)
+			return 1
+		}
+	}
+	if err := in.Err(); err != nil {
+		fmt.Fprintf(os.Stderr, "libcni-client serve: reading requests: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func serveOne(line []byte, lists map[string]*libcni.NetworkConfigList,
+	runtimes map[[2]string]*libcni.CNIConfig) (interface{}, error) {
+	var req request
+	if err := json.Unmarshal(line, &req); err != nil {
+		return nil, fmt.Errorf("request is not JSON: %w", err)
+	}
+	if req.Conflist == "" || req.CacheDir == "" || req.CNIPath == "" {
+		return nil, errors.New("a request needs conflist, cacheDir and cniPath")
+	}
+	list, ok := lists[req.Conflist]
+	if !ok {
+		var err error
+		if list, err = loadList(req.Conflist); err != nil {
+			return nil, err
+		}
+		lists[req.Conflist] = list
+	}
+	key := [2]string{req.CNIPath, req.CacheDir}
+	cni, ok := runtimes[key]
+	if !ok {
+		cni = libcni.NewCNIConfigWithCacheDir(filepath.SplitList(req.CNIPath), req.CacheDir, nil)
+		runtimes[key] = cni
+	}
+	ifname := req.Ifname
+	if ifname == "" {
+		ifname = "eth0"
+	}
+	rt := &libcni.RuntimeConf{
+		ContainerID:    req.ID,
+		NetNS:          req.Netns,
+		IfName:         ifname,
+		CapabilityArgs: req.CapArgs,
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return operate(ctx, cni, list, req.Verb, rt)
 }
 
 // loadList reads a conflist, or a single network config which it wraps into a list the
@@ -240,14 +355,19 @@ func emit(v interface{}) int {
 }
 
 func fail(err error) int {
+	line, _ := json.Marshal(failureOf(err))
+	fmt.Fprintln(os.Stderr, string(line))
+	return 1
+}
+
+// failureOf is the report of a failed operation: the plugin's CNI error where there is one.
+func failureOf(err error) failure {
 	f := failure{Msg: err.Error(), Error: err.Error()}
 	var cniErr *types.Error
 	if errors.As(err, &cniErr) {
 		f.Code, f.Msg, f.Details = cniErr.Code, cniErr.Msg, cniErr.Details
 	}
-	line, _ := json.Marshal(f)
-	fmt.Fprintln(os.Stderr, string(line))
-	return 1
+	return f
 }
 
 func usageErr(format string, args ...interface{}) int {

@@ -234,3 +234,91 @@ fn reference_bandwidth_chained_after_cni_ebpf_is_refused_loudly() {
         assert!(d.is_empty(), "{attach}: left behind:\n{}", d.join("\n"));
     }
 }
+
+/// `libcni-client serve`, the long-lived runtime the bench times ADD through (as containerd
+/// and CRI-O embed libcni): one process, the conflist read once, requests answered in
+/// order, a plugin's failure reported with its CNI code and nothing of it left behind.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_long_lived_libcni_client_serves_pods_in_order() {
+    let node = SimNode::new("libcni_serve");
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    let conflist = node.dir().join("serve.conflist");
+    if let Err(e) = std::fs::write(
+        &conflist,
+        node.conf().version("1.0.0").conflist().to_string(),
+    ) {
+        panic!("cannot write {}: {e}", conflist.display());
+    }
+    let request = |verb: &str, id: &str, netns: &std::path::Path| {
+        json!({
+            "verb": verb, "conflist": conflist, "netns": netns, "id": id, "ifname": "eth0",
+            "cniPath": node.cni_bin_dir(), "cacheDir": node.dir().join("libcni-cache"),
+        })
+        .to_string()
+    };
+    let missing = std::path::Path::new("/run/netns/cni-ebpf-test-does-not-exist");
+    let lines = [
+        request("add", a.container_id(), a.netns()),
+        request("add", b.container_id(), b.netns()),
+        request("add", "c", missing),
+        request("check", a.container_id(), a.netns()),
+        request("del", a.container_id(), a.netns()),
+        request("cached", b.container_id(), b.netns()),
+        "not json".to_owned(),
+    ];
+    let mut cmd = std::process::Command::new(tests::libcni::client_bin());
+    cmd.arg("serve");
+    tests::process::in_netns(&mut cmd, node.netns());
+    let input = lines.join("\n") + "\n";
+    let out = tests::process::run_cmd(
+        cmd,
+        Some(input.as_bytes()),
+        std::time::Duration::from_secs(90),
+    );
+    assert!(out.status.success(), "{out:?}");
+    let answers: Vec<Value> = out
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l:?}: {e}")))
+        .collect();
+    assert_eq!(
+        answers.len(),
+        lines.len(),
+        "one answer per request: {out:?}"
+    );
+    let ok: Vec<bool> = answers.iter().map(|a| a["ok"] == json!(true)).collect();
+    assert_eq!(
+        ok,
+        [true, true, false, true, true, true, false],
+        "{answers:#?}"
+    );
+    let ra = ResultView::parse(&answers[0]["result"]);
+    let rb = ResultView::parse(&answers[1]["result"]);
+    assert!(
+        ra.ip4().starts_with("10.244.1.") && ra.ip4() != rb.ip4(),
+        "{ra} {rb}"
+    );
+    assert_eq!(
+        answers[2]["error"]["code"],
+        json!(4),
+        "bad CNI_NETNS: {}",
+        answers[2]
+    );
+    assert_eq!(
+        ResultView::parse(&answers[5]["result"]).ips,
+        rb.ips,
+        "b's cached result"
+    );
+    assert!(link(a.netns(), "eth0").is_none(), "a's eth0 left after DEL");
+    assert_ping(b.netns(), "10.244.1.1");
+    assert_eq!(host_veths(node.netns()).len(), 1, "only b's veth is left");
+    node.libcni(
+        "del",
+        &node.conf().version("1.0.0").conflist(),
+        &b.env("eth0"),
+        None,
+    )
+    .assert_success();
+    node.store("testnet").assert_empty("after both DELs");
+}
