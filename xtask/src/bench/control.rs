@@ -1,5 +1,6 @@
-//! Control plane: ADD, CHECK and DEL latency over N pods, through the libcni client and
-//! by direct exec, with 1 and 2 parallel workers; ADD throughput (pods/s) and the peak RSS
+//! Control plane: ADD, CHECK and DEL latency over N pods, through libcni (a client process
+//! per operation, and libcni embedded in a long-lived client as runtimes run it) and by
+//! direct exec, with 1 and 2 parallel workers; ADD throughput (pods/s) and the peak RSS
 //! of one ADD. The headline rows are plain pods (no host port), the pods users create
 //! most; pods holding one TCP host port each (the reference adds its `portmap` plugin's
 //! iptables work) are their own rows, through libcni.
@@ -189,6 +190,10 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         let warm = node.pod(p.pods)?;
         let r = node.op("ADD", Via::Direct, &warm, &[], None)?;
         node.op("DEL", Via::Direct, &warm, &[], Some(&r.result))?;
+        if p.vias.contains(&Via::Embedded) {
+            let most = p.workers.iter().copied().max().unwrap_or(1);
+            node.start_sessions(most, &warm)?;
+        }
         drop(warm);
         let mut vdetails = Map::new();
         let runs = p.vias.iter().map(|&v| (Kind::Plain, v)).chain(
@@ -252,7 +257,8 @@ fn record(
             Kind::HostPort => "pods with one hostPort each",
         },
         match via {
-            Via::Libcni => "the libcni client",
+            Via::Libcni => "the libcni client (one process per operation)",
+            Via::Embedded => "libcni in a long-lived client (as runtimes embed it)",
             Via::Direct => "direct exec",
         },
         w,

@@ -5,7 +5,8 @@
 //! Phases (`--only` picks some):
 //! - `ipam`: the IPAM allocate+release microbench (`cargo bench -p cni-ebpf --bench ipam`);
 //! - `control`: ADD/CHECK/DEL latency percentiles, pods/s with 1 and 2 workers, peak RSS
-//!   of one ADD — through the libcni client and by direct exec ([`control`]);
+//!   of one ADD — through libcni (a client process per operation, and embedded in a
+//!   long-lived client as runtimes run it) and by direct exec ([`control`]);
 //! - `data`: TCP throughput (iperf3), request/response and connect/request/close rates for
 //!   pod → pod, pod → ext (masquerade) and ext → node:hostPort → pod, interleaved repeats,
 //!   medians ([`data`]);
@@ -263,7 +264,7 @@ impl Args {
                 } else {
                     self.workers.clone()
                 },
-                vias: vec![Via::Direct, Via::Libcni],
+                vias: vec![Via::Direct, Via::Libcni, Via::Embedded],
             },
             data,
             scale: scale::Params {
@@ -475,7 +476,7 @@ fn write_outputs(out: &Path, report: &Report) -> Result<()> {
 
 fn charts(out: &Path, report: &Report) -> Result<()> {
     // Control-plane latency percentiles (direct exec and libcni, sequential).
-    for via in ["direct", "libcni"] {
+    for via in ["direct", "libcni", "embedded"] {
         let mut groups = Vec::new();
         for verb in ["add", "check", "del"] {
             for p in ["p50", "p90", "p99"] {

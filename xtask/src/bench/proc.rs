@@ -15,7 +15,7 @@ use std::{
         unix::process::CommandExt,
     },
     path::Path,
-    process::{Child, Command, Stdio},
+    process::{Child, ChildStdin, ChildStdout, Command, Stdio},
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -300,6 +300,113 @@ impl Drop for Background {
             if let Err(e) = self.child.kill() {
                 eprintln!(
                     "bench: cannot kill `{}` ({}): {e}",
+                    self.what,
+                    self.child.id()
+                );
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// A long-lived program spoken to in lines: one request line on its stdin, one answer line
+/// on its stdout, in order (the libcni client's `serve`, a runtime that embeds libcni).
+/// Its stderr is the bench's. Killed by its PID and reaped on drop.
+pub struct Session {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: ChildStdout,
+    /// Bytes read past the last answer line.
+    pending: Vec<u8>,
+    what: String,
+}
+
+impl Session {
+    /// Starts `argv` in `netns`.
+    pub fn spawn(netns: &Path, argv: &[&OsStr]) -> Result<Self> {
+        let spec = Spec {
+            argv: argv.to_vec(),
+            env: Vec::new(),
+            netns: Some(netns),
+            stdin: b"",
+            timeout: Duration::ZERO,
+        };
+        let mut cmd = command(&spec)?;
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().with_context(|| format!("starting {argv:?}"))?;
+        let what = format!("{argv:?}");
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("{what}: no pipes");
+        };
+        Ok(Self {
+            child,
+            stdin,
+            stdout,
+            pending: Vec::new(),
+            what,
+        })
+    }
+
+    /// Sends `line` and waits at most `timeout` for the answer line; returns it and the
+    /// time from the write until it was read. After an error the session is unusable.
+    pub fn request(&mut self, line: &str, timeout: Duration) -> Result<(String, Duration)> {
+        let started = Instant::now();
+        let deadline = started + timeout;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .and_then(|()| self.stdin.flush())
+            .with_context(|| format!("writing to {}", self.what))?;
+        loop {
+            if let Some(end) = self.pending.iter().position(|&b| b == b'\n') {
+                let wall = started.elapsed();
+                let answer: Vec<u8> = self.pending.drain(..=end).collect();
+                return Ok((String::from_utf8_lossy(&answer).trim_end().to_owned(), wall));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                bail!("{} gave no answer within {timeout:?}", self.what);
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.stdout.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+            // SAFETY: one valid pollfd.
+            let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e).context("poll");
+            }
+            if n == 0 {
+                continue;
+            }
+            let mut buf = [0u8; 65536];
+            let got = self
+                .stdout
+                .read(&mut buf)
+                .with_context(|| format!("reading from {}", self.what))?;
+            if got == 0 {
+                bail!("{} exited", self.what);
+            }
+            self.pending.extend_from_slice(&buf[..got]);
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            if let Err(e) = self.child.kill() {
+                eprintln!(
+                    "bench: cannot kill {} ({}): {e}",
                     self.what,
                     self.child.id()
                 );

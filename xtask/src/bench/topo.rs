@@ -11,18 +11,25 @@
 //! results compare like for like. Operations go through the libcni client or are executed
 //! directly the way libcni would (each plugin of the chain in turn, `prevResult` passed on,
 //! DEL in reverse order) — the direct path leaves out the client's own start-up cost.
+//! The libcni client runs two ways: one process per operation ([`Via::Libcni`]), and as
+//! runtimes run libcni, inside one long-lived process that loaded the conflist once
+//! ([`Via::Embedded`]: containerd's go-cni and CRI-O's ocicni call libcni from their
+//! daemon, so a pod's ADD never starts a Go program).
 
 use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
-    sync::atomic::{AtomicBool, Ordering},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Mutex,
+    },
     time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use super::proc::{self, Exec, Spec};
+use super::proc::{self, Exec, Session, Spec};
 use tests::{NetNs, NodeNamespaces};
 
 /// The pod subnet (both variants; a /16 so that 1 000+ pods fit).
@@ -80,8 +87,11 @@ impl Variant {
 /// How an operation reaches the plugins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Via {
-    /// The Go libcni client (a real runtime library).
+    /// The Go libcni client (a real runtime library), one process per operation.
     Libcni,
+    /// The same libcni in one long-lived client per worker (`libcni-client serve`), as a
+    /// runtime embeds it.
+    Embedded,
     /// Executing each plugin ourselves, like libcni does.
     Direct,
 }
@@ -91,6 +101,7 @@ impl Via {
     pub fn key(self) -> &'static str {
         match self {
             Self::Libcni => "libcni",
+            Self::Embedded => "embedded",
             Self::Direct => "direct",
         }
     }
@@ -239,6 +250,9 @@ pub struct BenchNode {
     portmap_check_bug: AtomicBool,
     /// Pods get an IPv6 address too ([`POD_SUBNET6`]).
     dual_stack: bool,
+    /// Idle long-lived libcni clients ([`Via::Embedded`]); a worker takes one per
+    /// operation and puts it back.
+    sessions: Mutex<Vec<Session>>,
 }
 
 impl Drop for BenchNode {
@@ -278,6 +292,7 @@ impl BenchNode {
             log_level: ws.log_level.clone(),
             portmap_check_bug: AtomicBool::new(false),
             dual_stack,
+            sessions: Mutex::new(Vec::new()),
         };
         for sub in ["data", "cache", "cni-bin", "ipam"] {
             std::fs::create_dir_all(node.dir.join(sub))?;
@@ -411,8 +426,78 @@ impl BenchNode {
     ) -> Result<Op> {
         match path {
             Via::Libcni => self.libcni(verb, pod, ports),
+            Via::Embedded => self.embedded(verb, pod, ports),
             Via::Direct => self.direct(verb, pod, ports, prev),
         }
+    }
+
+    /// Starts long-lived libcni clients until `n` are idle, each warmed by an ADD and a DEL
+    /// of `warm` (a runtime has run pods before the ones measured).
+    pub fn start_sessions(&self, n: usize, warm: &Pod) -> Result<()> {
+        let mut started = Vec::new();
+        let idle = self.sessions.lock().map(|g| g.len()).unwrap_or(0);
+        for _ in idle..n {
+            let mut s = Session::spawn(
+                &self.netns(),
+                &[self.client.as_os_str(), OsStr::new("serve")],
+            )?;
+            for verb in ["ADD", "DEL"] {
+                self.request(&mut s, verb, warm, &[])?;
+            }
+            started.push(s);
+        }
+        if let Ok(mut g) = self.sessions.lock() {
+            g.extend(started);
+        }
+        Ok(())
+    }
+
+    fn embedded(&self, verb: &str, pod: &Pod, ports: &[PortMap]) -> Result<Op> {
+        let idle = self.sessions.lock().ok().and_then(|mut g| g.pop());
+        let mut session = match idle {
+            Some(s) => s,
+            None => Session::spawn(
+                &self.netns(),
+                &[self.client.as_os_str(), OsStr::new("serve")],
+            )?,
+        };
+        // A session that failed a request is dropped (killed), not put back.
+        let op = self.request(&mut session, verb, pod, ports)?;
+        if let Ok(mut g) = self.sessions.lock() {
+            g.push(session);
+        }
+        Ok(op)
+    }
+
+    /// One operation through a long-lived client, timed from the request's write until its
+    /// answer was read.
+    fn request(&self, s: &mut Session, verb: &str, pod: &Pod, ports: &[PortMap]) -> Result<Op> {
+        let req = json!({
+            "verb": verb.to_ascii_lowercase(),
+            "conflist": self.conflist_path(),
+            "netns": pod.path(),
+            "id": pod.id,
+            "ifname": "eth0",
+            "cniPath": self.dir.join("cni-bin"),
+            "cacheDir": self.dir.join("cache"),
+            "capArgs": { "portMappings": port_mappings(ports) },
+        });
+        let (line, wall) = s.request(&req.to_string(), OP_TIMEOUT)?;
+        let answer: Value = serde_json::from_str(&line)
+            .with_context(|| format!("the libcni client answered {line:?}"))?;
+        if answer["ok"] != json!(true) && !self.known_failure_text(verb, &line) {
+            bail!(
+                "{} {verb} of {} failed: {}",
+                self.variant.key(),
+                pod.id,
+                answer["error"]
+            );
+        }
+        Ok(Op {
+            wall,
+            maxrss_kib: 0,
+            result: answer["result"].clone(),
+        })
     }
 
     fn libcni(&self, verb: &str, pod: &Pod, ports: &[PortMap]) -> Result<Op> {
@@ -483,11 +568,16 @@ impl BenchNode {
     /// last plugin of the reference chain, so its CHECK did all its work when it fails
     /// that way: the bench counts it as done and says so in the report.
     fn known_failure(&self, verb: &str, out: &Exec) -> bool {
+        !out.timed_out
+            && (self.known_failure_text(verb, &out.stdout)
+                || self.known_failure_text(verb, &out.stderr))
+    }
+
+    /// [`Self::known_failure`] on the text of a failure.
+    fn known_failure_text(&self, verb: &str, text: &str) -> bool {
         let known = self.variant == Variant::Reference
             && verb.starts_with("CHECK")
-            && !out.timed_out
-            && (out.stdout.contains("could not check ipv6 dnat")
-                || out.stderr.contains("could not check ipv6 dnat"));
+            && text.contains("could not check ipv6 dnat");
         if known {
             self.portmap_check_bug.store(true, Ordering::Relaxed);
         }
