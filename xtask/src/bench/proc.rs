@@ -275,18 +275,12 @@ pub struct Background {
 impl Background {
     /// Starts `argv` in `netns` with stdio discarded.
     pub fn spawn(netns: &Path, argv: &[&str]) -> Result<Self> {
-        let spec = Spec {
-            argv: argv.iter().map(OsStr::new).collect(),
-            env: Vec::new(),
-            netns: Some(netns),
-            stdin: b"",
-            timeout: Duration::ZERO,
-        };
-        let mut cmd = command(&spec)?;
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        let child = cmd.spawn().with_context(|| format!("starting {argv:?}"))?;
+        let argv_os: Vec<&OsStr> = argv.iter().map(OsStr::new).collect();
+        let child = spawn_in(
+            netns,
+            &argv_os,
+            [Stdio::null(), Stdio::null(), Stdio::null()],
+        )?;
         Ok(Self {
             child,
             what: argv.join(" "),
@@ -296,16 +290,7 @@ impl Background {
 
 impl Drop for Background {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            if let Err(e) = self.child.kill() {
-                eprintln!(
-                    "bench: cannot kill `{}` ({}): {e}",
-                    self.what,
-                    self.child.id()
-                );
-            }
-        }
-        let _ = self.child.wait();
+        kill_and_reap(&mut self.child, &self.what);
     }
 }
 
@@ -324,18 +309,11 @@ pub struct Session {
 impl Session {
     /// Starts `argv` in `netns`.
     pub fn spawn(netns: &Path, argv: &[&OsStr]) -> Result<Self> {
-        let spec = Spec {
-            argv: argv.to_vec(),
-            env: Vec::new(),
-            netns: Some(netns),
-            stdin: b"",
-            timeout: Duration::ZERO,
-        };
-        let mut cmd = command(&spec)?;
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().with_context(|| format!("starting {argv:?}"))?;
+        let mut child = spawn_in(
+            netns,
+            argv,
+            [Stdio::piped(), Stdio::piped(), Stdio::inherit()],
+        )?;
         let what = format!("{argv:?}");
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
             let _ = child.kill();
@@ -403,17 +381,33 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            if let Err(e) = self.child.kill() {
-                eprintln!(
-                    "bench: cannot kill {} ({}): {e}",
-                    self.what,
-                    self.child.id()
-                );
-            }
-        }
-        let _ = self.child.wait();
+        kill_and_reap(&mut self.child, &self.what);
     }
+}
+
+/// Starts `argv` in `netns`, unbounded, with stdin, stdout and stderr from `io`.
+fn spawn_in(netns: &Path, argv: &[&OsStr], io: [Stdio; 3]) -> Result<Child> {
+    let spec = Spec {
+        argv: argv.to_vec(),
+        env: Vec::new(),
+        netns: Some(netns),
+        stdin: b"",
+        timeout: Duration::ZERO,
+    };
+    let mut cmd = command(&spec)?;
+    let [stdin, stdout, stderr] = io;
+    cmd.stdin(stdin).stdout(stdout).stderr(stderr);
+    cmd.spawn().with_context(|| format!("starting {argv:?}"))
+}
+
+/// Kills `child` (ours, by its PID) unless it already ended, and reaps it.
+fn kill_and_reap(child: &mut Child, what: &str) {
+    if matches!(child.try_wait(), Ok(None)) {
+        if let Err(e) = child.kill() {
+            eprintln!("bench: cannot kill `{what}` ({}): {e}", child.id());
+        }
+    }
+    let _ = child.wait();
 }
 
 /// Runs `f` on a new thread that has entered the network namespace `netns` (sockets it
