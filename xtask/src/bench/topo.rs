@@ -437,10 +437,7 @@ impl BenchNode {
         let mut started = Vec::new();
         let idle = self.sessions.lock().map(|g| g.len()).unwrap_or(0);
         for _ in idle..n {
-            let mut s = Session::spawn(
-                &self.netns(),
-                &[self.client.as_os_str(), OsStr::new("serve")],
-            )?;
+            let mut s = self.new_session()?;
             for verb in ["ADD", "DEL"] {
                 self.request(&mut s, verb, warm, &[])?;
             }
@@ -452,14 +449,19 @@ impl BenchNode {
         Ok(())
     }
 
+    /// A long-lived libcni client in the node namespace.
+    fn new_session(&self) -> Result<Session> {
+        Session::spawn(
+            &self.netns(),
+            &[self.client.as_os_str(), OsStr::new("serve")],
+        )
+    }
+
     fn embedded(&self, verb: &str, pod: &Pod, ports: &[PortMap]) -> Result<Op> {
         let idle = self.sessions.lock().ok().and_then(|mut g| g.pop());
         let mut session = match idle {
             Some(s) => s,
-            None => Session::spawn(
-                &self.netns(),
-                &[self.client.as_os_str(), OsStr::new("serve")],
-            )?,
+            None => self.new_session()?,
         };
         // A session that failed a request is dropped (killed), not put back.
         let op = self.request(&mut session, verb, pod, ports)?;
