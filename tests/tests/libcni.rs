@@ -243,11 +243,9 @@ fn reference_bandwidth_chained_after_cni_ebpf_is_refused_loudly() {
 fn a_long_lived_libcni_client_serves_pods_in_order() {
     let node = SimNode::new("libcni_serve");
     let (a, b) = (node.pod("a"), node.pod("b"));
+    let conf = node.conf().version("1.0.0").conflist();
     let conflist = node.dir().join("serve.conflist");
-    if let Err(e) = std::fs::write(
-        &conflist,
-        node.conf().version("1.0.0").conflist().to_string(),
-    ) {
+    if let Err(e) = std::fs::write(&conflist, conf.to_string()) {
         panic!("cannot write {}: {e}", conflist.display());
     }
     let request = |verb: &str, id: &str, netns: &std::path::Path| {
@@ -313,12 +311,7 @@ fn a_long_lived_libcni_client_serves_pods_in_order() {
     assert!(link(a.netns(), "eth0").is_none(), "a's eth0 left after DEL");
     assert_ping(b.netns(), "10.244.1.1");
     assert_eq!(host_veths(node.netns()).len(), 1, "only b's veth is left");
-    node.libcni(
-        "del",
-        &node.conf().version("1.0.0").conflist(),
-        &b.env("eth0"),
-        None,
-    )
-    .assert_success();
+    node.libcni("del", &conf, &b.env("eth0"), None)
+        .assert_success();
     node.store("testnet").assert_empty("after both DELs");
 }

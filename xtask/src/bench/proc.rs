@@ -153,25 +153,9 @@ fn wait_bounded(child: &Child, timeout: Duration) -> Result<(i32, libc::rusage, 
     let pidfd = i32::try_from(pidfd).context("pidfd")?;
     // SAFETY: owned from here on, closed on drop.
     let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(pidfd) };
-    let deadline = Instant::now() + timeout;
-    let mut timed_out = false;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let mut pfd = libc::pollfd {
-            fd: pidfd.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = i32::try_from(left.as_millis()).unwrap_or(i32::MAX);
-        // SAFETY: one valid pollfd.
-        let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-        if n > 0 {
-            break;
-        }
-        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-            continue;
-        }
-        // Timed out: kill exactly this child (the pidfd cannot name a recycled pid).
+    let timed_out = !readable_by(pidfd.as_raw_fd(), Instant::now() + timeout);
+    if timed_out {
+        // Kill exactly this child (the pidfd cannot name a recycled pid).
         // SAFETY: plain syscall on our pidfd.
         unsafe {
             libc::syscall(
@@ -182,8 +166,6 @@ fn wait_bounded(child: &Child, timeout: Duration) -> Result<(i32, libc::rusage, 
                 0,
             );
         }
-        timed_out = true;
-        break;
     }
     let mut status = 0;
     // SAFETY: zeroed rusage is a valid value for the out-parameter.
@@ -316,8 +298,7 @@ impl Session {
         )?;
         let what = format!("{argv:?}");
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
-            let _ = child.kill();
-            let _ = child.wait();
+            kill_and_reap(&mut child, &what);
             bail!("{what}: no pipes");
         };
         Ok(Self {
@@ -344,27 +325,8 @@ impl Session {
                 let answer: Vec<u8> = self.pending.drain(..=end).collect();
                 return Ok((String::from_utf8_lossy(&answer).trim_end().to_owned(), wall));
             }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            if !readable_by(self.stdout.as_raw_fd(), deadline) {
                 bail!("{} gave no answer within {timeout:?}", self.what);
-            }
-            let mut pfd = libc::pollfd {
-                fd: self.stdout.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
-            // SAFETY: one valid pollfd.
-            let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-            if n < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.kind() == std::io::ErrorKind::Interrupted {
-                    continue;
-                }
-                return Err(e).context("poll");
-            }
-            if n == 0 {
-                continue;
             }
             let mut buf = [0u8; 65536];
             let got = self
@@ -398,6 +360,30 @@ fn spawn_in(netns: &Path, argv: &[&OsStr], io: [Stdio; 3]) -> Result<Child> {
     let [stdin, stdout, stderr] = io;
     cmd.stdin(stdin).stdout(stdout).stderr(stderr);
     cmd.spawn().with_context(|| format!("starting {argv:?}"))
+}
+
+/// Waits until `fd` is readable or `deadline` passes, retrying after a signal; whether it
+/// became readable (a failed poll counts as not).
+fn readable_by(fd: std::os::fd::RawFd, deadline: Instant) -> bool {
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // Rounded up, so that an early wake-up is never taken for the deadline.
+        let ms = i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        let n = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
+        return false;
+    }
 }
 
 /// Kills `child` (ours, by its PID) unless it already ended, and reaps it.
