@@ -6,17 +6,18 @@
 //! - pod → ext (masqueraded to the node address),
 //! - ext → node:hostPort → pod.
 //!
-//! Repeats are interleaved (each repeat measures every variant once per figure, in a
-//! rotating order) and the median over repeats is reported, so slow drifts of a shared
-//! machine hit every variant alike. The request/response client and the echo servers are
-//! threads of this process that entered the right namespace; iperf3 runs as processes.
+//! Repeats are interleaved (each repeat measures every variant once per figure: the
+//! throughputs in a rotating order, the transaction figures with the variants taking
+//! turns of 0.2 s, see [`transact`]) and the median over repeats is reported, so the
+//! drifts and jumps of a shared machine hit every variant alike. The transaction clients
+//! and the echo servers are threads of this process that entered the right namespace;
+//! iperf3 runs as processes.
 
 use std::{
     collections::BTreeMap,
-    io::{Read, Write},
-    net::{IpAddr, SocketAddr, TcpStream},
+    net::{IpAddr, SocketAddr},
     path::{Path, PathBuf},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use anyhow::{bail, Context, Result};
@@ -25,11 +26,12 @@ use serde_json::{json, Map, Value};
 use super::{
     chart,
     proc::{self, check_interrupt, Background},
-    report::{median, Report, Summary},
+    report::{median, Report},
     topo::{
         pod_ip, pod_ip6, BenchNode, Pod, PortMap, Variant, Via, Workspace, EXT_IP, EXT_IP6,
         NODE_IP, NODE_IP6,
     },
+    transact::{self, Kind},
 };
 use tests::{EchoServer, NetNs, Serving};
 
@@ -49,87 +51,6 @@ pub const ECHO_PORT: u16 = 7000;
 /// Host ports mapped to the server pod.
 const IPERF_HOST_PORT: u16 = 15201;
 const ECHO_HOST_PORT: u16 = 17000;
-/// Request and answer size of the transaction tests.
-const MSG: usize = 64;
-/// Bound on any single socket step.
-const IO_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// One request/response run: transactions/s and latency percentiles (µs).
-#[derive(Debug, Clone, Copy)]
-struct Rr {
-    per_s: f64,
-    lat: Summary,
-}
-
-fn transact(s: &mut TcpStream, req: &[u8; MSG], resp: &mut [u8; MSG]) -> std::io::Result<()> {
-    s.write_all(req)?;
-    s.read_exact(resp)
-}
-
-/// Request/response on one connection for `secs` (from `netns` to `to`).
-fn rr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
-    proc::join(proc::in_netns(netns, move || {
-        tests::servers::pin_to_last_cpu();
-        let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
-            .with_context(|| format!("connecting to {to}"))?;
-        s.set_nodelay(true)?;
-        s.set_read_timeout(Some(IO_TIMEOUT))?;
-        s.set_write_timeout(Some(IO_TIMEOUT))?;
-        let req = [0x5a_u8; MSG];
-        let mut resp = [0u8; MSG];
-        // Warm-up: neighbour entries, conntrack, NAT state, caches.
-        for _ in 0..100 {
-            transact(&mut s, &req, &mut resp)?;
-        }
-        let dur = Duration::from_secs_f64(secs);
-        let mut lat = Vec::with_capacity(200_000);
-        let start = Instant::now();
-        while start.elapsed() < dur && lat.len() < 5_000_000 {
-            let t = Instant::now();
-            transact(&mut s, &req, &mut resp).with_context(|| format!("request to {to}"))?;
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        let el = start.elapsed().as_secs_f64();
-        Ok(Rr {
-            per_s: lat.len() as f64 / el,
-            lat: Summary::of(&lat),
-        })
-    }))
-}
-
-/// Connect/request/close for `secs`: a new connection per transaction.
-fn crr(netns: &Path, to: SocketAddr, secs: f64) -> Result<Rr> {
-    proc::join(proc::in_netns(netns, move || {
-        tests::servers::pin_to_last_cpu();
-        let req = [0xa5_u8; MSG];
-        let mut resp = [0u8; MSG];
-        let one = |req: &[u8; MSG], resp: &mut [u8; MSG]| -> Result<()> {
-            let mut s = TcpStream::connect_timeout(&to, IO_TIMEOUT)
-                .with_context(|| format!("connecting to {to}"))?;
-            s.set_nodelay(true)?;
-            s.set_read_timeout(Some(IO_TIMEOUT))?;
-            transact(&mut s, req, resp).with_context(|| format!("request to {to}"))?;
-            Ok(())
-        };
-        for _ in 0..20 {
-            one(&req, &mut resp)?;
-        }
-        let dur = Duration::from_secs_f64(secs);
-        let mut lat = Vec::with_capacity(50_000);
-        let start = Instant::now();
-        while start.elapsed() < dur && lat.len() < 1_000_000 {
-            let t = Instant::now();
-            one(&req, &mut resp)?;
-            lat.push(t.elapsed().as_secs_f64() * 1e6);
-        }
-        let el = start.elapsed().as_secs_f64();
-        Ok(Rr {
-            per_s: lat.len() as f64 / el,
-            lat: Summary::of(&lat),
-        })
-    }))
-}
-
 /// Single-stream iperf3 throughput in Gbit/s.
 fn iperf(netns: &Path, ip: &str, port: u16, secs: f64) -> Result<f64> {
     let secs_arg = format!("{}", secs.max(1.0).round());
@@ -326,9 +247,10 @@ const METRICS: [(&str, &str, &str, bool); 7] = [
     ("crr_p99", "connect/request/close latency p99", "µs", false),
 ];
 
-/// One repeat of scenario `scen` (`title` in notes): every target once, in an order
-/// rotated by `rep` so that no variant always goes first; throughput (if the target has
-/// an iperf3 port), request/response, connect/request/close, each `secs` long. A failed
+/// One repeat of scenario `scen` (`title` in notes), each figure `secs` long per target:
+/// throughput (if the target has an iperf3 port) target after target, in an order rotated
+/// by `rep` so that no variant always goes first; then request/response and
+/// connect/request/close with the targets taking turns ([`transact::in_turns`]). A failed
 /// figure becomes a note and the others go on; only an interrupt stops it.
 pub fn measure_repeat(
     scen: &str,
@@ -353,38 +275,43 @@ pub fn measure_repeat(
         let k = rep % targets.len();
         targets.rotate_left(k);
     }
+    let mut clients: Vec<(&Path, SocketAddr)> = Vec::with_capacity(targets.len());
     for t in &targets {
-        check_interrupt()?;
         let ip: IpAddr =
             t.ip.parse()
                 .with_context(|| format!("{title}: {} is not an address", t.ip))?;
-        let addr = SocketAddr::new(ip, t.echo_port);
+        clients.push((&t.client, SocketAddr::new(ip, t.echo_port)));
+    }
+    for t in &targets {
+        check_interrupt()?;
         if let Some(port) = t.iperf_port {
             match iperf(&t.client, &t.ip, port, secs) {
                 Ok(g) => push("tput", t.column, g),
                 Err(e) => notes.push(format!("{title}, {}: {e:#}", t.column)),
             }
-            check_interrupt()?;
         }
-        match rr(&t.client, addr, secs) {
-            Ok(r) => {
-                push("rr_tps", t.column, r.per_s);
-                push("rr_p50", t.column, r.lat.p50);
-                push("rr_p99", t.column, r.lat.p99);
-            }
-            Err(e) => notes.push(format!("{title} request/response, {}: {e:#}", t.column)),
-        }
+    }
+    let figures = [
+        (Kind::RequestResponse, "rr", "request/response"),
+        (Kind::ConnectRequestClose, "crr", "connect/request/close"),
+    ];
+    for (kind, key, what) in figures {
         check_interrupt()?;
-        match crr(&t.client, addr, secs) {
-            Ok(r) => {
-                push("crr_cps", t.column, r.per_s);
-                push("crr_p50", t.column, r.lat.p50);
-                push("crr_p99", t.column, r.lat.p99);
+        let results = transact::in_turns(kind, &clients, secs)?;
+        for (t, r) in targets.iter().zip(results) {
+            match r {
+                Ok(r) => {
+                    let rate = if kind == Kind::RequestResponse {
+                        "tps"
+                    } else {
+                        "cps"
+                    };
+                    push(&format!("{key}_{rate}"), t.column, r.per_s);
+                    push(&format!("{key}_p50"), t.column, r.lat.p50);
+                    push(&format!("{key}_p99"), t.column, r.lat.p99);
+                }
+                Err(e) => notes.push(format!("{title} {what}, {}: {e:#}", t.column)),
             }
-            Err(e) => notes.push(format!(
-                "{title} connect/request/close, {}: {e:#}",
-                t.column
-            )),
         }
     }
     Ok(())

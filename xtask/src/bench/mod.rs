@@ -41,6 +41,7 @@ mod report;
 mod scale;
 mod service;
 mod topo;
+mod transact;
 
 use report::Report;
 use topo::{Via, Workspace};
