@@ -6,10 +6,10 @@
 //! - pod → ext (masqueraded to the node address),
 //! - ext → node:hostPort → pod.
 //!
-//! Repeats are interleaved (each repeat measures every variant once per figure: the
-//! throughputs in a rotating order, the transaction figures with the variants taking
-//! turns of 0.2 s, see [`transact`]) and the median over repeats is reported, so the
-//! drifts and jumps of a shared machine hit every variant alike. The transaction clients
+//! Repeats are interleaved (each repeat measures every figure of every variant, the
+//! variants taking turns: iperf3 runs of 1 s, transactions in turns of 0.2 s, see
+//! [`transact`]) and the median over repeats is reported, so the drifts and jumps of a
+//! shared machine hit every variant alike. The transaction clients
 //! and the echo servers are threads of this process that entered the right namespace;
 //! iperf3 runs as processes.
 
@@ -247,11 +247,12 @@ const METRICS: [(&str, &str, &str, bool); 7] = [
     ("crr_p99", "connect/request/close latency p99", "µs", false),
 ];
 
-/// One repeat of scenario `scen` (`title` in notes), each figure `secs` long per target:
-/// throughput (if the target has an iperf3 port) target after target, in an order rotated
-/// by `rep` so that no variant always goes first; then request/response and
-/// connect/request/close with the targets taking turns ([`transact::in_turns`]). A failed
-/// figure becomes a note and the others go on; only an interrupt stops it.
+/// One repeat of scenario `scen` (`title` in notes), each figure `secs` long per target,
+/// the targets taking turns (in an order rotated by `rep` and by round, so that no variant
+/// always goes first): throughput (if the target has an iperf3 port) as iperf3 runs of
+/// 1 s, then request/response and connect/request/close in turns of 0.2 s
+/// ([`transact::in_turns`]). A failed figure becomes a note and the others go on; only an
+/// interrupt stops it.
 pub fn measure_repeat(
     scen: &str,
     title: &str,
@@ -282,13 +283,28 @@ pub fn measure_repeat(
                 .with_context(|| format!("{title}: {} is not an address", t.ip))?;
         clients.push((&t.client, SocketAddr::new(ip, t.echo_port)));
     }
-    for t in &targets {
-        check_interrupt()?;
-        if let Some(port) = t.iperf_port {
-            match iperf(&t.client, &t.ip, port, secs) {
-                Ok(g) => push("tput", t.column, g),
-                Err(e) => notes.push(format!("{title}, {}: {e:#}", t.column)),
+    // Throughput: iperf3 runs of 1 s, the targets taking turns, as many rounds as `secs`.
+    let rounds = secs.round().max(1.0) as usize;
+    let mut tput: Vec<Result<f64>> = targets.iter().map(|_| Ok(0.0)).collect();
+    for round in 0..rounds {
+        for k in 0..targets.len() {
+            check_interrupt()?;
+            let i = (round + k) % targets.len();
+            let t = &targets[i];
+            let (Some(port), Ok(sum)) = (t.iperf_port, &mut tput[i]) else {
+                continue;
+            };
+            match iperf(&t.client, &t.ip, port, 1.0) {
+                Ok(g) => *sum += g,
+                Err(e) => tput[i] = Err(e),
             }
+        }
+    }
+    for (t, r) in targets.iter().zip(tput) {
+        match (t.iperf_port, r) {
+            (None, _) => {}
+            (Some(_), Ok(sum)) => push("tput", t.column, sum / rounds as f64),
+            (Some(_), Err(e)) => notes.push(format!("{title}, {}: {e:#}", t.column)),
         }
     }
     let figures = [
@@ -324,16 +340,19 @@ pub fn put_medians(report: &mut Report, samples: &Samples, scen: &str, key: &str
         let Some(cols) = samples.get(scen).and_then(|m| m.get(metric)) else {
             continue;
         };
+        let row = format!("{key}.{metric}");
         for (col, v) in cols {
-            report.put(
-                &format!("{key}.{metric}"),
-                section,
-                label,
-                unit,
-                higher,
-                col,
-                median(v),
-            );
+            report.put(&row, section, label, unit, higher, col, median(v));
+        }
+        // Each repeat measured the columns taking turns: the median of its ratios.
+        let Some(e) = cols.get("cni-ebpf") else {
+            continue;
+        };
+        for (col, v) in cols {
+            if col != "cni-ebpf" && v.len() == e.len() && v.iter().all(|x| *x != 0.0) {
+                let ratios: Vec<f64> = e.iter().zip(v).map(|(a, b)| a / b).collect();
+                report.put_paired(&row, col, median(&ratios));
+            }
         }
     }
 }

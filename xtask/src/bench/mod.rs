@@ -120,6 +120,10 @@ pub struct Args {
     /// `logLevel` of cni-ebpf during the bench (it logs to a file in the bench's temp dir).
     #[arg(long, default_value = "info")]
     pub log_level: String,
+    /// cni-ebpf's `attach` field (how its programs are attached) [default: the plugin's
+    /// default, `tc`].
+    #[arg(long, value_parser = ["tc", "tcx", "auto"])]
+    pub attach: Option<String>,
 }
 
 /// The plugin and the libcni client the bench runs: `--plugin` and `--libcni-client`, or
@@ -372,7 +376,8 @@ pub fn run(args: &Args) -> Result<()> {
         let (plugin, client) = plugin_and_client(args)?;
         proc::install_signal_handler()?;
         fill_meta(&mut report, args, &sizes, &plugin);
-        let ws = Workspace::create(&plugin, &client, &args.log_level)?;
+        let mut ws = Workspace::create(&plugin, &client, &args.log_level)?;
+        ws.attach = args.attach.clone();
         for phase in &net_phases {
             let r = match phase {
                 Phase::Control => control::run(&ws, &sizes.control, &mut report),
@@ -429,6 +434,20 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
             version.lines().next().unwrap_or_default(),
             plugin.display()
         )),
+    );
+    m.insert(
+        "ratios".into(),
+        json!(
+            "data plane and Services: the median of the per-repeat ratios (each repeat \
+             measures the variants taking turns); elsewhere the ratio of the medians"
+        ),
+    );
+    m.insert(
+        "cni-ebpf attach".into(),
+        json!(args
+            .attach
+            .as_deref()
+            .unwrap_or("the plugin's default (tc)")),
     );
     m.insert(
         "reference".into(),

@@ -86,13 +86,27 @@ pub struct Row {
     pub higher_is_better: bool,
     /// Value per column (`COLUMNS`).
     pub values: BTreeMap<String, f64>,
+    /// Per other column: the median over repeats of cni-ebpf ÷ that column, for figures
+    /// whose repeats measured the columns taking turns (each repeat's values are of the
+    /// same moments, so their ratio is the comparison; a ratio of the medians could pair
+    /// values of different repeats).
+    pub paired: BTreeMap<String, f64>,
 }
 
 impl Row {
     /// cni-ebpf ÷ reference.
     pub fn ratio(&self) -> Option<f64> {
+        self.ratio_to("reference")
+    }
+
+    /// cni-ebpf ÷ `other`: the paired ratio where there is one, else the ratio of the
+    /// values.
+    pub fn ratio_to(&self, other: &str) -> Option<f64> {
+        if let Some(p) = self.paired.get(other) {
+            return Some(*p);
+        }
         let e = self.values.get("cni-ebpf")?;
-        let r = self.values.get("reference")?;
+        let r = self.values.get(other)?;
         (*r != 0.0).then(|| e / r)
     }
 }
@@ -165,7 +179,16 @@ impl Report {
             unit: unit.to_owned(),
             higher_is_better,
             values: BTreeMap::from([(column.to_owned(), value)]),
+            paired: BTreeMap::new(),
         });
+    }
+
+    /// Sets the paired ratio cni-ebpf ÷ `other` of row `key` (see [`Row::paired`]); a
+    /// row not put yet is left alone.
+    pub fn put_paired(&mut self, key: &str, other: &str, ratio: f64) {
+        if let Some(r) = self.rows.iter_mut().find(|r| r.key == key) {
+            r.paired.insert(other.to_owned(), ratio);
+        }
     }
 
     fn get(&self, key: &str, column: &str) -> Option<f64> {
@@ -283,9 +306,11 @@ impl Report {
         let e = |k: &str| self.get(k, "cni-ebpf");
         let (measured, threshold, met, detail) = match *rule {
             Rule::Max(k, other, f) | Rule::Min(k, other, f) => {
-                let ratio = e(k)
-                    .zip(self.get(k, other))
-                    .and_then(|(a, b)| (b != 0.0).then(|| a / b));
+                let ratio = self
+                    .rows
+                    .iter()
+                    .find(|r| r.key == k)
+                    .and_then(|r| r.ratio_to(other));
                 let at_most = matches!(rule, Rule::Max(..));
                 let met = ratio.map(|r| if at_most { r <= f } else { r >= f });
                 (ratio, f, met, format!("cni-ebpf ÷ {other} of {k}"))
@@ -390,7 +415,7 @@ impl Report {
             .map(|r| {
                 json!({ "key": r.key, "section": r.section, "label": r.label, "unit": r.unit,
                         "higherIsBetter": r.higher_is_better, "values": r.values,
-                        "ratioEbpfToReference": r.ratio() })
+                        "ratioEbpfToReference": r.ratio(), "pairedRatios": r.paired })
             })
             .collect();
         let targets: Vec<Value> = self

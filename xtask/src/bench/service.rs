@@ -117,6 +117,7 @@ fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'
             data_dir: &node.data_dir(),
             log_file: &node.log_file(),
             log_level: &ws.log_level,
+            attach: ws.attach.as_deref(),
         })],
         Variant::Reference => {
             topo::reference_plugins(node.pod_cidr4(), None, &node.dir().join("ipam"))

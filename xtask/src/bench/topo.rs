@@ -139,6 +139,8 @@ pub struct Workspace {
     pub client: PathBuf,
     /// Log level given to cni-ebpf.
     pub log_level: String,
+    /// `attach` given to cni-ebpf (`None`: its default).
+    pub attach: Option<String>,
 }
 
 impl Workspace {
@@ -155,6 +157,7 @@ impl Workspace {
             plugin: plugin.to_path_buf(),
             client: client.to_path_buf(),
             log_level: log_level.to_owned(),
+            attach: None,
         })
     }
 }
@@ -247,6 +250,7 @@ pub struct BenchNode {
     plugin: PathBuf,
     client: PathBuf,
     log_level: String,
+    attach: Option<String>,
     portmap_check_bug: AtomicBool,
     /// Pods get an IPv6 address too ([`POD_SUBNET6`]).
     dual_stack: bool,
@@ -290,6 +294,7 @@ impl BenchNode {
             plugin: ws.plugin.clone(),
             client: ws.client.clone(),
             log_level: ws.log_level.clone(),
+            attach: ws.attach.clone(),
             portmap_check_bug: AtomicBool::new(false),
             dual_stack,
             sessions: Mutex::new(Vec::new()),
@@ -354,6 +359,7 @@ impl BenchNode {
                 data_dir: &self.dir.join("data"),
                 log_file: &self.dir.join("cni-ebpf.log"),
                 log_level: &self.log_level,
+                attach: self.attach.as_deref(),
             })],
             Variant::Reference => reference_plugins(
                 POD_SUBNET,
@@ -609,6 +615,8 @@ pub struct EbpfConf<'a> {
     pub log_file: &'a Path,
     /// `logLevel`.
     pub log_level: &'a str,
+    /// `attach` (`None`: the plugin's default).
+    pub attach: Option<&'a str>,
 }
 
 /// The cni-ebpf plugin object the bench runs: `ipMasq`, host ports in eBPF, default route.
@@ -621,7 +629,7 @@ pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
         routes.push(json!({ "dst": "::/0" }));
         cluster.push(cluster6);
     }
-    json!({
+    let mut plugin = json!({
         "type": "cni-ebpf",
         "mtu": 1500,
         "uplink": "uplink0",
@@ -636,7 +644,11 @@ pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
         // node's own sockets).
         "cgroupPath": "",
         "ipam": { "ranges": ranges, "routes": routes },
-    })
+    });
+    if let Some(a) = c.attach {
+        plugin["attach"] = json!(a);
+    }
+    plugin
 }
 
 /// The reference chain the bench runs: `bridge` (`cni0`, `isGateway`, `ipMasq`, hairpin)
