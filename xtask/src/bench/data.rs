@@ -9,9 +9,9 @@
 //! Repeats are interleaved (each repeat measures every figure of every variant, the
 //! variants taking turns: iperf3 runs of 1 s, transactions in turns of 0.2 s, see
 //! [`transact`]) and the median over repeats is reported, so the drifts and jumps of a
-//! shared machine hit every variant alike. The transaction clients
-//! and the echo servers are threads of this process that entered the right namespace;
-//! iperf3 runs as processes.
+//! shared machine hit every variant alike. The transaction clients and the echo servers
+//! are threads of this process that entered the right namespace; iperf3 runs as
+//! processes.
 
 use std::{
     collections::BTreeMap,
@@ -308,20 +308,20 @@ pub fn measure_repeat(
         }
     }
     let figures = [
-        (Kind::RequestResponse, "rr", "request/response"),
-        (Kind::ConnectRequestClose, "crr", "connect/request/close"),
+        (Kind::RequestResponse, "rr", "tps", "request/response"),
+        (
+            Kind::ConnectRequestClose,
+            "crr",
+            "cps",
+            "connect/request/close",
+        ),
     ];
-    for (kind, key, what) in figures {
+    for (kind, key, rate, what) in figures {
         check_interrupt()?;
         let results = transact::in_turns(kind, &clients, secs)?;
         for (t, r) in targets.iter().zip(results) {
             match r {
                 Ok(r) => {
-                    let rate = if kind == Kind::RequestResponse {
-                        "tps"
-                    } else {
-                        "cps"
-                    };
                     push(&format!("{key}_{rate}"), t.column, r.per_s);
                     push(&format!("{key}_p50"), t.column, r.lat.p50);
                     push(&format!("{key}_p99"), t.column, r.lat.p99);
