@@ -191,11 +191,12 @@ impl Report {
         }
     }
 
+    fn row(&self, key: &str) -> Option<&Row> {
+        self.rows.iter().find(|r| r.key == key)
+    }
+
     fn get(&self, key: &str, column: &str) -> Option<f64> {
-        self.rows
-            .iter()
-            .find(|r| r.key == key)
-            .and_then(|r| r.values.get(column).copied())
+        self.row(key).and_then(|r| r.values.get(column).copied())
     }
 
     /// Judges every target of issues 6, 10 and 14 that this run measured.
@@ -306,11 +307,7 @@ impl Report {
         let e = |k: &str| self.get(k, "cni-ebpf");
         let (measured, threshold, met, detail) = match *rule {
             Rule::Max(k, other, f) | Rule::Min(k, other, f) => {
-                let ratio = self
-                    .rows
-                    .iter()
-                    .find(|r| r.key == k)
-                    .and_then(|r| r.ratio_to(other));
+                let ratio = self.row(k).and_then(|r| r.ratio_to(other));
                 let at_most = matches!(rule, Rule::Max(..));
                 let met = ratio.map(|r| if at_most { r <= f } else { r >= f });
                 (ratio, f, met, format!("cni-ebpf ÷ {other} of {k}"))

@@ -29,11 +29,11 @@ use super::{
 };
 
 /// Request and answer size.
-pub const MSG: usize = 64;
+const MSG: usize = 64;
 /// Bound on any single socket step.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
 /// About how long one client runs before the next one takes its turn.
-pub const TURN: Duration = Duration::from_millis(200);
+const TURN: Duration = Duration::from_millis(200);
 /// Bound on the latencies kept per target (a transaction takes well over 1 µs).
 const MAX_SAMPLES: usize = 5_000_000;
 
