@@ -54,8 +54,11 @@ pub(crate) fn check_source(ctx: &TcContext, ifindex: u32) -> Verdict {
         };
         return match source6(&saddr, ifindex) {
             // The pod's own address: its flows may be recorded. Whether it is paced is
-            // looked up (`ENDPOINTS6` is not read here).
-            Some(SRC6_OWN) => Verdict::Allowed(Source::Own { paced: true }),
+            // looked up, and it may have host ports (`ENDPOINTS6` is not read here).
+            Some(SRC6_OWN) => Verdict::Allowed(Source::Own {
+                paced: true,
+                host_ports: true,
+            }),
             Some(_) => Verdict::Allowed(Source::AllowListed),
             None => Verdict::Spoofed,
         };

@@ -107,9 +107,9 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     };
     // A pod with an egress rate: every packet it sends is scheduled (or dropped), whatever
     // path it takes. Only another source than its own costs the extra lookup.
-    let paced = match source {
-        Source::Own { paced } => paced,
-        Source::AllowListed => true,
+    let (paced, host_ports) = match source {
+        Source::Own { paced, host_ports } => (paced, host_ports),
+        Source::AllowListed => (true, true),
     };
     if paced && !pacing::pace(ctx, ifindex) {
         count(Reason::DropEgressRate);
@@ -128,10 +128,11 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     };
 
     // Hairpin flows only ever go to a node address (client → hostPort) or to a local pod
-    // (the replies): traffic leaving the node skips their lookups.
+    // (the replies, sent by the pod behind the host port): traffic leaving the node, and
+    // a pod without host ports talking to another pod, skip their lookups.
     let dst_ep = local_endpoint(p.daddr);
     let to_node = dst_ep.is_none() && is_node_addr(p.daddr);
-    if dst_ep.is_some() || to_node {
+    if (dst_ep.is_some() && host_ports) || to_node {
         // An existing hairpin flow.
         if let Some(n) = nat_lookup(&p, NatHook::POD) {
             if !apply(ctx, &p, &n) {

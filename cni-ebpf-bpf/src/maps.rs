@@ -244,8 +244,9 @@ pub(crate) fn port_mapping(daddr: u32, dport: u16, proto_: u8) -> Option<PortTar
 /// Whose address a pod's packet carries as its source.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Source {
-    /// One of the sending pod's own addresses; `paced` when the pod has an egress rate.
-    Own { paced: bool },
+    /// One of the sending pod's own addresses; `paced` when the pod has an egress rate,
+    /// `host_ports` unless the pod is known to have none (it may serve hairpin flows).
+    Own { paced: bool, host_ports: bool },
     /// A prefix of the pod's allow-list (`allowedSourceCIDRs`): sent, never fast-pathed
     /// or recorded.
     AllowListed,
@@ -259,6 +260,7 @@ pub(crate) fn source_of(saddr: u32, ifindex: u32) -> Option<Source> {
         if ep.ifindex == ifindex {
             return Some(Source::Own {
                 paced: ep.flags.contains(EndpointFlags::PACED),
+                host_ports: !ep.flags.contains(EndpointFlags::NO_HOST_PORTS),
             });
         }
     }

@@ -113,6 +113,10 @@ bitflags::bitflags! {
         /// The pod has an egress rate ([`map::PACING`] has an entry for its host veth),
         /// so its packets are paced.
         const PACED = 2;
+        /// The pod has no host ports, so no hairpin flow is served by it: its packets to
+        /// other local pods skip the hairpin lookup. Negative on purpose: an entry
+        /// without it (as builds before it wrote them) keeps the lookup.
+        const NO_HOST_PORTS = 4;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }

@@ -177,6 +177,66 @@ fn hairpin_from_another_pod() {
     assert_eq!(parse_checked(&out).dst, POD_A);
 }
 
+/// Only a pod with host ports serves hairpin flows, so only its packets to a local pod
+/// are looked up as hairpin replies. A pod whose entry says it has none (as ADD writes a
+/// pod without `portMappings`) skips that lookup: its packets go as sent. CHECK finds an
+/// entry that says so for a pod with host ports.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn only_pods_with_host_ports_have_their_packets_looked_up_as_hairpin_replies() {
+    let fx = with_mappings();
+    // B → node:8080 (served by A) opens a hairpin flow.
+    let syn = frame(
+        HOST_MAC_B,
+        POD_MAC_B,
+        POD_B,
+        NODE,
+        TCP,
+        &tcp(POD_B, NODE, 50000, 8080, SYN, b""),
+    );
+    assert_eq!(fx.run("from_pod", &syn).0, REDIRECT);
+    let reply = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        POD_B,
+        TCP,
+        &tcp(POD_A, POD_B, 80, 50000, SYN | ACK, b""),
+    );
+    let (v, out) = fx.run("from_pod", &reply);
+    assert_eq!(v, REDIRECT);
+    assert_eq!(
+        parse_checked(&out).src,
+        NODE,
+        "A has host ports: its reply is the hairpin flow's"
+    );
+    assert_eq!(fx.reason(Reason::HairpinForward), 1);
+
+    // A's entry as if A had no host ports: the same reply is not looked up.
+    let mut a = endpoint_a();
+    a.host_ports = false;
+    fx.dp().put_endpoint_entries(&a).unwrap();
+    let (v, out) = fx.run("from_pod", &reply);
+    assert_eq!(v, REDIRECT, "still straight into B");
+    let p = parse_checked(&out);
+    assert_eq!(
+        (p.src, p.sport, p.dst, p.dport),
+        (POD_A, 80, POD_B, 50000),
+        "not looked up: delivered as sent"
+    );
+    assert_eq!((p.dmac, p.smac), (POD_MAC_B, HOST_MAC_B));
+    assert_eq!(fx.reason(Reason::HairpinForward), 1);
+    assert_eq!(fx.reason(Reason::RedirectPod), 1);
+
+    // CHECK of A, which has host ports, finds the entry wrong.
+    let err = fx
+        .dp()
+        .check_endpoint(&endpoint_a(), &[pm(8080, 80, "tcp", None)])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("no host ports"), "{err}");
+}
+
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn hairpin_to_itself() {

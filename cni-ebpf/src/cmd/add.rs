@@ -301,6 +301,7 @@ impl Transaction<'_> {
             allowed_sources: conf.allowed_sources.clone(),
             nat_flows: conf.nat_flows_per_pod,
             egress_rate: conf.egress_rate,
+            host_ports: !conf.runtime_config.port_mappings.is_empty(),
         };
         self.undo.push(Undo::Endpoint {
             host_ifname: self.host_ifname.to_owned(),

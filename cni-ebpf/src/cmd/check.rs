@@ -267,6 +267,7 @@ fn validate_datapath(
         allowed_sources: conf.allowed_sources.clone(),
         nat_flows: conf.nat_flows_per_pod,
         egress_rate: conf.egress_rate,
+        host_ports: !conf.runtime_config.port_mappings.is_empty(),
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
     // endpoint entry; the entry may hold either the live MAC or the one ADD set.

@@ -368,6 +368,13 @@ fn check_entry(
             if ep.egress_rate.is_some() { "not " } else { "" }
         )));
     }
+    // The other way round is what entries of older builds say, and only costs a lookup.
+    if v.flags.contains(EndpointFlags::NO_HOST_PORTS) && ep.host_ports {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} is marked as having no host ports, but the pod has \
+             port mappings: replies of its hairpin flows would not be translated"
+        )));
+    }
     Ok(())
 }
 

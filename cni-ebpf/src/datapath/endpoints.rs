@@ -49,6 +49,9 @@ pub struct Endpoint {
     pub nat_flows: u32,
     /// The pod's egress rate (`runtimeConfig.bandwidth`).
     pub egress_rate: Option<EgressRate>,
+    /// Whether the pod has host ports (`runtimeConfig.portMappings`): only such a pod
+    /// serves hairpin flows, whose replies `from_pod` must look up.
+    pub host_ports: bool,
 }
 
 impl Datapath {
@@ -127,13 +130,12 @@ impl Datapath {
         m.ep_stats()?
             .insert(ep.host_ifindex, zero, 0)
             .map_err(|e| maps::err(map_name::EP_STATS, "insert", e))?;
+        let mut flags = EndpointFlags::ACTIVE;
+        flags.set(EndpointFlags::PACED, ep.egress_rate.is_some());
+        flags.set(EndpointFlags::NO_HOST_PORTS, !ep.host_ports);
         let info = EndpointInfo {
             ifindex: ep.host_ifindex,
-            flags: if ep.egress_rate.is_some() {
-                EndpointFlags::ACTIVE | EndpointFlags::PACED
-            } else {
-                EndpointFlags::ACTIVE
-            },
+            flags,
             host_mac: ep.host_mac,
             pod_mac: ep.pod_mac,
             _pad: [0; 4],

@@ -690,6 +690,9 @@ fn pod_endpoint(
         allowed_sources: Vec::new(),
         nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
+        // As ADD writes a pod with host ports (and older builds every pod): the hairpin
+        // lookup stays on, so that any fixture may give the pod host ports later.
+        host_ports: true,
     }
 }
 
