@@ -73,7 +73,7 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
     sweep_if_requested::<Addr6>();
     // SAFETY: as in `call_from_pod6`, which wrote it.
     let own_source = unsafe { (*ctx.skb.skb).cb[0] } == CB_OWN_SOURCE;
-    if let Some(v) = pod6_hairpin_known(&ctx) {
+    if let Some(v) = pod6_known_or_local(&ctx) {
         return v;
     }
     let mut g = HairpinGrant::default();
@@ -85,9 +85,11 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
     pod6_rest(&ctx, own_source)
 }
 
-/// A packet of an existing hairpin flow (or one that cannot be parsed): its verdict.
+/// The verdict of a packet for a local pod (a reply of an existing hairpin flow, or pod →
+/// pod), of one of an existing hairpin flow to a node address, or of one that cannot be
+/// parsed. The local pod is looked up once, here.
 #[inline(never)]
-fn pod6_hairpin_known(ctx: &TcContext) -> Option<i32> {
+fn pod6_known_or_local(ctx: &TcContext) -> Option<i32> {
     let p = match parse6(ctx) {
         Ok(p) => p,
         Err(r) => {
@@ -97,15 +99,26 @@ fn pod6_hairpin_known(ctx: &TcContext) -> Option<i32> {
     };
     // Hairpin flows only ever go to a node address (client → hostPort) or to a local pod
     // (the replies).
-    if p.daddr.local_endpoint().is_none() && !p.daddr.is_node_addr() {
+    let local = p.daddr.local_endpoint();
+    if local.is_none() && !p.daddr.is_node_addr() {
         return None;
     }
-    let n = nat_lookup(&p, NatHook::POD)?;
-    if !apply(ctx, &p, &n) {
-        return Some(rewrite_failed());
+    if let Some(n) = nat_lookup(&p, NatHook::POD) {
+        if !apply(ctx, &p, &n) {
+            return Some(rewrite_failed());
+        }
+        count(Reason::HairpinForward);
+        return Some(hostport::deliver_local(ctx, n.daddr));
     }
-    count(Reason::HairpinForward);
-    Some(hostport::deliver_local(ctx, n.daddr))
+    let ep = local?;
+    // Same-node pod → pod, unless netfilter must see it.
+    if !p.natable || flows::is_translated_reply(&p) {
+        count(Reason::PassTranslatedReply);
+        return Some(PASS);
+    }
+    flows::opens_direct(&p);
+    count(Reason::RedirectPod);
+    Some(deliver6(ctx, &ep))
 }
 
 /// A new hairpin flow (the pod to one of the node's IPv6 addresses on a host port): its
@@ -134,22 +147,13 @@ fn pod6_hairpin_finish(ctx: &TcContext, g: &HairpinGrant<Addr6>) -> i32 {
     }
 }
 
-/// Same-node pod → pod, unless netfilter must see it; a flow leaving the node straight
-/// to the uplink once it is verified to leave untranslated; else to the stack.
+/// A packet not for a local pod: a flow leaving the node straight to the uplink once it
+/// is verified to leave untranslated; else to the stack.
 #[inline(never)]
 fn pod6_rest(ctx: &TcContext, own_source: bool) -> i32 {
     let Ok(p) = parse6(ctx) else {
         return PASS;
     };
-    if let Some(ep) = p.daddr.local_endpoint() {
-        if !p.natable || flows::is_translated_reply(&p) {
-            count(Reason::PassTranslatedReply);
-            return PASS;
-        }
-        flows::opens_direct(&p);
-        count(Reason::RedirectPod);
-        return deliver6(ctx, &ep);
-    }
     if flows::may_bypass_stack(&p) {
         // SAFETY: reading a field of the context.
         let ifindex = unsafe { (*ctx.skb.skb).ifindex };
