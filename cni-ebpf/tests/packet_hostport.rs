@@ -126,34 +126,42 @@ fn host_ip_limits_the_mapping_to_that_address() {
     );
 }
 
-#[test]
-#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
-fn hairpin_from_another_pod() {
-    let fx = with_mappings();
-    // Pod B → node:8080 (served by A).
-    let syn = frame(
+/// Pod B's SYN to node:8080 (served by pod A in [`with_mappings`]), from port 50000.
+fn b_to_node_8080(payload: &[u8]) -> Vec<u8> {
+    frame(
         HOST_MAC_B,
         POD_MAC_B,
         POD_B,
         NODE,
         TCP,
-        &tcp(POD_B, NODE, 50000, 8080, SYN, b"hi"),
-    );
-    let (v, out) = fx.run("from_pod", &syn);
-    assert_eq!(v, REDIRECT, "hairpin goes straight to the backend pod");
-    let p = parse_checked(&out);
-    assert_eq!((p.src, p.sport, p.dst, p.dport), (POD_B, 50000, POD_A, 80));
-    assert_eq!((p.dmac, p.smac), (POD_MAC_A, HOST_MAC_A));
-    // A's reply, entering A's host veth, goes back to B as node:8080.
-    let reply = frame(
+        &tcp(POD_B, NODE, 50000, 8080, SYN, payload),
+    )
+}
+
+/// Pod A's SYN-ACK to pod B's port 50000, as A sends it (from its own port 80).
+fn a_answers_b() -> Vec<u8> {
+    frame(
         HOST_MAC_A,
         POD_MAC_A,
         POD_A,
         POD_B,
         TCP,
         &tcp(POD_A, POD_B, 80, 50000, SYN | ACK, b""),
-    );
-    let (v, out) = fx.run("from_pod", &reply);
+    )
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn hairpin_from_another_pod() {
+    let fx = with_mappings();
+    // Pod B → node:8080 (served by A).
+    let (v, out) = fx.run("from_pod", &b_to_node_8080(b"hi"));
+    assert_eq!(v, REDIRECT, "hairpin goes straight to the backend pod");
+    let p = parse_checked(&out);
+    assert_eq!((p.src, p.sport, p.dst, p.dport), (POD_B, 50000, POD_A, 80));
+    assert_eq!((p.dmac, p.smac), (POD_MAC_A, HOST_MAC_A));
+    // A's reply, entering A's host veth, goes back to B as node:8080.
+    let (v, out) = fx.run("from_pod", &a_answers_b());
     assert_eq!(v, REDIRECT);
     let p = parse_checked(&out);
     assert_eq!((p.src, p.sport, p.dst, p.dport), (NODE, 8080, POD_B, 50000));
@@ -186,23 +194,8 @@ fn hairpin_from_another_pod() {
 fn only_pods_with_host_ports_have_their_packets_looked_up_as_hairpin_replies() {
     let fx = with_mappings();
     // B → node:8080 (served by A) opens a hairpin flow.
-    let syn = frame(
-        HOST_MAC_B,
-        POD_MAC_B,
-        POD_B,
-        NODE,
-        TCP,
-        &tcp(POD_B, NODE, 50000, 8080, SYN, b""),
-    );
-    assert_eq!(fx.run("from_pod", &syn).0, REDIRECT);
-    let reply = frame(
-        HOST_MAC_A,
-        POD_MAC_A,
-        POD_A,
-        POD_B,
-        TCP,
-        &tcp(POD_A, POD_B, 80, 50000, SYN | ACK, b""),
-    );
+    assert_eq!(fx.run("from_pod", &b_to_node_8080(b"")).0, REDIRECT);
+    let reply = a_answers_b();
     let (v, out) = fx.run("from_pod", &reply);
     assert_eq!(v, REDIRECT);
     assert_eq!(
