@@ -85,9 +85,9 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
     pod6_rest(&ctx, own_source)
 }
 
-/// The verdict of a packet for a local pod (a reply of an existing hairpin flow, or pod →
-/// pod), of one of an existing hairpin flow to a node address, or of one that cannot be
-/// parsed. The local pod is looked up once, here.
+/// The verdict of a packet that is for a local pod (the reply of an existing hairpin
+/// flow, else pod → pod), that belongs to an existing hairpin flow to a node address, or
+/// that cannot be parsed; `None` for anything else. The local pod is looked up here only.
 #[inline(never)]
 fn pod6_known_or_local(ctx: &TcContext) -> Option<i32> {
     let p = match parse6(ctx) {
