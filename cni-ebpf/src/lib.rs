@@ -4,7 +4,8 @@
 //! Layout: [`cni`] (protocol), [`ipam`] (embedded allocator), [`netns`] and [`link`]
 //! (kernel plumbing), [`datapath`] (eBPF load/pin/attach/maps), [`cmd`] (the verbs),
 //! [`cli`] (the command line), [`metrics`] (the Prometheus endpoint of `cni-ebpf metrics`), [`k8s`] (Node objects
-//! from the API server, for `install` and host-gw).
+//! from the API server, for `install` and host-gw), [`policy`] (NetworkPolicy compiled to
+//! the datapath's tables).
 
 pub mod cli;
 pub mod cmd;
@@ -16,6 +17,7 @@ pub mod ipam;
 pub mod k8s;
 pub mod logging;
 pub mod metrics;
+pub mod policy;
 
 pub use error::{Error, Result};
 pub mod link;

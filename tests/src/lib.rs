@@ -43,6 +43,7 @@ pub mod kubeproxy;
 pub mod libcni;
 pub mod net;
 pub mod netns;
+pub mod netpol;
 pub mod node;
 pub mod plugin;
 pub mod process;

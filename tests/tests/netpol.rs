@@ -1,0 +1,426 @@
+//! NetworkPolicy: the compiler's rule sets, looked up as the datapath looks them up,
+//! against the upstream e2e suite's expectations and against the reference model.
+//!
+//! - Every case of the upstream suite (`tests/src/netpol/cases.rs`): the model must give
+//!   each probe's expected reachability (so the model is right where upstream says what
+//!   is right), and so must the compiled rule sets, over IPv4 and, where the case does
+//!   not name IPv4 blocks, IPv6.
+//! - Generated scenarios (random labels, selectors, ipBlocks with excepts, ports, ranges
+//!   and named ports, policy types, several policies per pod): the compiled rule sets
+//!   must agree with the model on every pod pair, port, protocol and family, and on
+//!   addresses outside the cluster.
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use cni_ebpf::policy::{compile_pod, parse_all, Cluster, PodView, Verdicts};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use serde_json::{json, Value};
+use tests::netpol::{
+    cases::{cases, Change},
+    model, pod_string, port_name, Protocol, Universe, NAMESPACES, PODS, PROTOCOLS,
+};
+
+/// The compiled policies of a cluster, looked up as the datapath does.
+struct Compiled {
+    cluster: Cluster,
+    pods: BTreeMap<String, (Verdicts, Verdicts)>,
+}
+
+impl Compiled {
+    fn new(universe: &Universe, policies: &[NetworkPolicy]) -> Self {
+        let cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        let (parsed, broken) = parse_all(policies);
+        assert!(
+            broken.is_empty(),
+            "policies the compiler refused: {:?}",
+            broken.iter().map(|b| &b.error).collect::<Vec<_>>()
+        );
+        let pods = cluster
+            .pods
+            .iter()
+            .map(|p| {
+                let c = compile_pod(&cluster, &parsed, &broken, p);
+                (pod_string(&p.namespace, &p.name), (c.ingress, c.egress))
+            })
+            .collect();
+        Self { cluster, pods }
+    }
+
+    fn pod_of(&self, ip: IpAddr) -> Option<&PodView> {
+        self.cluster
+            .pods
+            .iter()
+            .find(|p| p.is_peer() && p.ips.contains(&ip))
+    }
+
+    /// The compiled verdicts of the pods at `src` (egress) and `dst` (ingress).
+    fn explain(&self, src: IpAddr, dst: IpAddr) -> String {
+        let of = |ip: IpAddr, egress: bool| {
+            self.pod_of(ip).map_or_else(
+                || format!("{ip} is outside"),
+                |p| {
+                    let v = &self.pods[&pod_string(&p.namespace, &p.name)];
+                    format!(
+                        "{}/{} {}: {:?}",
+                        p.namespace,
+                        p.name,
+                        if egress { "egress" } else { "ingress" },
+                        if egress { &v.1 } else { &v.0 }
+                    )
+                },
+            )
+        };
+        format!("{}; {}", of(src, true), of(dst, false))
+    }
+
+    fn allowed(&self, src: IpAddr, dst: IpAddr, proto: Protocol, port: u16) -> bool {
+        let judge = |v: &Verdicts, peer: IpAddr| match v {
+            Verdicts::Open => true,
+            Verdicts::Closed(_) => false,
+            Verdicts::Enforced(rs) => rs.admits(peer, proto.number(), port),
+        };
+        let egress = self
+            .pod_of(src)
+            .is_none_or(|p| judge(&self.pods[&pod_string(&p.namespace, &p.name)].1, dst));
+        let ingress = self
+            .pod_of(dst)
+            .is_none_or(|p| judge(&self.pods[&pod_string(&p.namespace, &p.name)].0, src));
+        egress && ingress
+    }
+}
+
+fn pod_ip(universe: &Universe, ns_pod: &str, v6: bool) -> IpAddr {
+    let (ns, name) = ns_pod.split_once('/').unwrap_or_default();
+    let pod = universe
+        .pod(ns, name)
+        .unwrap_or_else(|| panic!("no pod {ns_pod}"));
+    pod.status
+        .as_ref()
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip.ip.parse::<IpAddr>().ok())
+        .find(|ip| ip.is_ipv6() == v6)
+        .unwrap_or_else(|| panic!("{ns_pod} has no address of that family"))
+}
+
+fn apply_change(universe: &mut Universe, policies: &mut Vec<NetworkPolicy>, change: &Change) {
+    let key = |p: &NetworkPolicy| (p.metadata.namespace.clone(), p.metadata.name.clone());
+    match change {
+        Change::Apply(np) => {
+            policies.retain(|p| key(p) != key(np));
+            policies.push(np.clone());
+        }
+        Change::Delete { namespace, name } => {
+            policies.retain(|p| key(p) != (Some(namespace.clone()), Some(name.clone())));
+        }
+        Change::NamespaceLabels { namespace, labels } => {
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            universe.set_namespace_labels(namespace, &labels);
+        }
+        Change::PodLabels {
+            namespace,
+            pod,
+            labels,
+        } => {
+            let labels: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            universe.set_pod_labels(namespace, pod, &labels);
+        }
+    }
+}
+
+fn names_ip_block(policies: &[NetworkPolicy]) -> bool {
+    policies.iter().any(|p| {
+        serde_json::to_string(p)
+            .unwrap_or_default()
+            .contains("ipBlock")
+    })
+}
+
+/// Runs every upstream case through `decide` (the model or the compiler) and returns
+/// the mismatches, one line each.
+fn run_upstream(
+    decide: impl Fn(&Universe, &[NetworkPolicy], IpAddr, IpAddr, Protocol, u16) -> bool,
+) -> (usize, Vec<String>) {
+    let mut probes = 0;
+    let mut wrong = Vec::new();
+    for case in cases(&Universe::upstream()) {
+        let mut universe = Universe::upstream();
+        let mut policies = Vec::new();
+        for (si, step) in case.steps.iter().enumerate() {
+            for change in &step.changes {
+                apply_change(&mut universe, &mut policies, change);
+            }
+            let families: &[bool] = if names_ip_block(&policies) {
+                &[false]
+            } else {
+                &[false, true]
+            };
+            for probe in &step.probes {
+                for ((from, to), expected) in &probe.reachability.expected {
+                    if from == to {
+                        continue;
+                    }
+                    for v6 in families {
+                        probes += 1;
+                        let src = pod_ip(&universe, from, *v6);
+                        let dst = pod_ip(&universe, to, *v6);
+                        let got =
+                            decide(&universe, &policies, src, dst, probe.protocol, probe.port);
+                        if got != *expected {
+                            wrong.push(format!(
+                                "{:?} step {si}: {from} -> {to} {}/{} over {}: expected {expected}, got {got}",
+                                case.name,
+                                probe.protocol.api_name(),
+                                probe.port,
+                                if *v6 { "IPv6" } else { "IPv4" },
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (probes, wrong)
+}
+
+#[test]
+fn upstream_cases_agree_with_the_model() {
+    let (probes, wrong) = run_upstream(model::allowed);
+    assert!(probes > 5000, "only {probes} probes");
+    assert!(
+        wrong.is_empty(),
+        "{} of {probes} probes:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn upstream_cases_compile_to_what_they_expect() {
+    let (probes, wrong) = run_upstream(|u, p, src, dst, proto, port| {
+        Compiled::new(u, p).allowed(src, dst, proto, port)
+    });
+    assert!(probes > 5000, "only {probes} probes");
+    assert!(
+        wrong.is_empty(),
+        "{} of {probes} probes:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
+}
+
+/// A small deterministic generator (xorshift64*), so a failing scenario can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.next() % 100 < percent
+    }
+
+    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
+        items[self.below(items.len())]
+    }
+}
+
+const TIERS: [&str; 3] = ["web", "db", "cache"];
+
+fn selector(rng: &mut Rng, key: &str, values: &[&str]) -> Value {
+    match rng.below(6) {
+        0 => json!({}),
+        1 => json!({"matchLabels": {key: rng.pick(values)}}),
+        2 => json!({"matchExpressions": [{"key": key, "operator": "In",
+            "values": [rng.pick(values), rng.pick(values)]}]}),
+        3 => json!({"matchExpressions": [{"key": key, "operator": "NotIn",
+            "values": [rng.pick(values)]}]}),
+        4 => json!({"matchExpressions": [{"key": "tier", "operator": "Exists"}]}),
+        _ => json!({"matchLabels": {"tier": rng.pick(&TIERS)},
+            "matchExpressions": [{"key": "team", "operator": "DoesNotExist"}]}),
+    }
+}
+
+fn ip_block(rng: &mut Rng) -> Value {
+    let v6 = rng.chance(30);
+    let (cidr, excepts): (&str, &[&str]) = match (v6, rng.below(4)) {
+        (false, 0) => ("10.244.0.0/16", &["10.244.1.12/32", "10.244.1.16/30"]),
+        (false, 1) => ("10.244.1.0/28", &["10.244.1.10/31"]),
+        (false, 2) => ("0.0.0.0/0", &["10.244.0.0/16"]),
+        (false, _) => ("192.0.2.0/24", &[]),
+        (true, 0) => ("fd00:10:244::/48", &["fd00:10:244:1::c/126"]),
+        (true, 1) => ("::/0", &["fd00:10:244:1::/64"]),
+        (true, _) => ("fd00:10:244:1::10/124", &["fd00:10:244:1::11/128"]),
+    };
+    let n = rng.below(excepts.len() + 1);
+    json!({"ipBlock": {"cidr": cidr, "except": excepts[..n]}})
+}
+
+fn peer(rng: &mut Rng) -> Value {
+    match rng.below(5) {
+        0 => json!({"podSelector": selector(rng, "pod", &PODS)}),
+        1 => json!({"namespaceSelector": selector(rng, "ns", &NAMESPACES)}),
+        2 => json!({"podSelector": selector(rng, "pod", &PODS),
+            "namespaceSelector": selector(rng, "ns", &NAMESPACES)}),
+        _ => ip_block(rng),
+    }
+}
+
+fn port(rng: &mut Rng) -> Value {
+    let protocol = rng.pick(&PROTOCOLS).api_name();
+    match rng.below(6) {
+        0 => json!({"protocol": protocol}),
+        1 => json!({"protocol": protocol, "port": rng.pick(&[80, 81, 82])}),
+        2 => json!({"port": 80, "endPort": 81}),
+        3 => json!({"protocol": protocol, "port": 79, "endPort": rng.pick(&[80, 1000])}),
+        _ => {
+            // Sometimes a name whose protocol differs from the rule's.
+            let named = rng.pick(&PROTOCOLS);
+            json!({"protocol": protocol, "port": port_name(rng.pick(&[80, 81]), named)})
+        }
+    }
+}
+
+fn rules(rng: &mut Rng, peer_key: &str) -> Value {
+    let n = rng.below(3);
+    (0..n)
+        .map(|_| {
+            let mut rule = serde_json::Map::new();
+            if rng.chance(75) {
+                let peers: Vec<Value> = (0..1 + rng.below(3)).map(|_| peer(rng)).collect();
+                rule.insert(peer_key.to_owned(), Value::Array(peers));
+            }
+            if rng.chance(70) {
+                let ports: Vec<Value> = (0..1 + rng.below(3)).map(|_| port(rng)).collect();
+                rule.insert("ports".to_owned(), Value::Array(ports));
+            }
+            Value::Object(rule)
+        })
+        .collect()
+}
+
+fn policy(rng: &mut Rng, i: usize) -> NetworkPolicy {
+    let mut spec = serde_json::Map::new();
+    spec.insert("podSelector".to_owned(), selector(rng, "pod", &PODS));
+    if rng.chance(80) {
+        spec.insert("ingress".to_owned(), rules(rng, "from"));
+    }
+    if rng.chance(60) {
+        spec.insert("egress".to_owned(), rules(rng, "to"));
+    }
+    match rng.below(4) {
+        0 => {}
+        1 => {
+            spec.insert("policyTypes".to_owned(), json!(["Ingress"]));
+        }
+        2 => {
+            spec.insert("policyTypes".to_owned(), json!(["Egress"]));
+        }
+        _ => {
+            spec.insert("policyTypes".to_owned(), json!(["Ingress", "Egress"]));
+        }
+    }
+    serde_json::from_value(json!({
+        "metadata": {"namespace": rng.pick(&NAMESPACES), "name": format!("p{i}")},
+        "spec": spec,
+    }))
+    .unwrap_or_else(|e| panic!("generated policy: {e}"))
+}
+
+fn scenario(rng: &mut Rng) -> (Universe, Vec<NetworkPolicy>) {
+    let mut universe = Universe::upstream();
+    for ns in NAMESPACES {
+        if rng.chance(40) {
+            universe.set_namespace_labels(ns, &[("ns", ns), ("tier", rng.pick(&TIERS))]);
+        }
+        for pod in PODS {
+            match rng.below(4) {
+                0 => universe.set_pod_labels(ns, pod, &[("pod", pod), ("tier", rng.pick(&TIERS))]),
+                1 => universe.set_pod_labels(
+                    ns,
+                    pod,
+                    &[("pod", pod), ("tier", rng.pick(&TIERS)), ("team", "t")],
+                ),
+                _ => {}
+            }
+        }
+    }
+    let policies = (0..1 + rng.below(7)).map(|i| policy(rng, i)).collect();
+    (universe, policies)
+}
+
+#[test]
+fn generated_policies_compile_to_what_the_model_allows() {
+    let outside: [IpAddr; 4] = [
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)),
+        IpAddr::V4(Ipv4Addr::new(10, 244, 1, 200)),
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)),
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0x13)),
+    ];
+    let mut rng = Rng(0x5eed_cafe_f00d_0001);
+    let mut total_policies = 0;
+    let mut checked = 0u64;
+    let mut denied = 0u64;
+    for round in 0..80 {
+        let (universe, policies) = scenario(&mut rng);
+        total_policies += policies.len();
+        let compiled = Compiled::new(&universe, &policies);
+        let mut ends: Vec<IpAddr> = Vec::new();
+        for ns in NAMESPACES {
+            for pod in PODS {
+                ends.push(pod_ip(&universe, &pod_string(ns, pod), false));
+                ends.push(pod_ip(&universe, &pod_string(ns, pod), true));
+            }
+        }
+        ends.extend(outside);
+        for src in &ends {
+            for dst in &ends {
+                if src == dst || src.is_ipv6() != dst.is_ipv6() {
+                    continue;
+                }
+                for proto in PROTOCOLS {
+                    for port in [79, 80, 81, 82] {
+                        let want = model::allowed(&universe, &policies, *src, *dst, proto, port);
+                        let got = compiled.allowed(*src, *dst, proto, port);
+                        checked += 1;
+                        denied += u64::from(!want);
+                        assert_eq!(
+                            got,
+                            want,
+                            "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
+                             compiled: {}\npolicies: {}",
+                            proto.api_name(),
+                            compiled.explain(*src, *dst),
+                            serde_json::to_string(&policies).unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(total_policies >= 200, "only {total_policies} policies");
+    // The scenarios must exercise both outcomes substantially.
+    assert!(
+        denied * 10 > checked && denied * 10 < checked * 9,
+        "{denied} of {checked} denied"
+    );
+}
