@@ -2,7 +2,9 @@
 //! `bpf_redirect_peer` into a local pod or `bpf_redirect` to the uplink.
 
 use aya_ebpf::{
-    bindings::{bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK},
+    bindings::{
+        bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
+    },
     helpers::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
     programs::TcContext,
     EbpfContext,
@@ -12,7 +14,7 @@ use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
 use crate::{
     maps::{add_stats, count, node_config},
     parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
-    PASS,
+    policy, PASS,
 };
 
 /// Routes the packet one hop in place: TTL decremented (header checksum fixed) and the
@@ -80,9 +82,13 @@ pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> b
 }
 
 /// Delivers the packet (whose destination is a local pod) straight into that pod:
-/// one routed hop, then `bpf_redirect_peer`. TTL expiry goes to the stack.
+/// one routed hop, then `bpf_redirect_peer`. TTL expiry goes to the stack. A packet the
+/// node's NetworkPolicy refuses is dropped (see [`policy::admits_delivery`]).
 #[inline(always)]
 pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+    if !policy::admits_delivery(ctx, ep.ifindex, ep.owner, false) {
+        return TC_ACT_SHOT as i32;
+    }
     if !route_hop(ctx, &ep.pod_mac, &ep.host_mac) {
         return TC_ACT_OK as i32;
     }
@@ -107,13 +113,16 @@ pub(crate) fn route_hop6(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool 
     ctx.store(IP_OFF + IP6_HOP_LIMIT, &(hl - 1), 0).is_ok() && ctx.store(0, &macs, 0).is_ok()
 }
 
-/// [`deliver`] for IPv6.
+/// [`deliver`] for IPv6 (its NetworkPolicy judgement: [`policy::judge_delivery6`]).
 #[inline(always)]
 pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
     if !route_hop6(ctx, &ep.pod_mac, &ep.host_mac) {
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
+    // Judged by NetworkPolicy once the IPv6 program's stages are done (their frames
+    // leave no room for it here).
+    policy::note_delivery(ep);
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
 }

@@ -54,6 +54,7 @@ mod masq;
 mod nat;
 mod pacing;
 mod parse;
+mod policy;
 mod rewrite;
 mod sock;
 mod v6;
@@ -255,6 +256,9 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     };
 
+    if !policy::admits_leaving(ctx, p.saddr, false) {
+        return Ok(TC_ACT_SHOT as i32);
+    }
     let flow = flows::seen_leaving(&p);
     if let Some(n) = nat_lookup(&p, NatHook::UPLINK_OUT) {
         if !apply(ctx, &p, &n) {
@@ -265,6 +269,13 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
     }
 
     Ok(masq::masquerade_new(ctx, &p, flow))
+}
+
+/// Host veth egress: what the kernel's routing delivers to a pod (everything not
+/// redirected into it by the programs above), judged by NetworkPolicy (see [`policy`]).
+#[classifier]
+pub fn to_pod(ctx: TcContext) -> i32 {
+    policy::to_pod(&ctx)
 }
 
 #[cfg(not(test))]

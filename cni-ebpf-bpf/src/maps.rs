@@ -14,11 +14,14 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, Reason,
-    SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
-    SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS,
-    MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6,
-    MAX_OWNERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS,
+    NodeConfig6, NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey,
+    PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey, PortKey6,
+    PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
+    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
+    MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
+    MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_ENDPOINTS,
+    MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
+    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS,
     MAX_STACK_SOCKETS6, REASON_SLOTS,
 };
 
@@ -155,6 +158,36 @@ pub(crate) static REASONS: PerCpuArray<u64> = PerCpuArray::pinned(REASON_SLOTS, 
 /// the rest.
 #[map]
 pub(crate) static OWNERS: HashMap<u64, Owner> = HashMap::pinned(MAX_OWNERS, 0);
+
+/// Each pod interface's NetworkPolicy rule sets, two slots (see `policy`).
+#[map]
+pub(crate) static POLICY_ENDPOINTS: HashMap<PolicyEndpointKey, PolicyEndpoint> =
+    HashMap::pinned(MAX_POLICY_ENDPOINTS, 0);
+/// The slot of `POLICY_ENDPOINTS` in force and its generation (index 0).
+#[map]
+pub(crate) static POLICY_STATE: Array<PolicyState> = Array::pinned(1, 0);
+/// Peer prefixes of every rule set → port classes.
+#[map]
+pub(crate) static POLICY_PEERS: LpmTrie<PolicyPeerKey, u64> = LpmTrie::pinned(MAX_POLICY_PEERS, 0);
+/// `proto · port` prefixes of every rule set → port classes.
+#[map]
+pub(crate) static POLICY_PORTS: LpmTrie<PolicyPortKey, u64> = LpmTrie::pinned(MAX_POLICY_PORTS, 0);
+/// Destinations egress named ports admit.
+#[map]
+pub(crate) static POLICY_EXACT: HashMap<PolicyExactKey, u32> =
+    HashMap::pinned(MAX_POLICY_EXACT, BPF_F_NO_PREALLOC);
+/// Flows the policy admitted, with the generation they were judged under.
+#[map]
+pub(crate) static POLICY_FLOWS: LruHashMap<PolicyFlowKey, PolicyFlow> =
+    LruHashMap::pinned(MAX_POLICY_FLOWS, 0);
+/// Namespaces that hold a policy (userspace only; pinned with the rest).
+#[map]
+pub(crate) static POLICY_NAMESPACES: HashMap<u64, u32> =
+    HashMap::pinned(MAX_POLICY_NAMESPACES, BPF_F_NO_PREALLOC);
+/// Per-CPU room for the keys of one judgement (not pinned: nothing outlives a packet).
+#[map]
+pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =
+    PerCpuArray::with_max_entries(1, 0);
 
 #[inline(always)]
 pub(crate) fn count(reason: Reason) {

@@ -22,6 +22,7 @@ pub(crate) const L4_OFF: usize = IP_OFF + IP_HLEN;
 pub(crate) const IP_TOS: usize = core::mem::offset_of!(Iphdr, tos);
 pub(crate) const IP_TTL: usize = core::mem::offset_of!(Iphdr, ttl);
 pub(crate) const IP_PROTO: usize = core::mem::offset_of!(Iphdr, proto);
+pub(crate) const IP_FRAG_OFF: usize = core::mem::offset_of!(Iphdr, frag_off);
 pub(crate) const IP_CSUM: usize = core::mem::offset_of!(Iphdr, csum);
 pub(crate) const IP_SADDR: usize = core::mem::offset_of!(Iphdr, saddr);
 pub(crate) const IP_DADDR: usize = core::mem::offset_of!(Iphdr, daddr);

@@ -15,7 +15,11 @@
 //! hairpin. Neighbour discovery, router advertisements and DAD carry no translatable
 //! tuple and are passed untouched; so is any packet with extension headers.
 
-use aya_ebpf::{bindings::TC_ACT_OK, macros::classifier, programs::TcContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    macros::classifier,
+    programs::TcContext,
+};
 use cni_ebpf_common::{prog, Addr6, FlowFlags, NatDeliver, NatHook, Reason};
 
 use crate::{
@@ -28,6 +32,7 @@ use crate::{
     masq::{self, Granted},
     nat::{count_translated, nat_lookup, nat_remove, sweep_if_requested},
     parse::{parse6, read, ETH_P_IPV6, ETH_TYPE_OFF},
+    policy,
     rewrite::{apply, rewrite_failed},
     PASS,
 };
@@ -70,6 +75,16 @@ pub(crate) fn call_from_pod6(ctx: &TcContext, own_source: bool) -> i32 {
 /// headers itself: a new self-hairpin flow's port search would not fit under the others.
 #[classifier]
 pub fn from_pod6(ctx: TcContext) -> i32 {
+    policy::forget_delivery();
+    let v = from_pod6_stages(&ctx);
+    policy::judge_delivery6(&ctx, v)
+}
+
+/// [`from_pod6`]'s stages; a delivery into a pod they arm is judged by NetworkPolicy
+/// after them, in the program's shallowest frame ([`policy::judge_delivery6`]).
+#[inline(always)]
+fn from_pod6_stages(ctx: &TcContext) -> i32 {
+    let ctx = ctx.clone();
     sweep_if_requested::<Addr6>();
     // SAFETY: as in `call_from_pod6`, which wrote it.
     let own_source = unsafe { (*ctx.skb.skb).cb[0] } == CB_OWN_SOURCE;
@@ -174,6 +189,15 @@ fn pod6_rest(ctx: &TcContext, own_source: bool) -> i32 {
 /// headers itself: nested, their IPv6 frames would not fit the verifier's 512 bytes.
 #[classifier]
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
+    policy::forget_delivery();
+    let v = uplink_ingress6_stages(&ctx);
+    policy::judge_delivery6(&ctx, v)
+}
+
+/// [`uplink_ingress6`]'s stages (see [`from_pod6_stages`]).
+#[inline(always)]
+fn uplink_ingress6_stages(ctx: &TcContext) -> i32 {
+    let ctx = ctx.clone();
     sweep_if_requested::<Addr6>();
     match ingress6_known(&ctx) {
         Known::Verdict(v) => return v,
@@ -271,6 +295,9 @@ fn ingress6_rest(ctx: &TcContext) -> i32 {
 #[classifier]
 pub fn uplink_egress6(ctx: TcContext) -> i32 {
     sweep_if_requested::<Addr6>();
+    if !egress6_admitted(&ctx) {
+        return TC_ACT_SHOT as i32;
+    }
     let flow = match egress6_known(&ctx) {
         Ok(v) => return v,
         Err(flow) => flow,
@@ -280,6 +307,16 @@ pub fn uplink_egress6(ctx: TcContext) -> i32 {
         return v;
     }
     egress6_finish(&ctx, &g)
+}
+
+/// Whether NetworkPolicy admits a local pod's packet leaving the node (see
+/// [`policy::admits_leaving`]); a packet that cannot be parsed is the next stage's.
+#[inline(never)]
+fn egress6_admitted(ctx: &TcContext) -> bool {
+    match parse6(ctx) {
+        Ok(p) => policy::admits_leaving(ctx, p.saddr, true),
+        Err(_) => true,
+    }
 }
 
 /// A packet of a translated flow (`Ok(verdict)`; `Ok(PASS)` too when it cannot be

@@ -18,11 +18,13 @@ pub const LAYOUT_VERSION: u32 = 6;
 mod hash;
 mod names;
 mod nat;
+mod policy;
 mod reason;
 
 pub use hash::{fnv1a64, owner_id};
 pub use names::{global, map, prog};
 pub use nat::*;
+pub use policy::*;
 pub use reason::{Reason, REASON_SLOTS};
 
 /// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
@@ -577,6 +579,14 @@ mod pod {
     // SAFETY (all): `#[repr(C)]`, only integer fields and explicit padding, no implicit
     // padding (checked by the size asserts), every bit pattern valid.
     unsafe impl aya::Pod for super::EndpointKey {}
+    unsafe impl aya::Pod for super::PolicyEndpointKey {}
+    unsafe impl aya::Pod for super::PolicyEndpoint {}
+    unsafe impl aya::Pod for super::PolicyState {}
+    unsafe impl aya::Pod for super::PolicyPeerKey {}
+    unsafe impl aya::Pod for super::PolicyPortKey {}
+    unsafe impl aya::Pod for super::PolicyExactKey {}
+    unsafe impl aya::Pod for super::PolicyFlowKey {}
+    unsafe impl aya::Pod for super::PolicyFlow {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::PortKey {}

@@ -8,6 +8,8 @@ pub mod prog {
     pub const UPLINK_INGRESS: &str = "uplink_ingress";
     /// Uplink egress (packets leaving the node).
     pub const UPLINK_EGRESS: &str = "uplink_egress";
+    /// Host veth egress (packets the kernel delivers to a pod): NetworkPolicy.
+    pub const TO_POD: &str = "to_pod";
     /// `connect()` of the node's own sockets (cgroup `connect4`).
     pub const SOCK_CONNECT4: &str = "sock_connect4";
     /// `sendmsg()` of the node's own unconnected UDP sockets (cgroup `sendmsg4`).
@@ -26,7 +28,7 @@ pub mod prog {
     /// `getpeername()` of the node's own IPv6 sockets (cgroup `getpeername6`).
     pub const SOCK_GETPEERNAME6: &str = "sock_getpeername6";
     /// The tc programs.
-    pub const TC: [&str; 3] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS];
+    pub const TC: [&str; 4] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS, TO_POD];
     /// The socket (cgroup sock_addr) programs.
     pub const SOCK: [&str; 8] = [
         SOCK_CONNECT4,
@@ -59,13 +61,14 @@ pub mod prog {
     ];
     /// Every program, in load order (the tail-called IPv6 programs first: a program that
     /// calls them finds them in place from its first packet).
-    pub const ALL: [&str; 14] = [
+    pub const ALL: [&str; 15] = [
         FROM_POD6,
         UPLINK_INGRESS6,
         UPLINK_EGRESS6,
         FROM_POD,
         UPLINK_INGRESS,
         UPLINK_EGRESS,
+        TO_POD,
         SOCK_CONNECT4,
         SOCK_SENDMSG4,
         SOCK_RECVMSG4,
@@ -149,8 +152,28 @@ pub mod map {
     /// the node's IPv6 sockets translated to a pod's IPv6 address. (An IPv6 socket sent to
     /// an IPv4-mapped address is in [`SOCK_REVNAT`].)
     pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
+    /// [`crate::PolicyEndpointKey`] → [`crate::PolicyEndpoint`]: each pod interface's
+    /// rule sets, in two slots (the agent writes one while the other is in force).
+    pub const POLICY_ENDPOINTS: &str = "POLICY_ENDPOINTS";
+    /// Index 0 → [`crate::PolicyState`]: the slot in force and its generation.
+    pub const POLICY_STATE: &str = "POLICY_STATE";
+    /// LPM trie of [`crate::PolicyPeerKey`] → `u64`: the port classes each peer prefix
+    /// of a rule set may use.
+    pub const POLICY_PEERS: &str = "POLICY_PEERS";
+    /// LPM trie of [`crate::PolicyPortKey`] → `u64`: the port classes each protocol and
+    /// port prefix of a rule set belongs to.
+    pub const POLICY_PORTS: &str = "POLICY_PORTS";
+    /// [`crate::PolicyExactKey`] → `u32` (1): destinations an egress named port admits.
+    pub const POLICY_EXACT: &str = "POLICY_EXACT";
+    /// [`crate::PolicyFlowKey`] → [`crate::PolicyFlow`] (LRU): flows the policy admitted,
+    /// whose replies pass.
+    pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
+    /// `u64` ([`crate::fnv1a64`] of a namespace name) → `u32` (1): the namespaces some
+    /// policy is in, kept by the agent; a pod ADD puts in one starts closed. Userspace
+    /// only.
+    pub const POLICY_NAMESPACES: &str = "POLICY_NAMESPACES";
     /// Every map.
-    pub const ALL: [&str; 27] = [
+    pub const ALL: [&str; 34] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -178,6 +201,13 @@ pub mod map {
         CALLS6,
         PORTMAPS6,
         SOCK_REVNAT6,
+        POLICY_ENDPOINTS,
+        POLICY_STATE,
+        POLICY_PEERS,
+        POLICY_PORTS,
+        POLICY_EXACT,
+        POLICY_FLOWS,
+        POLICY_NAMESPACES,
     ];
 }
 

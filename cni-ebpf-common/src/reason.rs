@@ -108,11 +108,20 @@ pub enum Reason {
     /// Passed unchanged: an IPv6 packet whose program is not in the `CALLS6` program
     /// array (a datapath being loaded, or one a crash left half-loaded: CHECK reports it).
     PassIpv6NotLoaded = 55,
+    /// Dropped: NetworkPolicy does not admit the packet leaving its pod (nor is it a
+    /// reply of a flow it admitted).
+    DropPolicyEgress = 56,
+    /// Dropped: NetworkPolicy does not admit the packet to its pod (nor is it a reply of
+    /// a flow it admitted).
+    DropPolicyIngress = 57,
+    /// A flow to or from a pod that some policy selects, admitted by its rules and
+    /// recorded, so its later packets and its replies pass on one lookup.
+    PolicyAdmitted = 58,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 40] = [
+    pub const ALL: [Reason; 43] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -153,6 +162,9 @@ impl Reason {
         Reason::NatSweptEntry,
         Reason::DropSnatDestCap,
         Reason::PassIpv6NotLoaded,
+        Reason::DropPolicyEgress,
+        Reason::DropPolicyIngress,
+        Reason::PolicyAdmitted,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -199,13 +211,16 @@ impl Reason {
             Reason::NatSweptEntry => "nat_swept_entry",
             Reason::DropSnatDestCap => "drop_snat_dest_cap",
             Reason::PassIpv6NotLoaded => "pass_ipv6_not_loaded",
+            Reason::DropPolicyEgress => "drop_policy_egress",
+            Reason::DropPolicyIngress => "drop_policy_ingress",
+            Reason::PolicyAdmitted => "policy_admitted",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::PassIpv6NotLoaded as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::PolicyAdmitted as u32) < REASON_SLOTS);
 
 #[cfg(test)]
 mod tests {

@@ -55,8 +55,9 @@ enum Cmd {
         #[arg(long)]
         ip_masq: bool,
         /// `cgroupPath`: the cgroup2 directory the socket hooks attach to; `""`: none
-        /// (default: the cgroup2 root, as for ADD).
-        #[arg(long)]
+        /// (default: the cgroup2 root, as for ADD). Clap's path parser refuses an empty
+        /// value, hence the plain one.
+        #[arg(long, value_parser = clap::builder::TypedValueParser::map(clap::builder::OsStringValueParser::new(), PathBuf::from))]
         cgroup_path: Option<PathBuf>,
     },
     /// Show a network's datapath: node config, endpoints with counters, host ports, NAT

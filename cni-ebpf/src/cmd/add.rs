@@ -16,6 +16,7 @@ use crate::{
     datapath::{Datapath, Endpoint},
     error::{Error, Result},
     ipam,
+    ipam::record::PodRef,
     link::{self, NewRoute, Nl},
     netns::Netns,
 };
@@ -302,6 +303,7 @@ impl Transaction<'_> {
             nat_flows: conf.nat_flows_per_pod,
             egress_rate: conf.egress_rate,
             host_ports: !conf.runtime_config.port_mappings.is_empty(),
+            pod: PodRef::from_args(&env.args),
         };
         self.undo.push(Undo::Endpoint {
             host_ifname: self.host_ifname.to_owned(),

@@ -18,6 +18,7 @@ use crate::{
     datapath::{Datapath, Endpoint},
     error::{Error, Result},
     ipam,
+    ipam::record::PodRef,
     link::{self, Link, Nl},
     netns::Netns,
 };
@@ -268,6 +269,7 @@ fn validate_datapath(
         nat_flows: conf.nat_flows_per_pod,
         egress_rate: conf.egress_rate,
         host_ports: !conf.runtime_config.port_mappings.is_empty(),
+        pod: PodRef::from_args(&env.args),
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the
     // endpoint entry; the entry may hold either the live MAC or the one ADD set.

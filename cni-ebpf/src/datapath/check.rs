@@ -235,30 +235,45 @@ impl Datapath {
         Ok(())
     }
 
-    /// `from_pod` runs on the host veth's ingress, exactly once: as our clsact filter or
-    /// through the tcx link pinned for it. (A clsact filter goes when someone runs
-    /// `tc qdisc del dev <veth> clsact`; a tcx link only with its pin or the device.)
+    /// `from_pod` runs on the host veth's ingress and `to_pod` on its egress, each exactly
+    /// once: as our clsact filter or through the tcx link pinned for it. (A clsact filter
+    /// goes when someone runs `tc qdisc del dev <veth> clsact`; a tcx link only with its
+    /// pin or the device.)
     fn check_endpoint_attachment(&self, ep: &Endpoint) -> Result<()> {
-        let id = attach::program_id(&self.program(prog::FROM_POD)?)?;
-        let pin = self.pins.endpoint_link(&ep.host_ifname);
-        let name = &ep.host_ifname;
-        let index = ep.host_ifindex;
-        let handle = attach::TC_HANDLE;
-        if attach::attached(name, index, TcAttachType::Ingress, id, &pin, handle)?.is_none() {
-            return Err(Error::Check(format!(
-                "the cni-ebpf program (from_pod, id {id}) is not attached to host veth {name} \
-                 (ingress): neither a clsact filter at priority {} handle {:#x} nor a tcx \
-                 link pinned at {} runs it (was its clsact qdisc deleted?)",
-                attach::TC_PRIORITY,
-                attach::TC_HANDLE,
-                pin.display()
-            )));
-        }
-        if attach::attached_twice(name, index, TcAttachType::Ingress, id, handle)? {
-            return Err(Error::Check(format!(
-                "the cni-ebpf program (from_pod, id {id}) runs twice on host veth {name} \
-                 (ingress): as a clsact filter and as a tcx link"
-            )));
+        for (prog_name, dir, pin, hook) in [
+            (
+                prog::FROM_POD,
+                TcAttachType::Ingress,
+                self.pins.endpoint_link(&ep.host_ifname),
+                "ingress",
+            ),
+            (
+                prog::TO_POD,
+                TcAttachType::Egress,
+                self.pins.endpoint_egress_link(&ep.host_ifname),
+                "egress",
+            ),
+        ] {
+            let id = attach::program_id(&self.program(prog_name)?)?;
+            let name = &ep.host_ifname;
+            let index = ep.host_ifindex;
+            let handle = attach::TC_HANDLE;
+            if attach::attached(name, index, dir, id, &pin, handle)?.is_none() {
+                return Err(Error::Check(format!(
+                    "the cni-ebpf program ({prog_name}, id {id}) is not attached to host veth \
+                     {name} ({hook}): neither a clsact filter at priority {} handle {:#x} nor \
+                     a tcx link pinned at {} runs it (was its clsact qdisc deleted?)",
+                    attach::TC_PRIORITY,
+                    attach::TC_HANDLE,
+                    pin.display()
+                )));
+            }
+            if attach::attached_twice(name, index, dir, id, handle)? {
+                return Err(Error::Check(format!(
+                    "the cni-ebpf program ({prog_name}, id {id}) runs twice on host veth \
+                     {name} ({hook}): as a clsact filter and as a tcx link"
+                )));
+            }
         }
         Ok(())
     }

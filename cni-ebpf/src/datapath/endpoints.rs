@@ -22,6 +22,7 @@ use super::{
 use crate::{
     cni::config::EgressRate,
     error::{Error, Result},
+    ipam::record::PodRef,
 };
 
 /// One pod interface as the datapath sees it.
@@ -52,6 +53,9 @@ pub struct Endpoint {
     /// Whether the pod has host ports (`runtimeConfig.portMappings`): only such a pod
     /// serves hairpin flows, whose replies `from_pod` must look up.
     pub host_ports: bool,
+    /// The Kubernetes pod the runtime named (`K8S_POD_*` of `CNI_ARGS`): its namespace
+    /// decides whether it starts closed to policy (see `policy`).
+    pub pod: Option<PodRef>,
 }
 
 impl Datapath {
@@ -110,6 +114,9 @@ impl Datapath {
         // on this ifindex by an earlier interface (a crash before its removal) must not
         // apply to the new one. (The map lock is released: both take it.)
         drop(m);
+        // Before the address entries: a pod its namespace's policies may select sends
+        // and receives nothing until the agent has put its rules in force.
+        self.put_policy_endpoint(ep.host_ifindex, owner, ep.pod.as_ref())?;
         match &ep.egress_rate {
             Some(rate) => self.put_pacing(ep.host_ifindex, rate)?,
             None => self.remove_pacing([ep.host_ifindex])?,
@@ -178,8 +185,9 @@ impl Datapath {
     }
 
     /// Makes a pod reachable: endpoint map entries, per-pod counters, stale NAT state of
-    /// its addresses purged, and `from_pod` attached to the host veth's ingress as the
-    /// configuration's `attach` asks (a clsact filter, or a pinned tcx link).
+    /// its addresses purged, and `from_pod` attached to the host veth's ingress and
+    /// `to_pod` to its egress as the configuration's `attach` asks (clsact filters, or
+    /// pinned tcx links).
     pub fn attach_endpoint(&self, ep: &Endpoint) -> Result<()> {
         if ep.host_ifindex == 0 {
             return Err(Error::datapath(
@@ -198,16 +206,30 @@ impl Datapath {
         }
         self.put_endpoint_entries(ep)?;
         crate::faults::point("datapath-entries-written")?;
-        let mut program = self.program(prog::FROM_POD)?;
-        attach::attach(
-            &mut program,
-            &ep.host_ifname,
-            ep.host_ifindex,
-            TcAttachType::Ingress,
-            &self.pins.endpoint_link(&ep.host_ifname),
-            attach::TC_HANDLE,
-            self.attach,
-        )?;
+        // `to_pod` first: once `from_pod` runs, the pod's packets may be answered.
+        for (name, dir, pin) in [
+            (
+                prog::TO_POD,
+                TcAttachType::Egress,
+                self.pins.endpoint_egress_link(&ep.host_ifname),
+            ),
+            (
+                prog::FROM_POD,
+                TcAttachType::Ingress,
+                self.pins.endpoint_link(&ep.host_ifname),
+            ),
+        ] {
+            let mut program = self.program(name)?;
+            attach::attach(
+                &mut program,
+                &ep.host_ifname,
+                ep.host_ifindex,
+                dir,
+                &pin,
+                attach::TC_HANDLE,
+                self.attach,
+            )?;
+        }
         Ok(())
     }
 
@@ -225,7 +247,9 @@ impl Datapath {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let gone = self.take_endpoint_entries(owner, ips)?;
         attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
+        attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname))?;
         attach::remove_filter(host_ifname, TcAttachType::Ingress, attach::TC_HANDLE)?;
+        attach::remove_filter(host_ifname, TcAttachType::Egress, attach::TC_HANDLE)?;
         self.forget(owner, &gone)
     }
 
@@ -257,6 +281,7 @@ impl Datapath {
         }
         for r in [
             attach::remove_pin(&self.pins.endpoint_link(host_ifname)).map(|_| ()),
+            attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname)).map(|_| ()),
             self.forget(owner, &addrs),
         ] {
             if let Err(e) = r {
@@ -355,6 +380,7 @@ impl Datapath {
         }
         drop(m);
         self.remove_pacing(ifindexes)?;
+        self.remove_policy_endpoints(owner)?;
         Ok(gone)
     }
 

@@ -10,9 +10,10 @@ use aya::maps::{
 use cni_ebpf_common::{
     map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
     NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
-    NodeState, Owner, Pacing, PortKey, PortKey6, PortTarget, PortTarget6, SockKey, SockKey6,
-    SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key,
-    SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyFlow,
+    PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey, PortKey6, PortTarget,
+    PortTarget6, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue,
+    SockRevValue6, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -78,6 +79,13 @@ struct Slots {
     node_config6: Option<Map>,
     node_addrs6: Option<Map>,
     portmaps6: Option<Map>,
+    policy_endpoints: Option<Map>,
+    policy_state: Option<Map>,
+    policy_peers: Option<Map>,
+    policy_ports: Option<Map>,
+    policy_exact: Option<Map>,
+    policy_flows: Option<Map>,
+    policy_namespaces: Option<Map>,
     sock_revnat6: Option<Map>,
 }
 
@@ -148,6 +156,13 @@ impl Maps {
         self.node_addrs6()?;
         self.portmaps6()?;
         self.sock_revnat6()?;
+        self.policy_endpoints()?;
+        self.policy_state()?;
+        self.policy_peers()?;
+        self.policy_ports()?;
+        self.policy_exact()?;
+        self.policy_flows()?;
+        self.policy_namespaces()?;
         Ok(())
     }
 
@@ -292,6 +307,50 @@ impl Maps {
     pub fn sock_revnat6(&mut self) -> Result<HashMap<&mut MapData, SockRevKey6, SockRevValue6>> {
         self.opener
             .typed(&mut self.slots.sock_revnat6, map::SOCK_REVNAT6)
+    }
+
+    /// [`map::POLICY_ENDPOINTS`].
+    pub fn policy_endpoints(
+        &mut self,
+    ) -> Result<HashMap<&mut MapData, PolicyEndpointKey, PolicyEndpoint>> {
+        self.opener
+            .typed(&mut self.slots.policy_endpoints, map::POLICY_ENDPOINTS)
+    }
+
+    /// [`map::POLICY_STATE`].
+    pub fn policy_state(&mut self) -> Result<Array<&mut MapData, PolicyState>> {
+        self.opener
+            .typed(&mut self.slots.policy_state, map::POLICY_STATE)
+    }
+
+    /// [`map::POLICY_PEERS`].
+    pub fn policy_peers(&mut self) -> Result<LpmTrie<&mut MapData, PolicyPeerKey, u64>> {
+        self.opener
+            .typed(&mut self.slots.policy_peers, map::POLICY_PEERS)
+    }
+
+    /// [`map::POLICY_PORTS`].
+    pub fn policy_ports(&mut self) -> Result<LpmTrie<&mut MapData, PolicyPortKey, u64>> {
+        self.opener
+            .typed(&mut self.slots.policy_ports, map::POLICY_PORTS)
+    }
+
+    /// [`map::POLICY_EXACT`].
+    pub fn policy_exact(&mut self) -> Result<HashMap<&mut MapData, PolicyExactKey, u32>> {
+        self.opener
+            .typed(&mut self.slots.policy_exact, map::POLICY_EXACT)
+    }
+
+    /// [`map::POLICY_FLOWS`].
+    pub fn policy_flows(&mut self) -> Result<HashMap<&mut MapData, PolicyFlowKey, PolicyFlow>> {
+        self.opener
+            .typed(&mut self.slots.policy_flows, map::POLICY_FLOWS)
+    }
+
+    /// [`map::POLICY_NAMESPACES`].
+    pub fn policy_namespaces(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
+        self.opener
+            .typed(&mut self.slots.policy_namespaces, map::POLICY_NAMESPACES)
     }
 }
 

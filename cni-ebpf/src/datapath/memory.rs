@@ -218,6 +218,32 @@ impl Datapath {
             map_name::SOCK_REVNAT6,
             n(maps::entries(&m.sock_revnat6()?).len()),
         );
+        out.insert(
+            map_name::POLICY_ENDPOINTS,
+            n(maps::entries(&m.policy_endpoints()?).len()),
+        );
+        let peers: LpmTrie<_, cni_ebpf_common::PolicyPeerKey, u64> = m.policy_peers()?;
+        out.insert(
+            map_name::POLICY_PEERS,
+            n(peers.keys().filter_map(std::result::Result::ok).count()),
+        );
+        let ports: LpmTrie<_, cni_ebpf_common::PolicyPortKey, u64> = m.policy_ports()?;
+        out.insert(
+            map_name::POLICY_PORTS,
+            n(ports.keys().filter_map(std::result::Result::ok).count()),
+        );
+        out.insert(
+            map_name::POLICY_EXACT,
+            n(maps::entries(&m.policy_exact()?).len()),
+        );
+        out.insert(
+            map_name::POLICY_FLOWS,
+            n(maps::entries(&m.policy_flows()?).len()),
+        );
+        out.insert(
+            map_name::POLICY_NAMESPACES,
+            n(maps::entries(&m.policy_namespaces()?).len()),
+        );
         Ok(out)
     }
 }

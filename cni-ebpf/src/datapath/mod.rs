@@ -51,6 +51,7 @@ mod node_config;
 pub mod object;
 pub mod pacing;
 pub mod pins;
+pub mod policy;
 mod portmaps;
 mod sockets;
 mod status;
@@ -300,7 +301,10 @@ impl Datapath {
             ),
             (
                 TcAttachType::Egress,
-                vec![(id(prog::UPLINK_EGRESS)?, uplink)],
+                vec![
+                    (id(prog::UPLINK_EGRESS)?, uplink),
+                    (id(prog::TO_POD)?, attach::TC_HANDLE),
+                ],
             ),
         ];
         let interfaces = nix::net::if_::if_nameindex()

@@ -121,6 +121,12 @@ impl Pins {
         self.links_dir().join(format!("ep-{host_ifname}"))
     }
 
+    /// Pin of the `to_pod` link on host veth `host_ifname` (its egress).
+    #[must_use]
+    pub fn endpoint_egress_link(&self, host_ifname: &str) -> PathBuf {
+        self.links_dir().join(format!("to-{host_ifname}"))
+    }
+
     /// Pin of an uplink program's link.
     #[must_use]
     pub fn uplink_link(&self, ifname: &str, dir: Direction) -> PathBuf {

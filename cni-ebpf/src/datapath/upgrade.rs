@@ -115,6 +115,15 @@ fn replace_programs(pins: &Pins) -> Result<()> {
                 }
                 pin_over(pins, name, |tmp| p.pin(tmp))?;
             }
+            // A program the old object did not have: attached where it belongs, in the
+            // mode the pod's other program runs in.
+            Loaded::Tc(p) if !pins.prog(name).exists() => {
+                let beside = attach::program_id(&load::open_program(pins, prog::FROM_POD)?)?;
+                for t in tc_targets(&dp, name)? {
+                    attach_beside(p, beside, &dp, &t)?;
+                }
+                pin_over(pins, name, |tmp| p.pin(tmp))?;
+            }
             Loaded::Tc(p) => {
                 let old_id = attach::program_id(&load::open_program(pins, name)?)?;
                 for t in tc_targets(&dp, name)? {
@@ -132,22 +141,27 @@ fn replace_programs(pins: &Pins) -> Result<()> {
     Ok(())
 }
 
-/// Where program `name` may be attached: `from_pod` on every endpoint's host veth, the
-/// uplink programs on the uplink.
+/// Where program `name` may be attached: `from_pod` and `to_pod` on every endpoint's
+/// host veth (ingress, egress), the uplink programs on the uplink.
 fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
     let mut out = Vec::new();
-    if name == prog::FROM_POD {
+    if name == prog::FROM_POD || name == prog::TO_POD {
         let mut seen = std::collections::HashSet::new();
         for e in dp.endpoints()? {
             if e.container_id.is_empty() || e.removing || !seen.insert(e.host_ifindex) {
                 continue;
             }
             let ifname = link::host_veth_name(&e.container_id, &e.ifname);
+            let (link_pin, dir) = if name == prog::FROM_POD {
+                (dp.pins.endpoint_link(&ifname), TcAttachType::Ingress)
+            } else {
+                (dp.pins.endpoint_egress_link(&ifname), TcAttachType::Egress)
+            };
             out.push(TcTarget {
-                link_pin: dp.pins.endpoint_link(&ifname),
+                link_pin,
                 ifname,
                 ifindex: e.host_ifindex,
-                dir: TcAttachType::Ingress,
+                dir,
                 handle: attach::TC_HANDLE,
             });
         }
@@ -181,6 +195,39 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
 fn swap_tc(new: &mut SchedClassifier, old_id: u32, t: &TcTarget) -> Result<()> {
     let policy = match attach::attached(&t.ifname, t.ifindex, t.dir, old_id, &t.link_pin, t.handle)?
     {
+        Some(AttachMode::Tc) => AttachPolicy::Tc,
+        Some(AttachMode::Tcx) => AttachPolicy::Tcx,
+        None => return Ok(()),
+    };
+    attach::attach(
+        new,
+        &t.ifname,
+        t.ifindex,
+        t.dir,
+        &t.link_pin,
+        t.handle,
+        policy,
+    )?;
+    Ok(())
+}
+
+/// Attaches `new` at `t` (a pod's host veth) in the mode `from_pod` (`from_pod_id`)
+/// runs in on that interface; not running there: left alone (CHECK reports it).
+fn attach_beside(
+    new: &mut SchedClassifier,
+    from_pod_id: u32,
+    dp: &Datapath,
+    t: &TcTarget,
+) -> Result<()> {
+    let from_pod_pin = dp.pins.endpoint_link(&t.ifname);
+    let policy = match attach::attached(
+        &t.ifname,
+        t.ifindex,
+        TcAttachType::Ingress,
+        from_pod_id,
+        &from_pod_pin,
+        t.handle,
+    )? {
         Some(AttachMode::Tc) => AttachPolicy::Tc,
         Some(AttachMode::Tcx) => AttachPolicy::Tcx,
         None => return Ok(()),

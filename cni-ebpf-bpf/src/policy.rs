@@ -1,0 +1,517 @@
+//! NetworkPolicy: whether the node's policy admits a packet.
+//!
+//! Each pod interface has a rule set per direction in `POLICY_ENDPOINTS` (open, closed,
+//! or an id of the rule tables), in two slots: the agent writes the slot not in force and
+//! then swaps `POLICY_STATE`, so a packet sees one whole policy, the old or the new. A
+//! rule set admits a peer on a port when `POLICY_PEERS(peer) & POLICY_PORTS(proto ·
+//! port)` has a class bit in common, or `POLICY_EXACT` holds (peer, port, proto): three
+//! lookups whatever the number of policies (`cni-ebpf/src/policy/tables.rs` builds them).
+//!
+//! Where the node judges:
+//! - **delivery into a local pod** (`forward::deliver`, every redirect into a pod, and
+//!   `to_pod` on the host veth's egress, every packet the kernel delivers): the
+//!   destination pod's ingress and, when the source is a local pod, its egress;
+//! - **the uplink's egress** (`uplink_egress`): a local pod's packet leaving the node,
+//!   judged by the pod's egress before masquerade, after netfilter (so a Service's
+//!   address is already its backend's).
+//!
+//! Traffic with the node itself is never judged (the API reference: traffic to and from
+//! the node where a pod runs is always allowed): a packet from one of the node's
+//! addresses to a pod, or from a pod to one. Before the agent's first swap (generation
+//! 0) nothing is judged: a node without the agent enforces no policy.
+//!
+//! An admitted flow is recorded in `POLICY_FLOWS` with the generation it was judged
+//! under: its later packets and its replies pass on that one lookup, and a flow recorded
+//! under an older generation is judged again, so a verdict never outlives the policy
+//! that gave it.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT},
+    maps::lpm_trie::Key,
+    programs::TcContext,
+};
+use cni_ebpf_common::{
+    proto, Addr6, EndpointInfo, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey,
+    PolicyPeerKey, PolicyPortKey, Reason, RULESET_CLOSED, RULESET_OPEN,
+};
+
+use crate::{
+    family::Family,
+    maps::{
+        count, POLICY_ENDPOINTS, POLICY_EXACT, POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS,
+        POLICY_SCRATCH, POLICY_STATE,
+    },
+    parse::{
+        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_ECHO,
+        ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF,
+        IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6,
+    },
+    PASS,
+};
+
+/// SCTP's protocol number (its ports sit where TCP's and UDP's do).
+const SCTP: u8 = 132;
+
+/// Per-CPU room for the keys of one judgement (kept off the verifier's stack).
+#[repr(C)]
+pub(crate) struct Scratch {
+    flow: PolicyFlowKey,
+    rev: PolicyFlowKey,
+    peer: Key<PolicyPeerKey>,
+    port: Key<PolicyPortKey>,
+    exact: PolicyExactKey,
+    endpoint: PolicyEndpointKey,
+    admitted: PolicyFlow,
+    /// The pod an IPv6 program's stage armed a redirect into ([`note_delivery`]): its
+    /// host veth (0: none) and owner.
+    delivery_ifindex: u32,
+    delivery_owner: u64,
+}
+
+/// A local pod on one side of a packet: its host veth, and the owner its `ENDPOINTS`
+/// entry names (0: not compared; the host veth itself is known).
+#[derive(Clone, Copy)]
+pub(crate) struct Side {
+    pub(crate) ifindex: u32,
+    pub(crate) owner: u64,
+}
+
+impl Side {
+    /// Not a local pod (or a side the node does not judge).
+    pub(crate) const NONE: Self = Self {
+        ifindex: 0,
+        owner: 0,
+    };
+}
+
+/// The slot and generation in force, or `None` when the agent never swapped one in (nothing to
+/// judge).
+#[inline(always)]
+pub(crate) fn enforcing() -> Option<(u32, u32)> {
+    let st = POLICY_STATE.get(0)?;
+    if st.generation == 0 {
+        return None;
+    }
+    Some((st.slot & 1, st.generation))
+}
+
+/// IPv4 wire-order address bytes mapped into IPv6.
+#[inline(always)]
+fn mapped(addr: u32) -> [u8; 16] {
+    cni_ebpf_common::mapped4(addr)
+}
+
+#[inline(always)]
+fn bytes6(a: &Addr6) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for i in 0..4 {
+        let w = a[i].to_ne_bytes();
+        out[4 * i] = w[0];
+        out[4 * i + 1] = w[1];
+        out[4 * i + 2] = w[2];
+        out[4 * i + 3] = w[3];
+    }
+    out
+}
+
+/// The ports of a packet whose L4 header starts at `l4` (ICMP echo: the identifier as the
+/// requester's port, as `parse` keys it; other protocols: none).
+#[inline(always)]
+fn ports(ctx: &TcContext, l4: usize, proto_: u8, echo: u8, echo_reply: u8) -> Option<(u16, u16)> {
+    match proto_ {
+        proto::TCP | proto::UDP | SCTP => {
+            let p: [u16; 2] = read(ctx, l4).ok()?;
+            Some((p[0], p[1]))
+        }
+        _ if proto_ == proto::ICMP || proto_ == proto::ICMPV6 => {
+            let ty: u8 = read(ctx, l4).ok()?;
+            if ty == echo {
+                Some((read(ctx, l4 + ICMP_ECHO_ID).ok()?, 0))
+            } else if ty == echo_reply {
+                Some((0, read(ctx, l4 + ICMP_ECHO_ID).ok()?))
+            } else {
+                Some((0, 0))
+            }
+        }
+        _ => Some((0, 0)),
+    }
+}
+
+/// Writes the tuple of the IPv4 packet in `ctx` (header without options, not a
+/// fragment: as `parse` admits it) to the scratch area. `None` when it cannot be read.
+#[inline(always)]
+pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
+    let s = scratch()?;
+    let saddr: u32 = read(ctx, IP_OFF + IP_SADDR).ok()?;
+    let daddr: u32 = read(ctx, IP_OFF + IP_DADDR).ok()?;
+    let proto_: u8 = read(ctx, IP_OFF + IP_PROTO).ok()?;
+    let vihl: u8 = read(ctx, IP_OFF).ok()?;
+    let frag_off: u16 = read(ctx, IP_OFF + IP_FRAG_OFF).ok()?;
+    // A later fragment, or a header with options, has no ports where they would be: it
+    // is judged with none (only rules that admit every port of its protocol admit it).
+    let (sport, dport) = if vihl & 0x0f != 5 || frag_off & 0x1fffu16.to_be() != 0 {
+        (0, 0)
+    } else {
+        ports(ctx, L4_OFF, proto_, ICMP_ECHO, ICMP_ECHO_REPLY)?
+    };
+    s.flow = PolicyFlowKey {
+        saddr: mapped(saddr),
+        daddr: mapped(daddr),
+        sport,
+        dport,
+        proto: proto_,
+        _pad: [0; 3],
+    };
+    Some(())
+}
+
+/// [`load_tuple4`] for an IPv6 packet without extension headers.
+#[inline(always)]
+pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
+    let s = scratch()?;
+    let saddr: Addr6 = read(ctx, IP_OFF + IP6_SADDR).ok()?;
+    let daddr: Addr6 = read(ctx, IP_OFF + IP6_DADDR).ok()?;
+    let next: u8 = read(ctx, IP_OFF + 6).ok()?;
+    let (sport, dport) = ports(ctx, L4_OFF6, next, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)?;
+    s.flow = PolicyFlowKey {
+        saddr: bytes6(&saddr),
+        daddr: bytes6(&daddr),
+        sport,
+        dport,
+        proto: next,
+        _pad: [0; 3],
+    };
+    Some(())
+}
+
+#[inline(always)]
+fn scratch() -> Option<&'static mut Scratch> {
+    let p = POLICY_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: a per-CPU slot; a program runs to its end on one CPU.
+    Some(unsafe { &mut *p })
+}
+
+/// The rule set of pod interface `side` for one direction in `slot`.
+#[inline(always)]
+fn ruleset(s: &mut Scratch, side: Side, slot: u32, egress: bool) -> u32 {
+    if side.ifindex == 0 {
+        return RULESET_OPEN;
+    }
+    s.endpoint.ifindex = side.ifindex;
+    s.endpoint.slot = slot;
+    // SAFETY: copied out at once.
+    match unsafe { POLICY_ENDPOINTS.get(&s.endpoint) } {
+        None => RULESET_OPEN,
+        Some(e) if side.owner != 0 && e.owner != side.owner => RULESET_CLOSED,
+        Some(e) if egress => e.egress,
+        Some(e) => e.ingress,
+    }
+}
+
+/// Which address of the tuples in the scratch area a rule set is asked about.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum PeerOf {
+    /// `flow`'s destination (an egress rule set's peer).
+    FlowDst,
+    /// `flow`'s source (an ingress rule set's peer).
+    FlowSrc,
+    /// `rev`'s destination.
+    RevDst,
+    /// `rev`'s source.
+    RevSrc,
+}
+
+/// Whether rule set `rs` admits the peer `which` names on its tuple's protocol and
+/// destination port. The keys are built in the scratch area field by field: this runs
+/// under the IPv6 programs' deepest frames, where the verifier's 512 bytes are nearly
+/// spent.
+#[inline(always)]
+fn rules_admit(s: &mut Scratch, rs: u32, which: PeerOf) -> bool {
+    let (t, dst) = match which {
+        PeerOf::FlowDst => (&s.flow, true),
+        PeerOf::FlowSrc => (&s.flow, false),
+        PeerOf::RevDst => (&s.rev, true),
+        PeerOf::RevSrc => (&s.rev, false),
+    };
+    let proto_ = t.proto;
+    let port = t.dport.to_ne_bytes();
+    s.peer.prefix_len = 32 + 128;
+    s.peer.data.ruleset = rs;
+    s.peer.data.addr = if dst { t.daddr } else { t.saddr };
+    s.exact.addr = s.peer.data.addr;
+    let classes = POLICY_PEERS.get(&s.peer).copied().unwrap_or(0);
+    if classes != 0 {
+        s.port.prefix_len = 32 + 24;
+        s.port.data.ruleset = rs;
+        s.port.data.proto = proto_;
+        s.port.data.port = port;
+        s.port.data._pad = 0;
+        if classes & POLICY_PORTS.get(&s.port).copied().unwrap_or(0) != 0 {
+            return true;
+        }
+    }
+    s.exact.ruleset = rs;
+    s.exact.port = port;
+    s.exact.proto = proto_;
+    s.exact._pad = 0;
+    // SAFETY: presence only.
+    unsafe { POLICY_EXACT.get(&s.exact) }.is_some()
+}
+
+/// Why a flow is refused, or `Ok` when both rule sets admit it (`reversed`: the tuple
+/// in `rev`).
+#[inline(always)]
+fn judge(s: &mut Scratch, egress: u32, ingress: u32, reversed: bool) -> Result<(), Reason> {
+    let (to, from) = if reversed {
+        (PeerOf::RevDst, PeerOf::RevSrc)
+    } else {
+        (PeerOf::FlowDst, PeerOf::FlowSrc)
+    };
+    if egress == RULESET_CLOSED || (egress != RULESET_OPEN && !rules_admit(s, egress, to)) {
+        return Err(Reason::DropPolicyEgress);
+    }
+    if ingress == RULESET_CLOSED || (ingress != RULESET_OPEN && !rules_admit(s, ingress, from)) {
+        return Err(Reason::DropPolicyIngress);
+    }
+    Ok(())
+}
+
+/// Whether the node's policy admits the packet whose tuple [`load_tuple4`] or
+/// [`load_tuple6`] wrote, sent by a local pod (egress; `src_ifindex` 0: none) to a local
+/// pod (ingress; `dst_ifindex` 0: none), with the owners their `ENDPOINTS` entries name
+/// (0: not compared). `state` is [`enforcing`]'s `(slot, generation)`. A function of its
+/// own (a BPF-to-BPF call), so that its frame and code are not repeated at each caller.
+#[inline(never)]
+pub(crate) fn admits(
+    src_ifindex: u32,
+    src_owner: u64,
+    dst_ifindex: u32,
+    dst_owner: u64,
+    state: u64,
+) -> bool {
+    let (slot, gen) = ((state >> 32) as u32, state as u32);
+    let src = Side {
+        ifindex: src_ifindex,
+        owner: src_owner,
+    };
+    let dst = Side {
+        ifindex: dst_ifindex,
+        owner: dst_owner,
+    };
+    let Some(s) = scratch() else {
+        return false;
+    };
+    let egress = ruleset(s, src, slot, true);
+    let ingress = ruleset(s, dst, slot, false);
+    if egress == RULESET_OPEN && ingress == RULESET_OPEN {
+        return true;
+    }
+    // SAFETY: copied out at once.
+    if let Some(f) = unsafe { POLICY_FLOWS.get(&s.flow) } {
+        if f.generation == gen {
+            return true;
+        }
+    }
+    let refused = match judge(s, egress, ingress, false) {
+        Ok(()) => {
+            s.admitted = PolicyFlow {
+                generation: gen,
+                _pad: 0,
+            };
+            let _ = POLICY_FLOWS.insert(&s.flow, &s.admitted, 0);
+            count(Reason::PolicyAdmitted);
+            return true;
+        }
+        Err(r) => r,
+    };
+    // A reply of a flow admitted the other way: recorded under this generation, or
+    // admitted again by the policy in force (the destination sent it, the source
+    // receives it).
+    s.rev.saddr = s.flow.daddr;
+    s.rev.daddr = s.flow.saddr;
+    s.rev.sport = s.flow.dport;
+    s.rev.dport = s.flow.sport;
+    s.rev.proto = s.flow.proto;
+    s.rev._pad = [0; 3];
+    if let Some(f) = POLICY_FLOWS.get_ptr_mut(&s.rev) {
+        // SAFETY: LRU values may be recycled under us; only the generation is written.
+        if unsafe { (*f).generation } == gen {
+            return true;
+        }
+        let back_egress = ruleset(s, dst, slot, true);
+        let back_ingress = ruleset(s, src, slot, false);
+        if judge(s, back_egress, back_ingress, true).is_ok() {
+            // SAFETY: as above.
+            unsafe { (*f).generation = gen };
+            return true;
+        }
+    }
+    count(refused);
+    false
+}
+
+/// [`admits`] for a packet whose tuple is loaded, with [`enforcing`]'s state.
+#[inline(always)]
+pub(crate) fn admits_sides(src: Side, dst: Side, slot: u32, gen: u32) -> bool {
+    admits(
+        src.ifindex,
+        src.owner,
+        dst.ifindex,
+        dst.owner,
+        (u64::from(slot) << 32) | u64::from(gen),
+    )
+}
+
+/// Whether the node's policy admits the packet in `ctx` (after any translation of ours)
+/// into the local pod behind host veth `ifindex` (whose `ENDPOINTS` entry names
+/// `owner`), straight past the stack: the pod's ingress, and the egress of the pod whose
+/// host veth the packet came in by, if it came from one (the uplink has no entry, so
+/// traffic from outside is judged by ingress alone).
+#[inline(always)]
+pub(crate) fn admits_delivery(ctx: &TcContext, ifindex: u32, owner: u64, ipv6: bool) -> bool {
+    let Some((slot, gen)) = enforcing() else {
+        return true;
+    };
+    let loaded = if ipv6 {
+        load_tuple6(ctx)
+    } else {
+        load_tuple4(ctx)
+    };
+    if loaded.is_none() {
+        return false;
+    }
+    // SAFETY: reading a field of the context.
+    let from = unsafe { (*ctx.skb.skb).ifindex };
+    admits_sides(
+        Side {
+            ifindex: from,
+            owner: 0,
+        },
+        Side { ifindex, owner },
+        slot,
+        gen,
+    )
+}
+
+/// The IPv6 programs, first thing: no delivery armed yet.
+#[inline(always)]
+pub(crate) fn forget_delivery() {
+    if let Some(s) = scratch() {
+        s.delivery_ifindex = 0;
+    }
+}
+
+/// `deliver6`: the packet is about to be redirected into `ep`.
+#[inline(always)]
+pub(crate) fn note_delivery(ep: &EndpointInfo) {
+    if let Some(s) = scratch() {
+        s.delivery_ifindex = ep.ifindex;
+        s.delivery_owner = ep.owner;
+    }
+}
+
+/// The IPv6 programs, last thing: a redirect into a pod their stages armed stands if
+/// the node's policy admits it ([`admits_delivery`]), else the packet is dropped. A
+/// function of its own, so that the tuple it reads does not grow the program's frame,
+/// under which the stages run.
+#[inline(never)]
+pub(crate) fn judge_delivery6(ctx: &TcContext, verdict: i32) -> i32 {
+    let Some(s) = scratch() else {
+        return verdict;
+    };
+    let (ifindex, owner) = (s.delivery_ifindex, s.delivery_owner);
+    s.delivery_ifindex = 0;
+    if ifindex == 0 || verdict != TC_ACT_REDIRECT as i32 {
+        return verdict;
+    }
+    if admits_delivery(ctx, ifindex, owner, true) {
+        verdict
+    } else {
+        TC_ACT_SHOT as i32
+    }
+}
+
+/// Whether the node's policy admits a local pod's packet leaving the node (`uplink_egress`,
+/// before masquerade): the pod's egress. `saddr` is the packet's source; a packet that is
+/// no local pod's (the node's own, or translated by netfilter) is not judged here.
+#[inline(always)]
+pub(crate) fn admits_leaving<A: Family>(ctx: &TcContext, saddr: A, ipv6: bool) -> bool {
+    let Some((slot, gen)) = enforcing() else {
+        return true;
+    };
+    let Some(ep) = saddr.local_endpoint() else {
+        return true;
+    };
+    let loaded = if ipv6 {
+        load_tuple6(ctx)
+    } else {
+        load_tuple4(ctx)
+    };
+    if loaded.is_none() {
+        return false;
+    }
+    admits_sides(
+        Side {
+            ifindex: ep.ifindex,
+            owner: ep.owner,
+        },
+        Side::NONE,
+        slot,
+        gen,
+    )
+}
+
+/// `to_pod` (the host veth's egress): a packet the kernel delivers to the pod, judged by
+/// the pod's ingress and, when a local pod sent it (through the stack: a Service after
+/// kube-proxy's DNAT), that pod's egress. The node's own traffic passes: from one of its
+/// addresses, and IPv6 link-local or multicast (neighbour discovery).
+#[inline(always)]
+pub(crate) fn to_pod(ctx: &TcContext) -> i32 {
+    let Some((slot, gen)) = enforcing() else {
+        return PASS;
+    };
+    // SAFETY: reading a field of the context (the host veth: this is its egress).
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let Ok(ethertype) = read::<u16>(ctx, ETH_TYPE_OFF) else {
+        return PASS;
+    };
+    let src = if ethertype == ETH_P_IP.to_be() {
+        let Ok(saddr) = read::<u32>(ctx, IP_OFF + IP_SADDR) else {
+            return PASS;
+        };
+        if saddr.is_node_addr() {
+            return PASS;
+        }
+        if load_tuple4(ctx).is_none() {
+            return TC_ACT_SHOT as i32;
+        }
+        saddr.local_endpoint()
+    } else if ethertype == ETH_P_IPV6.to_be() {
+        let Ok(saddr) = read::<Addr6>(ctx, IP_OFF + IP6_SADDR) else {
+            return PASS;
+        };
+        let Ok(daddr0) = read::<u8>(ctx, IP_OFF + IP6_DADDR) else {
+            return PASS;
+        };
+        let s0 = saddr[0].to_ne_bytes();
+        if (s0[0] == 0xfe && s0[1] & 0xc0 == 0x80) || daddr0 == 0xff || saddr.is_node_addr() {
+            return PASS;
+        }
+        if load_tuple6(ctx).is_none() {
+            return TC_ACT_SHOT as i32;
+        }
+        saddr.local_endpoint()
+    } else {
+        return PASS;
+    };
+    let src = src.map_or(Side::NONE, |ep| Side {
+        ifindex: ep.ifindex,
+        owner: ep.owner,
+    });
+    let dst = Side { ifindex, owner: 0 };
+    if admits_sides(src, dst, slot, gen) {
+        PASS
+    } else {
+        TC_ACT_SHOT as i32
+    }
+}

@@ -1,0 +1,169 @@
+//! Map types of NetworkPolicy enforcement (see `cni-ebpf/src/policy/tables.rs` for how a
+//! rule set becomes these tables, and `cni-ebpf-bpf/src/policy.rs` for the lookups).
+
+use core::mem::size_of;
+
+/// Capacity of [`crate::map::POLICY_ENDPOINTS`]: two slots per pod interface.
+pub const MAX_POLICY_ENDPOINTS: u32 = 2 * crate::MAX_ENDPOINTS;
+/// Capacity of [`crate::map::POLICY_PEERS`] (prefixes of every rule set of the node).
+pub const MAX_POLICY_PEERS: u32 = 262_144;
+/// Capacity of [`crate::map::POLICY_PORTS`].
+pub const MAX_POLICY_PORTS: u32 = 65_536;
+/// Capacity of [`crate::map::POLICY_EXACT`] (egress named ports, per destination pod).
+pub const MAX_POLICY_EXACT: u32 = 65_536;
+/// Capacity of [`crate::map::POLICY_NAMESPACES`].
+pub const MAX_POLICY_NAMESPACES: u32 = 16_384;
+/// Capacity of [`crate::map::POLICY_FLOWS`] (an LRU of admitted flows).
+pub const MAX_POLICY_FLOWS: u32 = 131_072;
+
+/// [`PolicyEndpoint::ingress`] / [`PolicyEndpoint::egress`]: no policy selects the pod
+/// for that direction, so everything passes.
+pub const RULESET_OPEN: u32 = 0;
+/// [`PolicyEndpoint::ingress`] / [`PolicyEndpoint::egress`]: nothing passes (but the
+/// node's own traffic): a pod whose policy is not in force yet, or cannot be.
+pub const RULESET_CLOSED: u32 = u32::MAX;
+
+/// Key of [`crate::map::POLICY_ENDPOINTS`]: one pod interface in one of the two slots
+/// (the slot in force is [`PolicyState::slot`]; the agent writes the other, then swaps).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyEndpointKey {
+    /// Host veth ifindex, native order.
+    pub ifindex: u32,
+    /// 0 or 1, native order.
+    pub slot: u32,
+}
+const _: () = assert!(size_of::<PolicyEndpointKey>() == 8);
+
+/// Value of [`crate::map::POLICY_ENDPOINTS`]: the rule set of each direction.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyEndpoint {
+    /// Rule set of traffic to the pod (native order): [`RULESET_OPEN`],
+    /// [`RULESET_CLOSED`] or an id of the rule tables.
+    pub ingress: u32,
+    /// Rule set of traffic from the pod, as `ingress`.
+    pub egress: u32,
+    /// The attachment the entry was written for ([`crate::owner_id`], native order):
+    /// an entry whose owner is not the one of the pod's `ENDPOINTS` entry is stale (the
+    /// interface index was reused) and counts as closed.
+    pub owner: u64,
+    /// The pod ([`crate::fnv1a64`] of `namespace/name` as the runtime named it in
+    /// `CNI_ARGS`; 0: unnamed), native order: how the agent finds a pod's interface.
+    pub pod: u64,
+}
+const _: () = assert!(size_of::<PolicyEndpoint>() == 24);
+
+/// Value of [`crate::map::POLICY_STATE`] (index 0).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyState {
+    /// The slot of [`crate::map::POLICY_ENDPOINTS`] in force (0 or 1), native order.
+    pub slot: u32,
+    /// Bumped on every swap (native order): flows admitted under another generation are
+    /// judged again.
+    pub generation: u32,
+}
+const _: () = assert!(size_of::<PolicyState>() == 8);
+
+/// Data of a [`crate::map::POLICY_PEERS`] key (an LPM trie; prefix length = 32 +
+/// address bits, so the rule set is always matched whole).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyPeerKey {
+    /// Rule set id, native order.
+    pub ruleset: u32,
+    /// The peer's address, IPv6 or IPv4-mapped IPv6 (`::ffff:a.b.c.d`), wire order.
+    pub addr: [u8; 16],
+}
+const _: () = assert!(size_of::<PolicyPeerKey>() == 20);
+
+/// Data of a [`crate::map::POLICY_PORTS`] key (an LPM trie; prefix length = 32 + 0..=24
+/// bits of `proto · port`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyPortKey {
+    /// Rule set id, native order.
+    pub ruleset: u32,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Destination port, wire order (big-endian bytes, so a prefix is a port range).
+    pub port: [u8; 2],
+    /// Explicit padding, always zero (never within a prefix).
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<PolicyPortKey>() == 8);
+
+/// Key of [`crate::map::POLICY_EXACT`]: a destination admitted by an egress rule's named
+/// port.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyExactKey {
+    /// Rule set id, native order.
+    pub ruleset: u32,
+    /// Destination address as in [`PolicyPeerKey::addr`].
+    pub addr: [u8; 16],
+    /// Destination port, wire order.
+    pub port: [u8; 2],
+    /// IP protocol number.
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: u8,
+}
+const _: () = assert!(size_of::<PolicyExactKey>() == 24);
+
+/// Key of [`crate::map::POLICY_FLOWS`]: a flow as its first packet carried it (IPv4
+/// addresses mapped into IPv6, so both families share the table).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PolicyFlowKey {
+    /// Source address, wire order.
+    pub saddr: [u8; 16],
+    /// Destination address, wire order.
+    pub daddr: [u8; 16],
+    /// Source port (ICMP echo: the identifier), wire order.
+    pub sport: u16,
+    /// Destination port (ICMP echo: the identifier), wire order.
+    pub dport: u16,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 3],
+}
+const _: () = assert!(size_of::<PolicyFlowKey>() == 40);
+
+impl PolicyFlowKey {
+    /// The key of the other direction of the flow.
+    #[must_use]
+    pub fn reversed(&self) -> Self {
+        Self {
+            saddr: self.daddr,
+            daddr: self.saddr,
+            sport: self.dport,
+            dport: self.sport,
+            proto: self.proto,
+            _pad: [0; 3],
+        }
+    }
+}
+
+/// Value of [`crate::map::POLICY_FLOWS`]: a flow the node's policy admitted.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyFlow {
+    /// [`PolicyState::generation`] it was admitted under, native order.
+    pub generation: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PolicyFlow>() == 8);
+
+/// The IPv4-mapped IPv6 form of a wire-order IPv4 address (as the eBPF side reads it:
+/// the wire bytes as a native `u32`).
+#[must_use]
+pub fn mapped4(addr: u32) -> [u8; 16] {
+    let b = addr.to_ne_bytes();
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3],
+    ]
+}

@@ -1,0 +1,261 @@
+//! NetworkPolicy state in the pinned maps (see `cni-ebpf-bpf/src/policy.rs` for how the
+//! programs read it and `crate::policy` for how rule sets are compiled):
+//!
+//! - each pod interface's entry in `POLICY_ENDPOINTS`, both slots, written by ADD (closed
+//!   when the pod's namespace holds a policy, so that the pod sends and receives nothing
+//!   before its rules are in force; open otherwise) and removed by DEL and GC;
+//! - the rule tables of each rule set (`POLICY_PEERS`, `POLICY_PORTS`, `POLICY_EXACT`),
+//!   written before any entry names them and removed after none does;
+//! - the swap: every entry's slot not in force rewritten, then `POLICY_STATE` flipped to
+//!   it with a new generation, so a packet sees the whole old or the whole new policy.
+
+use std::{collections::BTreeSet, net::IpAddr};
+
+use aya::maps::lpm_trie::Key;
+use cni_ebpf_common::{
+    fnv1a64, map as map_name, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyPeerKey,
+    PolicyPortKey, PolicyState, RULESET_CLOSED, RULESET_OPEN,
+};
+
+use super::{maps, Datapath};
+use crate::{
+    error::{Error, Result},
+    ipam::record::PodRef,
+    policy::{
+        tables::{addr_bits, PortPrefix, Prefix},
+        Ruleset,
+    },
+};
+
+/// `BPF_EXIST`: an update that never creates the key.
+const BPF_EXIST: u64 = 2;
+
+/// The key a pod's `namespace/name` has in [`PolicyEndpoint::pod`] (never 0).
+#[must_use]
+pub fn pod_key(namespace: &str, name: &str) -> u64 {
+    match fnv1a64(&[namespace.as_bytes(), name.as_bytes()], b'/') {
+        0 => 1,
+        h => h,
+    }
+}
+
+/// The key of a namespace in `POLICY_NAMESPACES`.
+#[must_use]
+pub fn namespace_key(namespace: &str) -> u64 {
+    fnv1a64(&[namespace.as_bytes()], 0)
+}
+
+fn peer_key(ruleset: u32, p: &Prefix) -> Key<PolicyPeerKey> {
+    Key::new(
+        32 + u32::from(p.len),
+        PolicyPeerKey {
+            ruleset,
+            addr: p.addr.to_be_bytes(),
+        },
+    )
+}
+
+fn port_key(ruleset: u32, p: &PortPrefix) -> Key<PolicyPortKey> {
+    let [_, proto, hi, lo] = p.bits.to_be_bytes();
+    Key::new(
+        32 + u32::from(p.len),
+        PolicyPortKey {
+            ruleset,
+            proto,
+            port: [hi, lo],
+            _pad: 0,
+        },
+    )
+}
+
+fn exact_key(ruleset: u32, addr: IpAddr, proto: u8, port: u16) -> PolicyExactKey {
+    PolicyExactKey {
+        ruleset,
+        addr: addr_bits(addr).to_be_bytes(),
+        port: port.to_be_bytes(),
+        proto,
+        _pad: 0,
+    }
+}
+
+impl Datapath {
+    /// ADD: the entry of pod interface `ifindex` (owner `owner`) in both slots: closed
+    /// when the pod's namespace holds a policy, open otherwise (also for a pod the
+    /// runtime did not name). Written before the pod's address entries, so no packet
+    /// reaches the pod before it.
+    pub fn put_policy_endpoint(
+        &self,
+        ifindex: u32,
+        owner: u64,
+        pod: Option<&PodRef>,
+    ) -> Result<()> {
+        let mut m = self.maps()?;
+        let policed = match pod {
+            Some(p) => maps::get(
+                &m.policy_namespaces()?,
+                &namespace_key(&p.namespace),
+                map_name::POLICY_NAMESPACES,
+            )?
+            .is_some(),
+            None => false,
+        };
+        let rules = if policed {
+            RULESET_CLOSED
+        } else {
+            RULESET_OPEN
+        };
+        let value = PolicyEndpoint {
+            ingress: rules,
+            egress: rules,
+            owner,
+            pod: pod.map_or(0, |p| pod_key(&p.namespace, &p.name)),
+        };
+        let mut h = m.policy_endpoints()?;
+        for slot in 0..2 {
+            h.insert(PolicyEndpointKey { ifindex, slot }, value, 0)
+                .map_err(|e| maps::err(map_name::POLICY_ENDPOINTS, "insert", e))?;
+        }
+        Ok(())
+    }
+
+    /// DEL and GC: the entries of `owner` (on `ifindexes`, or anywhere when a crash left
+    /// them without the address entries that name the interface).
+    pub fn remove_policy_endpoints(&self, owner: u64) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.policy_endpoints()?;
+        maps::remove_where(&mut h, map_name::POLICY_ENDPOINTS, |_, v| v.owner == owner)
+    }
+
+    /// Every pod interface's entries, both slots.
+    pub fn policy_endpoints(&self) -> Result<Vec<(PolicyEndpointKey, PolicyEndpoint)>> {
+        let mut m = self.maps()?;
+        Ok(maps::entries(&m.policy_endpoints()?))
+    }
+
+    /// The slot in force and its generation.
+    pub fn policy_state(&self) -> Result<PolicyState> {
+        let mut m = self.maps()?;
+        m.policy_state()?
+            .get(&0, 0)
+            .map_err(|e| maps::err(map_name::POLICY_STATE, "lookup", e))
+    }
+
+    /// Writes the tables of rule set `id`. A full table is an error naming it (the caller
+    /// closes the pods that would have used it).
+    pub fn put_ruleset(&self, id: u32, rs: &Ruleset) -> Result<()> {
+        if id == RULESET_OPEN || id == RULESET_CLOSED {
+            return Err(Error::datapath(
+                format!("writing rule set {id}"),
+                "the id is reserved",
+            ));
+        }
+        let mut m = self.maps()?;
+        let mut peers = m.policy_peers()?;
+        for (p, mask) in &rs.peers {
+            peers
+                .insert(&peer_key(id, p), mask, 0)
+                .map_err(|e| maps::err(map_name::POLICY_PEERS, "insert", e))?;
+        }
+        let mut ports = m.policy_ports()?;
+        for (p, mask) in &rs.ports {
+            ports
+                .insert(&port_key(id, p), mask, 0)
+                .map_err(|e| maps::err(map_name::POLICY_PORTS, "insert", e))?;
+        }
+        let mut exact = m.policy_exact()?;
+        for (addr, proto, port) in &rs.exact {
+            exact
+                .insert(exact_key(id, *addr, *proto, *port), 1, 0)
+                .map_err(|e| maps::err(map_name::POLICY_EXACT, "insert", e))?;
+        }
+        Ok(())
+    }
+
+    /// Removes the tables of rule set `id` (once no entry in either slot names it).
+    pub fn remove_ruleset(&self, id: u32, rs: &Ruleset) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut peers = m.policy_peers()?;
+        for p in rs.peers.keys() {
+            match peers.remove(&peer_key(id, p)) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::POLICY_PEERS, "delete", e)),
+            }
+        }
+        let mut ports = m.policy_ports()?;
+        for p in rs.ports.keys() {
+            match ports.remove(&port_key(id, p)) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::POLICY_PORTS, "delete", e)),
+            }
+        }
+        let mut exact = m.policy_exact()?;
+        for (addr, proto, port) in &rs.exact {
+            maps::remove(
+                &mut exact,
+                &exact_key(id, *addr, *proto, *port),
+                map_name::POLICY_EXACT,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Puts `entries` (pod interface → its rule sets) in the slot not in force, then makes
+    /// that slot the one in force under a new generation. An interface whose entry is
+    /// gone (its pod was deleted meanwhile) or names another owner (reused) keeps what
+    /// ADD wrote. Returns the state now in force.
+    pub fn swap_policy(&self, entries: &[(u32, PolicyEndpoint)]) -> Result<PolicyState> {
+        let current = self.policy_state()?;
+        let next = PolicyState {
+            slot: (current.slot & 1) ^ 1,
+            generation: current.generation.wrapping_add(1).max(1),
+        };
+        let mut m = self.maps()?;
+        let mut h = m.policy_endpoints()?;
+        for (ifindex, value) in entries {
+            let live = maps::get(
+                &h,
+                &PolicyEndpointKey {
+                    ifindex: *ifindex,
+                    slot: current.slot & 1,
+                },
+                map_name::POLICY_ENDPOINTS,
+            )?;
+            if live.is_none_or(|l| l.owner != value.owner) {
+                continue;
+            }
+            // Only over an existing entry: one DEL removed meanwhile stays removed.
+            match h.insert(
+                PolicyEndpointKey {
+                    ifindex: *ifindex,
+                    slot: next.slot,
+                },
+                value,
+                BPF_EXIST,
+            ) {
+                Ok(()) => {}
+                Err(e) if maps::is_not_found(&e) => {}
+                Err(e) => return Err(maps::err(map_name::POLICY_ENDPOINTS, "insert", e)),
+            }
+        }
+        m.policy_state()?
+            .set(0, next, 0)
+            .map_err(|e| maps::err(map_name::POLICY_STATE, "update", e))?;
+        Ok(next)
+    }
+
+    /// Makes `namespaces` the set ADD closes new pods in.
+    pub fn set_policy_namespaces(&self, namespaces: &BTreeSet<String>) -> Result<()> {
+        let want: BTreeSet<u64> = namespaces.iter().map(|n| namespace_key(n)).collect();
+        let mut m = self.maps()?;
+        let mut h = m.policy_namespaces()?;
+        for k in &want {
+            h.insert(k, 1, 0)
+                .map_err(|e| maps::err(map_name::POLICY_NAMESPACES, "insert", e))?;
+        }
+        maps::remove_where(&mut h, map_name::POLICY_NAMESPACES, |k, _| {
+            !want.contains(k)
+        })
+    }
+}

@@ -1,0 +1,470 @@
+//! Packet tests (BPF_PROG_TEST_RUN) of NetworkPolicy enforcement: rule sets compiled
+//! from real policy objects, swapped in as the agent does, and judged by the programs on
+//! every path a packet takes into or out of a pod (the same-node fast path, the host
+//! veth's egress for what the kernel delivers, the uplink's egress), in both families.
+//! Root and the eBPF object are needed: run through `cargo xtask test`.
+
+#![allow(
+    clippy::panic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "tests"
+)]
+
+mod packet_support;
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use cni_ebpf::{
+    datapath::Endpoint,
+    policy::{compile_pod, parse_all, Cluster, PodView, Verdicts},
+};
+use cni_ebpf_common::{owner_id, PolicyEndpoint, Reason, RULESET_CLOSED, RULESET_OPEN};
+use packet_support::*;
+use serde_json::{json, Value};
+
+const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
+const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x64);
+
+fn pod(name: &str, ips: Vec<IpAddr>) -> PodView {
+    PodView {
+        namespace: "x".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        labels: [("app".to_owned(), name.to_owned())].into(),
+        ips,
+        ports: vec![cni_ebpf::policy::cluster::NamedPort {
+            name: "http".into(),
+            proto: TCP,
+            port: 8080,
+        }],
+        host_network: false,
+        finished: false,
+    }
+}
+
+/// Pods `x/a` and `x/b` (the fixture's pods A and B, dual-stack), each serving a named
+/// port `http` on TCP 8080.
+fn cluster() -> Cluster {
+    Cluster {
+        namespaces: [("x".to_owned(), [("ns".to_owned(), "x".to_owned())].into())].into(),
+        pods: vec![
+            pod("a", vec![POD_A.into(), POD_A6.into()]),
+            pod("b", vec![POD_B.into(), POD_B6.into()]),
+        ],
+    }
+}
+
+fn policy(name: &str, spec: Value) -> k8s_openapi::api::networking::v1::NetworkPolicy {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "x", "name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// The fixture's pods with both families' addresses.
+fn dual_stack_pods(fx: &Fixture) {
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_A.into(), POD_A6.into()],
+            ..endpoint_a()
+        })
+        .unwrap();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_B.into(), POD_B6.into()],
+            ..endpoint_b()
+        })
+        .unwrap();
+}
+
+/// Compiles `policies` and swaps them in as the agent does: each rule set under a fresh
+/// id, then both pods' entries in the slot not in force, then the swap. Returns the ids
+/// used (to be removed by a later swap).
+fn enforce(
+    fx: &Fixture,
+    policies: &[k8s_openapi::api::networking::v1::NetworkPolicy],
+    first_id: u32,
+) {
+    let cluster = cluster();
+    let (parsed, broken) = parse_all(policies);
+    assert!(
+        broken.is_empty(),
+        "{:?}",
+        broken.iter().map(|b| &b.error).collect::<Vec<_>>()
+    );
+    let mut next = first_id;
+    let mut put = |v: &Verdicts| match v {
+        Verdicts::Open => RULESET_OPEN,
+        Verdicts::Closed(_) => RULESET_CLOSED,
+        Verdicts::Enforced(rs) => {
+            fx.dp().put_ruleset(next, rs).unwrap();
+            next += 1;
+            next - 1
+        }
+    };
+    let mut entries = Vec::new();
+    for (name, ifindex, ctr) in [("a", IFINDEX_A, "ctr-a"), ("b", IFINDEX_B, "ctr-b")] {
+        let p = compile_pod(&cluster, &parsed, &broken, cluster.pod("x", name).unwrap());
+        entries.push((
+            ifindex,
+            PolicyEndpoint {
+                ingress: put(&p.ingress),
+                egress: put(&p.egress),
+                owner: owner_id(ctr.as_bytes(), b"eth0"),
+                pod: 0,
+            },
+        ));
+    }
+    fx.dp().swap_policy(&entries).unwrap();
+}
+
+fn a_to_b(dport: u16, flags: u8) -> Vec<u8> {
+    frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        POD_B,
+        TCP,
+        &tcp(POD_A, POD_B, 40000, dport, flags, b"x"),
+    )
+}
+
+fn b_to_a(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+    frame(
+        HOST_MAC_B,
+        POD_MAC_B,
+        POD_B,
+        POD_A,
+        TCP,
+        &tcp(POD_B, POD_A, sport, dport, flags, b"y"),
+    )
+}
+
+/// `b` admits only `a` on TCP 80 and sends nothing of its own.
+fn b_admits_a_on_80() -> Vec<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    vec![policy(
+        "b-from-a",
+        json!({
+            "podSelector": {"matchLabels": {"app": "b"}},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}],
+                         "ports": [{"port": 80}]}],
+        }),
+    )]
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pod_of_a_namespace_with_policies_starts_closed_once_the_agent_runs() {
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    // ADD of a pod in namespace `x`, which holds a policy: its entry is closed.
+    fx.dp()
+        .set_policy_namespaces(&["x".to_owned()].into())
+        .unwrap();
+    let pod_b = |name: &str| cni_ebpf::ipam::record::PodRef {
+        namespace: "x".into(),
+        name: name.into(),
+        uid: None,
+    };
+    fx.dp().put_endpoint_entries(&endpoint_a()).unwrap();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            pod: Some(pod_b("b")),
+            ..endpoint_b()
+        })
+        .unwrap();
+    let entry = fx
+        .dp()
+        .policy_endpoints()
+        .unwrap()
+        .into_iter()
+        .find(|(k, _)| k.ifindex == IFINDEX_B)
+        .unwrap()
+        .1;
+    assert_eq!(
+        (entry.ingress, entry.egress),
+        (RULESET_CLOSED, RULESET_CLOSED)
+    );
+    assert_eq!(entry.pod, cni_ebpf::datapath::policy::pod_key("x", "b"));
+    // Before the agent's first swap nothing is judged: a node without the agent
+    // enforces no policy.
+    assert_eq!(fx.dp().policy_state().unwrap().generation, 0);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    // The agent's first swap, which has not opened b yet.
+    fx.dp().swap_policy(&[]).unwrap();
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT, "b is closed");
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(5555, 80, SYN)).0,
+        SHOT,
+        "both ways"
+    );
+    // Pod a's namespace entry was written before the namespace held a policy: open.
+    let to_a = udp_frame(EXT, 4000, POD_A, 53);
+    assert_eq!(fx.run_on("to_pod", IFINDEX_A, &to_a).0, PASS);
+    // DEL removes the entries.
+    fx.dp()
+        .remove_policy_endpoints(owner_id(b"ctr-b", b"eth0"))
+        .unwrap();
+    assert!(fx
+        .dp()
+        .policy_endpoints()
+        .unwrap()
+        .iter()
+        .all(|(k, _)| k.ifindex != IFINDEX_B));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn same_node_traffic_is_judged_by_ingress_and_egress_and_replies_pass() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &b_admits_a_on_80(), 1);
+    let (v, _) = fx.run("from_pod", &a_to_b(80, SYN));
+    assert_eq!(v, REDIRECT, "a → b:80 is admitted");
+    assert_eq!(fx.reason(Reason::PolicyAdmitted), 1);
+    let (v, _) = fx.run("from_pod", &a_to_b(80, ACK));
+    assert_eq!(v, REDIRECT, "its later packets too");
+    assert_eq!(fx.reason(Reason::PolicyAdmitted), 1, "on the recorded flow");
+    let (v, _) = fx.run("from_pod", &b_to_a(80, 40000, SYN | ACK));
+    assert_eq!(
+        v, REDIRECT,
+        "b's reply passes although b's egress admits nothing"
+    );
+    let (v, _) = fx.run("from_pod", &a_to_b(81, SYN));
+    assert_eq!(v, SHOT, "a → b:81 is refused by b's ingress");
+    assert_eq!(fx.reason(Reason::DropPolicyIngress), 1);
+    let (v, _) = fx.run("from_pod", &b_to_a(5555, 80, SYN));
+    assert_eq!(
+        v, SHOT,
+        "b opening a flow of its own is refused by its egress"
+    );
+    assert_eq!(fx.reason(Reason::DropPolicyEgress), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_verdict_does_not_outlive_the_policy_that_gave_it() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &b_admits_a_on_80(), 1);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    // The policy now admits port 81 only: the recorded flow is judged again.
+    let mut p = b_admits_a_on_80();
+    p[0].spec.as_mut().unwrap().ingress.as_mut().unwrap()[0].ports =
+        Some(serde_json::from_value(json!([{"port": 81}])).unwrap());
+    enforce(&fx, &p, 100);
+    assert_eq!(fx.dp().policy_state().unwrap().generation, 2);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, ACK)).0, SHOT, "refused now");
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(80, 40000, ACK)).0,
+        SHOT,
+        "and so are its replies"
+    );
+    assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, REDIRECT);
+    // No policy: everything passes again.
+    enforce(&fx, &[], 200);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, ACK)).0, REDIRECT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn what_the_kernel_delivers_is_judged_on_the_host_veths_egress() {
+    let fx = Fixture::with_two_pods();
+    enforce(
+        &fx,
+        &[policy(
+            "b-from-ext",
+            json!({
+                "podSelector": {"matchLabels": {"app": "b"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": "198.18.0.0/24",
+                                                   "except": ["198.18.0.100/32"]}}],
+                             "ports": [{"protocol": "UDP", "port": 53}]}],
+            }),
+        )],
+        1,
+    );
+    let to_b = |src, dport| {
+        frame(
+            HOST_MAC_B,
+            UPLINK_MAC,
+            src,
+            POD_B,
+            UDP,
+            &udp(src, POD_B, 4000, dport, b"q", true),
+        )
+    };
+    let other = std::net::Ipv4Addr::new(198, 18, 0, 7);
+    assert_eq!(fx.run_on("to_pod", IFINDEX_B, &to_b(other, 53)).0, PASS);
+    assert_eq!(fx.run_on("to_pod", IFINDEX_B, &to_b(other, 54)).0, SHOT);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_B, &to_b(EXT, 53)).0,
+        SHOT,
+        "the excepted address"
+    );
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_B, &to_b(NODE, 9)).0,
+        PASS,
+        "the node's own traffic is never judged"
+    );
+    // Pod a through the stack (a Service after kube-proxy's DNAT): b's ingress has no
+    // rule for it.
+    assert_eq!(fx.run_on("to_pod", IFINDEX_B, &to_b(POD_A, 53)).0, SHOT);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &to_b(other, 53)).0,
+        PASS,
+        "pod a is selected by no policy"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pods_traffic_leaving_the_node_is_judged_by_its_egress_before_masquerade() {
+    let fx = Fixture::with_two_pods();
+    enforce(
+        &fx,
+        &[policy(
+            "a-dns-only",
+            json!({
+                "podSelector": {"matchLabels": {"app": "a"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"ipBlock": {"cidr": "198.18.0.100/32"}}],
+                            "ports": [{"protocol": "UDP", "port": 53}]}],
+            }),
+        )],
+        1,
+    );
+    let (v, out) = fx.egress(&udp_frame(POD_A, 4000, EXT, 53));
+    assert_ne!(v, SHOT, "a → ext:53/UDP is admitted");
+    assert_eq!(parse_checked(&out).src, NODE, "and masqueraded");
+    let (v, _) = fx.egress(&udp_frame(POD_A, 4000, EXT, 80));
+    assert_eq!(v, SHOT, "a → ext:80 is refused");
+    assert_eq!(fx.reason(Reason::DropPolicyEgress), 1);
+    // Pod b is not selected.
+    let (v, _) = fx.egress(&udp_frame(POD_B, 4000, EXT, 80));
+    assert_ne!(v, SHOT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn named_ports_resolve_on_the_destination_pod() {
+    let fx = Fixture::with_two_pods();
+    enforce(
+        &fx,
+        &[policy(
+            "a-to-http",
+            json!({
+                "podSelector": {"matchLabels": {"app": "a"}},
+                "policyTypes": ["Egress"],
+                "egress": [{"to": [{"podSelector": {}}], "ports": [{"port": "http"}]}],
+            }),
+        )],
+        1,
+    );
+    assert_eq!(fx.run("from_pod", &a_to_b(8080, SYN)).0, REDIRECT);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn closed_and_stale_entries_refuse_everything_but_the_node() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &[], 1);
+    let owner_b = owner_id(b"ctr-b", b"eth0");
+    // As ADD writes a pod of a namespace with policies: closed in both slots.
+    let m = PolicyEndpoint {
+        ingress: RULESET_CLOSED,
+        egress: RULESET_CLOSED,
+        owner: owner_b,
+        pod: 0,
+    };
+    fx.dp().swap_policy(&[(IFINDEX_B, m)]).unwrap();
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+    let from_node = frame(
+        HOST_MAC_B,
+        UPLINK_MAC,
+        NODE,
+        POD_B,
+        TCP,
+        &tcp(NODE, POD_B, 40000, 10250, SYN, b"probe"),
+    );
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_B, &from_node).0,
+        PASS,
+        "a kubelet probe from the node passes"
+    );
+    // An entry another attachment's owner wrote (an interface index reused) is closed.
+    let stale = PolicyEndpoint {
+        ingress: RULESET_OPEN,
+        egress: RULESET_OPEN,
+        owner: 12345,
+        pod: 0,
+    };
+    fx.dp().remove_policy_endpoints(owner_b).unwrap();
+    fx.dp().put_policy_endpoint(IFINDEX_B, 12345, None).unwrap();
+    fx.dp().swap_policy(&[(IFINDEX_B, stale)]).unwrap();
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+}
+
+fn tcp6_frame(
+    src: Ipv6Addr,
+    sport: u16,
+    dst: Ipv6Addr,
+    dport: u16,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+) -> Vec<u8> {
+    let mut l4 = vec![0u8; 20];
+    l4[0..2].copy_from_slice(&sport.to_be_bytes());
+    l4[2..4].copy_from_slice(&dport.to_be_bytes());
+    l4[12] = 5 << 4;
+    l4[13] = SYN;
+    let mut ip = vec![0x60, 0, 0, 0];
+    ip.extend_from_slice(&(l4.len() as u16).to_be_bytes());
+    ip.extend_from_slice(&[TCP, 64]);
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    ip.extend_from_slice(&l4);
+    eth(dmac, smac, 0x86dd, &ip)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_is_judged_on_every_path_as_ipv4_is() {
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
+        node_addr6: Some("fd00:18::2".parse().unwrap()),
+        cluster_cidrs6: vec!["fd00:10:244::/48".parse().unwrap()],
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    dual_stack_pods(&fx);
+    enforce(&fx, &b_admits_a_on_80(), 1);
+    let a_b = |dport| tcp6_frame(POD_A6, 40000, POD_B6, dport, POD_MAC_A, HOST_MAC_A);
+    assert_eq!(fx.run_on("from_pod", IFINDEX_A, &a_b(80)).0, REDIRECT);
+    assert_eq!(fx.run_on("from_pod", IFINDEX_A, &a_b(81)).0, SHOT);
+    let ext_b = |dport| tcp6_frame(EXT6, 40000, POD_B6, dport, UPLINK_MAC, HOST_MAC_B);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_B, &ext_b(80)).0,
+        SHOT,
+        "ext is no pod a"
+    );
+    let b_ext = tcp6_frame(POD_B6, 40000, EXT6, 443, POD_MAC_B, HOST_MAC_B);
+    assert_eq!(
+        fx.run("uplink_egress", &b_ext).0,
+        SHOT,
+        "b's egress admits nothing"
+    );
+    let a_ext = tcp6_frame(POD_A6, 40000, EXT6, 443, POD_MAC_A, HOST_MAC_A);
+    assert_ne!(fx.run("uplink_egress", &a_ext).0, SHOT, "a is not selected");
+    // Neighbour discovery from the host veth's link-local address passes.
+    let ns = tcp6_frame(
+        "fe80::1".parse().unwrap(),
+        1,
+        POD_B6,
+        1,
+        HOST_MAC_B,
+        POD_MAC_B,
+    );
+    assert_eq!(fx.run_on("to_pod", IFINDEX_B, &ns).0, PASS);
+}
