@@ -7,6 +7,7 @@
 //! from the API server, for `install` and host-gw), [`policy`] (NetworkPolicy compiled to
 //! the datapath's tables).
 
+pub mod agent;
 pub mod cli;
 pub mod cmd;
 pub mod cni;

@@ -468,3 +468,113 @@ fn ipv6_is_judged_on_every_path_as_ipv4_is() {
     );
     assert_eq!(fx.run_on("to_pod", IFINDEX_B, &ns).0, PASS);
 }
+
+/// Pods a and b with the pod names ADD records (`x/a`, `x/b`).
+fn named_pods(fx: &Fixture) {
+    for (ep, name) in [(endpoint_a(), "a"), (endpoint_b(), "b")] {
+        fx.dp()
+            .put_endpoint_entries(&Endpoint {
+                pod: Some(cni_ebpf::ipam::record::PodRef {
+                    namespace: "x".into(),
+                    name: name.into(),
+                    uid: None,
+                }),
+                ..ep
+            })
+            .unwrap();
+    }
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn the_agent_changes_only_what_differs_also_after_a_restart() {
+    use cni_ebpf::agent::Reconciler;
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    named_pods(&fx);
+    let cluster = cluster();
+    let mut agent = Reconciler::resume(fx.dp()).unwrap();
+    let round = agent
+        .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())
+        .unwrap();
+    assert!(round.swapped && round.generation == 1, "{round:?}");
+    // b's ingress rules; its egress admits nothing, which needs no tables.
+    assert_eq!(
+        (round.interfaces, round.selected, round.rulesets),
+        (2, 1, 1),
+        "{round:?}"
+    );
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, SHOT);
+
+    let again = agent
+        .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())
+        .unwrap();
+    assert!(!again.swapped, "nothing changed: {again:?}");
+
+    // A new agent process: it reads the rule sets back and changes nothing.
+    let mut restarted = Reconciler::resume(fx.dp()).unwrap();
+    let round = restarted
+        .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())
+        .unwrap();
+    assert!(!round.swapped, "a restart changes no verdict: {round:?}");
+    assert_eq!(round.generation, 1);
+
+    // A changed policy: swapped, and the rule set no pod needs any more is gone.
+    let mut p = b_admits_a_on_80();
+    p[0].spec.as_mut().unwrap().ingress.as_mut().unwrap()[0].ports =
+        Some(serde_json::from_value(json!([{"port": 81}])).unwrap());
+    let round = restarted.reconcile(fx.dp(), &cluster, &p).unwrap();
+    assert!(round.swapped && round.generation == 2, "{round:?}");
+    assert_eq!(round.rulesets, 1, "{round:?}");
+    assert_eq!(fx.dp().policy_rulesets().unwrap().len(), 1);
+    assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, REDIRECT);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+
+    // No policy: everything open, no rule set left.
+    let round = restarted.reconcile(fx.dp(), &cluster, &[]).unwrap();
+    assert_eq!((round.selected, round.rulesets), (0, 0), "{round:?}");
+    assert!(fx.dp().policy_rulesets().unwrap().is_empty());
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_pod_the_agent_does_not_know_yet_stays_closed_and_is_opened_once_known() {
+    use cni_ebpf::agent::Reconciler;
+    let fx = Fixture::new();
+    fx.standard_node(true);
+    let mut agent = Reconciler::resume(fx.dp()).unwrap();
+    let mut cluster = cluster();
+    let b = cluster.pods.pop().unwrap();
+    // The namespace holds a policy that does not select b; b's ADD comes before the
+    // agent has seen its pod object.
+    let only_a = vec![policy(
+        "a-closed",
+        json!({"podSelector": {"matchLabels": {"app": "a"}}, "policyTypes": ["Ingress"]}),
+    )];
+    agent.reconcile(fx.dp(), &cluster, &only_a).unwrap();
+    named_pods(&fx);
+    agent.reconcile(fx.dp(), &cluster, &only_a).unwrap();
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(5555, 80, SYN)).0,
+        SHOT,
+        "b is closed while its pod is unknown"
+    );
+    assert!(fx.reason(Reason::DropPolicyEgress) >= 1);
+    cluster.pods.push(b);
+    let round = agent.reconcile(fx.dp(), &cluster, &only_a).unwrap();
+    assert!(round.swapped, "{round:?}");
+    let to_b = udp_frame(EXT, 4000, POD_B, 53);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_B, &to_b).0,
+        PASS,
+        "b is open now"
+    );
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &udp_frame(EXT, 4000, POD_A, 53))
+            .0,
+        SHOT,
+        "a admits nothing"
+    );
+}

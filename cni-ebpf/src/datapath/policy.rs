@@ -9,7 +9,10 @@
 //! - the swap: every entry's slot not in force rewritten, then `POLICY_STATE` flipped to
 //!   it with a new generation, so a packet sees the whole old or the whole new policy.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
 
 use aya::maps::lpm_trie::Key;
 use cni_ebpf_common::{
@@ -243,6 +246,53 @@ impl Datapath {
             .set(0, next, 0)
             .map_err(|e| maps::err(map_name::POLICY_STATE, "update", e))?;
         Ok(next)
+    }
+
+    /// Every rule set the tables hold, by id (read back as the agent wrote them).
+    pub fn policy_rulesets(&self) -> Result<BTreeMap<u32, Ruleset>> {
+        type Peers = Vec<(u8, [u8; 16], u64)>;
+        type Ports = Vec<(u8, u8, [u8; 2], u64)>;
+        type Exact = Vec<([u8; 16], u8, [u8; 2])>;
+        let mut m = self.maps()?;
+        let mut by_id: BTreeMap<u32, (Peers, Ports, Exact)> = BTreeMap::new();
+        let peers = m.policy_peers()?;
+        for k in peers.keys().filter_map(std::result::Result::ok) {
+            let d = k.data();
+            let Ok(mask) = peers.get(&k, 0) else { continue };
+            let len = u8::try_from(k.prefix_len().saturating_sub(32)).unwrap_or(128);
+            by_id
+                .entry(d.ruleset)
+                .or_default()
+                .0
+                .push((len, d.addr, mask));
+        }
+        let ports = m.policy_ports()?;
+        for k in ports.keys().filter_map(std::result::Result::ok) {
+            let d = k.data();
+            let Ok(mask) = ports.get(&k, 0) else { continue };
+            let len = u8::try_from(k.prefix_len().saturating_sub(32)).unwrap_or(24);
+            by_id
+                .entry(d.ruleset)
+                .or_default()
+                .1
+                .push((len, d.proto, d.port, mask));
+        }
+        for (k, _) in maps::entries(&m.policy_exact()?) {
+            by_id
+                .entry(k.ruleset)
+                .or_default()
+                .2
+                .push((k.addr, k.proto, k.port));
+        }
+        Ok(by_id
+            .into_iter()
+            .map(|(id, (peers, ports, exact))| {
+                (
+                    id,
+                    crate::agent::reconcile::ruleset_from_entries(peers, ports, exact),
+                )
+            })
+            .collect())
     }
 
     /// Makes `namespaces` the set ADD closes new pods in.

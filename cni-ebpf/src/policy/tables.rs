@@ -117,6 +117,12 @@ pub struct PortPrefix {
 }
 
 impl PortPrefix {
+    /// The prefix of length `len` (0..=24) of `bits` (the bits past it dropped).
+    #[must_use]
+    pub fn from_bits(bits: u32, len: u8) -> Self {
+        Self::new(bits, len)
+    }
+
     fn new(bits: u32, len: u8) -> Self {
         let len = len.min(24);
         let mask = if len == 0 {

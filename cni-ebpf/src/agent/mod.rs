@@ -1,0 +1,9 @@
+//! `cni-ebpf agent`: the node agent, the DaemonSet's long-running process. Its jobs:
+//! the Prometheus metrics of the datapath, the host-gw routes (opt-in) and NetworkPolicy.
+//!
+//! - [`reconcile`]: one NetworkPolicy round over the pinned maps, changing only what
+//!   differs.
+
+pub mod reconcile;
+
+pub use reconcile::{Reconciler, Round};

@@ -1,0 +1,262 @@
+//! Puts a cluster's NetworkPolicy in force on this node's datapath, changing only what
+//! differs from what the pinned maps hold.
+//!
+//! One [`Reconciler::reconcile`] round:
+//! 1. the namespaces that hold a policy go to `POLICY_NAMESPACES` first (a pod ADD puts
+//!    in one from then on starts closed);
+//! 2. each pod interface in the slot in force is matched to its pod (by the
+//!    `namespace/name` ADD recorded) and compiled; an interface whose pod the view does
+//!    not know keeps what it has (ADD's closed entry stays closed until the pod is
+//!    known);
+//! 3. each rule set is kept under the id it already has (same content, same id) or
+//!    written under a new one before anything names it; one the maps cannot hold closes
+//!    the pods that need it, and says so;
+//! 4. if any interface's rule sets differ, every interface's entry goes to the slot not
+//!    in force and the slots swap (one write, a new generation);
+//! 5. after in-flight packets are done with the old slot, rule sets no entry names are
+//!    removed.
+//!
+//! After a restart [`Reconciler::resume`] reads the rule sets back from the maps, so the
+//! first round of a new agent swaps nothing when nothing changed meanwhile.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use cni_ebpf_common::{PolicyEndpoint, RULESET_CLOSED, RULESET_OPEN};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::{
+    datapath::{policy::pod_key, Datapath},
+    error::Result,
+    policy::{
+        compile_pod, parse_all,
+        tables::{canonical, PortPrefix, Prefix},
+        Cluster, Ruleset, Verdicts,
+    },
+};
+
+/// How long a swapped-out slot may still be read by packets in flight. A program run
+/// takes microseconds; this leaves a wide margin before their rule sets go.
+const GRACE: Duration = Duration::from_millis(20);
+
+/// The agent's memory of the rule sets in the maps.
+#[derive(Debug, Default)]
+pub struct Reconciler {
+    ids: BTreeMap<Ruleset, u32>,
+    next_id: u32,
+}
+
+/// What one round found and did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Round {
+    /// Whether the slots were swapped (some pod's rule sets changed).
+    pub swapped: bool,
+    /// The generation in force after the round.
+    pub generation: u32,
+    /// Pods closed because their policy cannot be held, with the reason.
+    pub closed: Vec<(String, String)>,
+    /// Policies that cannot be represented, with the reason.
+    pub broken: Vec<(String, String)>,
+    /// Rule sets in the maps after the round.
+    pub rulesets: usize,
+    /// Pod interfaces on the node, and how many of them some policy selects.
+    pub interfaces: usize,
+    pub selected: usize,
+}
+
+impl Reconciler {
+    /// The rule sets the maps hold now (after a restart, or a first start).
+    pub fn resume(dp: &Datapath) -> Result<Self> {
+        let ids: BTreeMap<Ruleset, u32> = dp
+            .policy_rulesets()?
+            .into_iter()
+            .map(|(id, rs)| (rs, id))
+            .collect();
+        let next_id = ids
+            .values()
+            .copied()
+            .max()
+            .unwrap_or(0)
+            .saturating_add(1)
+            .max(1);
+        Ok(Self { ids, next_id })
+    }
+
+    fn fresh_id(&mut self) -> u32 {
+        let used: BTreeSet<u32> = self.ids.values().copied().collect();
+        loop {
+            let id = self.next_id;
+            self.next_id = match self.next_id.wrapping_add(1) {
+                RULESET_CLOSED => 1,
+                n => n,
+            };
+            if id != RULESET_OPEN && id != RULESET_CLOSED && !used.contains(&id) {
+                return id;
+            }
+        }
+    }
+
+    /// One round (see the module comment).
+    pub fn reconcile(
+        &mut self,
+        dp: &Datapath,
+        cluster: &Cluster,
+        policies: &[NetworkPolicy],
+    ) -> Result<Round> {
+        let (parsed, broken) = parse_all(policies);
+        let mut round = Round {
+            broken: broken
+                .iter()
+                .map(|b| (format!("{}/{}", b.namespace, b.name), b.error.clone()))
+                .collect(),
+            ..Round::default()
+        };
+        let namespaces: BTreeSet<String> = policies
+            .iter()
+            .filter_map(|p| p.metadata.namespace.clone())
+            .collect();
+        dp.set_policy_namespaces(&namespaces)?;
+
+        let state = dp.policy_state()?;
+        let active = state.slot & 1;
+        let current: Vec<(u32, PolicyEndpoint)> = dp
+            .policy_endpoints()?
+            .into_iter()
+            .filter(|(k, _)| k.slot == active)
+            .map(|(k, v)| (k.ifindex, v))
+            .collect();
+        let pods: BTreeMap<u64, _> = cluster
+            .pods
+            .iter()
+            .map(|p| (pod_key(&p.namespace, &p.name), p))
+            .collect();
+
+        let mut wanted = Vec::with_capacity(current.len());
+        for (ifindex, now) in &current {
+            let Some(pod) = pods.get(&now.pod) else {
+                wanted.push((*ifindex, *now));
+                continue;
+            };
+            let compiled = compile_pod(cluster, &parsed, &broken, pod);
+            let name = format!("{}/{}", pod.namespace, pod.name);
+            let mut id_of = |v: Verdicts, dir: &str| -> Result<u32> {
+                match v {
+                    Verdicts::Open => Ok(RULESET_OPEN),
+                    Verdicts::Closed(reason) => {
+                        round
+                            .closed
+                            .push((name.clone(), format!("{dir}: {reason}")));
+                        Ok(RULESET_CLOSED)
+                    }
+                    // Rules that admit nothing (a policy type without rules): no
+                    // tables, the closed entry says the same.
+                    Verdicts::Enforced(rs) if rs.entries() == 0 => Ok(RULESET_CLOSED),
+                    Verdicts::Enforced(rs) => {
+                        if let Some(id) = self.ids.get(&rs) {
+                            return Ok(*id);
+                        }
+                        let id = self.fresh_id();
+                        match dp.put_ruleset(id, &rs) {
+                            Ok(()) => {
+                                self.ids.insert(rs, id);
+                                Ok(id)
+                            }
+                            Err(e) => {
+                                // What was written of it goes again; the pod is closed.
+                                dp.remove_ruleset(id, &rs)?;
+                                round
+                                    .closed
+                                    .push((name.clone(), format!("{dir}: rule set not held: {e}")));
+                                Ok(RULESET_CLOSED)
+                            }
+                        }
+                    }
+                }
+            };
+            let ingress = id_of(compiled.ingress, "ingress")?;
+            let egress = id_of(compiled.egress, "egress")?;
+            wanted.push((
+                *ifindex,
+                PolicyEndpoint {
+                    ingress,
+                    egress,
+                    ..*now
+                },
+            ));
+        }
+        round.interfaces = wanted.len();
+        round.selected = wanted
+            .iter()
+            .filter(|(_, e)| e.ingress != RULESET_OPEN || e.egress != RULESET_OPEN)
+            .count();
+
+        let differs = wanted.iter().zip(&current).any(|(w, c)| w != c);
+        // A node whose agent never swapped enforces nothing yet: the first round swaps
+        // even when every entry stays as ADD wrote it.
+        if differs || state.generation == 0 {
+            let now = dp.swap_policy(&wanted)?;
+            round.swapped = true;
+            round.generation = now.generation;
+            std::thread::sleep(GRACE);
+        } else {
+            round.generation = state.generation;
+        }
+
+        let named: BTreeSet<u32> = wanted
+            .iter()
+            .flat_map(|(_, e)| [e.ingress, e.egress])
+            .collect();
+        let unused: Vec<(Ruleset, u32)> = self
+            .ids
+            .iter()
+            .filter(|(_, id)| !named.contains(id))
+            .map(|(rs, id)| (rs.clone(), *id))
+            .collect();
+        for (rs, id) in unused {
+            dp.remove_ruleset(id, &rs)?;
+            self.ids.remove(&rs);
+        }
+        round.rulesets = self.ids.len();
+        Ok(round)
+    }
+}
+
+/// A rule set read back from the maps: the inverse of `Datapath::put_ruleset`.
+#[must_use]
+pub fn ruleset_from_entries(
+    peers: impl IntoIterator<Item = (u8, [u8; 16], u64)>,
+    ports: impl IntoIterator<Item = (u8, u8, [u8; 2], u64)>,
+    exact: impl IntoIterator<Item = ([u8; 16], u8, [u8; 2])>,
+) -> Ruleset {
+    Ruleset {
+        peers: peers
+            .into_iter()
+            .map(|(len, addr, mask)| (Prefix::new(u128::from_be_bytes(addr), len), mask))
+            .collect(),
+        ports: ports
+            .into_iter()
+            .map(|(len, proto, port, mask)| {
+                (
+                    PortPrefix::from_bits(
+                        (u32::from(proto) << 16) | u32::from(u16::from_be_bytes(port)),
+                        len,
+                    ),
+                    mask,
+                )
+            })
+            .collect(),
+        exact: exact
+            .into_iter()
+            .map(|(addr, proto, port)| {
+                (
+                    canonical(IpAddr::from(addr)),
+                    proto,
+                    u16::from_be_bytes(port),
+                )
+            })
+            .collect(),
+    }
+}
