@@ -69,7 +69,10 @@ use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, Reason};
 use crate::{
     forward::{deliver, to_uplink},
     guard::{check_source, Verdict},
-    maps::{add_stats, count, is_node_addr, local_endpoint, node_config, port_mapping, Source},
+    maps::{
+        add_stats, count, is_node_addr, local_endpoint, node_config, pod_traffic_to_stack,
+        port_mapping, Source,
+    },
     nat::{count_translated, nat_lookup},
     parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
     rewrite::{apply, rewrite_failed},
@@ -156,6 +159,10 @@ fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
     if let Some(ep) = dst_ep {
         if !p.natable || flows::is_translated_reply(&p) {
             count(Reason::PassTranslatedReply);
+            return Ok(PASS);
+        }
+        if pod_traffic_to_stack() {
+            count(Reason::PassPodTrafficToStack);
             return Ok(PASS);
         }
         flows::opens_direct(&p);

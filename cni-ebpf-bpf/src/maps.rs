@@ -14,9 +14,9 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey,
-    PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey, PortKey6,
-    PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
+    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey,
+    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey,
+    PortKey6, PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
     SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
     MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
     MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_ENDPOINTS,
@@ -235,6 +235,13 @@ pub(crate) fn node_config() -> Option<&'static NodeConfig> {
     // `uplink_egress`'s stack left too little of the verifier's 512 for the NAT calls.
     // (A copy was no more consistent: userspace rewrites it in place either way.)
     NODE_CONFIG.get(0)
+}
+
+/// Whether same-node pod → pod traffic must go through the node's stack
+/// (`sameNodeFastPath: false`).
+#[inline(always)]
+pub(crate) fn pod_traffic_to_stack() -> bool {
+    node_config().is_some_and(|c| c.flags.contains(NodeFlags::POD_TRAFFIC_TO_STACK))
 }
 
 #[inline(always)]

@@ -28,7 +28,7 @@ use crate::{
     forward::{deliver6, to_uplink6},
     hostport::{self, HairpinGrant},
     icmp6,
-    maps::{count, node_config, CALLS6},
+    maps::{count, node_config, pod_traffic_to_stack, CALLS6},
     masq::{self, Granted},
     nat::{count_translated, nat_lookup, nat_remove, sweep_if_requested},
     parse::{parse6, read, ETH_P_IPV6, ETH_TYPE_OFF},
@@ -129,6 +129,10 @@ fn pod6_known_or_local(ctx: &TcContext) -> Option<i32> {
     // Same-node pod → pod, unless netfilter must see it.
     if !p.natable || flows::is_translated_reply(&p) {
         count(Reason::PassTranslatedReply);
+        return Some(PASS);
+    }
+    if pod_traffic_to_stack() {
+        count(Reason::PassPodTrafficToStack);
         return Some(PASS);
     }
     flows::opens_direct(&p);

@@ -447,6 +447,10 @@ bitflags::bitflags! {
     pub struct NodeFlags: u32 {
         /// Masquerade traffic leaving the cluster (`ipMasq`).
         const MASQ = 1;
+        /// Same-node pod → pod goes through the node's stack, so that its netfilter (an
+        /// add-on NetworkPolicy enforcer's FORWARD rules) sees it (`sameNodeFastPath:
+        /// false`).
+        const POD_TRAFFIC_TO_STACK = 2;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }

@@ -117,11 +117,14 @@ pub enum Reason {
     /// A flow to or from a pod that some policy selects, admitted by its rules and
     /// recorded, so its later packets and its replies pass on one lookup.
     PolicyAdmitted = 58,
+    /// Same-node pod → pod handed to the stack, as `sameNodeFastPath: false` asks (so
+    /// that the node's netfilter sees it).
+    PassPodTrafficToStack = 59,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 43] = [
+    pub const ALL: [Reason; 44] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -165,6 +168,7 @@ impl Reason {
         Reason::DropPolicyEgress,
         Reason::DropPolicyIngress,
         Reason::PolicyAdmitted,
+        Reason::PassPodTrafficToStack,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -214,13 +218,14 @@ impl Reason {
             Reason::DropPolicyEgress => "drop_policy_egress",
             Reason::DropPolicyIngress => "drop_policy_ingress",
             Reason::PolicyAdmitted => "policy_admitted",
+            Reason::PassPodTrafficToStack => "pass_pod_traffic_to_stack",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::PolicyAdmitted as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::PassPodTrafficToStack as u32) < REASON_SLOTS);
 
 #[cfg(test)]
 mod tests {

@@ -311,6 +311,13 @@ impl ApiClient {
         })
     }
 
+    /// The underlying `kube` client (for watchers: no time limit of its own, so a watch
+    /// may stay open).
+    #[must_use]
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// The API server's URL.
     #[must_use]
     pub fn server(&self) -> &str {

@@ -78,6 +78,18 @@ pub fn init(level: &str, file: Option<&Path>, rotation: Rotation) {
         .try_init();
 }
 
+/// Logging of a long-running command (the agent): stderr only, at `level` (an
+/// `EnvFilter` directive; an invalid one falls back to `info`).
+pub fn init_stderr(level: &str) {
+    let filter = EnvFilter::try_new(level).unwrap_or_else(|_| EnvFilter::new("info"));
+    let stderr = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .with_filter(filter);
+    let _ = tracing_subscriber::registry().with(stderr).try_init();
+}
+
 /// `<path>.<n>`.
 fn numbered(path: &Path, n: u32) -> PathBuf {
     let mut s = path.as_os_str().to_owned();

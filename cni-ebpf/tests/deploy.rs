@@ -62,10 +62,21 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
     let ns = sa["metadata"]["namespace"].as_str().unwrap();
     let role = kind(&docs, "ClusterRole");
     let rules = role["rules"].as_array().unwrap();
-    assert_eq!(rules.len(), 1, "Nodes only");
+    assert_eq!(
+        rules.len(),
+        2,
+        "read access to what install, host-gw and policy read"
+    );
     assert_eq!(strings(&rules[0]["apiGroups"]), [""]);
-    assert_eq!(strings(&rules[0]["resources"]), ["nodes"]);
-    assert_eq!(strings(&rules[0]["verbs"]), ["get", "list", "watch"]);
+    assert_eq!(
+        strings(&rules[0]["resources"]),
+        ["nodes", "namespaces", "pods"]
+    );
+    assert_eq!(strings(&rules[1]["apiGroups"]), ["networking.k8s.io"]);
+    assert_eq!(strings(&rules[1]["resources"]), ["networkpolicies"]);
+    for r in rules {
+        assert_eq!(strings(&r["verbs"]), ["get", "list", "watch"], "read only");
+    }
     let binding = kind(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(binding["subjects"][0]["name"], sa["metadata"]["name"]);
@@ -151,7 +162,7 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
         }
     }
     let main = &pod["containers"][0];
-    assert_eq!(strings(&main["args"])[0], "metrics");
+    assert_eq!(strings(&main["args"])[0], "agent");
     let bpffs = main["volumeMounts"]
         .as_array()
         .unwrap()
@@ -270,7 +281,7 @@ fn the_main_container_has_host_gw_off_and_its_toggle_reaches_the_binary() {
         .unwrap_or_else(|| panic!("no CNI_EBPF_HOST_GW in {env:?}"));
     assert_eq!(toggle["value"], "false", "host-gw is opt-in");
     // Switched on without a node name, the container's own arguments fail at once, naming
-    // what is missing: the variable is read by `metrics`, before it listens.
+    // what is missing: the variable is read by `agent`, before it listens.
     let args = strings(&main["args"]);
     let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
         .args(&args)

@@ -578,3 +578,20 @@ fn a_pod_the_agent_does_not_know_yet_stays_closed_and_is_opened_once_known() {
         "a admits nothing"
     );
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn with_the_same_node_fast_path_off_pod_traffic_goes_to_the_stack() {
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
+        same_node_fast_path: false,
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    dual_stack_pods(&fx);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, PASS);
+    let a_b6 = tcp6_frame(POD_A6, 40000, POD_B6, 80, POD_MAC_A, HOST_MAC_A);
+    assert_eq!(fx.run_on("from_pod", IFINDEX_A, &a_b6).0, PASS);
+    assert_eq!(fx.reason(Reason::PassPodTrafficToStack), 2);
+    assert_eq!(fx.reason(Reason::RedirectPod), 0);
+}

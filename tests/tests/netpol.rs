@@ -424,3 +424,62 @@ fn generated_policies_compile_to_what_the_model_allows() {
         "{denied} of {checked} denied"
     );
 }
+
+mod datapath_support;
+
+/// With `sameNodeFastPath: false`, same-node pod → pod goes through the node's netfilter,
+/// so an add-on enforcer's FORWARD rule that drops one pod pair holds; with the fast path
+/// on (the default), the same rule never sees that traffic (the datapath's own
+/// NetworkPolicy is what applies there).
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn an_add_on_enforcers_forward_rules_see_same_node_traffic_when_the_fast_path_is_off() {
+    use datapath_support::{add, greet, masq_conf, pod_ip, Mode, TaggedServer};
+    use tests::SimNode;
+
+    for fast_path in [false, true] {
+        let node = SimNode::new(if fast_path { "np_fast" } else { "np_nf" });
+        let conf = masq_conf(&node).set("sameNodeFastPath", json!(fast_path));
+        let (a, b, c) = (node.pod("a"), node.pod("b"), node.pod("c"));
+        let (ra, rb, rc) = (
+            add(&node, &a, &conf),
+            add(&node, &b, &conf),
+            add(&node, &c, &conf),
+        );
+        let (ipa, ipb, ipc) = (pod_ip(&ra), pod_ip(&rb), pod_ip(&rc));
+        let _sb = TaggedServer::start(b.netns(), 8080, "b", Mode::Greet);
+        let _sc = TaggedServer::start(c.netns(), 8080, "c", Mode::Greet);
+        // The enforcer's verdict for the pair a → b, as kube-router writes one.
+        let out = node.exec(&[
+            "iptables", "-A", "FORWARD", "-s", &ipa, "-d", &ipb, "-p", "tcp", "-j", "DROP",
+        ]);
+        assert!(out.status.success(), "iptables: {}", out.stderr);
+        let to_b = greet(a.netns(), &format!("{ipb}:8080"));
+        let to_c = greet(a.netns(), &format!("{ipc}:8080"));
+        assert!(
+            to_c.is_ok(),
+            "a → c must work (fast path {fast_path}): {to_c:?}"
+        );
+        if fast_path {
+            assert!(
+                to_b.is_ok(),
+                "the fast path passes the node's FORWARD chain: {to_b:?}"
+            );
+        } else {
+            assert!(
+                to_b.is_err(),
+                "a → b must be dropped by the FORWARD rule when the fast path is off"
+            );
+            let counters = node.exec(&["iptables", "-L", "FORWARD", "-v", "-n", "-x"]);
+            let text = &counters.stdout;
+            let dropped: u64 = text
+                .lines()
+                .find(|l| l.contains("DROP") && l.contains(&ipb))
+                .and_then(|l| l.split_whitespace().next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0);
+            assert!(dropped >= 1, "the rule counted no packet:\n{text}");
+        }
+        let _ = &ipc;
+    }
+}

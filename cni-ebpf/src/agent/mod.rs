@@ -2,8 +2,11 @@
 //! the Prometheus metrics of the datapath, the host-gw routes (opt-in) and NetworkPolicy.
 //!
 //! - [`reconcile`]: one NetworkPolicy round over the pinned maps, changing only what
-//!   differs.
+//!   differs;
+//! - [`watch`]: the watchers that keep the agent's view of the cluster, and the loop of
+//!   rounds.
 
 pub mod reconcile;
+pub mod watch;
 
 pub use reconcile::{Reconciler, Round};

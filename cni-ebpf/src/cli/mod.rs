@@ -1,6 +1,6 @@
 //! The command line (when `CNI_COMMAND` is not set): `version`, `load`, `inspect`,
-//! `metrics` (with the opt-in host-gw routes of [`hostgw`]), `install`, `uninstall` (in
-//! [`install`]).
+//! `agent` (NetworkPolicy, metrics and the opt-in host-gw routes of [`hostgw`]; `metrics`
+//! is the agent without NetworkPolicy), `install`, `uninstall` (in [`install`]).
 
 pub mod hostgw;
 pub mod inspect;
@@ -63,23 +63,13 @@ enum Cmd {
     /// Show a network's datapath: node config, endpoints with counters, host ports, NAT
     /// entries and per-reason counters.
     Inspect(inspect::InspectArgs),
-    /// Serve Prometheus metrics of the pinned datapath (`GET /metrics`, `GET /healthz`):
-    /// per-endpoint and per-reason counters, map fill and memory, SNAT port use. Reads the
-    /// pinned maps read-only on every scrape; keeps no state.
-    Metrics {
-        /// Address and port to listen on.
-        #[arg(long, default_value = crate::metrics::DEFAULT_LISTEN)]
-        listen: std::net::SocketAddr,
-        /// `bpffsRoot` of the networks.
-        #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
-        bpffs_root: PathBuf,
-        /// A network to report (repeatable); default: every network found below
-        /// `--bpffs-root` at each scrape.
-        #[arg(long = "network")]
-        networks: Vec<String>,
-        #[command(flatten)]
-        host_gw: hostgw::HostGwArgs,
-    },
+    /// The node agent, the DaemonSet's main container: NetworkPolicy enforced from the API
+    /// server's Namespaces, Pods and NetworkPolicies (watched), Prometheus metrics of the
+    /// pinned datapath (`GET /metrics`, `GET /healthz`), and the opt-in host-gw routes.
+    Agent(AgentArgs),
+    /// The agent without NetworkPolicy (`agent --policy=false`): metrics and the opt-in
+    /// host-gw routes. Kept for manifests written before `agent`.
+    Metrics(MetricsArgs),
     /// Install the plugin on this node (a DaemonSet's init container): copy this binary
     /// into the CNI binary directory and write the conflist, both atomically; idempotent.
     Install(Box<install::InstallArgs>),
@@ -92,7 +82,10 @@ enum Cmd {
 #[must_use]
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    crate::logging::init("warn", None, crate::logging::Rotation::default());
+    match &cli.command {
+        Cmd::Agent(args) => crate::logging::init_stderr(&args.log_level),
+        _ => crate::logging::init("warn", None, crate::logging::Rotation::default()),
+    }
     let out = match cli.command {
         Cmd::Version => {
             println!("cni-ebpf {}", env!("CARGO_PKG_VERSION"));
@@ -115,14 +108,8 @@ pub fn main() -> ExitCode {
             cgroup_path,
         } => load(&net, uplink, ip_masq, cgroup_path),
         Cmd::Inspect(args) => inspect::run(&args),
-        Cmd::Metrics {
-            listen,
-            bpffs_root,
-            networks,
-            host_gw,
-        } => start_host_gw(&host_gw).and_then(|()| {
-            crate::metrics::serve(listen, crate::metrics::Exporter::new(bpffs_root, networks))
-        }),
+        Cmd::Agent(args) => run_agent(&args.metrics, args.policy),
+        Cmd::Metrics(args) => run_agent(&args, false),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
     };
@@ -133,6 +120,73 @@ pub fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// What the agent serves: metrics, and the host-gw routes when asked.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsArgs {
+    /// Address and port the metrics are served on.
+    #[arg(long, default_value = crate::metrics::DEFAULT_LISTEN)]
+    listen: std::net::SocketAddr,
+    /// `bpffsRoot` of the networks.
+    #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+    bpffs_root: PathBuf,
+    /// A network to report and enforce policy on (repeatable); default: every network
+    /// found below `--bpffs-root`.
+    #[arg(long = "network")]
+    networks: Vec<String>,
+    #[command(flatten)]
+    host_gw: hostgw::HostGwArgs,
+}
+
+/// `cni-ebpf agent`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    metrics: MetricsArgs,
+    /// Enforce NetworkPolicy (`--policy=false`: off; no policy is then put in force on
+    /// this node, and the pinned state is left as it is).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    policy: bool,
+    /// What the agent logs to stderr (`error`, `warn`, `info`, `debug`, or a
+    /// `tracing-subscriber` filter).
+    #[arg(long, env = "CNI_EBPF_LOG_LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+/// Runs the agent: host-gw and NetworkPolicy on threads of their own, metrics on this one.
+fn run_agent(args: &MetricsArgs, policy: bool) -> Result<()> {
+    start_host_gw(&args.host_gw)?;
+    if policy {
+        start_policy(args)?;
+    }
+    crate::metrics::serve(
+        args.listen,
+        crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone()),
+    )
+}
+
+/// Starts NetworkPolicy enforcement on a thread of its own (in this thread's network
+/// namespace, the node's). If it ever stops, the process exits: the pinned policy stays in
+/// force meanwhile, and a restarted agent resumes it.
+fn start_policy(args: &MetricsArgs) -> Result<()> {
+    let (root, networks, api) = (
+        args.bpffs_root.clone(),
+        args.networks.clone(),
+        args.host_gw.api.clone(),
+    );
+    std::thread::Builder::new()
+        .name("policy".into())
+        .spawn(move || {
+            let err = match crate::agent::watch::run(&root, &networks, &api) {
+                Ok(()) => "stopped".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            eprintln!("cni-ebpf policy: {err}; exiting");
+            std::process::exit(1);
+        })
+        .map(drop)
+        .map_err(|e| Error::io("starting the NetworkPolicy thread", e))
 }
 
 /// Starts the host-gw routes on a thread of their own when `--host-gw` is given. The

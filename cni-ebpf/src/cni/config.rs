@@ -191,6 +191,8 @@ struct Raw {
     uplink: Option<String>,
     #[serde(default)]
     ip_masq: Option<bool>,
+    #[serde(default)]
+    same_node_fast_path: Option<bool>,
     #[serde(default, rename = "clusterCIDRs")]
     cluster_cidrs: Option<Vec<IpNet>>,
     #[serde(default)]
@@ -292,6 +294,10 @@ pub struct NetConf {
     pub uplink: Option<String>,
     /// `ipMasq`.
     pub ip_masq: bool,
+    /// `sameNodeFastPath` (default true): pod → pod on one node straight into the
+    /// destination pod; `false` sends that traffic through the node's netfilter (for an
+    /// add-on NetworkPolicy enforcer's FORWARD rules).
+    pub same_node_fast_path: bool,
     /// `clusterCIDRs`: destinations never masqueraded.
     pub cluster_cidrs: Vec<IpNet>,
     /// `bpffsRoot`.
@@ -571,6 +577,7 @@ impl NetConf {
             nat_ports_per_destination: raw.nat_ports_per_destination,
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
+            same_node_fast_path: raw.same_node_fast_path.unwrap_or(true),
             cluster_cidrs,
             bpffs_root,
             data_dir,

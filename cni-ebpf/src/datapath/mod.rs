@@ -173,6 +173,7 @@ impl Datapath {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
             ip_masq: conf.ip_masq,
+            same_node_fast_path: conf.same_node_fast_path,
             cluster_cidrs: cidrs,
             node_addr6: facts.uplink_addr6,
             cluster_cidrs6: cidrs6,

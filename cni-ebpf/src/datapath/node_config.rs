@@ -32,6 +32,9 @@ pub struct NodeConfigSpec {
     pub uplink_ifindex: u32,
     /// `ipMasq`.
     pub ip_masq: bool,
+    /// `sameNodeFastPath`: same-node pod → pod redirected past the stack (else through
+    /// the node's netfilter).
+    pub same_node_fast_path: bool,
     /// IPv4 `clusterCIDRs`: the first [`MAX_CLUSTER_CIDRS`] are written (parsing the
     /// configuration refuses more, naming `clusterCIDRs`).
     pub cluster_cidrs: Vec<Ipv4Net>,
@@ -84,10 +87,11 @@ impl Datapath {
         let mut cfg = NodeConfig {
             node_addr: s.node_addr.map_or(0, ipv4_to_map),
             uplink_ifindex: s.uplink_ifindex,
-            flags: if s.ip_masq {
-                NodeFlags::MASQ
-            } else {
-                NodeFlags::empty()
+            flags: {
+                let mut f = NodeFlags::empty();
+                f.set(NodeFlags::MASQ, s.ip_masq);
+                f.set(NodeFlags::POD_TRAFFIC_TO_STACK, !s.same_node_fast_path);
+                f
             },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,

@@ -1,0 +1,275 @@
+//! The agent's view of the cluster — Namespaces, Pods and NetworkPolicies, kept by
+//! kube-runtime watchers and reflectors, never by re-listing — and the loop that puts it
+//! in force on every network of the node ([`super::Reconciler`]).
+//!
+//! - Each watcher lists once, then watches from the list's resource version; a dropped
+//!   watch resumes from the last version seen, a `410 Gone` (history compacted) lists
+//!   again, an unreachable API server is retried with backoff. The reflector's store is
+//!   swapped whole when a re-list is done, so a round never sees half a list.
+//! - A round runs after a change (a short settling delay lets a burst of changes make one
+//!   round), and once a second when the node's pod interfaces changed (a pod ADDed before
+//!   its Pod object changed). Nothing runs before all three stores hold a complete list:
+//!   an empty store would read as "no policies" and open every pod.
+//! - Each network below the bpffs root (or each one named) is reconciled; a network
+//!   without pins yet is skipped until its first pod loads it.
+
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::{stream::select_all, Stream, StreamExt as _};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Pod},
+    networking::v1::NetworkPolicy,
+};
+use kube::{
+    runtime::{
+        reflector::{self, Store},
+        watcher, WatchStreamExt as _,
+    },
+    Api, Client,
+};
+use tokio::sync::Notify;
+
+use super::Reconciler;
+use crate::{
+    datapath::Datapath,
+    error::{Error, Result},
+    k8s::{ApiArgs, ApiClient},
+    policy::Cluster,
+};
+
+/// How long a round waits after a change for more changes of the same burst.
+const SETTLE: Duration = Duration::from_millis(30);
+/// How often the node's pod interfaces are looked at for new ones.
+const TICK: Duration = Duration::from_secs(1);
+
+/// The three stores the rounds read.
+struct View {
+    namespaces: Store<Namespace>,
+    pods: Store<Pod>,
+    policies: Store<NetworkPolicy>,
+}
+
+impl View {
+    async fn ready(&self) -> bool {
+        self.namespaces.wait_until_ready().await.is_ok()
+            && self.pods.wait_until_ready().await.is_ok()
+            && self.policies.wait_until_ready().await.is_ok()
+    }
+
+    fn cluster(&self) -> Cluster {
+        let namespaces = self.namespaces.state();
+        let pods = self.pods.state();
+        Cluster::from_api(
+            namespaces.iter().map(Arc::as_ref),
+            pods.iter().map(Arc::as_ref),
+        )
+    }
+
+    fn policies(&self) -> Vec<NetworkPolicy> {
+        self.policies
+            .state()
+            .iter()
+            .map(|p| NetworkPolicy::clone(p))
+            .collect()
+    }
+}
+
+/// One watcher whose events (but the first pages of a list) wake the rounds.
+fn watch<K>(api: Api<K>, writer: reflector::store::Writer<K>) -> impl Stream<Item = bool> + Send
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    watcher(api, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .map(move |event| match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("watching {kind}: {e}; retrying");
+                false
+            }
+        })
+}
+
+fn start(client: &Client) -> (View, impl Stream<Item = bool> + Send) {
+    let (namespaces, ns_w) = reflector::store();
+    let (pods, pod_w) = reflector::store();
+    let (policies, np_w) = reflector::store();
+    let streams = select_all([
+        watch(Api::<Namespace>::all(client.clone()), ns_w).boxed(),
+        watch(Api::<Pod>::all(client.clone()), pod_w).boxed(),
+        watch(Api::<NetworkPolicy>::all(client.clone()), np_w).boxed(),
+    ]);
+    (
+        View {
+            namespaces,
+            pods,
+            policies,
+        },
+        streams,
+    )
+}
+
+/// The networks to reconcile: those named, else every directory below `root`.
+fn networks(root: &Path, named: &[String]) -> Vec<PathBuf> {
+    if !named.is_empty() {
+        return named.iter().map(|n| root.join(n)).collect();
+    }
+    std::fs::read_dir(root)
+        .map(|d| {
+            d.filter_map(std::result::Result::ok)
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What a network's pod interfaces are now (for the tick): (ifindex, owner, pod) of the
+/// slot in force.
+fn interfaces(dp: &Datapath) -> Vec<(u32, u64, u64)> {
+    let Ok(state) = dp.policy_state() else {
+        return Vec::new();
+    };
+    let mut v: Vec<(u32, u64, u64)> = dp
+        .policy_endpoints()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.slot == state.slot & 1)
+        .map(|(k, e)| (k.ifindex, e.owner, e.pod))
+        .collect();
+    v.sort_unstable();
+    v
+}
+
+/// Per network: its datapath, its reconciler and the interfaces of its last round.
+struct Enforcer {
+    root: PathBuf,
+    named: Vec<String>,
+    networks: BTreeMap<PathBuf, (Datapath, Reconciler, Vec<(u32, u64, u64)>)>,
+}
+
+impl Enforcer {
+    /// A round on every network; `only_if_interfaces_changed` for the tick.
+    fn round(&mut self, view: &View, only_if_interfaces_changed: bool) {
+        for dir in networks(&self.root, &self.named) {
+            if !self.networks.contains_key(&dir) {
+                match Datapath::open_at(&dir) {
+                    Ok(Some(dp)) => match Reconciler::resume(&dp) {
+                        Ok(r) => {
+                            self.networks.insert(dir.clone(), (dp, r, Vec::new()));
+                        }
+                        Err(e) => {
+                            tracing::warn!("{}: reading the policy maps: {e}", dir.display());
+                            continue;
+                        }
+                    },
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!("{}: {e}", dir.display());
+                        continue;
+                    }
+                }
+            }
+            let Some((dp, rec, seen)) = self.networks.get_mut(&dir) else {
+                continue;
+            };
+            let now = interfaces(dp);
+            if only_if_interfaces_changed && now == *seen {
+                continue;
+            }
+            let cluster = view.cluster();
+            let policies = view.policies();
+            match rec.reconcile(dp, &cluster, &policies) {
+                Ok(round) => {
+                    *seen = interfaces(dp);
+                    for (pod, why) in &round.closed {
+                        tracing::warn!("pod {pod} is closed: {why}");
+                    }
+                    for (policy, why) in &round.broken {
+                        tracing::warn!("policy {policy} cannot be enforced: {why}");
+                    }
+                    if round.swapped {
+                        tracing::info!(
+                            "{}: policy generation {} in force ({} of {} pod interfaces \
+                             selected, {} rule sets)",
+                            dir.display(),
+                            round.generation,
+                            round.selected,
+                            round.interfaces,
+                            round.rulesets
+                        );
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("{}: policy round failed: {e}", dir.display());
+                    // Opened afresh next time (the pins may have been replaced).
+                    self.networks.remove(&dir);
+                }
+            }
+        }
+    }
+}
+
+/// Keeps NetworkPolicy in force on the networks below `root` (all, or `named`), forever,
+/// on the calling thread.
+pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
+    let rt = crate::link::runtime()?;
+    rt.block_on(async {
+        let mut enforcer = Enforcer {
+            root: root.to_owned(),
+            named: named.to_vec(),
+            networks: BTreeMap::new(),
+        };
+        let client = loop {
+            match ApiClient::new(api) {
+                Ok(c) => break c.client(),
+                Err(e) => {
+                    tracing::warn!("NetworkPolicy: {e}; retrying");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        };
+        let (view, mut events) = start(&client);
+        let changed = Arc::new(Notify::new());
+        {
+            let changed = Arc::clone(&changed);
+            tokio::spawn(async move {
+                while let Some(wake) = events.next().await {
+                    if wake {
+                        changed.notify_one();
+                    }
+                }
+            });
+        }
+        if !view.ready().await {
+            return Err(Error::datapath("NetworkPolicy", "the watchers stopped"));
+        }
+        tracing::info!("NetworkPolicy: namespaces, pods and policies listed; watching");
+        enforcer.round(&view, false);
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                () = changed.notified() => {
+                    tokio::time::sleep(SETTLE).await;
+                    enforcer.round(&view, false);
+                }
+                _ = tick.tick() => enforcer.round(&view, true),
+            }
+        }
+    })
+}
