@@ -42,9 +42,11 @@ use crate::{
         POLICY_SCRATCH, POLICY_STATE,
     },
     parse::{
-        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_ECHO,
-        ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF,
-        IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6,
+        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY,
+        ICMP6_ECHO_REQUEST, ICMP6_PACKET_TOO_BIG, ICMP6_PARAM_PROB, ICMP6_TIME_EXCEEDED,
+        ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, ICMP_PARAMETER_PROB,
+        ICMP_TIME_EXCEEDED, INNER6_IP_OFF, INNER6_L4_OFF, INNER_IP_OFF, INNER_L4_OFF, IP6_DADDR,
+        IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF, IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6,
     },
     PASS,
 };
@@ -162,7 +164,57 @@ pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
         proto: proto_,
         _pad: [0; 3],
     };
+    if proto_ == proto::ICMP && sport == 0 && dport == 0 {
+        let ty: u8 = read(ctx, L4_OFF).ok()?;
+        if matches!(ty, ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB) {
+            quoted4(ctx, s);
+        }
+    }
     Some(())
+}
+
+/// An ICMP error is judged as a reply of the packet it quotes: its tuple becomes the
+/// quoted packet's, reversed (so an error about an admitted flow passes as its reply, and
+/// one about anything else is judged as a packet of that flow's other direction). Left as
+/// it is when the quote cannot be read.
+#[inline(always)]
+fn quoted4(ctx: &TcContext, s: &mut Scratch) {
+    let (Ok(qs), Ok(qd), Ok(qp)) = (
+        read::<u32>(ctx, INNER_IP_OFF + IP_SADDR),
+        read::<u32>(ctx, INNER_IP_OFF + IP_DADDR),
+        read::<u8>(ctx, INNER_IP_OFF + IP_PROTO),
+    ) else {
+        return;
+    };
+    let Some((qsport, qdport)) = ports(ctx, INNER_L4_OFF, qp, ICMP_ECHO, ICMP_ECHO_REPLY) else {
+        return;
+    };
+    s.flow.saddr = mapped(qd);
+    s.flow.daddr = mapped(qs);
+    s.flow.sport = qdport;
+    s.flow.dport = qsport;
+    s.flow.proto = qp;
+}
+
+/// [`quoted4`] for an ICMPv6 error.
+#[inline(always)]
+fn quoted6(ctx: &TcContext, s: &mut Scratch) {
+    let (Ok(qs), Ok(qd), Ok(qp)) = (
+        read::<Addr6>(ctx, INNER6_IP_OFF + IP6_SADDR),
+        read::<Addr6>(ctx, INNER6_IP_OFF + IP6_DADDR),
+        read::<u8>(ctx, INNER6_IP_OFF + 6),
+    ) else {
+        return;
+    };
+    let Some((qsport, qdport)) = ports(ctx, INNER6_L4_OFF, qp, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)
+    else {
+        return;
+    };
+    s.flow.saddr = bytes6(&qd);
+    s.flow.daddr = bytes6(&qs);
+    s.flow.sport = qdport;
+    s.flow.dport = qsport;
+    s.flow.proto = qp;
 }
 
 /// [`load_tuple4`] for an IPv6 packet without extension headers.
@@ -181,6 +233,15 @@ pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
         proto: next,
         _pad: [0; 3],
     };
+    if next == proto::ICMPV6 && sport == 0 && dport == 0 {
+        let ty: u8 = read(ctx, L4_OFF6).ok()?;
+        if matches!(
+            ty,
+            ICMP6_DEST_UNREACH | ICMP6_PACKET_TOO_BIG | ICMP6_TIME_EXCEEDED | ICMP6_PARAM_PROB
+        ) {
+            quoted6(ctx, s);
+        }
+    }
     Some(())
 }
 

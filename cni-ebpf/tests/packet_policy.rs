@@ -595,3 +595,35 @@ fn with_the_same_node_fast_path_off_pod_traffic_goes_to_the_stack() {
     assert_eq!(fx.reason(Reason::PassPodTrafficToStack), 2);
     assert_eq!(fx.reason(Reason::RedirectPod), 0);
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmp_errors_about_an_admitted_flow_pass_and_others_do_not() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &b_admits_a_on_80(), 1);
+    // a → b:80 admitted; b's stack answers "port unreachable" (b's egress admits nothing).
+    let a_b = a_to_b(80, SYN);
+    assert_eq!(fx.run("from_pod", &a_b).0, REDIRECT);
+    let quote = |f: &[u8]| f[14..14 + 28].to_vec();
+    let unreach = |about: &[u8]| {
+        frame(
+            HOST_MAC_B,
+            POD_MAC_B,
+            POD_B,
+            POD_A,
+            ICMP,
+            &icmp(3, 3, [0; 4], &quote(about)),
+        )
+    };
+    // ICMP errors between pods go through the stack (which the kernel delivers to a by
+    // its host veth's egress).
+    assert_eq!(fx.run("from_pod", &unreach(&a_b)).0, PASS);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &unreach(&a_b)).0,
+        PASS,
+        "an error about the admitted flow passes as its reply"
+    );
+    // An error about a flow a never opened is b opening something of its own.
+    let never = a_to_b(9999, SYN);
+    assert_eq!(fx.run_on("to_pod", IFINDEX_A, &unreach(&never)).0, SHOT);
+}
