@@ -166,7 +166,10 @@ pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
     };
     if proto_ == proto::ICMP && sport == 0 && dport == 0 {
         let ty: u8 = read(ctx, L4_OFF).ok()?;
-        if matches!(ty, ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB) {
+        if matches!(
+            ty,
+            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
+        ) {
             quoted4(ctx, s);
         }
     }
@@ -206,7 +209,8 @@ fn quoted6(ctx: &TcContext, s: &mut Scratch) {
     ) else {
         return;
     };
-    let Some((qsport, qdport)) = ports(ctx, INNER6_L4_OFF, qp, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)
+    let Some((qsport, qdport)) =
+        ports(ctx, INNER6_L4_OFF, qp, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)
     else {
         return;
     };
