@@ -84,7 +84,6 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
 /// after them, in the program's shallowest frame ([`policy::judge_delivery6`]).
 #[inline(always)]
 fn from_pod6_stages(ctx: &TcContext) -> i32 {
-    let ctx = ctx.clone();
     sweep_if_requested::<Addr6>();
     // SAFETY: as in `call_from_pod6`, which wrote it.
     let own_source = unsafe { (*ctx.skb.skb).cb[0] } == CB_OWN_SOURCE;
@@ -201,7 +200,6 @@ pub fn uplink_ingress6(ctx: TcContext) -> i32 {
 /// [`uplink_ingress6`]'s stages (see [`from_pod6_stages`]).
 #[inline(always)]
 fn uplink_ingress6_stages(ctx: &TcContext) -> i32 {
-    let ctx = ctx.clone();
     sweep_if_requested::<Addr6>();
     match ingress6_known(&ctx) {
         Known::Verdict(v) => return v,

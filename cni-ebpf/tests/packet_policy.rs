@@ -506,6 +506,31 @@ fn the_agent_changes_only_what_differs_also_after_a_restart() {
     );
     assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
     assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, SHOT);
+    // What `inspect` shows of it.
+    let view = fx.dp().policy_view().unwrap();
+    assert_eq!(view.generation, 1);
+    let b = view
+        .endpoints
+        .iter()
+        .find(|e| e.host_ifindex == IFINDEX_B)
+        .unwrap();
+    assert_eq!(b.egress, "closed");
+    let id: u32 = b.ingress.trim_start_matches("rules #").parse().unwrap();
+    let rs = &view.rulesets[&id];
+    assert!(
+        rs.peers
+            .iter()
+            .any(|l| l.starts_with(&format!("{POD_A}/32 "))),
+        "{rs:?}"
+    );
+    assert!(rs.ports.iter().any(|l| l.starts_with("6/80 ")), "{rs:?}");
+    assert_eq!(
+        view.endpoints
+            .iter()
+            .find(|e| e.host_ifindex == IFINDEX_A)
+            .map(|e| (e.ingress.as_str(), e.egress.as_str())),
+        Some(("open", "open"))
+    );
 
     let again = agent
         .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())

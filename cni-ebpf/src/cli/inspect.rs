@@ -1,5 +1,6 @@
 //! `cni-ebpf inspect`: a network's datapath as its pinned maps hold it (node config,
-//! endpoints with counters, host ports, NAT entries, flows, map fill, reason counters),
+//! endpoints with counters, host ports, NAT entries, flows, NetworkPolicy rule sets, map
+//! fill, reason counters),
 //! each endpoint with the Kubernetes pod it belongs to, optionally for one pod only.
 //!
 //! The pod comes from the IPAM store's record of the endpoint (`K8S_POD_NAMESPACE` and
@@ -139,6 +140,17 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let reasons = dp.reason_counts()?;
     let flows = dp.flow_summary()?;
     let maps = dp.map_stats()?;
+    let mut policy = dp.policy_view()?;
+    let shown: HashSet<u32> = endpoints.iter().map(|e| e.host_ifindex).collect();
+    policy.endpoints.retain(|e| shown.contains(&e.host_ifindex));
+    let named: HashSet<String> = policy
+        .endpoints
+        .iter()
+        .flat_map(|e| [e.ingress.clone(), e.egress.clone()])
+        .collect();
+    policy
+        .rulesets
+        .retain(|id, _| named.contains(&crate::datapath::policy::describe_ruleset(*id)));
     if args.json {
         let endpoints: Vec<Value> = endpoints
             .iter()
@@ -155,7 +167,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 v
             })
             .collect();
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "reasons": reasons, "maps": maps });
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "policy": policy, "reasons": reasons, "maps": maps });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -256,6 +268,36 @@ pub fn run(args: &InspectArgs) -> Result<()> {
          the stack, {} node sockets on host ports",
         flows.verified, flows.pending, flows.inbound, flows.stack_sockets, flows.host_port_sockets
     );
+    println!(
+        "\nNETWORKPOLICY: generation {}{}",
+        policy.generation,
+        if policy.generation == 0 {
+            " (no agent has put a policy in force: nothing is judged)"
+        } else {
+            ""
+        }
+    );
+    println!(
+        "  {:<8} {:<32} {:<16} {:<16}",
+        "HOSTIF", "POD", "INGRESS", "EGRESS"
+    );
+    for p in &policy.endpoints {
+        let pod = endpoints
+            .iter()
+            .find(|e| e.host_ifindex == p.host_ifindex)
+            .and_then(|e| pod_of(&e.container_id, &e.ifname))
+            .map_or_else(|| "-".to_owned(), ToString::to_string);
+        println!(
+            "  {:<8} {:<32} {:<16} {:<16}",
+            p.host_ifindex, pod, p.ingress, p.egress
+        );
+    }
+    for (id, rs) in &policy.rulesets {
+        println!("  rules #{id}:");
+        for line in rs.peers.iter().chain(&rs.ports).chain(&rs.named) {
+            println!("    {line}");
+        }
+    }
     println!("\nMAPS");
     println!(
         "  {:<14} {:<16} {:>10} {:>10} {:>12}",
