@@ -368,14 +368,25 @@ pub(crate) fn admits(
     };
     let egress = ruleset(s, src, slot, true);
     let ingress = ruleset(s, dst, slot, false);
+    // SAFETY: copied out at once.
+    let recorded = unsafe { POLICY_FLOWS.get(&s.flow) }.is_some_and(|f| f.generation == gen);
     if egress == RULESET_OPEN && ingress == RULESET_OPEN {
+        // Admitted by no rule; its replies meet the other direction's rules, which must
+        // know it as a flow it opened.
+        if !recorded
+            && (ruleset(s, dst, slot, true) != RULESET_OPEN
+                || ruleset(s, src, slot, false) != RULESET_OPEN)
+        {
+            s.admitted = PolicyFlow {
+                generation: gen,
+                _pad: 0,
+            };
+            let _ = POLICY_FLOWS.insert(&s.flow, &s.admitted, 0);
+        }
         return true;
     }
-    // SAFETY: copied out at once.
-    if let Some(f) = unsafe { POLICY_FLOWS.get(&s.flow) } {
-        if f.generation == gen {
-            return true;
-        }
+    if recorded {
+        return true;
     }
     let refused = match judge(s, egress, ingress, false) {
         Ok(()) => {

@@ -652,3 +652,37 @@ fn icmp_errors_about_an_admitted_flow_pass_and_others_do_not() {
     let never = a_to_b(9999, SYN);
     assert_eq!(fx.run_on("to_pod", IFINDEX_A, &unreach(&never)).0, SHOT);
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn replies_of_a_flow_no_rule_judged_pass_the_other_directions_rules() {
+    let fx = Fixture::with_two_pods();
+    // b admits nothing in; b's egress is open, a is not selected.
+    enforce(
+        &fx,
+        &[policy(
+            "b-closed",
+            json!({"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}),
+        )],
+        1,
+    );
+    assert_eq!(fx.run("from_pod", &b_to_a(5555, 8080, SYN)).0, REDIRECT);
+    assert_eq!(
+        fx.run("from_pod", &a_to_b(8080, SYN | ACK)).0,
+        SHOT,
+        "a packet to b on another tuple is refused"
+    );
+    let reply = frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        POD_A,
+        POD_B,
+        TCP,
+        &tcp(POD_A, POD_B, 8080, 5555, SYN | ACK, b"r"),
+    );
+    assert_eq!(
+        fx.run("from_pod", &reply).0,
+        REDIRECT,
+        "the reply of b's own connection passes b's ingress"
+    );
+}

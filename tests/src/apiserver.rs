@@ -1,37 +1,71 @@
-//! A stand-in Kubernetes API server, for the tests of `install`'s Node lookup and of the
-//! host-gw routes (no real API server can run on these machines).
+//! A stand-in Kubernetes API server, for the tests of `install`'s Node lookup, of the
+//! host-gw routes and of clients that list and watch (no real API server can run on these
+//! machines).
 //!
 //! It is the one thing in these tests that is not the real component, so it copies what
-//! the client sees of the real one, for the two requests the plugin makes:
-//! - HTTPS only (rustls), with a certificate for the address it listens on, signed by a CA
-//!   generated per server (rcgen); the CA is written as the ServiceAccount's `ca.crt`;
+//! the client sees of the real one:
+//! - HTTPS only (rustls, HTTP/1.1), with a certificate for the address it listens on,
+//!   signed by a CA generated per server (rcgen); the CA is written as the
+//!   ServiceAccount's `ca.crt`;
 //! - `Authorization: Bearer <token>` checked against the ServiceAccount `token` it wrote
 //!   (401 `Unauthorized` Status otherwise, as the API server answers a bad token);
-//! - `GET /api/v1/nodes/{name}`: the Node object (`kind: Node`, `apiVersion: v1`,
-//!   `metadata.resourceVersion`, `spec.podCIDR(s)`, `status.addresses`), or a 404 Status
-//!   shaped like the API server's (`nodes "x" not found`, reason `NotFound`, details);
-//! - `GET /api/v1/nodes`: a `NodeList` with `metadata.resourceVersion`;
+//! - a store of objects keyed by resource, namespace and name, with one global
+//!   resourceVersion counter as etcd has it (every create, update and delete bumps it;
+//!   objects carry `metadata.resourceVersion`, and a `uid` and `creationTimestamp` from
+//!   their creation). Resources: `nodes`, `namespaces` (cluster-scoped), `pods`,
+//!   `services`, `events` (core v1), `networkpolicies` (networking.k8s.io/v1),
+//!   `endpointslices` (discovery.k8s.io/v1) and `events` (events.k8s.io/v1, the same
+//!   store as the core ones);
+//! - `GET` of one object (`…/{name}`), or a 404 Status shaped like the API server's
+//!   (`nodes "x" not found`, reason `NotFound`, details);
+//! - lists (`GET` of a collection, all namespaces or one): `<Kind>List` with
+//!   `metadata.resourceVersion`; pages (`limit`, an opaque `continue` token served from a
+//!   consistent snapshot, 410 `Expired` once compacted or if not one of ours);
+//!   `resourceVersion` (+ `resourceVersionMatch`); `labelSelector` (`k=v`, `k==v`,
+//!   `k!=v`, `k`, `!k`) and `fieldSelector` (`=`, `==`, `!=` on `metadata.name`,
+//!   `metadata.namespace` and the fields the real server supports per resource, e.g. a
+//!   pod's `spec.nodeName`; another field is a 400 `field label not supported`);
+//! - watches (`watch=true`): a chunked stream of `{"type":…,"object":…}` lines: every
+//!   change after the `resourceVersion` asked for (synthetic `ADDED` events of the current
+//!   objects for `0`, unset, or `sendInitialEvents=true` — closed by the
+//!   `k8s.io/initial-events-end` bookmark), then each new change as it happens, filtered
+//!   by namespace and selectors (an object leaving a selector is `DELETED`, one entering
+//!   it `ADDED`); `BOOKMARK`s after every second of silence when `allowWatchBookmarks`;
+//!   the stream ends after `timeoutSeconds` (1800 when not given). A watch from a version
+//!   older than the history kept is a 200 stream with one `ERROR` event (410 `Expired`,
+//!   `too old resource version: X (Y)`), as the real server's watch cache answers;
+//! - `POST` (create: 201, 409 `AlreadyExists`, `generateName`), merge `PATCH` and
+//!   `DELETE` of one object, for every resource (the events a client records go through
+//!   here: [`ApiServer::events`]);
 //! - [`ApiServer::forbid`]: every request answered 403 with the API server's RBAC message
-//!   (`User "system:serviceaccount:…" cannot get resource "nodes" …`);
-//! - [`ApiServer::set_delay`]: answers held back (for the clients' time limits).
+//!   (`User "system:serviceaccount:…" cannot list resource "pods" …`);
+//! - [`ApiServer::set_delay`]: answers held back (for the clients' time limits);
+//! - faults of a real cluster: [`ApiServer::compact`] (etcd compaction: old versions are
+//!   gone), [`ApiServer::drop_watches`] (every watch connection cut, as a dropped
+//!   connection looks), [`ApiServer::restart`] (connections cut and refused for a while,
+//!   the store kept).
 //!
 //! It listens inside a network namespace the test created (the socket is made by a thread
-//! that entered it), so nothing is bound in the machine's own namespace. Requests are
-//! served one per connection (`Connection: close`), each on its own thread, and logged
-//! ([`ApiServer::requests`]). Dropping it stops the accept loop; the service-account
+//! that entered it), so nothing is bound in the machine's own namespace. Each connection
+//! is served on its own thread; answers other than watches close the connection
+//! (`Connection: close`), a watch that ended by its timeout keeps it for the next request.
+//! Requests are logged ([`ApiServer::requests`]). Dropping the server stops the accept
+//! loop and ends every connection (each polls for it every 100 ms); the service-account
 //! directory is a temporary directory removed with it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, VecDeque},
     io::{Read, Write},
-    net::{SocketAddr, TcpListener, TcpStream},
+    net::{Shutdown, SocketAddr, TcpListener, TcpStream},
+    ops::Bound,
+    os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc, Condvar, Mutex, MutexGuard,
     },
     thread::{self, JoinHandle},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use serde_json::{json, Value};
@@ -41,13 +75,279 @@ use crate::net::in_netns;
 /// The ServiceAccount the stand-in says the token belongs to (in RBAC messages).
 pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:kube-system:cni-ebpf";
 
+/// Changes kept for watches and continued lists; older ones are compacted away.
+const HISTORY: usize = 4096;
+/// How often every connection looks at the stop flag and the fault switches.
+const POLL: Duration = Duration::from_millis(100);
+/// Silence after which a watch that allows bookmarks gets one.
+const BOOKMARK_EVERY: Duration = Duration::from_secs(1);
+/// A watch's length when the client gives no `timeoutSeconds`.
+const DEFAULT_WATCH_TIMEOUT: Duration = Duration::from_secs(1800);
+/// Time limit of one write to a client.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time a new connection has to send its first request.
+const FIRST_REQUEST: Duration = Duration::from_secs(10);
+/// Time a kept connection may stay idle (above hyper's 90 s pool timeout).
+const IDLE: Duration = Duration::from_secs(120);
+/// The largest request body read.
+const MAX_BODY: usize = 16 << 20;
+
+/// A resource the stand-in serves, at one API group version.
+#[derive(Debug)]
+struct Resource {
+    /// The plural name, also the key of its objects in the store.
+    plural: &'static str,
+    kind: &'static str,
+    group: &'static str,
+    api_version: &'static str,
+    /// The path of the group version (`/api/v1`, `/apis/<group>/<version>`).
+    prefix: &'static str,
+    namespaced: bool,
+    /// The field selectors supported beyond `metadata.name` and `metadata.namespace`.
+    fields: &'static [&'static str],
+}
+
+const POD_FIELDS: &[&str] = &[
+    "spec.nodeName",
+    "spec.restartPolicy",
+    "spec.schedulerName",
+    "spec.serviceAccountName",
+    "spec.hostNetwork",
+    "status.phase",
+    "status.podIP",
+    "status.nominatedNodeName",
+];
+
+const EVENT_FIELDS: &[&str] = &[
+    "involvedObject.kind",
+    "involvedObject.namespace",
+    "involvedObject.name",
+    "involvedObject.uid",
+    "involvedObject.apiVersion",
+    "involvedObject.resourceVersion",
+    "involvedObject.fieldPath",
+    "reason",
+    "reportingComponent",
+    "source",
+    "type",
+];
+
+/// Boolean fields that read `false` when absent.
+const BOOL_FIELDS: &[&str] = &["spec.hostNetwork", "spec.unschedulable"];
+
+const RESOURCES: &[Resource] = &[
+    Resource {
+        plural: "nodes",
+        kind: "Node",
+        group: "",
+        api_version: "v1",
+        prefix: "/api/v1",
+        namespaced: false,
+        fields: &["spec.unschedulable"],
+    },
+    Resource {
+        plural: "namespaces",
+        kind: "Namespace",
+        group: "",
+        api_version: "v1",
+        prefix: "/api/v1",
+        namespaced: false,
+        fields: &["status.phase"],
+    },
+    Resource {
+        plural: "pods",
+        kind: "Pod",
+        group: "",
+        api_version: "v1",
+        prefix: "/api/v1",
+        namespaced: true,
+        fields: POD_FIELDS,
+    },
+    Resource {
+        plural: "services",
+        kind: "Service",
+        group: "",
+        api_version: "v1",
+        prefix: "/api/v1",
+        namespaced: true,
+        fields: &["spec.clusterIP", "spec.type"],
+    },
+    Resource {
+        plural: "events",
+        kind: "Event",
+        group: "",
+        api_version: "v1",
+        prefix: "/api/v1",
+        namespaced: true,
+        fields: EVENT_FIELDS,
+    },
+    Resource {
+        plural: "networkpolicies",
+        kind: "NetworkPolicy",
+        group: "networking.k8s.io",
+        api_version: "networking.k8s.io/v1",
+        prefix: "/apis/networking.k8s.io/v1",
+        namespaced: true,
+        fields: &[],
+    },
+    Resource {
+        plural: "endpointslices",
+        kind: "EndpointSlice",
+        group: "discovery.k8s.io",
+        api_version: "discovery.k8s.io/v1",
+        prefix: "/apis/discovery.k8s.io/v1",
+        namespaced: true,
+        fields: &[],
+    },
+    Resource {
+        plural: "events",
+        kind: "Event",
+        group: "events.k8s.io",
+        api_version: "events.k8s.io/v1",
+        prefix: "/apis/events.k8s.io/v1",
+        namespaced: true,
+        fields: &[
+            "regarding.kind",
+            "regarding.namespace",
+            "regarding.name",
+            "regarding.uid",
+            "reason",
+            "reportingController",
+            "type",
+        ],
+    },
+];
+
+impl Resource {
+    /// The resource for the test controls (the first one of that plural name).
+    #[track_caller]
+    fn named(plural: &str) -> &'static Self {
+        RESOURCES
+            .iter()
+            .find(|r| r.plural == plural)
+            .unwrap_or_else(|| panic!("the stand-in API server has no resource {plural:?}"))
+    }
+
+    /// `pods`, `networkpolicies.networking.k8s.io`: the name in error messages.
+    fn qualified(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_owned()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// The `details` of a Status about this resource (and an object of it).
+    fn details(&self, name: Option<&str>) -> Value {
+        let mut d = serde_json::Map::new();
+        if let Some(n) = name {
+            d.insert("name".into(), json!(n));
+        }
+        if !self.group.is_empty() {
+            d.insert("group".into(), json!(self.group));
+        }
+        d.insert("kind".into(), json!(self.plural));
+        Value::Object(d)
+    }
+
+    /// `obj` as this group version serves it (with its kind and apiVersion).
+    fn typed(&self, mut obj: Value) -> Value {
+        if let Some(o) = obj.as_object_mut() {
+            o.insert("kind".into(), json!(self.kind));
+            o.insert("apiVersion".into(), json!(self.api_version));
+        }
+        obj
+    }
+}
+
+/// The store key of an object: `namespace/name`, or `name` when cluster-scoped (the key
+/// order of etcd, hence of lists).
+fn object_key(res: &Resource, namespace: Option<&str>, name: &str) -> String {
+    match namespace {
+        Some(ns) if res.namespaced => format!("{ns}/{name}"),
+        _ => name.to_owned(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ChangeType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change of the store, as etcd's history has it.
+#[derive(Debug)]
+struct Change {
+    rv: u64,
+    resource: &'static str,
+    key: String,
+    kind: ChangeType,
+    /// The object after the change (for a delete: the last one, at the delete's version).
+    object: Value,
+    /// The object before the change.
+    prev: Option<Value>,
+}
+
 #[derive(Debug, Default)]
 struct State {
-    nodes: BTreeMap<String, Value>,
+    /// Per resource, the objects by key.
+    objects: BTreeMap<&'static str, BTreeMap<String, Value>>,
     resource_version: u64,
+    /// The changes after `compacted`, oldest first.
+    history: VecDeque<Change>,
+    compacted: u64,
+    /// Keys of the events created, in order.
+    event_keys: Vec<String>,
     forbidden: bool,
     delay: Duration,
     requests: Vec<String>,
+    /// Bumped by [`ApiServer::drop_watches`] (and restarts): watches of an older one end.
+    watch_epoch: u64,
+    /// Bumped by [`ApiServer::restart`]: connections of an older one end.
+    restart_epoch: u64,
+    /// Until when new connections are refused.
+    down_until: Option<Instant>,
+}
+
+/// What the accept loop, the connections and the test's handle share.
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled on every change of the store and every fault switched on.
+    changed: Condvar,
+    stop: AtomicBool,
+    connections: AtomicUsize,
+    watches: AtomicUsize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Counts one of `counter` while alive.
+struct Counted<'a>(&'a AtomicUsize);
+
+impl<'a> Counted<'a> {
+    fn new(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter)
+    }
+
+    /// Takes over one counted already.
+    fn adopt(counter: &'a AtomicUsize) -> Self {
+        Self(counter)
+    }
+}
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A running stand-in API server (see the module documentation).
@@ -55,16 +355,9 @@ struct State {
 pub struct ApiServer {
     addr: SocketAddr,
     token: String,
-    state: Arc<Mutex<State>>,
-    stop: Arc<AtomicBool>,
+    shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
     sa_dir: tempfile::TempDir,
-}
-
-fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
-    state
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A random hex string from the kernel's generator.
@@ -155,6 +448,412 @@ fn status(code: u16, reason: &str, message: &str, details: Option<Value>) -> Val
     s
 }
 
+/// A uid as the API server makes them (a random UUID).
+fn random_uid() -> String {
+    format!(
+        "{}-{}-{}-{}-{}",
+        random_hex(4),
+        random_hex(2),
+        random_hex(2),
+        random_hex(2),
+        random_hex(6)
+    )
+}
+
+/// The 5 characters `generateName` gets (the API server's alphabet: no vowels, no
+/// look-alikes).
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut buf = [0u8; 5];
+    if let Err(e) = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut buf)) {
+        panic!("reading /dev/urandom: {e}");
+    }
+    buf.iter()
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect()
+}
+
+/// Now, as RFC 3339 in UTC with seconds (`metadata.creationTimestamp`).
+fn now_rfc3339() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days, for days since 1970-01-01 (never negative here).
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Fills in what the server sets on an object it stores: name, namespace, version, and
+/// (kept from `prev`, or new) uid and creation time; kind and apiVersion if missing.
+fn prepare(
+    obj: &mut Value,
+    res: &Resource,
+    namespace: Option<&str>,
+    name: &str,
+    prev: Option<&Value>,
+    rv: u64,
+) {
+    let Some(o) = obj.as_object_mut() else {
+        return;
+    };
+    o.entry("kind").or_insert_with(|| json!(res.kind));
+    o.entry("apiVersion")
+        .or_insert_with(|| json!(res.api_version));
+    let meta = o.entry("metadata").or_insert_with(|| json!({}));
+    if !meta.is_object() {
+        *meta = json!({});
+    }
+    let Some(m) = meta.as_object_mut() else {
+        return;
+    };
+    m.insert("name".into(), json!(name));
+    match namespace {
+        Some(ns) if res.namespaced => {
+            m.insert("namespace".into(), json!(ns));
+        }
+        _ => {
+            m.remove("namespace");
+        }
+    }
+    m.insert("resourceVersion".into(), json!(rv.to_string()));
+    for (field, fresh) in [
+        ("uid", random_uid as fn() -> String),
+        ("creationTimestamp", now_rfc3339),
+    ] {
+        if m.get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            let old = prev
+                .and_then(|p| p["metadata"][field].as_str())
+                .map_or_else(fresh, str::to_owned);
+            m.insert(field.into(), json!(old));
+        }
+    }
+}
+
+impl State {
+    /// Creates, replaces (`Some`) or deletes (`None`) an object, bumping the version and
+    /// recording the change. The object stored (or deleted), `None` if there was nothing
+    /// to delete.
+    fn write(
+        &mut self,
+        res: &'static Resource,
+        namespace: Option<&str>,
+        name: &str,
+        new: Option<Value>,
+    ) -> Option<Value> {
+        let key = object_key(res, namespace, name);
+        let map = self.objects.entry(res.plural).or_default();
+        let prev = map.get(&key).cloned();
+        let (kind, object) = match new {
+            Some(mut obj) => {
+                self.resource_version += 1;
+                prepare(
+                    &mut obj,
+                    res,
+                    namespace,
+                    name,
+                    prev.as_ref(),
+                    self.resource_version,
+                );
+                map.insert(key.clone(), obj.clone());
+                let kind = if prev.is_some() {
+                    ChangeType::Modified
+                } else {
+                    ChangeType::Added
+                };
+                (kind, obj)
+            }
+            None => {
+                let mut obj = prev.clone()?;
+                self.resource_version += 1;
+                map.remove(&key);
+                obj["metadata"]["resourceVersion"] = json!(self.resource_version.to_string());
+                (ChangeType::Deleted, obj)
+            }
+        };
+        if res.plural == "events" && kind == ChangeType::Added {
+            self.event_keys.push(key.clone());
+        }
+        self.history.push_back(Change {
+            rv: self.resource_version,
+            resource: res.plural,
+            key,
+            kind,
+            object: object.clone(),
+            prev,
+        });
+        while self.history.len() > HISTORY {
+            if let Some(old) = self.history.pop_front() {
+                self.compacted = old.rv;
+            }
+        }
+        Some(object)
+    }
+
+    /// The objects of `plural` as they were at version `at` (which must not be older than
+    /// the compaction point): the current ones with the later changes undone.
+    fn snapshot(&self, plural: &str, at: u64) -> BTreeMap<String, Value> {
+        let mut map = self.objects.get(plural).cloned().unwrap_or_default();
+        for c in self.history.iter().rev().take_while(|c| c.rv > at) {
+            if c.resource != plural {
+                continue;
+            }
+            match &c.prev {
+                Some(p) => map.insert(c.key.clone(), p.clone()),
+                None => map.remove(&c.key),
+            };
+        }
+        map
+    }
+}
+
+/// One requirement of a label or field selector.
+#[derive(Debug, Clone)]
+enum Requirement {
+    Equals(String, String),
+    NotEquals(String, String),
+    Exists(String),
+    Absent(String),
+}
+
+impl Requirement {
+    fn matches(&self, value: impl Fn(&str) -> Option<String>) -> bool {
+        match self {
+            Self::Equals(k, v) => value(k).as_deref() == Some(v.as_str()),
+            Self::NotEquals(k, v) => value(k).as_deref() != Some(v.as_str()),
+            Self::Exists(k) => value(k).is_some(),
+            Self::Absent(k) => value(k).is_none(),
+        }
+    }
+}
+
+/// A request's namespace, label and field selectors.
+#[derive(Debug, Clone, Default)]
+struct Selector {
+    namespace: Option<String>,
+    labels: Vec<Requirement>,
+    fields: Vec<Requirement>,
+}
+
+/// A label key (`[prefix/]name`) or a field path.
+fn valid_key(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+}
+
+/// Splits `k=v`, `k==v` or `k!=v`; a label's value is a label value (`[-_.A-Za-z0-9]`), a
+/// field's any text without blanks (an IPv6 `status.podIP`).
+fn split_requirement(term: &str, label: bool) -> Option<Requirement> {
+    let valid_value = |s: &str| {
+        s.chars().all(|c| {
+            if label {
+                c.is_ascii_alphanumeric() || "-_.".contains(c)
+            } else {
+                !c.is_whitespace()
+            }
+        })
+    };
+    let (k, v, eq) = if let Some((k, v)) = term.split_once("!=") {
+        (k, v, false)
+    } else if let Some((k, v)) = term.split_once("==") {
+        (k, v, true)
+    } else if let Some((k, v)) = term.split_once('=') {
+        (k, v, true)
+    } else {
+        return None;
+    };
+    let (k, v) = (k.trim(), v.trim());
+    if !valid_key(k) || !valid_value(v) {
+        return None;
+    }
+    Some(if eq {
+        Requirement::Equals(k.to_owned(), v.to_owned())
+    } else {
+        Requirement::NotEquals(k.to_owned(), v.to_owned())
+    })
+}
+
+impl Selector {
+    /// Parses the selectors of a request: the 400 message if one is not supported.
+    fn parse(
+        res: &Resource,
+        namespace: Option<&str>,
+        labels: &str,
+        fields: &str,
+    ) -> Result<Self, String> {
+        let mut sel = Self {
+            namespace: namespace.map(str::to_owned),
+            ..Self::default()
+        };
+        for term in labels.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let unparsable = || format!("unable to parse requirement: {term:?}");
+            if term.contains('(') || term.contains(')') {
+                return Err(format!(
+                    "{}: set-based requirements are not supported by the stand-in",
+                    unparsable()
+                ));
+            }
+            let req = if term.contains('=') {
+                split_requirement(term, true).ok_or_else(unparsable)?
+            } else if let Some(k) = term.strip_prefix('!') {
+                let k = k.trim();
+                if !valid_key(k) {
+                    return Err(unparsable());
+                }
+                Requirement::Absent(k.to_owned())
+            } else if valid_key(term) {
+                Requirement::Exists(term.to_owned())
+            } else {
+                return Err(unparsable());
+            };
+            sel.labels.push(req);
+        }
+        for term in fields.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let Some(req) = split_requirement(term, false) else {
+                return Err(format!(
+                    "invalid selector: '{term}'; can't understand '{term}'"
+                ));
+            };
+            let (Requirement::Equals(k, _) | Requirement::NotEquals(k, _)) = &req else {
+                return Err(format!("invalid selector: '{term}'"));
+            };
+            if !matches!(k.as_str(), "metadata.name" | "metadata.namespace")
+                && !res.fields.contains(&k.as_str())
+            {
+                return Err(format!("field label not supported: {k}"));
+            }
+            sel.fields.push(req);
+        }
+        Ok(sel)
+    }
+
+    fn has_selectors(&self) -> bool {
+        !self.labels.is_empty() || !self.fields.is_empty()
+    }
+
+    /// Whether `obj` (stored under `key`) is one the request asked for.
+    fn matches(&self, key: &str, obj: &Value) -> bool {
+        if let Some(ns) = &self.namespace {
+            if !key
+                .strip_prefix(ns.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+            {
+                return false;
+            }
+        }
+        let labels = &obj["metadata"]["labels"];
+        let label = |k: &str| labels[k].as_str().map(str::to_owned);
+        let field = |path: &str| {
+            let mut v = obj;
+            for part in path.split('.') {
+                v = &v[part];
+            }
+            Some(match v {
+                Value::String(s) => s.clone(),
+                Value::Bool(b) => b.to_string(),
+                Value::Number(n) => n.to_string(),
+                _ if BOOL_FIELDS.contains(&path) => "false".to_owned(),
+                _ => String::new(),
+            })
+        };
+        self.labels.iter().all(|r| r.matches(label)) && self.fields.iter().all(|r| r.matches(field))
+    }
+}
+
+/// `%xx` and `+` decoded (a query's keys and values).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A request's query parameters.
+#[derive(Debug, Default)]
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(query: &str) -> Self {
+        Self(
+            query
+                .split('&')
+                .filter(|p| !p.is_empty())
+                .map(|p| {
+                    let (k, v) = p.split_once('=').unwrap_or((p, ""));
+                    (percent_decode(k), percent_decode(v))
+                })
+                .collect(),
+        )
+    }
+
+    /// The last value of `name`, `""` if absent.
+    fn get(&self, name: &str) -> &str {
+        self.0
+            .iter()
+            .rev()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    /// A boolean parameter as Go's `strconv.ParseBool` reads it.
+    fn flag(&self, name: &str) -> bool {
+        matches!(self.get(name), "1" | "t" | "T" | "true" | "TRUE" | "True")
+    }
+}
+
+/// A continue token as the API server makes them: base64url of
+/// `{"v":"meta.k8s.io/v1","rv":<list version>,"start":"<next key>"}`.
+fn encode_continue(rv: u64, start: &str) -> String {
+    let token = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
+    data_encoding::BASE64URL_NOPAD.encode(token.to_string().as_bytes())
+}
+
+/// The list version and start key of a continue token.
+fn decode_continue(token: &str) -> Option<(u64, String)> {
+    let raw = data_encoding::BASE64URL_NOPAD
+        .decode(token.trim_end_matches('=').as_bytes())
+        .ok()?;
+    let v: Value = serde_json::from_slice(&raw).ok()?;
+    if v["v"] != "meta.k8s.io/v1" {
+        return None;
+    }
+    Some((v["rv"].as_u64()?, v["start"].as_str()?.to_owned()))
+}
+
 impl ApiServer {
     /// Starts a server inside `netns` on `ip` (a port is picked), with a fresh CA, token and
     /// ServiceAccount directory. Panics if it cannot.
@@ -197,17 +896,15 @@ impl ApiServer {
         if let Err(e) = listener.set_nonblocking(true) {
             panic!("stand-in API server: {e}");
         }
-        let state = Arc::new(Mutex::new(State::default()));
-        let stop = Arc::new(AtomicBool::new(false));
+        let shared = Arc::new(Shared::default());
         let accept = {
-            let (state, stop, token) = (Arc::clone(&state), Arc::clone(&stop), token.clone());
-            thread::spawn(move || accept_loop(&listener, &config, &state, &stop, &token))
+            let (shared, token) = (Arc::clone(&shared), token.clone());
+            thread::spawn(move || accept_loop(&listener, &config, &shared, &token))
         };
         Self {
             addr,
             token,
-            state,
-            stop,
+            shared,
             accept: Some(accept),
             sa_dir,
         }
@@ -277,45 +974,179 @@ impl ApiServer {
 
     /// Adds or replaces the Node object `node` as given; bumps the resource version.
     #[track_caller]
-    pub fn put_node(&self, mut node: Value) {
-        let Some(name) = node["metadata"]["name"].as_str().map(str::to_owned) else {
+    pub fn put_node(&self, node: Value) {
+        if node["metadata"]["name"].as_str().is_none() {
             panic!("a Node without metadata.name: {node}");
-        };
-        let mut s = lock(&self.state);
-        s.resource_version += 1;
-        node["metadata"]["resourceVersion"] = json!(s.resource_version.to_string());
-        s.nodes.insert(name, node);
+        }
+        self.put("nodes", node);
     }
 
     /// Deletes a Node.
     pub fn remove_node(&self, name: &str) {
-        let mut s = lock(&self.state);
-        s.resource_version += 1;
-        s.nodes.remove(name);
+        self.delete("nodes", None, name);
+    }
+
+    /// Creates or replaces (by namespace and name) an object of `resource` (a plural name:
+    /// `nodes`, `namespaces`, `pods`, `services`, `networkpolicies`, `endpointslices`,
+    /// `events`), as given; the server sets `metadata.resourceVersion` (bumped), and a
+    /// `uid` and `creationTimestamp` if missing (those of the object replaced, if any), and
+    /// `kind`/`apiVersion` if missing. A namespaced object without a namespace goes to
+    /// `default`. Watches see it `ADDED` or `MODIFIED`.
+    #[track_caller]
+    pub fn put(&self, resource: &str, obj: Value) {
+        let res = Resource::named(resource);
+        let Some(name) = obj["metadata"]["name"]
+            .as_str()
+            .filter(|n| !n.is_empty() && !n.contains('/'))
+            .map(str::to_owned)
+        else {
+            panic!("a {} without a valid metadata.name: {obj}", res.kind);
+        };
+        let namespace = obj["metadata"]["namespace"]
+            .as_str()
+            .filter(|ns| !ns.is_empty())
+            .unwrap_or("default")
+            .to_owned();
+        if namespace.contains('/') {
+            panic!("a {} in namespace {namespace:?}", res.kind);
+        }
+        let mut s = self.shared.lock();
+        s.write(res, Some(&namespace), &name, Some(obj));
+        self.shared.changed.notify_all();
+    }
+
+    /// Deletes an object (`namespace` `None` for cluster-scoped resources); watches see it
+    /// `DELETED` (the last object, at the delete's version). Nothing if there is none.
+    #[track_caller]
+    pub fn delete(&self, resource: &str, namespace: Option<&str>, name: &str) {
+        let res = Resource::named(resource);
+        let mut s = self.shared.lock();
+        s.write(res, namespace, name, None);
+        self.shared.changed.notify_all();
+    }
+
+    /// The object stored, with its `kind` and `apiVersion`.
+    #[track_caller]
+    #[must_use]
+    pub fn get(&self, resource: &str, namespace: Option<&str>, name: &str) -> Option<Value> {
+        let res = Resource::named(resource);
+        let s = self.shared.lock();
+        s.objects
+            .get(res.plural)?
+            .get(&object_key(res, namespace, name))
+            .cloned()
+    }
+
+    /// Every object of `resource` (in `namespace`, or all), in key order.
+    #[track_caller]
+    #[must_use]
+    pub fn list(&self, resource: &str, namespace: Option<&str>) -> Vec<Value> {
+        let res = Resource::named(resource);
+        let sel = Selector {
+            namespace: namespace.filter(|_| res.namespaced).map(str::to_owned),
+            ..Selector::default()
+        };
+        let s = self.shared.lock();
+        s.objects
+            .get(res.plural)
+            .into_iter()
+            .flatten()
+            .filter(|(k, o)| sel.matches(k, o))
+            .map(|(_, o)| o.clone())
+            .collect()
+    }
+
+    /// The store's current resourceVersion (0 before the first write).
+    #[must_use]
+    pub fn resource_version(&self) -> u64 {
+        self.shared.lock().resource_version
+    }
+
+    /// The events created through the API (`POST …/events`, either group), as stored now,
+    /// in the order they were created.
+    #[must_use]
+    pub fn events(&self) -> Vec<Value> {
+        let s = self.shared.lock();
+        let mut seen = BTreeSet::new();
+        let Some(events) = s.objects.get("events") else {
+            return Vec::new();
+        };
+        s.event_keys
+            .iter()
+            .filter(|k| seen.insert(k.as_str()))
+            .filter_map(|k| events.get(k).cloned())
+            .collect()
+    }
+
+    /// Compacts the history up to the current version, as etcd's compaction does: a
+    /// watch or a continued list from an older version is then 410 `Expired`.
+    pub fn compact(&self) {
+        let mut s = self.shared.lock();
+        s.compacted = s.resource_version;
+        s.history.clear();
+        self.shared.changed.notify_all();
+    }
+
+    /// Cuts every open watch stream mid-stream (the TCP connection closed, no final chunk,
+    /// no TLS close_notify), as a dropped connection looks to the client.
+    pub fn drop_watches(&self) {
+        let mut s = self.shared.lock();
+        s.watch_epoch += 1;
+        self.shared.changed.notify_all();
+    }
+
+    /// An API server restart: every open connection cut (watches mid-stream), every new one
+    /// refused (reset right after accept) for `downtime`, the store kept as etcd keeps it.
+    /// Returns once the open watches are gone (at most a second).
+    pub fn restart(&self, downtime: Duration) {
+        {
+            let mut s = self.shared.lock();
+            s.watch_epoch += 1;
+            s.restart_epoch += 1;
+            s.down_until = Some(Instant::now() + downtime);
+            self.shared.changed.notify_all();
+        }
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while self.watch_count() > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The watch streams open now.
+    #[must_use]
+    pub fn watch_count(&self) -> usize {
+        self.shared.watches.load(Ordering::SeqCst)
     }
 
     /// Answers every request 403 (RBAC denies the ServiceAccount) while `on`.
     pub fn forbid(&self, on: bool) {
-        lock(&self.state).forbidden = on;
+        self.shared.lock().forbidden = on;
     }
 
     /// Holds every answer back by `delay`.
     pub fn set_delay(&self, delay: Duration) {
-        lock(&self.state).delay = delay;
+        self.shared.lock().delay = delay;
     }
 
-    /// Requests served so far: `"<method> <path> -> <status>"`, in order.
+    /// Requests served so far: `"<method> <path> -> <status>"` (the path without its
+    /// query; `"GET <path>?watch -> <status>"` for a watch), in order.
     #[must_use]
     pub fn requests(&self) -> Vec<String> {
-        lock(&self.state).requests.clone()
+        self.shared.lock().requests.clone()
     }
 }
 
 impl Drop for ApiServer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.changed.notify_all();
         if let Some(t) = self.accept.take() {
             let _ = t.join();
+        }
+        // The connections see the flag within a poll (or a write's time limit).
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        while self.shared.connections.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -323,20 +1154,27 @@ impl Drop for ApiServer {
 fn accept_loop(
     listener: &TcpListener,
     config: &Arc<rustls::ServerConfig>,
-    state: &Arc<Mutex<State>>,
-    stop: &Arc<AtomicBool>,
+    shared: &Arc<Shared>,
     token: &str,
 ) {
-    while !stop.load(Ordering::SeqCst) {
+    while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
-                let (config, state, stop, token) = (
-                    Arc::clone(config),
-                    Arc::clone(state),
-                    Arc::clone(stop),
-                    token.to_owned(),
-                );
-                thread::spawn(move || serve(stream, config, &state, &stop, &token));
+                let down = shared.lock().down_until;
+                if down.is_some_and(|t| Instant::now() < t) {
+                    // Restarting: the connection reset, as a port nobody listens on.
+                    let _ = socket2::SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                    drop(stream);
+                    continue;
+                }
+                let (config, shared, token) =
+                    (Arc::clone(config), Arc::clone(shared), token.to_owned());
+                // Counted before the thread starts, so that a drop right now waits for it.
+                shared.connections.fetch_add(1, Ordering::SeqCst);
+                thread::spawn(move || {
+                    let _live = Counted::adopt(&shared.connections);
+                    serve(stream, config, &shared, &token);
+                });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 thread::sleep(Duration::from_millis(10));
@@ -349,70 +1187,221 @@ fn accept_loop(
     }
 }
 
-/// Serves one request on `tcp` (TLS), bounded by socket timeouts.
-fn serve(
-    tcp: TcpStream,
-    config: Arc<rustls::ServerConfig>,
-    state: &Mutex<State>,
-    stop: &AtomicBool,
-    token: &str,
-) {
+type Tls = rustls::StreamOwned<rustls::ServerConnection, TcpStream>;
+
+/// A request as read from a connection.
+#[derive(Debug)]
+struct Request {
+    method: String,
+    /// The path, without the query.
+    path: String,
+    query: String,
+    auth: Option<String>,
+    content_type: String,
+    body: Vec<u8>,
+}
+
+/// Whether a connection of `epoch` must end: the server stops, or restarted since.
+fn ended(shared: &Shared, epoch: u64) -> bool {
+    shared.stop.load(Ordering::SeqCst) || shared.lock().restart_epoch != epoch
+}
+
+/// Closes the TCP connection under the TLS session (no close_notify, no final chunk), as
+/// a lost connection looks.
+fn cut(tls: &Tls) {
+    let _ = tls.sock.shutdown(Shutdown::Both);
+}
+
+/// Whether the client of a watch closed its side or sent something (its close_notify:
+/// an HTTP/1.1 client sends nothing else while a response streams).
+fn client_gone(sock: &TcpStream) -> bool {
+    let mut byte = 0u8;
+    // SAFETY: recv(2) peeks at most one byte into a local buffer, without blocking, on a
+    // descriptor the stream owns and keeps open for the call.
+    let n = unsafe {
+        libc::recv(
+            sock.as_raw_fd(),
+            (&raw mut byte).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        let e = std::io::Error::last_os_error();
+        return !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted
+        );
+    }
+    true
+}
+
+/// The head of the request at the start of `buf` if complete: the request (without its
+/// body) and the lengths of head and body; `Err` for a request not to be served.
+fn parse_head(buf: &[u8]) -> Result<Option<(Request, usize, usize)>, ()> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() <= 64 * 1024 => return Ok(None),
+        Ok(httparse::Status::Partial) | Err(_) => return Err(()),
+    };
+    let header = |name: &str| {
+        req.headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .map(|h| String::from_utf8_lossy(h.value).trim().to_owned())
+    };
+    // Chunked request bodies: no client of the stand-in sends them.
+    if header("transfer-encoding").is_some() {
+        return Err(());
+    }
+    let body_len = match header("content-length") {
+        Some(v) => v
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n <= MAX_BODY)
+            .ok_or(())?,
+        None => 0,
+    };
+    let target = req.path.unwrap_or_default();
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let request = Request {
+        method: req.method.unwrap_or_default().to_owned(),
+        path: path.to_owned(),
+        query: query.to_owned(),
+        auth: header("authorization"),
+        content_type: header("content-type").unwrap_or_default(),
+        body: Vec::new(),
+    };
+    Ok(Some((request, head_len, body_len)))
+}
+
+/// Reads the next request (head and body) within `limit`; `None` if the client closes,
+/// errs or is too slow, or the connection must end.
+fn read_request(
+    tls: &mut Tls,
+    buf: &mut Vec<u8>,
+    shared: &Shared,
+    epoch: u64,
+    limit: Duration,
+) -> Option<Request> {
+    let deadline = Instant::now() + limit;
+    let mut chunk = [0u8; 16 * 1024];
+    loop {
+        if !buf.is_empty() {
+            if let Some((mut req, head, body)) = parse_head(buf).ok()? {
+                if buf.len() >= head + body {
+                    req.body = buf[head..head + body].to_vec();
+                    buf.drain(..head + body);
+                    return Some(req);
+                }
+            }
+        }
+        match tls.read(&mut chunk) {
+            Ok(0) => return None,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::TimedOut
+                        | std::io::ErrorKind::Interrupted
+                ) =>
+            {
+                if Instant::now() >= deadline || ended(shared, epoch) {
+                    return None;
+                }
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Serves the requests of one connection (TLS): answers end it, a watch that ends by its
+/// timeout keeps it for the next request. Bounded by socket timeouts, polling for the
+/// server's end and restarts.
+fn serve(tcp: TcpStream, config: Arc<rustls::ServerConfig>, shared: &Shared, token: &str) {
+    let epoch = shared.lock().restart_epoch;
     let _ = tcp.set_nonblocking(false);
-    let _ = tcp.set_read_timeout(Some(Duration::from_secs(10)));
-    let _ = tcp.set_write_timeout(Some(Duration::from_secs(10)));
+    let _ = tcp.set_nodelay(true);
+    let _ = tcp.set_read_timeout(Some(POLL));
+    let _ = tcp.set_write_timeout(Some(WRITE_TIMEOUT));
     let Ok(conn) = rustls::ServerConnection::new(config) else {
         return;
     };
     let mut tls = rustls::StreamOwned::new(conn, tcp);
-    // The request head (the clients send no body with GET).
     let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let (method, path, auth) = loop {
-        if buf.len() > 64 * 1024 {
+    let mut limit = FIRST_REQUEST;
+    loop {
+        let Some(req) = read_request(&mut tls, &mut buf, shared, epoch, limit) else {
+            cut(&tls);
+            return;
+        };
+        limit = IDLE;
+        let delay = shared.lock().delay;
+        let until = Instant::now() + delay;
+        while Instant::now() < until && !ended(shared, epoch) {
+            thread::sleep(Duration::from_millis(20));
+        }
+        if ended(shared, epoch) {
+            cut(&tls);
             return;
         }
-        match tls.read(&mut chunk) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(_)) => {
-                let auth = req
-                    .headers
-                    .iter()
-                    .find(|h| h.name.eq_ignore_ascii_case("authorization"))
-                    .map(|h| String::from_utf8_lossy(h.value).into_owned());
-                break (
-                    req.method.unwrap_or_default().to_owned(),
-                    req.path.unwrap_or_default().to_owned(),
-                    auth,
-                );
+        let query = Query::parse(&req.query);
+        let logged = if req.method == "GET" && query.flag("watch") {
+            format!("{}?watch", req.path)
+        } else {
+            req.path.clone()
+        };
+        let answer = answer(shared, &req, &query, token);
+        let code = match &answer {
+            Answer::Full(code, _) => *code,
+            Answer::Watch(_) => 200,
+        };
+        shared
+            .lock()
+            .requests
+            .push(format!("{} {logged} -> {code}", req.method));
+        match answer {
+            Answer::Full(code, body) => {
+                respond(&mut tls, code, &body);
+                return;
             }
-            Ok(httparse::Status::Partial) => {}
-            Err(_) => return,
+            Answer::Watch(w) => {
+                if !stream_watch(&mut tls, shared, epoch, *w) {
+                    cut(&tls);
+                    return;
+                }
+            }
         }
-    };
-    let delay = lock(state).delay;
-    let until = Instant::now() + delay;
-    while Instant::now() < until && !stop.load(Ordering::SeqCst) {
-        thread::sleep(Duration::from_millis(20));
     }
-    let (code, body) = answer(state, &method, &path, auth.as_deref(), token);
-    lock(state)
-        .requests
-        .push(format!("{method} {path} -> {code}"));
-    let reason = match code {
+}
+
+fn reason_phrase(code: u16) -> &'static str {
+    match code {
         200 => "OK",
+        201 => "Created",
+        400 => "Bad Request",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
-        _ => "Method Not Allowed",
-    };
+        405 => "Method Not Allowed",
+        409 => "Conflict",
+        410 => "Gone",
+        415 => "Unsupported Media Type",
+        422 => "Unprocessable Entity",
+        504 => "Gateway Timeout",
+        _ => "Internal Server Error",
+    }
+}
+
+/// Sends a whole answer and closes the connection (`Connection: close`, close_notify).
+fn respond(tls: &mut Tls, code: u16, body: &Value) {
     let body = body.to_string();
     let head = format!(
-        "HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "HTTP/1.1 {code} {}\r\nContent-Type: application/json\r\nCache-Control: no-cache, private\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason_phrase(code),
         body.len()
     );
     let _ = tls.write_all(head.as_bytes());
@@ -422,93 +1411,607 @@ fn serve(
     let _ = tls.flush();
 }
 
-/// The status code and JSON body the API server would give.
-fn answer(
-    state: &Mutex<State>,
-    method: &str,
-    path: &str,
-    auth: Option<&str>,
-    token: &str,
-) -> (u16, Value) {
-    if auth != Some(format!("Bearer {token}").as_str()) {
-        return (401, status(401, "Unauthorized", "Unauthorized", None));
+/// What a request gets.
+#[derive(Debug)]
+enum Answer {
+    /// A status code and a JSON body.
+    Full(u16, Value),
+    /// A watch stream.
+    Watch(Box<Watch>),
+}
+
+/// A watch about to stream.
+#[derive(Debug)]
+struct Watch {
+    res: &'static Resource,
+    selector: Selector,
+    /// Changes after this version are sent.
+    from: u64,
+    /// Sent first as `ADDED` (the current objects, for a watch from `0` or unset).
+    initial: Vec<Value>,
+    /// A `k8s.io/initial-events-end` bookmark after them (`sendInitialEvents`).
+    initial_end: bool,
+    bookmarks: bool,
+    timeout: Duration,
+    /// A watch from a compacted version: this `ERROR` event, then the end.
+    expired: Option<Value>,
+    /// The [`State::watch_epoch`] it started in.
+    watch_epoch: u64,
+}
+
+/// The resource, namespace and name a path names.
+#[derive(Debug)]
+struct Route {
+    res: &'static Resource,
+    namespace: Option<String>,
+    name: Option<String>,
+}
+
+fn route(path: &str) -> Option<Route> {
+    RESOURCES.iter().find_map(|res| {
+        let rest = path.strip_prefix(res.prefix)?.strip_prefix('/')?;
+        let segs: Vec<&str> = rest.split('/').collect();
+        let (namespace, name) = match segs.as_slice() {
+            [p] if *p == res.plural => (None, None),
+            [p, n] if *p == res.plural && !res.namespaced && !n.is_empty() => (None, Some(*n)),
+            ["namespaces", ns, p] if *p == res.plural && res.namespaced && !ns.is_empty() => {
+                (Some(*ns), None)
+            }
+            ["namespaces", ns, p, n]
+                if *p == res.plural && res.namespaced && !ns.is_empty() && !n.is_empty() =>
+            {
+                (Some(*ns), Some(*n))
+            }
+            _ => return None,
+        };
+        Some(Route {
+            res,
+            namespace: namespace.map(str::to_owned),
+            name: name.map(str::to_owned),
+        })
+    })
+}
+
+fn bad_request(message: &str) -> Value {
+    status(400, "BadRequest", message, None)
+}
+
+fn not_found(res: &Resource, name: &str) -> Value {
+    status(
+        404,
+        "NotFound",
+        &format!("{} {name:?} not found", res.qualified()),
+        Some(res.details(Some(name))),
+    )
+}
+
+fn invalid(res: &Resource, name: &str, field: &str, message: &str) -> Value {
+    let mut details = res.details(Some(name));
+    details["causes"] =
+        json!([{"reason": "FieldValueRequired", "message": message, "field": field}]);
+    status(
+        422,
+        "Invalid",
+        &format!("{} {name:?} is invalid: {field}: {message}", res.kind),
+        Some(details),
+    )
+}
+
+/// The answer the API server would give `req` (`query` parsed from it).
+fn answer(shared: &Shared, req: &Request, query: &Query, token: &str) -> Answer {
+    use Answer::Full;
+    if req.auth.as_deref() != Some(format!("Bearer {token}").as_str()) {
+        return Full(401, status(401, "Unauthorized", "Unauthorized", None));
     }
-    let path = path.split('?').next().unwrap_or(path);
-    let s = lock(state);
-    let name = path
-        .strip_prefix("/api/v1/nodes/")
-        .filter(|n| !n.is_empty() && !n.contains('/'));
-    let list = path == "/api/v1/nodes";
-    if method != "GET" {
-        return (
-            405,
+    let Some(route) = route(&req.path) else {
+        return Full(
+            404,
             status(
-                405,
-                "MethodNotAllowed",
-                "the server does not allow this method on the requested resource",
-                None,
+                404,
+                "NotFound",
+                "the server could not find the requested resource",
+                Some(json!({})),
             ),
         );
-    }
-    if s.forbidden && (list || name.is_some()) {
-        let (verb, obj) = match name {
-            Some(n) => ("get", format!("nodes {n:?}")),
-            None => ("list", "nodes".to_owned()),
+    };
+    let (res, ns, name) = (
+        route.res,
+        route.namespace.as_deref(),
+        route.name.as_deref().unwrap_or_default(),
+    );
+    let verb = match (req.method.as_str(), route.name.is_some()) {
+        ("GET", true) => "get",
+        ("GET", false) if query.flag("watch") => "watch",
+        ("GET", false) => "list",
+        ("POST", false) if ns.is_some() || !res.namespaced => "create",
+        ("PATCH", true) => "patch",
+        ("DELETE", true) => "delete",
+        _ => {
+            return Full(
+                405,
+                status(
+                    405,
+                    "MethodNotAllowed",
+                    "the server does not allow this method on the requested resource",
+                    None,
+                ),
+            )
+        }
+    };
+    let mut s = shared.lock();
+    if s.forbidden {
+        let obj = match route.name.as_deref() {
+            Some(n) => format!("{} {n:?}", res.qualified()),
+            None => res.qualified(),
+        };
+        let scope = match ns {
+            Some(ns) => format!("in the namespace {ns:?}"),
+            None => "at the cluster scope".to_owned(),
         };
         let message = format!(
-            "{obj} is forbidden: User \"{SERVICE_ACCOUNT}\" cannot {verb} resource \"nodes\" in API group \"\" at the cluster scope"
+            "{obj} is forbidden: User \"{SERVICE_ACCOUNT}\" cannot {verb} resource \"{}\" in API group \"{}\" {scope}",
+            res.plural, res.group
         );
-        let details = match name {
-            Some(n) => json!({"name": n, "kind": "nodes"}),
-            None => json!({"kind": "nodes"}),
-        };
-        return (403, status(403, "Forbidden", &message, Some(details)));
+        let details = res.details(route.name.as_deref());
+        return Full(403, status(403, "Forbidden", &message, Some(details)));
     }
-    if let Some(n) = name {
-        return match s.nodes.get(n) {
-            Some(node) => (200, node.clone()),
-            None => (
-                404,
-                status(
-                    404,
-                    "NotFound",
-                    &format!("nodes {n:?} not found"),
-                    Some(json!({"name": n, "kind": "nodes"})),
-                ),
-            ),
-        };
+    let (code, body) = match verb {
+        "get" => match s
+            .objects
+            .get(res.plural)
+            .and_then(|m| m.get(&object_key(res, ns, name)))
+        {
+            Some(o) => (200, res.typed(o.clone())),
+            None => (404, not_found(res, name)),
+        },
+        "list" => list(&s, res, ns, query),
+        "watch" => return watch(&s, res, ns, query),
+        "create" => create(&mut s, res, ns, req),
+        "patch" => patch(&mut s, res, ns, name, req),
+        _ => match s.write(res, ns, name, None) {
+            Some(o) => (200, res.typed(o)),
+            None => (404, not_found(res, name)),
+        },
+    };
+    if code < 300 && verb != "get" && verb != "list" {
+        shared.changed.notify_all();
     }
-    if list {
-        let items: Vec<Value> = s
-            .nodes
-            .values()
-            .map(|n| {
-                let mut n = n.clone();
-                if let Some(o) = n.as_object_mut() {
-                    // Items of a list carry no kind/apiVersion of their own.
-                    o.remove("kind");
-                    o.remove("apiVersion");
+    Full(code, body)
+}
+
+/// A list (one page of it).
+fn list(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> (u16, Value) {
+    let sel = match Selector::parse(res, ns, q.get("labelSelector"), q.get("fieldSelector")) {
+        Ok(sel) => sel,
+        Err(m) => return (400, bad_request(&m)),
+    };
+    let limit = match q.get("limit") {
+        "" => 0,
+        l => match l.parse::<usize>() {
+            Ok(n) => n,
+            Err(_) => return (400, bad_request(&format!("invalid limit: {l:?}"))),
+        },
+    };
+    let current = s.resource_version;
+    let (at, start) = match q.get("continue") {
+        "" => match q.get("resourceVersion") {
+            "" | "0" => (current, None),
+            rv => {
+                let Ok(n) = rv.parse::<u64>() else {
+                    return (
+                        400,
+                        bad_request(&format!("invalid resource version: {rv:?}")),
+                    );
+                };
+                if n > current {
+                    let message = format!("Too large resource version: {n}, current: {current}");
+                    let details = json!({
+                        "causes": [{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}],
+                        "retryAfterSeconds": 1
+                    });
+                    return (504, status(504, "Timeout", &message, Some(details)));
                 }
-                n
-            })
-            .collect();
-        return (
-            200,
-            json!({
-                "kind": "NodeList",
-                "apiVersion": "v1",
-                "metadata": {"resourceVersion": s.resource_version.to_string()},
-                "items": items
-            }),
-        );
+                let matching = q.get("resourceVersionMatch");
+                let exact = matching == "Exact" || (matching.is_empty() && limit > 0);
+                if !exact {
+                    (current, None)
+                } else if n < s.compacted {
+                    let message = format!("too old resource version: {n} ({})", s.compacted);
+                    return (410, status(410, "Expired", &message, None));
+                } else {
+                    (n, None)
+                }
+            }
+        },
+        token => match decode_continue(token) {
+            Some((at, start)) if at >= s.compacted && at <= current => (at, Some(start)),
+            _ => {
+                let message = "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.";
+                return (410, status(410, "Expired", message, None));
+            }
+        },
+    };
+    let snapshot;
+    let empty = BTreeMap::new();
+    let objects = if at == current {
+        s.objects.get(res.plural).unwrap_or(&empty)
+    } else {
+        snapshot = s.snapshot(res.plural, at);
+        &snapshot
+    };
+    let lower = start.map_or(Bound::Unbounded, Bound::Included);
+    let in_scope = |k: &str| {
+        sel.namespace
+            .as_deref()
+            .is_none_or(|n| k.strip_prefix(n).is_some_and(|r| r.starts_with('/')))
+    };
+    let (mut items, mut last, mut remaining) = (Vec::new(), None, 0usize);
+    for (k, o) in objects.range::<String, _>((lower, Bound::Unbounded)) {
+        if !in_scope(k) {
+            continue;
+        }
+        if limit > 0 && items.len() == limit {
+            remaining += 1;
+            continue;
+        }
+        if sel.matches(k, o) {
+            let mut item = o.clone();
+            if let Some(obj) = item.as_object_mut() {
+                // Items of a list carry no kind/apiVersion of their own.
+                obj.remove("kind");
+                obj.remove("apiVersion");
+            }
+            items.push(item);
+            last = Some(k.as_str());
+        }
+    }
+    let mut meta = json!({"resourceVersion": at.to_string()});
+    if remaining > 0 {
+        if let Some(last) = last {
+            meta["continue"] = json!(encode_continue(at, &format!("{last}\u{0}")));
+            if !sel.has_selectors() {
+                meta["remainingItemCount"] = json!(remaining);
+            }
+        }
     }
     (
-        404,
-        status(
-            404,
-            "NotFound",
-            "the server could not find the requested resource",
-            Some(json!({})),
-        ),
+        200,
+        json!({
+            "kind": format!("{}List", res.kind),
+            "apiVersion": res.api_version,
+            "metadata": meta,
+            "items": items
+        }),
     )
+}
+
+/// A watch's start (or its 400).
+fn watch(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> Answer {
+    let selector = match Selector::parse(res, ns, q.get("labelSelector"), q.get("fieldSelector")) {
+        Ok(sel) => sel,
+        Err(m) => return Answer::Full(400, bad_request(&m)),
+    };
+    let timeout = match q.get("timeoutSeconds") {
+        "" | "0" => DEFAULT_WATCH_TIMEOUT,
+        t => match t.parse::<u64>() {
+            Ok(n) => Duration::from_secs(n),
+            Err(_) => {
+                return Answer::Full(400, bad_request(&format!("invalid timeoutSeconds: {t:?}")))
+            }
+        },
+    };
+    let initial_end = q.flag("sendInitialEvents");
+    let mut w = Watch {
+        res,
+        selector,
+        from: s.resource_version,
+        initial: Vec::new(),
+        initial_end,
+        bookmarks: q.flag("allowWatchBookmarks"),
+        timeout,
+        expired: None,
+        watch_epoch: s.watch_epoch,
+    };
+    match q.get("resourceVersion") {
+        _ if initial_end => {}
+        "" | "0" => {}
+        rv => {
+            let Ok(n) = rv.parse::<u64>() else {
+                return Answer::Full(
+                    400,
+                    bad_request(&format!("invalid resource version: {rv:?}")),
+                );
+            };
+            if n < s.compacted {
+                let message = format!("too old resource version: {n} ({})", s.compacted);
+                w.expired = Some(status(410, "Expired", &message, None));
+            }
+            w.from = n;
+            return Answer::Watch(Box::new(w));
+        }
+    }
+    w.initial = s
+        .objects
+        .get(res.plural)
+        .into_iter()
+        .flatten()
+        .filter(|(k, o)| w.selector.matches(k, o))
+        .map(|(_, o)| res.typed(o.clone()))
+        .collect();
+    Answer::Watch(Box::new(w))
+}
+
+/// `POST` of a new object.
+fn create(s: &mut State, res: &'static Resource, ns: Option<&str>, req: &Request) -> (u16, Value) {
+    let unknown = "the body of the request was in an unknown format - accepted media types include: application/json";
+    let mut obj = match serde_json::from_slice::<Value>(&req.body) {
+        Ok(v) if v.is_object() => v,
+        _ => return (400, bad_request(unknown)),
+    };
+    let meta_ns = obj["metadata"]["namespace"]
+        .as_str()
+        .filter(|n| !n.is_empty());
+    if res.namespaced && meta_ns.is_some_and(|m| Some(m) != ns) {
+        return (
+            400,
+            bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ),
+        );
+    }
+    let name = match (
+        obj["metadata"]["name"].as_str().filter(|n| !n.is_empty()),
+        obj["metadata"]["generateName"]
+            .as_str()
+            .filter(|n| !n.is_empty()),
+    ) {
+        (Some(n), _) => n.to_owned(),
+        (None, Some(g)) => format!("{g}{}", random_suffix()),
+        (None, None) => {
+            let message = "name or generateName is required";
+            return (422, invalid(res, "", "metadata.name", message));
+        }
+    };
+    if name.contains('/') {
+        let message = "may not contain '/'";
+        return (422, invalid(res, &name, "metadata.name", message));
+    }
+    let key = object_key(res, ns, &name);
+    if s.objects
+        .get(res.plural)
+        .is_some_and(|m| m.contains_key(&key))
+    {
+        let message = format!("{} {name:?} already exists", res.qualified());
+        return (
+            409,
+            status(
+                409,
+                "AlreadyExists",
+                &message,
+                Some(res.details(Some(&name))),
+            ),
+        );
+    }
+    if let Some(m) = obj["metadata"].as_object_mut() {
+        // The server's to set.
+        for field in ["uid", "resourceVersion", "creationTimestamp"] {
+            m.remove(field);
+        }
+    }
+    if let Some(o) = obj.as_object_mut() {
+        o.insert("kind".into(), json!(res.kind));
+        o.insert("apiVersion".into(), json!(res.api_version));
+    }
+    match s.write(res, ns, &name, Some(obj)) {
+        Some(stored) => (201, res.typed(stored)),
+        None => (500, status(500, "InternalError", "not stored", None)),
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    if let Value::Object(t) = target {
+        for (k, v) in p {
+            if v.is_null() {
+                t.remove(k);
+            } else {
+                merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+    }
+}
+
+/// `PATCH` of an object: merge patches (`application/merge-patch+json`; a strategic
+/// merge patch is taken as one), with `metadata.resourceVersion` as a precondition.
+fn patch(
+    s: &mut State,
+    res: &'static Resource,
+    ns: Option<&str>,
+    name: &str,
+    req: &Request,
+) -> (u16, Value) {
+    let media = req
+        .content_type
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim();
+    if !matches!(
+        media,
+        "application/merge-patch+json" | "application/strategic-merge-patch+json"
+    ) {
+        let message = format!(
+            "the body of the request was in an unknown format - accepted media types include: application/merge-patch+json, application/strategic-merge-patch+json (the stand-in's), not {media:?}"
+        );
+        return (415, status(415, "UnsupportedMediaType", &message, None));
+    }
+    let Ok(p) = serde_json::from_slice::<Value>(&req.body) else {
+        return (400, bad_request("the body of the request is not JSON"));
+    };
+    let key = object_key(res, ns, name);
+    let Some(mut obj) = s.objects.get(res.plural).and_then(|m| m.get(&key)).cloned() else {
+        return (404, not_found(res, name));
+    };
+    if let Some(want) = p["metadata"]["resourceVersion"].as_str() {
+        if Some(want) != obj["metadata"]["resourceVersion"].as_str() {
+            let message = format!(
+                "Operation cannot be fulfilled on {} {name:?}: the object has been modified; please apply your changes to the latest version and try again",
+                res.qualified()
+            );
+            return (
+                409,
+                status(409, "Conflict", &message, Some(res.details(Some(name)))),
+            );
+        }
+    }
+    merge_patch(&mut obj, &p);
+    match s.write(res, ns, name, Some(obj)) {
+        Some(stored) => (200, res.typed(stored)),
+        None => (500, status(500, "InternalError", "not stored", None)),
+    }
+}
+
+/// A `BOOKMARK` event at `rv`.
+fn bookmark(res: &Resource, rv: u64, initial_end: bool) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if initial_end {
+        meta["annotations"] = json!({"k8s.io/initial-events-end": "true"});
+    }
+    json!({
+        "type": "BOOKMARK",
+        "object": {"kind": res.kind, "apiVersion": res.api_version, "metadata": meta}
+    })
+}
+
+/// The events of the changes after `from` that a watch of `res` with `sel` sees: an
+/// object that leaves the selection is `DELETED` (its previous state at the change's
+/// version), one that enters it `ADDED`, as the API server's watch cache has it.
+fn changes_since(s: &State, res: &Resource, sel: &Selector, from: u64, out: &mut Vec<Value>) {
+    let first = s.history.partition_point(|c| c.rv <= from);
+    for c in s.history.range(first..) {
+        if c.resource != res.plural {
+            continue;
+        }
+        let now_in = c.kind != ChangeType::Deleted && sel.matches(&c.key, &c.object);
+        let was_in = c.prev.as_ref().is_some_and(|p| sel.matches(&c.key, p));
+        let (kind, object) = match (was_in, now_in) {
+            (true, true) => ("MODIFIED", c.object.clone()),
+            (false, true) => ("ADDED", c.object.clone()),
+            (true, false) if c.kind == ChangeType::Deleted => ("DELETED", c.object.clone()),
+            (true, false) => {
+                let mut old = c.prev.clone().unwrap_or_default();
+                old["metadata"]["resourceVersion"] = json!(c.rv.to_string());
+                ("DELETED", old)
+            }
+            (false, false) => continue,
+        };
+        out.push(json!({"type": kind, "object": res.typed(object)}));
+    }
+}
+
+/// Sends `events` as chunks of one JSON line each.
+fn send(tls: &mut Tls, events: &[Value]) -> bool {
+    let mut out = Vec::new();
+    for e in events {
+        let line = format!("{e}\n");
+        out.extend_from_slice(format!("{:x}\r\n", line.len()).as_bytes());
+        out.extend_from_slice(line.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    tls.write_all(&out).and_then(|()| tls.flush()).is_ok()
+}
+
+/// The final chunk: the stream ends as the API server ends it.
+fn finish(tls: &mut Tls) -> bool {
+    tls.write_all(b"0\r\n\r\n")
+        .and_then(|()| tls.flush())
+        .is_ok()
+}
+
+/// Streams a watch. `true` if it ended by itself (timeout, expired) with the final
+/// chunk, the connection fit for the next request; `false` if it must be cut.
+fn stream_watch(tls: &mut Tls, shared: &Shared, epoch: u64, w: Watch) -> bool {
+    let _open = Counted::new(&shared.watches);
+    let head = "HTTP/1.1 200 OK\r\nCache-Control: no-cache, private\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    if tls
+        .write_all(head.as_bytes())
+        .and_then(|()| tls.flush())
+        .is_err()
+    {
+        return false;
+    }
+    let res = w.res;
+    let mut from = w.from;
+    let mut first: Vec<Value> = w
+        .initial
+        .into_iter()
+        .map(|o| json!({"type": "ADDED", "object": o}))
+        .collect();
+    if w.initial_end {
+        first.push(bookmark(res, from, true));
+    }
+    if let Some(err) = w.expired {
+        first.push(json!({"type": "ERROR", "object": err}));
+        return send(tls, &first) && finish(tls);
+    }
+    if !first.is_empty() && !send(tls, &first) {
+        return false;
+    }
+    let deadline = Instant::now() + w.timeout;
+    let mut last_sent = Instant::now();
+    loop {
+        let mut events = Vec::new();
+        // Whether the stream ends after these events.
+        let end = {
+            let mut s = shared.lock();
+            loop {
+                if shared.stop.load(Ordering::SeqCst)
+                    || s.restart_epoch != epoch
+                    || s.watch_epoch != w.watch_epoch
+                {
+                    return false;
+                }
+                if from < s.compacted {
+                    // Changes it has not seen yet were compacted away under it.
+                    let message = format!("too old resource version: {from} ({})", s.compacted);
+                    let err = status(410, "Expired", &message, None);
+                    events.push(json!({"type": "ERROR", "object": err}));
+                    break true;
+                }
+                changes_since(&s, res, &w.selector, from, &mut events);
+                from = from.max(s.resource_version);
+                let now = Instant::now();
+                let timed_out = now >= deadline;
+                if timed_out || !events.is_empty() {
+                    break timed_out;
+                }
+                if w.bookmarks && now.duration_since(last_sent) >= BOOKMARK_EVERY {
+                    events.push(bookmark(res, from, false));
+                    break false;
+                }
+                if client_gone(&tls.sock) {
+                    return false;
+                }
+                let wait = POLL.min(deadline - now);
+                s = match shared.changed.wait_timeout(s, wait) {
+                    Ok((s, _)) => s,
+                    Err(poisoned) => poisoned.into_inner().0,
+                };
+            }
+        };
+        if !events.is_empty() && !send(tls, &events) {
+            return false;
+        }
+        last_sent = Instant::now();
+        if end {
+            return finish(tls);
+        }
+    }
 }

@@ -483,3 +483,263 @@ fn an_add_on_enforcers_forward_rules_see_same_node_traffic_when_the_fast_path_is
         let _ = &ipc;
     }
 }
+
+/// Whether `a` (in `netns`) gets the greeting of the server at `addr` within `within`.
+fn reaches(netns: &std::path::Path, addr: &str, within: std::time::Duration) -> bool {
+    let to: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+    tests::net::in_netns(netns, move || {
+        std::net::TcpStream::connect_timeout(&to, within)
+            .and_then(|s| datapath_support::read_line(&s))
+            .is_ok_and(|l| !l.is_empty())
+    })
+}
+
+/// The policy generation in force on the node's network (0: the agent never swapped).
+fn generation(node: &tests::SimNode) -> u32 {
+    let Some(pin) = find_pin(node.pin_root(), "POLICY_STATE") else {
+        return 0;
+    };
+    let out = node.exec(&[
+        "bpftool",
+        "-j",
+        "map",
+        "dump",
+        "pinned",
+        &pin.display().to_string(),
+    ]);
+    let doc: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+    let bytes: Vec<u8> = doc[0]["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b.as_str())
+        .filter_map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).ok())
+        .collect();
+    bytes
+        .get(4..8)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+}
+
+fn find_pin(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
+    for e in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
+        let p = e.path();
+        if p.file_name().is_some_and(|n| n == name) {
+            return Some(p);
+        }
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            if let Some(found) = find_pin(&p, name) {
+                return Some(found);
+            }
+        }
+    }
+    None
+}
+
+/// A NetworkPolicy object of namespace `x` as the API serves it.
+fn policy_object(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": "x", "name": name},
+        "spec": spec,
+    })
+}
+
+/// The agent against the stand-in API server, on one node with pods of namespace `x`:
+/// policies put, changed and deleted through the API take effect within a second; it
+/// recovers by itself from a dropped watch, a compacted history (410 Gone) and an API
+/// server restart; a pod ADDed under a default-deny policy sends and receives nothing
+/// before its own rules are in force; and a killed agent's policy stays in force, its
+/// successor changing nothing.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
+    use std::time::{Duration, Instant};
+
+    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::{plugin_bin, ApiServer, Background, SimNode, EXT_IP4};
+
+    const SOON: Duration = Duration::from_millis(300);
+    let node = SimNode::new("np_agent");
+    let api = ApiServer::start(node.ext_netns(), EXT_IP4);
+    let ns = tests::netpol::namespace("x", &[("ns", "x")]);
+    api.put("namespaces", serde_json::to_value(&ns).unwrap_or_default());
+    let conf = masq_conf(&node);
+    let add = |name: &str| {
+        let pod = node.pod(name);
+        let env = pod
+            .env("eth0")
+            .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
+        let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
+        (pod, ip)
+    };
+    let publish = |name: &str, ip: &str| {
+        let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+        let pod = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
+        api.put("pods", serde_json::to_value(&pod).unwrap_or_default());
+    };
+    let (a, ipa) = add("a");
+    let (b, ipb) = add("b");
+    publish("a", &ipa);
+    publish("b", &ipb);
+    let _sb = TaggedServer::start(b.netns(), 8080, "b", Mode::Greet);
+    let _sa = TaggedServer::start(a.netns(), 8080, "a", Mode::Greet);
+    let to_b = format!("{ipb}:8080");
+
+    let log = node.dir().join("agent.log");
+    let start_agent = || {
+        let (bin, url, sa, pins) = (
+            plugin_bin(),
+            api.url(),
+            api.sa_dir().display().to_string(),
+            node.pin_root().display().to_string(),
+        );
+        Background::spawn_logged(
+            node.netns(),
+            &[
+                bin.to_str().unwrap_or_default(),
+                "agent",
+                "--listen",
+                "127.0.0.1:0",
+                "--bpffs-root",
+                &pins,
+                "--api-server",
+                &url,
+                "--service-account-dir",
+                &sa,
+                "--api-timeout",
+                "5",
+            ],
+            &log,
+        )
+    };
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut agent = start_agent();
+    assert!(
+        wait_until(Duration::from_secs(10), || generation(&node) >= 1),
+        "the agent's first round never came:\n{}",
+        agent_log()
+    );
+    assert!(reaches(a.netns(), &to_b, SOON), "no policy: a reaches b");
+
+    // A policy through the API: b admits only app=c. In force within a second.
+    let only_c = policy_object(
+        "b-from-c",
+        json!({"podSelector": {"matchLabels": {"app": "b"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "c"}}}]}]}),
+    );
+    let put_at = Instant::now();
+    api.put("networkpolicies", only_c.clone());
+    assert!(
+        wait_until(Duration::from_secs(3), || !reaches(a.netns(), &to_b, SOON)),
+        "the policy never came into force:\n{}",
+        agent_log()
+    );
+    let took = put_at.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "API write → enforced took {took:?}"
+    );
+    assert!(
+        reaches(b.netns(), &format!("{ipa}:8080"), SOON),
+        "a is not selected"
+    );
+
+    // A dropped watch: the change after it still arrives.
+    api.drop_watches();
+    let admit_a = policy_object(
+        "b-from-c",
+        json!({"podSelector": {"matchLabels": {"app": "b"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}),
+    );
+    api.put("networkpolicies", admit_a);
+    assert!(
+        wait_until(Duration::from_secs(5), || reaches(a.netns(), &to_b, SOON)),
+        "after a dropped watch:\n{}",
+        agent_log()
+    );
+
+    // History compacted while the watch is cut: 410 Gone, the agent lists again.
+    api.compact();
+    api.drop_watches();
+    api.put("networkpolicies", only_c.clone());
+    api.compact();
+    assert!(
+        wait_until(Duration::from_secs(8), || !reaches(a.netns(), &to_b, SOON)),
+        "after a 410:\n{}",
+        agent_log()
+    );
+    let policy_lists = || {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET /apis/networking.k8s.io/v1/networkpolicies -> 200"))
+            .count()
+    };
+    assert!(
+        policy_lists() >= 2,
+        "the 410 must have made the agent list again: {:?}",
+        api.requests()
+    );
+
+    // An API server restart: the policy in force stays, and later changes arrive.
+    api.restart(Duration::from_millis(1500));
+    assert!(
+        !reaches(a.netns(), &to_b, SOON),
+        "unchanged while the API is away"
+    );
+    api.delete("networkpolicies", Some("x"), "b-from-c");
+    assert!(
+        wait_until(Duration::from_secs(10), || reaches(a.netns(), &to_b, SOON)),
+        "after an API server restart:\n{}",
+        agent_log()
+    );
+
+    // Default deny in x, ingress from app=d to a. A new pod d starts closed: nothing it
+    // sends passes before its rules are in force, which its Pod object brings.
+    let deny = policy_object(
+        "deny",
+        json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+    );
+    let from_d = policy_object(
+        "a-from-d",
+        json!({"podSelector": {"matchLabels": {"app": "a"}},
+               "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "d"}}}]}]}),
+    );
+    api.put("networkpolicies", deny);
+    api.put("networkpolicies", from_d);
+    assert!(wait_until(Duration::from_secs(3), || !reaches(
+        b.netns(),
+        &format!("{ipa}:8080"),
+        SOON
+    )));
+    let (d, ipd) = add("d");
+    let to_a = format!("{ipa}:8080");
+    let added_at = Instant::now();
+    assert!(
+        !reaches(d.netns(), &to_a, SOON),
+        "d sent before the agent knew it"
+    );
+    publish("d", &ipd);
+    assert!(
+        wait_until(Duration::from_secs(3), || reaches(d.netns(), &to_a, SOON)),
+        "d never opened:\n{}",
+        agent_log()
+    );
+    eprintln!("ADD → d's policy in force: {:?}", added_at.elapsed());
+
+    // The agent killed: what is in force stays; its successor swaps nothing.
+    let before = generation(&node);
+    drop(agent);
+    assert!(reaches(d.netns(), &to_a, SOON));
+    assert!(!reaches(b.netns(), &to_a, SOON));
+    agent = start_agent();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        generation(&node),
+        before,
+        "a restarted agent changed the policy"
+    );
+    assert!(reaches(d.netns(), &to_a, SOON));
+    assert!(!reaches(b.netns(), &to_a, SOON));
+    assert!(agent.running(), "the agent exited:\n{}", agent_log());
+}
