@@ -193,22 +193,8 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
 /// Attaches `new` where the program `old_id` is attached at `t`, in the same mode,
 /// replacing it atomically. Not attached there: left alone (CHECK reports it).
 fn swap_tc(new: &mut SchedClassifier, old_id: u32, t: &TcTarget) -> Result<()> {
-    let policy = match attach::attached(&t.ifname, t.ifindex, t.dir, old_id, &t.link_pin, t.handle)?
-    {
-        Some(AttachMode::Tc) => AttachPolicy::Tc,
-        Some(AttachMode::Tcx) => AttachPolicy::Tcx,
-        None => return Ok(()),
-    };
-    attach::attach(
-        new,
-        &t.ifname,
-        t.ifindex,
-        t.dir,
-        &t.link_pin,
-        t.handle,
-        policy,
-    )?;
-    Ok(())
+    let mode = attach::attached(&t.ifname, t.ifindex, t.dir, old_id, &t.link_pin, t.handle)?;
+    attach_in(new, t, mode)
 }
 
 /// Attaches `new` at `t` (a pod's host veth) in the mode `from_pod` (`from_pod_id`)
@@ -220,14 +206,20 @@ fn attach_beside(
     t: &TcTarget,
 ) -> Result<()> {
     let from_pod_pin = dp.pins.endpoint_link(&t.ifname);
-    let policy = match attach::attached(
+    let mode = attach::attached(
         &t.ifname,
         t.ifindex,
         TcAttachType::Ingress,
         from_pod_id,
         &from_pod_pin,
         t.handle,
-    )? {
+    )?;
+    attach_in(new, t, mode)
+}
+
+/// Attaches `new` at `t` in `mode` (`None`: not at all).
+fn attach_in(new: &mut SchedClassifier, t: &TcTarget, mode: Option<AttachMode>) -> Result<()> {
+    let policy = match mode {
         Some(AttachMode::Tc) => AttachPolicy::Tc,
         Some(AttachMode::Tcx) => AttachPolicy::Tcx,
         None => return Ok(()),
