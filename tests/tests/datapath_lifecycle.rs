@@ -261,6 +261,7 @@ fn del_leaves_no_map_entry_link_or_pin_of_the_pod() {
         "ENDPOINTS6",
         "PORTMAPS6",
         "NAT6",
+        "POLICY_ENDPOINTS",
     ] {
         let mut left = dump_map(&node, map);
         // NAT_USE keys 0 and u32::MAX are the IPv4 and IPv6 tables' sweep clocks, not

@@ -217,11 +217,17 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     assert_eq!(new_markers[0], format!("{}-next", old_markers[0]));
     let new_from_pod = pinned_id(&node, "from_pod");
     assert_ne!(new_from_pod, old_from_pod, "from_pod was not replaced");
+    let new_to_pod = pinned_id(&node, "to_pod");
     for v in [&veth_a, &veth_b, &host_veth(&node, &c)] {
         assert_eq!(
             filter_ids(&node, v, "ingress"),
             [new_from_pod],
             "from_pod on {v}"
+        );
+        assert_eq!(
+            filter_ids(&node, v, "egress"),
+            [new_to_pod],
+            "to_pod on {v}"
         );
     }
     for (hook, prog) in [("ingress", "uplink_ingress"), ("egress", "uplink_egress")] {
