@@ -64,8 +64,8 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(
         rules.len(),
-        2,
-        "read access to what install, host-gw and policy read"
+        3,
+        "read access to what install, host-gw and policy read; Events"
     );
     assert_eq!(strings(&rules[0]["apiGroups"]), [""]);
     assert_eq!(
@@ -74,9 +74,16 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
     );
     assert_eq!(strings(&rules[1]["apiGroups"]), ["networking.k8s.io"]);
     assert_eq!(strings(&rules[1]["resources"]), ["networkpolicies"]);
-    for r in rules {
+    for r in &rules[..2] {
         assert_eq!(strings(&r["verbs"]), ["get", "list", "watch"], "read only");
     }
+    assert_eq!(strings(&rules[2]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&rules[2]["resources"]), ["events"]);
+    assert_eq!(
+        strings(&rules[2]["verbs"]),
+        ["create", "patch"],
+        "Events only"
+    );
     let binding = kind(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
     assert_eq!(binding["subjects"][0]["name"], sa["metadata"]["name"]);

@@ -742,4 +742,28 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
     assert!(reaches(d.netns(), &to_a, SOON));
     assert!(!reaches(b.netns(), &to_a, SOON));
     assert!(agent.running(), "the agent exited:\n{}", agent_log());
+
+    // A policy the datapath cannot represent closes the pods it selects, and says so with
+    // an Event on each.
+    api.put(
+        "networkpolicies",
+        policy_object(
+            "broken",
+            json!({"podSelector": {"matchLabels": {"app": "b"}},
+                   "ingress": [{"from": [{"ipBlock": {"cidr": "10.0.0.0/33"}}]}]}),
+        ),
+    );
+    let reported = || {
+        api.events().iter().any(|e| {
+            e["reason"] == "NetworkPolicyNotEnforceable"
+                && e["regarding"]["name"] == "b"
+                && e["type"] == "Warning"
+        })
+    };
+    assert!(
+        wait_until(Duration::from_secs(5), reported),
+        "no Event on pod b: {:?}\n{}",
+        api.events(),
+        agent_log()
+    );
 }

@@ -14,7 +14,7 @@
 //!   without pins yet is skipped until its first pod loads it.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     path::{Path, PathBuf},
     sync::Arc,
     time::Duration,
@@ -27,10 +27,11 @@ use k8s_openapi::api::{
 };
 use kube::{
     runtime::{
+        events::{Event, EventType, Recorder, Reporter},
         reflector::{self, Store},
         watcher, WatchStreamExt as _,
     },
-    Api, Client,
+    Api, Client, Resource as _,
 };
 use tokio::sync::Notify;
 
@@ -161,11 +162,16 @@ struct Enforcer {
     root: PathBuf,
     named: Vec<String>,
     networks: BTreeMap<PathBuf, (Datapath, Reconciler, Vec<(u32, u64, u64)>)>,
+    /// Pods closed by a policy the datapath cannot hold, and why: each reported once
+    /// (an Event on the pod) until the reason changes.
+    closed: BTreeSet<(String, String)>,
 }
 
 impl Enforcer {
-    /// A round on every network; `only_if_interfaces_changed` for the tick.
-    fn round(&mut self, view: &View, only_if_interfaces_changed: bool) {
+    /// A round on every network; `only_if_interfaces_changed` for the tick. Returns the
+    /// pods closed by a policy that cannot be held and not reported yet (`ns/name`, why).
+    fn round(&mut self, view: &View, only_if_interfaces_changed: bool) -> Vec<(String, String)> {
+        let mut fresh = Vec::new();
         for dir in networks(&self.root, &self.named) {
             if !self.networks.contains_key(&dir) {
                 match Datapath::open_at(&dir) {
@@ -197,8 +203,11 @@ impl Enforcer {
             match rec.reconcile(dp, &cluster, &policies) {
                 Ok(round) => {
                     *seen = interfaces(dp);
-                    for (pod, why) in &round.closed {
-                        tracing::warn!("pod {pod} is closed: {why}");
+                    for (pod, why) in round.closed {
+                        if self.closed.insert((pod.clone(), why.clone())) {
+                            tracing::warn!("pod {pod} is closed: {why}");
+                            fresh.push((pod, why));
+                        }
                     }
                     for (policy, why) in &round.broken {
                         tracing::warn!("policy {policy} cannot be enforced: {why}");
@@ -222,6 +231,34 @@ impl Enforcer {
                 }
             }
         }
+        fresh
+    }
+}
+
+/// A Warning Event on each pod in `closed` (`ns/name`, why), as `kubectl describe pod`
+/// shows it. An Event that cannot be written is logged; the pod stays closed either way.
+async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>) {
+    for (pod, why) in closed {
+        let Some((ns, name)) = pod.split_once('/') else {
+            continue;
+        };
+        let Some(object) = view.pods.state().into_iter().find(|p| {
+            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
+        }) else {
+            continue;
+        };
+        let mut note = format!("closed to all traffic but its node's: {why}");
+        note.truncate(1000);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "NetworkPolicyNotEnforceable".into(),
+            note: Some(note),
+            action: "EnforceNetworkPolicy".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &object.object_ref(&())).await {
+            tracing::warn!("an Event on pod {pod}: {e}");
+        }
     }
 }
 
@@ -234,6 +271,7 @@ pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
             root: root.to_owned(),
             named: named.to_vec(),
             networks: BTreeMap::new(),
+            closed: BTreeSet::new(),
         };
         let client = loop {
             match ApiClient::new(api) {
@@ -244,6 +282,13 @@ pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
                 }
             }
         };
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "cni-ebpf-agent".into(),
+                instance: std::env::var("NODE_NAME").ok(),
+            },
+        );
         let (view, mut events) = start(&client);
         let changed = Arc::new(Notify::new());
         {
@@ -260,16 +305,18 @@ pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
             return Err(Error::datapath("NetworkPolicy", "the watchers stopped"));
         }
         tracing::info!("NetworkPolicy: namespaces, pods and policies listed; watching");
-        enforcer.round(&view, false);
+        let closed = enforcer.round(&view, false);
+        report(&recorder, &view, closed).await;
         let mut tick = tokio::time::interval(TICK);
         loop {
-            tokio::select! {
+            let closed = tokio::select! {
                 () = changed.notified() => {
                     tokio::time::sleep(SETTLE).await;
-                    enforcer.round(&view, false);
+                    enforcer.round(&view, false)
                 }
                 _ = tick.tick() => enforcer.round(&view, true),
-            }
+            };
+            report(&recorder, &view, closed).await;
         }
     })
 }
