@@ -157,11 +157,14 @@ fn interfaces(dp: &Datapath) -> Vec<(u32, u64, u64)> {
     v
 }
 
-/// Per network: its datapath, its reconciler and the interfaces of its last round.
+/// One network: its datapath, its reconciler and the interfaces of its last round.
+type Network = (Datapath, Reconciler, Vec<(u32, u64, u64)>);
+
+/// Every network the agent enforces policy on.
 struct Enforcer {
     root: PathBuf,
     named: Vec<String>,
-    networks: BTreeMap<PathBuf, (Datapath, Reconciler, Vec<(u32, u64, u64)>)>,
+    networks: BTreeMap<PathBuf, Network>,
     /// Pods closed by a policy the datapath cannot hold, and why: each reported once
     /// (an Event on the pod) until the reason changes.
     closed: BTreeSet<(String, String)>,
