@@ -221,6 +221,16 @@ fn quoted6(ctx: &TcContext, s: &mut Scratch) {
     s.flow.proto = qp;
 }
 
+/// [`load_tuple6`] or [`load_tuple4`], by family.
+#[inline(always)]
+fn load_tuple(ctx: &TcContext, ipv6: bool) -> Option<()> {
+    if ipv6 {
+        load_tuple6(ctx)
+    } else {
+        load_tuple4(ctx)
+    }
+}
+
 /// [`load_tuple4`] for an IPv6 packet without extension headers.
 #[inline(always)]
 pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
@@ -448,12 +458,7 @@ pub(crate) fn admits_delivery(ctx: &TcContext, ifindex: u32, owner: u64, ipv6: b
     let Some((slot, gen)) = enforcing() else {
         return true;
     };
-    let loaded = if ipv6 {
-        load_tuple6(ctx)
-    } else {
-        load_tuple4(ctx)
-    };
-    if loaded.is_none() {
+    if load_tuple(ctx, ipv6).is_none() {
         return false;
     }
     // SAFETY: reading a field of the context.
@@ -518,12 +523,7 @@ pub(crate) fn admits_leaving<A: Family>(ctx: &TcContext, saddr: A, ipv6: bool) -
     let Some(ep) = saddr.local_endpoint() else {
         return true;
     };
-    let loaded = if ipv6 {
-        load_tuple6(ctx)
-    } else {
-        load_tuple4(ctx)
-    };
-    if loaded.is_none() {
+    if load_tuple(ctx, ipv6).is_none() {
         return false;
     }
     admits_sides(

@@ -132,21 +132,6 @@ pub struct PolicyFlowKey {
 }
 const _: () = assert!(size_of::<PolicyFlowKey>() == 40);
 
-impl PolicyFlowKey {
-    /// The key of the other direction of the flow.
-    #[must_use]
-    pub fn reversed(&self) -> Self {
-        Self {
-            saddr: self.daddr,
-            daddr: self.saddr,
-            sport: self.dport,
-            dport: self.sport,
-            proto: self.proto,
-            _pad: [0; 3],
-        }
-    }
-}
-
 /// Value of [`crate::map::POLICY_FLOWS`]: a flow the node's policy admitted.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
