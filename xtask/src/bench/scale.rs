@@ -18,13 +18,14 @@ use std::{
 
 use ::tests::{EchoServer, Serving};
 use anyhow::{Context, Result};
+use cni_ebpf_common::map;
 use serde_json::{json, Map, Value};
 
 use super::{
     chart, data,
     proc::{self, check_interrupt},
     report::{median, Report, Summary},
-    topo::{BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
+    topo::{self, BenchNode, Op, Pod, PortMap, Variant, Via, Workspace, EXT_IP, NODE_IP},
 };
 
 /// Sizes of the scale phase.
@@ -456,7 +457,7 @@ fn busy_node(node: &BenchNode, probes: &[Pod], p: &Params) -> Result<(u64, Level
 fn live_flows(node: &BenchNode) -> Result<u64> {
     match node.variant {
         Variant::Ebpf => {
-            let nat = node.pin_root().join(node.network()).join("v1/maps/NAT");
+            let nat = topo::maps_dir(node.pin_root(), node.network()).join(map::NAT);
             let dump: Value = serde_json::from_str(&proc::run_in(
                 None,
                 &[

@@ -779,6 +779,14 @@ fn parse_result(stdout: &str) -> Value {
     serde_json::from_str(stdout.trim()).unwrap_or(Value::Null)
 }
 
+/// Where cni-ebpf pins the maps of network `network` below the pin root `pins`
+/// (`<bpffsRoot>/<network>/v<layout version>/maps`).
+pub fn maps_dir(pins: &Path, network: &str) -> PathBuf {
+    pins.join(network)
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+        .join("maps")
+}
+
 /// The pod's first IPv4 address in an ADD result.
 pub fn pod_ip(result: &Value) -> Result<String> {
     pod_ip_of(result, '.').with_context(|| format!("no IPv4 address in {result}"))
