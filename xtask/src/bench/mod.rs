@@ -14,13 +14,19 @@
 //!   hold a host port, and pinned map memory per pod ([`scale`]);
 //! - `service`: pod → ClusterIP → pod on the same node and across nodes, with kube-proxy's
 //!   rules (iptables mode, and nftables mode as an extra) on two-node clusters, request/
-//!   response and connect/request/close ([`service`]).
+//!   response and connect/request/close ([`service`]);
+//! - `policy`: NetworkPolicy with the real agent on a two-node cluster watching the
+//!   tests' stand-in API server (1 000 Pod objects): API write → new verdict on both
+//!   nodes, ADD → the new pod's policy in force, policy map memory per endpoint and per
+//!   rule, and pod → pod request/response and connect rates with 0, 1, 100 and 1 000
+//!   policies selecting the pair, each ÷ the 0-policy figure of the same repeat
+//!   ([`policy`]).
 //!
 //! Everything runs in namespaces the bench creates (`cebb<pid>-…`, and `…-cebb-<pid>-…`
 //! for the tests crate's cluster); the machine's own network namespace is never touched,
 //! and no packet leaves those namespaces. Every loop is bounded; a Ctrl-C stops the
 //! current step, then guards delete namespaces, pins and temp files. Results go to `results/bench-<UTC timestamp>/`: `report.md`, `report.json` and
-//! SVG charts; the targets of issues 6, 10 and 14 are printed as met / not met.
+//! SVG charts; the targets are printed as met / not met.
 
 use std::{
     path::{Path, PathBuf},
@@ -36,6 +42,7 @@ mod bandwidth;
 mod chart;
 mod control;
 mod data;
+mod policy;
 mod proc;
 mod report;
 mod scale;
@@ -59,6 +66,9 @@ pub enum Phase {
     Scale,
     /// pod → ClusterIP → pod with kube-proxy's rules: transactions/s, connect rate.
     Service,
+    /// NetworkPolicy with the real agent: data-path cost with 0–1000 policies, API write →
+    /// enforced, ADD → in force, policy map memory.
+    Policy,
     /// Egress rates: accuracy and CPU cost against the reference `bandwidth` plugin.
     Bandwidth,
 }
@@ -100,6 +110,13 @@ pub struct Args {
     /// node (flow state in the NAT map / conntrack); 0 skips it [default: 30000].
     #[arg(long)]
     pub busy_flows: Option<usize>,
+    /// NetworkPolicy writes timed from the API write until enforced on both nodes
+    /// [default: 40].
+    #[arg(long)]
+    pub policy_writes: Option<usize>,
+    /// Pods timed from ADD until their NetworkPolicy is in force [default: 30].
+    #[arg(long)]
+    pub policy_adds: Option<usize>,
     /// Results directory [default: results/bench-<UTC timestamp>].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -216,6 +233,8 @@ pub struct Sizes {
     pub service: service::Params,
     /// Egress rates.
     pub bandwidth: bandwidth::Params,
+    /// NetworkPolicy.
+    pub policy: policy::Params,
 }
 
 impl Args {
@@ -230,6 +249,7 @@ impl Args {
                 Phase::Control,
                 Phase::Data,
                 Phase::Service,
+                Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
             ]
@@ -239,6 +259,7 @@ impl Args {
                 Phase::Control,
                 Phase::Data,
                 Phase::Service,
+                Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
             ]
@@ -261,6 +282,13 @@ impl Args {
             },
             bandwidth: bandwidth::Params {
                 seconds: if q { 2.0 } else { 4.0 },
+            },
+            policy: policy::Params {
+                repeats: data.repeats,
+                seconds: data.seconds,
+                writes: pick(self.policy_writes, 10, 40),
+                adds: pick(self.policy_adds, 10, 30),
+                endpoints: if q { 10 } else { 40 },
             },
             control: control::Params {
                 pods: pick(self.pods, 20, 100),
@@ -385,6 +413,7 @@ pub fn run(args: &Args) -> Result<()> {
                 Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
                 Phase::Service => service::run(&ws, &sizes.service, &mut report),
                 Phase::Bandwidth => bandwidth::run(&ws, &sizes.bandwidth, &mut report),
+                Phase::Policy => policy::run(&ws, &sizes.policy, &mut report),
                 Phase::Ipam => Ok(()),
             };
             if let Err(e) = r {
@@ -438,8 +467,9 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
     m.insert(
         "ratios".into(),
         json!(
-            "data plane and Services: the median of the per-repeat ratios (each repeat \
-             measures the variants taking turns); elsewhere the ratio of the medians"
+            "data plane, Services and NetworkPolicy: the median of the per-repeat ratios \
+             (each repeat measures the variants taking turns); elsewhere the ratio of the \
+             medians"
         ),
     );
     m.insert(
@@ -465,7 +495,7 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
     m.insert(
         "sizes".into(),
         json!(format!(
-            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects, busy node after {} connections; Services {} repeats (nftables mode {}) × {} s{}",
+            "{} pods per control-plane run, workers {:?}; data plane {} repeats × {} s; scale levels {:?} with {} probe ADDs and {} connects, busy node after {} connections; Services {} repeats (nftables mode {}) × {} s; NetworkPolicy {} repeats × {} s, {} writes, {} ADDs, {} endpoints{}",
             sizes.control.pods,
             sizes.control.workers,
             sizes.data.repeats,
@@ -477,6 +507,11 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
             sizes.service.repeats,
             sizes.service.nft_repeats,
             sizes.service.seconds,
+            sizes.policy.repeats,
+            sizes.policy.seconds,
+            sizes.policy.writes,
+            sizes.policy.adds,
+            sizes.policy.endpoints,
             if args.quick { " (--quick)" } else { "" }
         )),
     );

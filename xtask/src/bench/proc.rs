@@ -268,6 +268,28 @@ impl Background {
             what: argv.join(" "),
         })
     }
+
+    /// Starts `argv` in `netns` with stdin discarded and stdout and stderr appended to
+    /// `log` (a long-running component whose log explains a failure: the agent).
+    pub fn spawn_logged(netns: &Path, argv: &[&str], log: &Path) -> Result<Self> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .with_context(|| format!("opening {}", log.display()))
+        };
+        let argv_os: Vec<&OsStr> = argv.iter().map(OsStr::new).collect();
+        let child = spawn_in(
+            netns,
+            &argv_os,
+            [Stdio::null(), Stdio::from(open()?), Stdio::from(open()?)],
+        )?;
+        Ok(Self {
+            child,
+            what: argv.join(" "),
+        })
+    }
 }
 
 impl Drop for Background {

@@ -1,5 +1,5 @@
-//! Statistics, the comparison table (markdown), the JSON document and the targets of
-//! issues 6, 10 and 14, evaluated as met / not met.
+//! Statistics, the comparison table (markdown), the JSON document and the bench's
+//! targets, evaluated as met / not met.
 
 use std::{collections::BTreeMap, fmt::Write as _};
 
@@ -199,7 +199,7 @@ impl Report {
         self.row(key).and_then(|r| r.values.get(column).copied())
     }
 
-    /// Judges every target of issues 6, 10 and 14 that this run measured.
+    /// Judges every target that this run measured.
     pub fn verdicts(&self) -> Vec<Verdict> {
         let targets: Vec<(&str, Rule)> = vec![
             (
@@ -296,6 +296,37 @@ impl Report {
                 "pod → ClusterIP → pod, other node (kube-proxy iptables): connect rate ≥ 0.95× reference",
                 Rule::Min("svc.iptables.cross.crr_cps", "reference", 0.95),
             ),
+            // NetworkPolicy: a pod selected by policies that admit its peer keeps the rates
+            // of a pod no policy selects (the verdict is three lookups, and an admitted
+            // flow's later packets one), however many policies there are.
+            (
+                "pod → pod transactions/s with 1 NetworkPolicy ≥ 0.95× with none",
+                Rule::MinAbs("policy.rr_tps.ratio.1", 0.95),
+            ),
+            (
+                "pod → pod transactions/s with 100 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.rr_tps.ratio.100", 0.95),
+            ),
+            (
+                "pod → pod transactions/s with 1000 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.rr_tps.ratio.1000", 0.95),
+            ),
+            (
+                "pod → pod connect rate with 1 NetworkPolicy ≥ 0.95× with none",
+                Rule::MinAbs("policy.crr_cps.ratio.1", 0.95),
+            ),
+            (
+                "pod → pod connect rate with 100 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.crr_cps.ratio.100", 0.95),
+            ),
+            (
+                "pod → pod connect rate with 1000 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.crr_cps.ratio.1000", 0.95),
+            ),
+            (
+                "NetworkPolicy API write → enforced on both nodes, p99 ≤ 1 s (ms)",
+                Rule::MaxAbs("policy.enforce.p99", 1000.0),
+            ),
         ];
         targets
             .into_iter()
@@ -381,7 +412,7 @@ impl Report {
                 let _ = writeln!(md, " {ratio} |");
             }
         }
-        let _ = writeln!(md, "\n## Targets (issues 6, 10 and 14)\n");
+        let _ = writeln!(md, "\n## Targets\n");
         let _ = writeln!(md, "| target | measured | threshold | verdict |");
         let _ = writeln!(md, "|---|---:|---:|---|");
         for v in self.verdicts() {
@@ -429,7 +460,7 @@ impl Report {
 
     /// The targets as terminal lines.
     pub fn print_targets(&self) {
-        println!("\nTargets (issues 6, 10 and 14):");
+        println!("\nTargets:");
         for v in self.verdicts() {
             println!(
                 "  [{:^11}] {} — measured {} (threshold {})",

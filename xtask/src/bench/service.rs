@@ -78,7 +78,7 @@ const PATHS: [(&str, &str, bool); 2] = [
 ];
 
 /// Runs `f`, turning a panic of the tests crate's helpers into an error about `what`.
-fn catch<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
+pub(super) fn catch<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
         let msg = p
             .downcast_ref::<String>()
@@ -107,7 +107,7 @@ struct SvcCluster {
 }
 
 /// The variant's configuration on `node`: its pod CIDR, its pin root, data dir and log.
-fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'a> {
+pub(super) fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'a> {
     let plugins = match variant {
         Variant::Ebpf => vec![topo::ebpf_plugin(&EbpfConf {
             subnet: node.pod_cidr4(),
@@ -128,6 +128,7 @@ fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'
         plugins,
         node_netns: node.netns().to_path_buf(),
         cni_path: node.dir().join("bench-bin"),
+        cni_args: None,
     }
 }
 

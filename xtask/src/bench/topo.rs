@@ -394,6 +394,7 @@ impl BenchNode {
             plugins,
             node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
+            cni_args: None,
         }
     }
 
@@ -404,6 +405,7 @@ impl BenchNode {
             plugins: self.plugins(),
             node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
+            cni_args: None,
         }
     }
 
@@ -703,6 +705,9 @@ pub struct Chain<'a> {
     pub node_netns: PathBuf,
     /// `CNI_PATH`.
     pub cni_path: PathBuf,
+    /// `CNI_ARGS` of every invocation (`K8S_POD_NAMESPACE=…;K8S_POD_NAME=…`, as kubelet
+    /// names the pod), if any.
+    pub cni_args: Option<String>,
 }
 
 impl Chain<'_> {
@@ -749,15 +754,19 @@ impl Chain<'_> {
             }
             let stdin = p.to_string();
             let bin = self.cni_path.join(&ty);
+            let mut env = vec![
+                ("CNI_COMMAND", OsStr::new(verb)),
+                ("CNI_CONTAINERID", OsStr::new(id)),
+                ("CNI_NETNS", netns.as_os_str()),
+                ("CNI_IFNAME", OsStr::new("eth0")),
+                ("CNI_PATH", self.cni_path.as_os_str()),
+            ];
+            if let Some(args) = &self.cni_args {
+                env.push(("CNI_ARGS", OsStr::new(args)));
+            }
             let out = proc::exec(&Spec {
                 argv: vec![bin.as_os_str()],
-                env: vec![
-                    ("CNI_COMMAND", OsStr::new(verb)),
-                    ("CNI_CONTAINERID", OsStr::new(id)),
-                    ("CNI_NETNS", netns.as_os_str()),
-                    ("CNI_IFNAME", OsStr::new("eth0")),
-                    ("CNI_PATH", self.cni_path.as_os_str()),
-                ],
+                env,
                 netns: Some(&self.node_netns),
                 stdin: stdin.as_bytes(),
                 timeout: OP_TIMEOUT,

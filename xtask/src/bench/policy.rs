@@ -1,0 +1,1248 @@
+//! NetworkPolicy: what enforcing it costs the data path, how soon a change is in force,
+//! and what the policy maps take. The real agent (`cni-ebpf agent`, the bench's plugin
+//! binary) runs on both nodes of the tests crate's two-node [`Cluster`] and watches the
+//! tests crate's stand-in API server ([`ApiServer`], listening in the cluster's `ext`) as
+//! it would watch a real one. Pods are ADDed by cni-ebpf with kubelet's `CNI_ARGS`
+//! (`K8S_POD_NAMESPACE`, `K8S_POD_NAME`) and published as Pod objects with their
+//! addresses, as kubelet reports them. The API holds [`POD_OBJECTS`] Pod objects: the few
+//! real pods and, in namespace `bulk`, made-up ones (addresses of the cluster CIDR that
+//! no node hands out, nothing ever sent to them) for the rules' selectors to match.
+//!
+//! In this order (a part that fails becomes a note and the next one runs):
+//!
+//! 1. **API write → enforced**: a policy admitting client → server on port 7000 of a
+//!    pod pair on each node is rewritten `writes` times, alternately to admit no one and
+//!    the client again. Each write is timed from just before the API write until a fresh
+//!    connection from the client shows the new verdict on both nodes: the send of the
+//!    first attempt whose handshake completes, or of the first of two attempts in a row
+//!    whose SYN is dropped (no answer within 50 ms). p50 and p99.
+//! 2. **ADD → in force**: in a namespace with a default-deny policy (both directions) and
+//!    policies admitting the pods labelled `app=new` to a peer pod on port 7000, `adds`
+//!    pods are ADDed one by one on the peer's node, each Pod object published as soon as
+//!    its ADD returns; each is timed from the start of ADD until the send of the new
+//!    pod's first connection attempt to the peer whose handshake completes (attempts of
+//!    10 ms every 5 ms). p50 and p99.
+//! 3. **Memory**: the `memlock` the kernel charges for the pinned `POLICY_*` maps (fdinfo,
+//!    as `cni-ebpf inspect --json` reports it) and the bytes of their live entries (key +
+//!    value), on node B: before and after `endpoints` pods selected by a one-rule policy,
+//!    and with one pod selected by a policy of 100 and then of 1 000 ingress rules (one
+//!    ipBlock peer and one of 16 ports each); the growth ÷ the pods, ÷ the 900 rules. The
+//!    hash maps, the LRUs and the arrays are preallocated (their memlock is fixed at
+//!    load), the LPM tries and the unpreallocated hashes grow with their entries, and pods
+//!    whose rule sets are equal share one; so the preallocated `POLICY_ENDPOINTS`' memlock
+//!    ÷ the pods it has room for is reported too.
+//! 4. **Cost on the data path**: four client/server pairs on node A, each pair in a
+//!    namespace of its own whose 0, 1, 100 or 1 000 policies select both pods (ingress and
+//!    egress) and all admit the pair: one admits it, the others admit other pods (by label,
+//!    or by namespace and label), other addresses (ipBlock) and other ports. First every
+//!    pair is checked in force (the client reaches the server's port 7000 and its port
+//!    7001 — no listener — is refused where no policy selects the pair and dropped where
+//!    policies do). Then request/response and connect/request/close as the data phase
+//!    measures them ([`data::measure_repeat`]: in each repeat the four pairs take turns,
+//!    in an order rotated per repeat); each figure ÷ the 0-policy pair's of the same
+//!    repeat, median over repeats.
+//!
+//! The tests crate's helpers panic on failure; they run under
+//! [`catch`](service::catch) and a panic becomes this phase's error. Names carry
+//! `cebb-<pid>` (the cluster's), so a later run sweeps what a killed one left; the agents
+//! are killed by their PID and every namespace, pin and directory goes with the cluster.
+
+use std::{
+    collections::BTreeMap,
+    fmt::Write as _,
+    io::ErrorKind,
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::{Path, PathBuf},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use anyhow::{anyhow, bail, Context, Result};
+use cni_ebpf_common::{map, PolicyState};
+use serde_json::{json, Map, Value};
+use tests::{ApiServer, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4};
+
+use super::{
+    data::{self, Samples, Target},
+    proc::{self, check_interrupt},
+    report::{median, Report, Summary},
+    service::{self, catch},
+    topo::{self, pod_ip, Variant, Workspace},
+};
+
+/// Sizes of the NetworkPolicy phase.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Interleaved repeats of the data-path figures.
+    pub repeats: usize,
+    /// Seconds per data-path measurement.
+    pub seconds: f64,
+    /// Policy writes timed until enforced on both nodes.
+    pub writes: usize,
+    /// Pods timed from ADD until their policy is in force.
+    pub adds: usize,
+    /// Pods ADDed for the memory per endpoint.
+    pub endpoints: usize,
+}
+
+/// The report section of every row.
+const SECTION: &str = "NetworkPolicy (the agent on two nodes, a stand-in API server)";
+/// The one column the rows fill.
+const COL: &str = "cni-ebpf";
+/// Policies selecting each measured pair, and the pair's column in the samples.
+const COUNTS: [(usize, &str); 4] = [
+    (0, "0 policies"),
+    (1, "1 policy"),
+    (100, "100 policies"),
+    (1000, "1000 policies"),
+];
+/// Pod objects in the API while writes are timed (real pods first, the rest made up).
+pub const POD_OBJECTS: usize = 1000;
+/// Distinct `app` labels of the made-up pods (each decoy rule that selects them by label
+/// matches one in this many).
+const LABELS: usize = 50;
+/// The port every server listens on and the admitting rules name.
+const ECHO_PORT: u16 = data::ECHO_PORT;
+/// A port no server listens on and no rule admits: refused when no policy selects the
+/// server, dropped when one does.
+const SHUT_PORT: u16 = 7001;
+/// First of the ports decoy rules admit.
+const DECOY_PORT: u16 = 8000;
+/// How many decoy ports (each a port class of its own: far below the 64 a rule set holds).
+const DECOY_PORTS: usize = 8;
+/// Rules of the memory phase's policy: two sizes, the cost per rule is their difference.
+const RULES: [usize; 2] = [100, 1000];
+/// A connection attempt waiting for an admitted flow gives up after this.
+const OPEN_WAIT: Duration = Duration::from_millis(10);
+/// An attempt that gets no answer within this had its SYN dropped (a same-node handshake
+/// takes well under a millisecond).
+const DROP_WAIT: Duration = Duration::from_millis(50);
+/// Pause between two attempts (leaves the CPUs to the agents).
+const PROBE_GAP: Duration = Duration::from_millis(5);
+/// Bound of one attempt of the in-force checks.
+const CHECK_WAIT: Duration = Duration::from_millis(200);
+/// Bound of one timed write or ADD.
+const VERDICT_DEADLINE: Duration = Duration::from_secs(10);
+/// Bound of waiting for a set of policies to be in force.
+const IN_FORCE_DEADLINE: Duration = Duration::from_secs(120);
+/// Pause after each timed write or ADD.
+const GAP: Duration = Duration::from_millis(200);
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// A pod the bench ADDed: its namespace (removed on drop) and its address.
+struct Real {
+    pod: tests::Pod,
+    ip: String,
+}
+
+/// The cluster, the API server, the agents and the pods. Field order is drop order: the
+/// servers stop, the agents are killed, the pods' namespaces go, then the API server and
+/// the cluster (namespaces, pins, directories).
+struct Setup {
+    servers: Vec<EchoServer>,
+    agents: Vec<proc::Background>,
+    pods: BTreeMap<String, Real>,
+    api: ApiServer,
+    cluster: Cluster,
+}
+
+/// A node of the cluster.
+#[derive(Debug, Clone, Copy)]
+enum On {
+    A,
+    B,
+}
+
+/// The namespace of the pair selected by `n` policies.
+fn rate_ns(n: usize) -> String {
+    format!("np{n}")
+}
+
+/// A NetworkPolicy object.
+fn policy(namespace: &str, name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": spec,
+    })
+}
+
+/// `[{protocol: TCP, port}]`.
+fn tcp_port(port: u16) -> Value {
+    json!([{"protocol": "TCP", "port": port}])
+}
+
+/// The policy of a rate pair that admits it: the client to the server's echo port, both
+/// directions (it selects both pods).
+fn admitting(namespace: &str) -> Value {
+    policy(
+        namespace,
+        "admit-pair",
+        json!({
+            "podSelector": {},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}],
+                         "ports": tcp_port(ECHO_PORT)}],
+            "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "srv"}}}],
+                        "ports": tcp_port(ECHO_PORT)}],
+        }),
+    )
+}
+
+/// Decoy `i` of a rate pair's namespace: selects both pods (by the empty selector or by
+/// an expression), admits in both directions a peer that is neither of them — pods of
+/// its own namespace by label, made-up pods of `bulk` by namespace and label, or an
+/// address block — on one of [`DECOY_PORTS`] other ports.
+fn decoy(namespace: &str, i: usize) -> Value {
+    let label = format!("other-{}", i % LABELS);
+    let peer = match i % 3 {
+        0 => json!({"podSelector": {"matchLabels": {"app": label}}}),
+        1 => json!({"ipBlock": {"cidr": format!("100.64.{}.{}/32", (i / 256) % 256, i % 256)}}),
+        _ => json!({"namespaceSelector": {"matchLabels": {"team": "bulk"}},
+                     "podSelector": {"matchLabels": {"app": label}}}),
+    };
+    let selector = if i.is_multiple_of(2) {
+        json!({})
+    } else {
+        json!({"matchExpressions": [{"key": "app", "operator": "In", "values": ["srv", "cli"]}]})
+    };
+    let port = DECOY_PORT + u16::try_from(i % DECOY_PORTS).unwrap_or(0);
+    policy(
+        namespace,
+        &format!("decoy-{i}"),
+        json!({
+            "podSelector": selector,
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": [{"from": [peer.clone()], "ports": tcp_port(port)}],
+            "egress": [{"to": [peer], "ports": tcp_port(port)}],
+        }),
+    )
+}
+
+/// The policy the enforcement writes rewrite: the servers admit the clients (`admit`) or
+/// no one, on the echo port.
+fn flip_policy(admit: bool) -> Value {
+    let from = if admit { "cli" } else { "nobody" };
+    policy(
+        "flip",
+        "flip",
+        json!({
+            "podSelector": {"matchLabels": {"app": "srv"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": from}}}],
+                         "ports": tcp_port(ECHO_PORT)}],
+        }),
+    )
+}
+
+/// The memory phase's policy: `rules` ingress rules for the pod `mem/mem-0`, each one
+/// address on one of 16 ports.
+fn rules_policy(rules: usize) -> Value {
+    let ingress: Vec<Value> = (0..rules)
+        .map(|i| {
+            let port = 9000 + u16::try_from(i % 16).unwrap_or(0);
+            json!({"from": [{"ipBlock": {"cidr": format!("100.65.{}.{}/32", (i / 256) % 256, i % 256)}}],
+                   "ports": tcp_port(port)})
+        })
+        .collect();
+    policy(
+        "mem",
+        "rules",
+        json!({
+            "podSelector": {"matchLabels": {"app": "mem", "idx": "0"}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        }),
+    )
+}
+
+/// A Namespace object.
+fn namespace_object(name: &str, labels: &[(&str, &str)]) -> Result<Value> {
+    Ok(serde_json::to_value(tests::netpol::namespace(
+        name, labels,
+    ))?)
+}
+
+/// A running Pod object with address `ip`.
+fn pod_object(namespace: &str, name: &str, labels: &[(&str, &str)], ip: &str) -> Result<Value> {
+    let addr: IpAddr = ip
+        .parse()
+        .with_context(|| format!("{ip} is not an address"))?;
+    Ok(serde_json::to_value(tests::netpol::pod(
+        namespace,
+        name,
+        labels,
+        &[addr],
+    ))?)
+}
+
+/// Creates or replaces `obj` in the API.
+fn put(api: &ApiServer, resource: &str, obj: Value) -> Result<()> {
+    catch(&format!("publishing a {resource} object"), || {
+        api.put(resource, obj);
+    })
+}
+
+/// Creates the namespace of pod `namespace/name` on `node` and ADDs it as kubelet would
+/// (the pod named in `CNI_ARGS`): the pod and its address.
+fn add_pod(
+    ws: &Workspace,
+    node: &ClusterNode,
+    namespace: &str,
+    name: &str,
+) -> Result<(tests::Pod, String)> {
+    let pod = catch(&format!("creating pod {namespace}/{name}"), || {
+        node.pod(&format!("{namespace}-{name}"))
+    })?;
+    let mut chain = service::chain(ws, Variant::Ebpf, node);
+    chain.cni_args = Some(format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"));
+    let op = chain.exec(
+        "ADD",
+        pod.container_id(),
+        pod.netns(),
+        &[],
+        None,
+        |what, out| {
+            if out.ok() {
+                return Ok(());
+            }
+            bail!(
+                "cni-ebpf {what} of {namespace}/{name} on {} failed ({}): {} {}",
+                node.name(),
+                out.failure(),
+                out.stdout.trim(),
+                out.stderr.trim()
+            )
+        },
+    )?;
+    Ok((pod, pod_ip(&op.result)?))
+}
+
+/// What one connection attempt found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// The handshake completed.
+    Open,
+    /// No answer in time: the SYN was dropped.
+    Dropped,
+    /// Refused: nothing listens, nothing dropped it.
+    Refused,
+    /// Any other failure.
+    Failed,
+}
+
+/// One connection attempt to `to` from the calling thread's namespace.
+fn attempt(to: SocketAddr, wait: Duration) -> Seen {
+    match TcpStream::connect_timeout(&to, wait) {
+        Ok(_) => Seen::Open,
+        Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => Seen::Dropped,
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Seen::Refused,
+        Err(_) => Seen::Failed,
+    }
+}
+
+/// One connection attempt to `to` from `netns`.
+fn probe(netns: &Path, to: SocketAddr, wait: Duration) -> Result<Seen> {
+    proc::join(proc::in_netns(netns, move || Ok(attempt(to, wait))))
+}
+
+/// A thread in `netns` that tries fresh connections to `to` until they show the verdict
+/// `open` (a completed handshake; or two attempts in a row without an answer) and returns
+/// when the first attempt that showed it was sent; `None` if none did by `deadline`.
+fn await_verdict(
+    netns: &Path,
+    to: SocketAddr,
+    open: bool,
+    deadline: Instant,
+) -> JoinHandle<Result<Option<Instant>>> {
+    proc::in_netns(netns, move || loop {
+        if Instant::now() >= deadline || proc::interrupted() {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let shown = if open {
+            attempt(to, OPEN_WAIT) == Seen::Open
+        } else {
+            attempt(to, DROP_WAIT) == Seen::Dropped && attempt(to, DROP_WAIT) == Seen::Dropped
+        };
+        if shown {
+            return Ok(Some(sent));
+        }
+        std::thread::sleep(PROBE_GAP);
+    })
+}
+
+/// Polls `done` every 200 ms until it holds: how long that took; an error after `bound`.
+fn wait_until(
+    what: &str,
+    bound: Duration,
+    mut done: impl FnMut() -> Result<bool>,
+) -> Result<Duration> {
+    let started = Instant::now();
+    loop {
+        check_interrupt()?;
+        if done()? {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() >= bound {
+            bail!("{what}: not within {} s", bound.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The generation of the policy in force on `node` (0: the agent never swapped one in),
+/// from the pinned `POLICY_STATE`.
+fn generation(node: &ClusterNode) -> Result<u32> {
+    let pin = topo::maps_dir(node.pin_root(), Variant::Ebpf.network()).join(map::POLICY_STATE);
+    if !pin.exists() {
+        return Ok(0);
+    }
+    let out = proc::run_in(
+        None,
+        &[
+            "bpftool",
+            "-j",
+            "map",
+            "dump",
+            "pinned",
+            &pin.to_string_lossy(),
+        ],
+        Duration::from_secs(10),
+    )?;
+    let doc: Value = serde_json::from_str(&out).context("bpftool map dump printed no JSON")?;
+    let bytes: Vec<u8> = doc[0]["value"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .filter_map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).ok())
+        .collect();
+    let at = std::mem::offset_of!(PolicyState, generation);
+    let field = bytes
+        .get(at..at + 4)
+        .and_then(|b| <[u8; 4]>::try_from(b).ok())
+        .with_context(|| format!("POLICY_STATE holds {bytes:?}"))?;
+    Ok(u32::from_ne_bytes(field))
+}
+
+/// `cni-ebpf inspect --json` of `node`'s network with `filter` (`--pod …`,
+/// `--namespace …`).
+fn inspect(ws: &Workspace, node: &ClusterNode, filter: &[&str]) -> Result<Value> {
+    let pins = node.pin_root().to_string_lossy().into_owned();
+    let data_dir = node.data_dir().to_string_lossy().into_owned();
+    let plugin = ws.plugin.to_string_lossy().into_owned();
+    let mut argv = vec![
+        plugin.as_str(),
+        "inspect",
+        "--json",
+        "--network",
+        Variant::Ebpf.network(),
+        "--bpffs-root",
+        &pins,
+        "--data-dir",
+        &data_dir,
+    ];
+    argv.extend_from_slice(filter);
+    let out = proc::run_in(Some(node.netns()), &argv, Duration::from_secs(60))?;
+    serde_json::from_str(&out).context("cni-ebpf inspect --json printed no JSON")
+}
+
+/// The pinned `POLICY_*` maps: kernel memory, bytes of the live entries, peer prefixes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct PolicyMemory {
+    memlock: u64,
+    live: u64,
+    peers: u64,
+    per_map: Map<String, Value>,
+}
+
+impl PolicyMemory {
+    /// From an inspect document's `maps`.
+    fn of(doc: &Value) -> Self {
+        let ncpu = std::thread::available_parallelism().map_or(1, usize::from) as u64;
+        let mut m = Self::default();
+        for entry in doc["maps"].as_array().into_iter().flatten() {
+            let name = entry["name"].as_str().unwrap_or_default();
+            if !name.starts_with("POLICY_") {
+                continue;
+            }
+            let entries = entry["entries"].as_u64().unwrap_or(0);
+            // A per-CPU map holds a value per CPU.
+            let copies = if entry["type"].as_str().is_some_and(|t| t.contains("percpu")) {
+                ncpu
+            } else {
+                1
+            };
+            let bytes = entry["keySize"].as_u64().unwrap_or(0)
+                + entry["valueSize"].as_u64().unwrap_or(0) * copies;
+            let memlock = entry["memlockBytes"].as_u64().unwrap_or(0);
+            m.memlock += memlock;
+            m.live += entries * bytes;
+            if name == map::POLICY_PEERS {
+                m.peers = entries;
+            }
+            m.per_map.insert(
+                name.to_owned(),
+                json!({ "type": entry["type"], "maxEntries": entry["maxEntries"],
+                        "entries": entries, "bytesPerEntry": bytes, "bytesMemlock": memlock }),
+            );
+        }
+        m
+    }
+
+    fn json(&self) -> Value {
+        json!({ "bytesMemlock": self.memlock, "bytesLiveEntries": self.live,
+                "maps": self.per_map })
+    }
+}
+
+/// The policy maps of `node` once two readings 300 ms apart agree (a round in progress
+/// settles); `filter` keeps inspect's output small (a pod of the node).
+fn settled_memory(ws: &Workspace, node: &ClusterNode, filter: &[&str]) -> Result<PolicyMemory> {
+    let mut last = PolicyMemory::of(&inspect(ws, node, filter)?);
+    for _ in 0..20 {
+        check_interrupt()?;
+        std::thread::sleep(Duration::from_millis(300));
+        let now = PolicyMemory::of(&inspect(ws, node, filter)?);
+        if now == last {
+            return Ok(now);
+        }
+        last = now;
+    }
+    bail!("the policy maps of {} never settled", node.name())
+}
+
+impl Setup {
+    /// The cluster, the API server with every namespace and [`POD_OBJECTS`] Pod objects,
+    /// the pods of the four parts (but the timed ones) with their servers, and an agent
+    /// per node whose first round is done.
+    fn create(ws: &Workspace) -> Result<Self> {
+        let cluster = catch("building the two-node cluster", || Cluster::new("cebb"))?;
+        for node in cluster.nodes() {
+            topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
+        }
+        let api = catch("starting the stand-in API server", || {
+            ApiServer::start(cluster.ext_netns(), EXT_IP4)
+        })?;
+        let mut s = Self {
+            servers: Vec::new(),
+            agents: Vec::new(),
+            pods: BTreeMap::new(),
+            api,
+            cluster,
+        };
+        let mut namespaces: Vec<(String, Vec<(&str, String)>)> = COUNTS
+            .iter()
+            .map(|(n, _)| (rate_ns(*n), vec![("ns", rate_ns(*n))]))
+            .collect();
+        for ns in ["flip", "newpods", "mem"] {
+            namespaces.push((ns.to_owned(), vec![("ns", ns.to_owned())]));
+        }
+        namespaces.push(("bulk".to_owned(), vec![("team", "bulk".to_owned())]));
+        for (ns, labels) in &namespaces {
+            let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            put(&s.api, "namespaces", namespace_object(ns, &labels)?)?;
+        }
+        for (n, _) in COUNTS {
+            let ns = rate_ns(n);
+            s.add(ws, On::A, &ns, "srv", &[("app", "srv")])?;
+            s.add(ws, On::A, &ns, "cli", &[("app", "cli")])?;
+        }
+        s.add(ws, On::A, "flip", "srv-a", &[("app", "srv")])?;
+        s.add(ws, On::A, "flip", "cli-a", &[("app", "cli")])?;
+        s.add(ws, On::B, "flip", "srv-b", &[("app", "srv")])?;
+        s.add(ws, On::B, "flip", "cli-b", &[("app", "cli")])?;
+        s.add(ws, On::A, "newpods", "peer", &[("app", "peer")])?;
+        for k in 0..POD_OBJECTS.saturating_sub(s.pods.len()) {
+            let ip = format!("10.244.{}.{}", 100 + k / 250, 1 + k % 250);
+            let label = format!("other-{}", k % LABELS);
+            let obj = pod_object("bulk", &format!("other-{k}"), &[("app", &label)], &ip)?;
+            put(&s.api, "pods", obj)?;
+        }
+        for (key, serving) in COUNTS
+            .iter()
+            .map(|(n, _)| (format!("{}/srv", rate_ns(*n)), Serving::OneAtATimePinned))
+            .chain(
+                ["flip/srv-a", "flip/srv-b", "newpods/peer"]
+                    .map(|k| (k.to_owned(), Serving::Concurrently)),
+            )
+        {
+            let netns = s.real(&key)?.pod.netns().to_path_buf();
+            s.servers
+                .push(EchoServer::start(&netns, ECHO_PORT, serving)?);
+        }
+        for key in s.pods.keys().filter(|k| k.contains("/cli")) {
+            data::client_sysctls(s.real(key)?.pod.netns())?;
+        }
+        for node in s.cluster.nodes() {
+            let log = node.dir().join("agent.log");
+            let (plugin, url, sa, pins) = (
+                ws.plugin.to_string_lossy().into_owned(),
+                s.api.url(),
+                s.api.sa_dir().to_string_lossy().into_owned(),
+                node.pin_root().to_string_lossy().into_owned(),
+            );
+            let agent = proc::Background::spawn_logged(
+                node.netns(),
+                &[
+                    &plugin,
+                    "agent",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--bpffs-root",
+                    &pins,
+                    "--api-server",
+                    &url,
+                    "--service-account-dir",
+                    &sa,
+                    "--api-timeout",
+                    "5",
+                ],
+                &log,
+            )?;
+            s.agents.push(agent);
+        }
+        wait_until("the agents' first rounds", Duration::from_secs(60), || {
+            Ok(generation(s.cluster.a())? >= 1 && generation(s.cluster.b())? >= 1)
+        })
+        .map_err(|e| s.with_logs(e))?;
+        Ok(s)
+    }
+
+    /// ADDs pod `namespace/name` on node `on` and publishes its Pod object.
+    fn add(
+        &mut self,
+        ws: &Workspace,
+        on: On,
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<()> {
+        let node = match on {
+            On::A => self.cluster.a(),
+            On::B => self.cluster.b(),
+        };
+        let (pod, ip) = add_pod(ws, node, namespace, name)?;
+        put(&self.api, "pods", pod_object(namespace, name, labels, &ip)?)?;
+        self.pods
+            .insert(format!("{namespace}/{name}"), Real { pod, ip });
+        Ok(())
+    }
+
+    fn real(&self, key: &str) -> Result<&Real> {
+        self.pods.get(key).with_context(|| format!("no pod {key}"))
+    }
+
+    fn netns(&self, key: &str) -> Result<PathBuf> {
+        Ok(self.real(key)?.pod.netns().to_path_buf())
+    }
+
+    fn addr(&self, key: &str, port: u16) -> Result<SocketAddr> {
+        let ip: IpAddr = self.real(key)?.ip.parse()?;
+        Ok(SocketAddr::new(ip, port))
+    }
+
+    fn put(&self, resource: &str, obj: Value) -> Result<()> {
+        put(&self.api, resource, obj)
+    }
+
+    /// `e` with the last lines of both agents' logs.
+    fn with_logs(&self, e: anyhow::Error) -> anyhow::Error {
+        let mut tail = String::new();
+        for node in self.cluster.nodes() {
+            let log = std::fs::read_to_string(node.dir().join("agent.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let _ = write!(tail, "\n--- agent on {} ---\n", node.name());
+            tail.push_str(&lines[lines.len().saturating_sub(8)..].join("\n"));
+        }
+        anyhow!("{e:#}{tail}")
+    }
+}
+
+/// Runs the NetworkPolicy phase into `report`.
+pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
+    eprintln!(
+        "bench: policy: a two-node cluster, the stand-in API server with {POD_OBJECTS} Pod \
+         objects, an agent per node"
+    );
+    let started = Instant::now();
+    let mut s = Setup::create(ws)?;
+    eprintln!(
+        "bench: policy: ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let mut details = Map::new();
+    details.insert("podObjects".into(), json!(POD_OBJECTS));
+    let parts: [(&str, PartFn); 4] = [
+        ("API write → enforced", enforcement),
+        ("ADD → in force", add_to_open),
+        ("memory", memory),
+        ("cost on the data path", rates),
+    ];
+    for (what, part) in parts {
+        check_interrupt()?;
+        if let Err(e) = part(&mut s, ws, p, report, &mut details) {
+            if proc::interrupted() {
+                return Err(e);
+            }
+            let msg = format!("NetworkPolicy, {what}: {:#}", s.with_logs(e));
+            eprintln!("bench: {msg}");
+            report.notes.push(msg);
+        }
+    }
+    report
+        .details
+        .insert("policy".into(), Value::Object(details));
+    Ok(())
+}
+
+/// One part of the phase.
+type PartFn =
+    fn(&mut Setup, &Workspace, &Params, &mut Report, &mut Map<String, Value>) -> Result<()>;
+
+/// API write → the new verdict on both nodes.
+fn enforcement(
+    s: &mut Setup,
+    _ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    eprintln!(
+        "bench: policy: API write → enforced on both nodes, {} writes",
+        p.writes
+    );
+    let mut pairs = Vec::new();
+    for (cli, srv) in [("flip/cli-a", "flip/srv-a"), ("flip/cli-b", "flip/srv-b")] {
+        pairs.push((
+            s.netns(cli)?,
+            s.addr(srv, ECHO_PORT)?,
+            s.addr(srv, SHUT_PORT)?,
+        ));
+    }
+    s.put("networkpolicies", flip_policy(true))?;
+    wait_until("the first flip policy in force", IN_FORCE_DEADLINE, || {
+        for (netns, open, shut) in &pairs {
+            if probe(netns, *open, CHECK_WAIT)? != Seen::Open
+                || probe(netns, *shut, CHECK_WAIT)? != Seen::Dropped
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    })?;
+    let mut took = Vec::with_capacity(p.writes);
+    let mut missed = 0;
+    for w in 0..p.writes {
+        check_interrupt()?;
+        // The first write closes what is open.
+        let admit = w % 2 == 1;
+        let written = Instant::now();
+        s.put("networkpolicies", flip_policy(admit))?;
+        let deadline = written + VERDICT_DEADLINE;
+        let watchers: Vec<_> = pairs
+            .iter()
+            .map(|(netns, open, _)| await_verdict(netns, *open, admit, deadline))
+            .collect();
+        let mut last = Some(written);
+        for h in watchers {
+            last = match (last, proc::join(h)?) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                _ => None,
+            };
+        }
+        match last {
+            Some(t) => took.push(ms(t.duration_since(written))),
+            None => {
+                missed += 1;
+                took.push(ms(VERDICT_DEADLINE));
+            }
+        }
+        std::thread::sleep(GAP);
+    }
+    if missed > 0 {
+        report.notes.push(format!(
+            "NetworkPolicy, API write → enforced: {missed} of {} writes showed no new verdict \
+             on both nodes within {} s (counted as {} s)",
+            p.writes,
+            VERDICT_DEADLINE.as_secs(),
+            VERDICT_DEADLINE.as_secs()
+        ));
+    }
+    let sum = Summary::of(&took);
+    let what = format!(
+        "API write → new verdict on both nodes ({} writes, {POD_OBJECTS} Pod objects)",
+        took.len()
+    );
+    for (key, label, v) in [
+        ("p50", format!("{what}, p50"), sum.p50),
+        ("p99", format!("{what}, p99"), sum.p99),
+        ("max", format!("{what}, max"), sum.max),
+    ] {
+        report.put(
+            &format!("policy.enforce.{key}"),
+            SECTION,
+            &label,
+            "ms",
+            false,
+            COL,
+            v,
+        );
+    }
+    details.insert(
+        "enforce".into(),
+        json!({ "ms": took, "missed": missed, "summary": sum.json() }),
+    );
+    Ok(())
+}
+
+/// ADD → the new pod reaches its peer under default deny.
+fn add_to_open(
+    s: &mut Setup,
+    ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    eprintln!(
+        "bench: policy: ADD → in force under default deny, {} pods",
+        p.adds
+    );
+    let ns = "newpods";
+    for obj in [
+        policy(
+            ns,
+            "deny",
+            json!({"podSelector": {}, "policyTypes": ["Ingress", "Egress"]}),
+        ),
+        policy(
+            ns,
+            "new-to-peer",
+            json!({"podSelector": {"matchLabels": {"app": "new"}},
+                   "policyTypes": ["Egress"],
+                   "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "peer"}}}],
+                               "ports": tcp_port(ECHO_PORT)}]}),
+        ),
+        policy(
+            ns,
+            "peer-from-new",
+            json!({"podSelector": {"matchLabels": {"app": "peer"}},
+                   "policyTypes": ["Ingress"],
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "new"}}}],
+                                "ports": tcp_port(ECHO_PORT)}]}),
+        ),
+    ] {
+        s.put("networkpolicies", obj)?;
+    }
+    // In force when a pod of another namespace (no policy selects it) no longer reaches
+    // the peer.
+    let peer = s.addr("newpods/peer", ECHO_PORT)?;
+    let outsider = s.netns(&format!("{}/cli", rate_ns(0)))?;
+    wait_until("the default deny in force", IN_FORCE_DEADLINE, || {
+        Ok(probe(&outsider, peer, CHECK_WAIT)? == Seen::Dropped)
+    })?;
+    let mut open_ms = Vec::with_capacity(p.adds);
+    let mut add_ms = Vec::with_capacity(p.adds);
+    let mut missed = 0;
+    for i in 0..p.adds {
+        check_interrupt()?;
+        let name = format!("new-{i}");
+        let started = Instant::now();
+        let (pod, ip) = add_pod(ws, s.cluster.a(), ns, &name)?;
+        let added = started.elapsed();
+        s.put("pods", pod_object(ns, &name, &[("app", "new")], &ip)?)?;
+        let seen = proc::join(await_verdict(
+            pod.netns(),
+            peer,
+            true,
+            started + VERDICT_DEADLINE,
+        ))?;
+        s.pods.insert(format!("{ns}/{name}"), Real { pod, ip });
+        add_ms.push(ms(added));
+        match seen {
+            Some(t) => open_ms.push(ms(t.duration_since(started))),
+            None => {
+                missed += 1;
+                open_ms.push(ms(VERDICT_DEADLINE));
+            }
+        }
+        std::thread::sleep(GAP);
+    }
+    if missed > 0 {
+        report.notes.push(format!(
+            "NetworkPolicy, ADD → in force: {missed} of {} pods never reached their peer \
+             within {} s (counted as {} s)",
+            p.adds,
+            VERDICT_DEADLINE.as_secs(),
+            VERDICT_DEADLINE.as_secs()
+        ));
+    }
+    let open = Summary::of(&open_ms);
+    let add = Summary::of(&add_ms);
+    let what = format!(
+        "ADD start → the new pod reaches its peer, default deny ({} pods)",
+        open_ms.len()
+    );
+    for (key, label, v) in [
+        ("p50", format!("{what}, p50"), open.p50),
+        ("p99", format!("{what}, p99"), open.p99),
+        (
+            "add_p50",
+            "of which the ADD itself, p50".to_owned(),
+            add.p50,
+        ),
+    ] {
+        report.put(
+            &format!("policy.add_open.{key}"),
+            SECTION,
+            &label,
+            "ms",
+            false,
+            COL,
+            v,
+        );
+    }
+    details.insert(
+        "addToOpen".into(),
+        json!({ "ms": open_ms, "addMs": add_ms, "missed": missed,
+                "summary": open.json(), "add": add.json() }),
+    );
+    Ok(())
+}
+
+/// The policy maps' memory per endpoint and per rule, on node B.
+fn memory(
+    s: &mut Setup,
+    ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    eprintln!(
+        "bench: policy: memory of the policy maps, {} endpoints, {:?} rules",
+        p.endpoints, RULES
+    );
+    let node = s.cluster.b();
+    // Any pod of node B: inspect's pod filter keeps its output small.
+    let small = ["--pod", "flip/cli-b"];
+    let namespaces = |m: &PolicyMemory| {
+        m.per_map
+            .get(map::POLICY_NAMESPACES)
+            .and_then(|v| v["entries"].as_u64())
+    };
+    let marked = namespaces(&PolicyMemory::of(&inspect(ws, node, &small)?));
+    s.put(
+        "networkpolicies",
+        policy(
+            "mem",
+            "base",
+            json!({"podSelector": {"matchLabels": {"app": "mem"}},
+                   "policyTypes": ["Ingress"],
+                   "ingress": [{"from": [{"ipBlock": {"cidr": "192.0.2.0/24"}}],
+                                "ports": tcp_port(80)}]}),
+        ),
+    )?;
+    // Pods ADDed once the agent has marked namespace `mem` as holding a policy start
+    // closed, then get the policy's rule set.
+    wait_until(
+        "namespace mem marked as holding a policy",
+        IN_FORCE_DEADLINE,
+        || {
+            let now = namespaces(&PolicyMemory::of(&inspect(ws, node, &small)?));
+            Ok(now > marked)
+        },
+    )?;
+    let base = settled_memory(ws, node, &small)?;
+    for i in 0..p.endpoints {
+        check_interrupt()?;
+        let (ns, name, idx) = ("mem", format!("mem-{i}"), i.to_string());
+        let (pod, ip) = add_pod(ws, node, ns, &name)?;
+        put(
+            &s.api,
+            "pods",
+            pod_object(ns, &name, &[("app", "mem"), ("idx", &idx)], &ip)?,
+        )?;
+        s.pods.insert(format!("{ns}/{name}"), Real { pod, ip });
+    }
+    let n = p.endpoints;
+    wait_until(
+        "the endpoints' rule sets in force",
+        IN_FORCE_DEADLINE,
+        || {
+            let doc = inspect(ws, node, &["--namespace", "mem"])?;
+            let with_rules = doc["policy"]["endpoints"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| {
+                    e["ingress"]
+                        .as_str()
+                        .is_some_and(|r| r.starts_with("rules"))
+                })
+                .count();
+            Ok(with_rules >= n)
+        },
+    )?;
+    let with_endpoints = settled_memory(ws, node, &small)?;
+    let mut with_rules = Vec::new();
+    for rules in RULES {
+        check_interrupt()?;
+        let peers_before = with_endpoints.peers;
+        s.put("networkpolicies", rules_policy(rules))?;
+        wait_until(
+            &format!("the policy of {rules} rules in force"),
+            IN_FORCE_DEADLINE,
+            || {
+                let m = PolicyMemory::of(&inspect(ws, node, &small)?);
+                Ok(m.peers >= peers_before + rules as u64)
+            },
+        )?;
+        with_rules.push(settled_memory(ws, node, &small)?);
+    }
+    let per = |a: u64, b: u64, n: usize| b.saturating_sub(a) as f64 / n.max(1) as f64;
+    report.put(
+        "policy.mem.start",
+        SECTION,
+        "policy maps memlock before the measured pods and rules (hash maps, LRU and \
+         array preallocated)",
+        "MiB",
+        false,
+        COL,
+        base.memlock as f64 / 1_048_576.0,
+    );
+    let rows = [
+        (
+            "endpoint.memlock",
+            format!("policy maps memlock growth per endpoint ({n} pods, one-rule policy)"),
+            per(base.memlock, with_endpoints.memlock, n),
+        ),
+        (
+            "endpoint.entries",
+            "policy map entry bytes per endpoint".to_owned(),
+            per(base.live, with_endpoints.live, n),
+        ),
+    ];
+    // What each pod's entries take in the preallocated POLICY_ENDPOINTS (two slots per
+    // pod): charged at load for every pod the node could have, whether it has it or not.
+    let endpoints_map = with_endpoints.per_map.get(map::POLICY_ENDPOINTS);
+    let capacity = endpoints_map
+        .and_then(|m| m["maxEntries"].as_u64())
+        .unwrap_or(0)
+        / 2;
+    let prealloc = endpoints_map.and_then(|m| m["bytesMemlock"].as_u64());
+    let rows = rows.into_iter().chain(prealloc.filter(|_| capacity > 0).map(|bytes| {
+        (
+            "endpoint.prealloc",
+            format!(
+                "POLICY_ENDPOINTS memlock per pod it has room for (preallocated for {capacity} pods)"
+            ),
+            bytes as f64 / capacity as f64,
+        )
+    }));
+    for (key, label, v) in rows {
+        report.put(
+            &format!("policy.mem.{key}"),
+            SECTION,
+            &label,
+            "bytes",
+            false,
+            COL,
+            v,
+        );
+    }
+    if let [small_set, large_set] = with_rules.as_slice() {
+        let added = RULES[1] - RULES[0];
+        let rows = [
+            (
+                "rule.memlock",
+                format!(
+                    "policy maps memlock growth per rule ({} → {} ingress rules, one \
+                     address and one port each)",
+                    RULES[0], RULES[1]
+                ),
+                per(small_set.memlock, large_set.memlock, added),
+            ),
+            (
+                "rule.entries",
+                "policy map entry bytes per rule".to_owned(),
+                per(small_set.live, large_set.live, added),
+            ),
+        ];
+        for (key, label, v) in rows {
+            report.put(
+                &format!("policy.mem.{key}"),
+                SECTION,
+                &label,
+                "bytes",
+                false,
+                COL,
+                v,
+            );
+        }
+    }
+    let mut rules_json = Map::new();
+    for (rules, m) in RULES.iter().zip(&with_rules) {
+        rules_json.insert(rules.to_string(), m.json());
+    }
+    details.insert(
+        "memory".into(),
+        json!({ "node": node.name(), "start": base.json(),
+                "endpoints": { "count": n, "maps": with_endpoints.json() },
+                "rules": rules_json }),
+    );
+    Ok(())
+}
+
+/// Request/response and connect/request/close with 0, 1, 100 and 1 000 policies.
+fn rates(
+    s: &mut Setup,
+    _ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    let total: usize = COUNTS.iter().map(|(n, _)| n).sum();
+    eprintln!("bench: policy: publishing {total} policies for the data-path figures");
+    let published = Instant::now();
+    for (n, _) in COUNTS {
+        let ns = rate_ns(n);
+        if n > 0 {
+            s.put("networkpolicies", admitting(&ns))?;
+        }
+        for i in 1..n {
+            s.put("networkpolicies", decoy(&ns, i))?;
+        }
+    }
+    let mut pairs = Vec::new();
+    for (n, column) in COUNTS {
+        let ns = rate_ns(n);
+        let srv = format!("{ns}/srv");
+        pairs.push((
+            n,
+            column,
+            s.netns(&format!("{ns}/cli"))?,
+            s.addr(&srv, ECHO_PORT)?,
+            s.addr(&srv, SHUT_PORT)?,
+            s.real(&srv)?.ip.clone(),
+        ));
+    }
+    wait_until(
+        &format!("{total} policies in force"),
+        IN_FORCE_DEADLINE,
+        || {
+            for (n, _, netns, open, shut, _) in &pairs {
+                let closed = if *n == 0 {
+                    Seen::Refused
+                } else {
+                    Seen::Dropped
+                };
+                if probe(netns, *open, CHECK_WAIT)? != Seen::Open
+                    || probe(netns, *shut, CHECK_WAIT)? != closed
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )?;
+    let in_force = published.elapsed();
+    eprintln!(
+        "bench: policy: {total} policies in force {:.1} s after the first was published",
+        in_force.as_secs_f64()
+    );
+    report.put(
+        "policy.bulk_in_force",
+        SECTION,
+        &format!("{total} policies published at once → in force (checked by probes every 0.2 s)"),
+        "s",
+        false,
+        COL,
+        in_force.as_secs_f64(),
+    );
+    let mut samples: Samples = BTreeMap::new();
+    let title = "pod → pod (same node) with NetworkPolicies";
+    for rep in 0..p.repeats {
+        check_interrupt()?;
+        eprintln!("bench: policy repeat {}/{}: {title}", rep + 1, p.repeats);
+        let targets = pairs
+            .iter()
+            .map(|(_, column, netns, _, _, ip)| Target {
+                column,
+                client: netns.clone(),
+                ip: ip.clone(),
+                iperf_port: None,
+                echo_port: ECHO_PORT,
+            })
+            .collect();
+        data::measure_repeat(
+            "pod2pod",
+            title,
+            targets,
+            rep,
+            p.seconds,
+            &mut samples,
+            &mut report.notes,
+        )?;
+    }
+    for (metric, what, unit) in [
+        ("rr_tps", "request/response", "transactions/s"),
+        ("crr_cps", "connect/request/close", "connections/s"),
+    ] {
+        let Some(cols) = samples.get("pod2pod").and_then(|m| m.get(metric)) else {
+            continue;
+        };
+        let Some(none) = cols.get(COUNTS[0].1) else {
+            continue;
+        };
+        report.put(
+            &format!("policy.{metric}.0"),
+            SECTION,
+            &format!(
+                "pod → pod {what}, no policy (median of {} repeats)",
+                none.len()
+            ),
+            unit,
+            true,
+            COL,
+            median(none),
+        );
+        for (n, column) in &COUNTS[1..] {
+            let Some(with) = cols.get(*column) else {
+                continue;
+            };
+            if with.len() != none.len() {
+                report.notes.push(format!(
+                    "NetworkPolicy, {what} with {column}: {} of {} repeats measured; no ratio",
+                    with.len(),
+                    none.len()
+                ));
+                continue;
+            }
+            let ratios: Vec<f64> = with
+                .iter()
+                .zip(none)
+                .filter(|(_, b)| **b > 0.0)
+                .map(|(a, b)| a / b)
+                .collect();
+            report.put(
+                &format!("policy.{metric}.ratio.{n}"),
+                SECTION,
+                &format!("{what} with {column} selecting both pods ÷ with none"),
+                "×",
+                true,
+                COL,
+                median(&ratios),
+            );
+        }
+    }
+    details.insert(
+        "rates".into(),
+        json!({ "perRepeat": samples, "inForceSeconds": in_force.as_secs_f64() }),
+    );
+    Ok(())
+}
