@@ -7,22 +7,22 @@ use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
     maps::{
-        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, PerCpuHashMap,
-        ProgramArray,
+        lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray,
+        PerCpuHashMap, ProgramArray,
     },
 };
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey,
-    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey,
-    PortKey6, PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
-    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, MAX_CLUSTER_CIDRS,
-    MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
-    MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_ENDPOINTS,
-    MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
-    MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS,
-    MAX_STACK_SOCKETS6, REASON_SLOTS,
+    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint,
+    PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey,
+    PolicyState, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer,
+    SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey,
+    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
+    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS,
+    MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES,
+    MAX_POLICY_PEERS, MAX_POLICY_PORTS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW,
+    MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, POLICY_DENY_SLOTS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -184,6 +184,15 @@ pub(crate) static POLICY_FLOWS: LruHashMap<PolicyFlowKey, PolicyFlow> =
 #[map]
 pub(crate) static POLICY_NAMESPACES: HashMap<u64, u32> =
     HashMap::pinned(MAX_POLICY_NAMESPACES, BPF_F_NO_PREALLOC);
+/// Each CPU's ring of the latest packets the policy refused.
+#[map]
+pub(crate) static POLICY_DENIES: PerCpuArray<PolicyDeny> =
+    PerCpuArray::pinned(POLICY_DENY_SLOTS, 0);
+/// The policy's verdicts at each pod interface (per CPU; an entry appears on its first
+/// verdict).
+#[map]
+pub(crate) static POLICY_COUNTS: LruPerCpuHashMap<u32, PolicyCounts> =
+    LruPerCpuHashMap::pinned(MAX_POLICY_COUNTS, 0);
 /// Per-CPU room for the keys of one judgement (not pinned: nothing outlives a packet).
 #[map]
 pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =

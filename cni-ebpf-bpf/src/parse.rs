@@ -179,6 +179,34 @@ pub(crate) fn read<T: Copy>(ctx: &TcContext, off: usize) -> Result<T, ()> {
     ctx.load(off).map_err(|_| ())
 }
 
+/// The byte at `off`, or 0 when the packet has none there. Unlike [`read`], the value is
+/// defined on every path (a failed `bpf_skb_load_bytes` leaves its buffer unwritten, and
+/// the compiler may compute with it before it branches), so a test of it can be folded
+/// into a select without reading an uninitialised register.
+#[inline(always)]
+pub(crate) fn byte_or_zero(ctx: &TcContext, off: usize) -> u8 {
+    let start = ctx.data();
+    if start + off < ctx.data_end() {
+        // SAFETY: within [data, data_end), checked just above.
+        return unsafe { *((start + off) as *const u8) };
+    }
+    let mut b: u8 = 0;
+    // SAFETY: one byte into a local the helper may write.
+    let ret = unsafe {
+        aya_ebpf::helpers::bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            off as u32,
+            (&raw mut b).cast(),
+            1,
+        )
+    };
+    if ret == 0 {
+        b
+    } else {
+        0
+    }
+}
+
 /// Parses Ethernet + IPv4 (+ the L4 ports). `Err` carries the reason to pass unchanged.
 #[inline(always)]
 pub(crate) fn parse(ctx: &TcContext) -> Result<Pkt, Reason> {

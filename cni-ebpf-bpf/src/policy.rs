@@ -31,22 +31,24 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Addr6, EndpointInfo, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey,
-    PolicyPeerKey, PolicyPortKey, Reason, RULESET_CLOSED, RULESET_OPEN,
+    proto, Addr6, EndpointInfo, PolicyCounts, PolicyEndpointKey, PolicyExactKey, PolicyFlow,
+    PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason, POLICY_DENY_SLOTS, RULESET_CLOSED,
+    RULESET_OPEN,
 };
 
 use crate::{
     family::Family,
     maps::{
-        count, POLICY_ENDPOINTS, POLICY_EXACT, POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS,
-        POLICY_SCRATCH, POLICY_STATE,
+        count, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT, POLICY_FLOWS,
+        POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
     },
     parse::{
-        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH, ICMP6_ECHO_REPLY,
-        ICMP6_ECHO_REQUEST, ICMP6_PACKET_TOO_BIG, ICMP6_PARAM_PROB, ICMP6_TIME_EXCEEDED,
-        ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, ICMP_PARAMETER_PROB,
-        ICMP_TIME_EXCEEDED, INNER6_IP_OFF, INNER6_L4_OFF, INNER_IP_OFF, INNER_L4_OFF, IP6_DADDR,
-        IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF, IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6,
+        byte_or_zero, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH,
+        ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP6_PACKET_TOO_BIG, ICMP6_PARAM_PROB,
+        ICMP6_TIME_EXCEEDED, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY,
+        ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED, INNER6_IP_OFF, INNER6_L4_OFF, INNER_IP_OFF,
+        INNER_L4_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF, IP_PROTO, IP_SADDR,
+        L4_OFF, L4_OFF6,
     },
     PASS,
 };
@@ -68,6 +70,14 @@ pub(crate) struct Scratch {
     /// host veth (0: none) and owner.
     delivery_ifindex: u32,
     delivery_owner: u64,
+    /// This CPU's count of refused packets (the last `PolicyDeny::seq` written) and a key of
+    /// `POLICY_COUNTS`, with a zeroed value to create its entry from.
+    denies: u64,
+    /// Whether the packet in `flow` opens a connection (a TCP SYN without ACK, an SCTP
+    /// INIT): never a reply, whatever a recorded flow the other way says.
+    opens: bool,
+    counts_key: u32,
+    counts_zero: PolicyCounts,
 }
 
 /// A local pod on one side of a packet: its host veth, and the owner its `ENDPOINTS`
@@ -139,6 +149,17 @@ fn ports(ctx: &TcContext, l4: usize, proto_: u8, echo: u8, echo_reply: u8) -> Op
     }
 }
 
+/// Whether the packet whose L4 header starts at `l4` opens a connection: a TCP SYN
+/// without ACK, or an SCTP packet whose first chunk is INIT.
+#[inline(always)]
+fn opens(ctx: &TcContext, l4: usize, proto_: u8) -> bool {
+    match proto_ {
+        proto::TCP => byte_or_zero(ctx, l4 + 13) & 0x12 == 0x02,
+        SCTP => byte_or_zero(ctx, l4 + 12) == 1,
+        _ => false,
+    }
+}
+
 /// Writes the tuple of the IPv4 packet in `ctx` (header without options, not a
 /// fragment: as `parse` admits it) to the scratch area. `None` when it cannot be read.
 #[inline(always)]
@@ -151,11 +172,13 @@ pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
     let frag_off: u16 = read(ctx, IP_OFF + IP_FRAG_OFF).ok()?;
     // A later fragment, or a header with options, has no ports where they would be: it
     // is judged with none (only rules that admit every port of its protocol admit it).
-    let (sport, dport) = if vihl & 0x0f != 5 || frag_off & 0x1fffu16.to_be() != 0 {
-        (0, 0)
-    } else {
+    let whole = vihl & 0x0f == 5 && frag_off & 0x1fffu16.to_be() == 0;
+    let (sport, dport) = if whole {
         ports(ctx, L4_OFF, proto_, ICMP_ECHO, ICMP_ECHO_REPLY)?
+    } else {
+        (0, 0)
     };
+    s.opens = whole && opens(ctx, L4_OFF, proto_);
     s.flow = PolicyFlowKey {
         saddr: mapped(saddr),
         daddr: mapped(daddr),
@@ -239,6 +262,7 @@ pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
     let daddr: Addr6 = read(ctx, IP_OFF + IP6_DADDR).ok()?;
     let next: u8 = read(ctx, IP_OFF + 6).ok()?;
     let (sport, dport) = ports(ctx, L4_OFF6, next, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)?;
+    s.opens = opens(ctx, L4_OFF6, next);
     s.flow = PolicyFlowKey {
         saddr: bytes6(&saddr),
         daddr: bytes6(&daddr),
@@ -406,13 +430,23 @@ pub(crate) fn admits(
             };
             let _ = POLICY_FLOWS.insert(&s.flow, &s.admitted, 0);
             count(Reason::PolicyAdmitted);
+            if egress != RULESET_OPEN {
+                tally(s, src_ifindex, Tally::EgressAdmitted);
+            }
+            if ingress != RULESET_OPEN {
+                tally(s, dst_ifindex, Tally::IngressAdmitted);
+            }
             return true;
         }
         Err(r) => r,
     };
     // A reply of a flow admitted the other way: recorded under this generation, or
     // admitted again by the policy in force (the destination sent it, the source
-    // receives it).
+    // receives it). A packet that opens a connection is no reply, even when it reuses
+    // the tuple of an old flow the other way.
+    if s.opens {
+        return refuse(s, refused, src_ifindex, egress, dst_ifindex, ingress);
+    }
     s.rev.saddr = s.flow.daddr;
     s.rev.daddr = s.flow.saddr;
     s.rev.sport = s.flow.dport;
@@ -432,8 +466,83 @@ pub(crate) fn admits(
             return true;
         }
     }
+    refuse(s, refused, src_ifindex, egress, dst_ifindex, ingress)
+}
+
+/// Counts and logs a refused packet; `false`.
+#[inline(always)]
+fn refuse(
+    s: &mut Scratch,
+    refused: Reason,
+    src_ifindex: u32,
+    egress: u32,
+    dst_ifindex: u32,
+    ingress: u32,
+) -> bool {
     count(refused);
+    if refused == Reason::DropPolicyEgress {
+        tally(s, src_ifindex, Tally::EgressDenied);
+        log_deny(s, src_ifindex, egress, true);
+    } else {
+        tally(s, dst_ifindex, Tally::IngressDenied);
+        log_deny(s, dst_ifindex, ingress, false);
+    }
     false
+}
+
+/// A field of [`PolicyCounts`].
+#[derive(Clone, Copy)]
+enum Tally {
+    IngressAdmitted,
+    IngressDenied,
+    EgressAdmitted,
+    EgressDenied,
+}
+
+/// Adds one to `field` of pod interface `ifindex`'s counts (its entry created on its
+/// first verdict).
+#[inline(always)]
+fn tally(s: &mut Scratch, ifindex: u32, field: Tally) {
+    s.counts_key = ifindex;
+    let mut p = POLICY_COUNTS.get_ptr_mut(&s.counts_key);
+    if p.is_none() {
+        s.counts_zero = PolicyCounts::default();
+        let _ = POLICY_COUNTS.insert(&s.counts_key, &s.counts_zero, 0);
+        p = POLICY_COUNTS.get_ptr_mut(&s.counts_key);
+    }
+    let Some(c) = p else {
+        return;
+    };
+    // SAFETY: this CPU's value; a program runs to its end on one CPU.
+    unsafe {
+        match field {
+            Tally::IngressAdmitted => (*c).ingress_admitted += 1,
+            Tally::IngressDenied => (*c).ingress_denied += 1,
+            Tally::EgressAdmitted => (*c).egress_admitted += 1,
+            Tally::EgressDenied => (*c).egress_denied += 1,
+        }
+    }
+}
+
+/// Writes the refused packet whose tuple is in the scratch area to this CPU's ring of
+/// `POLICY_DENIES`, over the oldest entry.
+#[inline(always)]
+fn log_deny(s: &mut Scratch, ifindex: u32, ruleset: u32, egress: bool) {
+    s.denies = s.denies.wrapping_add(1);
+    let Some(e) = POLICY_DENIES.get_ptr_mut((s.denies % u64::from(POLICY_DENY_SLOTS)) as u32)
+    else {
+        return;
+    };
+    // SAFETY: this CPU's slot; a program runs to its end on one CPU.
+    unsafe {
+        (*e).seq = s.denies;
+        (*e).time_ns = aya_ebpf::helpers::bpf_ktime_get_ns();
+        (*e).flow = s.flow;
+        (*e).ruleset = ruleset;
+        (*e).ifindex = ifindex;
+        (*e).egress = u8::from(egress);
+        (*e)._pad = [0; 7];
+    }
 }
 
 /// [`admits`] for a packet whose tuple is loaded, with [`enforcing`]'s state.

@@ -591,6 +591,8 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyExactKey {}
     unsafe impl aya::Pod for super::PolicyFlowKey {}
     unsafe impl aya::Pod for super::PolicyFlow {}
+    unsafe impl aya::Pod for super::PolicyDeny {}
+    unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::PortKey {}

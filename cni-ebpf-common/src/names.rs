@@ -172,8 +172,14 @@ pub mod map {
     /// policy is in, kept by the agent; a pod ADD puts in one starts closed. Userspace
     /// only.
     pub const POLICY_NAMESPACES: &str = "POLICY_NAMESPACES";
+    /// Per-CPU array of [`crate::PolicyDeny`]: each CPU's ring of the latest packets the
+    /// policy refused ([`crate::POLICY_DENY_SLOTS`] each), read by `inspect`.
+    pub const POLICY_DENIES: &str = "POLICY_DENIES";
+    /// `u32` (a pod's host veth ifindex) → [`crate::PolicyCounts`] (per CPU, LRU): the
+    /// policy's verdicts at each pod, read by the agent's metrics.
+    pub const POLICY_COUNTS: &str = "POLICY_COUNTS";
     /// Every map.
-    pub const ALL: [&str; 34] = [
+    pub const ALL: [&str; 36] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -208,6 +214,8 @@ pub mod map {
         POLICY_EXACT,
         POLICY_FLOWS,
         POLICY_NAMESPACES,
+        POLICY_DENIES,
+        POLICY_COUNTS,
     ];
 }
 

@@ -143,6 +143,49 @@ pub struct PolicyFlow {
 }
 const _: () = assert!(size_of::<PolicyFlow>() == 8);
 
+/// Slots of each CPU's ring in [`crate::map::POLICY_DENIES`]: the latest refused packets
+/// a CPU judged, the oldest overwritten first.
+pub const POLICY_DENY_SLOTS: u32 = 256;
+/// Capacity of [`crate::map::POLICY_COUNTS`] (an LRU, one entry per pod interface).
+pub const MAX_POLICY_COUNTS: u32 = crate::MAX_ENDPOINTS;
+
+/// Value of [`crate::map::POLICY_DENIES`]: one packet the node's policy refused.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PolicyDeny {
+    /// Position in its CPU's ring, from 1 (0: the slot was never written), native order.
+    pub seq: u64,
+    /// When, in `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`), native order.
+    pub time_ns: u64,
+    /// The packet's tuple (an ICMP error's: the flow it quotes, reversed).
+    pub flow: PolicyFlowKey,
+    /// The rule set that refused it: an id of the rule tables, or [`RULESET_CLOSED`].
+    pub ruleset: u32,
+    /// Host veth ifindex of the pod whose rule set refused it, native order.
+    pub ifindex: u32,
+    /// 1: the pod's egress refused it (the pod sent it); 0: its ingress.
+    pub egress: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 7],
+}
+const _: () = assert!(size_of::<PolicyDeny>() == 72);
+
+/// Value of [`crate::map::POLICY_COUNTS`] (per CPU), keyed by a pod's host veth ifindex:
+/// the node policy's verdicts at that pod, native order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyCounts {
+    /// Flows its ingress rules admitted (counted once per flow, on its first packet).
+    pub ingress_admitted: u64,
+    /// Packets its ingress rules refused.
+    pub ingress_denied: u64,
+    /// Flows its egress rules admitted.
+    pub egress_admitted: u64,
+    /// Packets its egress rules refused.
+    pub egress_denied: u64,
+}
+const _: () = assert!(size_of::<PolicyCounts>() == 32);
+
 /// The IPv4-mapped IPv6 form of a wire-order IPv4 address (as the eBPF side reads it:
 /// the wire bytes as a native `u32`).
 #[must_use]

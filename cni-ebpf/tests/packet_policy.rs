@@ -686,3 +686,54 @@ fn replies_of_a_flow_no_rule_judged_pass_the_other_directions_rules() {
         "the reply of b's own connection passes b's ingress"
     );
 }
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_new_connection_on_an_old_flows_reverse_tuple_is_no_reply() {
+    let fx = Fixture::with_two_pods();
+    // a may send to b on port 81 only; b is not selected.
+    let a_to_81 = [policy(
+        "a-to-81",
+        json!({"podSelector": {"matchLabels": {"app": "a"}}, "policyTypes": ["Egress"],
+               "egress": [{"ports": [{"port": 81}]}]}),
+    )];
+    enforce(&fx, &a_to_81, 1);
+    // b:80 → a:40000, admitted by no rule, is recorded (a's egress has rules) ...
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(80, 40000, SYN | ACK)).0,
+        REDIRECT
+    );
+    // ... then the policy is swapped in again (a new generation).
+    enforce(&fx, &a_to_81, 10);
+    assert_eq!(
+        fx.run("from_pod", &a_to_b(80, SYN)).0,
+        SHOT,
+        "a SYN on the reverse tuple opens a connection a's egress refuses"
+    );
+    assert_eq!(
+        fx.run("from_pod", &a_to_b(80, ACK)).0,
+        REDIRECT,
+        "a later packet of that tuple is the old flow's reply"
+    );
+
+    // The refusal is in the deny log and counted at a.
+    let denies = fx.dp().policy_denies().unwrap();
+    assert_eq!(denies.len(), 1, "{denies:?}");
+    let d = &denies[0];
+    assert_eq!(
+        (d.direction, d.host_ifindex, d.protocol.as_str()),
+        ("egress", IFINDEX_A, "tcp")
+    );
+    assert_eq!(
+        (d.source, d.source_port, d.destination, d.destination_port),
+        (IpAddr::from(POD_A), 40000, IpAddr::from(POD_B), 80)
+    );
+    assert!(d.ruleset.starts_with("rules #"), "{}", d.ruleset);
+    let counts = fx.dp().policy_counts().unwrap();
+    assert_eq!(counts[&IFINDEX_A].egress_denied, 1, "{counts:?}");
+    assert_eq!(counts[&IFINDEX_A].egress_admitted, 0, "{counts:?}");
+    assert!(
+        !counts.contains_key(&IFINDEX_B),
+        "b has no rules: {counts:?}"
+    );
+}

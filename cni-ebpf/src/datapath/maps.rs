@@ -10,10 +10,11 @@ use aya::maps::{
 use cni_ebpf_common::{
     map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
     NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
-    NodeState, Owner, Pacing, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyFlow,
-    PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey, PortKey6, PortTarget,
-    PortTarget6, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue,
-    SockRevValue6, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN, OWNER_IFNAME_LEN,
+    NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
+    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey,
+    PortKey6, PortTarget, PortTarget6, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
+    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN,
+    OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -86,6 +87,8 @@ struct Slots {
     policy_exact: Option<Map>,
     policy_flows: Option<Map>,
     policy_namespaces: Option<Map>,
+    policy_denies: Option<Map>,
+    policy_counts: Option<Map>,
     sock_revnat6: Option<Map>,
 }
 
@@ -163,6 +166,8 @@ impl Maps {
         self.policy_exact()?;
         self.policy_flows()?;
         self.policy_namespaces()?;
+        self.policy_denies()?;
+        self.policy_counts()?;
         Ok(())
     }
 
@@ -351,6 +356,18 @@ impl Maps {
     pub fn policy_namespaces(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
         self.opener
             .typed(&mut self.slots.policy_namespaces, map::POLICY_NAMESPACES)
+    }
+
+    /// [`map::POLICY_DENIES`].
+    pub fn policy_denies(&mut self) -> Result<PerCpuArray<&mut MapData, PolicyDeny>> {
+        self.opener
+            .typed(&mut self.slots.policy_denies, map::POLICY_DENIES)
+    }
+
+    /// [`map::POLICY_COUNTS`].
+    pub fn policy_counts(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, PolicyCounts>> {
+        self.opener
+            .typed(&mut self.slots.policy_counts, map::POLICY_COUNTS)
     }
 }
 

@@ -244,6 +244,11 @@ impl Datapath {
             map_name::POLICY_NAMESPACES,
             n(maps::entries(&m.policy_namespaces()?).len()),
         );
+        let counts: PerCpuHashMap<_, u32, cni_ebpf_common::PolicyCounts> = m.policy_counts()?;
+        out.insert(
+            map_name::POLICY_COUNTS,
+            n(counts.keys().filter_map(std::result::Result::ok).count()),
+        );
         Ok(out)
     }
 }

@@ -16,8 +16,9 @@ use std::{
 
 use aya::maps::lpm_trie::Key;
 use cni_ebpf_common::{
-    fnv1a64, map as map_name, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyPeerKey,
-    PolicyPortKey, PolicyState, RULESET_CLOSED, RULESET_OPEN,
+    fnv1a64, map as map_name, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
+    PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, POLICY_DENY_SLOTS, RULESET_CLOSED,
+    RULESET_OPEN,
 };
 
 use super::{maps, Datapath};
@@ -25,7 +26,7 @@ use crate::{
     error::{Error, Result},
     ipam::record::PodRef,
     policy::{
-        tables::{addr_bits, PortPrefix, Prefix},
+        tables::{addr_bits, canonical, PortPrefix, Prefix},
         Ruleset,
     },
 };
@@ -130,7 +131,68 @@ impl Datapath {
         }
         let mut m = self.maps()?;
         let mut h = m.policy_endpoints()?;
-        maps::remove_where(&mut h, map_name::POLICY_ENDPOINTS, |_, v| v.owner == owner)
+        let ifindexes: BTreeSet<u32> = maps::entries(&h)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .map(|(k, _)| k.ifindex)
+            .collect();
+        maps::remove_where(&mut h, map_name::POLICY_ENDPOINTS, |_, v| v.owner == owner)?;
+        // The interface's verdict counts go with it (its index may be reused).
+        if !ifindexes.is_empty() && self.pins.map(map_name::POLICY_COUNTS).exists() {
+            let mut counts = m.policy_counts()?;
+            for i in ifindexes {
+                if let Err(e) = counts.remove(&i) {
+                    if !maps::is_not_found(&e) {
+                        return Err(maps::err(map_name::POLICY_COUNTS, "delete", e));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy's verdicts at each pod interface (by host veth ifindex), summed over
+    /// the CPUs.
+    pub fn policy_counts(&self) -> Result<BTreeMap<u32, PolicyCounts>> {
+        let mut m = self.maps()?;
+        let counts = m.policy_counts()?;
+        let mut out = BTreeMap::new();
+        for item in counts.iter() {
+            let (ifindex, per_cpu) =
+                item.map_err(|e| maps::err(map_name::POLICY_COUNTS, "read", e))?;
+            let mut sum = PolicyCounts::default();
+            for c in per_cpu.iter() {
+                sum.ingress_admitted += c.ingress_admitted;
+                sum.ingress_denied += c.ingress_denied;
+                sum.egress_admitted += c.egress_admitted;
+                sum.egress_denied += c.egress_denied;
+            }
+            out.insert(ifindex, sum);
+        }
+        Ok(out)
+    }
+
+    /// The latest packets the policy refused, every CPU's ring, oldest first.
+    pub fn policy_denies(&self) -> Result<Vec<DenyView>> {
+        let mut m = self.maps()?;
+        let ring = m.policy_denies()?;
+        let now_mono = monotonic_ns();
+        let now_wall = std::time::SystemTime::now();
+        let mut out = Vec::new();
+        for slot in 0..POLICY_DENY_SLOTS {
+            let per_cpu = ring
+                .get(&slot, 0)
+                .map_err(|e| maps::err(map_name::POLICY_DENIES, "lookup", e))?;
+            for (cpu, d) in per_cpu.iter().enumerate() {
+                if d.seq == 0 {
+                    continue;
+                }
+                let ago = std::time::Duration::from_nanos(now_mono.saturating_sub(d.time_ns));
+                out.push(DenyView::new(cpu, d, now_wall.checked_sub(ago)));
+            }
+        }
+        out.sort_by_key(|d| (d.time_ns, d.cpu, d.seq));
+        Ok(out)
     }
 
     /// Every pod interface's entries, both slots.
@@ -406,6 +468,93 @@ impl Datapath {
             endpoints,
             rulesets,
         })
+    }
+}
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds (the eBPF side's `bpf_ktime_get_ns`).
+fn monotonic_ns() -> u64 {
+    nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC).map_or(0, |t| {
+        u64::try_from(t.tv_sec())
+            .unwrap_or(0)
+            .saturating_mul(1_000_000_000)
+            .saturating_add(u64::try_from(t.tv_nsec()).unwrap_or(0))
+    })
+}
+
+/// One packet the policy refused, as `inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DenyView {
+    /// When (RFC 3339, UTC), from the monotonic time the datapath took.
+    pub time: String,
+    #[serde(skip)]
+    pub time_ns: u64,
+    #[serde(skip)]
+    pub cpu: usize,
+    #[serde(skip)]
+    pub seq: u64,
+    /// `ingress` (the destination pod's rules refused it) or `egress` (the source pod's).
+    pub direction: &'static str,
+    /// Host veth ifindex of the pod whose rules refused it.
+    pub host_ifindex: u32,
+    /// The rule set that refused it (`closed`, or `rules #<id>`).
+    pub ruleset: String,
+    /// `tcp`, `udp`, `sctp`, `icmp`, `icmpv6`, or the protocol number.
+    pub protocol: String,
+    pub source: IpAddr,
+    pub destination: IpAddr,
+    /// Ports (ICMP echo: the identifier on the requester's side).
+    pub source_port: u16,
+    pub destination_port: u16,
+}
+
+impl DenyView {
+    fn new(cpu: usize, d: &PolicyDeny, at: Option<std::time::SystemTime>) -> Self {
+        let addr = |b: [u8; 16]| canonical(IpAddr::from(b));
+        Self {
+            time: at
+                .and_then(|t| jiff::Timestamp::try_from(t).ok())
+                .map_or_else(String::new, |t| format!("{t:.3}")),
+            time_ns: d.time_ns,
+            cpu,
+            seq: d.seq,
+            direction: if d.egress == 1 { "egress" } else { "ingress" },
+            host_ifindex: d.ifindex,
+            ruleset: describe_ruleset(d.ruleset),
+            protocol: match d.flow.proto {
+                6 => "tcp".to_owned(),
+                17 => "udp".to_owned(),
+                132 => "sctp".to_owned(),
+                1 => "icmp".to_owned(),
+                58 => "icmpv6".to_owned(),
+                p => p.to_string(),
+            },
+            source: addr(d.flow.saddr),
+            destination: addr(d.flow.daddr),
+            source_port: u16::from_be(d.flow.sport),
+            destination_port: u16::from_be(d.flow.dport),
+        }
+    }
+}
+
+impl std::fmt::Display for DenyView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ep = |a: &IpAddr, p: u16| match a {
+            IpAddr::V6(_) => format!("[{a}]:{p}"),
+            IpAddr::V4(_) => format!("{a}:{p}"),
+        };
+        write!(
+            f,
+            "{} {} {} {} -> {} refused by {} of host if {} ({})",
+            self.time,
+            self.direction,
+            self.protocol,
+            ep(&self.source, self.source_port),
+            ep(&self.destination, self.destination_port),
+            self.direction,
+            self.host_ifindex,
+            self.ruleset
+        )
     }
 }
 
