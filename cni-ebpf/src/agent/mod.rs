@@ -4,9 +4,12 @@
 //! - [`reconcile`]: one NetworkPolicy round over the pinned maps, changing only what
 //!   differs;
 //! - [`watch`]: the watchers that keep the agent's view of the cluster, and the loop of
-//!   rounds.
+//!   rounds;
+//! - [`report`]: the state file `inspect` reads, and the verdict totals per policy the
+//!   metrics serve.
 
 pub mod reconcile;
+pub mod report;
 pub mod watch;
 
 pub use reconcile::{Reconciler, Round};

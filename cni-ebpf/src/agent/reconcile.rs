@@ -28,6 +28,7 @@ use std::{
 use cni_ebpf_common::{PolicyEndpoint, RULESET_CLOSED, RULESET_OPEN};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
+use super::report::{DirectionState, PodState};
 use crate::{
     datapath::{policy::pod_key, Datapath},
     error::Result,
@@ -65,6 +66,8 @@ pub struct Round {
     /// Pod interfaces on the node, and how many of them some policy selects.
     pub interfaces: usize,
     pub selected: usize,
+    /// What each pod interface the view knows the pod of is now held to, and why.
+    pub pods: Vec<PodState>,
 }
 
 impl Reconciler {
@@ -142,10 +145,13 @@ impl Reconciler {
             };
             let compiled = compile_pod(cluster, &parsed, &broken, pod);
             let name = format!("{}/{}", pod.namespace, pod.name);
+            let mut closed = [None, None];
             let mut id_of = |v: Verdicts, dir: &str| -> Result<u32> {
+                let why = &mut closed[usize::from(dir == "egress")];
                 match v {
                     Verdicts::Open => Ok(RULESET_OPEN),
                     Verdicts::Closed(reason) => {
+                        *why = Some(reason.clone());
                         round
                             .closed
                             .push((name.clone(), format!("{dir}: {reason}")));
@@ -167,6 +173,7 @@ impl Reconciler {
                             Err(e) => {
                                 // What was written of it goes again; the pod is closed.
                                 dp.remove_ruleset(id, &rs)?;
+                                *why = Some(format!("rule set not held: {e}"));
                                 round
                                     .closed
                                     .push((name.clone(), format!("{dir}: rule set not held: {e}")));
@@ -178,6 +185,21 @@ impl Reconciler {
             };
             let ingress = id_of(compiled.ingress, "ingress")?;
             let egress = id_of(compiled.egress, "egress")?;
+            let [ingress_closed, egress_closed] = closed;
+            round.pods.push(PodState {
+                ifindex: *ifindex,
+                pod: name,
+                ingress: DirectionState {
+                    ruleset: ingress,
+                    policies: compiled.ingress_policies,
+                    closed: ingress_closed,
+                },
+                egress: DirectionState {
+                    ruleset: egress,
+                    policies: compiled.egress_policies,
+                    closed: egress_closed,
+                },
+            });
             wanted.push((
                 *ifindex,
                 PolicyEndpoint {

@@ -35,7 +35,10 @@ use kube::{
 };
 use tokio::sync::Notify;
 
-use super::Reconciler;
+use super::{
+    report::{write_state, NetworkState, SharedTotals},
+    Reconciler,
+};
 use crate::{
     datapath::Datapath,
     error::{Error, Result},
@@ -157,8 +160,9 @@ fn interfaces(dp: &Datapath) -> Vec<(u32, u64, u64)> {
     v
 }
 
-/// One network: its datapath, its reconciler and the interfaces of its last round.
-type Network = (Datapath, Reconciler, Vec<(u32, u64, u64)>);
+/// One network: its datapath, its reconciler, the interfaces of its last round and the
+/// state that round left.
+type Network = (Datapath, Reconciler, Vec<(u32, u64, u64)>, NetworkState);
 
 /// Every network the agent enforces policy on.
 struct Enforcer {
@@ -168,6 +172,10 @@ struct Enforcer {
     /// Pods closed by a policy the datapath cannot hold, and why: each reported once
     /// (an Event on the pod) until the reason changes.
     closed: BTreeSet<(String, String)>,
+    /// Where each network's state file goes.
+    state_dir: PathBuf,
+    /// Verdict totals per policy, for the metrics.
+    totals: SharedTotals,
 }
 
 impl Enforcer {
@@ -180,7 +188,8 @@ impl Enforcer {
                 match Datapath::open_at(&dir) {
                     Ok(Some(dp)) => match Reconciler::resume(&dp) {
                         Ok(r) => {
-                            self.networks.insert(dir.clone(), (dp, r, Vec::new()));
+                            self.networks
+                                .insert(dir.clone(), (dp, r, Vec::new(), NetworkState::default()));
                         }
                         Err(e) => {
                             tracing::warn!("{}: reading the policy maps: {e}", dir.display());
@@ -194,11 +203,16 @@ impl Enforcer {
                     }
                 }
             }
-            let Some((dp, rec, seen)) = self.networks.get_mut(&dir) else {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let Some((dp, rec, seen, state)) = self.networks.get_mut(&dir) else {
                 continue;
             };
             let now = interfaces(dp);
             if only_if_interfaces_changed && now == *seen {
+                account(&self.totals, &name, dp, state);
                 continue;
             }
             let cluster = view.cluster();
@@ -206,6 +220,18 @@ impl Enforcer {
             match rec.reconcile(dp, &cluster, &policies) {
                 Ok(round) => {
                     *seen = interfaces(dp);
+                    let fresh_state = NetworkState {
+                        generation: round.generation,
+                        pods: round.pods.clone(),
+                        broken: round.broken.clone(),
+                    };
+                    if fresh_state != *state {
+                        if let Err(e) = write_state(&self.state_dir, &name, &fresh_state) {
+                            tracing::warn!("{name}: the policy state file: {e}");
+                        }
+                        *state = fresh_state;
+                    }
+                    account(&self.totals, &name, dp, state);
                     for (pod, why) in round.closed {
                         if self.closed.insert((pod.clone(), why.clone())) {
                             tracing::warn!("pod {pod} is closed: {why}");
@@ -238,6 +264,17 @@ impl Enforcer {
     }
 }
 
+/// Adds what `network`'s interfaces counted since the last reading to the totals.
+fn account(totals: &SharedTotals, network: &str, dp: &Datapath, state: &NetworkState) {
+    match dp.policy_counts() {
+        Ok(counts) => match totals.lock() {
+            Ok(mut t) => t.account(network, state, &counts),
+            Err(poisoned) => poisoned.into_inner().account(network, state, &counts),
+        },
+        Err(e) => tracing::warn!("{network}: reading the policy counts: {e}"),
+    }
+}
+
 /// A Warning Event on each pod in `closed` (`ns/name`, why), as `kubectl describe pod`
 /// shows it. An Event that cannot be written is logged; the pod stays closed either way.
 async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>) {
@@ -266,8 +303,15 @@ async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>)
 }
 
 /// Keeps NetworkPolicy in force on the networks below `root` (all, or `named`), forever,
-/// on the calling thread.
-pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
+/// on the calling thread; writes each network's state file below `state_dir` and keeps
+/// `totals`.
+pub fn run(
+    root: &Path,
+    named: &[String],
+    api: &ApiArgs,
+    state_dir: &Path,
+    totals: SharedTotals,
+) -> Result<()> {
     let rt = crate::link::runtime()?;
     rt.block_on(async {
         let mut enforcer = Enforcer {
@@ -275,6 +319,8 @@ pub fn run(root: &Path, named: &[String], api: &ApiArgs) -> Result<()> {
             named: named.to_vec(),
             networks: BTreeMap::new(),
             closed: BTreeSet::new(),
+            state_dir: state_dir.to_owned(),
+            totals,
         };
         let client = loop {
             match ApiClient::new(api) {

@@ -1,6 +1,8 @@
 //! `cni-ebpf inspect`: a network's datapath as its pinned maps hold it (node config,
 //! endpoints with counters, host ports, NAT entries, flows, NetworkPolicy rule sets, map
-//! fill, reason counters),
+//! fill, reason counters), with the NetworkPolicy state the agent wrote (the policies
+//! that select each pod) and the latest packets the policy refused (`--follow` streams
+//! them),
 //! each endpoint with the Kubernetes pod it belongs to, optionally for one pod only.
 //!
 //! The pod comes from the IPAM store's record of the endpoint (`K8S_POD_NAMESPACE` and
@@ -17,8 +19,9 @@ use serde_json::{json, Value};
 
 use super::NetworkArgs;
 use crate::{
+    agent::report::{read_state, PodState},
     cni::config::DEFAULT_DATA_DIR,
-    datapath::Datapath,
+    datapath::{policy::DenyView, Datapath},
     error::{Error, Result},
     ipam::{record, PodRef},
 };
@@ -41,6 +44,13 @@ pub struct InspectArgs {
     /// Machine-readable output.
     #[arg(long)]
     json: bool,
+    /// Where the agent writes its NetworkPolicy state (which policies select each pod).
+    #[arg(long, default_value = crate::agent::report::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
+    /// Streams the packets NetworkPolicy refuses (of the pods `--pod`/`--namespace`
+    /// select, or all), one line each (`--json`: one object each), until interrupted.
+    #[arg(long)]
+    follow: bool,
 }
 
 impl InspectArgs {
@@ -137,12 +147,33 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 .any(|a| ips.contains(a))
         });
     }
+    let filtered = args.filter().is_some();
+    let shown: HashSet<u32> = endpoints.iter().map(|e| e.host_ifindex).collect();
+    let ips: HashSet<IpAddr> = endpoints.iter().map(|e| e.ip).collect();
+    // A pod's denies: those its own rules gave, and those of packets from or to it.
+    let concerns = |d: &DenyView| {
+        !filtered
+            || shown.contains(&d.host_ifindex)
+            || ips.contains(&d.source)
+            || ips.contains(&d.destination)
+    };
+    if args.follow {
+        return follow(&dp, &concerns, args.json);
+    }
     let reasons = dp.reason_counts()?;
     let flows = dp.flow_summary()?;
     let maps = dp.map_stats()?;
     let mut policy = dp.policy_view()?;
-    let shown: HashSet<u32> = endpoints.iter().map(|e| e.host_ifindex).collect();
     policy.endpoints.retain(|e| shown.contains(&e.host_ifindex));
+    let agent = read_state(&args.state_dir, &net.network);
+    let selecting = |ifindex: u32| {
+        agent
+            .as_ref()
+            .and_then(|s| s.pods.iter().find(|p| p.ifindex == ifindex))
+    };
+    let mut denies = dp.policy_denies()?;
+    denies.retain(|d| concerns(d));
+    let denies: Vec<DenyView> = denies.split_off(denies.len().saturating_sub(SHOWN_DENIES));
     let named: HashSet<String> = policy
         .endpoints
         .iter()
@@ -167,6 +198,22 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 v
             })
             .collect();
+        let pods: Vec<&PodState> = policy
+            .endpoints
+            .iter()
+            .filter_map(|e| selecting(e.host_ifindex))
+            .collect();
+        let mut policy = serde_json::to_value(&policy).unwrap_or(Value::Null);
+        if let Some(obj) = policy.as_object_mut() {
+            obj.insert(
+                "pods".into(),
+                serde_json::to_value(&pods).unwrap_or_default(),
+            );
+            obj.insert(
+                "denies".into(),
+                serde_json::to_value(&denies).unwrap_or_default(),
+            );
+        }
         let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "policy": policy, "reasons": reasons, "maps": maps });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
@@ -291,12 +338,54 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             "  {:<8} {:<32} {:<16} {:<16}",
             p.host_ifindex, pod, p.ingress, p.egress
         );
+        match selecting(p.host_ifindex) {
+            Some(s) => {
+                for (dir, side) in [("ingress", &s.ingress), ("egress", &s.egress)] {
+                    if side.policies.is_empty() && side.closed.is_none() {
+                        continue;
+                    }
+                    println!(
+                        "    {dir}: selected by {}{}",
+                        if side.policies.is_empty() {
+                            "no policy".to_owned()
+                        } else {
+                            side.policies.join(", ")
+                        },
+                        side.closed
+                            .as_ref()
+                            .map_or_else(String::new, |why| format!("; closed: {why}"))
+                    );
+                }
+            }
+            None if agent.is_some() => {
+                println!("    the agent does not know this pod yet (ADD left it as it is)");
+            }
+            None => {}
+        }
+    }
+    if agent.is_none() {
+        println!(
+            "  (no agent state in {}: which policies select each pod is not known)",
+            args.state_dir.display()
+        );
     }
     for (id, rs) in &policy.rulesets {
         println!("  rules #{id}:");
         for line in rs.peers.iter().chain(&rs.ports).chain(&rs.named) {
             println!("    {line}");
         }
+    }
+    println!(
+        "\nDENIED BY NETWORKPOLICY (the latest {}{})",
+        denies.len(),
+        if filtered {
+            " concerning the pods shown"
+        } else {
+            ""
+        }
+    );
+    for d in &denies {
+        println!("  {d}");
     }
     println!("\nMAPS");
     println!(
@@ -323,6 +412,41 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         println!("  {:<28} {:>12}", r.reason, r.count);
     }
     Ok(())
+}
+
+/// At most this many deny events are listed (the newest).
+const SHOWN_DENIES: usize = 50;
+/// How often `--follow` reads the deny rings.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `--follow`: every deny event `concerns` keeps, the ones in the rings now and then each
+/// new one, in time order, until the process is interrupted.
+fn follow(dp: &Datapath, concerns: &dyn Fn(&DenyView) -> bool, json: bool) -> Result<()> {
+    use std::io::Write as _;
+    let mut seen: HashSet<(usize, u64, u64)> = HashSet::new();
+    loop {
+        let denies = dp.policy_denies()?;
+        let mut out = std::io::stdout().lock();
+        let now: HashSet<(usize, u64, u64)> =
+            denies.iter().map(|d| (d.cpu, d.seq, d.time_ns)).collect();
+        for d in denies
+            .iter()
+            .filter(|d| !seen.contains(&(d.cpu, d.seq, d.time_ns)) && concerns(d))
+        {
+            let line = if json {
+                serde_json::to_string(d).unwrap_or_default()
+            } else {
+                d.to_string()
+            };
+            // A closed pipe (`| head`) ends the stream.
+            if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+                return Ok(());
+            }
+        }
+        seen = now;
+        drop(out);
+        std::thread::sleep(FOLLOW_EVERY);
+    }
 }
 
 fn short(id: &str) -> &str {

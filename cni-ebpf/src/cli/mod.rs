@@ -6,7 +6,10 @@ pub mod hostgw;
 pub mod inspect;
 pub mod install;
 
-use std::{path::PathBuf, process::ExitCode};
+use std::{
+    path::{Path, PathBuf},
+    process::ExitCode,
+};
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
@@ -108,8 +111,8 @@ pub fn main() -> ExitCode {
             cgroup_path,
         } => load(&net, uplink, ip_masq, cgroup_path),
         Cmd::Inspect(args) => inspect::run(&args),
-        Cmd::Agent(args) => run_agent(&args.metrics, args.policy),
-        Cmd::Metrics(args) => run_agent(&args, false),
+        Cmd::Agent(args) => run_agent(&args.metrics, args.policy.then_some(&args.state_dir)),
+        Cmd::Metrics(args) => run_agent(&args, None),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
     };
@@ -148,37 +151,48 @@ pub struct AgentArgs {
     /// this node, and the pinned state is left as it is).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     policy: bool,
+    /// Where the agent writes each network's NetworkPolicy state (`<network>.json`:
+    /// each pod's rule sets and the policies that select it), which `inspect` reads.
+    #[arg(long, default_value = crate::agent::report::DEFAULT_STATE_DIR)]
+    state_dir: PathBuf,
     /// What the agent logs to stderr (`error`, `warn`, `info`, `debug`, or a
     /// `tracing-subscriber` filter).
     #[arg(long, env = "CNI_EBPF_LOG_LEVEL", default_value = "info")]
     log_level: String,
 }
 
-/// Runs the agent: host-gw and NetworkPolicy on threads of their own, metrics on this one.
-fn run_agent(args: &MetricsArgs, policy: bool) -> Result<()> {
+/// Runs the agent: host-gw and NetworkPolicy (when given its state directory) on threads
+/// of their own, metrics on this one.
+fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>) -> Result<()> {
     start_host_gw(&args.host_gw)?;
-    if policy {
-        start_policy(args)?;
+    let mut exporter =
+        crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone());
+    if let Some(state_dir) = policy {
+        let totals = crate::agent::report::SharedTotals::default();
+        start_policy(args, state_dir, std::sync::Arc::clone(&totals))?;
+        exporter = exporter.with_policy(totals);
     }
-    crate::metrics::serve(
-        args.listen,
-        crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone()),
-    )
+    crate::metrics::serve(args.listen, exporter)
 }
 
 /// Starts NetworkPolicy enforcement on a thread of its own (in this thread's network
 /// namespace, the node's). If it ever stops, the process exits: the pinned policy stays in
 /// force meanwhile, and a restarted agent resumes it.
-fn start_policy(args: &MetricsArgs) -> Result<()> {
-    let (root, networks, api) = (
+fn start_policy(
+    args: &MetricsArgs,
+    state_dir: &Path,
+    totals: crate::agent::report::SharedTotals,
+) -> Result<()> {
+    let (root, networks, api, state_dir) = (
         args.bpffs_root.clone(),
         args.networks.clone(),
         args.host_gw.api.clone(),
+        state_dir.to_owned(),
     );
     std::thread::Builder::new()
         .name("policy".into())
         .spawn(move || {
-            let err = match crate::agent::watch::run(&root, &networks, &api) {
+            let err = match crate::agent::watch::run(&root, &networks, &api, &state_dir, totals) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             };

@@ -14,6 +14,7 @@ use std::{
 };
 
 use crate::{
+    agent::report::{SharedTotals, TotalKey},
     datapath::{load, Datapath, EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
     error::Result,
 };
@@ -58,6 +59,19 @@ pub struct Snapshot {
     pub discovery_errors_total: Option<u64>,
     /// How long reading took.
     pub duration: Duration,
+    /// The agent's NetworkPolicy totals (`None`: the agent does not enforce policy).
+    pub policy: Option<PolicySnapshot>,
+}
+
+/// The agent's NetworkPolicy totals at one scrape (see `crate::agent::report`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PolicySnapshot {
+    /// Per (network, policy namespace, policy name, direction, verdict).
+    pub verdicts: BTreeMap<TotalKey, u64>,
+    /// Per network: pod interfaces closed because a policy cannot be held.
+    pub closed_pods: BTreeMap<String, u64>,
+    /// Per network: the policy generation in force.
+    pub generation: BTreeMap<String, u32>,
 }
 
 /// Reads one network's datapath (read-only) below `root`.
@@ -125,6 +139,8 @@ pub struct Exporter {
     /// Networks named on the command line; empty: every network found below `root`.
     networks: Vec<String>,
     errors: Mutex<Errors>,
+    /// The agent's NetworkPolicy totals, when it enforces policy.
+    policy: Option<SharedTotals>,
 }
 
 #[derive(Debug, Default)]
@@ -144,7 +160,15 @@ impl Exporter {
             root,
             networks,
             errors: Mutex::new(Errors::default()),
+            policy: None,
         }
+    }
+
+    /// Also serves the agent's NetworkPolicy totals.
+    #[must_use]
+    pub fn with_policy(mut self, totals: SharedTotals) -> Self {
+        self.policy = Some(totals);
+        self
     }
 
     /// Reads everything once; failures are logged and counted, never returned.
@@ -182,10 +206,22 @@ impl Exporter {
             *total += u64::try_from(n.failures.len()).unwrap_or(u64::MAX);
             n.errors_total = *total;
         }
+        let policy = self.policy.as_ref().map(|t| {
+            let t = match t.lock() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            PolicySnapshot {
+                verdicts: t.verdicts.clone(),
+                closed_pods: t.closed_pods.clone(),
+                generation: t.generation.clone(),
+            }
+        });
         Snapshot {
             networks,
             discovery_errors_total: self.networks.is_empty().then_some(errors.discovery),
             duration: started.elapsed(),
+            policy,
         }
     }
 }

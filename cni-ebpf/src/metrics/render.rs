@@ -2,7 +2,7 @@
 //! here (and listed in the README's "Metrics" section). Pure: no I/O, unit-tested.
 
 use super::{
-    collect::{NetworkSnapshot, Snapshot},
+    collect::{NetworkSnapshot, PolicySnapshot, Snapshot},
     exposition::{self, Family},
 };
 
@@ -40,7 +40,48 @@ pub fn families(s: &Snapshot) -> Vec<Family> {
     out.push(f);
 
     out.extend(network_families(&s.networks));
+    if let Some(p) = &s.policy {
+        out.extend(policy_families(p));
+    }
     out
+}
+
+/// The agent's NetworkPolicy totals.
+fn policy_families(p: &PolicySnapshot) -> Vec<Family> {
+    let mut verdicts = Family::counter(
+        "cni_ebpf_policy_verdicts_total",
+        "NetworkPolicy verdicts at the pods a policy selects, per direction: flows admitted \
+         (counted on their first packet) and packets denied. A pod's policies are a union, \
+         so each of them is credited with every verdict at that pod.",
+    );
+    for ((network, ns, name, dir, verdict), n) in &p.verdicts {
+        verdicts.push(
+            &[
+                ("network", network),
+                ("namespace", ns),
+                ("policy", name),
+                ("direction", dir),
+                ("verdict", verdict),
+            ],
+            *n,
+        );
+    }
+    let mut closed = Family::gauge(
+        "cni_ebpf_policy_closed_pods",
+        "Pod interfaces closed to all traffic but their node's because a policy that \
+         selects them cannot be held (an Event on each pod says why).",
+    );
+    for (network, n) in &p.closed_pods {
+        closed.push(&[("network", network)], *n);
+    }
+    let mut generation = Family::gauge(
+        "cni_ebpf_policy_generation",
+        "The NetworkPolicy generation in force (bumped on every change the agent swaps in).",
+    );
+    for (network, g) in &p.generation {
+        generation.push(&[("network", network)], *g);
+    }
+    vec![verdicts, closed, generation]
 }
 
 /// One family with one sample per network, labelled `network`.
@@ -401,6 +442,34 @@ mod tests {
             networks: vec![loaded, broken, absent],
             discovery_errors_total: Some(0),
             duration: Duration::from_millis(12),
+            policy: Some(PolicySnapshot {
+                verdicts: [(
+                    (
+                        "k8s-pod-network".to_owned(),
+                        "x".to_owned(),
+                        "deny-all".to_owned(),
+                        "ingress",
+                        "denied",
+                    ),
+                    4,
+                )]
+                .into(),
+                closed_pods: [("k8s-pod-network".to_owned(), 1)].into(),
+                generation: [("k8s-pod-network".to_owned(), 12)].into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn policy_totals_carry_the_policy_and_direction() {
+        let out = render(&sample());
+        let l = lines(&out);
+        for want in [
+            "cni_ebpf_policy_verdicts_total{network=\"k8s-pod-network\",namespace=\"x\",policy=\"deny-all\",direction=\"ingress\",verdict=\"denied\"} 4",
+            "cni_ebpf_policy_closed_pods{network=\"k8s-pod-network\"} 1",
+            "cni_ebpf_policy_generation{network=\"k8s-pod-network\"} 12",
+        ] {
+            assert!(l.contains(want), "missing {want}:\n{out}");
         }
     }
 
