@@ -147,26 +147,8 @@ fn parse_labels(s: &str) -> BTreeMap<String, String> {
     out
 }
 
-/// `GET path` over HTTP/1.1 from inside `netns`: (status, headers, body).
 fn http_get(netns: &Path, addr: SocketAddr, path: &str) -> io::Result<(u16, String, String)> {
-    let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: text/plain\r\n\r\n");
-    in_netns(netns, move || {
-        let mut s = TcpStream::connect_timeout(&addr, T)?;
-        s.set_read_timeout(Some(T))?;
-        s.set_write_timeout(Some(T))?;
-        s.write_all(req.as_bytes())?;
-        let mut raw = Vec::new();
-        // The server closes after one answer; 64 MiB bounds a runaway.
-        s.take(64 << 20).read_to_end(&mut raw)?;
-        let raw = String::from_utf8_lossy(&raw).into_owned();
-        let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw.as_str(), ""));
-        let status = head
-            .split(' ')
-            .nth(1)
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(0);
-        Ok((status, head.to_owned(), body.to_owned()))
-    })
+    tests::net::http_get(netns, addr, path, T)
 }
 
 /// The exporter, running in the node namespace until dropped.

@@ -24,6 +24,7 @@ use k8s_openapi::{
 
 pub mod cases;
 pub mod model;
+pub mod probe;
 
 /// The namespaces of the upstream suite.
 pub const NAMESPACES: [&str; 3] = ["x", "y", "z"];
