@@ -25,7 +25,7 @@ use std::{
 use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kube::{api::ListParams, client::ConfigExt as _, Api, Client, Config};
+use kube::{client::ConfigExt as _, Api, Client, Config};
 
 /// Where a pod finds its ServiceAccount's credentials.
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
@@ -222,6 +222,13 @@ fn server_url(args: &ApiArgs) -> Result<String, ApiError> {
     }
 }
 
+/// `Bearer <token>` as a sensitive header value; `None` when the token cannot be one.
+fn bearer_header(token: &str) -> Option<http::HeaderValue> {
+    let mut v = http::HeaderValue::try_from(format!("Bearer {token}")).ok()?;
+    v.set_sensitive(true);
+    Some(v)
+}
+
 fn read_file(path: &Path) -> Result<Vec<u8>, ApiError> {
     std::fs::read(path).map_err(|source| ApiError::Credentials {
         path: path.to_owned(),
@@ -237,8 +244,8 @@ impl ApiClient {
     /// client over hyper-rustls (ring, HTTP/1.1, the ServiceAccount's CA as the only
     /// root), the token as a bearer header, the base URL layer. kube's own stack would
     /// also link its kubeconfig and exec-plugin machinery, which an in-cluster client
-    /// never uses. The token and the CA are read here: a long-running caller builds a
-    /// client per round and so follows their rotation.
+    /// never uses. The CA is read here; the token here and again for every request, so a
+    /// long-lived client (the agent's watches) follows its rotation.
     pub fn new(args: &ApiArgs) -> Result<Self, ApiError> {
         let server = server_url(args)?;
         let uri: http::Uri = server
@@ -293,14 +300,21 @@ impl ApiClient {
         if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
             config.default_namespace = ns.trim().to_owned();
         }
-        let mut bearer = http::HeaderValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| ApiError::BadToken(token_path.clone()))?;
-        bearer.set_sensitive(true);
-        config.headers = vec![(http::header::AUTHORIZATION, bearer)];
-        let headers = config.extra_headers_layer().map_err(|e| client_err(&e))?;
+        let bearer = bearer_header(&token).ok_or_else(|| ApiError::BadToken(token_path.clone()))?;
+        let token_file = token_path.clone();
         let service = tower::ServiceBuilder::new()
             .layer(config.base_uri_layer())
-            .layer(headers)
+            .map_request(move |mut req: http::Request<kube::client::Body>| {
+                // The kubelet rewrites a projected token well before it expires: every
+                // request (a watch lasts minutes, an agent for months) reads it anew, and
+                // keeps the last good one if the file cannot be read.
+                let value = std::fs::read(&token_file)
+                    .ok()
+                    .and_then(|t| bearer_header(String::from_utf8_lossy(&t).trim()))
+                    .unwrap_or_else(|| bearer.clone());
+                req.headers_mut().insert(http::header::AUTHORIZATION, value);
+                req
+            })
             .service(http_client);
         let client = Client::new(service, config.default_namespace);
         Ok(Self {
@@ -329,38 +343,6 @@ impl ApiClient {
         let api: Api<Node> = Api::all(self.client.clone());
         let what = format!("get node {name:?}");
         self.bounded(&what, "get", Some(name), api.get(name)).await
-    }
-
-    /// `GET /api/v1/nodes` (every page).
-    pub async fn nodes(&self) -> Result<Vec<Node>, ApiError> {
-        let api: Api<Node> = Api::all(self.client.clone());
-        let list = self
-            .bounded(
-                "list nodes",
-                "list",
-                None,
-                api.list(&ListParams::default().limit(500)),
-            )
-            .await?;
-        let mut nodes = list.items;
-        let mut next = list.metadata.continue_.filter(|c| !c.is_empty());
-        // Bounded: a cluster of 100 000 nodes is 200 pages.
-        for _ in 0..1000 {
-            let Some(token) = next.take() else {
-                return Ok(nodes);
-            };
-            let page = self
-                .bounded(
-                    "list nodes",
-                    "list",
-                    None,
-                    api.list(&ListParams::default().limit(500).continue_token(&token)),
-                )
-                .await?;
-            nodes.extend(page.items);
-            next = page.metadata.continue_.filter(|c| !c.is_empty());
-        }
-        Ok(nodes)
     }
 
     async fn bounded<T>(

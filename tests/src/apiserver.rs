@@ -9,6 +9,8 @@
 //!   ServiceAccount's `ca.crt`;
 //! - `Authorization: Bearer <token>` checked against the ServiceAccount `token` it wrote
 //!   (401 `Unauthorized` Status otherwise, as the API server answers a bad token);
+//!   [`ApiServer::rotate_token`] writes a new one over it and accepts only that, as a
+//!   projected token's rotation and the old one's expiry look to a client;
 //! - a store of objects keyed by resource, namespace and name, with one global
 //!   resourceVersion counter as etcd has it (every create, update and delete bumps it;
 //!   objects carry `metadata.resourceVersion`, and a `uid` and `creationTimestamp` from
@@ -314,6 +316,8 @@ struct State {
 #[derive(Debug, Default)]
 struct Shared {
     state: Mutex<State>,
+    /// The ServiceAccount token requests must carry (the latest one written).
+    token: Mutex<String>,
     /// Signalled on every change of the store and every fault switched on.
     changed: Condvar,
     stop: AtomicBool,
@@ -354,7 +358,6 @@ impl Drop for Counted<'_> {
 #[derive(Debug)]
 pub struct ApiServer {
     addr: SocketAddr,
-    token: String,
     shared: Arc<Shared>,
     accept: Option<JoinHandle<()>>,
     sa_dir: tempfile::TempDir,
@@ -896,14 +899,16 @@ impl ApiServer {
         if let Err(e) = listener.set_nonblocking(true) {
             panic!("stand-in API server: {e}");
         }
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            token: Mutex::new(token),
+            ..Shared::default()
+        });
         let accept = {
-            let (shared, token) = (Arc::clone(&shared), token.clone());
-            thread::spawn(move || accept_loop(&listener, &config, &shared, &token))
+            let shared = Arc::clone(&shared);
+            thread::spawn(move || accept_loop(&listener, &config, &shared))
         };
         Self {
             addr,
-            token,
             shared,
             accept: Some(accept),
             sa_dir,
@@ -930,8 +935,28 @@ impl ApiServer {
 
     /// The token the server accepts.
     #[must_use]
-    pub fn token(&self) -> &str {
-        &self.token
+    pub fn token(&self) -> String {
+        self.shared
+            .token
+            .lock()
+            .map(|t| t.clone())
+            .unwrap_or_default()
+    }
+
+    /// Rotates the ServiceAccount token as the kubelet does: a new one is written over
+    /// the `token` file (aside, then renamed), and from now on only it is accepted.
+    pub fn rotate_token(&self) {
+        let token = random_hex(24);
+        let (path, tmp) = (
+            self.sa_dir().join("token"),
+            self.sa_dir().join(".token.new"),
+        );
+        std::fs::write(&tmp, &token)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .unwrap_or_else(|e| panic!("rotating the token: {e}"));
+        if let Ok(mut t) = self.shared.token.lock() {
+            *t = token;
+        }
     }
 
     /// A ServiceAccount directory whose `token` the server does not accept (same CA).
@@ -1151,12 +1176,7 @@ impl Drop for ApiServer {
     }
 }
 
-fn accept_loop(
-    listener: &TcpListener,
-    config: &Arc<rustls::ServerConfig>,
-    shared: &Arc<Shared>,
-    token: &str,
-) {
+fn accept_loop(listener: &TcpListener, config: &Arc<rustls::ServerConfig>, shared: &Arc<Shared>) {
     while !shared.stop.load(Ordering::SeqCst) {
         match listener.accept() {
             Ok((stream, _)) => {
@@ -1167,13 +1187,12 @@ fn accept_loop(
                     drop(stream);
                     continue;
                 }
-                let (config, shared, token) =
-                    (Arc::clone(config), Arc::clone(shared), token.to_owned());
+                let (config, shared) = (Arc::clone(config), Arc::clone(shared));
                 // Counted before the thread starts, so that a drop right now waits for it.
                 shared.connections.fetch_add(1, Ordering::SeqCst);
                 thread::spawn(move || {
                     let _live = Counted::adopt(&shared.connections);
-                    serve(stream, config, &shared, &token);
+                    serve(stream, config, &shared);
                 });
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
@@ -1321,7 +1340,7 @@ fn read_request(
 /// Serves the requests of one connection (TLS): answers end it, a watch that ends by its
 /// timeout keeps it for the next request. Bounded by socket timeouts, polling for the
 /// server's end and restarts.
-fn serve(tcp: TcpStream, config: Arc<rustls::ServerConfig>, shared: &Shared, token: &str) {
+fn serve(tcp: TcpStream, config: Arc<rustls::ServerConfig>, shared: &Shared) {
     let epoch = shared.lock().restart_epoch;
     let _ = tcp.set_nonblocking(false);
     let _ = tcp.set_nodelay(true);
@@ -1354,7 +1373,7 @@ fn serve(tcp: TcpStream, config: Arc<rustls::ServerConfig>, shared: &Shared, tok
         } else {
             req.path.clone()
         };
-        let answer = answer(shared, &req, &query, token);
+        let answer = answer(shared, &req, &query);
         let code = match &answer {
             Answer::Full(code, _) => *code,
             Answer::Watch(_) => 200,
@@ -1498,8 +1517,9 @@ fn invalid(res: &Resource, name: &str, field: &str, message: &str) -> Value {
 }
 
 /// The answer the API server would give `req` (`query` parsed from it).
-fn answer(shared: &Shared, req: &Request, query: &Query, token: &str) -> Answer {
+fn answer(shared: &Shared, req: &Request, query: &Query) -> Answer {
     use Answer::Full;
+    let token = shared.token.lock().map(|t| t.clone()).unwrap_or_default();
     if req.auth.as_deref() != Some(format!("Bearer {token}").as_str()) {
         return Full(401, status(401, "Unauthorized", "Unauthorized", None));
     }

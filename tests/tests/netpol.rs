@@ -720,7 +720,9 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
         denied()
     );
 
-    // A dropped watch: the change after it still arrives.
+    // The ServiceAccount token rotated (only the new one is accepted from now on) and
+    // the watch dropped: the change after it still arrives, over the new token.
+    api.rotate_token();
     api.drop_watches();
     let admit_a = policy_object(
         "b-from-c",

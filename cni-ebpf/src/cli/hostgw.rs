@@ -3,7 +3,11 @@
 //! other Node object (flannel's host-gw idea: the nodes share a layer-2 segment, so each
 //! node's InternalIP is a next hop the others reach directly).
 //!
-//! Every [`HostGwArgs::interval`] it lists the Nodes and reconciles the main routing table:
+//! It keeps a view of the Node objects with kube-runtime's watcher and reflector (listed
+//! once, then watched: a dropped watch resumes, a `410 Gone` lists again, an unreachable
+//! or refusing API server is retried with backoff) and reconciles the main routing table
+//! after every change, and every [`HostGwArgs::interval`] against the view it has (so a
+//! route someone deleted comes back; no API request for that):
 //! - a pod CIDR of another node gets a route via that node's first InternalIP of the same
 //!   family (IPv4 CIDRs via IPv4 addresses, IPv6 via IPv6); none of that family: no route;
 //! - its own node (`--node-name`) never gets one;
@@ -13,20 +17,29 @@
 //!   added next to it;
 //! - a route of ours whose Node (or pod CIDR) is gone is removed.
 //!
-//! A failed list or route change is logged and retried at the next round: the routes
-//! stay as they are while the API server is unreachable. Off by default; leave it off
+//! A failed watch or route change is logged and retried: the routes stay as they are
+//! while the API server is unreachable. Off by default; leave it off
 //! where the cloud (or BGP) already routes pod CIDRs.
 
-use std::{collections::BTreeMap, net::IpAddr, time::Duration};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
 
+use futures::StreamExt as _;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
+use kube::{
+    runtime::{reflector, watcher, WatchStreamExt as _},
+    Api,
+};
+use tokio::sync::Notify;
 
 use crate::{
     error::{Error, Result},
     k8s::{self, ApiArgs, ApiClient},
     link::{Nl, RouteInfo, RTPROT_CNI_EBPF_HOST_GW},
 };
+
+/// How long a round waits after a Node change for more changes of the same burst.
+const SETTLE: Duration = Duration::from_millis(30);
 
 /// Default [`HostGwArgs::interval`] in seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 30;
@@ -41,7 +54,8 @@ pub struct HostGwArgs {
     /// This node's name (NODE_NAME from the downward API): its own pod CIDRs get no route.
     #[arg(long, env = "NODE_NAME")]
     pub node_name: Option<String>,
-    /// Seconds between two readings of the Node objects.
+    /// Seconds between two checks of the routing table against the watched Node objects
+    /// (the Nodes themselves are watched: a change is acted on at once).
     #[arg(long = "host-gw-interval", default_value_t = DEFAULT_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub interval: u64,
     #[command(flatten)]
@@ -177,16 +191,9 @@ fn log(msg: &str) {
     eprintln!("cni-ebpf host-gw: {msg}");
 }
 
-/// One round: list the Nodes, plan, apply; logs what it did.
-async fn round(client: &ApiClient, nl: &Nl, own: &str, last_skipped: &mut Vec<String>) {
-    let nodes = match client.nodes().await {
-        Ok(n) => n,
-        Err(e) => {
-            log(&format!("{e}; routes left as they are, retrying"));
-            return;
-        }
-    };
-    let (wanted, skipped) = wanted_routes(&nodes, own);
+/// One round: plan the routes `nodes` call for, apply; logs what it did.
+async fn round(nodes: &[Node], nl: &Nl, own: &str, last_skipped: &mut Vec<String>) {
+    let (wanted, skipped) = wanted_routes(nodes, own);
     if skipped != *last_skipped {
         for s in &skipped {
             log(&format!("no route: {s}"));
@@ -240,17 +247,45 @@ pub fn run(args: &HostGwArgs, own: &str) -> Result<()> {
         let nl = Nl::connect()?;
         let mut last_skipped = Vec::new();
         log(&format!(
-            "node {own}: keeping routes to the other nodes' pod CIDRs (proto {}) every {} s",
+            "node {own}: keeping routes to the other nodes' pod CIDRs (proto {}), watching \
+             the Nodes; the routing table is checked every {} s",
             RTPROT_CNI_EBPF_HOST_GW, args.interval
         ));
-        loop {
-            // A new client each round: the token and CA are read afresh (rotation), and a
-            // broken connection never outlives a round.
+        let client = loop {
             match ApiClient::new(&args.api) {
-                Ok(client) => round(&client, &nl, own, &mut last_skipped).await,
+                Ok(c) => break c.client(),
                 Err(e) => log(&format!("{e}; retrying")),
             }
-            tokio::time::sleep(Duration::from_secs(args.interval)).await;
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        };
+        let (store, writer) = reflector::store::<Node>();
+        let changed = Arc::new(Notify::new());
+        {
+            let changed = Arc::clone(&changed);
+            let events = watcher(Api::<Node>::all(client), watcher::Config::default())
+                .default_backoff()
+                .reflect(writer);
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(events);
+                while let Some(event) = events.next().await {
+                    match event {
+                        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                        Ok(_) => changed.notify_one(),
+                        Err(e) => log(&format!("{e}; routes left as they are, retrying")),
+                    }
+                }
+            });
+        }
+        if store.wait_until_ready().await.is_err() {
+            return Err(Error::datapath("host-gw", "the Node watcher stopped"));
+        }
+        loop {
+            let nodes: Vec<Node> = store.state().iter().map(|n| Node::clone(n)).collect();
+            round(&nodes, &nl, own, &mut last_skipped).await;
+            tokio::select! {
+                () = changed.notified() => tokio::time::sleep(SETTLE).await,
+                () = tokio::time::sleep(Duration::from_secs(args.interval)) => {}
+            }
         }
     })
 }
