@@ -346,8 +346,14 @@ fn policy(rng: &mut Rng, i: usize) -> NetworkPolicy {
     .unwrap_or_else(|e| panic!("generated policy: {e}"))
 }
 
-fn scenario(rng: &mut Rng) -> (Universe, Vec<NetworkPolicy>) {
-    let mut universe = Universe::upstream();
+/// The seed and number of the generated scenarios (the compiler's check and the
+/// end-to-end one run the same).
+const GENERATED_SEED: u64 = 0x5eed_cafe_f00d_0001;
+const GENERATED_ROUNDS: usize = 80;
+
+/// Random labels on `base`'s namespaces and pods, and 1 to 7 random policies.
+fn scenario(rng: &mut Rng, base: &Universe) -> (Universe, Vec<NetworkPolicy>) {
+    let mut universe = base.clone();
     for ns in NAMESPACES {
         if rng.chance(40) {
             universe.set_namespace_labels(ns, &[("ns", ns), ("tier", rng.pick(&TIERS))]);
@@ -376,12 +382,12 @@ fn generated_policies_compile_to_what_the_model_allows() {
         IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)),
         IpAddr::V6(Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 0x13)),
     ];
-    let mut rng = Rng(0x5eed_cafe_f00d_0001);
+    let mut rng = Rng(GENERATED_SEED);
     let mut total_policies = 0;
     let mut checked = 0u64;
     let mut denied = 0u64;
-    for round in 0..80 {
-        let (universe, policies) = scenario(&mut rng);
+    for round in 0..GENERATED_ROUNDS {
+        let (universe, policies) = scenario(&mut rng, &Universe::upstream());
         total_policies += policies.len();
         let compiled = Compiled::new(&universe, &policies);
         let mut ends: Vec<IpAddr> = Vec::new();
@@ -936,211 +942,348 @@ fn probe_cells(
     })
 }
 
-/// Every case of the upstream NetworkPolicy suite, end to end: two nodes, the nine
-/// pods of x, y and z spread over them (ADDed by the plugin, dual-stack, each serving
-/// TCP, UDP and SCTP on ports 80 and 81), an agent on each node watching the stand-in
-/// API server. Each step's changes go through the API; then every pod probes every
-/// other on both ports, all three protocols and both families, and each probe must find
-/// what upstream expects where upstream probes it, and what the model says elsewhere (SCTP
-/// is one INIT chunk on raw sockets: see `tests::netpol::probe`).
-/// Probes that disagree are retried for a few seconds (the agents take effect within a
-/// second; upstream retries likewise); one that still disagrees fails the test.
-#[test]
-#[ignore = "privileged: run via cargo xtask test"]
-fn upstream_cases_hold_end_to_end_on_two_nodes() {
-    use std::time::{Duration, Instant};
+/// The end-to-end world: two nodes, the nine pods of x, y and z spread over them (ADDed
+/// by the plugin, dual-stack, each serving TCP, UDP and SCTP on ports 80 and 81), an
+/// agent on each node watching the stand-in API server, which holds the namespaces and
+/// pods as [`Universe`] objects with the pods' real addresses.
+struct MatrixWorld {
+    cluster: tests::Cluster,
+    api: tests::ApiServer,
+    initial: Universe,
+    pods: Vec<MatrixPod>,
+    _agents: [tests::Background; 2],
+    probes: usize,
+    retried: usize,
+}
 
-    use datapath_support::wait_until;
-    use tests::{
-        netpol::{namespace, pod, probe::MatrixServer},
-        ApiServer, Cluster, EXT_IP4,
-    };
+impl MatrixWorld {
+    fn new(test: &str) -> Self {
+        use std::time::Duration;
 
-    let cluster = Cluster::new("np_e2e");
-    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
-    let mut initial = Universe {
-        namespaces: Vec::new(),
-        pods: Vec::new(),
-    };
-    for ns in NAMESPACES {
-        let obj = namespace(ns, &[("ns", ns)]);
-        api.put("namespaces", serde_json::to_value(&obj).unwrap_or_default());
-        initial.namespaces.push(obj);
+        use datapath_support::wait_until;
+        use tests::{
+            netpol::{namespace, pod, probe::MatrixServer},
+            ApiServer, Cluster, EXT_IP4,
+        };
+
+        let cluster = Cluster::new(test);
+        let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+        let mut initial = Universe {
+            namespaces: Vec::new(),
+            pods: Vec::new(),
+        };
+        for ns in NAMESPACES {
+            let obj = namespace(ns, &[("ns", ns)]);
+            api.put("namespaces", serde_json::to_value(&obj).unwrap_or_default());
+            initial.namespaces.push(obj);
+        }
+        let mut pods = Vec::new();
+        for (i, (ns, name)) in NAMESPACES
+            .iter()
+            .flat_map(|ns| PODS.iter().map(move |p| (*ns, *p)))
+            .enumerate()
+        {
+            let node = if i % 2 == 0 { cluster.a() } else { cluster.b() };
+            let handle = node.pod(&format!("{ns}-{name}"));
+            let env = handle
+                .env("eth0")
+                .with_args(&format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"));
+            let result = node
+                .exec_plugin("ADD", &env, &node.conf_dual_stack().plugin())
+                .result();
+            let ips: Vec<IpAddr> = result["ips"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
+                .collect();
+            assert_eq!(ips.len(), 2, "{ns}/{name} is not dual-stack: {result}");
+            let obj = pod(ns, name, &[("pod", name)], &ips);
+            api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+            initial.pods.push(obj);
+            let servers = MatrixServer::start(handle.netns(), &pod_string(ns, name));
+            pods.push(MatrixPod {
+                name: pod_string(ns, name),
+                pod: handle,
+                servers,
+            });
+        }
+        let agents = [
+            start_agent(cluster.a(), &api, &cluster.a().dir().join("agent.log")),
+            start_agent(cluster.b(), &api, &cluster.b().dir().join("agent.log")),
+        ];
+        let world = Self {
+            cluster,
+            api,
+            initial,
+            pods,
+            _agents: agents,
+            probes: 0,
+            retried: 0,
+        };
+        assert!(
+            wait_until(Duration::from_secs(10), || world
+                .cluster
+                .nodes()
+                .iter()
+                .all(|n| generation(n) >= 1)),
+            "the agents' first rounds never came:\n{}",
+            world.agent_logs()
+        );
+        world
     }
-    let mut pods = Vec::new();
-    for (i, (ns, name)) in NAMESPACES
-        .iter()
-        .flat_map(|ns| PODS.iter().map(move |p| (*ns, *p)))
-        .enumerate()
-    {
-        let node = if i % 2 == 0 { cluster.a() } else { cluster.b() };
-        let handle = node.pod(&format!("{ns}-{name}"));
-        let env = handle
-            .env("eth0")
-            .with_args(&format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"));
-        let result = node
-            .exec_plugin("ADD", &env, &node.conf_dual_stack().plugin())
-            .result();
-        let ips: Vec<IpAddr> = result["ips"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
-            .collect();
-        assert_eq!(ips.len(), 2, "{ns}/{name} is not dual-stack: {result}");
-        let obj = pod(ns, name, &[("pod", name)], &ips);
-        api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
-        initial.pods.push(obj);
-        let servers = MatrixServer::start(handle.netns(), &pod_string(ns, name));
-        pods.push(MatrixPod {
-            name: pod_string(ns, name),
-            pod: handle,
-            servers,
-        });
-    }
-    let logs = [
-        cluster.a().dir().join("agent.log"),
-        cluster.b().dir().join("agent.log"),
-    ];
-    let agent_logs = || {
-        logs.iter()
-            .map(|l| std::fs::read_to_string(l).unwrap_or_default())
-            .collect::<Vec<_>>()
-            .join("\n--- node b ---\n")
-    };
-    let _agents = [
-        start_agent(cluster.a(), &api, &logs[0]),
-        start_agent(cluster.b(), &api, &logs[1]),
-    ];
-    assert!(
-        wait_until(Duration::from_secs(10), || cluster
+
+    fn agent_logs(&self) -> String {
+        self.cluster
             .nodes()
             .iter()
-            .all(|n| generation(n) >= 1)),
-        "the agents' first rounds never came:\n{}",
-        agent_logs()
-    );
+            .map(|n| std::fs::read_to_string(n.dir().join("agent.log")).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n--- node b ---\n")
+    }
 
-    let index = |name: &str| {
-        pods.iter()
+    fn index(&self, name: &str) -> usize {
+        self.pods
+            .iter()
             .position(|p| p.name == name)
             .unwrap_or_else(|| panic!("no pod {name}"))
-    };
-    let started = Instant::now();
-    let (mut probes, mut steps, mut retried) = (0usize, 0usize, 0usize);
-    let mut wrong = Vec::new();
-    for case in cases(&initial) {
-        let mut universe = initial.clone();
-        let mut policies: Vec<NetworkPolicy> = Vec::new();
-        for (si, step) in case.steps.iter().enumerate() {
-            steps += 1;
-            for change in &step.changes {
-                apply_change(&mut universe, &mut policies, change);
-                publish_change(&api, &universe, change);
-            }
-            let upstream: BTreeMap<(usize, usize, Protocol, u16), bool> = step
-                .probes
-                .iter()
-                .flat_map(|p| {
-                    p.reachability
-                        .expected
-                        .iter()
-                        .map(move |((f, t), e)| ((index(f), index(t), p.protocol, p.port), *e))
-                })
-                .collect();
-            let mut cells = Vec::new();
-            for from in 0..pods.len() {
-                for to in (0..pods.len()).filter(|t| *t != from) {
-                    for v6 in [false, true] {
-                        for protocol in PROTOCOLS {
-                            for port in tests::netpol::PORTS {
-                                let expected = upstream
-                                    .get(&(from, to, protocol, port))
-                                    .filter(|_| !v6)
-                                    .copied()
-                                    .unwrap_or_else(|| {
-                                        model::allowed(
-                                            &universe,
-                                            &policies,
-                                            pod_ip(&universe, &pods[from].name, v6),
-                                            pod_ip(&universe, &pods[to].name, v6),
-                                            protocol,
-                                            port,
-                                        )
-                                    });
-                                cells.push(Cell {
-                                    from,
-                                    to,
-                                    v6,
-                                    protocol,
-                                    port,
-                                    expected,
+    }
+
+    /// Makes `changes` through the API (and to `universe` and `policies`), then probes
+    /// the whole matrix: each probe must find `upstream`'s expectation where it has one
+    /// (IPv4), the model's elsewhere. Disagreeing probes are retried for a few seconds
+    /// (the agents take effect within a second). Returns the probes that still disagree.
+    fn step(
+        &mut self,
+        what: &str,
+        universe: &mut Universe,
+        policies: &mut Vec<NetworkPolicy>,
+        changes: &[Change],
+        upstream: &BTreeMap<(usize, usize, Protocol, u16), bool>,
+    ) -> Vec<String> {
+        use std::time::{Duration, Instant};
+
+        for change in changes {
+            apply_change(universe, policies, change);
+            publish_change(&self.api, universe, change);
+        }
+        let mut cells = Vec::new();
+        for from in 0..self.pods.len() {
+            for to in (0..self.pods.len()).filter(|t| *t != from) {
+                for v6 in [false, true] {
+                    for protocol in PROTOCOLS {
+                        for port in tests::netpol::PORTS {
+                            let expected = upstream
+                                .get(&(from, to, protocol, port))
+                                .filter(|_| !v6)
+                                .copied()
+                                .unwrap_or_else(|| {
+                                    model::allowed(
+                                        universe,
+                                        policies,
+                                        pod_ip(universe, &self.pods[from].name, v6),
+                                        pod_ip(universe, &self.pods[to].name, v6),
+                                        protocol,
+                                        port,
+                                    )
                                 });
-                            }
+                            cells.push(Cell {
+                                from,
+                                to,
+                                v6,
+                                protocol,
+                                port,
+                                expected,
+                            });
                         }
                     }
                 }
             }
-            probes += cells.len();
-            // The agents' round (a settling delay, then a swap) before the first probes.
-            std::thread::sleep(Duration::from_millis(150));
-            let mut pending: Vec<&Cell> = cells.iter().collect();
-            let deadline = Instant::now() + Duration::from_secs(6);
-            let mut timeout = Duration::from_millis(250);
-            loop {
-                let found = probe_cells(&pods, &universe, &pending, timeout);
-                pending = pending
-                    .into_iter()
-                    .zip(found)
-                    .filter(|(c, got)| *got != c.expected)
-                    .map(|(c, _)| c)
-                    .collect();
-                if pending.is_empty() || Instant::now() >= deadline {
-                    break;
-                }
-                retried += pending.len();
-                timeout = Duration::from_secs(1);
-                std::thread::sleep(Duration::from_millis(200));
+        }
+        self.probes += cells.len();
+        // The agents' round (a settling delay, then a swap) before the first probes.
+        std::thread::sleep(Duration::from_millis(150));
+        let mut pending: Vec<&Cell> = cells.iter().collect();
+        let deadline = Instant::now() + Duration::from_secs(6);
+        let mut timeout = Duration::from_millis(250);
+        loop {
+            let found = probe_cells(&self.pods, universe, &pending, timeout);
+            pending = pending
+                .into_iter()
+                .zip(found)
+                .filter(|(c, got)| *got != c.expected)
+                .map(|(c, _)| c)
+                .collect();
+            if pending.is_empty() || Instant::now() >= deadline {
+                break;
             }
-            for c in pending {
-                wrong.push(format!(
-                    "{:?} step {si}: {} -> {} {}/{} over {}: expected {}, found the opposite",
-                    case.name,
-                    pods[c.from].name,
-                    pods[c.to].name,
+            self.retried += pending.len();
+            timeout = Duration::from_secs(1);
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        pending
+            .into_iter()
+            .map(|c| {
+                format!(
+                    "{what}: {} -> {} {}/{} over {}: expected {}, found the opposite",
+                    self.pods[c.from].name,
+                    self.pods[c.to].name,
                     c.protocol.api_name(),
                     c.port,
                     if c.v6 { "IPv6" } else { "IPv4" },
                     c.expected,
-                ));
-            }
-        }
-        // Back to the initial cluster: no policy, the original labels.
-        for p in &policies {
-            api.delete(
+                )
+            })
+            .collect()
+    }
+
+    /// Back to the initial cluster: no policy, the original labels.
+    fn reset(&self, policies: &[NetworkPolicy]) {
+        for p in policies {
+            self.api.delete(
                 "networkpolicies",
                 p.metadata.namespace.as_deref(),
                 p.metadata.name.as_deref().unwrap_or_default(),
             );
         }
-        for ns in &initial.namespaces {
-            api.put("namespaces", serde_json::to_value(ns).unwrap_or_default());
+        for ns in &self.initial.namespaces {
+            self.api
+                .put("namespaces", serde_json::to_value(ns).unwrap_or_default());
         }
-        for p in &initial.pods {
-            api.put("pods", serde_json::to_value(p).unwrap_or_default());
+        for p in &self.initial.pods {
+            self.api
+                .put("pods", serde_json::to_value(p).unwrap_or_default());
         }
     }
+}
+
+/// Every case of the upstream NetworkPolicy suite, end to end in a [`MatrixWorld`]: each
+/// step's changes go through the API; then every pod probes every other on both ports,
+/// all three protocols and both families (SCTP is one INIT chunk on raw sockets: see
+/// `tests::netpol::probe`), and each probe must find what upstream expects where
+/// upstream probes it, and what the model says elsewhere.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn upstream_cases_hold_end_to_end_on_two_nodes() {
+    let mut world = MatrixWorld::new("np_e2e");
+    let started = std::time::Instant::now();
+    let mut steps = 0;
+    let mut wrong = Vec::new();
+    let all = cases(&world.initial);
+    for case in &all {
+        let mut universe = world.initial.clone();
+        let mut policies: Vec<NetworkPolicy> = Vec::new();
+        for (si, step) in case.steps.iter().enumerate() {
+            steps += 1;
+            let upstream: BTreeMap<(usize, usize, Protocol, u16), bool> = step
+                .probes
+                .iter()
+                .flat_map(|p| {
+                    p.reachability.expected.iter().map(|((f, t), e)| {
+                        ((world.index(f), world.index(t), p.protocol, p.port), *e)
+                    })
+                })
+                .collect();
+            wrong.extend(world.step(
+                &format!("{:?} step {si}", case.name),
+                &mut universe,
+                &mut policies,
+                &step.changes,
+                &upstream,
+            ));
+        }
+        world.reset(&policies);
+    }
     eprintln!(
-        "{} cases, {steps} steps, {probes} probes ({retried} retried) in {:?}",
-        cases(&initial).len(),
+        "{} cases, {steps} steps, {} probes ({} retried) in {:?}",
+        all.len(),
+        world.probes,
+        world.retried,
         started.elapsed()
     );
     assert!(
         wrong.is_empty(),
-        "{} of {probes} probes found the wrong answer:\n{}\n{}",
+        "{} of {} probes found the wrong answer:\n{}\n{}",
+        wrong.len(),
+        world.probes,
+        wrong.join("\n"),
+        world.agent_logs()
+    );
+}
+
+/// The generated scenarios of [`generated_policies_compile_to_what_the_model_allows`]
+/// (the same seed: at least 200 policies), end to end in a [`MatrixWorld`]: each
+/// scenario's labels and policies go through the API, and the whole matrix must be what
+/// the model says.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn generated_policies_hold_end_to_end_on_two_nodes() {
+    let mut world = MatrixWorld::new("np_gen");
+    let started = std::time::Instant::now();
+    let mut rng = Rng(GENERATED_SEED);
+    let (mut total_policies, mut wrong) = (0, Vec::new());
+    for round in 0..GENERATED_ROUNDS {
+        let (labelled, generated) = scenario(&mut rng, &world.initial);
+        total_policies += generated.len();
+        let mut changes: Vec<Change> = Vec::new();
+        for ns in &labelled.namespaces {
+            let name = ns.metadata.name.clone().unwrap_or_default();
+            changes.push(Change::NamespaceLabels {
+                namespace: name,
+                labels: ns
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            });
+        }
+        for p in &labelled.pods {
+            changes.push(Change::PodLabels {
+                namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                pod: p.metadata.name.clone().unwrap_or_default(),
+                labels: p
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            });
+        }
+        changes.extend(generated.into_iter().map(Change::Apply));
+        let mut universe = world.initial.clone();
+        let mut policies = Vec::new();
+        let found = world.step(
+            &format!("round {round}"),
+            &mut universe,
+            &mut policies,
+            &changes,
+            &BTreeMap::new(),
+        );
+        if !found.is_empty() {
+            wrong.push(format!(
+                "{}\npolicies: {}",
+                found.join("\n"),
+                serde_json::to_string(&policies).unwrap_or_default()
+            ));
+        }
+        world.reset(&policies);
+    }
+    eprintln!(
+        "{GENERATED_ROUNDS} scenarios, {total_policies} policies, {} probes ({} retried) in {:?}",
+        world.probes,
+        world.retried,
+        started.elapsed()
+    );
+    assert!(total_policies >= 200, "only {total_policies} policies");
+    assert!(
+        wrong.is_empty(),
+        "{} scenarios found wrong answers:\n{}\n{}",
         wrong.len(),
         wrong.join("\n"),
-        agent_logs()
+        world.agent_logs()
     );
 }
 
