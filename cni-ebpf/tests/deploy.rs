@@ -112,7 +112,8 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
         .iter()
         .any(|t| t["key"] == "node.kubernetes.io/not-ready" && t["operator"] == "Exists"));
 
-    // Host paths: the CNI directories, bpffs, the IPAM data and the log directory.
+    // Host paths: the CNI directories, bpffs, the IPAM data, the log directory and the
+    // agent's NetworkPolicy state.
     let volumes = pod["volumes"].as_array().unwrap();
     let host_path = |name: &str| -> String {
         volumes
@@ -133,6 +134,7 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
         [
             "/etc/cni/net.d",
             "/opt/cni/bin",
+            "/run/cni-ebpf/policy",
             "/sys/fs/bpf",
             "/var/lib/cni-ebpf",
             "/var/log"
