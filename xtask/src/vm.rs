@@ -1,8 +1,8 @@
 //! A second kernel: test binaries run again under Debian's 6.12 kernel, booted in qemu.
 //!
 //! The machine's own kernel lacks what some tests need: it has no `fq` qdisc
-//! (`CONFIG_NET_SCH_FQ`), so the departure-time pacing of egress rates (issue 14) only
-//! ever falls back to policing there. Debian's 6.12 kernel — the one Debian 12 nodes
+//! (`CONFIG_NET_SCH_FQ`), so the departure-time pacing of egress rates only ever
+//! falls back to policing there. Debian's 6.12 kernel — the one Debian 12 nodes
 //! upgrade to — has `fq` (as a module), and is a second verifier and kernel version for
 //! the eBPF programs besides.
 //!

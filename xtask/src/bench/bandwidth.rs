@@ -1,4 +1,4 @@
-//! Egress rates (issue 14): a pod limited to a rate sends to ext with iperf3 — TCP, and
+//! Egress rates: a pod limited to a rate sends to ext with iperf3 — TCP, and
 //! UDP offered at 3× the rate — on cni-ebpf (`runtimeConfig.bandwidth`, enforced by its
 //! programs) and on the reference chain with the reference `bandwidth` plugin appended
 //! (tbf behind an ifb device). Reported: the rate the receiver saw as a share of the

@@ -1,6 +1,5 @@
 //! `cargo xtask bench`: cni-ebpf side by side with the reference plugins (bridge with
-//! `ipMasq` + host-local + portmap) and a bare veth pair, on simulated nodes (issues 6
-//! and 10).
+//! `ipMasq` + host-local + portmap) and a bare veth pair, on simulated nodes.
 //!
 //! Phases (`--only` picks some):
 //! - `ipam`: the IPAM allocate+release microbench (`cargo bench -p cni-ebpf --bench ipam`);
@@ -84,7 +83,7 @@ pub struct Args {
     /// Phases to run, comma-separated [default: all].
     #[arg(long, value_enum, value_delimiter = ',')]
     pub only: Vec<Phase>,
-    /// Pods per control-plane run (≥ 100 for the issue's percentiles) [default: 100].
+    /// Pods per control-plane run (≥ 100 for a meaningful p99) [default: 100].
     #[arg(long)]
     pub pods: Option<usize>,
     /// Control-plane worker counts, comma-separated [default: 1,2].
@@ -164,7 +163,7 @@ fn plugin_and_client(args: &Args) -> Result<(PathBuf, PathBuf)> {
 
 /// `--second-kernel`: builds what the bench runs here, then runs this same xtask with
 /// the same flags in the guest, results into the shared work directory, copied to
-/// `--out` (or `results/bench-<timestamp>-debian-<release>`) afterwards.
+/// `--out` (or `results/bench-<timestamp>-linux-<release>`) afterwards.
 fn run_in_second_kernel(args: &Args) -> Result<()> {
     let kernel = crate::vm::ensure_kernel()?;
     let (plugin, client) = plugin_and_client(args)?;

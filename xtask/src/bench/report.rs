@@ -124,10 +124,10 @@ pub enum Rule {
     MaxAbs(&'static str, f64),
 }
 
-/// A target of the issue and its verdict.
+/// A target the bench checks, and its verdict.
 #[derive(Debug, Clone)]
 pub struct Verdict {
-    /// The target as the issue words it.
+    /// The target, as the report prints it.
     pub name: String,
     /// Measured (ratio or absolute).
     pub measured: Option<f64>,
@@ -214,8 +214,8 @@ impl Report {
                 "ADD p50 ≤ 0.2× reference (libcni embedded in a long-lived client)",
                 Rule::Max("cp.embedded.w1.add.p50", "reference", 0.2),
             ),
-            // Issue 14 (replacing issue 6's 0.1×, which no DEL that deletes the veth
-            // synchronously can meet: deleting a veth alone takes ≈ 20 ms here).
+            // 0.35×, not 0.1×: no DEL that deletes the veth synchronously can meet 0.1×
+            // (deleting a veth alone takes ≈ 20 ms on the bench machine).
             (
                 "DEL p50 ≤ 0.35× reference (direct exec)",
                 Rule::Max("cp.direct.w1.del.p50", "reference", 0.35),
@@ -276,7 +276,7 @@ impl Report {
                 "ext → hostPort connect rate ≥ 1.25× reference",
                 Rule::Min("dp.hostport.crr_cps", "reference", 1.25),
             ),
-            // Issue 10: Service traffic is translated by netfilter, so it takes the kernel
+            // Services: their traffic is translated by netfilter, so it takes the kernel
             // path with cni-ebpf as with the reference; what must hold is that cni-ebpf is
             // not slower there. 0.95 rather than 1.0: at parity the median ratio still
             // moves by a few percent between runs on a shared machine.

@@ -1,4 +1,4 @@
-//! Services (issue 10): pod → ClusterIP → pod with kube-proxy's rules for one ClusterIP
+//! Services: pod → ClusterIP → pod with kube-proxy's rules for one ClusterIP
 //! Service loaded on the nodes, the endpoint on the client's node and on the other node,
 //! cni-ebpf against the reference chain. TCP request/response (transactions/s, p50/p99)
 //! and connect/request/close (connections/s: the DNS-like short connections pods open to
