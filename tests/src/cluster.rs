@@ -1,6 +1,6 @@
-//! Two simulated nodes joined through a fabric, as DESIGN.md's "Tests: the simulated node"
-//! and issue 10 ask: pod CIDRs routed to each other by static routes (what a cloud route
-//! table or flannel's host-gw does), an outside world that is both nodes' default gateway.
+//! Two simulated nodes joined through a fabric (docs/testing.md, "The simulated node"):
+//! pod CIDRs routed to each other by static routes (what a cloud route table or flannel's
+//! host-gw does), an outside world that is both nodes' default gateway.
 //!
 //! ```text
 //!                     ext-<tag>   eth0 198.18.0.2/24  fd00:198:18::2/64

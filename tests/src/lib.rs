@@ -1,6 +1,6 @@
-//! End-to-end test harness for cni-ebpf (test tiers 3 and 4 of STYLE.md).
+//! End-to-end test harness for cni-ebpf (test tiers 3 and 4 of docs/testing.md).
 //!
-//! - [`SimNode`]: the simulated node of DESIGN.md — `node` and `ext` network namespaces
+//! - [`SimNode`]: the simulated node — `node` and `ext` network namespaces
 //!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
 //!   namespaces. Everything is removed on drop, also when a test panics.
 //! - [`Cluster`]: two simulated nodes (`node-a`, `node-b`) joined by a `fabric` bridge,

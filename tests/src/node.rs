@@ -1,4 +1,4 @@
-//! The simulated node of DESIGN.md ("Tests: the simulated node").
+//! The simulated node (docs/testing.md, "The simulated node").
 //!
 //! ```text
 //!   pod netns (one per Pod)        node-<tag>                     ext-<tag>
@@ -568,7 +568,7 @@ fn try_configure_link(ns: &str, dev: &str, v4: &str, v6: &str) -> Result<(), Com
     ip(&["link", "set", dev, "up"])
 }
 
-/// Wires a node namespace to the outside world as DESIGN.md's test topology has it: a
+/// Wires a node namespace to the outside world as the simulated node has it: a
 /// veth `uplink0` (198.18.0.1/24, fd00:198:18::1/64) ↔ `eth0` in `ext` (198.18.0.2,
 /// fd00:198:18::2), and the node's default routes through `ext`.
 pub fn wire_uplink(node: &NetNs, ext: &NetNs) -> Result<(), CommandFailed> {

@@ -2,7 +2,7 @@
 //!
 //! Entering a namespace is done with `setns(CLONE_NEWNET)` in a `pre_exec` hook, which
 //! switches only the network namespace — unlike `ip netns exec`, which also unshares the
-//! mount namespace and remounts `/sys`, hiding `/sys/fs/bpf` (see TOOLCHAIN.md).
+//! mount namespace and remounts `/sys`, hiding `/sys/fs/bpf` (see docs/testing.md).
 
 use std::{
     ffi::OsStr,

@@ -1,4 +1,4 @@
-//! Issue 14, end to end on the simulated node: a pod's egress rate
+//! End to end on the simulated node: a pod's egress rate
 //! (`runtimeConfig.bandwidth.egressRate`/`egressBurst`) enforced by the eBPF programs with
 //! departure times and the `fq` the plugin puts on the uplink — measured with iperf3 (TCP
 //! and UDP, pod → outside, and TCP pod → pod on the node, where the same schedule polices

@@ -1,4 +1,4 @@
-//! Issue 11, item 6: churn under load. Two workers add and delete pods in a loop (one in
+//! Churn under load. Two workers add and delete pods in a loop (one in
 //! five with a host port) while two long-lived pods keep talking — to each other over a
 //! persistent TCP connection and to the outside over a masqueraded one — and a
 //! `cni-ebpf metrics` exporter is scraped. Afterwards: no leaked link, address, route,

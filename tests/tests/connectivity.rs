@@ -193,7 +193,7 @@ fn pods_reach_each_other_and_the_node_in_every_version() {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn a_new_pod_is_reachable_over_ipv6_at_once() {
-    // "No DAD delay" (issue 4): the pod's IPv6 address is usable the moment ADD returns,
+    // No DAD delay: the pod's IPv6 address is usable the moment ADD returns,
     // also for traffic the node forwards to it (from another pod), not only for the node's
     // own. One probe, one second.
     let node = SimNode::new("ipv6_at_once");

@@ -1,10 +1,10 @@
-//! Issue 11, first slice: a runtime may SIGKILL the plugin at any instant of ADD (a
+//! A runtime may SIGKILL the plugin at any instant of ADD (a
 //! timeout, an OOM kill, a node shutting down) and then calls DEL for the same container,
 //! with no `prevResult`, while the netns still exists. Nothing may stay behind: no host
 //! veth, no container interface, no datapath entry, no reservation, no temporary file in
 //! the store; afterwards every address of the range can be handed out again.
 //!
-//! Two campaigns, together over 1 000 kills in the default run (issue 11, item 3):
+//! Two campaigns, together over 1 000 kills in the default run:
 //! - random delays: `CNI_EBPF_CRASH_ROUNDS` ADDs (default 800) each SIGKILLed after a random
 //!   delay within 1.5× an ADD's duration (about half of them die before finishing);
 //! - named steps: the fault-injection build stops itself at each named point of ADD, DEL

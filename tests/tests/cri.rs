@@ -1,4 +1,4 @@
-//! containerd's CRI path as kubelet drives it (issue 12, item 1): Debian's containerd 1.6
+//! containerd's CRI path as kubelet drives it: Debian's containerd 1.6
 //! runs inside a simulated node (`tests/src/containerd.rs`), with cni-ebpf as its only
 //! network, and a CRI v1 client (the `k8s-cri` crate) runs pod sandboxes with Kubernetes
 //! metadata and `portMappings`, starts busybox containers in them, and checks real

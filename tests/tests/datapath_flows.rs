@@ -1,4 +1,4 @@
-//! Issue 5, end to end: thousands of concurrent masqueraded flows. One pod holds 5000 TCP
+//! End to end: thousands of concurrent masqueraded flows. One pod holds 5000 TCP
 //! connections and 2000 UDP flows to `ext` open at the same time; every one must succeed,
 //! be seen by ext as coming from the node on a distinct SNAT port, and have its NAT entry.
 //! And many more short connections to one destination than there are SNAT ports all

@@ -1,4 +1,4 @@
-//! Issue 5, end to end on the simulated node: the eBPF datapath forwards real traffic.
+//! End to end on the simulated node: the eBPF datapath forwards real traffic.
 //! Pod ↔ pod through `from_pod`'s redirect (proved by its counters), masquerade of pod
 //! traffic leaving the cluster (TCP, UDP, ICMP echo) and none for cluster or node
 //! destinations, host ports from outside with the client's address kept (also on a
@@ -427,7 +427,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
         after["reasons"]
     );
     // Each flow's first packet (the SYN, the first echo request) goes through the node's
-    // stack so that netfilter sees it (issue 10); everything after it bypasses the kernel's
+    // stack so that netfilter sees it; everything after it bypasses the kernel's
     // forwarding: 20 connections + 1 ping flow, and a little slack for retransmissions.
     let flows = 20 + 1;
     assert!(
@@ -444,7 +444,7 @@ fn traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
     );
     drop(srv);
 
-    // A source address that is not the pod's own is dropped at the pod's veth (issue 15):
+    // A source address that is not the pod's own is dropped at the pod's veth:
     // nothing leaves, the reason is counted.
     let spoofed = "10.244.1.250";
     let out = a.exec(&["ip", "addr", "add", &format!("{spoofed}/32"), "dev", "eth0"]);

@@ -1,4 +1,4 @@
-//! Issue 5, end to end: ownership of host ports. A host port held by one container cannot
+//! End to end: ownership of host ports. A host port held by one container cannot
 //! be taken by another (ADD fails naming the owner and leaves nothing behind); DEL frees
 //! it; a new pod on the same host port gets new connections, and a flow of the old pod
 //! never reaches it.

@@ -1,4 +1,4 @@
-//! Issue 13: IPv6 through the datapath on the simulated node, dual-stack pods under the
+//! IPv6 through the datapath on the simulated node, dual-stack pods under the
 //! real plugin. Pod → outside masqueraded to the node's IPv6 address (TCP, UDP, ICMPv6
 //! echo; `ext` has no route to the pods' ULA prefix, so an answer proves the
 //! translation both ways) and ICMPv6 errors about it reaching the pod's socket; pod ↔ pod over IPv6 into the destination pod by `from_pod6`;

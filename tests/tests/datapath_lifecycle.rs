@@ -1,4 +1,4 @@
-//! Issue 5, end to end: what the datapath leaves behind. DEL of a pod that carried
+//! End to end: what the datapath leaves behind. DEL of a pod that carried
 //! traffic (masquerade, host ports, hairpin, pod ↔ pod) removes every map entry, NAT
 //! entry, link and pin of that pod and nothing of the others; after the last DEL only the
 //! network's programs, maps and uplink links remain. And no iptables or nftables rule is

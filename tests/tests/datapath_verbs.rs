@@ -1,4 +1,4 @@
-//! Issue 5, end to end: the verbs that read the datapath back. CHECK fails with 104 and a
+//! End to end: the verbs that read the datapath back. CHECK fails with 104 and a
 //! specific message for each kind of damage to a pod's datapath (endpoint entry deleted,
 //! program detached, host port removed, uplink program detached) and passes again after
 //! DEL + a fresh ADD; STATUS (1.1.0) is 0 when loaded and 50 with the reason when pins

@@ -293,8 +293,8 @@ fn libcni_client_reports_versions_and_surfaces_the_plugins_add_outcome() {
     }
 
     // ADD of a conflist (cni-ebpf, then the reference `tuning`). Whatever the plugin
-    // answers when run directly is what the client must surface: today an error (ADD is
-    // not implemented yet), later a result.
+    // answers when run directly is what the client must surface: a result, or the same
+    // error.
     let pod = node.pod("p");
     let conf = node.conf().version("1.0.0");
     let env = pod.env("eth0");

@@ -1,4 +1,4 @@
-//! Issue 12, item 7: `cni-ebpf inspect` names the Kubernetes pod of each endpoint (from the
+//! `cni-ebpf inspect` names the Kubernetes pod of each endpoint (from the
 //! `K8S_POD_*` args of its ADD, kept in the IPAM record) and shows one pod or one namespace
 //! on request: its endpoints, host ports and NAT entries only.
 

@@ -1,6 +1,8 @@
-//! Issue 10, end to end: every row of its table on two simulated nodes ([`Cluster`]),
-//! with kube-proxy's rules loaded in iptables mode, in nftables mode, and — for the rows
-//! that need no Service — with no kube-proxy at all.
+//! End to end, every kind of traffic a Kubernetes cluster needs (the rows of
+//! [`service_rows`] and [`plain_rows`]: ClusterIP, NodePort, host network, pod → pod
+//! across nodes, masquerade, host ports) on two simulated nodes ([`Cluster`]), with
+//! kube-proxy's rules loaded in iptables mode, in nftables mode, and — for the rows that
+//! need no Service — with no kube-proxy at all.
 //!
 //! One cluster per test function. Each row is checked in turn with short bounded timeouts
 //! (a broken row costs about two seconds) and reported on stderr as it goes; at the end the
@@ -23,7 +25,7 @@
 //! cgroup-v2 directory the test creates, passed to node A's plugin as `cgroupPath` (where
 //! the socket-level hook for locally generated traffic attaches).
 //!
-//! Issue 13: the cluster is dual-stack (pods in `fd00:10:244:1::/64` and
+//! Dual stack: the cluster is dual-stack (pods in `fd00:10:244:1::/64` and
 //! `fd00:10:244:2::/64`, routed to each other; nodes `fd00:198:18::1` and `::3`, `ext`
 //! `fd00:198:18::2`), and every row is also checked over IPv6: each Service has an IPv6
 //! twin in `fd00:10:96::/112` (`::10`, `::11`, `::12`, the same ports and NodePorts, as a
@@ -69,7 +71,7 @@ const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
 // ------------------------------------------------------------------------------------
 // Traffic
 
-/// How a request failed, in the words of the issue.
+/// How a request failed, in the words the row report uses.
 fn describe(stage: &str, e: &io::Error) -> String {
     let what = match e.kind() {
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => "timed out",

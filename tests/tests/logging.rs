@@ -1,4 +1,4 @@
-//! Issue 12, item 7: the log file rotates by size (`logOptions`), also when many plugin
+//! The log file rotates by size (`logOptions`), also when many plugin
 //! processes start at once, and is left alone for logrotate with `maxSize` 0.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]

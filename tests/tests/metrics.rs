@@ -1,4 +1,4 @@
-//! Issue 12, item 5: `cni-ebpf metrics` on the simulated node. The exporter runs inside the
+//! `cni-ebpf metrics` on the simulated node. The exporter runs inside the
 //! node namespace on loopback (as the DaemonSet's main container does on the node), pods
 //! are added, talk to each other and to the outside, and `/metrics` is scraped over HTTP
 //! from inside the same namespace: per-endpoint counters, reason counters, pods and host
@@ -435,7 +435,7 @@ fn metrics_of_named_networks_report_an_unloaded_one_and_refuse_other_requests() 
         .skip_while(|l| *l != "MAPS")
         .find(|l| l.trim_start().starts_with("NAT "))
         .unwrap_or_else(|| panic!("no NAT line under MAPS: {out}"));
-    // A plain hash since issue 15: nothing is ever evicted.
+    // A plain hash: nothing is ever evicted.
     assert!(nat_line.contains(" hash "), "{nat_line}");
     let doc = datapath_support::inspect(&node);
     let maps = doc["maps"].as_array().cloned().unwrap_or_default();

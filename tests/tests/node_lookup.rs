@@ -1,4 +1,4 @@
-//! Issue 12, item 3: `cni-ebpf install` reads the node's pod CIDRs from its Node object.
+//! `cni-ebpf install` reads the node's pod CIDRs from its Node object.
 //!
 //! The API server is the stand-in of `tests::apiserver` (HTTPS with its own CA, bearer
 //! token checked, Node objects and Status errors shaped like the API server's), listening

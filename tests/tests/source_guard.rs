@@ -1,4 +1,4 @@
-//! Issue 15 end to end: pods speak only as themselves, and one pod cannot starve the
+//! End to end: pods speak only as themselves, and one pod cannot starve the
 //! others of NAT state.
 //!
 //! - A pod that sends with a neighbour pod's IPv4 or IPv6 address (added to its own

@@ -1,4 +1,4 @@
-//! Issue 11, item 5: a newer binary installed on a node with running pods carries the
+//! A newer binary installed on a node with running pods carries the
 //! node over — programs replaced in place through the clsact filters, tcx links and
 //! cgroup links, maps kept — while pod → pod, masqueraded pod → outside and outside →
 //! host port connections stay open and keep talking. A binary of another map layout

@@ -1,4 +1,4 @@
-//! What the `datapath_*` end-to-end tests (issue 5) share: the masquerading network
+//! What the `datapath_*` end-to-end tests share: the masquerading network
 //! configuration, ADD/DEL/CHECK through the real binary at spec 1.1.0, `cni-ebpf inspect`
 //! and raw map dumps (bpftool), and traffic tools the harness does not have — a tagged,
 //! multi-threaded TCP server, a UDP exchange that reports the reply's source, an ICMP
