@@ -778,7 +778,7 @@ fn large_ranges() {
 
 #[test]
 fn runtime_ip_ranges_serve_one_conflist_on_every_node() {
-    // Issue 12: one conflist for the whole cluster (no ranges of its own); the runtime
+    // One conflist for the whole cluster (no ranges of its own); the runtime
     // passes each node's pod CIDR as the `ipRanges` capability, in host-local's schema.
     for (node_cidr, want) in [("10.61.1.0/24", "10.61.1.2"), ("10.61.2.0/24", "10.61.2.2")] {
         let dir = data_dir();

@@ -1,4 +1,4 @@
-//! Issue 10: the datapath next to netfilter, one decision per test through
+//! The datapath next to netfilter, one decision per test through
 //! `BPF_PROG_TEST_RUN`. A flow's first packets go to the stack; a flow seen leaving the
 //! uplink untranslated takes the fast path; a flow netfilter translated stays on the
 //! kernel path; replies to a pod socket that talks through the stack go to the stack;

@@ -1,4 +1,4 @@
-//! Packet fuzzing (issue 11): random and mutated frames through each eBPF program with
+//! Packet fuzzing: random and mutated frames through each eBPF program with
 //! `BPF_PROG_TEST_RUN`. Root and the eBPF object are needed: run through `cargo xtask test`.
 //!
 //! A fixed number of frames per program from a seeded generator (no dependency: a

@@ -1,8 +1,8 @@
-//! Issue 15: what the source check and the NAT shares cost, measured in the kernel with
+//! What the source check and the NAT shares cost, measured in the kernel with
 //! `BPF_PROG_TEST_RUN`'s repeat count (its `duration` is the average per run). Printed
 //! (run with `--nocapture` to see them) and bounded loosely, so that a change making the
-//! check or a sweep an order of magnitude dearer fails here. The README's numbers come
-//! from this test.
+//! check or a sweep an order of magnitude dearer fails here. The figures in
+//! docs/datapath.md ("What the checks cost") come from this test.
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 

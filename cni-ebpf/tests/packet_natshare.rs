@@ -1,4 +1,4 @@
-//! Issue 15: one pod cannot starve the others of NAT state. Every translated flow is
+//! One pod cannot starve the others of NAT state. Every translated flow is
 //! charged to its pod's share (`natFlowsPerPod`); a pod at its cap gets its own new flows
 //! refused (`drop_nat_pod_cap`) while other pods' existing and new flows are untouched;
 //! nothing is ever evicted; finished flows are swept out when a pod at its cap asks for

@@ -1,4 +1,4 @@
-//! Issue 14: a pod's egress rate (`runtimeConfig.bandwidth`) in `from_pod`, packet by
+//! A pod's egress rate (`runtimeConfig.bandwidth`) in `from_pod`, packet by
 //! packet through `BPF_PROG_TEST_RUN`: within its burst a paced pod's packets go on as
 //! before; beyond burst and limit they are dropped and counted (`drop_egress_rate`);
 //! a pod without a rate is never touched; removing the pod removes its schedule.

@@ -1,4 +1,4 @@
-//! Issue 15: a pod speaks only as itself. `from_pod` drops a packet whose source is not
+//! A pod speaks only as itself. `from_pod` drops a packet whose source is not
 //! one of the sending pod's addresses — IPv4 or IPv6, whatever path it would take,
 //! fragments and packets with IP options included — and counts it; a per-attachment
 //! allow-list (`allowedSourceCIDRs`) is the only way to send from other sources. IPv6

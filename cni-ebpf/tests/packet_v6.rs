@@ -1,4 +1,4 @@
-//! Issue 13: the IPv6 programs, one decision per test through `BPF_PROG_TEST_RUN`.
+//! The IPv6 programs, one decision per test through `BPF_PROG_TEST_RUN`.
 //!
 //! The attached programs tail-call their IPv6 halves (`from_pod6`, `uplink_ingress6`,
 //! `uplink_egress6`, slots of `CALLS6`): these tests run the attached ones, so the tail
@@ -845,7 +845,7 @@ fn a_verified_ipv6_flow_to_another_node_comes_back_straight_into_the_pod() {
     );
 }
 
-/// Issue 14 over IPv6: in fq mode a paced pod's packets for the outside get departure
+/// Egress rates over IPv6: in fq mode a paced pod's packets for the outside get departure
 /// times, and those that stay on the node (for one of its IPv6 addresses) none, since no
 /// fq holds them.
 #[test]
