@@ -1,6 +1,6 @@
 //! Living next to netfilter: which pod flows may bypass the node's stack.
 //!
-//! The rule (DESIGN.md, "Living next to Kubernetes"): a fast path never bypasses
+//! The rule (docs/kubernetes.md, "Living next to kube-proxy"): a fast path never bypasses
 //! netfilter for a flow that netfilter translates — kube-proxy's DNAT of a ClusterIP or
 //! NodePort and its un-DNAT of the replies, a portmap-style rule, an admin's NAT. We cannot
 //! read netfilter's decisions, but for pod traffic leaving the node we own a hook on each
@@ -31,8 +31,8 @@
 //! that aya 0.14 cannot relocate, and conntrack entries exist only where a netfilter user
 //! enabled conntrack in the namespace; tracking at our own hooks works on every node and
 //! costs one LRU lookup per fast-pathed packet. What it gives up: after its first packets a
-//! fast-pathed flow is no longer seen by netfilter (FORWARD rules, conntrack), see the
-//! README's "Kubernetes" section.
+//! fast-pathed flow is no longer seen by netfilter (FORWARD rules, conntrack), see
+//! docs/kubernetes.md.
 
 use cni_ebpf_common::{
     proto, FlowEntry, FlowFlags, NatKeyOf, NodeConfig, Reason, SockKeyOf, SockPeerOf,

@@ -1,5 +1,5 @@
 //! A [`Snapshot`] as metric families: every metric `cni-ebpf metrics` serves is defined
-//! here (and listed in the README's "Metrics" section). Pure: no I/O, unit-tested.
+//! here (and listed in docs/operations.md, "Metrics"). Pure: no I/O, unit-tested.
 
 use super::{
     collect::{NetworkSnapshot, PolicySnapshot, Snapshot},
