@@ -57,6 +57,7 @@ mod parse;
 mod policy;
 mod rewrite;
 mod sock;
+mod tunnel;
 mod v6;
 
 use aya_ebpf::{
@@ -283,6 +284,18 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
     policy::to_pod(&ctx)
+}
+
+#[classifier]
+pub fn to_tunnel(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    tunnel::to_tunnel(&ctx)
+}
+
+#[classifier]
+pub fn from_tunnel(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    tunnel::from_tunnel(&ctx)
 }
 
 #[cfg(not(test))]

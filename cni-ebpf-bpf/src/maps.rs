@@ -18,11 +18,12 @@ use cni_ebpf_common::{
     PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey,
     PolicyState, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer,
     SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey,
-    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
-    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS,
-    MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES,
-    MAX_POLICY_PEERS, MAX_POLICY_PORTS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW,
-    MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, POLICY_DENY_SLOTS, REASON_SLOTS,
+    TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS,
+    MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6,
+    MAX_OWNERS, MAX_POLICY_COUNTS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS,
+    MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS, MAX_PORTMAPS, MAX_SOCK_REVNAT,
+    MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS,
+    MAX_TUNNEL_NODES, POLICY_DENY_SLOTS, REASON_SLOTS,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -193,6 +194,14 @@ pub(crate) static POLICY_DENIES: PerCpuArray<PolicyDeny> =
 #[map]
 pub(crate) static POLICY_COUNTS: LruPerCpuHashMap<u32, PolicyCounts> =
     LruPerCpuHashMap::pinned(MAX_POLICY_COUNTS, 0);
+/// The node that holds each other node's pod CIDRs (the tunnel modes).
+#[map]
+pub(crate) static TUNNEL_ENDPOINTS: LpmTrie<TunnelKey, TunnelEndpoint> =
+    LpmTrie::pinned(MAX_TUNNEL_ENDPOINTS, BPF_F_NO_PREALLOC);
+/// The other nodes' underlay addresses.
+#[map]
+pub(crate) static TUNNEL_NODES: HashMap<TunnelKey, u32> =
+    HashMap::pinned(MAX_TUNNEL_NODES, BPF_F_NO_PREALLOC);
 /// Per-CPU room for the keys of one judgement (not pinned: nothing outlives a packet).
 #[map]
 pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =

@@ -20,12 +20,14 @@ mod names;
 mod nat;
 mod policy;
 mod reason;
+mod tunnel;
 
 pub use hash::{fnv1a64, owner_id};
 pub use names::{global, map, prog};
 pub use nat::*;
 pub use policy::*;
 pub use reason::{Reason, REASON_SLOTS};
+pub use tunnel::*;
 
 /// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
 pub const MAX_ENDPOINTS: u32 = 4096;
@@ -451,6 +453,10 @@ bitflags::bitflags! {
         /// add-on NetworkPolicy enforcer's FORWARD rules) sees it (`sameNodeFastPath:
         /// false`).
         const POD_TRAFFIC_TO_STACK = 2;
+        /// `crossNode: crossSubnet`: nodes on the uplink's own subnet are reached
+        /// directly, the others through the tunnel (the agent's routes decide; the
+        /// programs only read it to report it).
+        const CROSS_SUBNET = 4;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }
@@ -525,8 +531,11 @@ pub struct NodeConfig {
     /// Most SNAT ports one pod may hold towards one destination (address, port,
     /// protocol), native order (`natPortsPerDestination`; 0: no cap).
     pub snat_dest_cap: u32,
-    /// Padding (zero).
-    pub _pad: [u32; 2],
+    /// ifindex of the node's tunnel device (`crossNode` `tunnel` or `crossSubnet`),
+    /// native order; 0: pods of other nodes are routed, not tunnelled.
+    pub tunnel_ifindex: u32,
+    /// The tunnel's VXLAN network identifier, native order.
+    pub tunnel_vni: u32,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
     /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
@@ -593,6 +602,8 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyFlow {}
     unsafe impl aya::Pod for super::PolicyDeny {}
     unsafe impl aya::Pod for super::PolicyCounts {}
+    unsafe impl aya::Pod for super::TunnelKey {}
+    unsafe impl aya::Pod for super::TunnelEndpoint {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::PortKey {}

@@ -10,6 +10,12 @@ pub mod prog {
     pub const UPLINK_EGRESS: &str = "uplink_egress";
     /// Host veth egress (packets the kernel delivers to a pod): NetworkPolicy.
     pub const TO_POD: &str = "to_pod";
+    /// Tunnel device egress (packets routed to another node's pods): the node to send
+    /// them to.
+    pub const TO_TUNNEL: &str = "to_tunnel";
+    /// Tunnel device ingress (packets out of the tunnel): checked against the node that
+    /// sent them.
+    pub const FROM_TUNNEL: &str = "from_tunnel";
     /// `connect()` of the node's own sockets (cgroup `connect4`).
     pub const SOCK_CONNECT4: &str = "sock_connect4";
     /// `sendmsg()` of the node's own unconnected UDP sockets (cgroup `sendmsg4`).
@@ -28,7 +34,14 @@ pub mod prog {
     /// `getpeername()` of the node's own IPv6 sockets (cgroup `getpeername6`).
     pub const SOCK_GETPEERNAME6: &str = "sock_getpeername6";
     /// The tc programs.
-    pub const TC: [&str; 4] = [FROM_POD, UPLINK_INGRESS, UPLINK_EGRESS, TO_POD];
+    pub const TC: [&str; 6] = [
+        FROM_POD,
+        UPLINK_INGRESS,
+        UPLINK_EGRESS,
+        TO_POD,
+        TO_TUNNEL,
+        FROM_TUNNEL,
+    ];
     /// The socket (cgroup sock_addr) programs.
     pub const SOCK: [&str; 8] = [
         SOCK_CONNECT4,
@@ -61,7 +74,7 @@ pub mod prog {
     ];
     /// Every program, in load order (the tail-called IPv6 programs first: a program that
     /// calls them finds them in place from its first packet).
-    pub const ALL: [&str; 15] = [
+    pub const ALL: [&str; 17] = [
         FROM_POD6,
         UPLINK_INGRESS6,
         UPLINK_EGRESS6,
@@ -69,6 +82,8 @@ pub mod prog {
         UPLINK_INGRESS,
         UPLINK_EGRESS,
         TO_POD,
+        TO_TUNNEL,
+        FROM_TUNNEL,
         SOCK_CONNECT4,
         SOCK_SENDMSG4,
         SOCK_RECVMSG4,
@@ -178,8 +193,14 @@ pub mod map {
     /// `u32` (a pod's host veth ifindex) → [`crate::PolicyCounts`] (per CPU, LRU): the
     /// policy's verdicts at each pod, read by the agent's metrics.
     pub const POLICY_COUNTS: &str = "POLICY_COUNTS";
+    /// LPM trie of [`crate::TunnelKey`] → [`crate::TunnelEndpoint`]: the node that holds
+    /// each other node's pod CIDRs, kept by the agent in the tunnel modes.
+    pub const TUNNEL_ENDPOINTS: &str = "TUNNEL_ENDPOINTS";
+    /// [`crate::TunnelKey`] (a node's underlay address) → `u32` (1): the other nodes, whose
+    /// own traffic may come out of the tunnel (kept with [`TUNNEL_ENDPOINTS`]).
+    pub const TUNNEL_NODES: &str = "TUNNEL_NODES";
     /// Every map.
-    pub const ALL: [&str; 36] = [
+    pub const ALL: [&str; 38] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -216,6 +237,8 @@ pub mod map {
         POLICY_NAMESPACES,
         POLICY_DENIES,
         POLICY_COUNTS,
+        TUNNEL_ENDPOINTS,
+        TUNNEL_NODES,
     ];
 }
 

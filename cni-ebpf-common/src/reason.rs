@@ -120,11 +120,21 @@ pub enum Reason {
     /// Same-node pod → pod handed to the stack, as `sameNodeFastPath: false` asks (so
     /// that the node's netfilter sees it).
     PassPodTrafficToStack = 59,
+    /// A packet routed to the tunnel device, given the address of the node that holds
+    /// its destination (encapsulated by the device).
+    TunnelEncap = 60,
+    /// Dropped: routed to the tunnel device, but no node holds its destination.
+    DropNoTunnelEndpoint = 61,
+    /// A packet that came out of the tunnel from the node that holds its source.
+    TunnelDecap = 62,
+    /// Dropped: came out of the tunnel with a source that is neither the sending node's
+    /// address nor in that node's pod CIDRs.
+    DropTunnelSpoofed = 63,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 44] = [
+    pub const ALL: [Reason; 48] = [
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -169,6 +179,10 @@ impl Reason {
         Reason::DropPolicyIngress,
         Reason::PolicyAdmitted,
         Reason::PassPodTrafficToStack,
+        Reason::TunnelEncap,
+        Reason::DropNoTunnelEndpoint,
+        Reason::TunnelDecap,
+        Reason::DropTunnelSpoofed,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -219,12 +233,17 @@ impl Reason {
             Reason::DropPolicyIngress => "drop_policy_ingress",
             Reason::PolicyAdmitted => "policy_admitted",
             Reason::PassPodTrafficToStack => "pass_pod_traffic_to_stack",
+            Reason::TunnelEncap => "tunnel_encap",
+            Reason::DropNoTunnelEndpoint => "drop_no_tunnel_endpoint",
+            Reason::TunnelDecap => "tunnel_decap",
+            Reason::DropTunnelSpoofed => "drop_tunnel_spoofed",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 64;
+const _: () = assert!((Reason::DropTunnelSpoofed as u32) < REASON_SLOTS);
 const _: () = assert!((Reason::PassPodTrafficToStack as u32) < REASON_SLOTS);
 
 #[cfg(test)]

@@ -10,12 +10,15 @@ use futures::TryStreamExt;
 use ipnet::IpNet;
 use netlink_packet_route::{
     address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
-    link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags, LinkInfo, LinkMessage},
+    link::{
+        InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+    },
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope},
     AddressFamily,
 };
 use rtnetlink::{
-    sys::AsyncSocket as _, Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    sys::AsyncSocket as _, Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
+    RouteMessageBuilder,
 };
 
 use crate::{
@@ -32,6 +35,10 @@ pub const RTPROT_CNI_EBPF: u8 = 206;
 /// apart from the per-pod routes ([`RTPROT_CNI_EBPF`]) and from everyone else's, which
 /// host-gw never changes.
 pub const RTPROT_CNI_EBPF_HOST_GW: u8 = 207;
+
+/// Routes of the cluster CIDRs to the tunnel device (`crossNode` `tunnel`,
+/// `crossSubnet`) carry this protocol number (`ip route` shows `proto 208`).
+pub const RTPROT_CNI_EBPF_TUNNEL: u8 = 208;
 
 /// Whether a netlink error carries `errno`.
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
@@ -55,6 +62,11 @@ pub struct Link {
     pub kind: Option<String>,
     /// Administratively up.
     pub up: bool,
+    /// `IFLA_IFALIAS`.
+    pub alias: Option<String>,
+    /// For a VXLAN device: its UDP port and whether it is in external (collect-metadata)
+    /// mode.
+    pub vxlan: Option<(u16, bool)>,
 }
 
 impl Link {
@@ -67,6 +79,8 @@ impl Link {
             peer_index: None,
             kind: None,
             up: msg.header.flags.contains(LinkFlags::Up),
+            alias: None,
+            vxlan: None,
         };
         for attr in &msg.attributes {
             match attr {
@@ -74,10 +88,23 @@ impl Link {
                 LinkAttribute::Address(a) => link.mac.clone_from(a),
                 LinkAttribute::Mtu(m) => link.mtu = *m,
                 LinkAttribute::Link(l) => link.peer_index = Some(*l),
+                LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
-                        if let LinkInfo::Kind(k) = info {
-                            link.kind = Some(k.to_string());
+                        match info {
+                            LinkInfo::Kind(k) => link.kind = Some(k.to_string()),
+                            LinkInfo::Data(InfoData::Vxlan(data)) => {
+                                let (mut port, mut external) = (0, false);
+                                for d in data {
+                                    match d {
+                                        InfoVxlan::Port(p) => port = *p,
+                                        InfoVxlan::CollectMetadata(m) => external = *m,
+                                        _ => {}
+                                    }
+                                }
+                                link.vxlan = Some((port, external));
+                            }
+                            _ => {}
                         }
                     }
                 }
@@ -250,6 +277,72 @@ impl Nl {
                 Error::netlink(format!("creating veth {host}/{peer}"), e)
             }
         })
+    }
+
+    /// Creates the VXLAN device `name` in external (collect-metadata) mode on UDP `port`:
+    /// no learning, no ARP (the programs give every packet its remote), MTU `mtu`,
+    /// labelled with `alias`, up.
+    pub async fn create_vxlan(&self, name: &str, port: u16, mtu: u32, alias: &str) -> Result<()> {
+        let msg = LinkVxlan::new(name, 0)
+            .port(port)
+            .collect_metadata(true)
+            .learning(false)
+            .mtu(mtu)
+            .arp(false)
+            .build();
+        self.handle.link().add(msg).execute().await.map_err(|e| {
+            if is_errno(&e, libc::EEXIST) {
+                Error::netlink(
+                    format!("creating VXLAN device {name}"),
+                    "a link of that name already exists",
+                )
+            } else {
+                Error::netlink(
+                    format!("creating VXLAN device {name} on UDP port {port}"),
+                    e,
+                )
+            }
+        })?;
+        // The kernel takes an alias on a change only, not on creation.
+        let index = self
+            .link_by_name(name)
+            .await?
+            .ok_or_else(|| Error::netlink(format!("creating VXLAN device {name}"), "it vanished"))?
+            .index;
+        let msg = LinkUnspec::new_with_index(index)
+            .alias(alias.to_owned())
+            .up()
+            .build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("labelling VXLAN device {name}"), e))
+    }
+
+    /// Adds or replaces the main-table route `dst dev oif` marked with `protocol`.
+    pub async fn replace_device_route(&self, dst: IpNet, oif: u32, protocol: u8) -> Result<()> {
+        let refused = |e: &dyn std::fmt::Display| {
+            Error::netlink(
+                format!("building the route to {dst} on link #{oif}"),
+                e.to_string(),
+            )
+        };
+        let msg = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(dst.addr(), dst.prefix_len())
+            .map_err(|e| refused(&e))?
+            .output_interface(oif)
+            .table_id(RT_TABLE_MAIN)
+            .protocol(RouteProtocol::Other(protocol))
+            .build();
+        self.handle
+            .route()
+            .add(msg)
+            .replace()
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("adding route to {dst} on link #{oif}"), e))
     }
 
     /// Sets link `index` up.

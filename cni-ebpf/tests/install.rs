@@ -335,7 +335,7 @@ fn changed_inputs_replace_our_conflist_atomically() {
         "a new file renamed over the old"
     );
     let conf = parse_as_runtime_passes_it(&doc(&host.conflist()));
-    assert_eq!(conf.mtu, 9000);
+    assert_eq!(conf.mtu, Some(9000));
     assert_eq!(
         conf.ipam["ranges"],
         json!([[{ "subnet": "10.244.9.0/24" }]])

@@ -58,6 +58,10 @@ pub const NODE_B_IP4: &str = "198.18.0.3";
 pub const NODE_A_IP6: &str = NODE_IP6;
 /// Node B's IPv6 address on the fabric.
 pub const NODE_B_IP6: &str = "fd00:198:18::3";
+/// Node B's address in [`Cluster::across_subnets`] (a subnet of its own, behind a router).
+pub const OTHER_SUBNET_B_IP4: &str = "198.19.0.3";
+/// Node B's IPv6 address in [`Cluster::across_subnets`].
+pub const OTHER_SUBNET_B_IP6: &str = "fd00:198:19::3";
 
 /// One node of a [`Cluster`]: a [`SimNode`] plus its name and addresses in the cluster.
 #[derive(Debug)]
@@ -192,6 +196,183 @@ impl Cluster {
     #[must_use]
     pub fn without_pod_routes(test: &str) -> Self {
         Self::build(test, false)
+    }
+
+    /// Two nodes on different subnets behind a router, and no route to any pod CIDR
+    /// anywhere (only a tunnel can carry pod traffic between the nodes):
+    ///
+    /// ```text
+    ///   fabric-<tag> (the router, forwarding):
+    ///     br0 198.18.0.254/24 fd00:198:18::fe/64 ── ext (198.18.0.2), node A (198.18.0.1)
+    ///     br1 198.19.0.254/24 fd00:198:19::fe/64 ── node B (198.19.0.3, fd00:198:19::3)
+    /// ```
+    ///
+    /// Node A's default gateway is `ext` (as in [`Cluster::new`]); it and `ext` reach
+    /// 198.19.0.0/24 through the router, which is node B's default gateway.
+    #[track_caller]
+    #[must_use]
+    pub fn across_subnets(test: &str) -> Self {
+        let tag = unique_tag(test);
+        let fabric = NetNs::create(&format!("fabric-{tag}"));
+        let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
+        let node = |suffix: &str, name, ip4, ip6, pod_cidr4, pod_cidr6| ClusterNode {
+            sim: SimNode::unwired(
+                format!("{tag}-{suffix}"),
+                &format!("node-{tag}-{suffix}"),
+                Arc::clone(&ext),
+            ),
+            name,
+            ip4,
+            ip6,
+            pod_cidr4,
+            pod_cidr6,
+        };
+        let cluster = Self {
+            a: node(
+                "a",
+                "node-a",
+                NODE_A_IP4,
+                NODE_A_IP6,
+                NODE_A_POD_CIDR4,
+                NODE_A_POD_CIDR6,
+            ),
+            b: node(
+                "b",
+                "node-b",
+                OTHER_SUBNET_B_IP4,
+                OTHER_SUBNET_B_IP6,
+                NODE_B_POD_CIDR4,
+                NODE_B_POD_CIDR6,
+            ),
+            tag,
+            fabric,
+            ext,
+        };
+        let f = cluster.fabric.name();
+        for (br, v4, v6) in [
+            ("br0", "198.18.0.254", "fd00:198:18::fe"),
+            ("br1", "198.19.0.254", "fd00:198:19::fe"),
+        ] {
+            run(&["ip", "-n", f, "link", "add", br, "type", "bridge"]).ok();
+            configure_link(f, br, v4, v6);
+        }
+        for key in ["net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding"] {
+            let path = std::path::Path::new("/proc/sys").join(key);
+            crate::net::in_netns(cluster.fabric.path(), move || std::fs::write(path, "1"))
+                .unwrap_or_else(|e| panic!("forwarding in the router: {e}"));
+        }
+        for (port, br, ns, dev, v4, v6) in [
+            (
+                "to-ext",
+                "br0",
+                cluster.ext.name(),
+                "eth0",
+                EXT_IP4,
+                EXT_IP6,
+            ),
+            (
+                "to-a",
+                "br0",
+                cluster.a.netns_name(),
+                UPLINK,
+                cluster.a.ip4,
+                cluster.a.ip6,
+            ),
+            (
+                "to-b",
+                "br1",
+                cluster.b.netns_name(),
+                UPLINK,
+                cluster.b.ip4,
+                cluster.b.ip6,
+            ),
+        ] {
+            run(&[
+                "ip", "-n", f, "link", "add", port, "type", "veth", "peer", "name", dev, "netns",
+                ns,
+            ])
+            .ok();
+            run(&["ip", "-n", f, "link", "set", port, "master", br, "up"]).ok();
+            configure_link(ns, dev, v4, v6);
+        }
+        let (a, b, x) = (
+            cluster.a.netns_name(),
+            cluster.b.netns_name(),
+            cluster.ext.name(),
+        );
+        for argv in [
+            vec!["ip", "-n", a, "route", "add", "default", "via", EXT_IP4],
+            vec![
+                "ip", "-n", a, "-6", "route", "add", "default", "via", EXT_IP6,
+            ],
+            vec![
+                "ip",
+                "-n",
+                a,
+                "route",
+                "add",
+                "198.19.0.0/24",
+                "via",
+                "198.18.0.254",
+            ],
+            vec![
+                "ip",
+                "-n",
+                a,
+                "-6",
+                "route",
+                "add",
+                "fd00:198:19::/64",
+                "via",
+                "fd00:198:18::fe",
+            ],
+            vec![
+                "ip",
+                "-n",
+                b,
+                "route",
+                "add",
+                "default",
+                "via",
+                "198.19.0.254",
+            ],
+            vec![
+                "ip",
+                "-n",
+                b,
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                "fd00:198:19::fe",
+            ],
+            vec![
+                "ip",
+                "-n",
+                x,
+                "route",
+                "add",
+                "198.19.0.0/24",
+                "via",
+                "198.18.0.254",
+            ],
+            vec![
+                "ip",
+                "-n",
+                x,
+                "-6",
+                "route",
+                "add",
+                "fd00:198:19::/64",
+                "via",
+                "fd00:198:18::fe",
+            ],
+        ] {
+            run(&argv).ok();
+        }
+        cluster.resolve_neighbours();
+        cluster
     }
 
     #[track_caller]

@@ -126,7 +126,6 @@ impl ConfBuilder {
         }
         let mut obj = json!({
             "type": "cni-ebpf",
-            "mtu": 1500,
             "bpffsRoot": self.bpffs_root,
             "dataDir": self.data_dir,
             "logFile": self.log_file,

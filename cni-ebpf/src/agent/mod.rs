@@ -6,8 +6,10 @@
 //! - [`watch`]: the watchers that keep the agent's view of the cluster, and the loop of
 //!   rounds;
 //! - [`report`]: the state file `inspect` reads, and the verdict totals per policy the
-//!   metrics serve.
+//!   metrics serve;
+//! - [`nodes`]: the Node watcher: tunnel entries and direct routes to other nodes.
 
+pub mod nodes;
 pub mod reconcile;
 pub mod report;
 pub mod watch;

@@ -3,11 +3,9 @@
 //! other Node object (flannel's host-gw idea: the nodes share a layer-2 segment, so each
 //! node's InternalIP is a next hop the others reach directly).
 //!
-//! It keeps a view of the Node objects with kube-runtime's watcher and reflector (listed
-//! once, then watched: a dropped watch resumes, a `410 Gone` lists again, an unreachable
-//! or refusing API server is retried with backoff) and reconciles the main routing table
-//! after every change, and every [`HostGwArgs::interval`] against the view it has (so a
-//! route someone deleted comes back; no API request for that):
+//! The agent's Node watcher (`crate::agent::nodes`) reconciles the main routing table
+//! after every change of the Node objects, and every [`HostGwArgs::interval`] against the
+//! view it has (so a route someone deleted comes back; no API request for that):
 //! - a pod CIDR of another node gets a route via that node's first InternalIP of the same
 //!   family (IPv4 CIDRs via IPv4 addresses, IPv6 via IPv6); none of that family: no route;
 //! - its own node (`--node-name`) never gets one;
@@ -21,25 +19,16 @@
 //! while the API server is unreachable. Off by default; leave it off
 //! where the cloud (or BGP) already routes pod CIDRs.
 
-use std::{collections::BTreeMap, net::IpAddr, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, net::IpAddr};
 
-use futures::StreamExt as _;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
-use kube::{
-    runtime::{reflector, watcher, WatchStreamExt as _},
-    Api,
-};
-use tokio::sync::Notify;
 
 use crate::{
     error::{Error, Result},
-    k8s::{self, ApiArgs, ApiClient},
+    k8s::{self, ApiArgs},
     link::{Nl, RouteInfo, RTPROT_CNI_EBPF_HOST_GW},
 };
-
-/// How long a round waits after a Node change for more changes of the same burst.
-const SETTLE: Duration = Duration::from_millis(30);
 
 /// Default [`HostGwArgs::interval`] in seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 30;
@@ -187,13 +176,18 @@ async fn apply(nl: &Nl, changes: &[Change]) -> Vec<Error> {
     errors
 }
 
-fn log(msg: &str) {
+pub(crate) fn log(msg: &str) {
     eprintln!("cni-ebpf host-gw: {msg}");
 }
 
-/// One round: plan the routes `nodes` call for, apply; logs what it did.
-async fn round(nodes: &[Node], nl: &Nl, own: &str, last_skipped: &mut Vec<String>) {
-    let (wanted, skipped) = wanted_routes(nodes, own);
+/// Makes the node's host-gw routes (`proto 207`) exactly `wanted`; logs what it did and
+/// what `skipped` holds when that changed since `last_skipped`.
+pub(crate) async fn reconcile_routes(
+    nl: &Nl,
+    wanted: &[Wanted],
+    skipped: Vec<String>,
+    last_skipped: &mut Vec<String>,
+) {
     if skipped != *last_skipped {
         for s in &skipped {
             log(&format!("no route: {s}"));
@@ -212,7 +206,7 @@ async fn round(nodes: &[Node], nl: &Nl, own: &str, last_skipped: &mut Vec<String
             return;
         }
     };
-    let changes = plan(&routes, &wanted);
+    let changes = plan(&routes, wanted);
     for c in &changes {
         match c {
             Change::Add(d, v) => log(&format!("adding {d} via {v}")),
@@ -237,57 +231,6 @@ pub fn check(args: &HostGwArgs) -> Result<String> {
             "--host-gw needs this node's name (--node-name, or NODE_NAME from the downward API)",
         )),
     }
-}
-
-/// Runs host-gw forever on the calling thread (its own current-thread runtime), in the
-/// calling thread's network namespace.
-pub fn run(args: &HostGwArgs, own: &str) -> Result<()> {
-    let rt = crate::link::runtime()?;
-    rt.block_on(async {
-        let nl = Nl::connect()?;
-        let mut last_skipped = Vec::new();
-        log(&format!(
-            "node {own}: keeping routes to the other nodes' pod CIDRs (proto {}), watching \
-             the Nodes; the routing table is checked every {} s",
-            RTPROT_CNI_EBPF_HOST_GW, args.interval
-        ));
-        let client = loop {
-            match ApiClient::new(&args.api) {
-                Ok(c) => break c.client(),
-                Err(e) => log(&format!("{e}; retrying")),
-            }
-            tokio::time::sleep(Duration::from_secs(2)).await;
-        };
-        let (store, writer) = reflector::store::<Node>();
-        let changed = Arc::new(Notify::new());
-        {
-            let changed = Arc::clone(&changed);
-            let events = watcher(Api::<Node>::all(client), watcher::Config::default())
-                .default_backoff()
-                .reflect(writer);
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(events);
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
-                        Ok(_) => changed.notify_one(),
-                        Err(e) => log(&format!("{e}; routes left as they are, retrying")),
-                    }
-                }
-            });
-        }
-        if store.wait_until_ready().await.is_err() {
-            return Err(Error::datapath("host-gw", "the Node watcher stopped"));
-        }
-        loop {
-            let nodes: Vec<Node> = store.state().iter().map(|n| Node::clone(n)).collect();
-            round(&nodes, &nl, own, &mut last_skipped).await;
-            tokio::select! {
-                () = changed.notified() => tokio::time::sleep(SETTLE).await,
-                () = tokio::time::sleep(Duration::from_secs(args.interval)) => {}
-            }
-        }
-    })
 }
 
 #[cfg(test)]

@@ -164,7 +164,7 @@ pub struct AgentArgs {
 /// Runs the agent: host-gw and NetworkPolicy (when given its state directory) on threads
 /// of their own, metrics on this one.
 fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>) -> Result<()> {
-    start_host_gw(&args.host_gw)?;
+    start_host_gw(&args.host_gw, &args.bpffs_root)?;
     let mut exporter =
         crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone());
     if let Some(state_dir) = policy {
@@ -203,27 +203,28 @@ fn start_policy(
         .map_err(|e| Error::io("starting the NetworkPolicy thread", e))
 }
 
-/// Starts the host-gw routes on a thread of their own when `--host-gw` is given. The
-/// thread is created in this thread's network namespace (the node's) and stays there. If
-/// it ever stops, the process exits: a main container without its routes must restart.
-fn start_host_gw(args: &hostgw::HostGwArgs) -> Result<()> {
-    if !args.enabled {
+/// Starts the Node watcher (`crate::agent::nodes`: host-gw routes, tunnel entries) on a
+/// thread of its own when `--host-gw` is given or the node's name is known. The thread is
+/// created in this thread's network namespace (the node's) and stays there. If it ever
+/// stops, the process exits: a main container without its routes must restart.
+fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path) -> Result<()> {
+    if !crate::agent::nodes::wanted(args) {
         return Ok(());
     }
     let own = hostgw::check(args)?;
-    let args = args.clone();
+    let (args, root) = (args.clone(), root.to_owned());
     std::thread::Builder::new()
-        .name("host-gw".into())
+        .name("nodes".into())
         .spawn(move || {
-            let err = match hostgw::run(&args, &own) {
+            let err = match crate::agent::nodes::run(&args, &own, &root) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             };
-            eprintln!("cni-ebpf host-gw: {err}; exiting");
+            eprintln!("cni-ebpf nodes: {err}; exiting");
             std::process::exit(1);
         })
         .map(drop)
-        .map_err(|e| Error::io("starting the host-gw thread", e))
+        .map_err(|e| Error::io("starting the Node watcher thread", e))
 }
 
 fn load(

@@ -178,7 +178,7 @@ impl Transaction<'_> {
             host_mac: self.host_mac,
             peer: &self.env.ifname,
             peer_mac: self.ctr_mac,
-            mtu: self.conf.mtu,
+            mtu: self.dp.pod_mtu(),
             group: link::unlabelled_group(&self.conf.name),
         };
         self.node.create_veth(&veth, self.netns).await?;
@@ -331,13 +331,13 @@ impl Transaction<'_> {
                 Interface {
                     name: self.host_ifname.to_owned(),
                     mac: Some(format_mac(&self.host_mac)),
-                    mtu: Some(conf.mtu),
+                    mtu: Some(self.dp.pod_mtu()),
                     ..Interface::default()
                 },
                 Interface {
                     name: env.ifname.clone(),
                     mac: Some(format_mac(&self.ctr_mac)),
-                    mtu: Some(conf.mtu),
+                    mtu: Some(self.dp.pod_mtu()),
                     sandbox: Some(self.netns.path().display().to_string()),
                     ..Interface::default()
                 },

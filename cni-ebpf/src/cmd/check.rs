@@ -52,7 +52,10 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let (c, h) = rt.block_on(async {
         let node = Nl::connect()?;
         let ctr = Nl::connect_in(&netns)?;
-        let c = validate_container_interface(&ctr, conf, &env.ifname, &sandbox, &want).await?;
+        let facts = crate::datapath::node::read(&node, conf.uplink.as_deref(), false).await?;
+        let (mtu, _) =
+            crate::datapath::node::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
+        let c = validate_container_interface(&ctr, mtu, &env.ifname, &sandbox, &want).await?;
         validate_container_routes(&ctr, &prev.routes, &want.pod_ips, c.index, &sandbox).await?;
         let h = validate_host_veth(&node, &host_ifname, &env.ifname, &c, want.host).await?;
         validate_node_routes(&node, &want.pod_ips, h.index, &host_ifname).await?;
@@ -121,7 +124,7 @@ fn validate_mac(name: &str, live: &[u8], want: Option<&String>) -> Result<()> {
 /// every address prevResult lists.
 async fn validate_container_interface(
     ctr: &Nl,
-    conf: &NetConf,
+    mtu: u32,
     ifname: &str,
     sandbox: &str,
     want: &Expected<'_>,
@@ -131,10 +134,10 @@ async fn validate_container_interface(
         .await?
         .ok_or_else(|| Error::Check(format!("interface {ifname} does not exist in {sandbox}")))?;
     validate_mac(ifname, &c.mac, want.ctr.mac.as_ref())?;
-    if c.mtu != conf.mtu {
+    if c.mtu != mtu {
         return Err(Error::Check(format!(
-            "{ifname} has MTU {}, the configuration says {}",
-            c.mtu, conf.mtu
+            "{ifname} has MTU {}, the configuration and the node's uplink say {mtu}",
+            c.mtu
         )));
     }
     if !c.up {

@@ -23,8 +23,28 @@ use crate::error::{Error, Result};
 pub const DEFAULT_BPFFS_ROOT: &str = "/sys/fs/bpf/cni-ebpf";
 /// Default root of the IPAM stores.
 pub const DEFAULT_DATA_DIR: &str = "/var/lib/cni-ebpf";
-/// Default MTU of both veth ends.
-pub const DEFAULT_MTU: u32 = 1500;
+
+/// `crossNode`: how pods reach the pods of other nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CrossNode {
+    /// Pod CIDRs are routed to their nodes by someone (a cloud route table, BGP, the
+    /// agent's host-gw routes); pods' packets cross as they are.
+    #[default]
+    Routed,
+    /// Through the node's VXLAN device to every other node.
+    Tunnel,
+    /// Directly to the nodes on the uplink's own subnet, through the tunnel to the others.
+    CrossSubnet,
+}
+
+/// The tunnel device's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TunnelConf {
+    /// UDP port (`tunnelPort`, default 8472).
+    pub port: u16,
+    /// VXLAN network identifier (`tunnelVni`, default 1).
+    pub vni: u32,
+}
 
 /// One `runtimeConfig.portMappings` entry (capability `portMappings`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -193,6 +213,12 @@ struct Raw {
     ip_masq: Option<bool>,
     #[serde(default)]
     same_node_fast_path: Option<bool>,
+    #[serde(default)]
+    cross_node: Option<String>,
+    #[serde(default)]
+    tunnel_port: Option<u32>,
+    #[serde(default)]
+    tunnel_vni: Option<u32>,
     #[serde(default, rename = "clusterCIDRs")]
     cluster_cidrs: Option<Vec<IpNet>>,
     #[serde(default)]
@@ -281,8 +307,9 @@ pub struct NetConf {
     pub name: String,
     /// `type`.
     pub plugin_type: String,
-    /// `mtu` of both veth ends.
-    pub mtu: u32,
+    /// `mtu` of both veth ends; `None`: the path's, found on the node
+    /// ([`crate::datapath::node::pod_mtu`]).
+    pub mtu: Option<u32>,
     /// `natFlowsPerPod`: translated flows (masquerade, host port, hairpin) one pod may
     /// hold in the NAT table at once.
     pub nat_flows_per_pod: u32,
@@ -298,6 +325,11 @@ pub struct NetConf {
     /// destination pod; `false` sends that traffic through the node's netfilter (for an
     /// add-on NetworkPolicy enforcer's FORWARD rules).
     pub same_node_fast_path: bool,
+    /// `crossNode`: how pods reach the pods of other nodes.
+    pub cross_node: CrossNode,
+    /// `tunnelPort`, `tunnelVni`: the tunnel device's UDP port and VXLAN network
+    /// identifier (used by the tunnel modes).
+    pub tunnel: TunnelConf,
     /// `clusterCIDRs`: destinations never masqueraded.
     pub cluster_cidrs: Vec<IpNet>,
     /// `bpffsRoot`.
@@ -452,8 +484,35 @@ impl NetConf {
                 ));
             }
         }
-        let mtu = raw.mtu.unwrap_or(DEFAULT_MTU);
-        if !(68..=65535).contains(&mtu) {
+        let cross_node = match raw.cross_node.as_deref() {
+            None | Some("routed") => CrossNode::Routed,
+            Some("tunnel") => CrossNode::Tunnel,
+            Some("crossSubnet") => CrossNode::CrossSubnet,
+            Some(other) => {
+                return Err(Error::config(
+                    "crossNode",
+                    format!("{other:?} is not one of \"routed\", \"tunnel\", \"crossSubnet\""),
+                ))
+            }
+        };
+        let tunnel_port = raw
+            .tunnel_port
+            .unwrap_or(u32::from(cni_ebpf_common::DEFAULT_TUNNEL_PORT));
+        let port = u16::try_from(tunnel_port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| {
+                Error::config("tunnelPort", format!("{tunnel_port} is outside 1..=65535"))
+            })?;
+        let vni = raw.tunnel_vni.unwrap_or(1);
+        if !(1..=0x00ff_ffff).contains(&vni) {
+            return Err(Error::config(
+                "tunnelVni",
+                format!("{vni} is outside 1..=16777215 (24 bits)"),
+            ));
+        }
+        let mtu = raw.mtu;
+        if let Some(mtu) = mtu.filter(|m| !(68..=65535).contains(m)) {
             return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
         }
         if let Some(uplink) = &raw.uplink {
@@ -578,6 +637,8 @@ impl NetConf {
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
             same_node_fast_path: raw.same_node_fast_path.unwrap_or(true),
+            cross_node,
+            tunnel: TunnelConf { port, vni },
             cluster_cidrs,
             bpffs_root,
             data_dir,

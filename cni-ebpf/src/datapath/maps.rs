@@ -13,8 +13,8 @@ use cni_ebpf_common::{
     NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
     PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey,
     PortKey6, PortTarget, PortTarget6, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
-    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, OWNER_ID_LEN,
-    OWNER_IFNAME_LEN,
+    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey,
+    OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
 
 use super::{load, pins::Pins};
@@ -89,6 +89,8 @@ struct Slots {
     policy_namespaces: Option<Map>,
     policy_denies: Option<Map>,
     policy_counts: Option<Map>,
+    tunnel_endpoints: Option<Map>,
+    tunnel_nodes: Option<Map>,
     sock_revnat6: Option<Map>,
 }
 
@@ -168,6 +170,8 @@ impl Maps {
         self.policy_namespaces()?;
         self.policy_denies()?;
         self.policy_counts()?;
+        self.tunnel_endpoints()?;
+        self.tunnel_nodes()?;
         Ok(())
     }
 
@@ -368,6 +372,18 @@ impl Maps {
     pub fn policy_counts(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, PolicyCounts>> {
         self.opener
             .typed(&mut self.slots.policy_counts, map::POLICY_COUNTS)
+    }
+
+    /// [`map::TUNNEL_ENDPOINTS`].
+    pub fn tunnel_endpoints(&mut self) -> Result<LpmTrie<&mut MapData, TunnelKey, TunnelEndpoint>> {
+        self.opener
+            .typed(&mut self.slots.tunnel_endpoints, map::TUNNEL_ENDPOINTS)
+    }
+
+    /// [`map::TUNNEL_NODES`].
+    pub fn tunnel_nodes(&mut self) -> Result<HashMap<&mut MapData, TunnelKey, u32>> {
+        self.opener
+            .typed(&mut self.slots.tunnel_nodes, map::TUNNEL_NODES)
     }
 }
 

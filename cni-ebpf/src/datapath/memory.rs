@@ -244,6 +244,16 @@ impl Datapath {
             map_name::POLICY_NAMESPACES,
             n(maps::entries(&m.policy_namespaces()?).len()),
         );
+        let tunnel: LpmTrie<_, cni_ebpf_common::TunnelKey, cni_ebpf_common::TunnelEndpoint> =
+            m.tunnel_endpoints()?;
+        out.insert(
+            map_name::TUNNEL_ENDPOINTS,
+            n(tunnel.keys().filter_map(std::result::Result::ok).count()),
+        );
+        out.insert(
+            map_name::TUNNEL_NODES,
+            n(maps::entries(&m.tunnel_nodes()?).len()),
+        );
         let counts: PerCpuHashMap<_, u32, cni_ebpf_common::PolicyCounts> = m.policy_counts()?;
         out.insert(
             map_name::POLICY_COUNTS,

@@ -55,6 +55,7 @@ pub mod policy;
 mod portmaps;
 mod sockets;
 mod status;
+pub mod tunnel;
 pub mod upgrade;
 mod uplink;
 mod views;
@@ -93,6 +94,8 @@ pub struct Datapath {
     /// How programs get attached (`attach`; tc for handles not opened from a
     /// configuration).
     attach: AttachPolicy,
+    /// The MTU of pods (set by [`Datapath::open_or_load_with`]; 0 otherwise).
+    pod_mtu: u32,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -167,6 +170,21 @@ impl Datapath {
         }
         crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
         dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
+        let (pod_mtu, too_big) = node::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
+        if let Some(w) = too_big {
+            tracing::warn!("{w}");
+        }
+        dp.pod_mtu = pod_mtu;
+        let tunnel_mtu = facts
+            .uplink_mtu
+            .saturating_sub(if facts.uplink_addr.is_some() {
+                cni_ebpf_common::VXLAN_OVERHEAD4
+            } else {
+                cni_ebpf_common::VXLAN_OVERHEAD6
+            });
+        let tunnel = dp
+            .ensure_tunnel(nl, conf, tunnel_mtu, old.tunnel_ifindex)
+            .await?;
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
         let snat_ports = node::snat_port_range();
         let settings = NodeConfigSpec {
@@ -180,6 +198,7 @@ impl Datapath {
             snat_ports,
             snat_dest_cap: node_config::snat_dest_cap(conf.nat_ports_per_destination, snat_ports),
             netns_cookie,
+            tunnel,
         };
         dp.write_node_config(&old, &settings)?;
         if all {
@@ -224,6 +243,7 @@ impl Datapath {
             pins,
             maps: Mutex::new(maps),
             attach: AttachPolicy::default(),
+            pod_mtu: 0,
         }))
     }
 
@@ -254,6 +274,7 @@ impl Datapath {
             pins,
             maps: Mutex::new(maps),
             attach: AttachPolicy::default(),
+            pod_mtu: 0,
         })
     }
 
@@ -298,6 +319,7 @@ impl Datapath {
                 vec![
                     (id(prog::FROM_POD)?, attach::TC_HANDLE),
                     (id(prog::UPLINK_INGRESS)?, uplink),
+                    (id(prog::FROM_TUNNEL)?, uplink),
                 ],
             ),
             (
@@ -305,6 +327,7 @@ impl Datapath {
                 vec![
                     (id(prog::UPLINK_EGRESS)?, uplink),
                     (id(prog::TO_POD)?, attach::TC_HANDLE),
+                    (id(prog::TO_TUNNEL)?, uplink),
                 ],
             ),
         ];
@@ -317,6 +340,12 @@ impl Datapath {
             }
         }
         Ok(removed)
+    }
+
+    /// The MTU pods get (after [`Datapath::open_or_load_with`]).
+    #[must_use]
+    pub fn pod_mtu(&self) -> u32 {
+        self.pod_mtu
     }
 
     /// The pin layout of this network.

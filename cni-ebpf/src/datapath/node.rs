@@ -24,6 +24,44 @@ pub struct UplinkFacts {
     pub uplink_addr6: Option<Ipv6Addr>,
     /// Every address of the node (both families) with its ifindex.
     pub addrs: Vec<(IpAddr, u32)>,
+    /// The uplink's MTU.
+    pub uplink_mtu: u32,
+}
+
+/// The MTU a pod gets: `mtu` when the configuration sets it, else the path's — the
+/// uplink's MTU (`uplink_mtu`), less the encapsulation in the tunnel modes (an IPv6
+/// underlay's when the uplink has no IPv4 address). The second value is a warning when
+/// a configured MTU exceeds the path's (its packets to other nodes then rely on
+/// fragmentation or path-MTU discovery).
+#[must_use]
+pub fn pod_mtu(
+    conf: &crate::cni::config::NetConf,
+    uplink_mtu: u32,
+    ipv4_underlay: bool,
+) -> (u32, Option<String>) {
+    use crate::cni::config::CrossNode;
+    let overhead = match conf.cross_node {
+        CrossNode::Routed => 0,
+        _ if ipv4_underlay => cni_ebpf_common::VXLAN_OVERHEAD4,
+        _ => cni_ebpf_common::VXLAN_OVERHEAD6,
+    };
+    let path = uplink_mtu.saturating_sub(overhead).max(68);
+    match conf.mtu {
+        Some(m) if m > path => (
+            m,
+            Some(format!(
+                "mtu {m} is larger than the path's {path} (the uplink's {uplink_mtu}{}): \
+                 packets to other nodes rely on fragmentation and path-MTU discovery",
+                if overhead > 0 {
+                    format!(" less {overhead} bytes of tunnel headers")
+                } else {
+                    String::new()
+                }
+            )),
+        ),
+        Some(m) => (m, None),
+        None => (path, None),
+    }
 }
 
 /// How often (seconds) ADD lists every node address rather than the uplink's only.
@@ -99,6 +137,7 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
         uplink_addr,
         uplink_addr6,
         addrs,
+        uplink_mtu: dev.mtu,
     })
 }
 

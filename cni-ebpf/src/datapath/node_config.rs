@@ -50,6 +50,8 @@ pub struct NodeConfigSpec {
     /// Cookie of the node's network namespace, for the socket hooks (0: they translate
     /// nothing).
     pub netns_cookie: u64,
+    /// The node's tunnel (`None`: other nodes' pods are routed).
+    pub tunnel: Option<super::tunnel::TunnelState>,
 }
 
 /// The SNAT ports one pod may hold towards one destination on a node whose SNAT range is
@@ -91,13 +93,18 @@ impl Datapath {
                 let mut f = NodeFlags::empty();
                 f.set(NodeFlags::MASQ, s.ip_masq);
                 f.set(NodeFlags::POD_TRAFFIC_TO_STACK, !s.same_node_fast_path);
+                f.set(
+                    NodeFlags::CROSS_SUBNET,
+                    s.tunnel.is_some_and(|t| t.cross_subnet),
+                );
                 f
             },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
             snat_port_min: s.snat_ports.0,
             snat_port_max: s.snat_ports.1,
             snat_dest_cap: s.snat_dest_cap,
-            _pad: [0; 2],
+            tunnel_ifindex: s.tunnel.map_or(0, |t| t.ifindex),
+            tunnel_vni: s.tunnel.map_or(0, |t| t.vni),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
             netns_cookie: s.netns_cookie,
         };

@@ -8,6 +8,8 @@
 //!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress)
 //!     links/uplink-<ifname>-ingress      tcx link of uplink_ingress
 //!     links/uplink-<ifname>-egress       tcx link of uplink_egress
+//!     links/tunnel-ingress, tunnel-egress tcx links of from_tunnel and to_tunnel on the
+//!                                        tunnel device
 //!     links/cgroup-<sock program>        cgroup link of a socket program (host ports for
 //!                                        the node's own sockets)
 //!     object-<x_y_z>-<hash>/             marker: the object whose programs are pinned
@@ -132,6 +134,12 @@ impl Pins {
     pub fn uplink_link(&self, ifname: &str, dir: Direction) -> PathBuf {
         self.links_dir()
             .join(format!("uplink-{ifname}-{}", dir.as_str()))
+    }
+
+    /// Pin of a tunnel program's link (bpffs names cannot hold the device name's dot).
+    #[must_use]
+    pub fn tunnel_link(&self, dir: Direction) -> PathBuf {
+        self.links_dir().join(format!("tunnel-{}", dir.as_str()))
     }
 
     /// Pin of a socket program's cgroup link.

@@ -142,7 +142,8 @@ fn replace_programs(pins: &Pins) -> Result<()> {
 }
 
 /// Where program `name` may be attached: `from_pod` and `to_pod` on every endpoint's
-/// host veth (ingress, egress), the uplink programs on the uplink.
+/// host veth (ingress, egress), the uplink programs on the uplink, the tunnel programs on
+/// the tunnel device.
 fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
     let mut out = Vec::new();
     if name == prog::FROM_POD || name == prog::TO_POD {
@@ -165,6 +166,25 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
                 handle: attach::TC_HANDLE,
             });
         }
+        return Ok(out);
+    }
+    if name == prog::FROM_TUNNEL || name == prog::TO_TUNNEL {
+        let ifindex = dp.node_config_view()?.tunnel_ifindex;
+        if ifindex == 0 {
+            return Ok(out);
+        }
+        let (dir, tc_dir) = if name == prog::FROM_TUNNEL {
+            (Direction::Ingress, TcAttachType::Ingress)
+        } else {
+            (Direction::Egress, TcAttachType::Egress)
+        };
+        out.push(TcTarget {
+            link_pin: dp.pins.tunnel_link(dir),
+            ifname: super::tunnel::TUNNEL_DEVICE.to_owned(),
+            ifindex,
+            dir: tc_dir,
+            handle: attach::uplink_handle(dp.pins.network_dir()),
+        });
         return Ok(out);
     }
     let (dir, tc_dir) = match name {

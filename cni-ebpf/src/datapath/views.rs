@@ -185,6 +185,11 @@ pub struct NodeConfigView {
     pub snat_dest_cap: u32,
     /// The node addresses the programs treat as "this node" (IPv4, then IPv6).
     pub node_addrs: Vec<std::net::IpAddr>,
+    /// The tunnel device's ifindex (0: other nodes' pods are routed, not tunnelled).
+    pub tunnel_ifindex: u32,
+    /// `crossNode: crossSubnet`: the nodes of the uplink's own subnet are routed
+    /// directly.
+    pub cross_subnet: bool,
 }
 
 /// Everything the datapath holds for one (container ID, ifname), for GC.
@@ -464,6 +469,8 @@ impl Datapath {
             snat_ports: (cfg.snat_port_min, cfg.snat_port_max),
             snat_dest_cap: cfg.snat_dest_cap,
             node_addrs,
+            tunnel_ifindex: cfg.tunnel_ifindex,
+            cross_subnet: cfg.flags.contains(NodeFlags::CROSS_SUBNET),
         })
     }
 

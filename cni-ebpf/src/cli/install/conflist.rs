@@ -18,7 +18,10 @@ pub(super) struct Conflist<'a> {
 pub(super) struct Plugin<'a> {
     #[serde(rename = "type")]
     plugin_type: &'static str,
-    mtu: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mtu: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cross_node: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     uplink: Option<&'a str>,
     ip_masq: bool,
@@ -124,6 +127,7 @@ pub fn render_conflist(args: &InstallArgs) -> Result<Vec<u8>> {
         plugins: [Plugin {
             plugin_type: BINARY_NAME,
             mtu: args.mtu,
+            cross_node: args.cross_node.as_deref(),
             uplink: args.uplink.as_deref(),
             ip_masq: args.ip_masq,
             cluster_cidrs: args.cluster_cidrs.iter().map(ToString::to_string).collect(),

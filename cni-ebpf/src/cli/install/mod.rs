@@ -48,7 +48,7 @@ pub use self::{
 };
 use crate::{
     cni::{
-        config::{NetConf, DEFAULT_BPFFS_ROOT, DEFAULT_DATA_DIR, DEFAULT_MTU},
+        config::{NetConf, DEFAULT_BPFFS_ROOT, DEFAULT_DATA_DIR},
         env::{check_identifier, Command},
     },
     datapath::{load::check_bpffs, Datapath},
@@ -127,9 +127,14 @@ pub struct InstallArgs {
     /// `ipMasq`: masquerade pod traffic leaving the cluster.
     #[arg(long)]
     pub ip_masq: bool,
-    /// `mtu` of both veth ends.
-    #[arg(long, default_value_t = DEFAULT_MTU)]
-    pub mtu: u32,
+    /// `mtu` of both veth ends; by default none is written, and pods get the path's MTU
+    /// (the uplink's, less the tunnel's headers in the tunnel modes), found on the node.
+    #[arg(long)]
+    pub mtu: Option<u32>,
+    /// `crossNode`: how pods reach other nodes' pods (`routed`, `tunnel`, `crossSubnet`);
+    /// by default none is written (routed).
+    #[arg(long, value_parser = ["routed", "tunnel", "crossSubnet"])]
+    pub cross_node: Option<String>,
     /// `attach`: how programs are attached (`tc`, `tcx` or `auto`).
     #[arg(long, value_parser = ["tc", "tcx", "auto"])]
     pub attach: Option<String>,
