@@ -9,7 +9,8 @@
 //! nodes talk both ways over IPv4 and IPv6 (a 1 MiB echo each way too), the node reaches
 //! the other node's pods, and the counters show encapsulation on one side and
 //! decapsulation on the other; a packet injected into the tunnel from a host that is no
-//! node is dropped; a node removed from the API loses its tunnel entries.
+//! node is dropped; a node removed from the API loses its tunnel entries. In
+//! `crossSubnet` mode, nodes of one subnet are routed to each other directly.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -297,5 +298,59 @@ fn a_foreign_device_of_the_tunnels_name_is_refused_and_left_alone() {
     assert!(
         shown.contains("veth") && shown.contains("state DOWN"),
         "the foreign device changed: {shown}"
+    );
+}
+
+/// `crossNode: crossSubnet` on two nodes of one subnet: the agent routes each other's pod
+/// CIDRs directly via the node's address (`proto 207`), so pod traffic crosses without
+/// encapsulation (the tunnel counts nothing); the tunnel entries are kept all the same.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
+    let cluster = Cluster::without_pod_routes("crosssubnet");
+    let (a, b) = (cluster.a(), cluster.b());
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+    api.set_node("node-a", &[a.pod_cidr4()], &[a.ip4()]);
+    api.set_node("node-b", &[b.pod_cidr4()], &[b.ip4()]);
+    let conf = |n: &ClusterNode| n.conf().set("crossNode", json!("crossSubnet"));
+    let (pa, pb) = (a.pod("pa"), b.pod("pb"));
+    let ra = a.add(&pa, "eth0", &conf(a));
+    let rb = b.add(&pb, "eth0", &conf(b));
+
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
+    let _agent_a = start_agent(a, &api, &log_a);
+    let _agent_b = start_agent(b, &api, &log_b);
+    let logs = [log_a.as_path(), log_b.as_path()];
+    let direct = |n: &ClusterNode, other: &ClusterNode| {
+        let out = n.exec(&["ip", "route", "show", other.pod_cidr4(), "proto", "207"]);
+        out.stdout.contains(&format!("via {}", other.ip4()))
+    };
+    wait(
+        "node A's direct route to node B's pods",
+        || direct(a, b),
+        &logs,
+    );
+    wait(
+        "node B's direct route to node A's pods",
+        || direct(b, a),
+        &logs,
+    );
+
+    let encap_before = reason(a, "tunnel_encap");
+    assert_ping(pa.netns(), &rb.ip4());
+    assert_ping(pb.netns(), &ra.ip4());
+    assert_eq!(
+        reason(a, "tunnel_encap"),
+        encap_before,
+        "a node of the same subnet went through the tunnel"
+    );
+    assert!(
+        datapath(a)
+            .tunnel_endpoints()
+            .unwrap_or_default()
+            .iter()
+            .any(|(_, node)| node.to_string() == b.ip4()),
+        "node A keeps node B's tunnel entry"
     );
 }
