@@ -1312,3 +1312,137 @@ fn publish_change(api: &tests::ApiServer, universe: &Universe, change: &Change) 
         }
     }
 }
+
+/// Policy churn through the API while the agent is killed and restarted: policies that
+/// never change what `a` and `c` may send to `b` come and go (others selecting `b`, `a`
+/// or `c`), and probes all along must find `a` → `b` admitted and `c` → `b` refused,
+/// every time. After the restart, the churn's last state is in force.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() {
+    use std::{
+        sync::atomic::{AtomicBool, AtomicUsize, Ordering},
+        time::{Duration, Instant},
+    };
+
+    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::{ApiServer, SimNode, EXT_IP4};
+
+    let node = SimNode::new("np_churn");
+    let api = ApiServer::start(node.ext_netns(), EXT_IP4);
+    let ns = tests::netpol::namespace("x", &[("ns", "x")]);
+    api.put("namespaces", serde_json::to_value(&ns).unwrap_or_default());
+    let conf = masq_conf(&node);
+    let mut pods = Vec::new();
+    for name in ["a", "b", "c"] {
+        let pod = node.pod(name);
+        let env = pod
+            .env("eth0")
+            .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
+        let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
+        let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+        let obj = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
+        api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+        pods.push((pod, ip));
+    }
+    let _server = TaggedServer::start(pods[1].0.netns(), 8080, "b", Mode::Greet);
+    let to_b = format!("{}:8080", pods[1].1);
+    let b_from = |name: &str, app: &str| {
+        policy_object(
+            name,
+            json!({"podSelector": {"matchLabels": {"app": "b"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": app}}}]}]}),
+        )
+    };
+    api.put("networkpolicies", b_from("b-from-a", "a"));
+    let log = node.dir().join("agent.log");
+    let mut agent = Some(start_agent(&node, &api, &log));
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        wait_until(Duration::from_secs(10), || generation(&node) >= 1
+            && !reaches(pods[2].0.netns(), &to_b, Duration::from_millis(300))),
+        "the policy never came into force:\n{}",
+        agent_log()
+    );
+
+    // Probes all along: a → b admitted (one retry against a slow machine), c → b never.
+    let stop = AtomicBool::new(false);
+    let (probes, wrong) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let churn = |i: usize| match i % 4 {
+        0 => api.put("networkpolicies", b_from(&format!("b-from-d{i}"), "d")),
+        1 => api.put(
+            "networkpolicies",
+            policy_object(
+                &format!("a-only-from-b{i}"),
+                json!({"podSelector": {"matchLabels": {"app": "a"}},
+                       "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]}),
+            ),
+        ),
+        2 => api.delete("networkpolicies", Some("x"), &format!("b-from-d{}", i - 2)),
+        _ => api.put(
+            "networkpolicies",
+            policy_object(
+                &format!("c-egress-to-b{i}"),
+                json!({"podSelector": {"matchLabels": {"app": "c"}},
+                       "policyTypes": ["Egress"],
+                       "egress": [{"to": [{"podSelector": {"matchLabels": {"app": "b"}}}]}]}),
+            ),
+        ),
+    };
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(30) {
+                let a_ok = reaches(pods[0].0.netns(), &to_b, Duration::from_secs(1))
+                    || reaches(pods[0].0.netns(), &to_b, Duration::from_secs(2));
+                let c_in = reaches(pods[2].0.netns(), &to_b, Duration::from_millis(200));
+                probes.fetch_add(1, Ordering::Relaxed);
+                if !a_ok || c_in {
+                    wrong.fetch_add(1, Ordering::Relaxed);
+                    eprintln!(
+                        "wrong verdict at {:?}: a→b {a_ok}, c→b {c_in}",
+                        started.elapsed()
+                    );
+                }
+            }
+        });
+        for i in 0..40 {
+            churn(i);
+            if i == 12 {
+                agent = None;
+            }
+            if i == 24 {
+                agent = Some(start_agent(&node, &api, &log));
+            }
+            std::thread::sleep(Duration::from_millis(60));
+        }
+        // The last state is in force once the restarted agent has caught up.
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+    });
+    let (probes, wrong) = (probes.into_inner(), wrong.into_inner());
+    assert!(probes >= 10, "only {probes} probe rounds");
+    assert_eq!(
+        wrong,
+        0,
+        "{wrong} of {probes} probe rounds found a wrong verdict:\n{}",
+        agent_log()
+    );
+    // Still right after the churn, and the last policy (c's egress) is known.
+    assert!(reaches(pods[0].0.netns(), &to_b, Duration::from_secs(1)));
+    assert!(!reaches(
+        pods[2].0.netns(),
+        &to_b,
+        Duration::from_millis(300)
+    ));
+    assert!(
+        agent.as_mut().is_some_and(|a| a.running()),
+        "the restarted agent exited:\n{}",
+        agent_log()
+    );
+    let state = std::fs::read_to_string(state_dir(&node).join("testnet.json")).unwrap_or_default();
+    assert!(
+        state.contains("x/c-egress-to-b39"),
+        "the churn's last policy is not in force: {state}"
+    );
+}
