@@ -300,77 +300,18 @@ impl Cluster {
             cluster.b.netns_name(),
             cluster.ext.name(),
         );
-        for argv in [
-            vec!["ip", "-n", a, "route", "add", "default", "via", EXT_IP4],
-            vec![
-                "ip", "-n", a, "-6", "route", "add", "default", "via", EXT_IP6,
-            ],
-            vec![
-                "ip",
-                "-n",
-                a,
-                "route",
-                "add",
-                "198.19.0.0/24",
-                "via",
-                "198.18.0.254",
-            ],
-            vec![
-                "ip",
-                "-n",
-                a,
-                "-6",
-                "route",
-                "add",
-                "fd00:198:19::/64",
-                "via",
-                "fd00:198:18::fe",
-            ],
-            vec![
-                "ip",
-                "-n",
-                b,
-                "route",
-                "add",
-                "default",
-                "via",
-                "198.19.0.254",
-            ],
-            vec![
-                "ip",
-                "-n",
-                b,
-                "-6",
-                "route",
-                "add",
-                "default",
-                "via",
-                "fd00:198:19::fe",
-            ],
-            vec![
-                "ip",
-                "-n",
-                x,
-                "route",
-                "add",
-                "198.19.0.0/24",
-                "via",
-                "198.18.0.254",
-            ],
-            vec![
-                "ip",
-                "-n",
-                x,
-                "-6",
-                "route",
-                "add",
-                "fd00:198:19::/64",
-                "via",
-                "fd00:198:18::fe",
-            ],
-        ] {
-            run(&argv).ok();
-        }
+        let route = |ns: &str, dst: &str, via: &str| {
+            let family = if via.contains(':') { "-6" } else { "-4" };
+            run(&["ip", "-n", ns, family, "route", "add", dst, "via", via]).ok();
+        };
+        route(a, "default", EXT_IP4);
+        route(a, "default", EXT_IP6);
+        route(a, "198.19.0.0/24", "198.18.0.254");
+        route(a, "fd00:198:19::/64", "fd00:198:18::fe");
+        route(b, "default", "198.19.0.254");
+        route(b, "default", "fd00:198:19::fe");
+        route(x, "198.19.0.0/24", "198.18.0.254");
+        route(x, "fd00:198:19::/64", "fd00:198:18::fe");
         cluster.resolve_neighbours();
         cluster
     }

@@ -217,6 +217,37 @@ impl SimNode {
         netns_exec(self.netns(), argv)
     }
 
+    /// Starts the plugin binary's `args` (a subcommand and its own flags: `agent …`,
+    /// `metrics --host-gw …`) in this node's namespace against `api`, with this node's
+    /// pin root, logging to `log`; stopped when dropped.
+    #[track_caller]
+    pub fn start_agent(
+        &self,
+        api: &crate::apiserver::ApiServer,
+        args: &[&str],
+        log: &Path,
+    ) -> crate::process::Background {
+        let bin = crate::plugin::plugin_bin().display().to_string();
+        let (url, sa, pins) = (
+            api.url(),
+            api.sa_dir().display().to_string(),
+            self.pin_root().display().to_string(),
+        );
+        let mut argv = vec![bin.as_str()];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&[
+            "--bpffs-root",
+            &pins,
+            "--api-server",
+            &url,
+            "--service-account-dir",
+            &sa,
+            "--api-timeout",
+            "5",
+        ]);
+        crate::process::Background::spawn_logged(self.netns(), &argv, log)
+    }
+
     /// Runs `argv` in the `ext` namespace.
     #[track_caller]
     pub fn ext_exec<S: AsRef<OsStr>>(&self, argv: &[S]) -> Output {

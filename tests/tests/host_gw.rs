@@ -23,8 +23,8 @@ use std::{
 };
 
 use tests::{
-    apiserver::ApiServer, assert_no_ping, assert_ping, ip_json, plugin_bin, process::Background,
-    Cluster, ClusterNode, EXT_IP4,
+    apiserver::ApiServer, assert_no_ping, assert_ping, ip_json, process::Background, Cluster,
+    ClusterNode, EXT_IP4,
 };
 
 /// The protocol number host-gw marks its routes with (`link::RTPROT_CNI_EBPF_HOST_GW`).
@@ -80,32 +80,17 @@ fn route_to(netns: &Path, dst: &str) -> String {
 
 /// Starts `cni-ebpf metrics --host-gw` in `node`'s namespace, logging to `log`.
 fn start_host_gw(node: &ClusterNode, api: &ApiServer, log: &Path) -> Background {
-    let bin = plugin_bin();
-    let (url, sa, pins) = (
-        api.url(),
-        api.sa_dir().display().to_string(),
-        node.pin_root().display().to_string(),
-    );
-    Background::spawn_logged(
-        node.netns(),
+    node.start_agent(
+        api,
         &[
-            bin.to_str().unwrap_or_default(),
             "metrics",
             "--listen",
             "127.0.0.1:0",
-            "--bpffs-root",
-            &pins,
             "--host-gw",
             "--node-name",
             node.name(),
-            "--api-server",
-            &url,
-            "--service-account-dir",
-            &sa,
             "--host-gw-interval",
             "30",
-            "--api-timeout",
-            "5",
         ],
         log,
     )

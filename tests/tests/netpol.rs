@@ -866,30 +866,13 @@ fn start_agent(
     api: &tests::ApiServer,
     log: &std::path::Path,
 ) -> tests::Background {
-    let bin = tests::plugin_bin();
-    let (url, sa, pins) = (
-        api.url(),
-        api.sa_dir().display().to_string(),
-        node.pin_root().display().to_string(),
+    let (listen, state) = (
+        AGENT_METRICS.to_string(),
+        state_dir(node).display().to_string(),
     );
-    tests::Background::spawn_logged(
-        node.netns(),
-        &[
-            bin.to_str().unwrap_or_default(),
-            "agent",
-            "--listen",
-            &AGENT_METRICS.to_string(),
-            "--state-dir",
-            &state_dir(node).display().to_string(),
-            "--bpffs-root",
-            &pins,
-            "--api-server",
-            &url,
-            "--service-account-dir",
-            &sa,
-            "--api-timeout",
-            "5",
-        ],
+    node.start_agent(
+        api,
+        &["agent", "--listen", &listen, "--state-dir", &state],
         log,
     )
 }

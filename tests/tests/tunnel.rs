@@ -29,7 +29,6 @@ use tests::{
     assert_no_ping, assert_ping,
     cluster::{NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::in_netns,
-    plugin_bin,
     process::Background,
     Cluster, ClusterNode, EchoServer, EXT_IP4,
 };
@@ -41,32 +40,17 @@ const ECHO_PORT: u16 = 7070;
 /// `cni-ebpf agent` without NetworkPolicy on `node`: its Node watcher keeps the tunnel
 /// entries.
 fn start_agent(node: &ClusterNode, api: &ApiServer, log: &Path) -> Background {
-    let bin = plugin_bin();
-    let (url, sa, pins) = (
-        api.url(),
-        api.sa_dir().display().to_string(),
-        node.pin_root().display().to_string(),
-    );
-    Background::spawn_logged(
-        node.netns(),
+    node.start_agent(
+        api,
         &[
-            bin.to_str().unwrap_or_default(),
             "agent",
             "--policy=false",
             "--listen",
             "127.0.0.1:0",
-            "--bpffs-root",
-            &pins,
             "--node-name",
             node.name(),
-            "--api-server",
-            &url,
-            "--service-account-dir",
-            &sa,
             "--host-gw-interval",
             "30",
-            "--api-timeout",
-            "5",
         ],
         log,
     )
