@@ -288,6 +288,7 @@ fn a_foreign_device_of_the_tunnels_name_is_refused_and_left_alone() {
 /// `crossNode: crossSubnet` on two nodes of one subnet: the agent routes each other's pod
 /// CIDRs directly via the node's address (`proto 207`), so pod traffic crosses without
 /// encapsulation (the tunnel counts nothing); the tunnel entries are kept all the same.
+/// `uninstall --purge` removes the tunnel device and its routes.
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
@@ -337,4 +338,31 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
             .any(|(_, node)| node.to_string() == b.ip4()),
         "node A keeps node B's tunnel entry"
     );
+
+    // `uninstall --purge` takes the tunnel device, and with it its routes.
+    a.del(&pa, "eth0", &conf(a));
+    let (bin_dir, conf_dir) = (a.dir().join("host-bin"), a.dir().join("host-net.d"));
+    for d in [&bin_dir, &conf_dir] {
+        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{e}"));
+    }
+    let purge = a.exec(&[
+        tests::plugin_bin().to_string_lossy().as_ref(),
+        "uninstall",
+        "--purge",
+        "--network-name",
+        "testnet",
+        "--bpffs-root",
+        &a.pin_root().to_string_lossy(),
+        "--data-dir",
+        &a.data_dir().to_string_lossy(),
+        "--cni-bin-dir",
+        &bin_dir.to_string_lossy(),
+        "--cni-conf-dir",
+        &conf_dir.to_string_lossy(),
+    ]);
+    assert!(purge.success(), "uninstall --purge: {purge}");
+    let left = a.exec(&["ip", "link", "show", "cni-ebpf.vxlan"]);
+    assert!(!left.success(), "the tunnel device is still there: {left}");
+    let routes = a.exec(&["ip", "route", "show", "proto", "208"]).stdout;
+    assert!(routes.trim().is_empty(), "tunnel routes left: {routes}");
 }

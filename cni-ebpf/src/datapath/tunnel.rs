@@ -133,6 +133,24 @@ impl Datapath {
         }))
     }
 
+    /// `uninstall --purge`: deletes the node's tunnel device if this network made one and
+    /// it is ours (its alias says so); its routes go with it. Returns whether it did.
+    pub fn remove_tunnel(&self) -> Result<bool> {
+        if self.node_config_raw()?.tunnel_ifindex == 0 {
+            return Ok(false);
+        }
+        crate::link::runtime()?.block_on(async {
+            let nl = Nl::connect()?;
+            match nl.link_by_name(TUNNEL_DEVICE).await? {
+                Some(dev) if dev.alias.as_deref() == Some(TUNNEL_ALIAS) => {
+                    nl.del_link(dev.index).await?;
+                    Ok(true)
+                }
+                _ => Ok(false),
+            }
+        })
+    }
+
     fn tunnel_attached(&self, ifindex: u32) -> Result<bool> {
         for (p, dir, tc_dir) in TUNNEL_PROGS {
             let id = attach::pinned_program_id(&self.pins.prog(p))?;

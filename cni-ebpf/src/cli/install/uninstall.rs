@@ -283,7 +283,8 @@ impl<'a> Purge<'a> {
             .collect())
     }
 
-    /// Removes the filters, the pins and the store; returns the directories removed and
+    /// Removes the filters, the tunnel device (if this network made one), the pins and the
+    /// store; returns the directories removed and
     /// the number of filters.
     fn remove(self) -> Result<(Vec<PathBuf>, usize)> {
         let mut removed = Vec::new();
@@ -292,6 +293,12 @@ impl<'a> Purge<'a> {
         if self.pins_exist {
             if let Some(dp) = &self.datapath {
                 filters = dp.remove_filters()?;
+                if dp.remove_tunnel()? {
+                    tracing::info!(
+                        "removed the tunnel device {} and its routes",
+                        crate::datapath::tunnel::TUNNEL_DEVICE
+                    );
+                }
             }
             drop(self.datapath);
             Datapath::unload_at(&pin_dir)?;
