@@ -76,7 +76,11 @@ fn snat_use_map_fill_and_memory_through_a_read_only_handle() {
     // Four masqueraded flows and two hairpin flows, two entries each.
     assert_eq!(get(map::NAT).entries, Some(12), "{:?}", get(map::NAT));
     assert_eq!(get(map::NAT).max_entries, MAX_NAT);
-    assert_eq!(get(map::NAT).map_type, "hash", "a hash, never an LRU: a live translation is never evicted");
+    assert_eq!(
+        get(map::NAT).map_type,
+        "hash",
+        "a hash, never an LRU: a live translation is never evicted"
+    );
     assert_eq!((get(map::NAT).key_size, get(map::NAT).value_size), (16, 32));
     assert!(get(map::NAT).memlock_bytes >= u64::from(MAX_NAT) * 40);
     assert_eq!(get(map::ENDPOINTS).entries, Some(2));
