@@ -212,42 +212,7 @@ impl Cluster {
     #[track_caller]
     #[must_use]
     pub fn across_subnets(test: &str) -> Self {
-        let tag = unique_tag(test);
-        let fabric = NetNs::create(&format!("fabric-{tag}"));
-        let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
-        let node = |suffix: &str, name, ip4, ip6, pod_cidr4, pod_cidr6| ClusterNode {
-            sim: SimNode::unwired(
-                format!("{tag}-{suffix}"),
-                &format!("node-{tag}-{suffix}"),
-                Arc::clone(&ext),
-            ),
-            name,
-            ip4,
-            ip6,
-            pod_cidr4,
-            pod_cidr6,
-        };
-        let cluster = Self {
-            a: node(
-                "a",
-                "node-a",
-                NODE_A_IP4,
-                NODE_A_IP6,
-                NODE_A_POD_CIDR4,
-                NODE_A_POD_CIDR6,
-            ),
-            b: node(
-                "b",
-                "node-b",
-                OTHER_SUBNET_B_IP4,
-                OTHER_SUBNET_B_IP6,
-                NODE_B_POD_CIDR4,
-                NODE_B_POD_CIDR6,
-            ),
-            tag,
-            fabric,
-            ext,
-        };
+        let cluster = Self::unwired(test, OTHER_SUBNET_B_IP4, OTHER_SUBNET_B_IP6);
         let f = cluster.fabric.name();
         for (br, v4, v6) in [
             ("br0", "198.18.0.254", "fd00:198:18::fe"),
@@ -316,8 +281,10 @@ impl Cluster {
         cluster
     }
 
+    /// The namespaces of a cluster whose node B has the fabric addresses `b_ip4`,
+    /// `b_ip6`, nothing wired yet.
     #[track_caller]
-    fn build(test: &str, pod_routes: bool) -> Self {
+    fn unwired(test: &str, b_ip4: &'static str, b_ip6: &'static str) -> Self {
         let tag = unique_tag(test);
         let fabric = NetNs::create(&format!("fabric-{tag}"));
         let ext = Arc::new(NetNs::create(&format!("ext-{tag}")));
@@ -344,18 +311,23 @@ impl Cluster {
         let b = node(
             "b",
             "node-b",
-            NODE_B_IP4,
-            NODE_B_IP6,
+            b_ip4,
+            b_ip6,
             NODE_B_POD_CIDR4,
             NODE_B_POD_CIDR6,
         );
-        let cluster = Self {
+        Self {
             tag,
             a,
             b,
             fabric,
             ext,
-        };
+        }
+    }
+
+    #[track_caller]
+    fn build(test: &str, pod_routes: bool) -> Self {
+        let cluster = Self::unwired(test, NODE_B_IP4, NODE_B_IP6);
         cluster.wire(pod_routes);
         cluster.resolve_neighbours();
         cluster

@@ -217,6 +217,49 @@ impl SimNode {
         netns_exec(self.netns(), argv)
     }
 
+    /// The argv of `cni-ebpf inspect` of network `testnet` on this node (its pin root and
+    /// data dir), then `extra`.
+    #[must_use]
+    pub fn inspect_argv(&self, extra: &[&str]) -> Vec<String> {
+        let mut argv: Vec<String> = vec![
+            crate::plugin::plugin_bin().to_string_lossy().into_owned(),
+            "inspect".into(),
+            "--network".into(),
+            "testnet".into(),
+            "--bpffs-root".into(),
+            self.pin_root().to_string_lossy().into_owned(),
+            "--data-dir".into(),
+            self.data_dir().to_string_lossy().into_owned(),
+        ];
+        argv.extend(extra.iter().map(|s| (*s).to_owned()));
+        argv
+    }
+
+    /// `cni-ebpf uninstall --purge` of network `testnet` on this node, with CNI
+    /// directories of its own (created here).
+    #[track_caller]
+    pub fn uninstall_purge(&self) -> Output {
+        let (bin_dir, conf_dir) = (self.dir().join("host-bin"), self.dir().join("host-net.d"));
+        for d in [&bin_dir, &conf_dir] {
+            std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{}: {e}", d.display()));
+        }
+        self.exec(&[
+            crate::plugin::plugin_bin().to_string_lossy().as_ref(),
+            "uninstall",
+            "--purge",
+            "--network-name",
+            "testnet",
+            "--bpffs-root",
+            &self.pin_root().to_string_lossy(),
+            "--data-dir",
+            &self.data_dir().to_string_lossy(),
+            "--cni-bin-dir",
+            &bin_dir.to_string_lossy(),
+            "--cni-conf-dir",
+            &conf_dir.to_string_lossy(),
+        ])
+    }
+
     /// Starts the plugin binary's `args` (a subcommand and its own flags: `agent …`,
     /// `metrics --host-gw …`) in this node's namespace against `api`, with this node's
     /// pin root, logging to `log`; stopped when dropped.

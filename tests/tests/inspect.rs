@@ -3,27 +3,11 @@
 //! on request: its endpoints, host ports and NAT entries only.
 
 use serde_json::{json, Value};
-use tests::{assert_ping, plugin_bin, Pod, SimNode, EXT_IP4, POD_SUBNET_V4};
-
-const NET: &str = "testnet";
+use tests::{assert_ping, Pod, SimNode, EXT_IP4, POD_SUBNET_V4};
 
 /// `cni-ebpf inspect` with `extra` arguments, in the node namespace.
 fn inspect(node: &SimNode, extra: &[&str]) -> tests::Output {
-    let bin = plugin_bin().to_string_lossy().into_owned();
-    let root = node.pin_root().to_string_lossy().into_owned();
-    let data = node.data_dir().to_string_lossy().into_owned();
-    let mut argv = vec![
-        bin.as_str(),
-        "inspect",
-        "--network",
-        NET,
-        "--bpffs-root",
-        &root,
-        "--data-dir",
-        &data,
-    ];
-    argv.extend_from_slice(extra);
-    node.exec(&argv)
+    node.exec(&node.inspect_argv(extra))
 }
 
 fn json_of(node: &SimNode, extra: &[&str]) -> Value {

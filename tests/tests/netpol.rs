@@ -562,8 +562,8 @@ fn policy_object(name: &str, spec: Value) -> Value {
 fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
     use std::time::{Duration, Instant};
 
-    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer, NET};
-    use tests::{plugin_bin, ApiServer, Background, SimNode, EXT_IP4};
+    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::{ApiServer, Background, SimNode, EXT_IP4};
 
     const SOON: Duration = Duration::from_millis(300);
     let node = SimNode::new("np_agent");
@@ -628,27 +628,11 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
 
     // Why a cannot reach b, answered by one command: the policy that selects b, and the
     // refused packets.
+    let state = state_dir(&node).display().to_string();
     let inspect = |extra: &[&str]| {
-        let (bin, root, data, state) = (
-            plugin_bin().display().to_string(),
-            node.pin_root().display().to_string(),
-            node.data_dir().display().to_string(),
-            state_dir(&node).display().to_string(),
-        );
-        let mut argv = vec![
-            bin.as_str(),
-            "inspect",
-            "--network",
-            NET,
-            "--bpffs-root",
-            &root,
-            "--data-dir",
-            &data,
-            "--state-dir",
-            &state,
-        ];
-        argv.extend_from_slice(extra);
-        argv.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>()
+        let mut args = vec!["--state-dir", state.as_str()];
+        args.extend_from_slice(extra);
+        node.inspect_argv(&args)
     };
     let shown = node.exec(&inspect(&["--pod", "x/b"])).stdout;
     assert!(

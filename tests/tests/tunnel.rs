@@ -341,25 +341,7 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
 
     // `uninstall --purge` takes the tunnel device, and with it its routes.
     a.del(&pa, "eth0", &conf(a));
-    let (bin_dir, conf_dir) = (a.dir().join("host-bin"), a.dir().join("host-net.d"));
-    for d in [&bin_dir, &conf_dir] {
-        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{e}"));
-    }
-    let purge = a.exec(&[
-        tests::plugin_bin().to_string_lossy().as_ref(),
-        "uninstall",
-        "--purge",
-        "--network-name",
-        "testnet",
-        "--bpffs-root",
-        &a.pin_root().to_string_lossy(),
-        "--data-dir",
-        &a.data_dir().to_string_lossy(),
-        "--cni-bin-dir",
-        &bin_dir.to_string_lossy(),
-        "--cni-conf-dir",
-        &conf_dir.to_string_lossy(),
-    ]);
+    let purge = a.uninstall_purge();
     assert!(purge.success(), "uninstall --purge: {purge}");
     let left = a.exec(&["ip", "link", "show", "cni-ebpf.vxlan"]);
     assert!(!left.success(), "the tunnel device is still there: {left}");

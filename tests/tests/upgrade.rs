@@ -307,25 +307,7 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
         out.assert_empty_success();
     }
     node.store("testnet").assert_empty("after the DELs");
-    let (bin_dir, conf_dir) = (node.dir().join("host-bin"), node.dir().join("host-net.d"));
-    for d in [&bin_dir, &conf_dir] {
-        std::fs::create_dir_all(d).unwrap_or_else(|e| panic!("{e}"));
-    }
-    let purge = node.exec(&[
-        tests::plugin_bin().to_string_lossy().as_ref(),
-        "uninstall",
-        "--purge",
-        "--network-name",
-        "testnet",
-        "--bpffs-root",
-        &node.pin_root().to_string_lossy(),
-        "--data-dir",
-        &node.data_dir().to_string_lossy(),
-        "--cni-bin-dir",
-        &bin_dir.to_string_lossy(),
-        "--cni-conf-dir",
-        &conf_dir.to_string_lossy(),
-    ]);
+    let purge = node.uninstall_purge();
     assert!(purge.success(), "uninstall --purge: {purge}");
     let e = node.pod("e");
     let out = node.exec_plugin_bin(&newer, "ADD", &next_layout(e.env("eth0")), &conf.plugin());

@@ -131,12 +131,15 @@ impl Datapath {
         }
         let mut m = self.maps()?;
         let mut h = m.policy_endpoints()?;
-        let ifindexes: BTreeSet<u32> = maps::entries(&h)
+        let doomed: Vec<PolicyEndpointKey> = maps::entries(&h)
             .into_iter()
             .filter(|(_, v)| v.owner == owner)
-            .map(|(k, _)| k.ifindex)
+            .map(|(k, _)| k)
             .collect();
-        maps::remove_where(&mut h, map_name::POLICY_ENDPOINTS, |_, v| v.owner == owner)?;
+        for k in &doomed {
+            maps::remove(&mut h, k, map_name::POLICY_ENDPOINTS)?;
+        }
+        let ifindexes: BTreeSet<u32> = doomed.iter().map(|k| k.ifindex).collect();
         // The interface's verdict counts go with it (its index may be reused).
         if !ifindexes.is_empty() && self.pins.map(map_name::POLICY_COUNTS).exists() {
             let mut counts = m.policy_counts()?;
