@@ -21,17 +21,25 @@
 //! node, and `ext`, pings the others once), because a live node has them. Everything is
 //! removed on drop, also on panic; the machine's own namespace is never touched.
 
-use std::{ops::Deref, path::Path, sync::Arc};
+use std::{
+    ops::Deref,
+    path::Path,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use cni_ebpf::datapath::Datapath;
 
 use serde_json::json;
 
 use crate::{
+    apiserver::ApiServer,
     conf::ConfBuilder,
     kubeproxy::{self, Mode, ProxyNode, ServicePort},
     net::ping,
     netns::NetNs,
     node::{configure_link, unique_tag, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK},
-    process::run,
+    process::{run, Background},
 };
 
 /// The cluster CIDR (`clusterCIDRs` of both nodes, kube-proxy's `--cluster-cidr`).
@@ -99,12 +107,92 @@ impl ClusterNode {
         self.pod_cidr4
     }
 
+    /// The node's IPv6 pod CIDR.
+    #[must_use]
+    pub fn pod_cidr6(&self) -> &'static str {
+        self.pod_cidr6
+    }
+
+    /// The node's fabric address the Node object publishes as its InternalIP over
+    /// `underlay`.
+    #[must_use]
+    pub fn underlay_ip(&self, underlay: Underlay) -> &'static str {
+        match underlay {
+            Underlay::V4 => self.ip4,
+            Underlay::V6 => self.ip6,
+        }
+    }
+
+    /// The datapath of the test network pinned on this node. Panics if there is none.
+    #[track_caller]
+    #[must_use]
+    pub fn pinned_datapath(&self) -> Datapath {
+        let dir = self.pin_root().join("testnet");
+        Datapath::open_at(&dir)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("nothing pinned at {}", dir.display()))
+    }
+
+    /// The count of datapath reason `name` on this node (0 before the first).
+    #[must_use]
+    pub fn reason_count(&self, name: &str) -> u64 {
+        self.pinned_datapath()
+            .reason_counts()
+            .unwrap_or_default()
+            .into_iter()
+            .find(|r| r.reason == name)
+            .map_or(0, |r| r.count)
+    }
+
+    /// Whether this node's tunnel entries send `other`'s IPv4 pod CIDR to `other`'s
+    /// address over `underlay`.
+    #[must_use]
+    pub fn tunnels_to(&self, other: &ClusterNode, underlay: Underlay) -> bool {
+        let Ok(want) = other.pod_cidr4.parse::<ipnet::IpNet>() else {
+            return false;
+        };
+        self.pinned_datapath()
+            .tunnel_endpoints()
+            .unwrap_or_default()
+            .iter()
+            .any(|(net, node)| *net == want && node.to_string() == other.underlay_ip(underlay))
+    }
+
+    /// Starts `cni-ebpf agent` on this node with only its Node watcher (no
+    /// NetworkPolicy), logging to `log`: it keeps the tunnel entries and the direct routes
+    /// of the cross-node modes.
+    #[must_use]
+    pub fn start_node_agent(&self, api: &ApiServer, log: &Path) -> Background {
+        self.start_agent(
+            api,
+            &[
+                "agent",
+                "--policy=false",
+                "--listen",
+                "127.0.0.1:0",
+                "--node-name",
+                self.name,
+                "--host-gw-interval",
+                "30",
+            ],
+            log,
+        )
+    }
+
     /// The pods' IPv4 gateway (first address of the pod CIDR, owned by every host veth).
     #[must_use]
     pub fn gateway4(&self) -> String {
         let net = self.pod_cidr4.split('/').next().unwrap_or(self.pod_cidr4);
         let prefix = net.rsplit_once('.').map_or(net, |(p, _)| p);
         format!("{prefix}.1")
+    }
+
+    /// The pods' IPv6 gateway (`::1` of the IPv6 pod CIDR).
+    #[must_use]
+    pub fn gateway6(&self) -> String {
+        let net = self.pod_cidr6.split('/').next().unwrap_or(self.pod_cidr6);
+        format!("{}1", net.trim_end_matches(':').to_owned() + "::")
     }
 
     /// The `SimNode` underneath (also reachable through `Deref`).
@@ -167,6 +255,13 @@ impl Deref for ClusterNode {
     fn deref(&self) -> &SimNode {
         &self.sim
     }
+}
+
+/// The address family of the network between the nodes, which carries the tunnel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Underlay {
+    V4,
+    V6,
 }
 
 /// Two nodes, a fabric and the outside world (see the module documentation).
@@ -446,6 +541,47 @@ impl Cluster {
     #[must_use]
     pub fn fabric_netns(&self) -> &Path {
         self.fabric.path()
+    }
+
+    /// Publishes both Node objects on `api` (both pod CIDRs; the InternalIP of
+    /// `underlay`), starts a Node-watching agent on each ([`ClusterNode::start_node_agent`],
+    /// logs in `logs`) and waits until each node's tunnel entries lead to the other.
+    /// Panics, showing the agents' logs, if that takes more than five seconds.
+    #[track_caller]
+    #[must_use]
+    pub fn join_by_tunnel(&self, api: &ApiServer, underlay: Underlay, logs: &Path) -> [Background; 2] {
+        for n in self.nodes() {
+            api.set_node(
+                n.name,
+                &[n.pod_cidr4, n.pod_cidr6],
+                &[n.underlay_ip(underlay)],
+            );
+        }
+        let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
+        let agents = [
+            self.a.start_node_agent(api, &log(&self.a)),
+            self.b.start_node_agent(api, &log(&self.b)),
+        ];
+        let deadline = Instant::now() + Duration::from_secs(5);
+        for (n, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
+            while !n.tunnels_to(other, underlay) {
+                if Instant::now() > deadline {
+                    let text: Vec<String> = self
+                        .nodes()
+                        .iter()
+                        .map(|n| std::fs::read_to_string(log(n)).unwrap_or_default())
+                        .collect();
+                    panic!(
+                        "{}'s tunnel entries do not lead to {} after 5 s; agent logs:\n{}",
+                        n.name,
+                        other.name,
+                        text.join("\n---\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        agents
     }
 
     /// Loads kube-proxy's rules for `services` in `mode` into both nodes, each with its

@@ -2,7 +2,10 @@
 //! [`service_rows`] and [`plain_rows`]: ClusterIP, NodePort, host network, pod → pod
 //! across nodes, masquerade, host ports) on two simulated nodes ([`Cluster`]), with
 //! kube-proxy's rules loaded in iptables mode, in nftables mode, and — for the rows that
-//! need no Service — with no kube-proxy at all.
+//! need no Service — with no kube-proxy at all. The kube-proxy modes run twice: on nodes
+//! whose pod CIDRs the fabric routes (`crossNode: routed`), and on nodes in two subnets
+//! behind a router that routes no pod CIDR, joined only by the tunnel (`crossNode:
+//! tunnel`; node B is then `198.19.0.3` / `fd00:198:19::3`).
 //!
 //! One cluster per test function. Each row is checked in turn with short bounded timeouts
 //! (a broken row costs about two seconds) and reported on stderr as it goes; at the end the
@@ -41,10 +44,12 @@ use std::{
 
 use serde_json::json;
 use tests::{
-    cluster::{NODE_A_IP4, NODE_A_IP6, NODE_B_IP4, NODE_B_IP6},
+    apiserver::ApiServer,
+    cluster::Underlay,
     kubeproxy::{Mode, Protocol, ServicePort, TrafficPolicy},
     net::{in_netns, sock_addr},
-    Cluster, ConfBuilder, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4, EXT_IP6,
+    process::Background,
+    Cluster, ClusterNode, ConfBuilder, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4, EXT_IP6,
 };
 
 /// Per-step bound of every client (connect, send, receive).
@@ -250,12 +255,16 @@ struct Rows {
 }
 
 impl Rows {
-    fn new(mode: Option<Mode>) -> Self {
+    fn new(mode: Option<Mode>, cross: CrossNode) -> Self {
+        let proxy = mode.map_or_else(
+            || "no kube-proxy".to_owned(),
+            |m| format!("kube-proxy {}", m.name()),
+        );
         Self {
-            variant: mode.map_or_else(
-                || "no kube-proxy".to_owned(),
-                |m| format!("kube-proxy {}", m.name()),
-            ),
+            variant: match cross {
+                CrossNode::Routed => proxy,
+                CrossNode::Tunnel => format!("tunnel, {proxy}"),
+            },
             mode,
             results: Vec::new(),
         }
@@ -375,12 +384,13 @@ impl Fam {
         }
     }
 
-    /// Node A's and node B's addresses.
-    fn nodes(self) -> (&'static str, &'static str) {
-        match self {
-            Fam::V4 => (NODE_A_IP4, NODE_B_IP4),
-            Fam::V6 => (NODE_A_IP6, NODE_B_IP6),
-        }
+    /// Node A's and node B's addresses in `cluster`.
+    fn nodes(self, cluster: &Cluster) -> (&'static str, &'static str) {
+        let ip = |n: &ClusterNode| match self {
+            Fam::V4 => n.ip4(),
+            Fam::V6 => n.ip6(),
+        };
+        (ip(cluster.a()), ip(cluster.b()))
     }
 
     /// The ClusterIPs of `default/web`, `default/np-cluster`, `default/np-local`.
@@ -392,11 +402,24 @@ impl Fam {
     }
 }
 
+/// How pods reach the other node's pods: the fabric's static routes (`routed`), or the
+/// VXLAN tunnel between nodes in different subnets (`tunnel`, see [`world`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum CrossNode {
+    Routed,
+    Tunnel,
+}
+
 /// The cluster, its pods and servers. Field order is drop order: servers stop before
-/// their namespaces go, the cgroup is removed before the cluster.
+/// their namespaces go, the agents before their nodes, the cgroup is removed before the
+/// cluster.
 struct World {
     _servers: Vec<WhoAmIServer>,
     _echo: Vec<EchoServer>,
+    _agents: Vec<Background>,
+    _api: Option<ApiServer>,
+    _agent_logs: Option<tempfile::TempDir>,
+    cross: CrossNode,
     a1: Running,
     a2: Running,
     b1: Running,
@@ -441,15 +464,26 @@ fn services(a1: &Running) -> Vec<ServicePort> {
 
 /// Builds the cluster, ADDs the pods through the real plugin, loads kube-proxy's rules in
 /// `mode` (after the pods exist, as kube-proxy syncs once endpoints are ready) and starts
-/// the servers.
-fn world(test: &str, mode: Option<Mode>) -> World {
-    let cluster = Cluster::new(test);
+/// the servers. `CrossNode::Tunnel`: the nodes sit in two subnets behind a router with no
+/// route to any pod CIDR ([`Cluster::across_subnets`]), the pods' conflist says
+/// `crossNode: tunnel`, and each node runs the agent, whose Node watcher (against the
+/// stand-in API server in `ext`) keeps the tunnel entries.
+fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
+    let cluster = match cross {
+        CrossNode::Routed => Cluster::new(test),
+        CrossNode::Tunnel => Cluster::across_subnets(test),
+    };
     let (a, b) = (cluster.a(), cluster.b());
     let cgroup = TestCgroup::create(cluster.tag());
+    let cross_node = match cross {
+        CrossNode::Routed => "routed",
+        CrossNode::Tunnel => "tunnel",
+    };
     let conf_a = a
         .conf_dual_stack()
+        .set("crossNode", json!(cross_node))
         .set("cgroupPath", json!(cgroup.path().to_string_lossy()));
-    let conf_b = b.conf_dual_stack();
+    let conf_b = b.conf_dual_stack().set("crossNode", json!(cross_node));
     let mappings: Vec<_> = ["tcp", "udp"]
         .iter()
         .map(|p| json!({ "hostPort": HOST_PORT, "containerPort": PORT, "protocol": p }))
@@ -464,6 +498,14 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     let a2 = add(a, "a2", &conf_a);
     let b1 = add(b, "b1", &conf_b);
     let b2 = add(b, "b2", &conf_b);
+    let (mut agents, mut api, mut agent_logs) = (Vec::new(), None, None);
+    if cross == CrossNode::Tunnel {
+        let server = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+        let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
+        agents.extend(cluster.join_by_tunnel(&server, Underlay::V4, logs.path()));
+        api = Some(server);
+        agent_logs = Some(logs);
+    }
     if let Some(mode) = mode {
         cluster.install_kube_proxy(mode, &services(&a1));
     }
@@ -479,6 +521,10 @@ fn world(test: &str, mode: Option<Mode>) -> World {
     World {
         _servers: servers,
         _echo: echo,
+        _agents: agents,
+        _api: api,
+        _agent_logs: agent_logs,
+        cross,
         a1,
         a2,
         b1,
@@ -494,7 +540,7 @@ fn world(test: &str, mode: Option<Mode>) -> World {
 /// The rows that need a Service (kube-proxy's rules), over family `f`.
 fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
     let (a, b, ext) = (w.cluster.a(), w.cluster.b(), w.cluster.ext_netns());
-    let (node_a, node_b) = f.nodes();
+    let (node_a, node_b) = f.nodes(&w.cluster);
     let [web_ip, _, _] = f.cluster_ips();
     let web = f.join(web_ip, WEB.1);
     let dns = f.join(web_ip, WEB.2);
@@ -546,13 +592,21 @@ fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
 /// host ports.
 fn plain_rows(w: &World, rows: &mut Rows, f: Fam) {
     let (a, b, ext) = (w.cluster.a(), w.cluster.b(), w.cluster.ext_netns());
-    let (node_a, node_b) = f.nodes();
+    let (node_a, node_b) = f.nodes(&w.cluster);
     let host_port = f.join(node_a, HOST_PORT);
     let l = f.label();
 
+    // Through the tunnel, node B's own traffic leaves from its tunnel address (its pods'
+    // gateway, which the tunnel device owns), so that the answer returns through the
+    // tunnel.
+    let b_as_seen = match (w.cross, f) {
+        (CrossNode::Routed, _) => node_b.to_owned(),
+        (CrossNode::Tunnel, Fam::V4) => b.gateway4(),
+        (CrossNode::Tunnel, Fam::V6) => b.gateway6(),
+    };
     rows.check(
         &format!("{l}other node's host network → pod: pod sees that node's address"),
-        tcp_seen_as(b.netns(), &f.join(w.a1.ip(f), PORT), node_b),
+        tcp_seen_as(b.netns(), &f.join(w.a1.ip(f), PORT), &b_as_seen),
     );
     rows.check(
         &format!("{l}pod → pod across nodes (B → A): source kept"),
@@ -633,8 +687,8 @@ fn all_rows(w: &World, rows: &mut Rows, services: bool) {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_iptables() {
-    let w = world("k8s_ipt", Some(Mode::Iptables));
-    let mut rows = Rows::new(Some(Mode::Iptables));
+    let w = world("k8s_ipt", Some(Mode::Iptables), CrossNode::Routed);
+    let mut rows = Rows::new(Some(Mode::Iptables), CrossNode::Routed);
     all_rows(&w, &mut rows, true);
     rows.assert_all_answered(&w.cluster);
 }
@@ -642,8 +696,8 @@ fn kubernetes_every_row_with_kube_proxy_iptables() {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_nftables() {
-    let w = world("k8s_nft", Some(Mode::Nftables));
-    let mut rows = Rows::new(Some(Mode::Nftables));
+    let w = world("k8s_nft", Some(Mode::Nftables), CrossNode::Routed);
+    let mut rows = Rows::new(Some(Mode::Nftables), CrossNode::Routed);
     all_rows(&w, &mut rows, true);
     rows.assert_all_answered(&w.cluster);
 }
@@ -651,8 +705,26 @@ fn kubernetes_every_row_with_kube_proxy_nftables() {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_rows_without_a_service_with_no_kube_proxy() {
-    let w = world("k8s_none", None);
-    let mut rows = Rows::new(None);
+    let w = world("k8s_none", None, CrossNode::Routed);
+    let mut rows = Rows::new(None, CrossNode::Routed);
     all_rows(&w, &mut rows, false);
+    rows.assert_all_answered(&w.cluster);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_iptables() {
+    let w = world("k8s_tun_ipt", Some(Mode::Iptables), CrossNode::Tunnel);
+    let mut rows = Rows::new(Some(Mode::Iptables), CrossNode::Tunnel);
+    all_rows(&w, &mut rows, true);
+    rows.assert_all_answered(&w.cluster);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_nftables() {
+    let w = world("k8s_tun_nft", Some(Mode::Nftables), CrossNode::Tunnel);
+    let mut rows = Rows::new(Some(Mode::Nftables), CrossNode::Tunnel);
+    all_rows(&w, &mut rows, true);
     rows.assert_all_answered(&w.cluster);
 }

@@ -22,14 +22,12 @@ use std::{
     time::{Duration, Instant},
 };
 
-use cni_ebpf::datapath::Datapath;
 use serde_json::json;
 use tests::{
     apiserver::ApiServer,
     assert_no_ping, assert_ping,
-    cluster::{NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
+    cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::in_netns,
-    process::Background,
     Cluster, ClusterNode, EchoServer, EXT_IP4,
 };
 
@@ -37,41 +35,8 @@ use tests::{
 const WAIT: Duration = Duration::from_secs(5);
 const ECHO_PORT: u16 = 7070;
 
-/// `cni-ebpf agent` without NetworkPolicy on `node`: its Node watcher keeps the tunnel
-/// entries.
-fn start_agent(node: &ClusterNode, api: &ApiServer, log: &Path) -> Background {
-    node.start_agent(
-        api,
-        &[
-            "agent",
-            "--policy=false",
-            "--listen",
-            "127.0.0.1:0",
-            "--node-name",
-            node.name(),
-            "--host-gw-interval",
-            "30",
-        ],
-        log,
-    )
-}
-
-/// The node's datapath of the test network.
-fn datapath(node: &ClusterNode) -> Datapath {
-    let dir = node.pin_root().join("testnet");
-    Datapath::open_at(&dir)
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| panic!("nothing pinned at {}", dir.display()))
-}
-
 fn reason(node: &ClusterNode, name: &str) -> u64 {
-    datapath(node)
-        .reason_counts()
-        .unwrap_or_default()
-        .into_iter()
-        .find(|r| r.reason == name)
-        .map_or(0, |r| r.count)
+    node.reason_count(name)
 }
 
 fn wait(what: &str, mut f: impl FnMut() -> bool, logs: &[&Path]) {
@@ -171,28 +136,12 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
     assert!(reason(a, "drop_no_tunnel_endpoint") >= 1);
 
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
-    let _agent_a = start_agent(a, &api, &log_a);
-    let _agent_b = start_agent(b, &api, &log_b);
+    let _agents = cluster.join_by_tunnel(&api, Underlay::V4, logs.path());
+    let (log_a, log_b) = (
+        logs.path().join("agent-node-a.log"),
+        logs.path().join("agent-node-b.log"),
+    );
     let logs = [log_a.as_path(), log_b.as_path()];
-    let has_entries = |n: &ClusterNode, other: &ClusterNode| {
-        let want: ipnet::IpNet = other.pod_cidr4().parse().unwrap_or_else(|e| panic!("{e}"));
-        datapath(n)
-            .tunnel_endpoints()
-            .unwrap_or_default()
-            .iter()
-            .any(|(net, node)| *net == want && node.to_string() == other.ip4())
-    };
-    wait(
-        "node A's tunnel entries for node B",
-        || has_entries(a, b),
-        &logs,
-    );
-    wait(
-        "node B's tunnel entries for node A",
-        || has_entries(b, a),
-        &logs,
-    );
 
     let encap_before = reason(a, "tunnel_encap");
     let decap_before = reason(b, "tunnel_decap");
@@ -245,7 +194,11 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
 
     // Node B leaves the cluster: node A forgets its pod CIDRs, its pods are cut off.
     api.remove_node("node-b");
-    wait("node A to forget node B", || !has_entries(a, b), &logs);
+    wait(
+        "node A to forget node B",
+        || !a.tunnels_to(b, Underlay::V4),
+        &logs,
+    );
     assert_no_ping(pa.netns(), &rb.ip4());
 }
 
@@ -304,8 +257,8 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
 
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let (log_a, log_b) = (logs.path().join("a.log"), logs.path().join("b.log"));
-    let _agent_a = start_agent(a, &api, &log_a);
-    let _agent_b = start_agent(b, &api, &log_b);
+    let _agent_a = a.start_node_agent(&api, &log_a);
+    let _agent_b = b.start_node_agent(&api, &log_b);
     let logs = [log_a.as_path(), log_b.as_path()];
     let direct = |n: &ClusterNode, other: &ClusterNode| {
         let out = n.exec(&["ip", "route", "show", other.pod_cidr4(), "proto", "207"]);
@@ -331,7 +284,7 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
         "a node of the same subnet went through the tunnel"
     );
     assert!(
-        datapath(a)
+        a.pinned_datapath()
             .tunnel_endpoints()
             .unwrap_or_default()
             .iter()

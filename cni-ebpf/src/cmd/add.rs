@@ -237,6 +237,15 @@ impl Transaction<'_> {
                 node_addrs.push((gw, host_index));
             }
         }
+        // In the tunnel modes the tunnel device owns the gateways too: they are then the
+        // source the node's own traffic to other nodes' pods leaves with, so the replies
+        // come back through the tunnel (an uplink address as source would have them sent
+        // back over the underlay, a path the other node never routed from).
+        if let Some(tunnel) = self.dp.tunnel_ifindex()? {
+            for (gw, _) in &node_addrs {
+                self.node.add_address(tunnel, IpNet::from(*gw), true).await?;
+            }
+        }
         // The gateway is now a node address (host ports are reachable on it, and traffic
         // to it is never masqueraded).
         self.dp.add_node_addrs(&node_addrs)?;

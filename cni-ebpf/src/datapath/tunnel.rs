@@ -133,6 +133,12 @@ impl Datapath {
         }))
     }
 
+    /// The node's tunnel device, if the network has one.
+    pub fn tunnel_ifindex(&self) -> Result<Option<u32>> {
+        let index = self.node_config_raw()?.tunnel_ifindex;
+        Ok((index != 0).then_some(index))
+    }
+
     /// `uninstall --purge`: deletes the node's tunnel device if this network made one and
     /// it is ours (its alias says so); its routes go with it. Returns whether it did.
     pub fn remove_tunnel(&self) -> Result<bool> {
