@@ -850,15 +850,23 @@ fn start_agent(
     api: &tests::ApiServer,
     log: &std::path::Path,
 ) -> tests::Background {
+    start_agent_as(node, api, log, &[])
+}
+
+/// [`start_agent`] with `extra` arguments.
+fn start_agent_as(
+    node: &tests::SimNode,
+    api: &tests::ApiServer,
+    log: &std::path::Path,
+    extra: &[&str],
+) -> tests::Background {
     let (listen, state) = (
         AGENT_METRICS.to_string(),
         state_dir(node).display().to_string(),
     );
-    node.start_agent(
-        api,
-        &["agent", "--listen", &listen, "--state-dir", &state],
-        log,
-    )
+    let mut argv = vec!["agent", "--listen", &listen, "--state-dir", &state];
+    argv.extend_from_slice(extra);
+    node.start_agent(api, &argv, log)
 }
 
 /// One pod of the end-to-end matrix: where it runs and what it serves.
@@ -924,17 +932,38 @@ struct MatrixWorld {
 }
 
 impl MatrixWorld {
-    fn new(test: &str) -> Self {
+    /// The world on nodes whose pod CIDRs the fabric routes (`tunnel: false`), or on
+    /// nodes in two subnets joined only by the tunnel (`crossNode: tunnel`, the agents
+    /// also keeping the tunnel entries from the Node objects).
+    fn new(test: &str, tunnel: bool) -> Self {
         use std::time::Duration;
 
         use datapath_support::wait_until;
+        use serde_json::json;
         use tests::{
             netpol::{namespace, pod, probe::MatrixServer},
             ApiServer, Cluster, EXT_IP4,
         };
 
-        let cluster = Cluster::new(test);
+        let cluster = if tunnel {
+            Cluster::across_subnets(test)
+        } else {
+            Cluster::new(test)
+        };
         let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+        if tunnel {
+            for n in cluster.nodes() {
+                api.set_node(n.name(), &[n.pod_cidr4(), n.pod_cidr6()], &[n.ip4()]);
+            }
+        }
+        let conf = |n: &tests::ClusterNode| {
+            let conf = n.conf_dual_stack();
+            if tunnel {
+                conf.set("crossNode", json!("tunnel"))
+            } else {
+                conf
+            }
+        };
         let mut initial = Universe {
             namespaces: Vec::new(),
             pods: Vec::new(),
@@ -956,7 +985,7 @@ impl MatrixWorld {
                 .env("eth0")
                 .with_args(&format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"));
             let result = node
-                .exec_plugin("ADD", &env, &node.conf_dual_stack().plugin())
+                .exec_plugin("ADD", &env, &conf(node).plugin())
                 .result();
             let ips: Vec<IpAddr> = result["ips"]
                 .as_array()
@@ -975,10 +1004,15 @@ impl MatrixWorld {
                 servers,
             });
         }
-        let agents = [
-            start_agent(cluster.a(), &api, &cluster.a().dir().join("agent.log")),
-            start_agent(cluster.b(), &api, &cluster.b().dir().join("agent.log")),
-        ];
+        let agent = |n: &tests::ClusterNode| {
+            let log = n.dir().join("agent.log");
+            if tunnel {
+                start_agent_as(n, &api, &log, &["--node-name", n.name()])
+            } else {
+                start_agent(n, &api, &log)
+            }
+        };
+        let agents = [agent(cluster.a()), agent(cluster.b())];
         let world = Self {
             cluster,
             api,
@@ -997,6 +1031,16 @@ impl MatrixWorld {
             "the agents' first rounds never came:\n{}",
             world.agent_logs()
         );
+        if tunnel {
+            use tests::cluster::Underlay;
+            let (a, b) = (world.cluster.a(), world.cluster.b());
+            assert!(
+                wait_until(Duration::from_secs(10), || a.tunnels_to(b, Underlay::V4)
+                    && b.tunnels_to(a, Underlay::V4)),
+                "the agents never made the tunnel entries:\n{}",
+                world.agent_logs()
+            );
+        }
         world
     }
 
@@ -1132,7 +1176,19 @@ impl MatrixWorld {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn upstream_cases_hold_end_to_end_on_two_nodes() {
-    let mut world = MatrixWorld::new("np_e2e");
+    upstream_cases_end_to_end("np_e2e", false);
+}
+
+/// [`upstream_cases_hold_end_to_end_on_two_nodes`] on nodes in two subnets joined only by
+/// the tunnel: egress judged where a packet enters the tunnel, ingress after it leaves.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn upstream_cases_hold_end_to_end_across_the_tunnel() {
+    upstream_cases_end_to_end("np_e2e_tun", true);
+}
+
+fn upstream_cases_end_to_end(test: &str, tunnel: bool) {
+    let mut world = MatrixWorld::new(test, tunnel);
     let started = std::time::Instant::now();
     let mut steps = 0;
     let mut wrong = Vec::new();
@@ -1185,7 +1241,7 @@ fn upstream_cases_hold_end_to_end_on_two_nodes() {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn generated_policies_hold_end_to_end_on_two_nodes() {
-    let mut world = MatrixWorld::new("np_gen");
+    let mut world = MatrixWorld::new("np_gen", false);
     let started = std::time::Instant::now();
     let mut rng = Rng(GENERATED_SEED);
     let (mut total_policies, mut wrong) = (0, Vec::new());
