@@ -483,6 +483,27 @@ impl Cluster {
         }
     }
 
+    /// Sets the MTU of every link between the nodes and `ext` (the nodes' uplinks,
+    /// `ext`'s `eth0`, the fabric's ports and bridges) to `mtu`.
+    #[track_caller]
+    pub fn set_mtu(&self, mtu: u32) {
+        let mtu = mtu.to_string();
+        let f = self.fabric.name();
+        let mut links: Vec<(&str, &str)> = vec![
+            (self.a.netns_name(), UPLINK),
+            (self.b.netns_name(), UPLINK),
+            (self.ext.name(), "eth0"),
+        ];
+        links.extend(["to-ext", "to-a", "to-b"].map(|port| (f, port)));
+        for (ns, dev) in links {
+            run(&["ip", "-n", ns, "link", "set", dev, "mtu", &mtu]).ok();
+        }
+        for br in ["br0", "br1"] {
+            // (`br1` exists only across subnets.)
+            let _ = run(&["ip", "-n", f, "link", "set", br, "mtu", &mtu]);
+        }
+    }
+
     /// Every node and `ext` pings every other once (IPv4 and IPv6), so the neighbour
     /// tables are filled as on a live cluster. Panics naming the pair that got no answer.
     #[track_caller]
@@ -549,7 +570,12 @@ impl Cluster {
     /// Panics, showing the agents' logs, if that takes more than five seconds.
     #[track_caller]
     #[must_use]
-    pub fn join_by_tunnel(&self, api: &ApiServer, underlay: Underlay, logs: &Path) -> [Background; 2] {
+    pub fn join_by_tunnel(
+        &self,
+        api: &ApiServer,
+        underlay: Underlay,
+        logs: &Path,
+    ) -> [Background; 2] {
         for n in self.nodes() {
             api.set_node(
                 n.name,

@@ -984,9 +984,7 @@ impl MatrixWorld {
             let env = handle
                 .env("eth0")
                 .with_args(&format!("K8S_POD_NAMESPACE={ns};K8S_POD_NAME={name}"));
-            let result = node
-                .exec_plugin("ADD", &env, &conf(node).plugin())
-                .result();
+            let result = node.exec_plugin("ADD", &env, &conf(node).plugin()).result();
             let ips: Vec<IpAddr> = result["ips"]
                 .as_array()
                 .into_iter()

@@ -9,14 +9,20 @@
 //! nodes talk both ways over IPv4 and IPv6 (a 1 MiB echo each way too), the node reaches
 //! the other node's pods, and the counters show encapsulation on one side and
 //! decapsulation on the other; a packet injected into the tunnel from a host that is no
-//! node is dropped; a node removed from the API loses its tunnel entries. In
-//! `crossSubnet` mode, nodes of one subnet are routed to each other directly.
+//! node is dropped; a node removed from the API loses its tunnel entries. Over an IPv6
+//! underlay (nodes with IPv6 addresses only) pods of both families cross too, with the
+//! larger overhead taken from their MTU. On 1400- and 9000-byte uplinks the pods get the
+//! uplink's MTU less the encapsulation, large transfers cross at that size, and behind a
+//! smaller link further on a datagram too large gets its ICMP error back through the
+//! masquerade. In `crossSubnet` mode, nodes of one subnet are routed to each other
+//! directly.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use std::{
-    io::{Read, Write},
+    io::{self, Read, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
+    os::fd::AsRawFd,
     path::Path,
     thread,
     time::{Duration, Instant},
@@ -28,7 +34,7 @@ use tests::{
     assert_no_ping, assert_ping,
     cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::in_netns,
-    Cluster, ClusterNode, EchoServer, EXT_IP4,
+    Cluster, ClusterNode, EchoServer, EXT_IP4, EXT_IP6,
 };
 
 /// Longest wait for the agents to act on a Node change.
@@ -107,6 +113,72 @@ fn checksum(data: &[u8]) -> u16 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     !(sum as u16)
+}
+
+/// The MTU of `dev` in `netns`, as `ip -j link` shows it.
+fn link_mtu(netns: &Path, dev: &str) -> u64 {
+    let out = tests::process::netns_exec(netns, &["ip", "-j", "link", "show", dev]);
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+    doc[0]["mtu"].as_u64().unwrap_or(0)
+}
+
+/// Sends datagrams of `size` bytes (IP header included) with "don't fragment" from
+/// `netns` to `to` until the socket refuses one as too large (`EMSGSIZE`, after the path's
+/// ICMP error has come back), for at most three seconds; returns the path MTU the socket
+/// then knows.
+fn path_mtu_learned(netns: &Path, to: SocketAddr, size: usize) -> io::Result<u32> {
+    in_netns(netns, move || {
+        let v6 = to.is_ipv6();
+        let s = UdpSocket::bind(if v6 { "[::]:0" } else { "0.0.0.0:0" })?;
+        s.connect(to)?;
+        let (level, discover, mtu_opt) = if v6 {
+            (libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IPV6_MTU)
+        } else {
+            (libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_MTU)
+        };
+        let on: libc::c_int = if v6 {
+            libc::IPV6_PMTUDISC_DO
+        } else {
+            libc::IP_PMTUDISC_DO
+        };
+        let len = libc::socklen_t::try_from(size_of::<libc::c_int>()).unwrap_or(4);
+        // SAFETY: `s` is an open socket; the option value is a live c_int of `len` bytes.
+        if unsafe { libc::setsockopt(s.as_raw_fd(), level, discover, (&raw const on).cast(), len) }
+            != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        let payload = vec![0x42_u8; size - if v6 { 48 } else { 28 }];
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            match s.send(&payload) {
+                Err(e) if e.raw_os_error() == Some(libc::EMSGSIZE) => break,
+                Err(e) => return Err(e),
+                Ok(_) if Instant::now() > deadline => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "no ICMP error came back within 3 s",
+                    ))
+                }
+                Ok(_) => thread::sleep(Duration::from_millis(100)),
+            }
+        }
+        let (mut mtu, mut got): (libc::c_int, libc::socklen_t) = (0, len);
+        // SAFETY: as above; `mtu` and `got` outlive the call.
+        if unsafe {
+            libc::getsockopt(
+                s.as_raw_fd(),
+                level,
+                mtu_opt,
+                (&raw mut mtu).cast(),
+                &raw mut got,
+            )
+        } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        u32::try_from(mtu).map_err(io::Error::other)
+    })
 }
 
 #[test]
@@ -300,4 +372,156 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
     assert!(!left.success(), "the tunnel device is still there: {left}");
     let routes = a.exec(&["ip", "route", "show", "proto", "208"]).stdout;
     assert!(routes.trim().is_empty(), "tunnel routes left: {routes}");
+}
+
+/// Nodes with IPv6 addresses only: the Node objects publish IPv6 InternalIPs, so the
+/// tunnel runs over IPv6, and the pods' MTU leaves room for the larger outer header
+/// (1500 − 70). IPv4 and IPv6 pods cross both ways.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_of_both_families_cross_an_ipv6_underlay() {
+    let cluster = Cluster::across_subnets("tunnel6");
+    let (a, b) = (cluster.a(), cluster.b());
+    for n in [a, b] {
+        let out = n.exec(&["ip", "-4", "addr", "flush", "dev", "uplink0"]);
+        assert!(out.success(), "{out}");
+    }
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP6);
+    let conf = |n: &ClusterNode| n.conf_dual_stack().set("crossNode", json!("tunnel"));
+    let (pa, pb) = (a.pod("pa"), b.pod("pb"));
+    let ra = a.add(&pa, "eth0", &conf(a));
+    let rb = b.add(&pb, "eth0", &conf(b));
+    assert_eq!(link_mtu(pa.netns(), "eth0"), 1430);
+    assert_eq!(link_mtu(a.netns(), "cni-ebpf.vxlan"), 1430);
+
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let _agents = cluster.join_by_tunnel(&api, Underlay::V6, logs.path());
+    let (encap, decap) = (reason(a, "tunnel_encap"), reason(b, "tunnel_decap"));
+    assert_ping(pa.netns(), &rb.ip4());
+    assert_ping(pb.netns(), &ra.ip4());
+    assert_ping(pa.netns(), &rb.ip6());
+    assert_ping(pb.netns(), &ra.ip6());
+    assert!(
+        reason(a, "tunnel_encap") > encap,
+        "node A encapsulated nothing"
+    );
+    assert!(
+        reason(b, "tunnel_decap") > decap,
+        "node B decapsulated nothing"
+    );
+    let _echo_b = EchoServer::concurrent(pb.netns(), ECHO_PORT);
+    for to in [
+        format!("{}:{ECHO_PORT}", rb.ip4()),
+        format!("[{}]:{ECHO_PORT}", rb.ip6()),
+    ] {
+        let to: SocketAddr = to.parse().unwrap_or_else(|e| panic!("{to}: {e}"));
+        assert_eq!(echo_mib(pa.netns(), to), 1 << 20, "echo to {to}");
+    }
+}
+
+/// Uplinks (and the whole fabric) at `uplink` bytes, no `mtu` in the conflist: pods and
+/// the tunnel device get `uplink` − 50; 1 MiB crosses each way between pods of the two
+/// nodes and to the outside, in both families. Then the router's link towards `ext`
+/// carries only `path` bytes: a datagram between `path` and the pod's MTU, sent with
+/// "don't fragment" from node B's pod to `ext` (masqueraded), gets the router's
+/// "fragmentation needed" / "packet too big" back through node B's translation, so the
+/// pod's socket learns `path`; and 1 MiB still crosses each way over TCP.
+fn mtu_follows_the_uplink(test: &str, uplink: u32, path: u32) {
+    let cluster = Cluster::across_subnets(test);
+    cluster.set_mtu(uplink);
+    let (a, b) = (cluster.a(), cluster.b());
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+    let conf = |n: &ClusterNode| n.conf_dual_stack().set("crossNode", json!("tunnel"));
+    let (pa, pb) = (a.pod("pa"), b.pod("pb"));
+    let ra = a.add(&pa, "eth0", &conf(a));
+    let rb = b.add(&pb, "eth0", &conf(b));
+    let pod_mtu = uplink - 50;
+    for (ns, dev) in [
+        (pa.netns(), "eth0"),
+        (pb.netns(), "eth0"),
+        (a.netns(), "cni-ebpf.vxlan"),
+    ] {
+        assert_eq!(link_mtu(ns, dev), u64::from(pod_mtu), "MTU of {dev}");
+    }
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let _agents = cluster.join_by_tunnel(&api, Underlay::V4, logs.path());
+
+    let _echo = [
+        EchoServer::concurrent(pa.netns(), ECHO_PORT),
+        EchoServer::concurrent(pb.netns(), ECHO_PORT),
+        EchoServer::concurrent(cluster.ext_netns(), ECHO_PORT),
+    ];
+    let to_ext = [
+        format!("{EXT_IP4}:{ECHO_PORT}"),
+        format!("[{EXT_IP6}]:{ECHO_PORT}"),
+    ];
+    let transfers = |pairs: &[(&Path, String)]| {
+        for (from, to) in pairs {
+            let to: SocketAddr = to.parse().unwrap_or_else(|e| panic!("{to}: {e}"));
+            assert_eq!(echo_mib(from, to), 1 << 20, "1 MiB echo to {to}");
+        }
+    };
+    transfers(&[
+        (pa.netns(), format!("{}:{ECHO_PORT}", rb.ip4())),
+        (pb.netns(), format!("{}:{ECHO_PORT}", ra.ip4())),
+        (pa.netns(), format!("[{}]:{ECHO_PORT}", rb.ip6())),
+        (pb.netns(), to_ext[0].clone()),
+        (pb.netns(), to_ext[1].clone()),
+    ]);
+
+    // A smaller link further on: the router forwards at most `path` bytes towards `ext`.
+    let router = cluster.fabric_netns();
+    for (family, dst) in [
+        ("-4", format!("{EXT_IP4}/32")),
+        ("-6", format!("{EXT_IP6}/128")),
+    ] {
+        let out = tests::process::netns_exec(
+            router,
+            &[
+                "ip",
+                family,
+                "route",
+                "replace",
+                &dst,
+                "dev",
+                "br0",
+                "mtu",
+                "lock",
+                &path.to_string(),
+            ],
+        );
+        assert!(out.success(), "{out}");
+    }
+    let size = usize::try_from((path + pod_mtu) / 2).unwrap_or(0);
+    for ext in [EXT_IP4, EXT_IP6] {
+        let to: SocketAddr = if ext.contains(':') {
+            format!("[{ext}]:9")
+        } else {
+            format!("{ext}:9")
+        }
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+        let learned = path_mtu_learned(pb.netns(), to, size)
+            .unwrap_or_else(|e| panic!("a {size}-byte datagram to {to}: {e}"));
+        assert_eq!(
+            learned, path,
+            "the path MTU node B's pod learned towards {to}"
+        );
+    }
+    transfers(&[
+        (pb.netns(), to_ext[0].clone()),
+        (pb.netns(), to_ext[1].clone()),
+    ]);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn on_1400_byte_uplinks_pods_get_1350_and_a_smaller_path_is_found() {
+    mtu_follows_the_uplink("mtu1400", 1400, 1300);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn on_9000_byte_uplinks_pods_get_8950_and_a_smaller_path_is_found() {
+    mtu_follows_the_uplink("mtu9000", 9000, 1500);
 }
