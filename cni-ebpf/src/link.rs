@@ -280,9 +280,9 @@ impl Nl {
     }
 
     /// Creates the VXLAN device `name` in external (collect-metadata) mode on UDP `port`:
-    /// no learning, no ARP (the programs give every packet its remote), MTU `mtu`,
-    /// labelled with `alias`, up.
-    pub async fn create_vxlan(&self, name: &str, port: u16, mtu: u32, alias: &str) -> Result<()> {
+    /// no learning, no ARP (the programs give every packet its remote), MTU `mtu`, down
+    /// and unlabelled (see [`Nl::label_and_set_up`]).
+    pub async fn create_vxlan(&self, name: &str, port: u16, mtu: u32) -> Result<()> {
         let msg = LinkVxlan::new(name, 0)
             .port(port)
             .collect_metadata(true)
@@ -303,12 +303,13 @@ impl Nl {
                 )
             }
         })?;
-        // The kernel takes an alias on a change only, not on creation.
-        let index = self
-            .link_by_name(name)
-            .await?
-            .ok_or_else(|| Error::netlink(format!("creating VXLAN device {name}"), "it vanished"))?
-            .index;
+        Ok(())
+    }
+
+    /// Labels link `index` with `alias` and sets it up (the kernel takes an alias on a
+    /// change only, not on creation). Setting a VXLAN device up is when it binds its UDP
+    /// port, so a port another device holds fails here.
+    pub async fn label_and_set_up(&self, index: u32, alias: &str) -> Result<()> {
         let msg = LinkUnspec::new_with_index(index)
             .alias(alias.to_owned())
             .up()
@@ -318,7 +319,7 @@ impl Nl {
             .set(msg)
             .execute()
             .await
-            .map_err(|e| Error::netlink(format!("labelling VXLAN device {name}"), e))
+            .map_err(|e| Error::netlink(format!("labelling link #{index} and setting it up"), e))
     }
 
     /// Adds or replaces the main-table route `dst dev oif` marked with `protocol`.

@@ -70,6 +70,14 @@ pub const NODE_B_IP6: &str = "fd00:198:18::3";
 pub const OTHER_SUBNET_B_IP4: &str = "198.19.0.3";
 /// Node B's IPv6 address in [`Cluster::across_subnets`].
 pub const OTHER_SUBNET_B_IP6: &str = "fd00:198:19::3";
+/// Node C's address ([`Cluster::three_nodes_across_subnets`]: node A's subnet).
+pub const NODE_C_IP4: &str = "198.18.0.4";
+/// Node C's IPv6 address.
+pub const NODE_C_IP6: &str = "fd00:198:18::4";
+/// Node C's pod CIDR.
+pub const NODE_C_POD_CIDR4: &str = "10.244.3.0/24";
+/// Node C's IPv6 pod CIDR.
+pub const NODE_C_POD_CIDR6: &str = "fd00:10:244:3::/64";
 
 /// One node of a [`Cluster`]: a [`SimNode`] plus its name and addresses in the cluster.
 #[derive(Debug)]
@@ -272,6 +280,7 @@ pub struct Cluster {
     // then the fabric, then `ext` (its last reference).
     a: ClusterNode,
     b: ClusterNode,
+    c: Option<ClusterNode>,
     fabric: NetNs,
     ext: Arc<NetNs>,
 }
@@ -307,7 +316,33 @@ impl Cluster {
     #[track_caller]
     #[must_use]
     pub fn across_subnets(test: &str) -> Self {
-        let cluster = Self::unwired(test, OTHER_SUBNET_B_IP4, OTHER_SUBNET_B_IP6);
+        Self::routed_subnets(Self::unwired(test, OTHER_SUBNET_B_IP4, OTHER_SUBNET_B_IP6))
+    }
+
+    /// [`Cluster::across_subnets`] with a third node, C (`node-c`, [`NODE_C_IP4`], pods
+    /// in [`NODE_C_POD_CIDR4`]), on node A's subnet: A and C share a segment, B sits
+    /// behind the router.
+    #[track_caller]
+    #[must_use]
+    pub fn three_nodes_across_subnets(test: &str) -> Self {
+        let mut cluster = Self::unwired(test, OTHER_SUBNET_B_IP4, OTHER_SUBNET_B_IP6);
+        cluster.c = Some(ClusterNode {
+            sim: SimNode::unwired(
+                format!("{}-c", cluster.tag),
+                &format!("node-{}-c", cluster.tag),
+                Arc::clone(&cluster.ext),
+            ),
+            name: "node-c",
+            ip4: NODE_C_IP4,
+            ip6: NODE_C_IP6,
+            pod_cidr4: NODE_C_POD_CIDR4,
+            pod_cidr6: NODE_C_POD_CIDR6,
+        });
+        Self::routed_subnets(cluster)
+    }
+
+    #[track_caller]
+    fn routed_subnets(cluster: Self) -> Self {
         let f = cluster.fabric.name();
         for (br, v4, v6) in [
             ("br0", "198.18.0.254", "fd00:198:18::fe"),
@@ -346,7 +381,14 @@ impl Cluster {
                 cluster.b.ip4,
                 cluster.b.ip6,
             ),
-        ] {
+        ]
+        .into_iter()
+        .chain(
+            cluster
+                .c
+                .as_ref()
+                .map(|c| ("to-c", "br0", c.netns_name(), UPLINK, c.ip4, c.ip6)),
+        ) {
             run(&[
                 "ip", "-n", f, "link", "add", port, "type", "veth", "peer", "name", dev, "netns",
                 ns,
@@ -355,19 +397,18 @@ impl Cluster {
             run(&["ip", "-n", f, "link", "set", port, "master", br, "up"]).ok();
             configure_link(ns, dev, v4, v6);
         }
-        let (a, b, x) = (
-            cluster.a.netns_name(),
-            cluster.b.netns_name(),
-            cluster.ext.name(),
-        );
+        let (b, x) = (cluster.b.netns_name(), cluster.ext.name());
         let route = |ns: &str, dst: &str, via: &str| {
             let family = if via.contains(':') { "-6" } else { "-4" };
             run(&["ip", "-n", ns, family, "route", "add", dst, "via", via]).ok();
         };
-        route(a, "default", EXT_IP4);
-        route(a, "default", EXT_IP6);
-        route(a, "198.19.0.0/24", "198.18.0.254");
-        route(a, "fd00:198:19::/64", "fd00:198:18::fe");
+        for n in std::iter::once(&cluster.a).chain(cluster.c.as_ref()) {
+            let n = n.netns_name();
+            route(n, "default", EXT_IP4);
+            route(n, "default", EXT_IP6);
+            route(n, "198.19.0.0/24", "198.18.0.254");
+            route(n, "fd00:198:19::/64", "fd00:198:18::fe");
+        }
         route(b, "default", "198.19.0.254");
         route(b, "default", "fd00:198:19::fe");
         route(x, "198.19.0.0/24", "198.18.0.254");
@@ -415,6 +456,7 @@ impl Cluster {
             tag,
             a,
             b,
+            c: None,
             fabric,
             ext,
         }
@@ -508,7 +550,7 @@ impl Cluster {
     /// tables are filled as on a live cluster. Panics naming the pair that got no answer.
     #[track_caller]
     pub fn resolve_neighbours(&self) {
-        let members = [
+        let mut members = vec![
             ("node-a", self.a.netns(), self.a.ip4),
             ("node-b", self.b.netns(), self.b.ip4),
             ("ext", self.ext.path(), EXT_IP4),
@@ -516,6 +558,10 @@ impl Cluster {
             ("node-b", self.b.netns(), self.b.ip6),
             ("ext", self.ext.path(), EXT_IP6),
         ];
+        if let Some(c) = &self.c {
+            members.push(("node-c", c.netns(), c.ip4));
+            members.push(("node-c", c.netns(), c.ip6));
+        }
         for (from, ns, _) in &members {
             for (to, _, addr) in &members {
                 if from != to {
@@ -546,7 +592,16 @@ impl Cluster {
         &self.b
     }
 
-    /// Both nodes.
+    /// Node C of [`Cluster::three_nodes_across_subnets`]; panics on a two-node cluster.
+    #[track_caller]
+    #[must_use]
+    pub fn c(&self) -> &ClusterNode {
+        self.c
+            .as_ref()
+            .unwrap_or_else(|| panic!("this cluster has no node C"))
+    }
+
+    /// Nodes A and B (node C, when there is one, is [`Cluster::c`]).
     #[must_use]
     pub fn nodes(&self) -> [&ClusterNode; 2] {
         [&self.a, &self.b]

@@ -23,7 +23,7 @@ use std::{
     io::{self, Read, Write},
     net::{SocketAddr, TcpStream, UdpSocket},
     os::fd::AsRawFd,
-    path::Path,
+    path::{Path, PathBuf},
     thread,
     time::{Duration, Instant},
 };
@@ -264,6 +264,29 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
         &logs,
     );
 
+    // A Node without an address to tunnel to: no entry, a Warning Event on it and a log
+    // line, and the other entries stay.
+    api.set_node("node-x", &["10.244.9.0/24"], &[]);
+    wait(
+        "a TunnelEndpointUnknown Event on node-x",
+        || {
+            api.events().iter().any(|e| {
+                e["reason"] == "TunnelEndpointUnknown"
+                    && e["regarding"]["name"] == "node-x"
+                    && e["regarding"]["kind"] == "Node"
+                    && e["type"] == "Warning"
+            })
+        },
+        &logs,
+    );
+    let log_a_text = std::fs::read_to_string(&log_a).unwrap_or_default();
+    assert!(
+        log_a_text.contains("no tunnel entry: node node-x: no InternalIP"),
+        "{log_a_text}"
+    );
+    assert!(a.tunnels_to(b, Underlay::V4));
+    assert_ping(pa.netns(), &rb.ip4());
+
     // Node B leaves the cluster: node A forgets its pod CIDRs, its pods are cut off.
     api.remove_node("node-b");
     wait(
@@ -307,6 +330,61 @@ fn a_foreign_device_of_the_tunnels_name_is_refused_and_left_alone() {
     assert!(
         shown.contains("veth") && shown.contains("state DOWN"),
         "the foreign device changed: {shown}"
+    );
+}
+
+/// A tunnel port another VXLAN device holds (here one with VNI 1, the default VNI too):
+/// ADD fails with a configuration error naming `tunnelPort`, and leaves no tunnel device
+/// and no pod interface behind; the other device stays up. On another port the same VNI
+/// is no conflict (an external-mode device takes every VNI of its own port only).
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_tunnel_port_another_device_holds_is_refused_and_nothing_is_left() {
+    let node = tests::SimNode::new("tunnel_port");
+    for argv in [
+        &[
+            "ip", "link", "add", "other0", "type", "vxlan", "id", "1", "dstport", "8472", "dev",
+            "uplink0",
+        ][..],
+        &["ip", "link", "set", "other0", "up"],
+    ] {
+        let out = node.exec(argv);
+        assert!(out.success(), "{out}");
+    }
+    let pod = node.pod("p");
+    let conf = node.conf().set("crossNode", json!("tunnel"));
+    let err = node
+        .exec_plugin("ADD", &pod.env("eth0"), &conf.plugin())
+        .error();
+    assert_eq!(err.code, 7, "{err:?}");
+    assert!(
+        err.msg.contains("tunnelPort") && err.msg.contains("8472"),
+        "{err:?}"
+    );
+    let left = node.exec(&["ip", "link", "show", "cni-ebpf.vxlan"]);
+    assert!(!left.success(), "a tunnel device was left: {left}");
+    let other = node.exec(&["ip", "-d", "link", "show", "other0"]).stdout;
+    assert!(
+        other.contains("vxlan id 1") && other.contains(",UP"),
+        "{other}"
+    );
+    let links = pod.exec(&["ip", "-j", "link", "show"]);
+    let links: serde_json::Value = serde_json::from_str(&links.stdout).unwrap_or_default();
+    assert_eq!(
+        links.as_array().map(Vec::len),
+        Some(1),
+        "the pod has more than its loopback: {links}"
+    );
+
+    let conf = conf.set("tunnelPort", json!(4789));
+    let r = node.add(&pod, "eth0", &conf);
+    assert!(!r.ip4().is_empty());
+    let ours = node
+        .exec(&["ip", "-d", "link", "show", "cni-ebpf.vxlan"])
+        .stdout;
+    assert!(
+        ours.contains("dstport 4789") && ours.contains("external"),
+        "{ours}"
     );
 }
 
@@ -524,4 +602,88 @@ fn on_1400_byte_uplinks_pods_get_1350_and_a_smaller_path_is_found() {
 #[ignore = "privileged: run via cargo xtask test"]
 fn on_9000_byte_uplinks_pods_get_8950_and_a_smaller_path_is_found() {
     mtu_follows_the_uplink("mtu9000", 9000, 1500);
+}
+
+/// `crossSubnet` on three nodes: A and C share a subnet, B sits behind the router. The
+/// agents route A ↔ C directly (`proto 207`) and tunnel everything to and from B; every
+/// ordered pair of pods talks, and the tunnel counters move exactly for the pairs that
+/// involve B.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn cross_subnet_encapsulates_only_the_pairs_across_the_router() {
+    let cluster = Cluster::three_nodes_across_subnets("xsub3");
+    let nodes = [cluster.a(), cluster.b(), cluster.c()];
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+    for n in nodes {
+        api.set_node(n.name(), &[n.pod_cidr4(), n.pod_cidr6()], &[n.ip4()]);
+    }
+    let conf = |n: &ClusterNode| n.conf_dual_stack().set("crossNode", json!("crossSubnet"));
+    let pods: Vec<(tests::Pod, String)> = nodes
+        .iter()
+        .map(|n| {
+            let pod = n.pod("p");
+            let r = n.add(&pod, "eth0", &conf(n));
+            (pod, r.ip4())
+        })
+        .collect();
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let log_paths: Vec<_> = nodes
+        .iter()
+        .map(|n| logs.path().join(format!("{}.log", n.name())))
+        .collect();
+    let _agents: Vec<_> = nodes
+        .iter()
+        .zip(&log_paths)
+        .map(|(n, log)| n.start_node_agent(&api, log))
+        .collect();
+    let logs: Vec<&Path> = log_paths.iter().map(PathBuf::as_path).collect();
+    let direct = |n: &ClusterNode, other: &ClusterNode| {
+        let out = n.exec(&["ip", "route", "show", other.pod_cidr4(), "proto", "207"]);
+        out.stdout.contains(&format!("via {}", other.ip4()))
+    };
+    let (a, b, c) = (nodes[0], nodes[1], nodes[2]);
+    wait("A's direct route to C", || direct(a, c), &logs);
+    wait("C's direct route to A", || direct(c, a), &logs);
+    for (n, other) in [(a, b), (c, b), (b, a), (b, c)] {
+        wait(
+            &format!("{}'s tunnel entry for {}", n.name(), other.name()),
+            || n.tunnels_to(other, Underlay::V4),
+            &logs,
+        );
+    }
+    assert!(!direct(a, b) && !direct(b, a) && !direct(b, c) && !direct(c, b));
+
+    let mut report = Vec::new();
+    for (i, from) in nodes.iter().enumerate() {
+        for (j, to) in nodes.iter().enumerate().filter(|(j, _)| *j != i) {
+            let across = from.name() == "node-b" || to.name() == "node-b";
+            let (encap, decap) = (
+                from.reason_count("tunnel_encap"),
+                to.reason_count("tunnel_decap"),
+            );
+            assert_ping(pods[i].0.netns(), &pods[j].1);
+            let (encap, decap) = (
+                from.reason_count("tunnel_encap") - encap,
+                to.reason_count("tunnel_decap") - decap,
+            );
+            report.push(format!(
+                "{} → {}: {encap} encapsulated, {decap} decapsulated",
+                from.name(),
+                to.name()
+            ));
+            assert_eq!(
+                (encap > 0, decap > 0),
+                (across, across),
+                "{} → {}: {encap} encapsulated, {decap} decapsulated; expected {}",
+                from.name(),
+                to.name(),
+                if across {
+                    "the tunnel"
+                } else {
+                    "a direct route"
+                }
+            );
+        }
+    }
+    eprintln!("{}", report.join("\n"));
 }

@@ -22,8 +22,11 @@ use futures::StreamExt as _;
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::{
-    runtime::{reflector, watcher, WatchStreamExt as _},
-    Api,
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector, watcher, WatchStreamExt as _,
+    },
+    Api, Resource as _,
 };
 use tokio::sync::Notify;
 
@@ -44,6 +47,43 @@ struct TunnelNetwork {
     dp: Datapath,
     cross_subnet: bool,
     uplink_ifindex: u32,
+    underlay: Underlay,
+}
+
+/// The address families the node's uplink can send tunnel packets on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Underlay {
+    pub v4: bool,
+    pub v6: bool,
+}
+
+impl Underlay {
+    /// Both families (a node whose uplink's addresses are not known).
+    pub const BOTH: Self = Self { v4: true, v6: true };
+
+    fn has(self, ip: IpAddr) -> bool {
+        if ip.is_ipv4() {
+            self.v4
+        } else {
+            self.v6
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match (self.v4, self.v6) {
+            (true, true) => "IPv4 or IPv6",
+            (true, false) => "IPv4",
+            (false, true) => "IPv6",
+            (false, false) => "none",
+        }
+    }
+}
+
+/// A Node the tunnel cannot reach, and why.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Skipped {
+    pub node: String,
+    pub why: String,
 }
 
 /// The networks below `root` whose node configuration has a tunnel device.
@@ -61,39 +101,96 @@ fn tunnel_networks(root: &Path) -> Vec<TunnelNetwork> {
                 dp,
                 cross_subnet: cfg.cross_subnet,
                 uplink_ifindex: cfg.uplink_ifindex,
+                underlay: Underlay {
+                    v4: cfg.node_addr.is_some(),
+                    v6: cfg.node_addr6.is_some(),
+                },
             })
         })
         .collect()
 }
 
 /// Every other node's pod CIDRs → its underlay address (its first IPv4 InternalIP, else
-/// its first IPv6 one), and what was skipped and why.
+/// its first IPv6 one, of the families `underlay` has), and the nodes skipped and why.
 #[must_use]
-pub fn tunnel_entries(nodes: &[Node], own: &str) -> (Vec<(IpNet, IpAddr)>, Vec<String>) {
+pub fn tunnel_entries(
+    nodes: &[Node],
+    own: &str,
+    underlay: Underlay,
+) -> (Vec<(IpNet, IpAddr)>, Vec<Skipped>) {
     let (mut out, mut skipped) = (Vec::new(), Vec::new());
     for node in nodes {
         let name = k8s::name(node);
         if name == own || name.is_empty() {
             continue;
         }
+        let skip = |why: String| Skipped {
+            node: name.to_owned(),
+            why,
+        };
         let ips = k8s::internal_ips(node);
-        let Some(underlay) = ips
+        let usable: Vec<IpAddr> = ips.iter().copied().filter(|ip| underlay.has(*ip)).collect();
+        let Some(address) = usable
             .iter()
             .find(|ip| ip.is_ipv4())
-            .or_else(|| ips.first())
+            .or_else(|| usable.first())
             .copied()
         else {
-            skipped.push(format!("node {name}: no InternalIP to tunnel to"));
+            skipped.push(skip(if ips.is_empty() {
+                "no InternalIP to tunnel to".to_owned()
+            } else {
+                format!(
+                    "no InternalIP of a family this node's uplink has ({}); it has {}",
+                    underlay.describe(),
+                    ips.iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }));
             continue;
         };
         match k8s::pod_cidrs(node) {
-            Ok(cidrs) => out.extend(cidrs.into_iter().map(|c| (c, underlay))),
-            Err(e) => skipped.push(format!("node {name}: {e}")),
+            Ok(cidrs) => out.extend(cidrs.into_iter().map(|c| (c, address))),
+            Err(e) => skipped.push(skip(e.to_string())),
         }
     }
     out.sort();
     out.dedup_by(|a, b| a.0 == b.0);
     (out, skipped)
+}
+
+/// A Warning Event `TunnelEndpointUnknown` on each Node in `skipped` that was not in
+/// `reported` (as `kubectl describe node` shows it), and a log line; `reported` becomes
+/// `skipped`. An Event that cannot be written is logged.
+async fn report(
+    recorder: &Recorder,
+    nodes: &[Node],
+    skipped: &[Skipped],
+    reported: &mut Vec<Skipped>,
+) {
+    for s in skipped.iter().filter(|s| !reported.contains(s)) {
+        log(&format!("no tunnel entry: node {}: {}", s.node, s.why));
+        let Some(node) = nodes.iter().find(|n| k8s::name(n) == s.node) else {
+            continue;
+        };
+        let mut note = format!(
+            "pods on this node are unreachable through the tunnel: {}",
+            s.why
+        );
+        note.truncate(1000);
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "TunnelEndpointUnknown".into(),
+            note: Some(note),
+            action: "ProgramTunnel".into(),
+            secondary: None,
+        };
+        if let Err(e) = recorder.publish(&event, &node.object_ref(&())).await {
+            log(&format!("an Event on node {}: {e}", s.node));
+        }
+    }
+    *reported = skipped.to_vec();
 }
 
 /// One round over `nodes`.
@@ -104,10 +201,13 @@ async fn round(
     args: &HostGwArgs,
     root: &Path,
     last_skipped: &mut Vec<String>,
+    (recorder, reported): (&Recorder, &mut Vec<Skipped>),
 ) {
     let tunnels = tunnel_networks(root);
-    let (entries, mut skipped) = tunnel_entries(nodes, own);
+    let mut unreachable = Vec::new();
     for t in &tunnels {
+        let (entries, skipped) = tunnel_entries(nodes, own, t.underlay);
+        unreachable.extend(skipped);
         match t.dp.set_tunnel_endpoints(&entries) {
             Ok(0) => {}
             Ok(n) => log(&format!(
@@ -118,18 +218,13 @@ async fn round(
             Err(e) => log(&format!("{}: the tunnel entries: {e}", t.name)),
         }
     }
+    unreachable.sort();
+    unreachable.dedup();
+    report(recorder, nodes, &unreachable, reported).await;
     if !args.enabled && !tunnels.iter().any(|t| t.cross_subnet) {
-        if tunnels.is_empty() {
-            skipped.clear();
-        }
-        if skipped != *last_skipped {
-            for s in &skipped {
-                log(&format!("no tunnel entry: {s}"));
-            }
-            *last_skipped = skipped;
-        }
         return;
     }
+    let mut skipped = Vec::new();
     let (mut wanted, route_skipped) = wanted_routes(nodes, own);
     if !args.enabled {
         // crossSubnet only: the nodes on the uplink's own subnet.
@@ -176,6 +271,14 @@ pub fn run(args: &HostGwArgs, own: &str, root: &Path) -> Result<()> {
             }
             tokio::time::sleep(Duration::from_secs(2)).await;
         };
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "cni-ebpf-agent".into(),
+                instance: Some(own.to_owned()),
+            },
+        );
+        let mut reported = Vec::new();
         let (store, writer) = reflector::store::<Node>();
         let changed = Arc::new(Notify::new());
         {
@@ -199,7 +302,16 @@ pub fn run(args: &HostGwArgs, own: &str, root: &Path) -> Result<()> {
         }
         loop {
             let nodes: Vec<Node> = store.state().iter().map(|n| Node::clone(n)).collect();
-            round(&nodes, &nl, own, args, root, &mut last_skipped).await;
+            round(
+                &nodes,
+                &nl,
+                own,
+                args,
+                root,
+                &mut last_skipped,
+                (&recorder, &mut reported),
+            )
+            .await;
             tokio::select! {
                 () = changed.notified() => tokio::time::sleep(SETTLE).await,
                 () = tokio::time::sleep(Duration::from_secs(args.interval)) => {}
@@ -234,7 +346,7 @@ mod tests {
             node("c", &["fd00:10:244:3::/64"], &["fd00::4"]),
             node("d", &["10.244.4.0/24"], &[]),
         ];
-        let (entries, skipped) = tunnel_entries(&nodes, "a");
+        let (entries, skipped) = tunnel_entries(&nodes, "a", Underlay::BOTH);
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         assert_eq!(
@@ -246,6 +358,32 @@ mod tests {
             ]
         );
         assert_eq!(skipped.len(), 1, "{skipped:?}");
-        assert!(skipped[0].contains("node d"), "{skipped:?}");
+        assert_eq!(skipped[0].node, "d", "{skipped:?}");
+    }
+
+    #[test]
+    fn a_node_is_reached_only_over_a_family_the_uplink_has() {
+        let nodes = [
+            node("b", &["10.244.2.0/24"], &["198.19.0.3", "fd00::3"]),
+            node("c", &["10.244.3.0/24"], &["198.19.0.4"]),
+        ];
+        let v6_only = Underlay {
+            v4: false,
+            v6: true,
+        };
+        let (entries, skipped) = tunnel_entries(&nodes, "a", v6_only);
+        assert_eq!(
+            entries,
+            vec![(
+                "10.244.2.0/24".parse::<IpNet>().unwrap(),
+                "fd00::3".parse::<IpAddr>().unwrap()
+            )]
+        );
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert_eq!(skipped[0].node, "c");
+        assert!(
+            skipped[0].why.contains("(IPv6)") && skipped[0].why.contains("198.19.0.4"),
+            "{skipped:?}"
+        );
     }
 }

@@ -243,7 +243,9 @@ impl Transaction<'_> {
         // back over the underlay, a path the other node never routed from).
         if let Some(tunnel) = self.dp.tunnel_ifindex()? {
             for (gw, _) in &node_addrs {
-                self.node.add_address(tunnel, IpNet::from(*gw), true).await?;
+                self.node
+                    .add_address(tunnel, IpNet::from(*gw), true)
+                    .await?;
             }
         }
         // The gateway is now a node address (host ports are reachable on it, and traffic

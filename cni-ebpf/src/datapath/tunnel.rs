@@ -70,21 +70,21 @@ impl Datapath {
                 ),
             )
         };
-        let dev = match nl.link_by_name(TUNNEL_DEVICE).await? {
+        let mut dev = match nl.link_by_name(TUNNEL_DEVICE).await? {
             Some(d) => d,
             None => {
                 let _lock = load::LoadLock::acquire(&self.pins)?;
                 match nl.link_by_name(TUNNEL_DEVICE).await? {
                     Some(d) => d,
                     None => {
-                        nl.create_vxlan(TUNNEL_DEVICE, conf.tunnel.port, mtu, TUNNEL_ALIAS)
+                        nl.create_vxlan(TUNNEL_DEVICE, conf.tunnel.port, mtu)
                             .await
                             .map_err(|e| {
                                 Error::config(
                                     "tunnelPort",
                                     format!(
                                         "the tunnel device could not be created on UDP port \
-                                         {} (is the port taken by another device?): {e}",
+                                         {}: {e}",
                                         conf.tunnel.port
                                     ),
                                 )
@@ -96,6 +96,28 @@ impl Datapath {
                 }
             }
         };
+        // Made but not yet labelled and up: by the creation above, or by one that died
+        // between the two steps (an external VXLAN device of our name on our port, down,
+        // without an alias). Setting it up binds the port; when another device holds the
+        // port, the device goes again and nothing is left changed.
+        let half_made = dev.alias.as_deref().is_none_or(str::is_empty)
+            && dev.vxlan == Some((conf.tunnel.port, true))
+            && !dev.up;
+        if half_made {
+            if let Err(e) = nl.label_and_set_up(dev.index, TUNNEL_ALIAS).await {
+                nl.del_link(dev.index).await?;
+                return Err(Error::config(
+                    "tunnelPort",
+                    format!(
+                        "the tunnel device could not bind UDP port {} (is the port taken by \
+                         another device?): {e}",
+                        conf.tunnel.port
+                    ),
+                ));
+            }
+            dev.alias = Some(TUNNEL_ALIAS.to_owned());
+            dev.up = true;
+        }
         if dev.alias.as_deref() != Some(TUNNEL_ALIAS) {
             return Err(foreign(format!(
                 "alias {:?}",
