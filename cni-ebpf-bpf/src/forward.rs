@@ -166,7 +166,9 @@ pub(crate) const BPF_MTU_CHK_SEGS: u64 = 1;
 pub(crate) const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
 
 /// Pod traffic whose route leads out of the uplink is handed straight to the uplink's
-/// egress (where `uplink_egress` masquerades it), skipping the kernel's forwarding path.
+/// egress (where `uplink_egress` masquerades it), skipping the kernel's forwarding path;
+/// likewise traffic whose route leads into the tunnel device (where `to_tunnel` gives it
+/// its tunnel key).
 /// Everything else — other routes, an unresolved next hop, a packet too big for the
 /// uplink, an expiring TTL, a source address that is not this pod's — goes to the stack
 /// unchanged, which routes, fragments or answers it as before.
@@ -203,12 +205,20 @@ fn redirect_to_uplink(
     }
 }
 
-/// The uplink a pod's packet may be handed to and the ports of its FIB lookup: `None`
+/// The devices a pod's packet may be handed to: the uplink, and the tunnel device when
+/// the node has one (else 0, no device's index).
+#[derive(Clone, Copy)]
+struct Exits {
+    uplink: u32,
+    tunnel: u32,
+}
+
+/// The exits a pod's packet may be handed to and the ports of its FIB lookup: `None`
 /// unless the packet is from the pod's own address (an allow-listed foreign source, a
 /// router pod's `allowedSourceCIDRs`, goes through the kernel and its reverse path
 /// filter; other sources were dropped on entry to `from_pod`) and the node has an uplink.
 #[inline(always)]
-fn fib_prelude<A>(p: &Pkt<A>, own_source: bool) -> Option<(u32, u16, u16)> {
+fn fib_prelude<A>(p: &Pkt<A>, own_source: bool) -> Option<(Exits, u16, u16)> {
     if !own_source {
         return None;
     }
@@ -221,7 +231,11 @@ fn fib_prelude<A>(p: &Pkt<A>, own_source: bool) -> Option<(u32, u16, u16)> {
     } else {
         (0, 0)
     };
-    Some((cfg.uplink_ifindex, sport, dport))
+    let exits = Exits {
+        uplink: cfg.uplink_ifindex,
+        tunnel: cfg.tunnel_ifindex,
+    };
+    Some((exits, sport, dport))
 }
 
 /// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
@@ -233,7 +247,7 @@ pub(crate) fn fib_uplink(
     ifindex: u32,
     own_source: bool,
 ) -> Option<FibLookup> {
-    let (uplink, sport, dport) = fib_prelude(p, own_source)?;
+    let (exits, sport, dport) = fib_prelude(p, own_source)?;
     let tos: u8 = read(ctx, IP_OFF + IP_TOS).ok()?;
     let fib = FibLookup {
         family: AF_INET,
@@ -249,13 +263,14 @@ pub(crate) fn fib_uplink(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, uplink)
+    fib_check(ctx, fib, exits)
 }
 
-/// Asks the FIB for `fib`; the result if the route leads out of `uplink` with its next hop
-/// resolved and the packet (each GSO segment) fits the uplink's MTU.
+/// Asks the FIB for `fib`; the result if the route leads out of one of `exits` with its
+/// next hop resolved (the tunnel device's neighbour entries are made by the stack on a
+/// flow's first packets) and the packet (each GSO segment) fits that device's MTU.
 #[inline(always)]
-fn fib_check(ctx: &TcContext, mut fib: FibLookup, uplink: u32) -> Option<FibLookup> {
+fn fib_check(ctx: &TcContext, mut fib: FibLookup, exits: Exits) -> Option<FibLookup> {
     // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -265,11 +280,14 @@ fn fib_check(ctx: &TcContext, mut fib: FibLookup, uplink: u32) -> Option<FibLook
             0,
         )
     };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != uplink {
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64
+        || fib.ifindex == 0
+        || (fib.ifindex != exits.uplink && fib.ifindex != exits.tunnel)
+    {
         return None;
     }
     // The lookup's own MTU check lets every GSO packet through; check each segment
-    // against the uplink's MTU so that the stack answers "fragmentation needed" (IPv4)
+    // against the device's MTU so that the stack answers "fragmentation needed" (IPv4)
     // or "packet too big" (IPv6).
     let mut mtu: u32 = 0;
     // SAFETY: plain helper call with a pointer to our stack.
@@ -288,7 +306,7 @@ fn fib_uplink6(
     ifindex: u32,
     own_source: bool,
 ) -> Option<FibLookup> {
-    let (uplink, sport, dport) = fib_prelude(p, own_source)?;
+    let (exits, sport, dport) = fib_prelude(p, own_source)?;
     let first: u32 = read(ctx, IP_OFF).ok()?;
     let fib = FibLookup {
         family: AF_INET6,
@@ -304,5 +322,5 @@ fn fib_uplink6(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, uplink)
+    fib_check(ctx, fib, exits)
 }

@@ -11,9 +11,16 @@
 //! - `from_tunnel` (the device's tc ingress): a decapsulated packet passes when it comes
 //!   from a node the agent knows (`TUNNEL_NODES`) and its source is that node's address
 //!   (the node's own traffic) or inside a pod CIDR that `TUNNEL_ENDPOINTS` says that node
-//!   holds; anything else is a forged source and is dropped. It is then marked as addressed to this host (the device has no neighbours:
-//!   the sender's kernel put its own device's MAC as destination), and the node routes it
-//!   to the pod, through `to_pod` and its NetworkPolicy check.
+//!   holds; anything else is a forged source and is dropped. It is then marked as
+//!   addressed to this host (the device has no neighbours: the sender's kernel put its
+//!   own device's MAC as destination), and the node routes it to the pod, through
+//!   `to_pod` and its NetworkPolicy check.
+//!
+//! The fast path (IPv4), as through the uplink (`flows`): once `to_tunnel` has seen a
+//! pod's flow leave as the pod sent it, `from_pod` hands its later packets straight to
+//! the device, and `from_tunnel` delivers the other direction straight into the pod.
+//! A flow netfilter translates (kube-proxy's DNAT to a pod on another node) reaches the
+//! device with another tuple and keeps the kernel path.
 
 use aya_ebpf::{
     bindings::{bpf_tunnel_key, BPF_F_TUNINFO_IPV6, TC_ACT_OK, TC_ACT_SHOT},
@@ -24,9 +31,12 @@ use aya_ebpf::{
 use cni_ebpf_common::{Addr6, Reason, TunnelEndpoint, TunnelKey, TUNNEL_IPV6};
 
 use crate::{
-    maps::{count, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
+    flows,
+    forward::deliver,
+    maps::{count, local_endpoint, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
     parse::{
-        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_OFF, IP_SADDR,
+        parse, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_OFF,
+        IP_SADDR,
     },
     policy,
 };
@@ -122,6 +132,12 @@ pub(crate) fn to_tunnel(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT as i32;
     }
     count(Reason::TunnelEncap);
+    // A pod's flow seen leaving as it was sent: verified, so its later packets are
+    // handed from `from_pod` straight to this device (IPv4; IPv6 flows across the tunnel
+    // keep the kernel path).
+    if let Ok(p) = parse(ctx) {
+        let _ = flows::seen_leaving(&p);
+    }
     TC_ACT_OK as i32
 }
 
@@ -173,5 +189,15 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT as i32;
     }
     count(Reason::TunnelDecap);
+    // For a local pod, in a flow whose packets from the pod were seen leaving
+    // untranslated: straight into the pod (IPv4), judged by its NetworkPolicy on the way.
+    if let Ok(p) = parse(ctx) {
+        if let Some(ep) = local_endpoint(p.daddr) {
+            if flows::inbound_may_bypass_stack(&p) {
+                count(Reason::RedirectFromUplink);
+                return deliver(ctx, &ep);
+            }
+        }
+    }
     TC_ACT_OK as i32
 }

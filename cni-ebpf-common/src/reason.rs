@@ -52,7 +52,8 @@ pub enum Reason {
     /// came). Counted by `from_pod`, whatever it then does with the packet.
     UnknownEndpoint = 37,
     /// Pod traffic leaving through the uplink, redirected straight to it (the kernel's
-    /// forwarding path skipped; masquerade still applied by `uplink_egress`).
+    /// forwarding path skipped; masquerade still applied by `uplink_egress`), or through
+    /// the tunnel device, redirected straight to that (`to_tunnel` still applied).
     RedirectUplink = 38,
     /// Pod traffic left to the kernel's routing: not routed via the uplink, next hop not
     /// resolved yet, too big for the uplink, TTL expiring or a source address that is not
@@ -80,8 +81,9 @@ pub enum Reason {
     /// A node socket's connect/sendmsg to nodeIP:hostPort (or 127.0.0.1:hostPort)
     /// translated to the pod.
     SockHostPort = 46,
-    /// A packet from outside for a local pod, in a flow whose packets from the pod were
-    /// seen leaving untranslated: redirected into the pod past the node's stack.
+    /// A packet from outside (through the uplink or out of the tunnel) for a local pod,
+    /// in a flow whose packets from the pod were seen leaving untranslated: redirected
+    /// into the pod past the node's stack.
     RedirectFromUplink = 47,
     /// Dropped: a pod sent with a source address that is not one of its own (nor in its
     /// allow-list).

@@ -135,7 +135,14 @@ impl ClusterNode {
     #[track_caller]
     #[must_use]
     pub fn pinned_datapath(&self) -> Datapath {
-        let dir = self.pin_root().join("testnet");
+        self.pinned_datapath_of("testnet")
+    }
+
+    /// The datapath of `network` pinned on this node. Panics if there is none.
+    #[track_caller]
+    #[must_use]
+    pub fn pinned_datapath_of(&self, network: &str) -> Datapath {
+        let dir = self.pin_root().join(network);
         Datapath::open_at(&dir)
             .ok()
             .flatten()
@@ -157,10 +164,16 @@ impl ClusterNode {
     /// address over `underlay`.
     #[must_use]
     pub fn tunnels_to(&self, other: &ClusterNode, underlay: Underlay) -> bool {
+        self.tunnels_to_in("testnet", other, underlay)
+    }
+
+    /// [`Self::tunnels_to`] in network `network`.
+    #[must_use]
+    pub fn tunnels_to_in(&self, network: &str, other: &ClusterNode, underlay: Underlay) -> bool {
         let Ok(want) = other.pod_cidr4.parse::<ipnet::IpNet>() else {
             return false;
         };
-        self.pinned_datapath()
+        self.pinned_datapath_of(network)
             .tunnel_endpoints()
             .unwrap_or_default()
             .iter()

@@ -45,7 +45,7 @@ pub struct Params {
 }
 
 /// iperf3 port in servers (pods, ext, bare).
-const IPERF_PORT: u16 = 5201;
+pub const IPERF_PORT: u16 = 5201;
 /// Echo server port (in pods, ext, bare; the Service phase's endpoint too).
 pub const ECHO_PORT: u16 = 7000;
 /// Host ports mapped to the server pod.

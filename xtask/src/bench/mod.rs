@@ -14,6 +14,9 @@
 //! - `service`: pod → ClusterIP → pod on the same node and across nodes, with kube-proxy's
 //!   rules (iptables mode, and nftables mode as an extra) on two-node clusters, request/
 //!   response and connect/request/close ([`service`]);
+//! - `cross`: pod → pod across nodes, through the tunnel against the kernel's own VXLAN
+//!   device with static routes (flannel's datapath), and routed against bare veth pods
+//!   ([`cross`]);
 //! - `policy`: NetworkPolicy with the real agent on a two-node cluster watching the
 //!   tests' stand-in API server (1 000 Pod objects): API write → new verdict on both
 //!   nodes, ADD → the new pod's policy in force, policy map memory per endpoint and per
@@ -40,6 +43,7 @@ use serde_json::json;
 mod bandwidth;
 mod chart;
 mod control;
+mod cross;
 mod data;
 mod policy;
 mod proc;
@@ -65,6 +69,9 @@ pub enum Phase {
     Scale,
     /// pod → ClusterIP → pod with kube-proxy's rules: transactions/s, connect rate.
     Service,
+    /// pod → pod across nodes: the tunnel against the kernel's VXLAN, routed against bare
+    /// veth.
+    Cross,
     /// NetworkPolicy with the real agent: data-path cost with 0–1000 policies, API write →
     /// enforced, ADD → in force, policy map memory.
     Policy,
@@ -230,6 +237,8 @@ pub struct Sizes {
     pub scale: scale::Params,
     /// Services.
     pub service: service::Params,
+    /// Across nodes.
+    pub cross: cross::Params,
     /// Egress rates.
     pub bandwidth: bandwidth::Params,
     /// NetworkPolicy.
@@ -248,6 +257,7 @@ impl Args {
                 Phase::Control,
                 Phase::Data,
                 Phase::Service,
+                Phase::Cross,
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
@@ -258,6 +268,7 @@ impl Args {
                 Phase::Control,
                 Phase::Data,
                 Phase::Service,
+                Phase::Cross,
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
@@ -277,6 +288,10 @@ impl Args {
             service: service::Params {
                 repeats: data.repeats,
                 nft_repeats: data.repeats.div_ceil(2),
+                seconds: data.seconds,
+            },
+            cross: cross::Params {
+                repeats: data.repeats,
                 seconds: data.seconds,
             },
             bandwidth: bandwidth::Params {
@@ -411,6 +426,7 @@ pub fn run(args: &Args) -> Result<()> {
                 Phase::Data => data::run(&ws, &sizes.data, &mut report),
                 Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
                 Phase::Service => service::run(&ws, &sizes.service, &mut report),
+                Phase::Cross => cross::run(&ws, &sizes.cross, &mut report),
                 Phase::Bandwidth => bandwidth::run(&ws, &sizes.bandwidth, &mut report),
                 Phase::Policy => policy::run(&ws, &sizes.policy, &mut report),
                 Phase::Ipam => Ok(()),

@@ -134,8 +134,20 @@ pub(super) fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode)
 
 /// Creates pod `name` on `node` and ADDs it through the variant's chain.
 fn add_pod(ws: &Workspace, variant: Variant, node: &ClusterNode, name: &str) -> Result<Running> {
+    let (pod, ip) = add_pod_with(&chain(ws, variant, node), variant, node, name)?;
+    Ok(Running { pod, ip })
+}
+
+/// Creates pod `name` on `node`, ADDs it through `chain` (of `variant`) and sets the
+/// client sysctls in it; returns it with its IPv4 address.
+pub(super) fn add_pod_with(
+    chain: &Chain<'_>,
+    variant: Variant,
+    node: &ClusterNode,
+    name: &str,
+) -> Result<(tests::Pod, String)> {
     let pod = catch(&format!("creating pod {name}"), || node.pod(name))?;
-    let op = chain(ws, variant, node).exec(
+    let op = chain.exec(
         "ADD",
         pod.container_id(),
         pod.netns(),
@@ -157,7 +169,7 @@ fn add_pod(ws: &Workspace, variant: Variant, node: &ClusterNode, name: &str) -> 
     )?;
     let ip = pod_ip(&op.result)?;
     data::client_sysctls(pod.netns())?;
-    Ok(Running { pod, ip })
+    Ok((pod, ip))
 }
 
 impl SvcCluster {

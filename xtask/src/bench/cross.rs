@@ -1,0 +1,340 @@
+//! Across nodes: pod → pod from node A to node B, cni-ebpf against the kernel's own
+//! datapath on the same kind of nodes, in the same run. Single-stream TCP throughput,
+//! request/response and connect/request/close, with the data phase's interleaved repeats
+//! and medians ([`data::measure_repeat`]).
+//!
+//! - `tunnel`: nodes in two subnets behind a router that routes no pod CIDR
+//!   ([`Cluster::across_subnets`]). cni-ebpf with `crossNode: tunnel`, its agents keeping
+//!   the tunnel entries from the Node objects on the tests' stand-in API server; against
+//!   the kernel's VXLAN device with static routes, neighbour and FDB entries — flannel's
+//!   VXLAN datapath (VNI 1, port 8472, a `/32` of the pod CIDR on the device), with bare
+//!   veth pods instead of flannel's bridge, so the reference is the cheaper of the two.
+//!   Both sides' pods have MTU 1450.
+//! - `routed`: nodes on one segment whose pod CIDRs the fabric routes ([`Cluster::new`]).
+//!   cni-ebpf in routed mode against bare veth pods (a veth pair, a host route, the
+//!   node forwarding): the floor of any veth datapath.
+//!
+//! Each column has a cluster of its own (the two tunnel columns would otherwise share
+//! UDP port 8472). Names carry `cebb-<pid>`, so a later run sweeps what a killed one left.
+
+use std::{collections::BTreeMap, path::Path, time::Duration};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
+use tests::{
+    apiserver::ApiServer, cluster::Underlay, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4,
+};
+
+use super::{
+    data::{self, Samples, Target, ECHO_PORT, IPERF_PORT},
+    proc::{self, check_interrupt, Background},
+    report::Report,
+    service::{add_pod_with, catch, chain},
+    topo::{self, Variant, Workspace},
+};
+
+/// Sizes of the phase.
+#[derive(Debug, Clone)]
+pub struct Params {
+    /// Interleaved repeats.
+    pub repeats: usize,
+    /// Seconds per measurement.
+    pub seconds: f64,
+}
+
+/// Scenario keys and titles.
+const SCENARIOS: [(&str, &str); 2] = [
+    (
+        "tunnel",
+        "pod → pod on another node, through the tunnel (nodes in two subnets)",
+    ),
+    (
+        "routed",
+        "pod → pod on another node, routed (the fabric routes the pod CIDRs)",
+    ),
+];
+
+/// The report column of the kernel's VXLAN datapath.
+pub const KERNEL_VXLAN: &str = "kernel VXLAN";
+/// The report column of bare veth pods.
+pub const BARE: &str = "bare veth";
+
+/// The MTU of the bare pods and the kernel's VXLAN device over the fabric's 1500 bytes.
+const TUNNEL_MTU: u32 = 1450;
+
+/// Runs `cmd` (a shell line of `ip`/`bridge` commands) in `netns`.
+fn sh(netns: &Path, cmd: &str) -> Result<()> {
+    proc::run_in(Some(netns), &["sh", "-ec", cmd], topo::OP_TIMEOUT).map(|_| ())
+}
+
+/// One column: a cluster, the client pod on node A and the server pod on node B with its
+/// iperf3 and echo servers. Field order is drop order: servers and agents first, then the
+/// pods' namespaces, then the cluster.
+struct Side {
+    column: &'static str,
+    _servers: (Background, EchoServer),
+    _agents: Vec<Background>,
+    _api: Option<ApiServer>,
+    client: tests::Pod,
+    _server: tests::Pod,
+    server_ip: String,
+    cluster: Cluster,
+}
+
+impl Side {
+    fn cluster(tunnel: bool) -> Result<Cluster> {
+        catch("building the two-node cluster", || {
+            if tunnel {
+                Cluster::across_subnets("cebb")
+            } else {
+                Cluster::new("cebb")
+            }
+        })
+    }
+
+    fn serve(
+        column: &'static str,
+        cluster: Cluster,
+        client: tests::Pod,
+        server: (tests::Pod, String),
+        agents: Vec<Background>,
+        api: Option<ApiServer>,
+    ) -> Result<Self> {
+        let netns = server.0.netns().to_path_buf();
+        let servers = (
+            Background::spawn(&netns, &["iperf3", "-s", "-p", &IPERF_PORT.to_string()])?,
+            EchoServer::start(&netns, ECHO_PORT, Serving::OneAtATimePinned)?,
+        );
+        Ok(Self {
+            column,
+            _servers: servers,
+            _agents: agents,
+            _api: api,
+            client,
+            _server: server.0,
+            server_ip: server.1,
+            cluster,
+        })
+    }
+
+    /// cni-ebpf in `crossNode: tunnel` (with an agent per node) or routed mode.
+    fn ebpf(ws: &Workspace, tunnel: bool) -> Result<Self> {
+        let cluster = Self::cluster(tunnel)?;
+        for node in cluster.nodes() {
+            topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
+        }
+        let mode = if tunnel { "tunnel" } else { "routed" };
+        let add = |node: &ClusterNode, name: &str| {
+            let mut c = chain(ws, Variant::Ebpf, node);
+            if let Some(p) = c.plugins.first_mut().and_then(Value::as_object_mut) {
+                p.insert("crossNode".into(), json!(mode));
+                // The pods take the path's MTU (less the tunnel's headers).
+                p.remove("mtu");
+            }
+            add_pod_with(&c, Variant::Ebpf, node, name)
+        };
+        let (client, _) = add(cluster.a(), "cross-cli")?;
+        let server = add(cluster.b(), "cross-srv")?;
+        let (mut agents, mut api) = (Vec::new(), None);
+        if tunnel {
+            let server = catch("starting the stand-in API server", || {
+                ApiServer::start(cluster.ext_netns(), EXT_IP4)
+            })?;
+            for n in cluster.nodes() {
+                catch("publishing the Nodes", || {
+                    server.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
+                })?;
+            }
+            for n in cluster.nodes() {
+                agents.push(node_agent(ws, n, &server)?);
+            }
+            let (a, b) = (cluster.a(), cluster.b());
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let net = Variant::Ebpf.network();
+            while !(a.tunnels_to_in(net, b, Underlay::V4) && b.tunnels_to_in(net, a, Underlay::V4))
+            {
+                check_interrupt()?;
+                if std::time::Instant::now() > deadline {
+                    bail!("the agents made no tunnel entries within 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            api = Some(server);
+        }
+        Self::serve("cni-ebpf", cluster, client, server, agents, api)
+    }
+
+    /// Bare veth pods; across subnets with the kernel's VXLAN device between the nodes.
+    fn kernel(tunnel: bool) -> Result<Self> {
+        let cluster = Self::cluster(tunnel)?;
+        let (a, b) = (cluster.a(), cluster.b());
+        let mtu = if tunnel { TUNNEL_MTU } else { 1500 };
+        if tunnel {
+            for (n, i, peer, j) in [(a, 1, b, 2), (b, 2, a, 1)] {
+                sh(
+                    n.netns(),
+                    &format!(
+                        "ip link add vx0 address 02:00:00:00:00:0{i} mtu {mtu} type vxlan id 1 \
+                         dstport 8472 local {local} dev uplink0 nolearning
+                         ip addr add 10.244.{i}.0/32 dev vx0
+                         ip link set vx0 up
+                         ip route add {cidr} via 10.244.{j}.0 dev vx0 onlink
+                         ip neigh add 10.244.{j}.0 lladdr 02:00:00:00:00:0{j} dev vx0 nud permanent
+                         bridge fdb append 02:00:00:00:00:0{j} dev vx0 dst {remote}",
+                        local = n.ip4(),
+                        cidr = peer.pod_cidr4(),
+                        remote = peer.ip4(),
+                    ),
+                )?;
+            }
+        }
+        let client = bare_pod(a, "cross-cli", 1, mtu)?;
+        let server = bare_pod(b, "cross-srv", 2, mtu)?;
+        let column = if tunnel { KERNEL_VXLAN } else { BARE };
+        Self::serve(
+            column,
+            cluster,
+            client,
+            (server, "10.244.2.200".to_owned()),
+            Vec::new(),
+            None,
+        )
+    }
+}
+
+/// `cni-ebpf agent` on `node` with only its Node watcher, logging into the node's dir.
+fn node_agent(ws: &Workspace, node: &ClusterNode, api: &ApiServer) -> Result<Background> {
+    let (plugin, url, sa, pins) = (
+        ws.plugin.to_string_lossy().into_owned(),
+        api.url(),
+        api.sa_dir().to_string_lossy().into_owned(),
+        node.pin_root().to_string_lossy().into_owned(),
+    );
+    Background::spawn_logged(
+        node.netns(),
+        &[
+            &plugin,
+            "agent",
+            "--policy=false",
+            "--listen",
+            "127.0.0.1:0",
+            "--node-name",
+            node.name(),
+            "--bpffs-root",
+            &pins,
+            "--api-server",
+            &url,
+            "--service-account-dir",
+            &sa,
+            "--api-timeout",
+            "5",
+        ],
+        &node.dir().join("agent.log"),
+    )
+}
+
+/// A pod on `node` wired by hand: a veth pair of MTU `mtu`, the pod at `10.244.<i>.200`,
+/// the node side owning `10.244.<i>.254` (the pod's gateway) and routing the pod's
+/// address to it, the node forwarding.
+fn bare_pod(node: &ClusterNode, name: &str, i: u8, mtu: u32) -> Result<tests::Pod> {
+    let pod = catch(&format!("creating pod {name}"), || node.pod(name))?;
+    let (ip, gw) = (format!("10.244.{i}.200"), format!("10.244.{i}.254"));
+    sh(
+        node.netns(),
+        &format!(
+            "sysctl -qw net.ipv4.ip_forward=1
+             ip link add bare0 mtu {mtu} type veth peer name eth0 mtu {mtu} netns {ns}
+             ip addr add {gw}/32 dev bare0
+             ip link set bare0 up
+             ip route add {ip}/32 dev bare0",
+            ns = pod.netns().display(),
+        ),
+    )?;
+    sh(
+        pod.netns(),
+        &format!(
+            "ip link set lo up
+             ip link set eth0 up
+             ip addr add {ip}/32 dev eth0
+             ip route add {gw} dev eth0 scope link
+             ip route add default via {gw}"
+        ),
+    )?;
+    data::client_sysctls(pod.netns())?;
+    Ok(pod)
+}
+
+/// Runs the phase into `report`.
+pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
+    eprintln!("bench: across nodes: setting up four two-node clusters (tunnel and routed)");
+    let tunnel = [Side::ebpf(ws, true)?, Side::kernel(true)?];
+    let routed = [Side::ebpf(ws, false)?, Side::kernel(false)?];
+    std::thread::sleep(Duration::from_millis(300));
+    let mut samples: Samples = BTreeMap::new();
+    for rep in 0..p.repeats {
+        for (i, (scen, title)) in SCENARIOS.into_iter().enumerate() {
+            eprintln!(
+                "bench: across nodes repeat {}/{}: {title}",
+                rep + 1,
+                p.repeats
+            );
+            let sides = if scen == "tunnel" { &tunnel } else { &routed };
+            let targets = sides
+                .iter()
+                .map(|s| Target {
+                    column: s.column,
+                    client: s.client.netns().to_path_buf(),
+                    ip: s.server_ip.clone(),
+                    iperf_port: Some(IPERF_PORT),
+                    echo_port: ECHO_PORT,
+                })
+                .collect();
+            check_interrupt()?;
+            data::measure_repeat(
+                scen,
+                title,
+                targets,
+                rep + i,
+                p.seconds,
+                &mut samples,
+                &mut report.notes,
+            )?;
+        }
+    }
+    for (scen, title) in SCENARIOS {
+        data::put_medians(
+            report,
+            &samples,
+            scen,
+            &format!("cross.{scen}"),
+            &format!("Across nodes: {title} (median of {} repeats)", p.repeats),
+        );
+    }
+    // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
+    let mut counters = Map::new();
+    for (scen, side) in [("tunnel", &tunnel[0]), ("routed", &routed[0])] {
+        let node = side.cluster.a();
+        let reasons = data::reason_counters(
+            &ws.plugin,
+            Variant::Ebpf.network(),
+            node.pin_root(),
+            node.netns(),
+        );
+        let nonzero: Map<String, Value> = reasons
+            .as_ref()
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter(|r| r["count"].as_u64().is_some_and(|n| n > 0))
+            .filter_map(|r| Some((r["reason"].as_str()?.to_owned(), r["count"].clone())))
+            .collect();
+        counters.insert(scen.to_owned(), Value::Object(nonzero));
+    }
+    let mut details = Map::new();
+    details.insert("perRepeat".into(), json!(samples));
+    details.insert("cniEbpfReasonCountersNodeA".into(), Value::Object(counters));
+    report
+        .details
+        .insert("crossNode".into(), Value::Object(details));
+    Ok(())
+}
