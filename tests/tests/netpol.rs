@@ -869,6 +869,70 @@ fn start_agent_as(
     node.start_agent(api, &argv, log)
 }
 
+/// `/ready`, the DaemonSet's readiness probe: while the API server refuses the agent,
+/// 503 naming both of its jobs; once NetworkPolicy and the Node watcher have made their
+/// first rounds, 200; a network whose datapath is half there makes it 503 again, naming
+/// the network, until it is whole (here: gone).
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn the_agent_is_ready_once_its_first_rounds_are_made_and_its_datapaths_are_whole() {
+    use std::time::Duration;
+
+    use datapath_support::wait_until;
+
+    let node = tests::SimNode::new("agent_ready");
+    let pod = node.pod("p");
+    let _ = node.add(&pod, "eth0", &node.conf());
+    let api = tests::ApiServer::start(node.ext_netns(), tests::EXT_IP4);
+    api.set_node("node-r", &["10.244.9.0/24"], &[tests::NODE_IP4]);
+    api.forbid(true);
+    let log = node.dir().join("agent.log");
+    let _agent = start_agent_as(&node, &api, &log, &["--node-name", "node-r"]);
+    let ready = || {
+        tests::net::http_get(
+            node.netns(),
+            AGENT_METRICS,
+            "/ready",
+            Duration::from_secs(1),
+        )
+        .map(|(status, _, body)| (status, body))
+        .unwrap_or((0, String::new()))
+    };
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let mut seen = (0, String::new());
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            seen = ready();
+            seen.0 == 503
+        }),
+        "no 503 while the API server refuses the agent: {seen:?}\n{}",
+        agent_log()
+    );
+    assert!(
+        seen.1.contains("NetworkPolicy") && seen.1.contains("Node watcher"),
+        "{seen:?}"
+    );
+
+    api.forbid(false);
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            seen = ready();
+            seen.0 == 200
+        }),
+        "not ready 30 s after the API server let the agent in: {seen:?}\n{}",
+        agent_log()
+    );
+    assert_eq!(seen.1, "ready\n");
+
+    let half = node.pin_root().join("half");
+    std::fs::create_dir(&half).unwrap_or_else(|e| panic!("{e}"));
+    let (status, body) = ready();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("network half"), "{body}");
+    std::fs::remove_dir(&half).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ready().0, 200);
+}
+
 /// One pod of the end-to-end matrix: where it runs and what it serves.
 struct MatrixPod {
     name: String,

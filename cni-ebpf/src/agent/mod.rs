@@ -7,9 +7,12 @@
 //!   rounds;
 //! - [`report`]: the state file `inspect` reads, and the verdict totals per policy the
 //!   metrics serve;
-//! - [`nodes`]: the Node watcher: tunnel entries and direct routes to other nodes.
+//! - [`nodes`]: the Node watcher: tunnel entries and direct routes to other nodes;
+//! - [`ready`]: readiness (`GET /ready`): every job's first round made, every datapath
+//!   loaded.
 
 pub mod nodes;
+pub mod ready;
 pub mod reconcile;
 pub mod report;
 pub mod watch;

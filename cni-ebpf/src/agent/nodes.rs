@@ -30,6 +30,7 @@ use kube::{
 };
 use tokio::sync::Notify;
 
+use super::ready::{Job, Readiness};
 use crate::{
     cli::hostgw::{log, reconcile_routes, wanted_routes, HostGwArgs},
     datapath::Datapath,
@@ -247,8 +248,9 @@ pub fn wanted(args: &HostGwArgs) -> bool {
 }
 
 /// Runs the Node watcher forever on the calling thread (its own current-thread runtime),
-/// in the calling thread's network namespace.
-pub fn run(args: &HostGwArgs, own: &str, root: &Path) -> Result<()> {
+/// in the calling thread's network namespace; tells `readiness` when its first round is
+/// made.
+pub fn run(args: &HostGwArgs, own: &str, root: &Path, readiness: &Readiness) -> Result<()> {
     let rt = crate::link::runtime()?;
     rt.block_on(async {
         let nl = Nl::connect()?;
@@ -312,6 +314,7 @@ pub fn run(args: &HostGwArgs, own: &str, root: &Path) -> Result<()> {
                 (&recorder, &mut reported),
             )
             .await;
+            readiness.done(Job::Nodes);
             tokio::select! {
                 () = changed.notified() => tokio::time::sleep(SETTLE).await,
                 () = tokio::time::sleep(Duration::from_secs(args.interval)) => {}

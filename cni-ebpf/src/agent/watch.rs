@@ -36,6 +36,7 @@ use kube::{
 use tokio::sync::Notify;
 
 use super::{
+    ready::{Job, Readiness},
     report::{write_state, NetworkState, SharedTotals},
     Reconciler,
 };
@@ -303,14 +304,15 @@ async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>)
 }
 
 /// Keeps NetworkPolicy in force on the networks below `root` (all, or `named`), forever,
-/// on the calling thread; writes each network's state file below `state_dir` and keeps
-/// `totals`.
+/// on the calling thread; writes each network's state file below `state_dir`, keeps
+/// `totals`, and tells `readiness` when its first round is made.
 pub fn run(
     root: &Path,
     named: &[String],
     api: &ApiArgs,
     state_dir: &Path,
     totals: SharedTotals,
+    readiness: &Readiness,
 ) -> Result<()> {
     let rt = crate::link::runtime()?;
     rt.block_on(async {
@@ -355,6 +357,7 @@ pub fn run(
         }
         tracing::info!("NetworkPolicy: namespaces, pods and policies listed; watching");
         let closed = enforcer.round(&view, false);
+        readiness.done(Job::Policy);
         report(&recorder, &view, closed).await;
         let mut tick = tokio::time::interval(TICK);
         loop {

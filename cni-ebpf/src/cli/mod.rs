@@ -9,12 +9,14 @@ pub mod install;
 use std::{
     path::{Path, PathBuf},
     process::ExitCode,
+    sync::Arc,
 };
 
 use clap::{Parser, Subcommand};
 use serde_json::json;
 
 use crate::{
+    agent::ready::{Job, Readiness},
     cni::{
         config::{NetConf, DEFAULT_BPFFS_ROOT},
         env::Command,
@@ -164,12 +166,14 @@ pub struct AgentArgs {
 /// Runs the agent: host-gw and NetworkPolicy (when given its state directory) on threads
 /// of their own, metrics on this one.
 fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>) -> Result<()> {
-    start_host_gw(&args.host_gw, &args.bpffs_root)?;
+    let readiness = Arc::new(Readiness::default());
+    start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
     let mut exporter =
-        crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone());
+        crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())
+            .with_readiness(Arc::clone(&readiness));
     if let Some(state_dir) = policy {
         let totals = crate::agent::report::SharedTotals::default();
-        start_policy(args, state_dir, std::sync::Arc::clone(&totals))?;
+        start_policy(args, state_dir, Arc::clone(&totals), &readiness)?;
         exporter = exporter.with_policy(totals);
     }
     crate::metrics::serve(args.listen, exporter)
@@ -182,6 +186,7 @@ fn start_policy(
     args: &MetricsArgs,
     state_dir: &Path,
     totals: crate::agent::report::SharedTotals,
+    readiness: &Arc<Readiness>,
 ) -> Result<()> {
     let (root, networks, api, state_dir) = (
         args.bpffs_root.clone(),
@@ -189,10 +194,14 @@ fn start_policy(
         args.host_gw.api.clone(),
         state_dir.to_owned(),
     );
+    readiness.expect(Job::Policy);
+    let readiness = Arc::clone(readiness);
     std::thread::Builder::new()
         .name("policy".into())
         .spawn(move || {
-            let err = match crate::agent::watch::run(&root, &networks, &api, &state_dir, totals) {
+            let err = match crate::agent::watch::run(
+                &root, &networks, &api, &state_dir, totals, &readiness,
+            ) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             };
@@ -207,16 +216,17 @@ fn start_policy(
 /// thread of its own when `--host-gw` is given or the node's name is known. The thread is
 /// created in this thread's network namespace (the node's) and stays there. If it ever
 /// stops, the process exits: a main container without its routes must restart.
-fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path) -> Result<()> {
+fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path, readiness: &Arc<Readiness>) -> Result<()> {
     if !crate::agent::nodes::wanted(args) {
         return Ok(());
     }
     let own = hostgw::check(args)?;
-    let (args, root) = (args.clone(), root.to_owned());
+    readiness.expect(Job::Nodes);
+    let (args, root, readiness) = (args.clone(), root.to_owned(), Arc::clone(readiness));
     std::thread::Builder::new()
         .name("nodes".into())
         .spawn(move || {
-            let err = match crate::agent::nodes::run(&args, &own, &root) {
+            let err = match crate::agent::nodes::run(&args, &own, &root, &readiness) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             };

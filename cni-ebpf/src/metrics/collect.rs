@@ -141,6 +141,8 @@ pub struct Exporter {
     errors: Mutex<Errors>,
     /// The agent's NetworkPolicy totals, when it enforces policy.
     policy: Option<SharedTotals>,
+    /// The agent's jobs, for `/ready` (none: the datapath alone decides).
+    readiness: Option<std::sync::Arc<crate::agent::ready::Readiness>>,
 }
 
 #[derive(Debug, Default)]
@@ -161,6 +163,26 @@ impl Exporter {
             networks,
             errors: Mutex::new(Errors::default()),
             policy: None,
+            readiness: None,
+        }
+    }
+
+    /// Also answers `/ready` for the agent's jobs.
+    #[must_use]
+    pub fn with_readiness(mut self, r: std::sync::Arc<crate::agent::ready::Readiness>) -> Self {
+        self.readiness = Some(r);
+        self
+    }
+
+    /// `Ok` when the agent's jobs have made their first rounds and every datapath is
+    /// loaded, else why not.
+    ///
+    /// # Errors
+    /// The reasons it is not ready.
+    pub fn ready(&self) -> std::result::Result<(), String> {
+        match &self.readiness {
+            Some(r) => r.check(&self.root, &self.networks),
+            None => crate::agent::ready::Readiness::default().check(&self.root, &self.networks),
         }
     }
 

@@ -141,13 +141,19 @@ fn reason_phrase(status: u16) -> &'static str {
         400 => "Bad Request",
         404 => "Not Found",
         405 => "Method Not Allowed",
+        503 => "Service Unavailable",
         431 => "Request Header Fields Too Large",
         _ => "",
     }
 }
 
-/// Routes a request; `scrape` renders the metrics (called only for `/metrics`).
-pub fn respond(req: &Request, scrape: impl FnOnce() -> String) -> Response {
+/// Routes a request; `scrape` renders the metrics (called only for `/metrics`), `ready`
+/// says whether the agent is ready and why not (called only for `/ready`).
+pub fn respond(
+    req: &Request,
+    scrape: impl FnOnce() -> String,
+    ready: impl FnOnce() -> std::result::Result<(), String>,
+) -> Response {
     if req.method != "GET" && req.method != "HEAD" {
         let mut r = Response::text(405, "only GET and HEAD\n");
         r.headers.push("Allow: GET, HEAD".into());
@@ -161,19 +167,27 @@ pub fn respond(req: &Request, scrape: impl FnOnce() -> String) -> Response {
             body: scrape().into_bytes(),
         },
         "/healthz" => Response::text(200, "ok\n"),
+        "/ready" => match ready() {
+            Ok(()) => Response::text(200, "ready\n"),
+            Err(why) => Response::text(503, &format!("not ready:\n{why}\n")),
+        },
         "/" => Response::text(
             200,
             "cni-ebpf metrics\n/metrics  Prometheus metrics of the pinned datapath\n\
-             /healthz  liveness\n",
+             /healthz  liveness\n/ready    readiness: first rounds made, datapaths loaded\n",
         ),
         _ => Response::text(404, "not found: try /metrics\n"),
     }
 }
 
 /// Answers one connection's request on `conn` (a stream or, in tests, a buffer pair).
-pub fn exchange<C: Read + Write>(conn: &mut C, scrape: impl FnOnce() -> String) -> io::Result<()> {
+pub fn exchange<C: Read + Write>(
+    conn: &mut C,
+    scrape: impl FnOnce() -> String,
+    ready: impl FnOnce() -> std::result::Result<(), String>,
+) -> io::Result<()> {
     let (resp, head_only) = match read_request(conn) {
-        Ok(req) => (respond(&req, scrape), req.method == "HEAD"),
+        Ok(req) => (respond(&req, scrape, ready), req.method == "HEAD"),
         Err(ReadError::TooLarge) => (Response::text(431, "request head too large\n"), false),
         Err(ReadError::Malformed(e)) => {
             (Response::text(400, &format!("bad request: {e}\n")), false)
@@ -260,7 +274,11 @@ fn serve_connection(stream: &TcpStream, peer: SocketAddr, exporter: &Exporter) {
         },
         write: None,
     };
-    if let Err(e) = exchange(&mut conn, || render(&exporter.scrape())) {
+    if let Err(e) = exchange(
+        &mut conn,
+        || render(&exporter.scrape()),
+        || exporter.ready(),
+    ) {
         tracing::debug!("metrics: connection from {peer}: {e}");
     }
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -351,7 +369,7 @@ mod tests {
 
     fn answer(input: &[u8], step: usize) -> String {
         let mut c = Mem::new(input, step);
-        exchange(&mut c, || "m 1\n".to_owned()).unwrap_or_else(|e| panic!("{e}"));
+        exchange(&mut c, || "m 1\n".to_owned(), || Ok(())).unwrap_or_else(|e| panic!("{e}"));
         String::from_utf8_lossy(&c.output).into_owned()
     }
 
@@ -390,7 +408,33 @@ mod tests {
     #[test]
     fn scraping_only_happens_for_metrics() {
         let mut c = Mem::new(b"GET /healthz HTTP/1.1\r\n\r\n", 64);
-        exchange(&mut c, || panic!("scraped for /healthz")).unwrap_or_else(|e| panic!("{e}"));
+        exchange(
+            &mut c,
+            || panic!("scraped for /healthz"),
+            || panic!("readiness asked for /healthz"),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn ready_answers_503_with_the_reasons_until_ready() {
+        let mut c = Mem::new(b"GET /ready HTTP/1.1\r\n\r\n", 64);
+        exchange(
+            &mut c,
+            || panic!("scraped for /ready"),
+            || Err("NetworkPolicy has not made its first round yet".into()),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let out = String::from_utf8_lossy(&c.output).into_owned();
+        assert!(
+            out.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+            "{out}"
+        );
+        assert!(
+            out.ends_with("not ready:\nNetworkPolicy has not made its first round yet\n"),
+            "{out}"
+        );
+        assert!(answer(b"GET /ready HTTP/1.1\r\n\r\n", 64).ends_with("\r\n\r\nready\n"));
     }
 
     #[test]
@@ -415,7 +459,7 @@ mod tests {
     #[test]
     fn a_connection_closed_early_gets_no_answer() {
         let mut c = Mem::new(b"GET /metrics HTTP/1.1\r\nHost:", 64);
-        let e = exchange(&mut c, String::new).err();
+        let e = exchange(&mut c, String::new, || Ok(())).err();
         assert_eq!(e.map(|e| e.kind()), Some(io::ErrorKind::UnexpectedEof));
         assert!(c.output.is_empty());
     }
