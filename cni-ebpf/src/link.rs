@@ -40,6 +40,15 @@ pub const RTPROT_CNI_EBPF_HOST_GW: u8 = 207;
 /// `crossSubnet`) carry this protocol number (`ip route` shows `proto 208`).
 pub const RTPROT_CNI_EBPF_TUNNEL: u8 = 208;
 
+/// A failed link creation as an error about `what`: an existing name said plainly.
+fn creating(what: String, e: rtnetlink::Error) -> Error {
+    if is_errno(&e, libc::EEXIST) {
+        Error::netlink(what, "a link of that name already exists")
+    } else {
+        Error::netlink(what, e)
+    }
+}
+
 /// Whether a netlink error carries `errno`.
 fn is_errno(e: &rtnetlink::Error, errno: i32) -> bool {
     matches!(e, rtnetlink::Error::NetlinkError(m) if m.raw_code() == -errno)
@@ -267,16 +276,12 @@ impl Nl {
             .link_group(group)
             .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
             .build();
-        self.handle.link().add(msg).execute().await.map_err(|e| {
-            if is_errno(&e, libc::EEXIST) {
-                Error::netlink(
-                    format!("creating veth {host}/{peer}"),
-                    "a link of that name already exists",
-                )
-            } else {
-                Error::netlink(format!("creating veth {host}/{peer}"), e)
-            }
-        })
+        self.handle
+            .link()
+            .add(msg)
+            .execute()
+            .await
+            .map_err(|e| creating(format!("creating veth {host}/{peer}"), e))
     }
 
     /// Creates the VXLAN device `name` in external (collect-metadata) mode on UDP `port`:
@@ -291,19 +296,11 @@ impl Nl {
             .arp(false)
             .build();
         self.handle.link().add(msg).execute().await.map_err(|e| {
-            if is_errno(&e, libc::EEXIST) {
-                Error::netlink(
-                    format!("creating VXLAN device {name}"),
-                    "a link of that name already exists",
-                )
-            } else {
-                Error::netlink(
-                    format!("creating VXLAN device {name} on UDP port {port}"),
-                    e,
-                )
-            }
-        })?;
-        Ok(())
+            creating(
+                format!("creating VXLAN device {name} on UDP port {port}"),
+                e,
+            )
+        })
     }
 
     /// Labels link `index` with `alias` and sets it up (the kernel takes an alias on a

@@ -33,7 +33,7 @@ use tokio::sync::Notify;
 use super::ready::{Job, Readiness};
 use crate::{
     cli::hostgw::{log, reconcile_routes, wanted_routes, HostGwArgs},
-    datapath::Datapath,
+    datapath::{load, Datapath},
     error::{Error, Result},
     k8s::{self, ApiClient},
     link::{Nl, RTPROT_CNI_EBPF_HOST_GW},
@@ -59,9 +59,6 @@ pub struct Underlay {
 }
 
 impl Underlay {
-    /// Both families (a node whose uplink's addresses are not known).
-    pub const BOTH: Self = Self { v4: true, v6: true };
-
     fn has(self, ip: IpAddr) -> bool {
         if ip.is_ipv4() {
             self.v4
@@ -89,16 +86,14 @@ pub struct Skipped {
 
 /// The networks below `root` whose node configuration has a tunnel device.
 fn tunnel_networks(root: &Path) -> Vec<TunnelNetwork> {
-    let Ok(dirs) = std::fs::read_dir(root) else {
-        return Vec::new();
-    };
-    dirs.filter_map(std::result::Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let dp = Datapath::open_at(e.path()).ok().flatten()?;
+    load::network_dirs(root)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|name| {
+            let dp = Datapath::open_at(root.join(&name)).ok().flatten()?;
             let cfg = dp.node_config_view().ok()?;
             (cfg.tunnel_ifindex != 0).then(|| TunnelNetwork {
-                name: e.file_name().to_string_lossy().into_owned(),
+                name,
                 dp,
                 cross_subnet: cfg.cross_subnet,
                 uplink_ifindex: cfg.uplink_ifindex,
@@ -349,7 +344,7 @@ mod tests {
             node("c", &["fd00:10:244:3::/64"], &["fd00::4"]),
             node("d", &["10.244.4.0/24"], &[]),
         ];
-        let (entries, skipped) = tunnel_entries(&nodes, "a", Underlay::BOTH);
+        let (entries, skipped) = tunnel_entries(&nodes, "a", Underlay { v4: true, v6: true });
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         assert_eq!(

@@ -10,7 +10,7 @@
 
 use std::{collections::BTreeMap, path::Path, sync::Mutex};
 
-use crate::datapath::Datapath;
+use crate::datapath::{load::network_dirs, Datapath};
 
 /// A job of the agent that readiness waits for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -46,7 +46,7 @@ impl Readiness {
     }
 
     /// The agent runs `job`: not ready until [`Readiness::done`] for it.
-    pub fn expect(&self, job: Job) {
+    pub fn wait_for(&self, job: Job) {
         self.jobs().entry(job).or_insert(false);
     }
 
@@ -79,13 +79,8 @@ impl Readiness {
 /// loaded, and why. Nothing below `root` (no ADD yet) is no reason.
 fn datapaths_incomplete(root: &Path, named: &[String]) -> Vec<String> {
     let names = if named.is_empty() {
-        match std::fs::read_dir(root) {
-            Ok(entries) => entries
-                .filter_map(std::result::Result::ok)
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        match network_dirs(root) {
+            Ok(names) => names,
             Err(e) => return vec![format!("listing {}: {e}", root.display())],
         }
     } else {
@@ -114,8 +109,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let r = Readiness::default();
         assert_eq!(r.check(dir.path(), &[]), Ok(()));
-        r.expect(Job::Nodes);
-        r.expect(Job::Policy);
+        r.wait_for(Job::Nodes);
+        r.wait_for(Job::Policy);
         let why = r.check(dir.path(), &[]).unwrap_err();
         assert!(
             why.contains("Node watcher") && why.contains("NetworkPolicy"),

@@ -194,7 +194,7 @@ fn start_policy(
         args.host_gw.api.clone(),
         state_dir.to_owned(),
     );
-    readiness.expect(Job::Policy);
+    readiness.wait_for(Job::Policy);
     let readiness = Arc::clone(readiness);
     std::thread::Builder::new()
         .name("policy".into())
@@ -221,7 +221,7 @@ fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path, readiness: &Arc<Readine
         return Ok(());
     }
     let own = hostgw::check(args)?;
-    readiness.expect(Job::Nodes);
+    readiness.wait_for(Job::Nodes);
     let (args, root, readiness) = (args.clone(), root.to_owned(), Arc::clone(readiness));
     std::thread::Builder::new()
         .name("nodes".into())

@@ -241,7 +241,7 @@ impl Transaction<'_> {
         // source the node's own traffic to other nodes' pods leaves with, so the replies
         // come back through the tunnel (an uplink address as source would have them sent
         // back over the underlay, a path the other node never routed from).
-        if let Some(tunnel) = self.dp.tunnel_ifindex()? {
+        if let Some(tunnel) = self.dp.tunnel_ifindex() {
             for (gw, _) in &node_addrs {
                 self.node
                     .add_address(tunnel, IpNet::from(*gw), true)

@@ -28,6 +28,21 @@ use crate::error::{Error, Result};
 /// How long a loader waits for another one holding the lock.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
+/// The networks below `root` (directories, in no particular order). A root that does not
+/// exist yet (no network loaded since bpffs was mounted) has none.
+pub fn network_dirs(root: &Path) -> std::io::Result<Vec<String>> {
+    let entries = match std::fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    Ok(entries
+        .filter_map(std::result::Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect())
+}
+
 /// Checks that `dir` (or, if it does not exist yet, its nearest existing ancestor) is on a
 /// bpf filesystem.
 pub fn check_bpffs(dir: &Path) -> Result<()> {

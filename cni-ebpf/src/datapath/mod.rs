@@ -96,6 +96,9 @@ pub struct Datapath {
     attach: AttachPolicy,
     /// The MTU of pods (set by [`Datapath::open_or_load_with`]; 0 otherwise).
     pod_mtu: u32,
+    /// The node's tunnel device (set by [`Datapath::open_or_load_with`]; 0 otherwise,
+    /// and in routed mode).
+    tunnel_ifindex: u32,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -185,6 +188,7 @@ impl Datapath {
         let tunnel = dp
             .ensure_tunnel(nl, conf, tunnel_mtu, old.tunnel_ifindex)
             .await?;
+        dp.tunnel_ifindex = tunnel.map_or(0, |t| t.ifindex);
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
         let snat_ports = node::snat_port_range();
         let settings = NodeConfigSpec {
@@ -244,6 +248,7 @@ impl Datapath {
             maps: Mutex::new(maps),
             attach: AttachPolicy::default(),
             pod_mtu: 0,
+            tunnel_ifindex: 0,
         }))
     }
 
@@ -275,6 +280,7 @@ impl Datapath {
             maps: Mutex::new(maps),
             attach: AttachPolicy::default(),
             pod_mtu: 0,
+            tunnel_ifindex: 0,
         })
     }
 

@@ -155,10 +155,11 @@ impl Datapath {
         }))
     }
 
-    /// The node's tunnel device, if the network has one.
-    pub fn tunnel_ifindex(&self) -> Result<Option<u32>> {
-        let index = self.node_config_raw()?.tunnel_ifindex;
-        Ok((index != 0).then_some(index))
+    /// The node's tunnel device, as [`Datapath::open_or_load_with`] made it ready (`None`
+    /// in routed mode, and on handles opened otherwise).
+    #[must_use]
+    pub fn tunnel_ifindex(&self) -> Option<u32> {
+        (self.tunnel_ifindex != 0).then_some(self.tunnel_ifindex)
     }
 
     /// `uninstall --purge`: deletes the node's tunnel device if this network made one and

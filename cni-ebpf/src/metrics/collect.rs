@@ -112,21 +112,8 @@ pub fn network(root: &Path, name: &str) -> NetworkSnapshot {
 /// does not exist yet (no network loaded since bpffs was mounted) has none.
 pub fn discover(root: &Path) -> Result<Vec<String>> {
     load::check_bpffs(root)?;
-    let entries = match std::fs::read_dir(root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(crate::Error::io(
-                format!("listing bpffs root {}", root.display()),
-                e,
-            ))
-        }
-    };
-    let mut names: Vec<String> = entries
-        .filter_map(std::result::Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect();
+    let mut names = load::network_dirs(root)
+        .map_err(|e| crate::Error::io(format!("listing bpffs root {}", root.display()), e))?;
     names.sort();
     names.truncate(MAX_NETWORKS);
     Ok(names)
