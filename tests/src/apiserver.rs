@@ -915,6 +915,26 @@ impl ApiServer {
         }
     }
 
+    /// The argv of the plugin binary `bin` running `args` (a subcommand and its own flags:
+    /// `agent …`) against this server: its URL, ServiceAccount directory and a 5 s API
+    /// timeout, with `pin_root` as the bpffs root.
+    #[must_use]
+    pub fn agent_argv(&self, bin: &Path, pin_root: &Path, args: &[&str]) -> Vec<String> {
+        let mut argv = vec![bin.display().to_string()];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv.extend([
+            "--bpffs-root".to_owned(),
+            pin_root.display().to_string(),
+            "--api-server".to_owned(),
+            self.url(),
+            "--service-account-dir".to_owned(),
+            self.sa_dir().display().to_string(),
+            "--api-timeout".to_owned(),
+            "5".to_owned(),
+        ]);
+        argv
+    }
+
     /// `https://<ip>:<port>` (IPv6 in brackets).
     #[must_use]
     pub fn url(&self) -> String {

@@ -185,7 +185,14 @@ impl ClusterNode {
     /// of the cross-node modes.
     #[must_use]
     pub fn start_node_agent(&self, api: &ApiServer, log: &Path) -> Background {
-        self.start_agent(
+        self.start_node_agent_of(&crate::plugin::plugin_bin(), api, log)
+    }
+
+    /// [`Self::start_node_agent`] of the binary `bin`.
+    #[must_use]
+    pub fn start_node_agent_of(&self, bin: &Path, api: &ApiServer, log: &Path) -> Background {
+        self.start_agent_of(
+            bin,
             api,
             &[
                 "agent",
@@ -644,6 +651,21 @@ impl Cluster {
         underlay: Underlay,
         logs: &Path,
     ) -> [Background; 2] {
+        self.join_by_tunnel_of(&crate::plugin::plugin_bin(), "testnet", api, underlay, logs)
+    }
+
+    /// [`Self::join_by_tunnel`] with the agents of binary `bin`, for the network
+    /// `network`.
+    #[track_caller]
+    #[must_use]
+    pub fn join_by_tunnel_of(
+        &self,
+        bin: &Path,
+        network: &str,
+        api: &ApiServer,
+        underlay: Underlay,
+        logs: &Path,
+    ) -> [Background; 2] {
         for n in self.nodes() {
             api.set_node(
                 n.name,
@@ -653,12 +675,12 @@ impl Cluster {
         }
         let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
         let agents = [
-            self.a.start_node_agent(api, &log(&self.a)),
-            self.b.start_node_agent(api, &log(&self.b)),
+            self.a.start_node_agent_of(bin, api, &log(&self.a)),
+            self.b.start_node_agent_of(bin, api, &log(&self.b)),
         ];
         let deadline = Instant::now() + Duration::from_secs(5);
         for (n, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
-            while !n.tunnels_to(other, underlay) {
+            while !n.tunnels_to_in(network, other, underlay) {
                 if Instant::now() > deadline {
                     let text: Vec<String> = self
                         .nodes()

@@ -270,24 +270,19 @@ impl SimNode {
         args: &[&str],
         log: &Path,
     ) -> crate::process::Background {
-        let bin = crate::plugin::plugin_bin().display().to_string();
-        let (url, sa, pins) = (
-            api.url(),
-            api.sa_dir().display().to_string(),
-            self.pin_root().display().to_string(),
-        );
-        let mut argv = vec![bin.as_str()];
-        argv.extend_from_slice(args);
-        argv.extend_from_slice(&[
-            "--bpffs-root",
-            &pins,
-            "--api-server",
-            &url,
-            "--service-account-dir",
-            &sa,
-            "--api-timeout",
-            "5",
-        ]);
+        self.start_agent_of(&crate::plugin::plugin_bin(), api, args, log)
+    }
+
+    /// [`Self::start_agent`] of the binary `bin`.
+    #[track_caller]
+    pub fn start_agent_of(
+        &self,
+        bin: &Path,
+        api: &crate::apiserver::ApiServer,
+        args: &[&str],
+        log: &Path,
+    ) -> crate::process::Background {
+        let argv = api.agent_argv(bin, self.pin_root(), args);
         crate::process::Background::spawn_logged(self.netns(), &argv, log)
     }
 

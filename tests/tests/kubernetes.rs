@@ -684,47 +684,41 @@ fn all_rows(w: &World, rows: &mut Rows, services: bool) {
     }
 }
 
+/// Builds the world of `test` with `mode` and `cross`, checks every row it has (the
+/// Service rows only with a kube-proxy) and fails naming the rows that failed.
+fn every_row(test: &str, mode: Option<Mode>, cross: CrossNode) {
+    let w = world(test, mode, cross);
+    let mut rows = Rows::new(mode, cross);
+    all_rows(&w, &mut rows, mode.is_some());
+    rows.assert_all_answered(&w.cluster);
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_iptables() {
-    let w = world("k8s_ipt", Some(Mode::Iptables), CrossNode::Routed);
-    let mut rows = Rows::new(Some(Mode::Iptables), CrossNode::Routed);
-    all_rows(&w, &mut rows, true);
-    rows.assert_all_answered(&w.cluster);
+    every_row("k8s_ipt", Some(Mode::Iptables), CrossNode::Routed);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_nftables() {
-    let w = world("k8s_nft", Some(Mode::Nftables), CrossNode::Routed);
-    let mut rows = Rows::new(Some(Mode::Nftables), CrossNode::Routed);
-    all_rows(&w, &mut rows, true);
-    rows.assert_all_answered(&w.cluster);
+    every_row("k8s_nft", Some(Mode::Nftables), CrossNode::Routed);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_rows_without_a_service_with_no_kube_proxy() {
-    let w = world("k8s_none", None, CrossNode::Routed);
-    let mut rows = Rows::new(None, CrossNode::Routed);
-    all_rows(&w, &mut rows, false);
-    rows.assert_all_answered(&w.cluster);
+    every_row("k8s_none", None, CrossNode::Routed);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_iptables() {
-    let w = world("k8s_tun_ipt", Some(Mode::Iptables), CrossNode::Tunnel);
-    let mut rows = Rows::new(Some(Mode::Iptables), CrossNode::Tunnel);
-    all_rows(&w, &mut rows, true);
-    rows.assert_all_answered(&w.cluster);
+    every_row("k8s_tun_ipt", Some(Mode::Iptables), CrossNode::Tunnel);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_nftables() {
-    let w = world("k8s_tun_nft", Some(Mode::Nftables), CrossNode::Tunnel);
-    let mut rows = Rows::new(Some(Mode::Nftables), CrossNode::Tunnel);
-    all_rows(&w, &mut rows, true);
-    rows.assert_all_answered(&w.cluster);
+    every_row("k8s_tun_nft", Some(Mode::Nftables), CrossNode::Tunnel);
 }

@@ -34,15 +34,34 @@ use tests::{
     assert_no_ping, assert_ping,
     cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::in_netns,
-    Cluster, ClusterNode, EchoServer, EXT_IP4, EXT_IP6,
+    Cluster, ClusterNode, EchoServer, ResultView, EXT_IP4, EXT_IP6,
 };
 
 /// Longest wait for the agents to act on a Node change.
 const WAIT: Duration = Duration::from_secs(5);
 const ECHO_PORT: u16 = 7070;
 
-fn reason(node: &ClusterNode, name: &str) -> u64 {
-    node.reason_count(name)
+/// Pods `pa` on node `a` and `pb` on node `b` (their ADD results `ra`, `rb`) ping each
+/// other in both families, and the counters show the tunnel carried it: node A
+/// encapsulated, node B decapsulated.
+fn assert_pods_cross(
+    (a, pa, ra): (&ClusterNode, &tests::Pod, &ResultView),
+    (b, pb, rb): (&ClusterNode, &tests::Pod, &ResultView),
+) {
+    let encap_before = a.reason_count("tunnel_encap");
+    let decap_before = b.reason_count("tunnel_decap");
+    assert_ping(pa.netns(), &rb.ip4());
+    assert_ping(pb.netns(), &ra.ip4());
+    assert_ping(pa.netns(), &rb.ip6());
+    assert_ping(pb.netns(), &ra.ip6());
+    assert!(
+        a.reason_count("tunnel_encap") > encap_before,
+        "node A encapsulated nothing"
+    );
+    assert!(
+        b.reason_count("tunnel_decap") > decap_before,
+        "node B decapsulated nothing"
+    );
 }
 
 fn wait(what: &str, mut f: impl FnMut() -> bool, logs: &[&Path]) {
@@ -205,7 +224,7 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
 
     // No agent yet: the cluster CIDRs go to the tunnel device, which knows no node.
     assert_no_ping(pa.netns(), &rb.ip4());
-    assert!(reason(a, "drop_no_tunnel_endpoint") >= 1);
+    assert!(a.reason_count("drop_no_tunnel_endpoint") >= 1);
 
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let _agents = cluster.join_by_tunnel(&api, Underlay::V4, logs.path());
@@ -215,22 +234,9 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
     );
     let logs = [log_a.as_path(), log_b.as_path()];
 
-    let encap_before = reason(a, "tunnel_encap");
-    let decap_before = reason(b, "tunnel_decap");
-    assert_ping(pa.netns(), &rb.ip4());
-    assert_ping(pb.netns(), &ra.ip4());
-    assert_ping(pa.netns(), &rb.ip6());
-    assert_ping(pb.netns(), &ra.ip6());
+    assert_pods_cross((a, &pa, &ra), (b, &pb, &rb));
     // The node itself reaches the other node's pods through the tunnel too.
     assert_ping(a.netns(), &rb.ip4());
-    assert!(
-        reason(a, "tunnel_encap") > encap_before,
-        "node A encapsulated nothing"
-    );
-    assert!(
-        reason(b, "tunnel_decap") > decap_before,
-        "node B decapsulated nothing"
-    );
 
     // 1 MiB each way over TCP, both families, through the 1450-byte path.
     let _echo_a = EchoServer::concurrent(pa.netns(), ECHO_PORT);
@@ -246,7 +252,7 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
 
     // A host that is no node injects a packet into node A's tunnel, claiming a source in
     // node B's pod CIDR: dropped.
-    let spoofed_before = reason(a, "drop_tunnel_spoofed");
+    let spoofed_before = a.reason_count("drop_tunnel_spoofed");
     let packet = vxlan_ping(
         "10.244.2.77".parse().unwrap_or_else(|e| panic!("{e}")),
         ra.ip4().parse().unwrap_or_else(|e| panic!("{e}")),
@@ -260,7 +266,7 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
     .unwrap_or_else(|e| panic!("injecting into the tunnel: {e}"));
     wait(
         "the injected packet to be dropped as spoofed",
-        || reason(a, "drop_tunnel_spoofed") > spoofed_before,
+        || a.reason_count("drop_tunnel_spoofed") > spoofed_before,
         &logs,
     );
 
@@ -425,11 +431,11 @@ fn cross_subnet_mode_routes_the_nodes_of_the_uplinks_subnet_directly() {
         &logs,
     );
 
-    let encap_before = reason(a, "tunnel_encap");
+    let encap_before = a.reason_count("tunnel_encap");
     assert_ping(pa.netns(), &rb.ip4());
     assert_ping(pb.netns(), &ra.ip4());
     assert_eq!(
-        reason(a, "tunnel_encap"),
+        a.reason_count("tunnel_encap"),
         encap_before,
         "a node of the same subnet went through the tunnel"
     );
@@ -474,19 +480,7 @@ fn pods_of_both_families_cross_an_ipv6_underlay() {
 
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let _agents = cluster.join_by_tunnel(&api, Underlay::V6, logs.path());
-    let (encap, decap) = (reason(a, "tunnel_encap"), reason(b, "tunnel_decap"));
-    assert_ping(pa.netns(), &rb.ip4());
-    assert_ping(pb.netns(), &ra.ip4());
-    assert_ping(pa.netns(), &rb.ip6());
-    assert_ping(pb.netns(), &ra.ip6());
-    assert!(
-        reason(a, "tunnel_encap") > encap,
-        "node A encapsulated nothing"
-    );
-    assert!(
-        reason(b, "tunnel_decap") > decap,
-        "node B decapsulated nothing"
-    );
+    assert_pods_cross((a, &pa, &ra), (b, &pb, &rb));
     let _echo_b = EchoServer::concurrent(pb.netns(), ECHO_PORT);
     for to in [
         format!("{}:{ECHO_PORT}", rb.ip4()),

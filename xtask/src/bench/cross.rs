@@ -19,7 +19,7 @@
 
 use std::{collections::BTreeMap, path::Path, time::Duration};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use serde_json::{json, Map, Value};
 use tests::{
     apiserver::ApiServer, cluster::Underlay, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4,
@@ -73,7 +73,7 @@ fn sh(netns: &Path, cmd: &str) -> Result<()> {
 struct Side {
     column: &'static str,
     _servers: (Background, EchoServer),
-    _agents: Vec<Background>,
+    _agents: Vec<tests::Background>,
     _api: Option<ApiServer>,
     client: tests::Pod,
     _server: tests::Pod,
@@ -97,7 +97,7 @@ impl Side {
         cluster: Cluster,
         client: tests::Pod,
         server: (tests::Pod, String),
-        agents: Vec<Background>,
+        agents: Vec<tests::Background>,
         api: Option<ApiServer>,
     ) -> Result<Self> {
         let netns = server.0.netns().to_path_buf();
@@ -140,25 +140,16 @@ impl Side {
             let server = catch("starting the stand-in API server", || {
                 ApiServer::start(cluster.ext_netns(), EXT_IP4)
             })?;
-            for n in cluster.nodes() {
-                catch("publishing the Nodes", || {
-                    server.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
-                })?;
-            }
-            for n in cluster.nodes() {
-                agents.push(node_agent(ws, n, &server)?);
-            }
-            let (a, b) = (cluster.a(), cluster.b());
-            let deadline = std::time::Instant::now() + Duration::from_secs(30);
-            let net = Variant::Ebpf.network();
-            while !(a.tunnels_to_in(net, b, Underlay::V4) && b.tunnels_to_in(net, a, Underlay::V4))
-            {
-                check_interrupt()?;
-                if std::time::Instant::now() > deadline {
-                    bail!("the agents made no tunnel entries within 30 s");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            let logs = cluster.a().dir();
+            agents.extend(catch("joining the nodes by the tunnel", || {
+                cluster.join_by_tunnel_of(
+                    &ws.plugin,
+                    Variant::Ebpf.network(),
+                    &server,
+                    Underlay::V4,
+                    logs,
+                )
+            })?);
             api = Some(server);
         }
         Self::serve("cni-ebpf", cluster, client, server, agents, api)
@@ -200,37 +191,6 @@ impl Side {
             None,
         )
     }
-}
-
-/// `cni-ebpf agent` on `node` with only its Node watcher, logging into the node's dir.
-fn node_agent(ws: &Workspace, node: &ClusterNode, api: &ApiServer) -> Result<Background> {
-    let (plugin, url, sa, pins) = (
-        ws.plugin.to_string_lossy().into_owned(),
-        api.url(),
-        api.sa_dir().to_string_lossy().into_owned(),
-        node.pin_root().to_string_lossy().into_owned(),
-    );
-    Background::spawn_logged(
-        node.netns(),
-        &[
-            &plugin,
-            "agent",
-            "--policy=false",
-            "--listen",
-            "127.0.0.1:0",
-            "--node-name",
-            node.name(),
-            "--bpffs-root",
-            &pins,
-            "--api-server",
-            &url,
-            "--service-account-dir",
-            &sa,
-            "--api-timeout",
-            "5",
-        ],
-        &node.dir().join("agent.log"),
-    )
 }
 
 /// A pod on `node` wired by hand: a veth pair of MTU `mtu`, the pod at `10.244.<i>.200`,
@@ -313,21 +273,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
     let mut counters = Map::new();
     for (scen, side) in [("tunnel", &tunnel[0]), ("routed", &routed[0])] {
-        let node = side.cluster.a();
-        let reasons = data::reason_counters(
-            &ws.plugin,
-            Variant::Ebpf.network(),
-            node.pin_root(),
-            node.netns(),
-        );
-        let nonzero: Map<String, Value> = reasons
-            .as_ref()
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter(|r| r["count"].as_u64().is_some_and(|n| n > 0))
-            .filter_map(|r| Some((r["reason"].as_str()?.to_owned(), r["count"].clone())))
-            .collect();
+        let nonzero = data::nonzero_reasons(&ws.plugin, side.cluster.a()).unwrap_or_default();
         counters.insert(scen.to_owned(), Value::Object(nonzero));
     }
     let mut details = Map::new();

@@ -507,6 +507,26 @@ pub fn reason_counters(plugin: &Path, network: &str, pins: &Path, netns: &Path) 
         .map(|v| v["reasons"].clone())
 }
 
+/// The non-zero packet counters of the ebpf variant's network on `node` (which path the
+/// packets took), by reason name.
+pub fn nonzero_reasons(plugin: &Path, node: &tests::ClusterNode) -> Option<Map<String, Value>> {
+    let reasons = reason_counters(
+        plugin,
+        Variant::Ebpf.network(),
+        node.pin_root(),
+        node.netns(),
+    )?;
+    Some(
+        reasons
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|r| r["count"].as_u64().is_some_and(|n| n > 0))
+            .filter_map(|r| Some((r["reason"].as_str()?.to_owned(), r["count"].clone())))
+            .collect(),
+    )
+}
+
 /// `plugin inspect --json` of cni-ebpf's network `network` pinned below `pins`, run inside
 /// the node namespace `netns`.
 pub fn inspect(plugin: &Path, network: &str, pins: &Path, netns: &Path) -> Result<Value> {

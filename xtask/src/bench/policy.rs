@@ -581,30 +581,13 @@ impl Setup {
         }
         for node in s.cluster.nodes() {
             let log = node.dir().join("agent.log");
-            let (plugin, url, sa, pins) = (
-                ws.plugin.to_string_lossy().into_owned(),
-                s.api.url(),
-                s.api.sa_dir().to_string_lossy().into_owned(),
-                node.pin_root().to_string_lossy().into_owned(),
+            let argv = s.api.agent_argv(
+                &ws.plugin,
+                node.pin_root(),
+                &["agent", "--listen", "127.0.0.1:0"],
             );
-            let agent = proc::Background::spawn_logged(
-                node.netns(),
-                &[
-                    &plugin,
-                    "agent",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--bpffs-root",
-                    &pins,
-                    "--api-server",
-                    &url,
-                    "--service-account-dir",
-                    &sa,
-                    "--api-timeout",
-                    "5",
-                ],
-                &log,
-            )?;
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            let agent = proc::Background::spawn_logged(node.netns(), &argv, &log)?;
             s.agents.push(agent);
         }
         wait_until("the agents' first rounds", Duration::from_secs(60), || {

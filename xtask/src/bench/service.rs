@@ -324,23 +324,9 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let ebpf = &clusters[0];
     let mut counters = Map::new();
     for node in ebpf.cluster.nodes() {
-        // Which path the packets took, non-zero counters only.
-        let Some(reasons) = data::reason_counters(
-            &ws.plugin,
-            Variant::Ebpf.network(),
-            node.pin_root(),
-            node.netns(),
-        ) else {
-            continue;
-        };
-        let nonzero: Map<String, Value> = reasons
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|r| r["count"].as_u64().is_some_and(|n| n > 0))
-            .filter_map(|r| Some((r["reason"].as_str()?.to_owned(), r["count"].clone())))
-            .collect();
-        counters.insert(node.name().to_owned(), Value::Object(nonzero));
+        if let Some(nonzero) = data::nonzero_reasons(&ws.plugin, node) {
+            counters.insert(node.name().to_owned(), Value::Object(nonzero));
+        }
     }
     details.insert("cniEbpfReasonCounters".into(), Value::Object(counters));
     report
