@@ -202,6 +202,9 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
         }
     };
 
+    if tunnel::is_underlay(&p, p.daddr) {
+        return Ok(PASS);
+    }
     if p.proto == proto::ICMP
         && matches!(
             p.icmp_type,
@@ -264,6 +267,9 @@ fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
         }
     };
 
+    if tunnel::is_underlay(&p, p.saddr) {
+        return Ok(PASS);
+    }
     if !policy::admits_leaving(ctx, p.saddr, false) {
         return Ok(TC_ACT_SHOT as i32);
     }

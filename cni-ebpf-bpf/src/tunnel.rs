@@ -23,23 +23,41 @@
 //! device with another tuple and keeps the kernel path.
 
 use aya_ebpf::{
-    bindings::{bpf_tunnel_key, BPF_F_TUNINFO_IPV6, TC_ACT_OK, TC_ACT_SHOT},
+    bindings::{bpf_tunnel_key, BPF_F_TUNINFO_IPV6, BPF_F_ZERO_CSUM_TX, TC_ACT_OK, TC_ACT_SHOT},
     helpers::{bpf_skb_change_type, bpf_skb_get_tunnel_key, bpf_skb_set_tunnel_key},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
-use cni_ebpf_common::{Addr6, Reason, TunnelEndpoint, TunnelKey, TUNNEL_IPV6};
+use cni_ebpf_common::{proto, Addr6, Reason, TunnelEndpoint, TunnelKey, TUNNEL_IPV6};
 
 use crate::{
+    family::Family,
     flows,
     forward::deliver,
     maps::{count, local_endpoint, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
     parse::{
-        parse, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_OFF,
-        IP_SADDR,
+        parse, read, Pkt, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR,
+        IP_OFF, IP_SADDR,
     },
     policy,
 };
+
+/// Whether `p`, seen on the uplink, is the node's own tunnel traffic: UDP to the tunnel
+/// port, with `node_side` (its source leaving, its destination arriving) the node's
+/// address. The uplink programs pass it at once: it carries no pod flow of its own (the
+/// flows inside are judged at the tunnel device), no host port or masqueraded flow can
+/// use that port (the SNAT range leaves it out, a host port on it is refused), and every
+/// lookup they would make for it is a miss paid on each packet of every cross-node flow.
+#[inline(always)]
+pub(crate) fn is_underlay<A: Family>(p: &Pkt<A>, node_side: A) -> bool {
+    let Some(cfg) = node_config() else {
+        return false;
+    };
+    cfg.tunnel_port != 0
+        && p.proto == proto::UDP
+        && u16::from_be(p.dport) == cfg.tunnel_port
+        && A::masquerade_addr(cfg) == Some(node_side)
+}
 
 /// `PACKET_HOST` (`skb->pkt_type` of a packet addressed to this host).
 const PACKET_HOST: u32 = 0;
@@ -116,7 +134,10 @@ pub(crate) fn to_tunnel(ctx: &TcContext) -> i32 {
         // The helper takes the IPv4 remote in host order.
         key.__bindgen_anon_1.remote_ipv4 =
             u32::from_be_bytes([ep.node[12], ep.node[13], ep.node[14], ep.node[15]]);
-        0
+        // No outer UDP checksum over IPv4, as the kernel's VXLAN device sends by default
+        // (RFC 7348): the inner packet carries its own. Over IPv6 the checksum stays,
+        // which receivers require unless told otherwise (RFC 6935).
+        u64::from(BPF_F_ZERO_CSUM_TX)
     };
     // SAFETY: `key` is a `bpf_tunnel_key` on our stack, its size passed along.
     let rc = unsafe {

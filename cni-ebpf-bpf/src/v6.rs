@@ -34,7 +34,7 @@ use crate::{
     parse::{parse6, read, ETH_P_IPV6, ETH_TYPE_OFF},
     policy,
     rewrite::{apply, rewrite_failed},
-    PASS,
+    tunnel, PASS,
 };
 
 /// `skb->cb[0]` as `from_pod` leaves it for `from_pod6`: the packet's source is one of
@@ -232,6 +232,9 @@ fn ingress6_known(ctx: &TcContext) -> Known {
             return Known::Verdict(PASS);
         }
     };
+    if tunnel::is_underlay(&p, p.daddr) {
+        return Known::Verdict(PASS);
+    }
     if icmp6::is_error(&p) {
         return Known::IcmpError;
     }
@@ -297,8 +300,8 @@ fn ingress6_rest(ctx: &TcContext) -> i32 {
 #[classifier]
 pub fn uplink_egress6(ctx: TcContext) -> i32 {
     sweep_if_requested::<Addr6>();
-    if !egress6_admitted(&ctx) {
-        return TC_ACT_SHOT as i32;
+    if let Some(v) = egress6_first(&ctx) {
+        return v;
     }
     let flow = match egress6_known(&ctx) {
         Ok(v) => return v,
@@ -311,14 +314,17 @@ pub fn uplink_egress6(ctx: TcContext) -> i32 {
     egress6_finish(&ctx, &g)
 }
 
-/// Whether NetworkPolicy admits a local pod's packet leaving the node (see
-/// [`policy::admits_leaving`]); a packet that cannot be parsed is the next stage's.
+/// The verdict before any flow lookup, if there is one: the node's own tunnel traffic
+/// passes ([`tunnel::is_underlay`]); a local pod's packet that NetworkPolicy does not let
+/// leave the node is dropped (see [`policy::admits_leaving`]). A packet that cannot be
+/// parsed is the next stage's.
 #[inline(never)]
-fn egress6_admitted(ctx: &TcContext) -> bool {
-    match parse6(ctx) {
-        Ok(p) => policy::admits_leaving(ctx, p.saddr, true),
-        Err(_) => true,
+fn egress6_first(ctx: &TcContext) -> Option<i32> {
+    let p = parse6(ctx).ok()?;
+    if tunnel::is_underlay(&p, p.saddr) {
+        return Some(PASS);
     }
+    (!policy::admits_leaving(ctx, p.saddr, true)).then_some(TC_ACT_SHOT as i32)
 }
 
 /// A packet of a translated flow (`Ok(verdict)`; `Ok(PASS)` too when it cannot be

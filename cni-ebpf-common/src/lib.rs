@@ -13,7 +13,7 @@ use core::mem::size_of;
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
 /// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
 /// of another version (see `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 6;
+pub const LAYOUT_VERSION: u32 = 7;
 
 mod hash;
 mod names;
@@ -536,13 +536,20 @@ pub struct NodeConfig {
     pub tunnel_ifindex: u32,
     /// The tunnel's VXLAN network identifier, native order.
     pub tunnel_vni: u32,
+    /// The tunnel's UDP port, native order (0: no tunnel). The uplink programs pass the
+    /// node's own encapsulated packets on this port at once.
+    pub tunnel_port: u16,
+    /// Padding (zero).
+    pub _pad: u16,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
+    /// Padding (zero).
+    pub _pad2: u32,
     /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
     /// socket hooks translate only sockets of this namespace (0: none).
     pub netns_cookie: u64,
 }
-const _: () = assert!(size_of::<NodeConfig>() == 32 + 8 * MAX_CLUSTER_CIDRS + 8);
+const _: () = assert!(size_of::<NodeConfig>() == 36 + 8 * MAX_CLUSTER_CIDRS + 4 + 8);
 
 /// Value of [`map::NODE_STATE`] (one entry, index 0): node-wide bookkeeping of userspace
 /// that the programs never read, kept apart from [`NodeConfig`] so that everything the

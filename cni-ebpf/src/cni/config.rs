@@ -566,6 +566,17 @@ impl NetConf {
                     format!("{:?} is not supported (tcp or udp)", pm.protocol),
                 ));
             }
+            if cross_node != CrossNode::Routed && proto == "udp" && pm.host_port == port {
+                return Err(Error::config(
+                    format!("{field}.hostPort"),
+                    format!(
+                        "{}/udp is the tunnel's port on this node (tunnelPort, crossNode \
+                         {:?})",
+                        pm.host_port,
+                        raw.cross_node.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
             if !seen.insert((pm.host_port, proto, pm.host_ip)) {
                 return Err(Error::config(
                     format!("{field}.hostPort"),
@@ -909,5 +920,32 @@ mod tests {
             "portMappings": [{ "hostPort": 8080, "HOSTPORT": 9090, "containerPort": 80 }],
         }));
         assert_eq!(c.runtime_config.port_mappings[0].host_port, 8080);
+    }
+
+    #[test]
+    fn a_udp_host_port_on_the_tunnel_port_is_refused_in_the_tunnel_modes() {
+        let conf = |mode: &str, proto: &str| {
+            json!({
+                "cniVersion": "1.0.0", "name": "n", "type": "cni-ebpf", "crossNode": mode,
+                "tunnelPort": 4789,
+                "ipam": { "ranges": [[{ "subnet": "10.244.1.0/24" }]] },
+                "runtimeConfig": { "portMappings": [
+                    { "hostPort": 4789, "containerPort": 53, "protocol": proto }
+                ] },
+            })
+            .to_string()
+        };
+        for mode in ["tunnel", "crossSubnet"] {
+            let err = match NetConf::parse(conf(mode, "udp").as_bytes(), Command::Add) {
+                Ok(_) => panic!("{mode}: a udp host port on the tunnel port was accepted"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                err.contains("runtimeConfig.portMappings[0].hostPort") && err.contains("4789"),
+                "{err}"
+            );
+            assert!(NetConf::parse(conf(mode, "tcp").as_bytes(), Command::Add).is_ok());
+        }
+        assert!(NetConf::parse(conf("routed", "udp").as_bytes(), Command::Add).is_ok());
     }
 }

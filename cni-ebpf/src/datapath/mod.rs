@@ -190,7 +190,7 @@ impl Datapath {
             .await?;
         dp.tunnel_ifindex = tunnel.map_or(0, |t| t.ifindex);
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
-        let snat_ports = node::snat_port_range();
+        let snat_ports = node::snat_port_range(tunnel.map(|t| t.port));
         let settings = NodeConfigSpec {
             node_addr: facts.uplink_addr,
             uplink_ifindex,

@@ -147,7 +147,9 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
 /// listening on such a port is unaffected, since a masqueraded flow only ever shares a
 /// full 4-tuple with a node socket if the outside peer connects from the flow's own
 /// destination port.
-pub fn snat_port_range() -> (u16, u16) {
+/// The tunnel's UDP port (`avoid`), when the node has a tunnel, is left out of it: the
+/// uplink programs hand every packet to that port on the node to the tunnel.
+pub fn snat_port_range(avoid: Option<u16>) -> (u16, u16) {
     let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| {
@@ -155,7 +157,20 @@ pub fn snat_port_range() -> (u16, u16) {
             Some((it.next()?, it.next()?))
         })
         .unwrap_or((32768, 60999));
-    pick_range(lo, hi)
+    let range = pick_range(lo, hi);
+    avoid.map_or(range, |port| leave_out(range, port))
+}
+
+/// The larger part of `range` on either side of `port` (`range` itself when `port` is
+/// outside it).
+fn leave_out((lo, hi): (u16, u16), port: u16) -> (u16, u16) {
+    if port < lo || port > hi {
+        (lo, hi)
+    } else if hi - port >= port - lo {
+        (port.saturating_add(1).min(hi), hi)
+    } else {
+        (lo, port.saturating_sub(1).max(lo))
+    }
 }
 
 fn pick_range(lo: u32, hi: u32) -> (u16, u16) {
@@ -174,7 +189,7 @@ fn pick_range(lo: u32, hi: u32) -> (u16, u16) {
 
 #[cfg(test)]
 mod tests {
-    use super::pick_range;
+    use super::{leave_out, pick_range};
 
     #[test]
     fn snat_range_avoids_local_ports() {
@@ -184,5 +199,14 @@ mod tests {
         assert_eq!(pick_range(1024, 50000), (50001, 65535));
         assert_eq!(pick_range(1500, 65000), (1500, 65000));
         assert_eq!(pick_range(1024, 65535), (1024, 65535));
+    }
+
+    #[test]
+    fn snat_range_leaves_out_the_tunnel_port() {
+        assert_eq!(leave_out((1024, 32767), 8472), (8473, 32767));
+        assert_eq!(leave_out((1024, 32767), 30000), (1024, 29999));
+        assert_eq!(leave_out((61000, 65535), 8472), (61000, 65535));
+        assert_eq!(leave_out((1024, 65535), 1024), (1025, 65535));
+        assert_eq!(leave_out((1024, 65535), 65535), (1024, 65534));
     }
 }

@@ -105,7 +105,10 @@ impl Datapath {
             snat_dest_cap: s.snat_dest_cap,
             tunnel_ifindex: s.tunnel.map_or(0, |t| t.ifindex),
             tunnel_vni: s.tunnel.map_or(0, |t| t.vni),
+            tunnel_port: s.tunnel.map_or(0, |t| t.port),
+            _pad: 0,
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
+            _pad2: 0,
             netns_cookie: s.netns_cookie,
         };
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {

@@ -41,6 +41,7 @@ const TUNNEL_PROGS: [(&str, Direction, TcAttachType); 2] = [
 pub struct TunnelState {
     pub ifindex: u32,
     pub vni: u32,
+    pub port: u16,
     pub cross_subnet: bool,
 }
 
@@ -151,6 +152,7 @@ impl Datapath {
         Ok(Some(TunnelState {
             ifindex: dev.index,
             vni: conf.tunnel.vni,
+            port: conf.tunnel.port,
             cross_subnet,
         }))
     }
