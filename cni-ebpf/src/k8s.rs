@@ -115,7 +115,7 @@ pub enum ApiError {
         "the API server at {server} forbids {what} (403 Forbidden: {message}); RBAC: the \
          pod's ServiceAccount needs `{verb}` on `nodes` (a ClusterRole with apiGroups [\"\"], \
          resources [nodes], verbs [get, list, watch], bound to it by a ClusterRoleBinding; \
-         deploy/cni-ebpf.yaml has one)"
+         deploy/base/rbac.yaml has one)"
     )]
     Forbidden {
         /// The API server.

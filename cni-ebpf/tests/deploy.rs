@@ -1,8 +1,16 @@
-//! `deploy/cni-ebpf.yaml` parses as the four objects it promises, with what a CNI DaemonSet
-//! needs (host network, node-critical priority, tolerations of a node that is not Ready,
-//! the host mounts, read-only RBAC on Nodes), and its init container's arguments are ones
-//! the real binary accepts: they are run, with the host paths moved into a temporary
-//! root, and the conflist they write is parsed by the plugin.
+//! The manifests in `deploy/`, as `kubectl kustomize` renders them: the base (routed
+//! mode), each overlay and the uninstall DaemonSet.
+//!
+//! - Every rendered object is one the Kubernetes API knows: it parses into its
+//!   `k8s-openapi` type (every required field present) and serializes back to exactly the
+//!   same document (no field the API would drop).
+//! - The base holds what a CNI DaemonSet needs (host network, node-critical priority,
+//!   tolerations of a node that is not Ready, read-only RBAC, an unprivileged agent with
+//!   the capabilities it uses and the host mounts it reads).
+//! - The containers' arguments and the ConfigMap's settings are ones the real binary
+//!   accepts: `install` is run with them (the host paths moved into a temporary root) in
+//!   every mode, and the conflist it writes is parsed by the plugin; the agent's host-gw
+//!   toggle reaches it; the uninstall DaemonSet's command removes what `install` wrote.
 
 #![allow(
     clippy::panic,
@@ -11,22 +19,58 @@
     reason = "tests"
 )]
 
-use std::{path::Path, process::Command};
+use std::{
+    collections::BTreeMap,
+    io::{BufRead as _, BufReader},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
 
 use cni_ebpf::{
     cli::install::plugin_config,
     cni::{config::NetConf, env::Command as Verb},
 };
-use serde::Deserialize;
+use k8s_openapi::{
+    api::{
+        apps::v1::DaemonSet,
+        core::v1::{ConfigMap, ServiceAccount},
+        rbac::v1::{ClusterRole, ClusterRoleBinding},
+    },
+    serde::{de::DeserializeOwned, Deserialize, Serialize},
+};
 use serde_json::Value;
 
-const MANIFEST: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/cni-ebpf.yaml");
+/// The kustomizations: the directory below `deploy/`, and the `crossNode` and host-gw
+/// setting it stands for (`None`: not a mode, the uninstall DaemonSet).
+const RENDERINGS: &[(&str, Option<(&str, bool)>)] = &[
+    ("base", Some(("routed", false))),
+    ("overlays/host-gw", Some(("routed", true))),
+    ("overlays/tunnel", Some(("tunnel", false))),
+    ("overlays/cross-subnet", Some(("crossSubnet", false))),
+    ("uninstall", None),
+];
 
-/// Every document of the manifest, as JSON values.
-fn documents() -> Vec<Value> {
-    let text = std::fs::read_to_string(MANIFEST).unwrap_or_else(|e| panic!("{MANIFEST}: {e}"));
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// Every document `kubectl kustomize deploy/<dir>` renders, as JSON values.
+fn rendered(dir: &str) -> Vec<Value> {
+    let path = deploy_dir().join(dir);
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&path)
+        .output()
+        .unwrap_or_else(|e| panic!("kubectl kustomize (cargo xtask setup installs kubectl): {e}"));
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
     serde_norway::Deserializer::from_str(&text)
-        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{MANIFEST}: {e}")))
+        .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{dir}: {e}")))
         .collect()
 }
 
@@ -44,9 +88,39 @@ fn strings(v: &Value) -> Vec<&str> {
         .collect()
 }
 
+/// `doc` parses as a `T` and serializes back to itself.
+fn round_trips<T: DeserializeOwned + Serialize>(dir: &str, doc: &Value) {
+    let name = format!("{dir}: {} {}", doc["kind"], doc["metadata"]["name"]);
+    let typed: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{name} is not a valid object: {e}"));
+    let back = serde_json::to_value(&typed).unwrap();
+    assert_eq!(
+        &back, doc,
+        "{name}: a field the API does not know (it was dropped on the way through)"
+    );
+}
+
 #[test]
-fn the_manifest_holds_rbac_and_a_daemonset() {
-    let docs = documents();
+fn every_rendering_is_made_of_objects_the_api_knows() {
+    for (dir, _) in RENDERINGS {
+        let docs = rendered(dir);
+        assert!(!docs.is_empty(), "{dir} renders nothing");
+        for doc in &docs {
+            match doc["kind"].as_str().unwrap_or_default() {
+                "ServiceAccount" => round_trips::<ServiceAccount>(dir, doc),
+                "ClusterRole" => round_trips::<ClusterRole>(dir, doc),
+                "ClusterRoleBinding" => round_trips::<ClusterRoleBinding>(dir, doc),
+                "ConfigMap" => round_trips::<ConfigMap>(dir, doc),
+                "DaemonSet" => round_trips::<DaemonSet>(dir, doc),
+                other => panic!("{dir}: a {other} the test does not know"),
+            }
+        }
+    }
+}
+
+#[test]
+fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
+    let docs = rendered("base");
     let kinds: Vec<&str> = docs.iter().map(|d| d["kind"].as_str().unwrap()).collect();
     assert_eq!(
         kinds,
@@ -54,12 +128,14 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
             "ServiceAccount",
             "ClusterRole",
             "ClusterRoleBinding",
+            "ConfigMap",
             "DaemonSet"
         ]
     );
 
     let sa = kind(&docs, "ServiceAccount");
     let ns = sa["metadata"]["namespace"].as_str().unwrap();
+    assert_eq!(ns, "kube-system");
     let role = kind(&docs, "ClusterRole");
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(
@@ -112,23 +188,14 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
         .iter()
         .any(|t| t["key"] == "node.kubernetes.io/not-ready" && t["operator"] == "Exists"));
 
-    // Host paths: the CNI directories, bpffs, the IPAM data, the log directory and the
-    // agent's NetworkPolicy state.
+    // Host paths: the CNI directories, bpffs, the IPAM data and the agent's NetworkPolicy
+    // state; every one mounted by some container.
     let volumes = pod["volumes"].as_array().unwrap();
-    let host_path = |name: &str| -> String {
-        volumes
-            .iter()
-            .find(|v| v["name"] == name)
-            .unwrap_or_else(|| panic!("no volume {name}"))["hostPath"]["path"]
-            .as_str()
-            .unwrap()
-            .to_owned()
-    };
-    let mut paths: Vec<String> = volumes
+    let mut paths: Vec<&str> = volumes
         .iter()
-        .map(|v| v["hostPath"]["path"].as_str().unwrap().to_owned())
+        .map(|v| v["hostPath"]["path"].as_str().unwrap())
         .collect();
-    paths.sort();
+    paths.sort_unstable();
     assert_eq!(
         paths,
         [
@@ -137,59 +204,97 @@ fn the_manifest_holds_rbac_and_a_daemonset() {
             "/run/cni-ebpf/policy",
             "/sys/fs/bpf",
             "/var/lib/cni-ebpf",
-            "/var/log"
         ]
     );
-
-    // Every container has resource requests; the one mounting bpffs bidirectionally is
-    // privileged (the API server refuses Bidirectional otherwise).
     let containers: Vec<&Value> = pod["initContainers"]
         .as_array()
         .unwrap()
         .iter()
         .chain(pod["containers"].as_array().unwrap())
         .collect();
+    for v in volumes {
+        assert!(
+            containers.iter().any(|c| c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == v["name"])),
+            "volume {} is mounted by no container",
+            v["name"]
+        );
+    }
+    // Every container: resource requests, the ConfigMap's settings, nothing privileged,
+    // every capability dropped but the ones it names.
+    let config = kind(&docs, "ConfigMap")["metadata"]["name"].clone();
     for c in &containers {
-        assert!(
-            c["resources"]["requests"]["cpu"].is_string(),
-            "{}",
-            c["name"]
-        );
-        assert!(
-            c["resources"]["requests"]["memory"].is_string(),
-            "{}",
-            c["name"]
-        );
+        let name = &c["name"];
+        assert!(c["resources"]["requests"]["cpu"].is_string(), "{name}");
+        assert!(c["resources"]["requests"]["memory"].is_string(), "{name}");
+        assert_eq!(c["envFrom"][0]["configMapRef"]["name"], config, "{name}");
+        let sec = &c["securityContext"];
+        assert_ne!(sec["privileged"], true, "{name}");
+        assert_eq!(sec["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(sec["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(strings(&sec["capabilities"]["drop"]), ["ALL"], "{name}");
         for m in c["volumeMounts"].as_array().unwrap() {
             assert!(
                 volumes.iter().any(|v| v["name"] == m["name"]),
                 "mount of an unknown volume {m}"
             );
-            if m["mountPropagation"] == "Bidirectional" {
-                assert_eq!(c["securityContext"]["privileged"], true, "{}", c["name"]);
-            }
+            assert_ne!(m["mountPropagation"], "Bidirectional", "{name}: {m}");
         }
     }
     let main = &pod["containers"][0];
     assert_eq!(strings(&main["args"])[0], "agent");
-    let bpffs = main["volumeMounts"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["mountPath"] == "/sys/fs/bpf")
-        .expect("bpffs mounted in the main container");
-    assert_eq!(bpffs["mountPropagation"], "Bidirectional");
-    assert_eq!(host_path(bpffs["name"].as_str().unwrap()), "/sys/fs/bpf");
+    assert_eq!(
+        strings(&main["securityContext"]["capabilities"]["add"]),
+        ["NET_ADMIN", "SYS_ADMIN", "BPF", "PERFMON", "SYS_RESOURCE"]
+    );
+    let mount = |path: &str| {
+        main["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"] == path)
+            .unwrap_or_else(|| panic!("{path} is not mounted in the agent"))
+            .clone()
+    };
+    assert_eq!(mount("/sys/fs/bpf")["mountPropagation"], "HostToContainer");
+    assert_eq!(mount("/var/lib/cni-ebpf")["readOnly"], true);
+    // The probes reach the address the ConfigMap gives the agent.
+    let listen = &kind(&docs, "ConfigMap")["data"]["CNI_EBPF_METRICS_LISTEN"];
+    let port = listen.as_str().unwrap().rsplit(':').next().unwrap();
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(main[probe]["httpGet"]["port"].to_string(), port, "{probe}");
+    }
+    assert_eq!(main["readinessProbe"]["httpGet"]["path"], "/ready");
 }
 
-#[test]
-fn the_init_container_runs_install_with_arguments_the_binary_accepts() {
-    let docs = documents();
-    let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
-    let init = &pod["initContainers"][0];
-    let args = strings(&init["args"]);
-    assert_eq!(args[0], "install");
-    let mounts = init["volumeMounts"].as_array().unwrap();
+/// The environment a container of `docs`' DaemonSet gets: its ConfigMap's data, then its
+/// literal `env` entries.
+fn container_env(docs: &[Value], container: &Value) -> BTreeMap<String, String> {
+    let mut env = BTreeMap::new();
+    for from in container["envFrom"].as_array().into_iter().flatten() {
+        let name = &from["configMapRef"]["name"];
+        let cm = docs
+            .iter()
+            .find(|d| d["kind"] == "ConfigMap" && d["metadata"]["name"] == *name)
+            .unwrap_or_else(|| panic!("no ConfigMap {name}"));
+        for (k, v) in cm["data"].as_object().unwrap() {
+            env.insert(k.clone(), v.as_str().unwrap().to_owned());
+        }
+    }
+    for e in container["env"].as_array().into_iter().flatten() {
+        if let Some(v) = e["value"].as_str() {
+            env.insert(e["name"].as_str().unwrap().to_owned(), v.to_owned());
+        }
+    }
+    env
+}
+
+/// `container`'s arguments with each host-directory flag moved into `root`.
+fn args_in_root(pod: &Value, container: &Value, root: &Path) -> Vec<String> {
+    let mounts = container["volumeMounts"].as_array().unwrap();
     let volumes = pod["volumes"].as_array().unwrap();
     // Container path → host path of each mount.
     let host_of = |container_path: &str| -> Option<String> {
@@ -197,16 +302,9 @@ fn the_init_container_runs_install_with_arguments_the_binary_accepts() {
         let v = volumes.iter().find(|v| v["name"] == m["name"])?;
         v["hostPath"]["path"].as_str().map(str::to_owned)
     };
-
-    let root = tempfile::Builder::new()
-        .prefix("deploy-")
-        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
-        .unwrap();
-    // The flags naming container paths: each must be a mount of the host's directory, and
-    // is moved into the temporary root for the run.
-    let mut run_args = Vec::new();
-    for a in &args {
-        match a.split_once('=') {
+    strings(&container["args"])
+        .into_iter()
+        .map(|a| match a.split_once('=') {
             Some((flag @ ("--cni-bin-dir" | "--cni-conf-dir"), path)) => {
                 let host = host_of(path).unwrap_or_else(|| panic!("{flag}={path} is not a mount"));
                 let expected = if flag == "--cni-bin-dir" {
@@ -215,54 +313,87 @@ fn the_init_container_runs_install_with_arguments_the_binary_accepts() {
                     "/etc/cni/net.d"
                 };
                 assert_eq!(host, expected, "{flag}");
-                run_args.push(format!("{flag}={}", root.path().join(&host[1..]).display()));
+                format!("{flag}={}", root.join(&host[1..]).display())
             }
-            _ => run_args.push((*a).to_owned()),
-        }
-    }
+            _ => a.to_owned(),
+        })
+        .collect()
+}
+
+fn temp_root() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("deploy-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap()
+}
+
+/// Runs the init container of `docs`' DaemonSet into `root`; the conflist's plugin.
+fn run_install(docs: &[Value], root: &Path) -> NetConf {
+    let pod = &kind(docs, "DaemonSet")["spec"]["template"]["spec"];
+    let init = &pod["initContainers"][0];
+    let args = args_in_root(pod, init, root);
+    assert_eq!(args[0], "install");
     // The pod CIDRs come from the Node named by the downward API (the lookup itself runs
     // against the stand-in API server in tests/tests/node_lookup.rs). No API server here:
     // this run gives the CIDR as the documented override, CNI_EBPF_POD_CIDR.
-    let env = init["env"].as_array().unwrap();
-    assert_node_name_from_downward_api(env);
+    assert_node_name_from_downward_api(init["env"].as_array().unwrap());
+    let env = container_env(docs, init);
     assert!(
-        !env.iter().any(|e| e["name"] == "CNI_EBPF_POD_CIDR"),
+        !env.contains_key("CNI_EBPF_POD_CIDR"),
         "the manifest uses the Node lookup, not a fixed CIDR"
     );
-    let literal: Vec<(String, String)> = env
-        .iter()
-        .filter_map(|e| {
-            Some((
-                e["name"].as_str()?.to_owned(),
-                e["value"].as_str()?.to_owned(),
-            ))
-        })
-        .collect();
     let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
-        .args(&run_args)
+        .args(&args)
         .env_remove("CNI_COMMAND")
         .env_remove("NODE_NAME")
-        .envs(literal)
+        .envs(env)
         .env("CNI_EBPF_POD_CIDR", "10.244.0.0/24")
         .output()
         .unwrap();
     assert!(
         out.status.success(),
-        "{run_args:?}: {}",
+        "{args:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let conflist = root.path().join("etc/cni/net.d/10-cni-ebpf.conflist");
+    let conflist = root.join("etc/cni/net.d/10-cni-ebpf.conflist");
     let doc: Value = serde_json::from_slice(&std::fs::read(&conflist).unwrap()).unwrap();
     let plugin = plugin_config(&doc).unwrap();
     let conf = NetConf::parse(plugin.to_string().as_bytes(), Verb::Add).unwrap();
     assert!(conf.unknown_keys.is_empty(), "{:?}", conf.unknown_keys);
-    assert_eq!(
-        conf.version.as_str(),
-        "1.0.0",
-        "the cniVersion every runtime reads"
-    );
-    assert!(conf.ip_masq);
-    assert!(Path::new(&root.path().join("opt/cni/bin/cni-ebpf")).exists());
+    assert!(root.join("opt/cni/bin/cni-ebpf").exists());
+    conf
+}
+
+#[test]
+fn install_writes_each_modes_settings_from_the_config_map() {
+    for (dir, mode) in RENDERINGS {
+        let Some((cross_node, _)) = mode else {
+            continue;
+        };
+        let docs = rendered(dir);
+        let root = temp_root();
+        let conf = run_install(&docs, root.path());
+        assert_eq!(
+            conf.version.as_str(),
+            "1.0.0",
+            "the cniVersion every runtime reads"
+        );
+        assert!(conf.ip_masq, "{dir}");
+        assert_eq!(
+            conf.cluster_cidrs
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["10.244.0.0/16"],
+            "{dir}"
+        );
+        assert_eq!(
+            format!("{:?}", conf.cross_node).to_lowercase(),
+            cross_node.to_lowercase(),
+            "{dir}"
+        );
+        assert_eq!(conf.mtu, None, "{dir}: the MTU is found on the node");
+    }
 }
 
 /// `NODE_NAME` is set from the downward API's `spec.nodeName`.
@@ -278,28 +409,93 @@ fn assert_node_name_from_downward_api(env: &[Value]) {
 }
 
 #[test]
-fn the_main_container_has_host_gw_off_and_its_toggle_reaches_the_binary() {
-    let docs = documents();
-    let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
-    let main = &pod["containers"][0];
-    let env = main["env"].as_array().unwrap();
-    assert_node_name_from_downward_api(env);
-    let toggle = env
-        .iter()
-        .find(|e| e["name"] == "CNI_EBPF_HOST_GW")
-        .unwrap_or_else(|| panic!("no CNI_EBPF_HOST_GW in {env:?}"));
-    assert_eq!(toggle["value"], "false", "host-gw is opt-in");
-    // Switched on without a node name, the container's own arguments fail at once, naming
-    // what is missing: the variable is read by `agent`, before it listens.
-    let args = strings(&main["args"]);
-    let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
+fn the_agents_host_gw_toggle_comes_from_the_config_map_and_reaches_the_binary() {
+    for (dir, mode) in RENDERINGS {
+        let Some((_, host_gw)) = mode else {
+            continue;
+        };
+        let docs = rendered(dir);
+        let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
+        let main = &pod["containers"][0];
+        assert_node_name_from_downward_api(main["env"].as_array().unwrap());
+        let env = container_env(&docs, main);
+        assert_eq!(
+            env.get("CNI_EBPF_HOST_GW").map(String::as_str),
+            Some(if *host_gw { "true" } else { "false" }),
+            "{dir}: host-gw is opt-in"
+        );
+        if !host_gw {
+            continue;
+        }
+        // Switched on without a node name, the container's own arguments fail at once,
+        // naming what is missing: the variable is read by `agent`, before it listens.
+        let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
+            .args(strings(&main["args"]))
+            .env_remove("CNI_COMMAND")
+            .env_remove("NODE_NAME")
+            .envs(env)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--host-gw needs this node's name"), "{err}");
+    }
+}
+
+#[test]
+fn the_uninstall_daemonset_removes_what_install_wrote_and_stays() {
+    let root = temp_root();
+    run_install(&rendered("base"), root.path());
+    let docs = rendered("uninstall");
+    let ds = kind(&docs, "DaemonSet");
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(pod["hostNetwork"], true);
+    let c = &pod["containers"][0];
+    let mut args = args_in_root(pod, c, root.path());
+    assert_eq!(args[..1], ["uninstall"]);
+    for flag in ["--purge", "--stay"] {
+        assert!(args.iter().any(|a| a == flag), "{args:?}");
+    }
+    // The network's pins and store as the conflist names them are the machine's; this
+    // run's are directories of its own, and it runs in a network namespace of its own
+    // (the purge removes routes).
+    args.push(format!(
+        "--bpffs-root={}",
+        root.path().join("bpf").display()
+    ));
+    args.push(format!("--data-dir={}", root.path().join("data").display()));
+    let mut child = Command::new("unshare")
+        .arg("--net")
+        .arg(env!("CARGO_BIN_EXE_cni-ebpf"))
         .args(&args)
         .env_remove("CNI_COMMAND")
-        .env_remove("NODE_NAME")
-        .env("CNI_EBPF_HOST_GW", "true")
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--host-gw needs this node's name"), "{err}");
+    let stdout = child.stdout.take().unwrap();
+    let mut lines = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.unwrap();
+        let done = line.contains("staying until stopped");
+        lines.push(line);
+        if done {
+            break;
+        }
+    }
+    // Still running once done: the pod stays Ready.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let still_running = child.try_wait().unwrap().is_none();
+    let _ = child.kill();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    let _ = std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err);
+    assert!(still_running, "exited ({status}): {lines:?}\nstderr: {err}");
+    let text = lines.join("\n");
+    assert!(text.contains("removed"), "{text}");
+    assert!(!root
+        .path()
+        .join("etc/cni/net.d/10-cni-ebpf.conflist")
+        .exists());
+    assert!(!root.path().join("opt/cni/bin/cni-ebpf").exists());
 }

@@ -99,6 +99,14 @@ fn has_bpf_linker() -> bool {
         .unwrap_or(false)
 }
 
+fn has_kustomize() -> bool {
+    Command::new("kubectl")
+        .args(["kustomize", "--help"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
 fn has_cargo_fuzz() -> bool {
     Command::new("cargo")
         .args(["+nightly", "fuzz", "--version"])
@@ -146,6 +154,22 @@ pub fn run(verbose: bool) -> Result<()> {
             let _ = std::fs::remove_file(policy);
         }
         installed?;
+    }
+
+    // `kubectl kustomize` renders deploy/ in the manifest tests (cni-ebpf/tests/deploy.rs).
+    // Any kubectl with kustomize will do; Debian's comes with kubernetes-client.
+    if has_kustomize() {
+        if verbose {
+            eprintln!("setup: kubectl with kustomize present");
+        }
+    } else {
+        eprintln!("setup: installing Debian package kubernetes-client (kubectl kustomize)");
+        run_cmd(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .arg("kubernetes-client")
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
     }
 
     if has_rust_src() {

@@ -131,7 +131,7 @@ pub fn main() -> ExitCode {
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
     /// Address and port the metrics are served on.
-    #[arg(long, default_value = crate::metrics::DEFAULT_LISTEN)]
+    #[arg(long, env = "CNI_EBPF_METRICS_LISTEN", default_value = crate::metrics::DEFAULT_LISTEN)]
     listen: std::net::SocketAddr,
     /// `bpffsRoot` of the networks.
     #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]

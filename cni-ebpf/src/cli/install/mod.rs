@@ -122,18 +122,22 @@ pub struct InstallArgs {
     pub uplink: Option<String>,
     /// `clusterCIDRs`: destinations never masqueraded (the cluster's pod CIDR, …); repeat or
     /// separate with commas.
-    #[arg(long = "cluster-cidr", value_delimiter = ',')]
+    #[arg(
+        long = "cluster-cidr",
+        env = "CNI_EBPF_CLUSTER_CIDR",
+        value_delimiter = ','
+    )]
     pub cluster_cidrs: Vec<IpNet>,
     /// `ipMasq`: masquerade pod traffic leaving the cluster.
-    #[arg(long)]
+    #[arg(long, env = "CNI_EBPF_IP_MASQ")]
     pub ip_masq: bool,
     /// `mtu` of both veth ends; by default none is written, and pods get the path's MTU
     /// (the uplink's, less the tunnel's headers in the tunnel modes), found on the node.
-    #[arg(long)]
+    #[arg(long, env = "CNI_EBPF_MTU")]
     pub mtu: Option<u32>,
     /// `crossNode`: how pods reach other nodes' pods (`routed`, `tunnel`, `crossSubnet`);
     /// by default none is written (routed).
-    #[arg(long, value_parser = ["routed", "tunnel", "crossSubnet"])]
+    #[arg(long, env = "CNI_EBPF_CROSS_NODE", value_parser = ["routed", "tunnel", "crossSubnet"])]
     pub cross_node: Option<String>,
     /// `attach`: how programs are attached (`tc`, `tcx` or `auto`).
     #[arg(long, value_parser = ["tc", "tcx", "auto"])]
@@ -148,7 +152,7 @@ pub struct InstallArgs {
     #[arg(long)]
     pub log_file: Option<PathBuf>,
     /// `logLevel`.
-    #[arg(long)]
+    #[arg(long, env = "CNI_EBPF_LOG_LEVEL")]
     pub log_level: Option<String>,
     /// Replace a conflist at the same path that `install` did not write.
     #[arg(long)]
@@ -176,6 +180,10 @@ pub struct UninstallArgs {
     /// Its `dataDir` (default: the conflist's, else /var/lib/cni-ebpf).
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Once done, keep running until stopped (the uninstall DaemonSet's container: a pod
+    /// Ready on every node means every node is clean; a failure exits and restarts).
+    #[arg(long)]
+    pub stay: bool,
 }
 
 /// Why `install` or `uninstall` failed.
@@ -424,6 +432,13 @@ pub fn run_uninstall(args: &UninstallArgs) -> ExitCode {
             }
             if args.purge {
                 println!("tc filters removed: {}", r.filters_removed);
+                println!("routes to other nodes' pods removed: {}", r.routes_removed);
+            }
+            if args.stay {
+                println!("done; staying until stopped");
+                loop {
+                    std::thread::sleep(std::time::Duration::from_secs(3600));
+                }
             }
             ExitCode::SUCCESS
         }

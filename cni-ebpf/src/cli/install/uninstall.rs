@@ -15,6 +15,9 @@ pub struct UninstallReport {
     pub purged: Vec<PathBuf>,
     /// Filters taken off interfaces by `--purge`.
     pub filters_removed: usize,
+    /// Routes to other nodes' pod CIDRs (host-gw, crossSubnet: `proto 207`) removed by
+    /// `--purge`.
+    pub routes_removed: usize,
 }
 
 /// The network `--purge` works on.
@@ -181,8 +184,30 @@ pub fn uninstall(args: &UninstallArgs) -> Result<UninstallReport> {
         let (purged, filters) = purge.remove()?;
         report.purged = purged;
         report.filters_removed = filters;
+        report.routes_removed = remove_node_routes()?;
     }
     Ok(report)
+}
+
+/// Removes the routes the agent keeps to other nodes' pod CIDRs (`proto 207`, main
+/// table: host-gw, and crossSubnet's direct routes); nobody else's.
+fn remove_node_routes() -> Result<usize> {
+    use crate::link::{Nl, RTPROT_CNI_EBPF_HOST_GW, RT_TABLE_MAIN};
+    Ok(crate::link::runtime()?.block_on(async {
+        let nl = Nl::connect()?;
+        let mut removed = 0;
+        for r in nl.routes().await? {
+            if r.protocol != RTPROT_CNI_EBPF_HOST_GW || r.table != RT_TABLE_MAIN {
+                continue;
+            }
+            if let Some(gw) = r.gw {
+                nl.del_gateway_route(r.dst, gw, RTPROT_CNI_EBPF_HOST_GW)
+                    .await?;
+                removed += 1;
+            }
+        }
+        Ok::<_, crate::error::Error>(removed)
+    })?)
 }
 
 /// A network about to be purged: its store opened and locked (while this lives no CNI
