@@ -175,6 +175,8 @@ impl Exporter {
             listen,
             "--bpffs-root".into(),
             root,
+            "--data-dir".into(),
+            node.data_dir().to_string_lossy().into_owned(),
         ];
         argv.extend(extra.iter().map(|s| (*s).to_owned()));
         let log = node.dir().join(format!("metrics-{port}.log"));
@@ -240,7 +242,15 @@ fn metrics_report_pods_counters_reasons_and_map_memory_and_forget_deleted_pods()
     let conf = masq_conf(&node);
     let (a, b) = (node.pod("a"), node.pod("b"));
     let ra = add(&node, &a, &conf);
-    let rb = add(&node, &b, &with_ports(&conf, &tcp_udp(8080, 80, None)));
+    // b is a Kubernetes pod (the runtime names it in CNI_ARGS), a is not.
+    let rb = node
+        .exec_plugin(
+            "ADD",
+            &b.env("eth0")
+                .with_args("K8S_POD_NAMESPACE=team-b;K8S_POD_NAME=web-0"),
+            &with_ports(&conf, &tcp_udp(8080, 80, None)).plugin(),
+        )
+        .result();
     let (ipa, ipb) = (pod_ip(&ra), pod_ip(&rb));
     let before = exp.scrape();
     let net = [("network", NET)];
@@ -272,6 +282,11 @@ fn metrics_report_pods_counters_reasons_and_map_memory_and_forget_deleted_pods()
             assert!(s[0].value > 0.0, "{name} of {ip} is 0\n{}", after.text);
             assert_eq!(s[0].labels["container_id"], pod.container_id());
             assert_eq!(s[0].labels["ifname"], "eth0");
+            // The pod, as the IPAM store names it; empty (no label) for a pod the
+            // runtime did not name.
+            let named = std::ptr::eq(pod, &b);
+            assert_eq!(s[0].labels["namespace"], if named { "team-b" } else { "" });
+            assert_eq!(s[0].labels["pod"], if named { "web-0" } else { "" });
             assert!(
                 s[0].labels["host_ifindex"]
                     .parse::<u32>()

@@ -8,12 +8,7 @@
 //! The pod comes from the IPAM store's record of the endpoint (`K8S_POD_NAMESPACE` and
 //! `K8S_POD_NAME` of the ADD): the maps the programs read keep no names.
 
-use std::{
-    collections::{HashMap, HashSet},
-    fmt,
-    net::IpAddr,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashSet, fmt, net::IpAddr, path::PathBuf};
 
 use serde_json::{json, Value};
 
@@ -99,14 +94,6 @@ impl fmt::Display for PodFilter {
     }
 }
 
-/// The pod of each (container ID, ifname) the store at `store_dir` has a record for.
-fn pods_of(store_dir: &Path) -> HashMap<(String, String), PodRef> {
-    record::read_records_unlocked(store_dir)
-        .into_iter()
-        .filter_map(|r| Some(((r.container_id, r.ifname), r.pod?)))
-        .collect()
-}
-
 /// Runs `cni-ebpf inspect`.
 pub fn run(args: &InspectArgs) -> Result<()> {
     let net = &args.net;
@@ -118,7 +105,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         )
     })?;
     let node = dp.node_config_view()?;
-    let pods = pods_of(&args.data_dir.join(&net.network));
+    let pods = record::pods_of(&args.data_dir.join(&net.network));
     let pod_of = |cid: &str, ifname: &str| pods.get(&(cid.to_owned(), ifname.to_owned()));
     let mut endpoints = dp.endpoints()?;
     let mut ports = dp.port_mappings()?;

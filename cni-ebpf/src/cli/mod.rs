@@ -136,6 +136,10 @@ pub struct MetricsArgs {
     /// `bpffsRoot` of the networks.
     #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
     bpffs_root: PathBuf,
+    /// `dataDir` of the networks: their IPAM stores name each endpoint's pod (the
+    /// metrics' `namespace` and `pod` labels).
+    #[arg(long, default_value = crate::cni::config::DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
     /// A network to report and enforce policy on (repeatable); default: every network
     /// found below `--bpffs-root`.
     #[arg(long = "network")]
@@ -170,7 +174,8 @@ fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>) -> Result<()> {
     start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
     let mut exporter =
         crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())
-            .with_readiness(Arc::clone(&readiness));
+            .with_readiness(Arc::clone(&readiness))
+            .with_data_dir(args.data_dir.clone());
     if let Some(state_dir) = policy {
         let totals = crate::agent::report::SharedTotals::default();
         start_policy(args, state_dir, Arc::clone(&totals), &readiness)?;

@@ -144,6 +144,16 @@ pub fn parse_record(bytes: &[u8]) -> Option<Record> {
     serde_json::from_slice(bytes).ok()
 }
 
+/// The pod of each (container ID, ifname) the store at `store_dir` has a record for
+/// (read without the store's lock: a record is written whole, by rename).
+#[must_use]
+pub fn pods_of(store_dir: &Path) -> std::collections::HashMap<(String, String), PodRef> {
+    read_records_unlocked(store_dir)
+        .into_iter()
+        .filter_map(|r| Some(((r.container_id, r.ifname), r.pod?)))
+        .collect()
+}
+
 /// The records under `keys/` of the store at `path`, read without taking the store's lock
 /// (for `inspect`): each record file is replaced whole by a rename, so a record read is
 /// either complete or skipped. Files that do not parse are skipped; a missing store is

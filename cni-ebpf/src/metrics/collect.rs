@@ -7,7 +7,7 @@
 //! reported. Nothing here can fail the scrape as a whole.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     path::{Path, PathBuf},
     sync::Mutex,
     time::{Duration, Instant},
@@ -17,6 +17,7 @@ use crate::{
     agent::report::{SharedTotals, TotalKey},
     datapath::{load, Datapath, EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
     error::Result,
+    ipam::{record, PodRef},
 };
 
 /// At most this many networks are read per scrape (a bound, far above real use).
@@ -47,6 +48,8 @@ pub struct NetworkSnapshot {
     pub attachments: Option<u64>,
     /// Host-port entries.
     pub host_ports: Option<u64>,
+    /// The pod of each endpoint (container ID, ifname) the network's IPAM store names.
+    pub pods: HashMap<(String, String), PodRef>,
 }
 
 /// What one scrape read.
@@ -76,9 +79,12 @@ pub struct PolicySnapshot {
 
 /// Reads one network's datapath (read-only) below `root`.
 #[must_use]
-pub fn network(root: &Path, name: &str) -> NetworkSnapshot {
+pub fn network(root: &Path, data_dir: Option<&Path>, name: &str) -> NetworkSnapshot {
     let mut out = NetworkSnapshot {
         name: name.to_owned(),
+        pods: data_dir
+            .map(|d| record::pods_of(&d.join(name)))
+            .unwrap_or_default(),
         ..NetworkSnapshot::default()
     };
     if let Err(e) = load::check_bpffs(root) {
@@ -130,6 +136,8 @@ pub struct Exporter {
     policy: Option<SharedTotals>,
     /// The agent's jobs, for `/ready` (none: the datapath alone decides).
     readiness: Option<std::sync::Arc<crate::agent::ready::Readiness>>,
+    /// `dataDir` of the networks, whose IPAM stores name each endpoint's pod.
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -151,7 +159,15 @@ impl Exporter {
             errors: Mutex::new(Errors::default()),
             policy: None,
             readiness: None,
+            data_dir: None,
         }
+    }
+
+    /// Labels endpoints with their pods, from the IPAM stores below `dir`.
+    #[must_use]
+    pub fn with_data_dir(mut self, dir: PathBuf) -> Self {
+        self.data_dir = Some(dir);
+        self
     }
 
     /// Also answers `/ready` for the agent's jobs.
@@ -194,8 +210,10 @@ impl Exporter {
         } else {
             self.networks.clone()
         };
-        let mut networks: Vec<NetworkSnapshot> =
-            names.iter().map(|n| network(&self.root, n)).collect();
+        let mut networks: Vec<NetworkSnapshot> = names
+            .iter()
+            .map(|n| network(&self.root, self.data_dir.as_deref(), n))
+            .collect();
         for n in &networks {
             for (what, e) in &n.failures {
                 tracing::warn!("metrics: network {}: reading {what}: {e}", n.name);

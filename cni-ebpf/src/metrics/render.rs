@@ -169,7 +169,7 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
         "Bytes the eBPF programs redirected into the pod.",
     );
     let mut rate = Family::gauge(
-        "cni_ebpf_endpoint_egress_rate_bits_per_second",
+        "cni_ebpf_endpoint_egress_rate_bytes_per_second",
         "The pod's egress rate limit (runtimeConfig.bandwidth), enforced by fq pacing or \
          by policing (mode); absent when the pod has none.",
     );
@@ -187,8 +187,14 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
         for e in &n.endpoints {
             let ip = e.ip.to_string();
             let ifindex = e.host_ifindex.to_string();
+            // An endpoint whose pod the store does not name (no Kubernetes pod) has
+            // `namespace` and `pod` empty, which Prometheus reads as no label: every
+            // series of a family keeps the same label names.
+            let pod = n.pods.get(&(e.container_id.clone(), e.ifname.clone()));
             let labels = [
                 ("network", n.name.as_str()),
+                ("namespace", pod.map_or("", |p| p.namespace.as_str())),
+                ("pod", pod.map_or("", |p| p.name.as_str())),
                 ("pod_ip", ip.as_str()),
                 ("container_id", e.container_id.as_str()),
                 ("ifname", e.ifname.as_str()),
@@ -201,7 +207,7 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             if let (Some(bits), Some(mode)) = (e.egress_rate_bits, e.egress_rate_mode) {
                 let mut with_mode = labels.to_vec();
                 with_mode.push(("mode", mode));
-                rate.push(&with_mode, bits);
+                rate.push(&with_mode, bits / 8);
             }
             if let (Some(used), Some(cap)) = (e.nat_flows, e.nat_flows_cap) {
                 nat.push(&labels, u64::from(used));
@@ -425,6 +431,16 @@ mod tests {
             }),
             attachments: Some(2),
             host_ports: Some(1),
+            pods: [(
+                ("def\"x".to_owned(), "eth0".to_owned()),
+                crate::ipam::PodRef {
+                    namespace: "team".into(),
+                    name: "web-1".into(),
+                    uid: None,
+                },
+            )]
+            .into_iter()
+            .collect(),
         };
         let broken = NetworkSnapshot {
             name: "other".into(),
@@ -482,22 +498,22 @@ mod tests {
         let out = render(&sample());
         let l = lines(&out);
         for want in [
-            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 10",
-            "cni_ebpf_endpoint_tx_bytes_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 1000",
-            "cni_ebpf_endpoint_rx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 20",
-            "cni_ebpf_endpoint_rx_bytes_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 2000",
+            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",namespace=\"\",pod=\"\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 10",
+            "cni_ebpf_endpoint_tx_bytes_total{network=\"k8s-pod-network\",namespace=\"\",pod=\"\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 1000",
+            "cni_ebpf_endpoint_rx_packets_total{network=\"k8s-pod-network\",namespace=\"\",pod=\"\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 20",
+            "cni_ebpf_endpoint_rx_bytes_total{network=\"k8s-pod-network\",namespace=\"\",pod=\"\",pod_ip=\"10.244.1.2\",container_id=\"abc\",ifname=\"eth0\",host_ifindex=\"7\"} 2000",
             // A quote in a label value is escaped.
-            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\"} 10",
-            "cni_ebpf_endpoint_egress_rate_bits_per_second{network=\"k8s-pod-network\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\",mode=\"police\"} 20000000",
+            "cni_ebpf_endpoint_tx_packets_total{network=\"k8s-pod-network\",namespace=\"team\",pod=\"web-1\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\"} 10",
+            "cni_ebpf_endpoint_egress_rate_bytes_per_second{network=\"k8s-pod-network\",namespace=\"team\",pod=\"web-1\",pod_ip=\"10.244.1.3\",container_id=\"def\\\"x\",ifname=\"eth0\",host_ifindex=\"8\",mode=\"police\"} 2500000",
             "# TYPE cni_ebpf_endpoint_tx_packets_total counter",
-            "# TYPE cni_ebpf_endpoint_egress_rate_bits_per_second gauge",
+            "# TYPE cni_ebpf_endpoint_egress_rate_bytes_per_second gauge",
         ] {
             assert!(l.contains(want), "missing {want}\n{out}");
         }
         // Only the paced pod has a rate.
         assert_eq!(
             out.lines()
-                .filter(|l| l.starts_with("cni_ebpf_endpoint_egress_rate_bits_per_second{"))
+                .filter(|l| l.starts_with("cni_ebpf_endpoint_egress_rate_bytes_per_second{"))
                 .count(),
             1,
             "{out}"
@@ -573,7 +589,7 @@ mod tests {
                 .map(|s| s.labels.iter().map(|(k, _)| *k).collect());
             for s in &f.samples {
                 let keys: Vec<&str> = s.labels.iter().map(|(k, _)| *k).collect();
-                if f.name != "cni_ebpf_endpoint_egress_rate_bits_per_second" {
+                if f.name != "cni_ebpf_endpoint_egress_rate_bytes_per_second" {
                     assert_eq!(Some(&keys), first.as_ref(), "{}", f.name);
                 }
                 for k in &keys {
@@ -594,6 +610,7 @@ mod tests {
         {
             assert!(
                 n.ends_with("_bytes")
+                    || n.ends_with("_bytes_per_second")
                     || n.ends_with("_bytes_total")
                     || n.ends_with("_packets_total"),
                 "{n}"
