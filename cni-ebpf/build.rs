@@ -1,9 +1,11 @@
 //! Builds the eBPF programs of `cni-ebpf-bpf` with aya-build and leaves the object at
 //! `$OUT_DIR/cni-ebpf`, which `src/datapath/object.rs` embeds.
 //!
-//! When the eBPF toolchain is missing (no `bpf-linker`) or `AYA_BUILD_SKIP=1`, an empty
-//! object is written instead so that `cargo check`, `clippy` and unit tests work anywhere;
-//! the binary then refuses every datapath operation with a clear error.
+//! With the `ebpf` feature (the default) a missing toolchain (no `bpf-linker`) fails the
+//! build, naming `cargo xtask setup`; `AYA_BUILD_SKIP=1` is the explicit opt-out, which
+//! builds a binary without programs (it refuses every datapath operation, saying so).
+//! Without the feature (the crates that use cni-ebpf as a library: the tests' helpers,
+//! xtask, the fuzz targets) no object is built or wanted, and no toolchain is needed.
 
 #![expect(clippy::panic, reason = "a build script reports failure by panicking")]
 
@@ -15,24 +17,32 @@ fn main() {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").unwrap_or_default());
     let object = out_dir.join("cni-ebpf");
 
+    let wanted = env::var_os("CARGO_FEATURE_EBPF").is_some();
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
-    let linker = which::which("bpf-linker");
-    if skip || linker.is_err() {
-        let why = if skip {
-            "AYA_BUILD_SKIP is set"
-        } else {
-            "bpf-linker is not on PATH (run `cargo xtask setup`)"
-        };
-        println!("cargo:warning=building cni-ebpf WITHOUT eBPF programs: {why}");
+    if !wanted || skip {
+        if wanted {
+            println!(
+                "cargo:warning=building cni-ebpf WITHOUT eBPF programs: AYA_BUILD_SKIP is set"
+            );
+        }
         if let Err(e) = fs::write(&object, []) {
-            panic!("cannot write eBPF stub {}: {e}", object.display());
+            panic!(
+                "cannot write the empty eBPF object {}: {e}",
+                object.display()
+            );
         }
         println!("cargo:rustc-env=CNI_EBPF_OBJECT_HASH=none");
         return;
     }
-    if let Ok(path) = linker {
-        println!("cargo:rerun-if-changed={}", path.display());
-    }
+    let linker = match which::which("bpf-linker") {
+        Ok(path) => path,
+        Err(_) => panic!(
+            "cannot build the eBPF programs: bpf-linker is not on PATH. Run `cargo xtask \
+             setup` (it installs LLVM and bpf-linker), or set AYA_BUILD_SKIP=1 to build a \
+             cni-ebpf without its eBPF programs (it then refuses every datapath operation)"
+        ),
+    };
+    println!("cargo:rerun-if-changed={}", linker.display());
 
     let metadata = match cargo_metadata::MetadataCommand::new().no_deps().exec() {
         Ok(m) => m,

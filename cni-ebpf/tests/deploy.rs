@@ -10,7 +10,8 @@
 //! - The containers' arguments and the ConfigMap's settings are ones the real binary
 //!   accepts: `install` is run with them (the host paths moved into a temporary root) in
 //!   every mode, and the conflist it writes is parsed by the plugin; the agent's host-gw
-//!   toggle reaches it; the uninstall DaemonSet's command removes what `install` wrote.
+//!   toggle reaches it; the uninstall DaemonSet's command removes what `install` wrote
+//!   and stays running.
 
 #![allow(
     clippy::panic,
@@ -457,16 +458,14 @@ fn the_uninstall_daemonset_removes_what_install_wrote_and_stays() {
         assert!(args.iter().any(|a| a == flag), "{args:?}");
     }
     // The network's pins and store as the conflist names them are the machine's; this
-    // run's are directories of its own, and it runs in a network namespace of its own
-    // (the purge removes routes).
+    // run's are directories of its own (where no datapath is loaded, so the purge touches
+    // no interface and no route).
     args.push(format!(
         "--bpffs-root={}",
         root.path().join("bpf").display()
     ));
     args.push(format!("--data-dir={}", root.path().join("data").display()));
-    let mut child = Command::new("unshare")
-        .arg("--net")
-        .arg(env!("CARGO_BIN_EXE_cni-ebpf"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
         .args(&args)
         .env_remove("CNI_COMMAND")
         .stdout(Stdio::piped())

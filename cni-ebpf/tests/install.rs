@@ -699,6 +699,18 @@ fn bpf_filters(dev: &str, hook: &str) -> Vec<(u32, u64)> {
         .collect()
 }
 
+/// Runs `ip` (in the fixture's namespace); its output.
+fn ip(args: &[&str]) -> String {
+    let out = Command::new("ip").args(args).output().expect("running ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 fn tc(args: &[&str]) {
     let out = Command::new("tc").args(args).output().expect("running tc");
     assert!(
@@ -775,6 +787,25 @@ fn purge_removes_pins_and_filters_only_when_no_pod_is_left() {
         ]);
     }
     assert_eq!(bpf_filters("veth-b", "ingress").len(), 2);
+    // A route to another node's pods as the agent keeps it (proto 207), and one of
+    // someone else's: only ours goes.
+    for args in [
+        &["link", "set", "veth-a", "up"][..],
+        &["link", "set", "veth-b", "up"],
+        &["addr", "add", "192.0.2.1/24", "dev", "veth-a"],
+        &[
+            "route",
+            "add",
+            "198.51.100.0/24",
+            "via",
+            "192.0.2.2",
+            "proto",
+            "207",
+        ],
+        &["route", "add", "203.0.113.0/24", "via", "192.0.2.2"],
+    ] {
+        ip(args);
+    }
 
     // Two pods in the owner map: refused, nothing removed.
     let err = host.fails("uninstall", &["--purge"]);
@@ -794,6 +825,13 @@ fn purge_removes_pins_and_filters_only_when_no_pod_is_left() {
 
     let out = host.ok("uninstall", &["--purge"]);
     assert!(out.contains("tc filters removed: 3"), "{out}");
+    assert!(
+        out.contains("routes to other nodes' pods removed: 1"),
+        "{out}"
+    );
+    let routes = ip(&["route", "show"]);
+    assert!(!routes.contains("198.51.100.0/24"), "{routes}");
+    assert!(routes.contains("203.0.113.0/24"), "{routes}");
     assert!(
         out.contains(&format!("purged {}", net_dir.display())),
         "{out}"

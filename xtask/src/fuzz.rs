@@ -3,8 +3,8 @@
 //!
 //! Targets are built with `--sanitizer none`: they fuzz safe Rust, where a sanitizer finds
 //! nothing a panic would not, and the uninstrumented build is faster to build and to run.
-//! `AYA_BUILD_SKIP=1` leaves the eBPF object out (the parsers do not need it, and the
-//! fuzzing flags must not reach the eBPF build).
+//! The fuzz crate takes cni-ebpf without its `ebpf` feature: the parsers do not need the
+//! eBPF object, and the fuzzing flags must not reach the eBPF build.
 
 use std::{fs, path::Path, process::Command, time::Instant};
 
@@ -33,7 +33,6 @@ fn fuzz_cmd(root: &Path) -> Command {
     let mut cmd = Command::new("cargo");
     cmd.current_dir(root)
         .args(["+nightly", "fuzz"])
-        .env("AYA_BUILD_SKIP", "1")
         .env_remove("RUSTFLAGS")
         .env_remove("CARGO_TARGET_DIR");
     cmd
@@ -92,7 +91,7 @@ pub fn run(seconds: u64, targets: &[&str]) -> Result<()> {
     if !failed.is_empty() {
         bail!(
             "fuzz targets failed: {} (inputs in fuzz/artifacts/<target>/; reproduce with \
-             `cd fuzz && AYA_BUILD_SKIP=1 cargo +nightly fuzz run -s none <target> <input>`)",
+             `cd fuzz && cargo +nightly fuzz run -s none <target> <input>`)",
             failed.join(", ")
         );
     }

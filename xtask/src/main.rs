@@ -20,6 +20,8 @@ mod setup;
 mod sim;
 mod vm;
 
+use setup::Need;
+
 #[derive(Parser)]
 #[command(about = "cni-ebpf developer tasks")]
 struct Cli {
@@ -65,25 +67,25 @@ fn main() -> Result<()> {
     std::env::set_current_dir(&root)?;
     setup::ensure_path();
     match cli.cmd {
-        Cmd::Setup => setup::run(true),
+        Cmd::Setup => setup::run(Need::All, true),
         Cmd::Build => {
-            setup::run(false)?;
+            setup::run(Need::Build, false)?;
             build_release()?;
             Ok(())
         }
         Cmd::Load => {
-            setup::run(false)?;
+            setup::run(Need::Node, false)?;
             require_root("cargo xtask load")?;
             ensure_bpffs()?;
             let bin = build_release()?;
             sim::load(&bin)
         }
         Cmd::Test { args } => {
-            setup::run(false)?;
+            setup::run(Need::All, false)?;
             test(&args)
         }
         Cmd::Fuzz(args) => {
-            setup::run(false)?;
+            setup::run(Need::Fuzz, false)?;
             let targets: Vec<&str> = match &args.target {
                 Some(t) => vec![t.as_str()],
                 None => fuzz::TARGETS.to_vec(),
@@ -91,18 +93,18 @@ fn main() -> Result<()> {
             fuzz::run(args.seconds, &targets)
         }
         Cmd::Demo => {
-            setup::run(false)?;
+            setup::run(Need::Node, false)?;
             require_root("cargo xtask demo")?;
             ensure_bpffs()?;
             let bin = build_release()?;
             demo::run(&bin)
         }
         Cmd::Bench(args) => {
-            setup::run(false)?;
+            setup::run(Need::All, false)?;
             bench::run(&args)
         }
         Cmd::Image(args) => {
-            setup::run(false)?;
+            setup::run(Need::Image, false)?;
             image::run_image(&args)
         }
     }

@@ -6,27 +6,43 @@ use anyhow::{bail, Result};
 
 use crate::run as run_cmd;
 
-/// Debian packages: LLVM 22 for bpf-linker, and the tools the tests and benches use.
-const PACKAGES: &[&str] = &[
-    "llvm-22-dev",
-    "libpolly-22-dev",
-    "libzstd-dev",
+/// What a command needs set up: each includes the toolchain that builds the plugin.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// The plugin's build (`build`).
+    Build,
+    /// The build and the namespaces of a simulated node (`load`, `demo`).
+    Node,
+    /// The build, the static build and buildah (`image`).
+    Image,
+    /// cargo-fuzz and the nightly toolchain (`fuzz`).
+    Fuzz,
+    /// Everything (`setup`, `test`, `bench`).
+    All,
+}
+
+/// LLVM 22, which bpf-linker is built against.
+const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev"];
+
+/// A simulated node: namespaces, links and routes, and the demo's pings.
+const NODE_PACKAGES: &[&str] = &["iproute2", "iputils-ping", "util-linux"];
+
+/// The container image: buildah builds it, runc runs it (the image test); musl-gcc
+/// compiles ring's C and assembly (the TLS of the Kubernetes API client) for the static
+/// musl build.
+const IMAGE_PACKAGES: &[&str] = &["buildah", "runc", "musl-tools"];
+
+/// What the tests and the benches use besides.
+const TEST_PACKAGES: &[&str] = &[
     "golang-go",
     "golang-github-appc-cni-dev",
     "containernetworking-plugins",
-    "iproute2",
-    "iputils-ping",
     "iperf3",
     "sockperf",
     "bpftool",
     "iptables",
     "nftables",
-    "util-linux",
     "socat",
-    // The container image (deploy/Containerfile) and its test: buildah builds it, runc
-    // runs it.
-    "buildah",
-    "runc",
     // containerd's CRI path (tests/tests/cri.rs): containerd 1.6 with the CRI plugin built
     // in, runc (above), the images' busybox, and protoc for the k8s-cri crate's bindings.
     // The tests run a containerd of their own; the package's service is never used (on a
@@ -34,9 +50,6 @@ const PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "protobuf-compiler",
-    // musl-gcc: the static (musl) build compiles ring's C and assembly (the TLS of the
-    // Kubernetes API client) for the musl target.
-    "musl-tools",
     // The second kernel (xtask/src/vm.rs): Debian's 6.12 kernel, unpacked into the cache
     // (not installed), booted in qemu; depmod indexes its modules, xz unpacks the boot
     // ones.
@@ -44,6 +57,17 @@ const PACKAGES: &[&str] = &[
     "kmod",
     "xz-utils",
 ];
+
+/// The Debian packages `need` takes.
+fn packages(need: Need) -> Vec<&'static str> {
+    let groups: &[&[&str]] = match need {
+        Need::Build | Need::Fuzz => &[BUILD_PACKAGES],
+        Need::Node => &[BUILD_PACKAGES, NODE_PACKAGES],
+        Need::Image => &[BUILD_PACKAGES, IMAGE_PACKAGES],
+        Need::All => &[BUILD_PACKAGES, NODE_PACKAGES, IMAGE_PACKAGES, TEST_PACKAGES],
+    };
+    groups.concat()
+}
 
 /// Puts `~/.cargo/bin` on PATH for this process and its children (bpf-linker lives there).
 pub fn ensure_path() {
@@ -115,17 +139,19 @@ fn has_cargo_fuzz() -> bool {
         .unwrap_or(false)
 }
 
-/// Installs what is missing. With `verbose`, also reports what was already there.
-pub fn run(verbose: bool) -> Result<()> {
+/// Installs what `need` takes and is missing. With `verbose`, also reports what was
+/// already there.
+pub fn run(need: Need, verbose: bool) -> Result<()> {
     // Inside the second kernel's guest (vm.rs), whose machine is this one, read-only and
     // offline: what setup would install is there already.
     if std::env::var("CNI_EBPF_SKIP_SETUP").is_ok_and(|v| v == "1") {
         return Ok(());
     }
-    let missing: Vec<&str> = PACKAGES.iter().copied().filter(|p| !installed(p)).collect();
+    let wanted = packages(need);
+    let missing: Vec<&str> = wanted.iter().copied().filter(|p| !installed(p)).collect();
     if missing.is_empty() {
         if verbose {
-            eprintln!("setup: Debian packages present ({})", PACKAGES.join(", "));
+            eprintln!("setup: Debian packages present ({})", wanted.join(", "));
         }
     } else {
         eprintln!("setup: installing Debian packages: {}", missing.join(" "));
@@ -156,20 +182,8 @@ pub fn run(verbose: bool) -> Result<()> {
         installed?;
     }
 
-    // `kubectl kustomize` renders deploy/ in the manifest tests (cni-ebpf/tests/deploy.rs).
-    // Any kubectl with kustomize will do; Debian's comes with kubernetes-client.
-    if has_kustomize() {
-        if verbose {
-            eprintln!("setup: kubectl with kustomize present");
-        }
-    } else {
-        eprintln!("setup: installing Debian package kubernetes-client (kubectl kustomize)");
-        run_cmd(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .arg("kubernetes-client")
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+    if need == Need::All {
+        ensure_kustomize(verbose)?;
     }
 
     if has_rust_src() {
@@ -211,18 +225,8 @@ pub fn run(verbose: bool) -> Result<()> {
         }
     }
 
-    // The container image's binary is static: built for the musl target, whose standard
-    // library rustup ships (self-contained); only ring's C needs musl-gcc (musl-tools).
-    if has_static_target() {
-        if verbose {
-            eprintln!("setup: Rust target {} present", crate::image::STATIC_TARGET);
-        }
-    } else {
-        eprintln!(
-            "setup: adding the Rust target {}",
-            crate::image::STATIC_TARGET
-        );
-        run_cmd(Command::new("rustup").args(["target", "add", crate::image::STATIC_TARGET]))?;
+    if matches!(need, Need::Image | Need::All) {
+        ensure_static_target(verbose)?;
     }
 
     if has_bpf_linker() {
@@ -249,6 +253,49 @@ pub fn run(verbose: bool) -> Result<()> {
         }
     }
 
+    if matches!(need, Need::Fuzz | Need::All) {
+        ensure_cargo_fuzz(verbose)?;
+    }
+    Ok(())
+}
+
+fn ensure_kustomize(verbose: bool) -> Result<()> {
+    // `kubectl kustomize` renders deploy/ in the manifest tests (cni-ebpf/tests/deploy.rs).
+    // Any kubectl with kustomize will do; Debian's comes with kubernetes-client.
+    if has_kustomize() {
+        if verbose {
+            eprintln!("setup: kubectl with kustomize present");
+        }
+    } else {
+        eprintln!("setup: installing Debian package kubernetes-client (kubectl kustomize)");
+        run_cmd(
+            Command::new("apt-get")
+                .args(["install", "-y", "-q", "--no-install-recommends"])
+                .arg("kubernetes-client")
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
+    }
+    Ok(())
+}
+
+fn ensure_static_target(verbose: bool) -> Result<()> {
+    // The container image's binary is static: built for the musl target, whose standard
+    // library rustup ships (self-contained); only ring's C needs musl-gcc (musl-tools).
+    if has_static_target() {
+        if verbose {
+            eprintln!("setup: Rust target {} present", crate::image::STATIC_TARGET);
+        }
+    } else {
+        eprintln!(
+            "setup: adding the Rust target {}",
+            crate::image::STATIC_TARGET
+        );
+        run_cmd(Command::new("rustup").args(["target", "add", crate::image::STATIC_TARGET]))?;
+    }
+    Ok(())
+}
+
+fn ensure_cargo_fuzz(verbose: bool) -> Result<()> {
     // cargo-fuzz drives the fuzz targets of `fuzz/` (`cargo xtask fuzz`, and a short slice
     // in `cargo xtask test`). Like bpf-linker it lands in ~/.cargo/bin, which survives
     // between runs on one machine, so it is built once (about 2 minutes).

@@ -101,7 +101,7 @@ pub fn main() -> ExitCode {
             let embedded = if crate::datapath::object::is_embedded() {
                 "embedded"
             } else {
-                "MISSING (built without bpf-linker)"
+                "MISSING (built with AYA_BUILD_SKIP=1 or without the ebpf feature)"
             };
             println!("eBPF programs: {embedded}");
             Ok(())

@@ -181,10 +181,10 @@ pub fn uninstall(args: &UninstallArgs) -> Result<UninstallReport> {
                 done: "the conflist and the binary were removed, the pins and the store kept",
             });
         }
-        let (purged, filters) = purge.remove()?;
+        let (purged, filters, routes) = purge.remove()?;
         report.purged = purged;
         report.filters_removed = filters;
-        report.routes_removed = remove_node_routes()?;
+        report.routes_removed = routes;
     }
     Ok(report)
 }
@@ -308,12 +308,14 @@ impl<'a> Purge<'a> {
             .collect())
     }
 
-    /// Removes the filters, the tunnel device (if this network made one), the pins and the
-    /// store; returns the directories removed and
-    /// the number of filters.
-    fn remove(self) -> Result<(Vec<PathBuf>, usize)> {
+    /// Removes the filters, the tunnel device (if this network made one), the routes to
+    /// other nodes' pods, the pins and the store; returns the directories removed, the
+    /// number of filters and of routes. Routes are looked at only on a node where the
+    /// network's datapath is loaded.
+    fn remove(self) -> Result<(Vec<PathBuf>, usize, usize)> {
         let mut removed = Vec::new();
         let mut filters = 0;
+        let mut routes = 0;
         let pin_dir = self.target.pin_dir();
         if self.pins_exist {
             if let Some(dp) = &self.datapath {
@@ -324,6 +326,7 @@ impl<'a> Purge<'a> {
                         crate::datapath::tunnel::TUNNEL_DEVICE
                     );
                 }
+                routes = remove_node_routes()?;
             }
             drop(self.datapath);
             Datapath::unload_at(&pin_dir)?;
@@ -342,6 +345,6 @@ impl<'a> Purge<'a> {
             sync_dir(&self.target.data_dir)?;
             removed.push(dir);
         }
-        Ok((removed, filters))
+        Ok((removed, filters, routes))
     }
 }
