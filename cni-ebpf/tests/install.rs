@@ -699,26 +699,27 @@ fn bpf_filters(dev: &str, hook: &str) -> Vec<(u32, u64)> {
         .collect()
 }
 
-/// Runs `ip` (in the fixture's namespace); its output.
-fn ip(args: &[&str]) -> String {
-    let out = Command::new("ip").args(args).output().expect("running ip");
+/// Runs `tool` (`ip`, `tc`) with `args` in the fixture's namespace; its output.
+fn run(tool: &str, args: &[&str]) -> String {
+    let out = Command::new(tool)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("running {tool}: {e}"));
     assert!(
         out.status.success(),
-        "ip {}: {}",
+        "{tool} {}: {}",
         args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+fn ip(args: &[&str]) -> String {
+    run("ip", args)
+}
+
 fn tc(args: &[&str]) {
-    let out = Command::new("tc").args(args).output().expect("running tc");
-    assert!(
-        out.status.success(),
-        "tc {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run("tc", args);
 }
 
 #[test]
