@@ -291,3 +291,29 @@ impl Drop for Background {
         let _ = self.child.wait();
     }
 }
+
+/// The capabilities the DaemonSet gives the agent's container, which runs unprivileged
+/// (`deploy/base/daemonset.yaml`; `cni-ebpf/tests/deploy.rs` checks that the manifest
+/// names exactly these): `NET_ADMIN` for routes and neighbour entries, `BPF` for `bpf()`
+/// on kernels before 5.19 with `kernel.unprivileged_bpf_disabled` set (every command then
+/// needs it; later kernels ask for it only to create maps and load programs).
+pub const AGENT_CAPABILITIES: &[&str] = &["net_admin", "bpf"];
+
+/// `argv` run as the agent's container runs it: root with no capability but
+/// [`AGENT_CAPABILITIES`] (every other one out of the bounding set, none inheritable) and
+/// no new privileges (`setpriv`, util-linux).
+#[must_use]
+pub fn as_agent_container(argv: Vec<String>) -> Vec<String> {
+    let keep: Vec<String> = AGENT_CAPABILITIES.iter().map(|c| format!("+{c}")).collect();
+    let mut out: Vec<String> = vec![
+        "setpriv".into(),
+        "--bounding-set".into(),
+        format!("-all,{}", keep.join(",")),
+        "--inh-caps".into(),
+        "-all".into(),
+        "--no-new-privs".into(),
+        "--".into(),
+    ];
+    out.extend(argv);
+    out
+}

@@ -179,6 +179,8 @@ impl Exporter {
             node.data_dir().to_string_lossy().into_owned(),
         ];
         argv.extend(extra.iter().map(|s| (*s).to_owned()));
+        // With the agent container's capabilities only: scrapes need nothing more.
+        let argv = tests::process::as_agent_container(argv);
         let log = node.dir().join(format!("metrics-{port}.log"));
         let proc = Background::spawn_logged(node.netns(), &argv, &log);
         let netns = node.netns().to_path_buf();

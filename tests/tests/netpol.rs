@@ -853,9 +853,9 @@ fn start_agent(
     start_agent_as(node, api, log, &[])
 }
 
-/// [`start_agent`] with `extra` arguments. The agent runs as its container does: with no
-/// capability but [`AGENT_CAPABILITIES`] (every other one out of its bounding set) and no
-/// new privileges, so every test of this file shows what it does with those alone.
+/// [`start_agent`] with `extra` arguments. The agent runs as its container does
+/// ([`tests::process::as_agent_container`]), so every test of this file shows what it
+/// does with the container's capabilities alone.
 fn start_agent_as(
     node: &tests::SimNode,
     api: &tests::ApiServer,
@@ -868,26 +868,13 @@ fn start_agent_as(
     );
     let mut args = vec!["agent", "--listen", &listen, "--state-dir", &state];
     args.extend_from_slice(extra);
-    let bounding = format!("-all,{AGENT_CAPABILITIES}");
-    let mut argv: Vec<String> = [
-        "setpriv",
-        "--bounding-set",
-        &bounding,
-        "--inh-caps",
-        "-all",
-        "--no-new-privs",
-        "--",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    argv.extend(api.agent_argv(&tests::plugin_bin(), node.pin_root(), &args));
+    let argv = tests::process::as_agent_container(api.agent_argv(
+        &tests::plugin_bin(),
+        node.pin_root(),
+        &args,
+    ));
     tests::process::Background::spawn_logged(node.netns(), &argv, log)
 }
-
-/// The capabilities the DaemonSet gives the agent's container, which runs unprivileged
-/// (`deploy/base/daemonset.yaml`; `cni-ebpf/tests/deploy.rs` checks the manifest names
-/// exactly these).
-const AGENT_CAPABILITIES: &str = "+net_admin,+sys_admin,+bpf,+perfmon,+sys_resource";
 
 /// `/ready`, the DaemonSet's readiness probe: while the API server refuses the agent,
 /// 503 naming both of its jobs; once NetworkPolicy and the Node watcher have made their
