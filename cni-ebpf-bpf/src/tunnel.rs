@@ -16,9 +16,10 @@
 //!   own device's MAC as destination), and the node routes it to the pod, through
 //!   `to_pod` and its NetworkPolicy check.
 //!
-//! The fast path (IPv4), as through the uplink (`flows`): once `to_tunnel` has seen a
-//! pod's flow leave as the pod sent it, `from_pod` hands its later packets straight to
-//! the device, and `from_tunnel` delivers the other direction straight into the pod.
+//! The fast path, both families, as through the uplink (`flows`): once `to_tunnel` has
+//! seen a pod's flow leave as the pod sent it, `from_pod` (`from_pod6`) hands its later
+//! packets straight to the device, and `from_tunnel` delivers the other direction
+//! straight into the pod.
 //! A flow netfilter translates (kube-proxy's DNAT to a pod on another node) reaches the
 //! device with another tuple and keeps the kernel path.
 
@@ -33,13 +34,13 @@ use cni_ebpf_common::{proto, Addr6, Reason, TunnelEndpoint, TunnelKey, TUNNEL_IP
 use crate::{
     family::Family,
     flows,
-    forward::deliver,
+    forward::{deliver, deliver6},
     maps::{count, local_endpoint, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
     parse::{
-        parse, read, Pkt, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR,
-        IP_OFF, IP_SADDR,
+        parse, parse6, read, Pkt, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR,
+        IP_DADDR, IP_OFF, IP_SADDR,
     },
-    policy,
+    policy, v6,
 };
 
 /// Whether `p`, seen on the uplink, is the node's own tunnel traffic: UDP to the tunnel
@@ -154,12 +155,22 @@ pub(crate) fn to_tunnel(ctx: &TcContext) -> i32 {
     }
     count(Reason::TunnelEncap);
     // A pod's flow seen leaving as it was sent: verified, so its later packets are
-    // handed from `from_pod` straight to this device (IPv4; IPv6 flows across the tunnel
-    // keep the kernel path).
-    if let Ok(p) = parse(ctx) {
+    // handed from `from_pod` (`from_pod6`) straight to this device.
+    seen_leaving(ctx);
+    TC_ACT_OK as i32
+}
+
+/// [`flows::seen_leaving`] for the packet `to_tunnel` sends, of either family. A
+/// function of its own: the IPv6 tuple does not grow `to_tunnel`'s frame.
+#[inline(never)]
+fn seen_leaving(ctx: &TcContext) {
+    if v6::is_ipv6(ctx) {
+        if let Ok(p) = parse6(ctx) {
+            let _ = flows::seen_leaving(&p);
+        }
+    } else if let Ok(p) = parse(ctx) {
         let _ = flows::seen_leaving(&p);
     }
-    TC_ACT_OK as i32
 }
 
 /// The underlay address the packet in `ctx` came from (IPv4 mapped), from its tunnel key.
@@ -211,12 +222,33 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
     }
     count(Reason::TunnelDecap);
     // For a local pod, in a flow whose packets from the pod were seen leaving
-    // untranslated: straight into the pod (IPv4), judged by its NetworkPolicy on the way.
+    // untranslated: straight into the pod, judged by its NetworkPolicy on the way.
+    if v6::is_ipv6(ctx) {
+        policy::forget_delivery();
+        let v = deliver_verified6(ctx);
+        return policy::judge_delivery6(ctx, v);
+    }
     if let Ok(p) = parse(ctx) {
         if let Some(ep) = local_endpoint(p.daddr) {
             if flows::inbound_may_bypass_stack(&p) {
                 count(Reason::RedirectFromUplink);
                 return deliver(ctx, &ep);
+            }
+        }
+    }
+    TC_ACT_OK as i32
+}
+
+/// `from_tunnel`'s delivery of an IPv6 packet of a verified flow into its local pod
+/// (`deliver6` arms the NetworkPolicy judgement, made once this returns); anything else
+/// goes to the stack.
+#[inline(never)]
+fn deliver_verified6(ctx: &TcContext) -> i32 {
+    if let Ok(p) = parse6(ctx) {
+        if let Some(ep) = p.daddr.local_endpoint() {
+            if flows::inbound_may_bypass_stack(&p) {
+                count(Reason::RedirectFromUplink);
+                return deliver6(ctx, &ep);
             }
         }
     }
