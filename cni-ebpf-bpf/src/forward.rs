@@ -12,6 +12,8 @@ use aya_ebpf::{
 use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
 
 use crate::{
+    family::Family,
+    flows,
     maps::{add_stats, count, node_config},
     parse::{read, Pkt, IP6_HOP_LIMIT, IP_CSUM, IP_HLEN, IP_OFF, IP_PROTO, IP_TOS, IP_TTL},
     policy, PASS,
@@ -95,6 +97,22 @@ pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
     add_stats(ep.ifindex, ctx.len(), true);
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+}
+
+/// A packet for local pod `ep` (from the uplink or out of the tunnel) in a flow whose
+/// other direction was verified to leave untranslated ([`flows::inbound_may_bypass_stack`]):
+/// delivered straight into the pod. `None`: it goes through the stack.
+#[inline(always)]
+pub(crate) fn deliver_verified<A: Family>(
+    ctx: &TcContext,
+    p: &Pkt<A>,
+    ep: &EndpointInfo,
+) -> Option<i32> {
+    if !flows::inbound_may_bypass_stack(p) {
+        return None;
+    }
+    count(Reason::RedirectFromUplink);
+    Some(A::deliver(ctx, ep))
 }
 
 /// [`route_hop`] for IPv6: the hop limit decremented (IPv6 has no header checksum).

@@ -68,7 +68,7 @@ use aya_ebpf::{
 use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, Reason};
 
 use crate::{
-    forward::{deliver, to_uplink},
+    forward::{deliver, deliver_verified, to_uplink},
     guard::{check_source, Verdict},
     maps::{
         add_stats, count, is_node_addr, local_endpoint, node_config, pod_traffic_to_stack,
@@ -232,9 +232,8 @@ fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
     // For a local pod: straight in when the flow is verified both ways, else to the stack
     // (noting flows opened from outside, whose replies are never masqueraded).
     if let Some(ep) = local_endpoint(p.daddr) {
-        if flows::inbound_may_bypass_stack(&p) {
-            count(Reason::RedirectFromUplink);
-            return Ok(deliver(ctx, &ep));
+        if let Some(v) = deliver_verified(ctx, &p, &ep) {
+            return Ok(v);
         }
         if let Some(cfg) = node_config() {
             flows::note_inbound(&p, &cfg);

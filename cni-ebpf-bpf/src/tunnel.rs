@@ -34,8 +34,8 @@ use cni_ebpf_common::{proto, Addr6, Reason, TunnelEndpoint, TunnelKey, TUNNEL_IP
 use crate::{
     family::Family,
     flows,
-    forward::{deliver, deliver6},
-    maps::{count, local_endpoint, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
+    forward::deliver_verified,
+    maps::{count, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
     parse::{
         parse, parse6, read, Pkt, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR,
         IP_DADDR, IP_OFF, IP_SADDR,
@@ -225,32 +225,20 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
     // untranslated: straight into the pod, judged by its NetworkPolicy on the way.
     if v6::is_ipv6(ctx) {
         policy::forget_delivery();
-        let v = deliver_verified6(ctx);
+        let v = parse6(ctx).map_or(TC_ACT_OK as i32, |p| into_pod(ctx, &p));
         return policy::judge_delivery6(ctx, v);
     }
-    if let Ok(p) = parse(ctx) {
-        if let Some(ep) = local_endpoint(p.daddr) {
-            if flows::inbound_may_bypass_stack(&p) {
-                count(Reason::RedirectFromUplink);
-                return deliver(ctx, &ep);
-            }
-        }
-    }
-    TC_ACT_OK as i32
+    parse(ctx).map_or(TC_ACT_OK as i32, |p| into_pod(ctx, &p))
 }
 
-/// `from_tunnel`'s delivery of an IPv6 packet of a verified flow into its local pod
-/// (`deliver6` arms the NetworkPolicy judgement, made once this returns); anything else
-/// goes to the stack.
+/// `from_tunnel`'s packet `p` into its local pod when its flow is verified
+/// ([`deliver_verified`]; for IPv6 `deliver6` arms the NetworkPolicy judgement made once
+/// `from_tunnel` returns), else to the stack. Not inlined: the IPv6 tuple does not grow
+/// `from_tunnel`'s frame.
 #[inline(never)]
-fn deliver_verified6(ctx: &TcContext) -> i32 {
-    if let Ok(p) = parse6(ctx) {
-        if let Some(ep) = p.daddr.local_endpoint() {
-            if flows::inbound_may_bypass_stack(&p) {
-                count(Reason::RedirectFromUplink);
-                return deliver6(ctx, &ep);
-            }
-        }
-    }
-    TC_ACT_OK as i32
+fn into_pod<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> i32 {
+    p.daddr
+        .local_endpoint()
+        .and_then(|ep| deliver_verified(ctx, p, &ep))
+        .unwrap_or(TC_ACT_OK as i32)
 }

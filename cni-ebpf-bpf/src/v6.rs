@@ -25,7 +25,7 @@ use cni_ebpf_common::{prog, Addr6, FlowFlags, NatDeliver, NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::{deliver6, to_uplink6},
+    forward::{deliver6, deliver_verified, to_uplink6},
     hostport::{self, HairpinGrant},
     icmp6,
     maps::{count, node_config, pod_traffic_to_stack, CALLS6},
@@ -275,9 +275,8 @@ fn ingress6_dnat(ctx: &TcContext) -> Option<i32> {
 fn ingress6_rest(ctx: &TcContext) -> i32 {
     if let Ok(p) = parse6(ctx) {
         if let Some(ep) = p.daddr.local_endpoint() {
-            if flows::inbound_may_bypass_stack(&p) {
-                count(Reason::RedirectFromUplink);
-                return deliver6(ctx, &ep);
+            if let Some(v) = deliver_verified(ctx, &p, &ep) {
+                return v;
             }
             if let Some(cfg) = node_config() {
                 flows::note_inbound(&p, cfg);
