@@ -194,13 +194,8 @@ pub(crate) async fn reconcile_routes(
         }
         *last_skipped = skipped;
     }
-    let routes = match nl.routes().await {
-        // host-gw routes live in the main table; a route in another table routes nothing
-        // here unless a rule says so, and is not ours to judge.
-        Ok(r) => r
-            .into_iter()
-            .filter(|r| r.table == crate::link::RT_TABLE_MAIN)
-            .collect::<Vec<_>>(),
+    let routes = match main_table_routes(nl).await {
+        Ok(r) => r,
         Err(e) => {
             log(&format!("{e}"));
             return;
@@ -219,6 +214,27 @@ pub(crate) async fn reconcile_routes(
     }
     for e in apply(nl, &changes).await {
         log(&format!("{e}"));
+    }
+}
+
+/// The main table's routes: host-gw routes live there; a route in another table routes
+/// nothing here unless a rule says so, and is not ours to judge.
+async fn main_table_routes(nl: &Nl) -> Result<Vec<RouteInfo>> {
+    Ok(nl
+        .routes()
+        .await?
+        .into_iter()
+        .filter(|r| r.table == crate::link::RT_TABLE_MAIN)
+        .collect())
+}
+
+/// `uninstall --purge`: removes every host-gw route (`proto 207`: host-gw's and
+/// crossSubnet's direct routes), nobody else's; the number removed.
+pub(crate) async fn remove_all_routes(nl: &Nl) -> Result<usize> {
+    let changes = plan(&main_table_routes(nl).await?, &[]);
+    match apply(nl, &changes).await.into_iter().next() {
+        Some(e) => Err(e),
+        None => Ok(changes.len()),
     }
 }
 

@@ -189,27 +189,6 @@ pub fn uninstall(args: &UninstallArgs) -> Result<UninstallReport> {
     Ok(report)
 }
 
-/// Removes the routes the agent keeps to other nodes' pod CIDRs (`proto 207`, main
-/// table: host-gw, and crossSubnet's direct routes); nobody else's.
-fn remove_node_routes() -> Result<usize> {
-    use crate::link::{Nl, RTPROT_CNI_EBPF_HOST_GW, RT_TABLE_MAIN};
-    Ok(crate::link::runtime()?.block_on(async {
-        let nl = Nl::connect()?;
-        let mut removed = 0;
-        for r in nl.routes().await? {
-            if r.protocol != RTPROT_CNI_EBPF_HOST_GW || r.table != RT_TABLE_MAIN {
-                continue;
-            }
-            if let Some(gw) = r.gw {
-                nl.del_gateway_route(r.dst, gw, RTPROT_CNI_EBPF_HOST_GW)
-                    .await?;
-                removed += 1;
-            }
-        }
-        Ok::<_, crate::error::Error>(removed)
-    })?)
-}
-
 /// A network about to be purged: its store opened and locked (while this lives no CNI
 /// operation of the network runs) and its pins opened.
 pub(super) struct Purge<'a> {
@@ -326,7 +305,9 @@ impl<'a> Purge<'a> {
                         crate::datapath::tunnel::TUNNEL_DEVICE
                     );
                 }
-                routes = remove_node_routes()?;
+                routes = crate::link::runtime()?.block_on(async {
+                    crate::cli::hostgw::remove_all_routes(&crate::link::Nl::connect()?).await
+                })?;
             }
             drop(self.datapath);
             Datapath::unload_at(&pin_dir)?;
