@@ -155,31 +155,7 @@ pub fn run(need: Need, verbose: bool) -> Result<()> {
         }
     } else {
         eprintln!("setup: installing Debian packages: {}", missing.join(" "));
-        run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
-        // No package may start its service while installing (containerd's would run in
-        // the machine's own namespaces): a policy-rc.d that refuses every start, removed
-        // again afterwards, unless the machine already has one.
-        let policy = std::path::Path::new("/usr/sbin/policy-rc.d");
-        let ours = !policy.exists()
-            && std::fs::write(
-                policy,
-                "#!/bin/sh\n# cargo xtask setup: no service starts\nexit 101\n",
-            )
-            .and_then(|()| {
-                use std::os::unix::fs::PermissionsExt as _;
-                std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))
-            })
-            .is_ok();
-        let installed = run_cmd(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .args(&missing)
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        );
-        if ours {
-            let _ = std::fs::remove_file(policy);
-        }
-        installed?;
+        apt_install(&missing)?;
     }
 
     if need == Need::All {
@@ -262,59 +238,82 @@ pub fn run(need: Need, verbose: bool) -> Result<()> {
 fn ensure_kustomize(verbose: bool) -> Result<()> {
     // `kubectl kustomize` renders deploy/ in the manifest tests (cni-ebpf/tests/deploy.rs).
     // Any kubectl with kustomize will do; Debian's comes with kubernetes-client.
-    if has_kustomize() {
-        if verbose {
-            eprintln!("setup: kubectl with kustomize present");
-        }
-    } else {
-        eprintln!("setup: installing Debian package kubernetes-client (kubectl kustomize)");
-        run_cmd(
-            Command::new("apt-get")
-                .args(["install", "-y", "-q", "--no-install-recommends"])
-                .arg("kubernetes-client")
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
+    if present(verbose, "kubectl with kustomize", has_kustomize()) {
+        return Ok(());
     }
-    Ok(())
+    eprintln!("setup: installing Debian package kubernetes-client (kubectl kustomize)");
+    apt_install(&["kubernetes-client"])
 }
 
 fn ensure_static_target(verbose: bool) -> Result<()> {
     // The container image's binary is static: built for the musl target, whose standard
     // library rustup ships (self-contained); only ring's C needs musl-gcc (musl-tools).
-    if has_static_target() {
-        if verbose {
-            eprintln!("setup: Rust target {} present", crate::image::STATIC_TARGET);
-        }
-    } else {
-        eprintln!(
-            "setup: adding the Rust target {}",
-            crate::image::STATIC_TARGET
-        );
-        run_cmd(Command::new("rustup").args(["target", "add", crate::image::STATIC_TARGET]))?;
+    let target = crate::image::STATIC_TARGET;
+    if present(
+        verbose,
+        &format!("Rust target {target}"),
+        has_static_target(),
+    ) {
+        return Ok(());
     }
-    Ok(())
+    eprintln!("setup: adding the Rust target {target}");
+    run_cmd(Command::new("rustup").args(["target", "add", target]))
 }
 
 fn ensure_cargo_fuzz(verbose: bool) -> Result<()> {
     // cargo-fuzz drives the fuzz targets of `fuzz/` (`cargo xtask fuzz`, and a short slice
     // in `cargo xtask test`). Like bpf-linker it lands in ~/.cargo/bin, which survives
     // between runs on one machine, so it is built once (about 2 minutes).
-    if has_cargo_fuzz() {
-        if verbose {
-            eprintln!("setup: cargo-fuzz present");
-        }
-    } else {
-        eprintln!("setup: installing cargo-fuzz (takes about 2 minutes)");
-        run_cmd(Command::new("cargo").args([
-            "install",
-            "cargo-fuzz",
-            "--version",
-            "^0.13",
-            "--locked",
-        ]))?;
-        if !has_cargo_fuzz() {
-            bail!("cargo-fuzz was installed but `cargo +nightly fuzz` does not run");
-        }
+    if present(verbose, "cargo-fuzz", has_cargo_fuzz()) {
+        return Ok(());
+    }
+    eprintln!("setup: installing cargo-fuzz (takes about 2 minutes)");
+    run_cmd(Command::new("cargo").args([
+        "install",
+        "cargo-fuzz",
+        "--version",
+        "^0.13",
+        "--locked",
+    ]))?;
+    if !has_cargo_fuzz() {
+        bail!("cargo-fuzz was installed but `cargo +nightly fuzz` does not run");
     }
     Ok(())
+}
+
+/// Whether `what` is there already (said so when `verbose`).
+fn present(verbose: bool, what: &str, there: bool) -> bool {
+    if there && verbose {
+        eprintln!("setup: {what} present");
+    }
+    there
+}
+
+/// `apt-get install`s `packages` after an `apt-get update`. No package may start its
+/// service while installing (containerd's would run in the machine's own namespaces): a
+/// policy-rc.d that refuses every start, removed again afterwards, unless the machine
+/// already has one.
+fn apt_install(packages: &[&str]) -> Result<()> {
+    run_cmd(Command::new("apt-get").args(["update", "-q"]))?;
+    let policy = std::path::Path::new("/usr/sbin/policy-rc.d");
+    let ours = !policy.exists()
+        && std::fs::write(
+            policy,
+            "#!/bin/sh\n# cargo xtask setup: no service starts\nexit 101\n",
+        )
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(policy, std::fs::Permissions::from_mode(0o755))
+        })
+        .is_ok();
+    let installed = run_cmd(
+        Command::new("apt-get")
+            .args(["install", "-y", "-q", "--no-install-recommends"])
+            .args(packages)
+            .env("DEBIAN_FRONTEND", "noninteractive"),
+    );
+    if ours {
+        let _ = std::fs::remove_file(policy);
+    }
+    installed
 }
