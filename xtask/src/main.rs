@@ -55,7 +55,7 @@ enum Cmd {
     Demo,
     /// Benchmarks: the IPAM microbench, then cni-ebpf side by side with the reference
     /// plugins and a bare veth on simulated nodes (control plane, data plane, scale).
-    Bench(bench::Args),
+    Bench(cni_ebpf_bench::Args),
     /// Build the container image (deploy/Containerfile: FROM scratch and the static
     /// binary) offline with buildah.
     Image(image::Args),
@@ -101,6 +101,7 @@ fn main() -> Result<()> {
         }
         Cmd::Bench(args) => {
             setup::run(Need::All, false)?;
+            require_root("cargo xtask bench")?;
             bench::run(&args)
         }
         Cmd::Image(args) => {

@@ -149,81 +149,34 @@ pub struct Args {
     pub attach: Option<String>,
 }
 
+/// What the bench takes from the developer workflow that runs it: the binaries it
+/// measures when no `--plugin` or `--libcni-client` names them.
+pub trait Host {
+    /// Builds the plugin users run (the image's static binary) and returns its path.
+    fn build_plugin(&self) -> Result<PathBuf>;
+    /// Builds the Go libcni client and returns its path.
+    fn build_libcni_client(&self) -> Result<PathBuf>;
+    /// Whether `bin` is a static executable (reported with the results).
+    fn is_static(&self, bin: &Path) -> bool;
+}
+
 /// The plugin and the libcni client the bench runs: `--plugin` and `--libcni-client`, or
 /// built. Absolute: the bench links them into its own directories.
-fn plugin_and_client(args: &Args) -> Result<(PathBuf, PathBuf)> {
+pub fn plugin_and_client(args: &Args, host: &dyn Host) -> Result<(PathBuf, PathBuf)> {
     let plugin = match &args.plugin {
         Some(p) => std::fs::canonicalize(p).with_context(|| format!("--plugin {}", p.display()))?,
         // The binary users run: the image's static one. (A glibc build spends about 0.5 ms
         // more per exec in the dynamic loader and libc's CPU feature probing, which every
         // ADD and DEL pays; the bench reports what a node pays.)
-        None => crate::image::build_static()?,
+        None => host.build_plugin()?,
     };
     let client = match &args.libcni_client {
         Some(p) => {
             std::fs::canonicalize(p).with_context(|| format!("--libcni-client {}", p.display()))?
         }
-        None => crate::sim::build_libcni_client()?,
+        None => host.build_libcni_client()?,
     };
     Ok((plugin, client))
-}
-
-/// `--second-kernel`: builds what the bench runs here, then runs this same xtask with
-/// the same flags in the guest, results into the shared work directory, copied to
-/// `--out` (or `results/bench-<timestamp>-linux-<release>`) afterwards.
-fn run_in_second_kernel(args: &Args) -> Result<()> {
-    let kernel = crate::vm::ensure_kernel()?;
-    let (plugin, client) = plugin_and_client(args)?;
-    let out = args.out.clone().unwrap_or_else(|| {
-        crate::workspace_root().join("results").join(format!(
-            "bench-{}-linux-{}",
-            timestamp(),
-            kernel.release
-        ))
-    });
-    let guest_out = crate::vm::work_dir().join("bench");
-    // The same flags, minus the ones this side resolved.
-    let mut argv: Vec<String> = vec![std::env::current_exe()?.display().to_string()];
-    let mut skip = false;
-    for a in std::env::args().skip(1) {
-        if skip {
-            skip = false;
-            continue;
-        }
-        if a == "--second-kernel" {
-            continue;
-        }
-        if ["--out", "--plugin", "--libcni-client"].contains(&a.as_str()) {
-            skip = true;
-            continue;
-        }
-        if ["--out=", "--plugin=", "--libcni-client="]
-            .iter()
-            .any(|p| a.starts_with(p))
-        {
-            continue;
-        }
-        argv.push(a);
-    }
-    for (flag, v) in [
-        ("--plugin", &plugin),
-        ("--libcni-client", &client),
-        ("--out", &guest_out),
-    ] {
-        argv.push(flag.to_owned());
-        argv.push(v.display().to_string());
-    }
-    let env = [("CNI_EBPF_SKIP_SETUP", std::ffi::OsStr::new("1"))];
-    let result = crate::vm::run_command(&kernel, &argv, &env);
-    if guest_out.exists() {
-        std::fs::create_dir_all(&out)?;
-        for e in std::fs::read_dir(&guest_out)? {
-            let e = e?;
-            std::fs::copy(e.path(), out.join(e.file_name()))?;
-        }
-        eprintln!("bench: results of the guest in {}", out.display());
-    }
-    result
 }
 
 /// Resolved sizes.
@@ -331,7 +284,8 @@ impl Args {
 }
 
 /// UTC `YYYYMMDD-HHMMSS`.
-fn timestamp() -> String {
+/// The current UTC time as `YYYYMMDD-HHMMSS`, for result directories.
+pub fn timestamp() -> String {
     let secs = SystemTime::now()
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());
@@ -382,16 +336,14 @@ fn ipam_microbench(out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Runs the bench.
-pub fn run(args: &Args) -> Result<()> {
-    crate::require_root("cargo xtask bench")?;
-    if args.second_kernel {
-        return run_in_second_kernel(args);
-    }
+/// Runs the bench on this machine's kernel (the caller runs it as root, with bpffs
+/// mounted; `--second-kernel` is the caller's to act on, by running the bench again in
+/// the guest).
+pub fn run(args: &Args, host: &dyn Host) -> Result<()> {
     let phases = args.phases();
     let sizes = args.sizes();
     let out = args.out.clone().unwrap_or_else(|| {
-        crate::workspace_root()
+        workspace_root()
             .join("results")
             .join(format!("bench-{}", timestamp()))
     });
@@ -414,10 +366,9 @@ pub fn run(args: &Args) -> Result<()> {
         .collect();
     let mut result = Ok(());
     if !net_phases.is_empty() {
-        crate::ensure_bpffs()?;
-        let (plugin, client) = plugin_and_client(args)?;
+        let (plugin, client) = plugin_and_client(args, host)?;
         proc::install_signal_handler()?;
-        fill_meta(&mut report, args, &sizes, &plugin);
+        fill_meta(&mut report, args, &sizes, &plugin, host);
         let mut ws = Workspace::create(&plugin, &client, &args.log_level)?;
         ws.attach = args.attach.clone();
         for phase in &net_phases {
@@ -454,7 +405,7 @@ pub fn run(args: &Args) -> Result<()> {
     result
 }
 
-fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
+fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path, host: &dyn Host) {
     let m = &mut report.meta;
     m.insert("date (UTC)".into(), json!(timestamp()));
     m.insert("kernel".into(), json!(sh(&["uname", "-r"])));
@@ -467,9 +418,10 @@ fn fill_meta(report: &mut Report, args: &Args, sizes: &Sizes, plugin: &Path) {
         .unwrap_or_default();
     m.insert("cpu".into(), json!(format!("{cpu} × {}", sh(&["nproc"]))));
     let version = sh(&[&plugin.to_string_lossy(), "version"]);
-    let linkage = match crate::image::check_static(plugin) {
-        Ok(()) => "static",
-        Err(_) => "dynamically linked",
+    let linkage = if host.is_static(plugin) {
+        "static"
+    } else {
+        "dynamically linked"
     };
     m.insert(
         "cni-ebpf".into(),
@@ -574,4 +526,11 @@ fn charts(out: &Path, report: &Report) -> Result<()> {
     data::chart(out, report)?;
     service::chart(out, report)?;
     Ok(())
+}
+
+/// The workspace root (parent of this crate's manifest dir).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
