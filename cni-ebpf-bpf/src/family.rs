@@ -1,5 +1,6 @@
 //! What differs between IPv4 and IPv6 for the flow logic: the address type, the maps keyed
-//! by it, the ICMP numbers and the node facts looked up by address.
+//! by it, the ICMP numbers, the node facts looked up by address, and the few steps that
+//! read or route a frame of the family (parsing, the FIB, ICMP errors).
 //!
 //! The NAT rules (port search, close tracking, shares, sweep), the flow tracking next to
 //! netfilter and masquerade are written once, generic over [`Family`], which is
@@ -12,22 +13,28 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     proto, Addr4, Addr6, EndpointFlags, EndpointInfo, EndpointKey6, FlowEntry, NatDestKeyOf,
-    NatEntryOf, NatKeyOf, NodeConfig, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
+    NatEntryOf, NatKeyOf, NodeConfig, Reason, SockKeyOf, SockPeerOf, MAX_CLUSTER_CIDRS,
 };
 
 use crate::{
-    forward::{deliver, deliver6},
+    forward::{deliver, deliver6, to_uplink, to_uplink6},
+    icmp, icmp6,
     maps::{
         in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
         FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
         STACK_SOCKETS6,
     },
-    parse::{Pkt, ICMP6_ECHO_REQUEST, ICMP_ECHO},
+    parse::{
+        parse, parse6, Pkt, ICMP6_ECHO_REQUEST, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_PARAMETER_PROB,
+        ICMP_TIME_EXCEEDED,
+    },
     rewrite,
 };
 
 /// An address family, implemented by its address type (wire order).
-pub(crate) trait Family: Copy + PartialEq + 'static {
+pub(crate) trait Family: Copy + PartialEq + Default + 'static {
+    /// Whether this is IPv6 (for the calls that read the packet's tuple themselves).
+    const IPV6: bool;
     /// The ICMP protocol number of the family (`ICMP` or `ICMPV6`).
     const ICMP: u8;
     /// The ICMP type of an echo request.
@@ -66,9 +73,21 @@ pub(crate) trait Family: Copy + PartialEq + 'static {
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
     /// has. `Err` when a step failed (see `rewrite::apply`).
     fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64>;
+
+    /// The headers of a frame of this family (`Err`: why the packet is passed).
+    fn parse(ctx: &TcContext) -> Result<Pkt<Self>, Reason>;
+    /// A pod's packet leaving the node: straight to the uplink (or the tunnel device) the
+    /// family's FIB names, else to the stack (see `forward::to_uplink`).
+    fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32;
+    /// Whether `p` is an ICMP error of the family (about a packet sent).
+    fn is_icmp_error(p: &Pkt<Self>) -> bool;
+    /// An ICMP error arriving at the uplink, about a translated flow or not (see
+    /// `icmp::icmp_error_in`).
+    fn icmp_error_in(ctx: &TcContext, p: &Pkt<Self>) -> i32;
 }
 
 impl Family for Addr4 {
+    const IPV6: bool = false;
     const ICMP: u8 = proto::ICMP;
     const ECHO_REQUEST: u8 = ICMP_ECHO;
     const SWEEP_CLOCK: u32 = 0;
@@ -133,9 +152,34 @@ impl Family for Addr4 {
     fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64> {
         rewrite::rewrite(ctx, p, n)
     }
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Result<Pkt<Self>, Reason> {
+        parse(ctx)
+    }
+
+    #[inline(always)]
+    fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32 {
+        to_uplink(ctx, p, ifindex, own_source)
+    }
+
+    #[inline(always)]
+    fn is_icmp_error(p: &Pkt<Self>) -> bool {
+        p.proto == proto::ICMP
+            && matches!(
+                p.icmp_type,
+                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
+            )
+    }
+
+    #[inline(always)]
+    fn icmp_error_in(ctx: &TcContext, p: &Pkt<Self>) -> i32 {
+        icmp::icmp_error_in(ctx, p)
+    }
 }
 
 impl Family for Addr6 {
+    const IPV6: bool = true;
     const ICMP: u8 = proto::ICMPV6;
     const ECHO_REQUEST: u8 = ICMP6_ECHO_REQUEST;
     // Never an ifindex (those are positive `int`s), nor key 0 (IPv4's clock).
@@ -217,5 +261,25 @@ impl Family for Addr6 {
     #[inline(always)]
     fn rewrite(ctx: &TcContext, p: &Pkt<Self>, n: &NatEntryOf<Self>) -> Result<(), i64> {
         rewrite::rewrite6(ctx, p, n)
+    }
+
+    #[inline(always)]
+    fn parse(ctx: &TcContext) -> Result<Pkt<Self>, Reason> {
+        parse6(ctx)
+    }
+
+    #[inline(always)]
+    fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32 {
+        to_uplink6(ctx, p, ifindex, own_source)
+    }
+
+    #[inline(always)]
+    fn is_icmp_error(p: &Pkt<Self>) -> bool {
+        icmp6::is_error(p)
+    }
+
+    #[inline(always)]
+    fn icmp_error_in(ctx: &TcContext, p: &Pkt<Self>) -> i32 {
+        icmp6::error_in(ctx, p)
     }
 }

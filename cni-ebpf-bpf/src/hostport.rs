@@ -16,17 +16,6 @@ use crate::{
     PASS,
 };
 
-/// Client pod A → node N:hostPort, backed by pod B:bp (possibly A itself): a new hairpin
-/// flow, delivered into B past the stack (both families).
-#[inline(always)]
-pub(crate) fn hairpin_new<A: Family + Default>(ctx: &TcContext, p: &Pkt<A>, b: A, bp: u16) -> i32 {
-    let mut g = HairpinGrant::default();
-    if let Err(v) = hairpin_grant(p, b, bp, &mut g) {
-        return v;
-    }
-    hairpin_finish(ctx, p, &g)
-}
-
 /// What a new hairpin flow was given: its forward translation (as a NAT entry's tuple)
 /// and the key of its reverse entry, already in the table.
 #[derive(Default)]
@@ -39,10 +28,12 @@ pub(crate) struct HairpinGrant<A> {
     pub(crate) rev_key: NatKeyOf<A>,
 }
 
-/// The first half of [`hairpin_new`]: the reverse entry in the table (for a pod reaching
-/// itself, with a node port for its source), the rest written to `out`; `Err(verdict)`
-/// when the flow is refused. Apart from [`hairpin_finish`] so that the IPv6 program can
-/// run them one after the other (their frames would not fit together).
+/// Client pod A → node N:hostPort, backed by pod B:bp (possibly A itself): a new hairpin
+/// flow, delivered into B past the stack. This first half puts the reverse entry in the
+/// table (for a pod reaching itself, with a node port for its source) and writes the rest
+/// to `out`; `Err(verdict)` when the flow is refused. Apart from [`hairpin_finish`] so that
+/// the stages run them one after the other (with IPv6, their frames would not fit
+/// together).
 #[inline(always)]
 pub(crate) fn hairpin_grant<A: Family>(
     p: &Pkt<A>,
@@ -90,7 +81,7 @@ pub(crate) fn hairpin_grant<A: Family>(
     Ok(())
 }
 
-/// The second half of [`hairpin_new`]: the forward entry, the rewrite, the delivery.
+/// The second half of [`hairpin_grant`]: the forward entry, the rewrite, the delivery.
 #[inline(always)]
 pub(crate) fn hairpin_finish<A: Family>(ctx: &TcContext, p: &Pkt<A>, g: &HairpinGrant<A>) -> i32 {
     let fwd = entry(

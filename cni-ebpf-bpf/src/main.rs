@@ -10,15 +10,27 @@
         reason = "core_intrinsics: atomic_xadd, see nat::add_use"
     )
 )]
-//! The tc programs of cni-ebpf.
+//! The tc programs of cni-ebpf, grouped by attach point:
 //!
-//! - `from_pod` (host veth ingress): same-node pod → pod redirect straight into the
-//!   destination pod; hairpin (pod → own node's hostPort, including its own); traffic
-//!   routed out of the uplink redirected straight to it (FIB lookup, no kernel forwarding).
-//! - `uplink_ingress`: replies of masqueraded flows and ICMP errors about them back to the
-//!   pod; DNAT of nodeIP:hostPort to the pod, keeping the client's source address.
-//! - `uplink_egress`: masquerade (SNAT) of pod traffic leaving the cluster; replies of
-//!   host-port flows restored to nodeIP:hostPort.
+//! - a pod's host veth: `from_pod` (ingress: traffic leaving the pod) checks the source
+//!   and paces, then runs the stages of [`pod`]: hairpin (pod → own node's hostPort,
+//!   including its own), same-node pod → pod straight into the destination pod, traffic
+//!   routed out of the uplink redirected straight to it (FIB lookup, no kernel
+//!   forwarding); `to_pod` (egress) judges what the kernel delivers by NetworkPolicy;
+//! - the uplink ([`uplink`]): `uplink_ingress` translates back replies of masqueraded
+//!   flows and ICMP errors about them, DNATs nodeIP:hostPort to the pod keeping the
+//!   client's source address, and delivers verified flows into their pods;
+//!   `uplink_egress` masquerades pod traffic leaving the cluster and restores replies of
+//!   host-port flows to nodeIP:hostPort;
+//! - the tunnel device ([`tunnel`]): `to_tunnel` sets the remote node of a pod's packet,
+//!   `from_tunnel` checks who sent one and delivers it;
+//! - the node's sockets ([`sock`]): host ports for the node's own sockets (cgroup
+//!   `sock_addr` programs).
+//!
+//! The programs attached to the veth and the uplink see both families; an IPv6 frame is
+//! handed at once to the same program's IPv6 twin (`from_pod6`, `uplink_ingress6`,
+//! `uplink_egress6`) by a tail call ([`v6`]). Both run the same stages, generic over the
+//! family ([`family`]); the twin has the verifier's 512-byte stack to itself.
 //!
 //! Every program passes what it does not own unchanged (`TC_ACT_UNSPEC`: "next program",
 //! then the stack; never a drop), and counts why in `REASONS`. The one exception to "never
@@ -26,21 +38,21 @@
 //! packet that arrived, so it is dropped (`drop_rewrite_failed`, see
 //! [`rewrite::rewrite_failed`]) with the NAT entries a new flow made for it.
 //!
-//! One module per concern, as cilium's `bpf/lib/` keeps them apart; the entry points
-//! below read as a short sequence of calls into them:
+//! One module per concern, as cilium's `bpf/lib/` keeps them apart; the stages read as a
+//! short sequence of calls into them:
 //! - [`parse`]: headers → [`parse::Pkt`];
 //! - [`maps`]: the pinned maps and typed reads of them;
-//! - [`family`]: what differs between IPv4 and IPv6 for the flow logic, which is written
-//!   once, generic over it (NAT, flow tracking, masquerade);
+//! - [`family`]: what differs between IPv4 and IPv6, so that everything else is written
+//!   once, generic over it;
 //! - [`rewrite`]: tuple rewrite with checksums;
 //! - [`nat`]: NAT entries, TCP close tracking, SNAT port search;
 //! - [`flows`]: which pod flows may bypass the stack (living next to netfilter);
 //! - [`forward`]: the routed hop, redirect into a pod or to the uplink;
+//! - [`guard`]: a pod speaks only as itself; [`pacing`]: its egress rate;
 //! - [`hostport`]: host-port DNAT and hairpin;
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
 //! - [`icmp`], [`icmp6`]: ICMP and ICMPv6 errors about translated flows;
-//! - [`sock`]: host ports for the node's own sockets (cgroup `sock_addr` programs);
-//! - [`v6`]: the IPv6 programs, tail-called by the three above (`CALLS6`).
+//! - [`policy`]: NetworkPolicy verdicts.
 
 mod family;
 mod flows;
@@ -54,234 +66,52 @@ mod masq;
 mod nat;
 mod pacing;
 mod parse;
+mod pod;
 mod policy;
 mod rewrite;
 mod sock;
 mod tunnel;
+mod uplink;
 mod v6;
 
-use aya_ebpf::{
-    bindings::{TC_ACT_OK, TC_ACT_SHOT, TC_ACT_UNSPEC},
-    macros::classifier,
-    programs::TcContext,
-};
-use cni_ebpf_common::{prog, proto, NatDeliver, NatHook, Reason};
+use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
+use cni_ebpf_common::{prog, Addr4, Addr6, Reason};
 
-use crate::{
-    forward::{deliver, deliver_verified, to_uplink},
-    guard::{check_source, Verdict},
-    maps::{
-        add_stats, count, is_node_addr, local_endpoint, node_config, pod_traffic_to_stack,
-        port_mapping, Source,
-    },
-    nat::{count_translated, nat_lookup},
-    parse::{parse, ICMP_DEST_UNREACH, ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED},
-    rewrite::{apply, rewrite_failed},
-};
+use crate::maps::{add_stats, count};
 
 /// Verdict for packets we leave untouched: "next" (`TCX_NEXT` under tcx, the next filter
 /// under legacy clsact), so other tools' programs still see them; the stack gets them if
 /// nobody else decides.
 pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
 
-/// Host veth ingress: traffic leaving a pod.
+// A pod's host veth.
+
+/// Host veth ingress: traffic leaving a pod. Its source checked and the packet paced
+/// (both families), then the stages of [`pod`].
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
     count(Reason::Seen);
     // SAFETY: reading a field of the context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     add_stats(ifindex, ctx.len(), false);
-    match try_from_pod(&ctx, ifindex) {
-        Ok(v) | Err(v) => v,
+    let sender = match pod::sender(&ctx, ifindex) {
+        Ok(s) => s,
+        Err(v) => return v,
+    };
+    if v6::is_ipv6(&ctx) {
+        return v6::call_from_pod6(&ctx, sender);
     }
+    pod::stages::<Addr4>(&ctx, sender)
 }
 
-#[inline(always)]
-fn try_from_pod(ctx: &TcContext, ifindex: u32) -> Result<i32, i32> {
-    // A pod speaks only as itself: whatever path the packet would take (fast path or
-    // kernel, IPv4 or IPv6, fragment or not), a source that is not the pod's is dropped
-    // here. The verdict is kept: only the pod's own IPv4 address may take the uplink fast
-    // path or be recorded in the flow tables, and nothing needs to look it up again.
-    // (Not IPv4: `parse` passes it on below; nothing is recorded for it.)
-    let source = match check_source(ctx, ifindex) {
-        Verdict::Allowed(s) => s,
-        Verdict::Spoofed => {
-            count(Reason::DropSpoofedSource);
-            return Ok(TC_ACT_SHOT as i32);
-        }
-    };
-    // A pod with an egress rate: every packet it sends is scheduled (or dropped), whatever
-    // path it takes. Only another source than its own costs the extra lookup.
-    let (paced, host_ports) = match source {
-        Source::Own { paced, host_ports } => (paced, host_ports),
-        Source::AllowListed => (true, true),
-    };
-    if paced && !pacing::pace(ctx, ifindex) {
-        count(Reason::DropEgressRate);
-        return Ok(TC_ACT_SHOT as i32);
-    }
-    let own_source = matches!(source, Source::Own { .. });
-    if v6::is_ipv6(ctx) {
-        return Ok(v6::call_from_pod6(ctx, own_source));
-    }
-    let p = match parse(ctx) {
-        Ok(p) => p,
-        Err(r) => {
-            count(r);
-            return Ok(PASS);
-        }
-    };
-
-    // Hairpin flows only ever go to a node address (client → hostPort) or to a local pod
-    // (the replies, sent by the pod behind the host port): traffic leaving the node, and
-    // a pod without host ports talking to another pod, skip their lookups.
-    let dst_ep = local_endpoint(p.daddr);
-    let to_node = dst_ep.is_none() && is_node_addr(p.daddr);
-    if (dst_ep.is_some() && host_ports) || to_node {
-        // An existing hairpin flow.
-        if let Some(n) = nat_lookup(&p, NatHook::POD) {
-            if !apply(ctx, &p, &n) {
-                return Ok(rewrite_failed());
-            }
-            count(Reason::HairpinForward);
-            return Ok(hostport::deliver_local(ctx, n.daddr));
-        }
-    }
-
-    // A new hairpin flow: a pod to one of this node's addresses on a host port.
-    if to_node && p.natable && p.opens_hostport_flow() {
-        if let Some(t) = port_mapping(p.daddr, p.dport, p.proto) {
-            return Ok(hostport::hairpin_new(ctx, &p, t.addr, t.port));
-        }
-    }
-
-    // Same-node pod → pod, unless netfilter must see it (the reply of a Service flow, or
-    // a packet whose flow we cannot tell).
-    if let Some(ep) = dst_ep {
-        if !p.natable || flows::is_translated_reply(&p) {
-            count(Reason::PassTranslatedReply);
-            return Ok(PASS);
-        }
-        if pod_traffic_to_stack() {
-            count(Reason::PassPodTrafficToStack);
-            return Ok(PASS);
-        }
-        flows::opens_direct(&p);
-        count(Reason::RedirectPod);
-        return Ok(deliver(ctx, &ep));
-    }
-
-    // Leaving the node (or for the node itself): straight to the uplink once the flow is
-    // known to leave untranslated, else through the stack.
-    if flows::may_bypass_stack(&p) {
-        return Ok(to_uplink(ctx, &p, ifindex, own_source));
-    }
-    flows::to_stack(&p, own_source);
-    Ok(PASS)
-}
-
-/// Uplink ingress: reverse NAT of masqueraded flows, DNAT of host ports.
+/// `from_pod` for IPv6 (tail-called by it, the source checked and the packet paced). A
+/// delivery into a pod its stages arm is judged by NetworkPolicy after them, in the
+/// program's shallowest frame ([`policy::judge_delivery6`]).
 #[classifier]
-pub fn uplink_ingress(ctx: TcContext) -> i32 {
-    count(Reason::Seen);
-    match try_uplink_ingress(&ctx) {
-        Ok(v) | Err(v) => v,
-    }
-}
-
-#[inline(always)]
-fn try_uplink_ingress(ctx: &TcContext) -> Result<i32, i32> {
-    if v6::is_ipv6(ctx) {
-        return Ok(v6::call(ctx, prog::CALL6_UPLINK_INGRESS));
-    }
-    let p = match parse(ctx) {
-        Ok(p) => p,
-        Err(r) => {
-            count(r);
-            return Ok(PASS);
-        }
-    };
-
-    if tunnel::is_underlay(&p, p.daddr) {
-        return Ok(PASS);
-    }
-    if p.proto == proto::ICMP
-        && matches!(
-            p.icmp_type,
-            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
-        )
-    {
-        return Ok(icmp::icmp_error_in(ctx, &p));
-    }
-
-    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) {
-        if !apply(ctx, &p, &n) {
-            return Ok(rewrite_failed());
-        }
-        if n.deliver == NatDeliver::STACK {
-            count(Reason::SnatReplyToStack);
-            return Ok(TC_ACT_OK as i32);
-        }
-        count_translated(n.kind);
-        return Ok(hostport::deliver_local(ctx, n.daddr));
-    }
-
-    if let Some(v) = hostport::dnat_new(ctx, &p) {
-        return Ok(v);
-    }
-    // For a local pod: straight in when the flow is verified both ways, else to the stack
-    // (noting flows opened from outside, whose replies are never masqueraded).
-    if let Some(ep) = local_endpoint(p.daddr) {
-        if let Some(v) = deliver_verified(ctx, &p, &ep) {
-            return Ok(v);
-        }
-        if let Some(cfg) = node_config() {
-            flows::note_inbound(&p, &cfg);
-        }
-    }
-    count(Reason::PassNoMatch);
-    Ok(PASS)
-}
-
-/// Uplink egress: masquerade pod traffic leaving the cluster; restore replies of host-port
-/// flows to nodeIP:hostPort.
-#[classifier]
-pub fn uplink_egress(ctx: TcContext) -> i32 {
-    count(Reason::Seen);
-    match try_uplink_egress(&ctx) {
-        Ok(v) | Err(v) => v,
-    }
-}
-
-#[inline(always)]
-fn try_uplink_egress(ctx: &TcContext) -> Result<i32, i32> {
-    if v6::is_ipv6(ctx) {
-        return Ok(v6::call(ctx, prog::CALL6_UPLINK_EGRESS));
-    }
-    let p = match parse(ctx) {
-        Ok(p) => p,
-        Err(r) => {
-            count(r);
-            return Ok(PASS);
-        }
-    };
-
-    if tunnel::is_underlay(&p, p.saddr) {
-        return Ok(PASS);
-    }
-    if !policy::admits_leaving(ctx, p.saddr, false) {
-        return Ok(TC_ACT_SHOT as i32);
-    }
-    let flow = flows::seen_leaving(&p);
-    if let Some(n) = nat_lookup(&p, NatHook::UPLINK_OUT) {
-        if !apply(ctx, &p, &n) {
-            return Ok(rewrite_failed());
-        }
-        count_translated(n.kind);
-        return Ok(TC_ACT_OK as i32);
-    }
-
-    Ok(masq::masquerade_new(ctx, &p, flow))
+pub fn from_pod6(ctx: TcContext) -> i32 {
+    policy::forget_delivery();
+    let v = pod::stages::<Addr6>(&ctx, v6::sender(&ctx));
+    policy::judge_delivery6(&ctx, v)
 }
 
 /// Host veth egress: what the kernel's routing delivers to a pod (everything not
@@ -291,12 +121,55 @@ pub fn to_pod(ctx: TcContext) -> i32 {
     policy::to_pod(&ctx)
 }
 
+// The uplink.
+
+/// Uplink ingress: reverse NAT of masqueraded flows, DNAT of host ports, verified flows
+/// into their pods (see [`uplink::ingress`]).
+#[classifier]
+pub fn uplink_ingress(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    if v6::is_ipv6(&ctx) {
+        return v6::call(&ctx, prog::CALL6_UPLINK_INGRESS);
+    }
+    uplink::ingress::<Addr4>(&ctx)
+}
+
+/// `uplink_ingress` for IPv6 (tail-called by it), its deliveries judged as
+/// [`from_pod6`]'s.
+#[classifier]
+pub fn uplink_ingress6(ctx: TcContext) -> i32 {
+    policy::forget_delivery();
+    let v = uplink::ingress::<Addr6>(&ctx);
+    policy::judge_delivery6(&ctx, v)
+}
+
+/// Uplink egress: masquerade pod traffic leaving the cluster; restore replies of host-port
+/// flows to nodeIP:hostPort (see [`uplink::egress`]).
+#[classifier]
+pub fn uplink_egress(ctx: TcContext) -> i32 {
+    count(Reason::Seen);
+    if v6::is_ipv6(&ctx) {
+        return v6::call(&ctx, prog::CALL6_UPLINK_EGRESS);
+    }
+    uplink::egress::<Addr4>(&ctx)
+}
+
+/// `uplink_egress` for IPv6 (tail-called by it).
+#[classifier]
+pub fn uplink_egress6(ctx: TcContext) -> i32 {
+    uplink::egress::<Addr6>(&ctx)
+}
+
+// The tunnel device.
+
+/// Tunnel device egress: a pod's packet for another node gets its tunnel key.
 #[classifier]
 pub fn to_tunnel(ctx: TcContext) -> i32 {
     count(Reason::Seen);
     tunnel::to_tunnel(&ctx)
 }
 
+/// Tunnel device ingress: a packet from another node's pod, into its pod.
 #[classifier]
 pub fn from_tunnel(ctx: TcContext) -> i32 {
     count(Reason::Seen);

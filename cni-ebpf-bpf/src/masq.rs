@@ -25,27 +25,12 @@ use crate::{
 /// local pod opened it towards the outside, else passed unchanged. `flow` is what
 /// [`crate::flows::seen_leaving`] knows of it: `None` when netfilter translated the packet on
 /// its way here, so the replies go back through the stack after our reverse NAT.
-#[inline(always)]
-pub(crate) fn masquerade_new<A: Family + Default>(
-    ctx: &TcContext,
-    p: &Pkt<A>,
-    flow: Option<FlowFlags>,
-) -> i32 {
-    let mut g = Granted::default();
-    if let Err(v) = grant(p, flow, &mut g) {
-        return v;
-    }
-    match finish_new_flow(ctx, p, &g) {
-        Some(v) => v,
-        None => table_refused::<A>(),
-    }
-}
-
-/// The first half of [`masquerade_new`]: whether the flow is to be masqueraded, and if
-/// so its port, with the reverse entry in the table, written to `out` (`Err(verdict)`
+///
+/// This first half decides whether the flow is to be masqueraded, and if so finds its
+/// port and puts the reverse entry in the table, written to `out` (`Err(verdict)`
 /// otherwise; written in place, not returned: an IPv6 one is 64 bytes of the frame). Apart
-/// from the second half ([`finish_new_flow`]) so that the IPv6 program can run them one
-/// after the other, not one inside the other: their frames would not fit together.
+/// from the second half ([`finish_new_flow`]) so that the stages run them one after the
+/// other, not one inside the other: with IPv6, their frames would not fit together.
 #[inline(always)]
 pub(crate) fn grant<A: Family + Default>(
     p: &Pkt<A>,

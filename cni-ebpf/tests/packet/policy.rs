@@ -4,15 +4,6 @@
 //! veth's egress for what the kernel delivers, the uplink's egress), in both families.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use std::net::{IpAddr, Ipv6Addr};
 
 use cni_ebpf::{
@@ -20,7 +11,7 @@ use cni_ebpf::{
     policy::{compile_pod, parse_all, Cluster, PodView, Verdicts},
 };
 use cni_ebpf_common::{owner_id, PolicyEndpoint, Reason, RULESET_CLOSED, RULESET_OPEN};
-use packet_support::*;
+use crate::support::*;
 use serde_json::{json, Value};
 
 const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);

@@ -3,13 +3,9 @@
 //! before; beyond burst and limit they are dropped and counted (`drop_egress_rate`);
 //! a pod without a rate is never touched; removing the pod removes its schedule.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
-
-mod packet_support;
-
 use cni_ebpf::{cni::config::EgressRate, datapath::Endpoint};
 use cni_ebpf_common::{Pacing, PacingMode, Reason};
-use packet_support::*;
+use crate::{frames6::*, support::*};
 
 /// Pod A's attachment (the fixture's), with `egress_rate`.
 fn pod_a(egress_rate: Option<EgressRate>) -> Endpoint {
@@ -179,4 +175,51 @@ fn with_fq_a_paced_pod_gets_departure_times_one_packet_apart() {
         );
     }
     assert_eq!(fx.reason(Reason::DropEgressRate), dropped);
+}
+
+/// Egress rates over IPv6: in fq mode a paced pod's packets for the outside get departure
+/// times, and those that stay on the node (for one of its IPv6 addresses) none, since no
+/// fq holds them.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_packets_leaving_the_node_are_stamped_and_local_ones_are_not() {
+    use cni_ebpf_common::PacingMode;
+
+    let fx = dual_stack_node();
+    let out = udp6(POD_A6, 5353, EXT6, 53);
+    let local = udp6(POD_A6, 5353, NODE6, 53);
+    assert_eq!(out.len(), local.len());
+    // A burst of 2 frames, room for 10 s of schedule.
+    let (rate, cost) = frame_rate(out.len(), 2);
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_A.into(), std::net::IpAddr::V6(POD_A6)],
+            egress_rate: Some(rate),
+            ..endpoint_a()
+        })
+        .unwrap();
+    let mut entry = cni_ebpf::datapath::pacing::pacing_of(&rate, PacingMode::BY_FQ);
+    entry.limit_ns = 10 * 1_000_000_000;
+    fx.put_pacing(IFINDEX_A, entry);
+
+    // Five frames for the node: past the burst, still no departure time.
+    for i in 0..5 {
+        let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &local);
+        assert_ne!(v, SHOT, "frame {i} for the node dropped");
+        assert_eq!(ts, 0, "frame {i} for the node got a departure time");
+    }
+    // The same schedule, now past its burst: every frame for the outside is stamped, one
+    // frame's time apart.
+    let stamps: Vec<u64> = (0..5)
+        .map(|i| {
+            let (v, ts) = fx.run_tstamp("from_pod", IFINDEX_A, &out);
+            assert_ne!(v, SHOT, "frame {i} for the outside dropped");
+            ts
+        })
+        .collect();
+    assert!(stamps.iter().all(|t| *t > 0), "{stamps:?}");
+    for w in stamps.windows(2) {
+        assert_eq!(w[1] - w[0], cost, "{stamps:?}");
+    }
+    assert_eq!(fx.reason(Reason::DropEgressRate), 0);
 }

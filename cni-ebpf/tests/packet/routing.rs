@@ -1,17 +1,8 @@
 //! Packet tests (BPF_PROG_TEST_RUN) of routing decisions and pass-through.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use cni_ebpf_common::Reason;
-use packet_support::*;
+use crate::{frames6::*, support::*};
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
@@ -218,4 +209,83 @@ fn loading_twice_reuses_the_pins_and_unload_removes_them() {
             .is_none(),
         "nothing left pinned"
     );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_from_a_pod_reaches_its_own_program_and_is_tracked() {
+    let fx = dual_stack_node();
+    let syn = tcp6(POD_A6, 40000, EXT6, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &syn, "a pod's IPv6 SYN leaving the node");
+    assert_eq!(
+        fx.reason(Reason::PassIpv6NotLoaded),
+        0,
+        "the tail call must land"
+    );
+    // `from_pod6` ran: the flow is recorded as opened by the pod, not yet verified.
+    let key = NatKey6 {
+        saddr: wire(POD_A6),
+        daddr: wire(EXT6),
+        sport: 40000u16.to_be(),
+        dport: 80u16.to_be(),
+        proto: TCP,
+        _pad: [0; 3],
+    };
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_empty_ipv6_slot_passes_the_packet_and_says_so() {
+    let fx = dual_stack_node();
+    let pin = fx
+        .network_dir()
+        .join(format!("v{}", cni_ebpf_common::LAYOUT_VERSION))
+        .join("maps")
+        .join("CALLS6");
+    let mut m = aya::maps::Map::ProgramArray(aya::maps::MapData::from_pin(&pin).unwrap());
+    let mut calls: aya::maps::ProgramArray<_> = aya::maps::ProgramArray::try_from(&mut m).unwrap();
+    calls
+        .clear_index(&cni_ebpf_common::prog::CALL6_UPLINK_EGRESS)
+        .unwrap();
+    let syn = tcp6(POD_A6, 40001, EXT6, 80, SYN);
+    fx.assert_passes_unchanged("uplink_egress", &syn, "IPv6 with its program missing");
+    assert_eq!(fx.reason(Reason::PassIpv6NotLoaded), 1);
+    assert_eq!(nat6_len(&fx), 0, "nothing translated without the program");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn neighbour_discovery_passes_every_program_untouched() {
+    let fx = dual_stack_node();
+    let ns = neighbour_solicitation(POD_A6, Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 1));
+    for prog in ALL_PROGS {
+        fx.assert_passes_unchanged(prog, &ns, "a neighbour solicitation");
+    }
+    assert_eq!(nat6_len(&fx), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_to_another_pod_of_the_node_goes_straight_into_it() {
+    let fx = dual_stack_node();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            ..endpoint_b()
+        })
+        .unwrap();
+    let syn = tcp6(POD_A6, 40000, POD_B6, 80, SYN);
+    let (v, out) = fx.run("from_pod", &syn);
+    assert_eq!(v, REDIRECT, "into pod B (bpf_redirect_peer)");
+    assert_eq!(out[0..6], POD_MAC_B, "to pod B's MAC");
+    assert_eq!(out[6..12], HOST_MAC_B, "from its host veth's");
+    assert_eq!(out[14 + 7], 63, "hop limit decremented (a routed hop)");
+    let s = parse6(&out);
+    assert_eq!((s.src, s.dst), (POD_A6, POD_B6));
+    assert!(
+        s.csum_ok,
+        "the tuple is untouched, the checksum still right"
+    );
+    assert_eq!(fx.reason(Reason::RedirectPod), 1);
 }

@@ -3,18 +3,9 @@
 //! rewrite fails (dropped, no NAT state left).
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use cni_ebpf::datapath::load::Faults;
 use cni_ebpf_common::Reason;
-use packet_support::*;
+use crate::{frames6::*, support::*};
 
 fn in_snat_range(p: u16) -> bool {
     (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&p)
@@ -605,4 +596,225 @@ fn a_packet_of_an_existing_flow_whose_rewrite_fails_is_dropped() {
     // The flow was not made for these packets: it stays for the next ones.
     assert!(fx.nat(&flow_key(&out_pkt)).is_some(), "forward entry kept");
     assert!(fx.nat(&flow_key(&reply)).is_some(), "reverse entry kept");
+}
+
+/// Masquerades `out` (pod A → EXT6) at the uplink and sends `reply` (built from the
+/// translated packet by `make_reply`) back in; checks both rewrites and checksums.
+fn masquerade_round_trip(
+    fx: &Fixture,
+    out: &[u8],
+    make_reply: impl Fn(&Seen6) -> Vec<u8>,
+    echo: bool,
+) {
+    let before = parse6(out);
+    assert!(before.csum_ok, "the test's own packet");
+    let (v, sent) = fx.run("uplink_egress", out);
+    assert_eq!(v, OK, "a new masqueraded flow");
+    let s = parse6(&sent);
+    assert_eq!(s.src, NODE6, "leaves with the node's IPv6 address");
+    assert_eq!(s.dst, EXT6);
+    assert!(
+        (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&s.sport),
+        "SNAT port {} in range",
+        s.sport
+    );
+    if !echo {
+        assert_eq!(s.dport, before.dport);
+    }
+    assert!(s.csum_ok, "L4 checksum right over the new pseudo-header");
+    assert_eq!(fx.reason(Reason::SnatNew), 1);
+    assert_eq!(nat6_len(fx), 2, "forward and reverse entries");
+
+    let reply = make_reply(&s);
+    let (v, back) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, OK, "the reply, translated back and handed to the stack");
+    let b = parse6(&back);
+    assert_eq!(b.dst, POD_A6, "back to the pod");
+    assert_eq!(b.src, EXT6);
+    if echo {
+        assert_eq!(b.sport, before.sport, "the pod's echo id restored");
+    } else {
+        assert_eq!(b.dport, before.sport, "the pod's port restored");
+    }
+    assert!(
+        b.csum_ok,
+        "the reply's checksum right over the pod's pseudo-header"
+    );
+    // The flow reached the uplink without `from_pod` seeing it (as one netfilter
+    // translated would): its replies go back through the stack.
+    assert_eq!(fx.reason(Reason::SnatReplyToStack), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn tcp_over_ipv6_is_masqueraded_and_the_reply_reaches_the_pod() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &tcp6(POD_A6, 40000, EXT6, 443, SYN),
+        |s| tcp6(EXT6, 443, NODE6, s.sport, SYN | ACK),
+        false,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_over_ipv6_is_masqueraded_and_the_reply_reaches_the_pod() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &udp6(POD_A6, 5353, EXT6, 53),
+        |s| udp6(EXT6, 53, NODE6, s.sport),
+        false,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmpv6_echo_is_masqueraded_by_identifier() {
+    let fx = dual_stack_node();
+    masquerade_round_trip(
+        &fx,
+        &echo6(POD_A6, EXT6, ECHO6_REQUEST, 0x1234),
+        |s| echo6(EXT6, NODE6, ECHO6_REPLY, s.sport),
+        true,
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_inside_the_cluster_or_from_another_source_is_never_masqueraded() {
+    let fx = dual_stack_node();
+    // To another pod of the cluster (pod B's address, not local in ENDPOINTS6).
+    fx.assert_passes_unchanged(
+        "uplink_egress",
+        &tcp6(POD_A6, 40000, POD_B6, 80, SYN),
+        "pod → pod inside clusterCIDRs",
+    );
+    // The node's own traffic (not a local pod's source).
+    fx.assert_passes_unchanged(
+        "uplink_egress",
+        &tcp6(NODE6, 40000, EXT6, 80, SYN),
+        "the node's own connection",
+    );
+    assert_eq!(nat6_len(&fx), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn icmpv6_errors_about_masqueraded_flows_reach_the_pod() {
+    let fx = dual_stack_node();
+    let router = Ipv6Addr::new(0x2001, 0xdb8, 0xffff, 0, 0, 0, 0, 1);
+    let mut errors_seen = 0;
+    for (what, out, ty, code, rest) in [
+        (
+            "packet too big about TCP",
+            tcp6(POD_A6, 40000, EXT6, 443, ACK),
+            2u8,
+            0u8,
+            1280u32.to_be_bytes(),
+        ),
+        (
+            "port unreachable about UDP",
+            udp6(POD_A6, 5353, EXT6, 53),
+            1,
+            4,
+            [0; 4],
+        ),
+        (
+            "time exceeded about an echo request",
+            echo6(POD_A6, EXT6, ECHO6_REQUEST, 0x4321),
+            3,
+            0,
+            [0; 4],
+        ),
+    ] {
+        let (v, sent) = fx.run("uplink_egress", &out);
+        assert_eq!(v, OK, "{what}: masqueraded");
+        let s = parse6(&sent);
+        // The quote: the translated packet as it left, cut after 8 bytes of L4 header as
+        // many routers do (the quoted L4 checksum is then partly missing).
+        let quoted = &sent[14..14 + 40 + 8];
+        let err = icmp6_error(router, NODE6, ty, code, rest, quoted);
+        assert_eq!(quote_of(&err), (NODE6, EXT6, s.sport));
+        let (v, back) = fx.run("uplink_ingress", &err);
+        assert_eq!(v, OK, "{what}: translated and handed to the stack");
+        errors_seen += 1;
+        let b = parse6(&back);
+        assert_eq!(b.dst, POD_A6, "{what}: the error goes to the pod");
+        assert_eq!(b.src, router, "{what}: from the router that sent it");
+        assert!(
+            b.csum_ok,
+            "{what}: ICMPv6 checksum right over the new pseudo-header and quote"
+        );
+        let before = parse6(&out);
+        assert_eq!(
+            quote_of(&back),
+            (POD_A6, EXT6, before.sport),
+            "{what}: the quote is the packet as the pod sent it"
+        );
+        assert_eq!(
+            back[14 + 40..14 + 40 + 8][4..8],
+            rest,
+            "{what}: the MTU field untouched"
+        );
+        assert_eq!(fx.reason(Reason::IcmpErrorTranslated), errors_seen);
+    }
+    // An error about a flow we never translated passes unchanged.
+    let foreign = tcp6(NODE6, 33333, EXT6, 443, ACK);
+    let err = icmp6_error(
+        router,
+        NODE6,
+        2,
+        0,
+        1280u32.to_be_bytes(),
+        &foreign[14..14 + 48],
+    );
+    fx.assert_passes_unchanged("uplink_ingress", &err, "an error about the node's own flow");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn removing_a_dual_stack_pod_purges_its_ipv6_flows_and_entries() {
+    let fx = dual_stack_node();
+    let (v, _) = fx.run("uplink_egress", &udp6(POD_A6, 5353, EXT6, 53));
+    assert_eq!(v, OK);
+    fx.run("from_pod", &tcp6(POD_A6, 40000, EXT6, 80, SYN));
+    assert_eq!(nat6_len(&fx), 2);
+    let view = fx.dp().node_config_view().unwrap();
+    assert_eq!(
+        view.node_addr6,
+        Some(NODE6),
+        "inspect shows the IPv6 masquerade source"
+    );
+    assert!(view.cluster_cidrs.contains(&"fd00:10:244::/48".to_owned()));
+    let attachments = fx.dp().attachments().unwrap();
+    let a = attachments
+        .iter()
+        .find(|a| a.container_id == "ctr-a")
+        .unwrap();
+    assert!(
+        a.ips.contains(&std::net::IpAddr::V6(POD_A6)),
+        "GC sees the IPv6 entry"
+    );
+
+    let ips = [POD_A.into(), std::net::IpAddr::V6(POD_A6)];
+    fx.dp()
+        .detach_endpoint("ctr-a", "eth0", "veth-ctr-a", &ips)
+        .unwrap();
+    assert_eq!(nat6_len(&fx), 0, "the masqueraded flow's entries are gone");
+    let m = fx.map("FLOWS6");
+    let flows: aya::maps::HashMap<_, NatKey6, cni_ebpf_common::FlowEntry> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    assert_eq!(flows.keys().count(), 0, "and the pod's flow verdicts");
+    let m = fx.map("ENDPOINTS6");
+    let eps: aya::maps::HashMap<_, cni_ebpf_common::EndpointKey6, cni_ebpf_common::EndpointInfo> =
+        aya::maps::HashMap::try_from(&m).unwrap();
+    assert_eq!(eps.keys().count(), 0, "no tombstone left behind");
+    // The address is free for the next pod: its packets open nothing of the old one's.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &udp6(EXT6, 53, NODE6, 1024),
+        "a late reply to the gone pod's flow",
+    );
 }

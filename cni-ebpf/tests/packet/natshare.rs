@@ -4,15 +4,11 @@
 //! nothing is ever evicted; finished flows are swept out when a pod at its cap asks for
 //! room, and give its share back.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
-
-mod packet_support;
-
 use std::time::Duration;
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{NatDestKey, NatUse, Reason};
-use packet_support::*;
+use crate::support::*;
 
 const FIN: u8 = 0x01;
 const RST: u8 = 0x04;

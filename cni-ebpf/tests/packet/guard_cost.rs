@@ -4,15 +4,11 @@
 //! check or a sweep an order of magnitude dearer fails here. The figures in
 //! docs/datapath.md ("What the checks cost") come from this test.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
-
-mod packet_support;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{NatEntry, NatKey, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
-use packet_support::*;
+use crate::support::*;
 
 const REPEAT: u32 = 200_000;
 

@@ -4,18 +4,9 @@
 //! flow whose rewrite fails is dropped with no NAT or flow state left.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use cni_ebpf::datapath::load::Faults;
 use cni_ebpf_common::Reason;
-use packet_support::*;
+use crate::{frames6::*, support::*};
 
 /// Pod A serves 8080/tcp → 80 and 5353/udp → 53.
 fn with_mappings() -> Fixture {
@@ -426,4 +417,195 @@ fn a_new_host_port_flow_whose_rewrite_fails_is_dropped_and_leaves_no_state() {
     }
     assert_eq!(fx.reason(Reason::DnatNew), 0);
     assert_eq!(fx.reason(Reason::HairpinNew), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
+    let fx = dual_stack_node();
+    let pod_ips = [POD_A.into(), std::net::IpAddr::V6(POD_A6)];
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            &pod_ips,
+            &[pm(8080, 80, "tcp", None), pm(5353, 53, "udp", None)],
+        )
+        .unwrap();
+    let views = fx.dp().port_mappings().unwrap();
+    assert_eq!(views.len(), 4, "no hostIP: both families: {views:#?}");
+    for (what, syn, reply) in [
+        (
+            "TCP",
+            tcp6(EXT6, 50000, NODE6, 8080, SYN),
+            tcp6(POD_A6, 80, EXT6, 50000, SYN | ACK),
+        ),
+        (
+            "UDP",
+            udp6(EXT6, 50001, NODE6, 5353),
+            udp6(POD_A6, 53, EXT6, 50001),
+        ),
+    ] {
+        let (v, inb) = fx.run("uplink_ingress", &syn);
+        assert_eq!(
+            v, REDIRECT,
+            "{what}: DNATed and delivered into the pod past the stack"
+        );
+        assert_eq!(inb[0..6], POD_MAC_A, "{what}: to pod A's MAC");
+        assert_eq!(inb[14 + 7], 63, "{what}: a routed hop");
+        let i = parse6(&inb);
+        assert_eq!(
+            (i.src, i.dst),
+            (EXT6, POD_A6),
+            "{what}: the client's address kept"
+        );
+        assert_eq!(i.dport, if what == "TCP" { 80 } else { 53 });
+        assert!(i.csum_ok, "{what}: checksum over the new pseudo-header");
+        // Netfilter never saw the flow: the pod's reply takes the uplink fast path (whose
+        // FIB lookup, outside any node here, may leave it to the kernel route) and is
+        // never judged by the flow check.
+        let unverified = fx.reason(Reason::PassUnverifiedFlow);
+        let fast = fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute);
+        fx.run("from_pod", &reply);
+        assert_eq!(fx.reason(Reason::PassUnverifiedFlow), unverified, "{what}");
+        assert_eq!(
+            fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute),
+            fast + 1,
+            "{what}: the reply reaches the uplink fast path"
+        );
+        let (v, out) = fx.run("uplink_egress", &reply);
+        assert_eq!(v, OK, "{what}: the reply restored");
+        let o = parse6(&out);
+        assert_eq!(
+            (o.src, o.dst),
+            (NODE6, EXT6),
+            "{what}: the reply leaves as the node"
+        );
+        assert_eq!(o.sport, if what == "TCP" { 8080 } else { 5353 });
+        assert!(o.csum_ok, "{what}: reply checksum");
+    }
+    assert_eq!(fx.reason(Reason::DnatNew), 2);
+    // An IPv6 hostIP maps IPv6 only, and only there.
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-b", "eth0"),
+            &[POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            &[pm(9090, 90, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap();
+    let (v, inb) = fx.run("uplink_ingress", &tcp6(EXT6, 50002, NODE6, 9090, SYN));
+    assert_eq!(v, OK);
+    assert_eq!(parse6(&inb).dst, POD_B6);
+    assert_eq!(
+        fx.dp().port_mappings().unwrap().len(),
+        5,
+        "one entry, IPv6 only"
+    );
+    // The same port on IPv4 is free still (another family, another map).
+    fx.add_ports("ctr-c", POD_B, &[pm(9090, 91, "tcp", None)]);
+    // An IPv6 hostIP for a pod without an IPv6 address is refused, naming hostIP.
+    let err = fx
+        .dp()
+        .add_port_mappings(
+            ("ctr-d", "eth0"),
+            &[POD_B.into()],
+            &[pm(7070, 70, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("hostIP") && err.to_string().contains("IPv6"),
+        "{err}"
+    );
+    // Taken: the wildcard IPv6 8080 is ctr-a's.
+    let err = fx
+        .dp()
+        .add_port_mappings(
+            ("ctr-e", "eth0"),
+            &[std::net::IpAddr::V6(POD_B6)],
+            &[pm(8080, 80, "tcp", Some("2001:db8::2"))],
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("ctr-a"), "{err}");
+    // Removal takes both families' entries.
+    fx.dp().remove_port_mappings(("ctr-a", "eth0")).unwrap();
+    assert!(
+        !fx.dp()
+            .port_mappings()
+            .unwrap()
+            .iter()
+            .any(|v| v.container_id == "ctr-a"),
+        "ctr-a's host ports are gone"
+    );
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp6(EXT6, 50003, NODE6, 8080, SYN),
+        "a removed IPv6 host port",
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn pods_reach_an_ipv6_host_port_of_their_node_including_their_own() {
+    let fx = dual_stack_node();
+    fx.dp()
+        .put_endpoint_entries(&Endpoint {
+            ips: vec![POD_B.into(), std::net::IpAddr::V6(POD_B6)],
+            ..endpoint_b()
+        })
+        .unwrap();
+    fx.dp()
+        .add_port_mappings(
+            ("ctr-a", "eth0"),
+            &[POD_A.into(), std::net::IpAddr::V6(POD_A6)],
+            &[pm(8080, 80, "tcp", None)],
+        )
+        .unwrap();
+    // Pod B → [node]:8080 → pod A: B's address kept, delivered into A.
+    let (v, out) = fx.run_on(
+        "from_pod",
+        IFINDEX_B,
+        &tcp6(POD_B6, 41000, NODE6, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "into pod A");
+    let o = parse6(&out);
+    assert_eq!((o.src, o.dst, o.dport), (POD_B6, POD_A6, 80));
+    assert!(o.csum_ok);
+    // A's reply comes back as [node]:8080.
+    let (v, back) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 80, POD_B6, 41000, SYN | ACK),
+    );
+    assert_eq!(v, REDIRECT, "into pod B");
+    let b = parse6(&back);
+    assert_eq!((b.src, b.sport, b.dst), (NODE6, 8080, POD_B6));
+    assert!(b.csum_ok);
+    // Pod A → its own host port: the source becomes the node's (a node port), so A sees a
+    // peer that is not itself, and its reply is restored.
+    let (v, out) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 42000, NODE6, 8080, SYN),
+    );
+    assert_eq!(v, REDIRECT, "back into pod A");
+    let o = parse6(&out);
+    assert_eq!((o.src, o.dst, o.dport), (NODE6, POD_A6, 80));
+    assert!(
+        (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&o.sport),
+        "a node port: {}",
+        o.sport
+    );
+    assert!(o.csum_ok);
+    let (v, back) = fx.run_on(
+        "from_pod",
+        IFINDEX_A,
+        &tcp6(POD_A6, 80, NODE6, o.sport, SYN | ACK),
+    );
+    assert_eq!(v, REDIRECT);
+    let b = parse6(&back);
+    assert_eq!(
+        (b.src, b.sport, b.dst, b.dport),
+        (NODE6, 8080, POD_A6, 42000)
+    );
+    assert!(b.csum_ok);
+    assert_eq!(fx.reason(Reason::HairpinNew), 2);
 }

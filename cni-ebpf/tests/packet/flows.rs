@@ -7,14 +7,10 @@
 //! Pod A's host veth is the loopback device (see `IFINDEX_A`), so `from_pod` runs here
 //! see pod A's packets as arriving on A's own veth.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
-
-mod packet_support;
-
 use std::net::Ipv4Addr;
 
 use cni_ebpf_common::{FlowFlags, Reason};
-use packet_support::*;
+use crate::{frames6::*, support::*};
 
 /// A Service's ClusterIP (never routed anywhere: netfilter DNATs it).
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -296,4 +292,133 @@ fn a_reused_client_port_talking_to_a_local_pod_is_fast_again() {
         "the direct connection's replies are not sent to the stack"
     );
     assert_eq!(fx.reason(Reason::PassTranslatedReply), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn the_reply_of_a_flow_opened_from_outside_keeps_the_pods_ipv6_address() {
+    let fx = dual_stack_node();
+    // An outside client opens a connection to the pod (routed to it by the stack).
+    let syn = tcp6(EXT6, 50000, POD_A6, 8080, SYN);
+    fx.assert_passes_unchanged("uplink_ingress", &syn, "inbound SYN to a pod");
+    // The pod's answer leaves with its own address: MASQUERADE only translates flows the
+    // pod opened.
+    let synack = tcp6(POD_A6, 8080, EXT6, 50000, SYN | ACK);
+    fx.assert_passes_unchanged("uplink_egress", &synack, "the pod's SYN-ACK");
+    let ack = tcp6(POD_A6, 8080, EXT6, 50000, ACK);
+    fx.assert_passes_unchanged("uplink_egress", &ack, "the pod's next segment");
+    assert_eq!(nat6_len(&fx), 0);
+    assert!(fx.reason(Reason::PassInboundReply) >= 1);
+}
+
+/// The uplink fast path's count: a redirect to the uplink, or (the FIB lookup, outside
+/// any node here, finding no route out of the uplink) the kernel route.
+fn uplink_fast_path(fx: &Fixture) -> u64 {
+    fx.reason(Reason::RedirectUplink) + fx.reason(Reason::PassKernelRoute)
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_untranslated_ipv6_flow_is_verified_then_fast_pathed_both_ways() {
+    let fx = dual_stack_node();
+    let syn = tcp6(POD_A6, 40000, EXT6, 443, SYN);
+    fx.assert_passes_unchanged("from_pod", &syn, "the first packet goes to the stack");
+    let key = key6(POD_A6, 40000, EXT6, 443, TCP);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+    // The stack forwarded it unchanged: uplink_egress sees the pod's very tuple (and
+    // masquerades it).
+    let (v, out) = fx.run("uplink_egress", &syn);
+    assert_eq!(v, OK);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::VERIFIED));
+    assert_eq!(fx.reason(Reason::FlowVerified), 1);
+    let nport = parse6(&out).sport;
+
+    // Later packets skip the stack and the flow check.
+    let ack = tcp6(POD_A6, 40000, EXT6, 443, ACK);
+    let before = fx.reason(Reason::PassUnverifiedFlow);
+    fx.run("from_pod", &ack);
+    assert_eq!(
+        fx.reason(Reason::PassUnverifiedFlow),
+        before,
+        "ACK of a verified flow"
+    );
+    assert_eq!(
+        uplink_fast_path(&fx),
+        1,
+        "the verified flow's packet took the fast path"
+    );
+
+    // The reply, translated back, goes straight into the pod: the stack saw neither
+    // direction after the first packet.
+    let reply = tcp6(EXT6, 443, NODE6, nport, SYN | ACK);
+    let (v, back) = fx.run("uplink_ingress", &reply);
+    assert_eq!(v, REDIRECT, "into pod A (bpf_redirect_peer)");
+    assert_eq!(back[0..6], POD_MAC_A);
+    assert_eq!(back[14 + 7], 63, "hop limit decremented");
+    let b = parse6(&back);
+    assert_eq!((b.src, b.dst, b.dport), (EXT6, POD_A6, 40000));
+    assert!(b.csum_ok);
+
+    // A SYN is judged afresh (a new connection on a reused tuple).
+    fx.assert_passes_unchanged("from_pod", &syn, "SYN of a verified tuple");
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn an_ipv6_flow_netfilter_translates_stays_on_the_kernel_path() {
+    let fx = dual_stack_node();
+    let vip = Ipv6Addr::new(0xfd00, 0x96, 0, 0, 0, 0, 0, 10);
+    let remote = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 5);
+    let to_vip = tcp6(POD_A6, 40000, vip, 80, SYN);
+    fx.assert_passes_unchanged("from_pod", &to_vip, "pod → IPv6 ClusterIP");
+    // kube-proxy DNATs it to a pod of another node: the uplink sees another tuple.
+    let dnated = tcp6(POD_A6, 40000, remote, 8080, SYN);
+    fx.assert_passes_unchanged("uplink_egress", &dnated, "DNATed to a cluster pod");
+    let key = key6(POD_A6, 40000, vip, 80, TCP);
+    assert_eq!(flow6(&fx, &key), Some(FlowFlags::PENDING));
+    assert_eq!(fx.reason(Reason::FlowVerified), 0);
+    for _ in 0..3 {
+        fx.assert_passes_unchanged(
+            "from_pod",
+            &tcp6(POD_A6, 40000, vip, 80, ACK),
+            "a later packet of a translated flow",
+        );
+    }
+    assert_eq!(fx.reason(Reason::PassUnverifiedFlow), 4);
+    assert_eq!(uplink_fast_path(&fx), 0);
+    // The endpoint's reply (remote → pod, before netfilter's un-DNAT) is not for a
+    // verified flow: the stack gets it.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &tcp6(remote, 8080, POD_A6, 40000, SYN | ACK),
+        "the reply of a translated flow",
+    );
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_verified_ipv6_flow_to_another_node_comes_back_straight_into_the_pod() {
+    let fx = dual_stack_node();
+    let remote = Ipv6Addr::new(0xfd00, 0x10, 0x244, 2, 0, 0, 0, 5);
+    let out = udp6(POD_A6, 40000, remote, 53);
+    fx.assert_passes_unchanged("from_pod", &out, "the first packet");
+    // Inside the cluster: verified, never masqueraded.
+    fx.assert_passes_unchanged("uplink_egress", &out, "a pod → pod packet across nodes");
+    assert_eq!(nat6_len(&fx), 0);
+    assert_eq!(
+        flow6(&fx, &key6(POD_A6, 40000, remote, 53, UDP)),
+        Some(FlowFlags::VERIFIED)
+    );
+    let (v, back) = fx.run("uplink_ingress", &udp6(remote, 53, POD_A6, 40000));
+    assert_eq!(v, REDIRECT, "the reply goes straight into pod A");
+    assert_eq!(back[0..6], POD_MAC_A);
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 1);
+    // A packet of another flow from the same peer goes to the stack.
+    fx.assert_passes_unchanged(
+        "uplink_ingress",
+        &udp6(remote, 54, POD_A6, 40000),
+        "a flow the pod never opened",
+    );
 }

@@ -4,15 +4,6 @@
 //! each kind of damage, DEL, STATUS. No packet is sent anywhere.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use std::{path::PathBuf, process::Command};
 
 use cni_ebpf::{
@@ -24,7 +15,7 @@ use cni_ebpf::{
     netns::Netns,
     Error,
 };
-use packet_support::*;
+use crate::support::*;
 
 /// A network namespace created with `ip netns add`, deleted on drop.
 struct TestNs {

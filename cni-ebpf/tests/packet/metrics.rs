@@ -4,18 +4,9 @@
 //! the exporter uses — it reads what the plugin's handle reads and cannot write.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use cni_ebpf::datapath::Datapath;
 use cni_ebpf_common::{map, MAX_NAT, REASON_SLOTS};
-use packet_support::*;
+use crate::support::*;
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

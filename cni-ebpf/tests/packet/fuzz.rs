@@ -12,18 +12,9 @@
 //!   header checksum and a right TCP/UDP/ICMP checksum (the support module's independent
 //!   implementation).
 
-#![allow(
-    clippy::panic,
-    clippy::unwrap_used,
-    clippy::expect_used,
-    reason = "tests"
-)]
-
-mod packet_support;
-
 use std::net::Ipv4Addr;
 
-use packet_support::*;
+use crate::support::*;
 
 /// TEST-NET-3: addresses nothing in the fixture's node knows.
 fn foreign(r: &mut Rng) -> Ipv4Addr {

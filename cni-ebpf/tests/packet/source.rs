@@ -4,15 +4,11 @@
 //! allow-list (`allowedSourceCIDRs`) is the only way to send from other sources. IPv6
 //! link-local and unspecified sources (neighbour discovery, DAD) always pass.
 
-#![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
-
-mod packet_support;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::Reason;
-use packet_support::*;
+use crate::support::*;
 
 fn node() -> Fixture {
     Fixture::with_two_pods()
