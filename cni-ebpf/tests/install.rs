@@ -12,8 +12,6 @@
     reason = "tests"
 )]
 
-mod packet_support;
-
 use std::{
     os::unix::fs::{MetadataExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
@@ -729,7 +727,7 @@ fn purge_removes_pins_and_filters_only_when_no_pod_is_left() {
         attach::{uplink_handle, TC_HANDLE},
         Pins,
     };
-    use packet_support::{Fixture, POD_A, POD_B};
+    use tests::packet::{Fixture, POD_A, POD_B};
 
     let fx = Fixture::with_two_pods();
     let net_dir = fx.network_dir();

@@ -1,5 +1,11 @@
-//! End-to-end test harness for cni-ebpf (test tiers 3 and 4 of docs/testing.md).
+//! The test support of cni-ebpf: the eBPF packet tests' fixture (tier 2 of
+//! docs/testing.md) and the end-to-end harness (tiers 3 and 4).
 //!
+//! - [`packet`]: the real eBPF object loaded into a private bpffs and network namespace,
+//!   programs run through `BPF_PROG_TEST_RUN` on crafted frames, maps read back.
+//! - [`datapath`]: what the end-to-end tests of the datapath share: the masquerading
+//!   configuration, verbs at spec 1.1.0, map dumps, and traffic tools (a tagged TCP
+//!   server, UDP exchanges, an ICMP sniffer, many-connection clients).
 //! - [`SimNode`]: the simulated node — `node` and `ext` network namespaces
 //!   joined by a veth, per-test pin root, data dir, log file; [`SimNode::pod`] makes pod
 //!   namespaces. Everything is removed on drop, also when a test panics.
@@ -38,6 +44,7 @@ pub mod cluster;
 pub mod conf;
 #[cfg(feature = "cri")]
 pub mod containerd;
+pub mod datapath;
 pub mod inspect;
 pub mod kubeproxy;
 pub mod libcni;
@@ -45,6 +52,7 @@ pub mod net;
 pub mod netns;
 pub mod netpol;
 pub mod node;
+pub mod packet;
 pub mod plugin;
 pub mod process;
 pub mod servers;

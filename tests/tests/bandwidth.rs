@@ -10,14 +10,12 @@
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
-mod datapath_support;
-
 use std::time::Duration;
 
-use datapath_support::{
+use serde_json::{json, Value};
+use tests::datapath::{
     add, check, del, delete_map_key, dump_map, host_veth, inspect, masq_conf, pod_ip, reason,
 };
-use serde_json::{json, Value};
 use tests::{ConfBuilder, Pod, SimNode, EXT_IP4, UPLINK};
 
 /// The limit of the paced pod: 20 Mbit/s with a 200 kbit burst.

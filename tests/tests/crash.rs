@@ -23,9 +23,7 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
-mod datapath_support;
-
-use datapath_support::nat_mentioning;
+use tests::datapath::nat_mentioning;
 use tests::{
     inspect::{host_veths, is_host_veth_name, links},
     process::in_netns,

@@ -6,8 +6,6 @@
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
-mod datapath_support;
-
 use std::{
     collections::BTreeMap,
     io::{self, Read, Write},
@@ -15,7 +13,7 @@ use std::{
     path::Path,
 };
 
-use datapath_support::{
+use tests::datapath::{
     add, del, greet, masq_conf, pod_ip, tcp_udp, wait_until, with_ports, Mode, TaggedServer, NET, T,
 };
 use tests::{assert_ping, net::in_netns, plugin_bin, process::Background, SimNode, EXT_IP4};
@@ -454,7 +452,7 @@ fn metrics_of_named_networks_report_an_unloaded_one_and_refuse_other_requests() 
         .unwrap_or_else(|| panic!("no NAT line under MAPS: {out}"));
     // A plain hash: nothing is ever evicted.
     assert!(nat_line.contains(" hash "), "{nat_line}");
-    let doc = datapath_support::inspect(&node);
+    let doc = tests::datapath::inspect(&node);
     let maps = doc["maps"].as_array().cloned().unwrap_or_default();
     assert_eq!(maps.len(), cni_ebpf_common::map::ALL.len(), "{doc:#}");
     let total: u64 = maps

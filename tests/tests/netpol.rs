@@ -431,8 +431,6 @@ fn generated_policies_compile_to_what_the_model_allows() {
     );
 }
 
-mod datapath_support;
-
 /// With `sameNodeFastPath: false`, same-node pod → pod goes through the node's netfilter,
 /// so an add-on enforcer's FORWARD rule that drops one pod pair holds; with the fast path
 /// on (the default), the same rule never sees that traffic (the datapath's own
@@ -440,7 +438,7 @@ mod datapath_support;
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn an_add_on_enforcers_forward_rules_see_same_node_traffic_when_the_fast_path_is_off() {
-    use datapath_support::{add, greet, masq_conf, pod_ip, Mode, TaggedServer};
+    use tests::datapath::{add, greet, masq_conf, pod_ip, Mode, TaggedServer};
     use tests::SimNode;
 
     for fast_path in [false, true] {
@@ -495,7 +493,7 @@ fn reaches(netns: &std::path::Path, addr: &str, within: std::time::Duration) -> 
     let to: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
     tests::net::in_netns(netns, move || {
         std::net::TcpStream::connect_timeout(&to, within)
-            .and_then(|s| datapath_support::read_line(&s))
+            .and_then(|s| tests::datapath::read_line(&s))
             .is_ok_and(|l| !l.is_empty())
     })
 }
@@ -562,7 +560,7 @@ fn policy_object(name: &str, spec: Value) -> Value {
 fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
     use std::time::{Duration, Instant};
 
-    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
     use tests::{ApiServer, Background, SimNode, EXT_IP4};
 
     const SOON: Duration = Duration::from_millis(300);
@@ -885,7 +883,7 @@ fn start_agent_as(
 fn the_agent_is_ready_once_its_first_rounds_are_made_and_its_datapaths_are_whole() {
     use std::time::Duration;
 
-    use datapath_support::wait_until;
+    use tests::datapath::wait_until;
 
     let node = tests::SimNode::new("agent_ready");
     let pod = node.pod("p");
@@ -1009,8 +1007,8 @@ impl MatrixWorld {
     fn new(test: &str, tunnel: bool) -> Self {
         use std::time::Duration;
 
-        use datapath_support::wait_until;
         use serde_json::json;
+        use tests::datapath::wait_until;
         use tests::{
             netpol::{namespace, pod, probe::MatrixServer},
             ApiServer, Cluster, EXT_IP4,
@@ -1417,7 +1415,7 @@ fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() 
         time::{Duration, Instant},
     };
 
-    use datapath_support::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
     use tests::{ApiServer, SimNode, EXT_IP4};
 
     let node = SimNode::new("np_churn");

@@ -12,8 +12,6 @@
 
 #![allow(clippy::unwrap_used, clippy::panic, reason = "tests")]
 
-mod datapath_support;
-
 use std::{
     net::{Ipv6Addr, SocketAddr, UdpSocket},
     path::Path,
@@ -25,11 +23,11 @@ use std::{
     time::Duration,
 };
 
-use datapath_support::{
+use serde_json::{json, Value};
+use tests::datapath::{
     add, connect, del, dump_map, greet, inspect, masq_conf, read_line, reason, wait_until, Mode,
     TaggedServer,
 };
-use serde_json::{json, Value};
 use tests::{
     net::in_netns, Pod, SimNode, WhoAmIServer, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, POD_SUBNET_V4,
     POD_SUBNET_V6,
@@ -312,11 +310,11 @@ fn a_pod_past_its_nat_cap_cannot_starve_the_others() {
         greet(v.netns(), &format!("{EXT_IP4}:7101"))
             .unwrap_or_else(|e| panic!("pod v's new connection {i}: {e}"));
     }
-    let (answers, _socks) = datapath_support::many_udp(v.netns(), &[to], CAP, 2);
+    let (answers, _socks) = tests::datapath::many_udp(v.netns(), &[to], CAP, 2);
     let ok = answers.iter().filter(|a| a.is_ok()).count();
     assert_eq!(ok, CAP, "pod v's new UDP flows: {answers:?}");
     // And pod h is still refused.
-    let still = datapath_support::udp_exchange(h.netns(), &format!("{EXT_IP4}:7100"), b"more");
+    let still = tests::datapath::udp_exchange(h.netns(), &format!("{EXT_IP4}:7100"), b"more");
     assert!(
         still.is_err(),
         "pod h beyond its cap got an answer: {still:?}"
@@ -414,7 +412,7 @@ fn a_pod_cannot_take_every_snat_port_towards_one_destination() {
     long.write_all(b"still there?\n").unwrap();
     let echoed = read_line(&long).unwrap_or_else(|e| panic!("pod v's long-lived connection: {e}"));
     assert!(echoed.contains("still there?"), "{echoed:?}");
-    let (answers, _socks) = datapath_support::many_udp(v.netns(), &[to], 400, 2);
+    let (answers, _socks) = tests::datapath::many_udp(v.netns(), &[to], 400, 2);
     let ok = answers.iter().filter(|a| a.is_ok()).count();
     assert_eq!(ok, 400, "pod v's new flows to EXT:7100");
     for i in 0..20 {

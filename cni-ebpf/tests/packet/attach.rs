@@ -15,7 +15,7 @@ use cni_ebpf::{
     netns::Netns,
     Error,
 };
-use crate::support::*;
+use tests::packet::*;
 
 /// A network namespace created with `ip netns add`, deleted on drop.
 struct TestNs {

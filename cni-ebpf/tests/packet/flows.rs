@@ -7,10 +7,12 @@
 //! Pod A's host veth is the loopback device (see `IFINDEX_A`), so `from_pod` runs here
 //! see pod A's packets as arriving on A's own veth.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf_common::{FlowFlags, Reason};
-use crate::{frames6::*, support::*};
+use tests::packet::*;
+
+use crate::frames6::*;
 
 /// A Service's ClusterIP (never routed anywhere: netfilter DNATs it).
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);

@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use cni_ebpf::datapath::{Endpoint, NodeConfigSpec};
 use cni_ebpf_common::{FlowFlags, NatKey6};
 
-use crate::support::*;
+use tests::packet::*;
 
 pub(crate) const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
 pub(crate) const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
@@ -42,7 +42,13 @@ pub(crate) fn pseudo6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, len: usize) -> Vec
 }
 
 /// L4 bytes with their checksum (at `csum_at`) computed over the pseudo-header.
-pub(crate) fn l4_6(src: Ipv6Addr, dst: Ipv6Addr, next: u8, mut s: Vec<u8>, csum_at: usize) -> Vec<u8> {
+pub(crate) fn l4_6(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next: u8,
+    mut s: Vec<u8>,
+    csum_at: usize,
+) -> Vec<u8> {
     s[csum_at..csum_at + 2].fill(0);
     let c = inet_csum(&[&pseudo6(src, dst, next, s.len()), &s]);
     s[csum_at..csum_at + 2].copy_from_slice(&c.to_be_bytes());
@@ -216,8 +222,8 @@ pub(crate) fn key6(saddr: Ipv6Addr, sport: u16, daddr: Ipv6Addr, dport: u16, pro
     NatKey6 {
         saddr: wire(saddr),
         daddr: wire(daddr),
-        pub(crate) sport: sport.to_be(),
-        pub(crate) dport: dport.to_be(),
+        sport: sport.to_be(),
+        dport: dport.to_be(),
         proto,
         _pad: [0; 3],
     }

@@ -4,9 +4,11 @@
 //! flow whose rewrite fails is dropped with no NAT or flow state left.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-use cni_ebpf::datapath::load::Faults;
+use cni_ebpf::datapath::{load::Faults, Endpoint};
 use cni_ebpf_common::Reason;
-use crate::{frames6::*, support::*};
+use tests::packet::*;
+
+use crate::frames6::*;
 
 /// Pod A serves 8080/tcp → 80 and 5353/udp → 53.
 fn with_mappings() -> Fixture {

@@ -1,8 +1,8 @@
 //! eBPF packet tests: each program run through `BPF_PROG_TEST_RUN` with crafted packets,
 //! the verdict and the rewritten bytes asserted, checksums verified by an independent
 //! userspace implementation. One module per feature, its IPv4 and IPv6 cases together;
-//! `support` is the fixture (the real object loaded into a private bpffs and network
-//! namespace) and the IPv4 frames, `frames6` the IPv6 frames.
+//! the fixture (the real object loaded into a private bpffs and network namespace) and the
+//! IPv4 frames are the test-support crate's (`tests::packet`), the IPv6 frames `frames6`.
 //!
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
@@ -14,7 +14,6 @@
 )]
 
 mod frames6;
-mod support;
 
 mod attach;
 mod flows;

@@ -6,7 +6,7 @@
 
 use cni_ebpf::datapath::Datapath;
 use cni_ebpf_common::{map, MAX_NAT, REASON_SLOTS};
-use crate::support::*;
+use tests::packet::*;
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

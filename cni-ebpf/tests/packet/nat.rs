@@ -3,9 +3,13 @@
 //! rewrite fails (dropped, no NAT state left).
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
+use std::net::Ipv6Addr;
+
 use cni_ebpf::datapath::load::Faults;
-use cni_ebpf_common::Reason;
-use crate::{frames6::*, support::*};
+use cni_ebpf_common::{NatKey6, Reason};
+use tests::packet::*;
+
+use crate::frames6::*;
 
 fn in_snat_range(p: u16) -> bool {
     (SNAT_PORTS.0..=SNAT_PORTS.1).contains(&p)

@@ -5,7 +5,9 @@
 
 use cni_ebpf::{cni::config::EgressRate, datapath::Endpoint};
 use cni_ebpf_common::{Pacing, PacingMode, Reason};
-use crate::{frames6::*, support::*};
+use tests::packet::*;
+
+use crate::frames6::*;
 
 /// Pod A's attachment (the fixture's), with `egress_rate`.
 fn pod_a(egress_rate: Option<EgressRate>) -> Endpoint {

@@ -1,8 +1,13 @@
 //! Packet tests (BPF_PROG_TEST_RUN) of routing decisions and pass-through.
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 
-use cni_ebpf_common::Reason;
-use crate::{frames6::*, support::*};
+use std::net::Ipv6Addr;
+
+use cni_ebpf::datapath::Endpoint;
+use cni_ebpf_common::{FlowFlags, NatKey6, Reason};
+use tests::packet::*;
+
+use crate::frames6::*;
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

@@ -1,12 +1,9 @@
 //! The `ipam` configuration parser: every accepted form, the host-local defaults, small
 //! subnets, and the refusals (each naming the offending field). No root, no filesystem.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod ipam_common;
-
 use std::{fmt::Debug, net::IpAddr};
 
+use crate::common::{env, parse};
 use cni_ebpf::{
     cni::env::Command,
     error::Error,
@@ -15,7 +12,6 @@ use cni_ebpf::{
         Ipam, IpamConfig,
     },
 };
-use ipam_common::{env, parse};
 use serde_json::{json, Value};
 
 fn ip(s: &str) -> IpAddr {
@@ -151,7 +147,7 @@ fn dual_stack_and_multi_range_sets() {
 
 #[test]
 fn resolv_conf_fills_dns() {
-    let dir = ipam_common::data_dir();
+    let dir = crate::common::data_dir();
     let path = dir.path().join("resolv.conf");
     std::fs::write(
         &path,
@@ -159,7 +155,7 @@ fn resolv_conf_fills_dns() {
          search a.example b.example\noptions ndots:5 edns0\n",
     )
     .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-    let doc = ipam_common::netconf_json(
+    let doc = crate::common::netconf_json(
         dir.path(),
         json!({"ranges": [[{"subnet": "10.1.0.0/24"}]], "resolvConf": path}),
     );
@@ -174,7 +170,7 @@ fn resolv_conf_fills_dns() {
     assert_eq!(dns.options, vec!["ndots:5", "edns0"]);
 
     // ipam.dns wins over resolvConf.
-    let doc = ipam_common::netconf_json(
+    let doc = crate::common::netconf_json(
         dir.path(),
         json!({"ranges": [[{"subnet": "10.1.0.0/24"}]], "resolvConf": path,
                "dns": {"nameservers": ["1.1.1.1"]}}),
@@ -468,8 +464,8 @@ fn requests_for(
     args: &[(&str, &str)],
     extra: Value,
 ) -> Result<Vec<Option<IpAddr>>, Error> {
-    let dir = ipam_common::data_dir();
-    let mut doc = ipam_common::netconf_json(dir.path(), ipam);
+    let dir = crate::common::data_dir();
+    let mut doc = crate::common::netconf_json(dir.path(), ipam);
     if let (Some(obj), Some(extra)) = (doc.as_object_mut(), extra.as_object()) {
         for (k, v) in extra {
             obj.insert(k.clone(), v.clone());

@@ -2,14 +2,10 @@
 //! /usr/lib/cni/host-local: ADD/CHECK/DEL through it, its errors passed on, GC and STATUS
 //! skipped for a plugin that does not speak 1.1.0, and a missing plugin.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod ipam_common;
-
 use std::path::Path;
 
+use crate::common::{data_dir, env, parse};
 use cni_ebpf::{cni::env::Command, error::Error, ipam};
-use ipam_common::{data_dir, env, parse};
 use serde_json::{json, Value};
 
 const HOST_LOCAL: &str = "/usr/lib/cni/host-local";

@@ -3,17 +3,13 @@
 //! it; a new pod on the same host port gets new connections, and a flow of the old pod
 //! never reaches it.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod datapath_support;
-
 use std::{io::Write, time::Duration};
 
-use datapath_support::{
+use serde_json::{json, Value};
+use tests::datapath::{
     add, assert_seen_as, connect, greet, inspect, ip_of, list, masq_conf, nat_mentioning, pin_set,
     pod_ip, read_line, reason, seen_peer, wait_until, with_ports, Mode, TaggedServer,
 };
-use serde_json::{json, Value};
 use tests::{Pod, SimNode, EXT_IP4, NODE_IP4};
 
 /// Host veths in the node whose alias names `pod`.
@@ -108,7 +104,7 @@ fn a_taken_host_port_fails_add_and_del_hands_it_to_the_next_pod() {
     // The same port number over UDP is another host port.
     let udp = json!([{ "hostPort": 8080, "containerPort": 80, "protocol": "udp" }]);
     add(&node, &p2, &with_ports(&base, &udp));
-    datapath_support::del(&node, &p2, &with_ports(&base, &udp));
+    tests::datapath::del(&node, &p2, &with_ports(&base, &udp));
 
     // A long-lived flow ext → node:8080 → pod one.
     let old = connect(node.ext_netns(), &format!("{NODE_IP4}:8080"))
@@ -122,7 +118,7 @@ fn a_taken_host_port_fails_add_and_del_hands_it_to_the_next_pod() {
     assert_eq!(ip_of(&seen_peer(&hello)), EXT_IP4, "{hello:?}");
 
     // DEL frees the host port (and the flow's NAT state).
-    datapath_support::del(&node, &p1, &conf);
+    tests::datapath::del(&node, &p1, &conf);
     let doc = inspect(&node);
     assert!(
         list(&doc, "portMappings").is_empty(),
@@ -183,7 +179,7 @@ fn a_taken_host_port_fails_add_and_del_hands_it_to_the_next_pod() {
     );
     drop(old);
     drop((srv1, srv3));
-    datapath_support::del(&node, &p3, &conf);
+    tests::datapath::del(&node, &p3, &conf);
     assert!(
         list(&inspect(&node), "portMappings").is_empty(),
         "host ports left after the last DEL"

@@ -1,11 +1,11 @@
-//! Shared by the `packet_*` tests: a throwaway bpffs with the datapath loaded into it,
-//! `BPF_PROG_TEST_RUN` through aya, packet builders and an independent checksum check.
+//! The fixture of the eBPF packet tests (`cni-ebpf/tests/packet`, test tier 2): a
+//! throwaway bpffs with the datapath loaded into it, `BPF_PROG_TEST_RUN` through aya,
+//! IPv4 packet builders and an independent checksum check.
 //!
 //! Nothing here touches a network namespace: test runs are synthetic, and the bpffs is a
 //! fresh instance mounted on a temporary directory and unmounted on drop (also when the
 //! test panics).
 
-#![allow(dead_code, reason = "each test file uses a different subset")]
 #![allow(
     clippy::panic,
     clippy::unwrap_used,

@@ -4,18 +4,14 @@
 //! network's programs, maps and uplink links remain. And no iptables or nftables rule is
 //! ever created: the node's rulesets are the same before, during and after.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod datapath_support;
-
 use std::collections::BTreeSet;
 
-use datapath_support::{
+use serde_json::Value;
+use tests::datapath::{
     add, contains_bytes, del, delete_map_key, dump_map, endpoint, greet, host_veth, inspect, list,
     masq_conf, nat_mentioning, pin_set, pod_ip, rulesets, tcp_udp, udp_exchange, with_ports, Mode,
     TaggedServer, GW4, T,
 };
-use serde_json::Value;
 use tests::{assert_ping, tcp_request, ConfBuilder, Pod, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
 
 /// Pods `a` (no host port) and `b` (8080 → 80 TCP and UDP, serving), after traffic of

@@ -1,16 +1,10 @@
-//! What the `datapath_*` end-to-end tests share: the masquerading network
+//! What the end-to-end tests of the datapath share: the masquerading network
 //! configuration, ADD/DEL/CHECK through the real binary at spec 1.1.0, `cni-ebpf inspect`
 //! and raw map dumps (bpftool), and traffic tools the harness does not have — a tagged,
 //! multi-threaded TCP server, a UDP exchange that reports the reply's source, an ICMP
 //! sniffer and a many-connections client.
 //!
-//! Kept next to the tests (not in `tests/src`) because only these tests use it. Every
-//! wait is bounded; every thread stops when its owner drops.
-
-#![allow(
-    dead_code,
-    reason = "shared by several test binaries, each using a different part"
-)]
+//! Every wait is bounded; every thread stops when its owner drops.
 
 use std::{
     collections::BTreeSet,
@@ -26,13 +20,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use serde_json::{json, Value};
-use tests::{
+use crate::{
     net::{in_netns, sock_addr},
     plugin_bin,
     servers::converse,
-    ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4,
+    ConfBuilder, PluginOutput, Pod, SimNode, POD_SUBNET_V4, POD_SUBNET_V6,
 };
+use serde_json::{json, Value};
 
 /// The network name of every configuration here (the `ConfBuilder` default).
 pub const NET: &str = "testnet";
@@ -890,4 +884,30 @@ pub fn upload(node: &SimNode, netns: &Path, addr: &str, len: usize) -> usize {
         Ok(Err(e)) => panic!("sink in ext: {e}"),
         Err(_) => panic!("sink thread panicked"),
     }
+}
+
+/// The IPv6 cluster CIDR (the pod prefix of every node).
+pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
+
+/// Dual-stack pods, masquerade on, both families' cluster CIDRs.
+pub fn dual_stack_masq_conf(node: &SimNode) -> ConfBuilder {
+    node.conf()
+        .version("1.1.0")
+        .subnets(&[POD_SUBNET_V4, POD_SUBNET_V6])
+        .set("ipMasq", json!(true))
+        .set("clusterCIDRs", json!([CLUSTER_CIDR, CLUSTER_CIDR6]))
+}
+
+/// The pod's IPv6 address (no prefix) in an ADD result.
+#[track_caller]
+pub fn pod_ip6(result: &Value) -> String {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str())
+        .find(|a| a.contains(':'))
+        .and_then(|a| a.split('/').next())
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no IPv6 address in the result: {result}"))
 }

@@ -5,21 +5,17 @@
 //! are missing, bpffs is absent, the store cannot be written or no address is left; GC
 //! removes everything of an attachment not listed as valid and nothing of the listed one.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod datapath_support;
-
 use std::time::{Duration, Instant};
 
-use datapath_support::{
-    add, check, contains_bytes, del, delete_map_key, dump_map, endpoint, greet, host_veth, inspect,
-    list, masq_conf, nat_mentioning, pin_dir, pod_ip, tcp_udp, udp_exchange, with_ports, Mode,
-    TaggedServer, NET, T,
-};
 use serde_json::{json, Value};
+use tests::datapath::{
+    add, check, contains_bytes, del, delete_map_key, dual_stack_masq_conf, dump_map, endpoint,
+    greet, host_veth, inspect, known_node_addrs, list, masq_conf, nat_mentioning, pin_dir, pod_ip,
+    pod_ip6, tcp_udp, udp_exchange, with_ports, Mode, TaggedServer, NET, T,
+};
 use tests::{
     assert_ping, plugin::exec_plugin_in, plugin_bin, tcp_request, CniEnv, ConfBuilder,
-    PluginOutput, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4, UPLINK,
+    PluginOutput, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4, NODE_IP6, UPLINK,
 };
 
 fn octets(ip: &str) -> Vec<u8> {
@@ -321,4 +317,95 @@ fn gc_removes_everything_of_an_invalid_attachment_and_nothing_of_a_valid_one() {
     check(&node, &p1, &conf, &r1).assert_empty_success();
     del(&node, &p1, &conf);
     del(&node, &p2, &ports_conf);
+}
+
+/// The gateways of an ADD result.
+fn gateways(result: &Value) -> Vec<String> {
+    result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["gateway"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A node can carry more addresses than the node-address maps hold (256 per family):
+/// kube-proxy's IPVS mode binds every ClusterIP to `kube-ipvs0`, and every host veth has
+/// its own IPv6 link-local, so a node with a few hundred pods used to fail every ADD once
+/// the periodic full listing ran (`E2BIG` from `NODE_ADDRS6`, code 103). Now ADD works
+/// on such a node, also when the full listing runs again with the maps full: the uplink's
+/// addresses and the pods' gateways are tracked (host ports on them answer), the overflow
+/// is warned about, and no IPv6 link-local address takes a slot.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_node_with_more_addresses_than_the_maps_hold_still_starts_pods() {
+    let node = SimNode::new("dp_many_addrs");
+    // Before the first ADD, which lists every address: 300 IPv4, 300 global IPv6 and 300
+    // link-local IPv6 addresses on a side interface.
+    let mut batch = String::new();
+    for i in 0..300u32 {
+        batch += &format!("addr add 100.64.{}.{}/32 dev side0\n", i / 250, i % 250 + 1);
+        batch += &format!("addr add fd99::{:x}/128 dev side0 nodad\n", i + 1);
+        batch += &format!("addr add fe80::99:{:x}/64 dev side0 nodad\n", i + 1);
+    }
+    let script = format!(
+        "ip link add side0 type veth peer name side1 && ip link set side0 up && \
+         ip -batch - <<'EOF'\n{batch}EOF\n"
+    );
+    let out = node.exec(&["sh", "-c", &script]);
+    assert!(out.status.success(), "{out:?}");
+
+    let conf = with_ports(&dual_stack_masq_conf(&node), &tcp_udp(8088, 80, None));
+    let a = node.pod("a");
+    let ra = add(&node, &a, &conf);
+    let known = known_node_addrs(&node);
+    let (v6, v4): (Vec<&String>, Vec<&String>) = known.iter().partition(|a| a.contains(':'));
+    assert!(
+        v4.len() <= 256 && v6.len() <= 256,
+        "{} IPv4 and {} IPv6 node addresses tracked",
+        v4.len(),
+        v6.len()
+    );
+    assert!(
+        !known.iter().any(|a| a.starts_with("fe80:")),
+        "an IPv6 link-local address took a slot: {known:?}"
+    );
+    for want in [NODE_IP4, NODE_IP6]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(gateways(&ra))
+    {
+        assert!(known.contains(&want), "{want} is not tracked: {known:?}");
+    }
+    assert!(
+        node.log().contains("is full"),
+        "the overflow is not warned about: {}",
+        node.log()
+    );
+    let server = WhoAmIServer::start(a.netns(), 80);
+    for hostport in [format!("{NODE_IP4}:8088"), format!("[{NODE_IP6}]:8088")] {
+        greet(node.ext_netns(), &hostport).unwrap_or_else(|e| panic!("TCP ext → {hostport}: {e}"));
+    }
+
+    // The next full listing (10 s later) finds the maps full: the next pod still starts,
+    // and what was tracked stays tracked.
+    std::thread::sleep(std::time::Duration::from_secs(11));
+    let b = node.pod("b");
+    let plain = dual_stack_masq_conf(&node);
+    let rb = add(&node, &b, &plain);
+    let again = known_node_addrs(&node);
+    for want in [NODE_IP4, NODE_IP6]
+        .into_iter()
+        .map(str::to_owned)
+        .chain(gateways(&rb))
+    {
+        assert!(
+            again.contains(&want),
+            "{want} is no longer tracked: {again:?}"
+        );
+    }
+    assert_ping(b.netns(), &pod_ip6(&ra));
+    drop(server);
+    del(&node, &b, &plain);
+    del(&node, &a, &conf);
 }

@@ -4,17 +4,13 @@
 //! And many more short connections to one destination than there are SNAT ports all
 //! succeed, because the ports of closed flows are handed out again.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod datapath_support;
-
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::SocketAddr,
     time::Instant,
 };
 
-use datapath_support::{
+use tests::datapath::{
     add, del, inspect, ip_of, list, many_udp, masq_conf, nofile, open_many_tcp, pod_ip,
     raise_nofile, read_line, reason, seen_peer, Mode, TaggedServer,
 };

@@ -2,10 +2,6 @@
 //! returns its address, the store ends empty) and crash safety (SIGKILL at random points,
 //! hundreds of times). The workers are this test binary re-executed in worker mode.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod ipam_common;
-
 use std::{
     collections::{HashMap, HashSet},
     fs::{File, OpenOptions},
@@ -16,12 +12,12 @@ use std::{
     time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
+use crate::common::{audit_clean, data_dir, env, list, netconf, parse};
 use cni_ebpf::{
     cni::{config::NetConf, env::Command},
     error::Error,
     ipam,
 };
-use ipam_common::{audit_clean, data_dir, env, list, netconf, parse};
 use nix::{
     sys::signal::{kill, Signal},
     unistd::Pid,
@@ -88,7 +84,7 @@ fn spawn_worker(spec: &Value) -> Child {
     let exe = std::env::current_exe().unwrap_or_else(|e| panic!("current_exe: {e}"));
     Process::new(exe)
         .args([
-            "worker_entry",
+            "process::worker_entry",
             "--exact",
             "--nocapture",
             "--test-threads=1",
@@ -246,7 +242,7 @@ fn eight_processes_share_one_slash_24() {
     assert_eq!(claims_left, 0);
     let mut fresh = HashSet::new();
     for i in 0..253 {
-        fresh.extend(ipam_common::add(&conf, &format!("final-{i}")));
+        fresh.extend(crate::common::add(&conf, &format!("final-{i}")));
     }
     assert_eq!(fresh.len(), 253);
     let e = ipam::add(&conf, &env("ADD", "one-too-many", "eth0", &[]), b"{}");
@@ -408,7 +404,7 @@ fn sigkill_at_random_points_loses_nothing() {
         if round % 10 == 9 {
             for r in list(&conf) {
                 if rng.below(2) == 0 {
-                    ipam_common::del(&conf, &r.container_id);
+                    crate::common::del(&conf, &r.container_id);
                     parent_deleted.insert(r.container_id);
                 }
             }
@@ -428,9 +424,9 @@ fn sigkill_at_random_points_loses_nothing() {
     // Nothing is lost for good: after releasing everything and a GC, every address of
     // both range sets can be allocated again (253 IPv4 = the limit; IPv6 /120 has 254).
     for r in list(&conf) {
-        ipam_common::del(&conf, &r.container_id);
+        crate::common::del(&conf, &r.container_id);
     }
-    let mut doc = ipam_common::netconf_json(dir.path(), crash_ipam());
+    let mut doc = crate::common::netconf_json(dir.path(), crash_ipam());
     doc["cni.dev/valid-attachments"] = json!([]);
     ipam::gc(&parse(&doc, Command::Gc), &env("GC", "", "", &[]), b"{}")
         .unwrap_or_else(|e| panic!("GC: {e}"));
@@ -441,7 +437,7 @@ fn sigkill_at_random_points_loses_nothing() {
     );
     let mut v4 = HashSet::new();
     for i in 0..253 {
-        v4.insert(ipam_common::add(&conf, &format!("final-{i}"))[0]);
+        v4.insert(crate::common::add(&conf, &format!("final-{i}"))[0]);
     }
     assert_eq!(v4.len(), 253);
 }

@@ -2,10 +2,6 @@
 //! results, round-robin, exhaustion, requested addresses, keys, CHECK, GC, STATUS, the
 //! reboot rule, crash leftovers, the lock timeout and the path checks.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod ipam_common;
-
 use std::{
     collections::HashSet,
     net::IpAddr,
@@ -14,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::common::{add, audit_clean, data_dir, del, env, list, netconf, netconf_json, parse};
 use cni_ebpf::{
     cni::env::Command,
     error::Error,
@@ -24,7 +21,6 @@ use cni_ebpf::{
         Allocator, Requester,
     },
 };
-use ipam_common::{add, audit_clean, data_dir, del, env, list, netconf, netconf_json, parse};
 use ipnet::IpNet;
 use serde_json::{json, Value};
 
@@ -407,7 +403,7 @@ fn gc_releases_unlisted_keys_only() {
     let released = ipam::gc(&parse(&doc, Command::Gc), &env("GC", "", "", &[]), b"{}")
         .unwrap_or_else(|e| panic!("GC: {e}"));
     assert!(released.is_empty());
-    assert!(!empty.path().join(ipam_common::NETWORK).exists());
+    assert!(!empty.path().join(crate::common::NETWORK).exists());
 }
 
 #[test]
@@ -603,11 +599,11 @@ fn unsafe_store_paths_are_refused() {
     );
     // The store directory itself as a symlink.
     let conf = netconf(&real, v4("10.26.0.0/24"));
-    std::os::unix::fs::symlink(dir.path(), real.join(ipam_common::NETWORK))
+    std::os::unix::fs::symlink(dir.path(), real.join(crate::common::NETWORK))
         .unwrap_or_else(|e| panic!("{e}"));
     let e = add_err(&conf, "c1", &[]);
     assert!(e.to_string().contains("is a symbolic link"), "{e}");
-    std::fs::remove_file(real.join(ipam_common::NETWORK)).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::remove_file(real.join(crate::common::NETWORK)).unwrap_or_else(|e| panic!("{e}"));
 
     // Group- or world-writable data directory (sticky or not).
     for mode in [0o777, 0o1777, 0o770] {

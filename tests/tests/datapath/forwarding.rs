@@ -4,17 +4,16 @@
 //! destinations, host ports from outside with the client's address kept (also on a
 //! `hostIP`), and hairpin to host ports from pods, including a pod's own.
 
-#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
-
-mod datapath_support;
-
-use datapath_support::{
-    add, assert_seen_as, del, endpoint, forwarded_datagrams, greet, inspect, known_node_addrs,
-    list, masq_conf, nat_mentioning, num, pod_ip, reason, seen_peer, tcp_udp, udp_error,
-    udp_exchange, upload, wait_until, with_ports, Family, IcmpSniffer, Mode, TaggedServer, GW4, T,
-};
 use serde_json::Value;
-use tests::{assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, NODE_IP4};
+use tests::datapath::{
+    add, assert_seen_as, del, dual_stack_masq_conf, endpoint, forwarded_datagrams, greet, inspect,
+    known_node_addrs, list, masq_conf, nat_mentioning, num, pod_ip, pod_ip6, reason, seen_peer,
+    tcp_udp, udp_error, udp_exchange, upload, wait_until, with_ports, Family, IcmpSniffer, Mode,
+    TaggedServer, CLUSTER_CIDR6, GW4, T,
+};
+use tests::{
+    assert_ping, tcp_request, SimNode, WhoAmIServer, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6,
+};
 
 /// The `[lo, hi]` SNAT port range the datapath was configured with.
 fn snat_range(doc: &Value) -> (u64, u64) {
@@ -588,7 +587,7 @@ fn only_an_allow_listed_pod_may_send_from_a_foreign_prefix() {
             s.connect_timeout(&to.into(), T)?;
             let s: std::net::TcpStream = s.into();
             s.set_read_timeout(Some(T))?;
-            datapath_support::read_line(&s)
+            tests::datapath::read_line(&s)
         })
     };
     let answer = from(r.netns()).unwrap_or_else(|e| panic!("pod r from 192.0.2.7: {e}"));
@@ -629,4 +628,252 @@ fn assert_masqueraded(answer: &str, (lo, hi): (u64, u64), what: &str) {
         (lo..=hi).contains(&port_of(&peer)),
         "{what}: SNAT port of {peer} outside the range {lo}-{hi}"
     );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pod_to_ext_over_ipv6_is_masqueraded_to_the_node_ipv6_address() {
+    let node = SimNode::new("dp_masq6");
+    let conf = dual_stack_masq_conf(&node);
+    let a = node.pod("a");
+    let r = add(&node, &a, &conf);
+    let ip6 = pod_ip6(&r);
+    let doc = inspect(&node);
+    assert_eq!(doc["node"]["node_addr6"], NODE_IP6, "{:#}", doc["node"]);
+    assert!(
+        doc["node"]["cluster_cidrs"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c == CLUSTER_CIDR6)),
+        "the IPv6 clusterCIDR is configured, not dropped: {:#}",
+        doc["node"]
+    );
+    assert!(
+        list(&doc, "endpoints")
+            .iter()
+            .any(|e| e["ip"] == ip6.as_str()),
+        "inspect lists the pod's IPv6 endpoint: {:#}",
+        doc["endpoints"]
+    );
+
+    let server = WhoAmIServer::start(node.ext_netns(), 8086);
+    let ext = format!("[{EXT_IP6}]:8086");
+    // TCP.
+    let answer = greet(a.netns(), &ext).unwrap_or_else(|e| panic!("TCP pod → [ext]: {e}"));
+    assert_seen_as(
+        &answer,
+        NODE_IP6,
+        "TCP over IPv6: ext must see the node's address",
+    );
+    // UDP; the answer comes back from ext's own address and port.
+    let (answer, from) =
+        udp_exchange(a.netns(), &ext, b"who").unwrap_or_else(|e| panic!("UDP pod → [ext]: {e}"));
+    assert_seen_as(&answer, NODE_IP6, "UDP over IPv6");
+    assert_eq!(from.to_string(), ext, "reply source as the pod sees it");
+    // An ICMPv6 error about a masqueraded flow (port unreachable from ext) is translated
+    // back and reaches the pod's socket.
+    let refused = udp_error(a.netns(), &format!("[{EXT_IP6}]:9"));
+    assert!(
+        matches!(&refused, Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused),
+        "UDP to a closed port of ext over IPv6: the error must reach the pod: {refused:?}"
+    );
+    assert!(reason(&inspect(&node), "icmp_error_translated") >= 1);
+    // ICMPv6 echo (its NAT entry below shows it was masqueraded by identifier).
+    assert_ping(a.netns(), EXT_IP6);
+
+    let doc = inspect(&node);
+    for proto in ["tcp", "udp", "icmpv6"] {
+        assert!(
+            list(&doc, "nat").iter().any(|n| n["kind"] == "snat"
+                && n["protocol"] == proto
+                && n["src"] == ip6.as_str()
+                && n["new_src"] == NODE_IP6
+                && n["dst"] == EXT_IP6),
+            "no {proto} SNAT entry {ip6} → {EXT_IP6} rewritten to {NODE_IP6}: {:#}",
+            doc["nat"]
+        );
+    }
+    assert!(reason(&doc, "snat_new") >= 3, "{:#}", doc["reasons"]);
+    assert_eq!(
+        reason(&doc, "pass_ipv6_not_loaded"),
+        0,
+        "{:#}",
+        doc["reasons"]
+    );
+
+    // CHECK reads the IPv6 entry and the IPv6 programs' slots.
+    node.check(&a, "eth0", &conf, &r).assert_empty_success();
+
+    drop(server);
+    del(&node, &a, &conf);
+    let doc = inspect(&node);
+    assert!(
+        !list(&doc, "nat")
+            .iter()
+            .any(|n| n["src"] == ip6.as_str() || n["new_dst"] == ip6.as_str()),
+        "DEL must purge the pod's IPv6 flows: {:#}",
+        doc["nat"]
+    );
+    assert!(list(&doc, "endpoints").is_empty(), "{:#}", doc["endpoints"]);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_talk_over_ipv6_straight_into_each_other() {
+    let node = SimNode::new("dp_pod6");
+    let conf = dual_stack_masq_conf(&node);
+    let (a, b) = (node.pod("a"), node.pod("b"));
+    add(&node, &a, &conf);
+    let rb = add(&node, &b, &conf);
+    let b6 = pod_ip6(&rb);
+    let server = WhoAmIServer::start(b.netns(), 8087);
+    let before = reason(&inspect(&node), "redirect_pod");
+    let answer = greet(a.netns(), &format!("[{b6}]:8087"))
+        .unwrap_or_else(|e| panic!("TCP pod a → [pod b]: {e}"));
+    let doc = inspect(&node);
+    let a6 = list(&doc, "endpoints")
+        .iter()
+        .find(|e| e["ip"].as_str().is_some_and(|ip| ip.contains(':')) && e["ip"] != b6.as_str())
+        .and_then(|e| e["ip"].as_str())
+        .unwrap_or_else(|| panic!("pod a's IPv6 endpoint: {:#}", doc["endpoints"]))
+        .to_owned();
+    assert_seen_as(&answer, &a6, "pod b must see pod a's own IPv6 address");
+    let grew = reason(&doc, "redirect_pod") - before;
+    assert!(
+        grew >= 2,
+        "redirect_pod grew by {grew}: IPv6 pod → pod must be redirected by from_pod6"
+    );
+    drop(server);
+    del(&node, &a, &conf);
+    del(&node, &b, &conf);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ext_reaches_a_pod_through_an_ipv6_host_port_with_its_own_address() {
+    let node = SimNode::new("dp_hostport6");
+    let conf = with_ports(&dual_stack_masq_conf(&node), &tcp_udp(8088, 80, None));
+    let a = node.pod("a");
+    let r = add(&node, &a, &conf);
+    let doc = inspect(&node);
+    let ports = list(&doc, "portMappings");
+    assert_eq!(
+        ports.len(),
+        4,
+        "no hostIP on a dual-stack pod: TCP and UDP in both families: {ports:#?}"
+    );
+    let server = WhoAmIServer::start(a.netns(), 80);
+    let hostport = format!("[{NODE_IP6}]:8088");
+    let answer =
+        greet(node.ext_netns(), &hostport).unwrap_or_else(|e| panic!("TCP ext → {hostport}: {e}"));
+    assert_seen_as(
+        &answer,
+        EXT_IP6,
+        "the pod must see the client's IPv6 address",
+    );
+    let (answer, from) = udp_exchange(node.ext_netns(), &hostport, b"who")
+        .unwrap_or_else(|e| panic!("UDP ext → {hostport}: {e}"));
+    assert_seen_as(&answer, EXT_IP6, "UDP: the client's address kept");
+    assert_eq!(
+        from.to_string(),
+        hostport,
+        "the reply comes from the host port"
+    );
+    assert!(reason(&inspect(&node), "dnat_new") >= 2);
+    node.check(&a, "eth0", &conf, &r).assert_empty_success();
+
+    // Hairpin: another pod, and the pod itself, through the node's IPv6 host port.
+    let plain = dual_stack_masq_conf(&node);
+    let b = node.pod("b");
+    let rb = add(&node, &b, &plain);
+    let answer =
+        greet(b.netns(), &hostport).unwrap_or_else(|e| panic!("TCP pod b → {hostport}: {e}"));
+    assert_seen_as(
+        &answer,
+        pod_ip6(&rb),
+        "pod a must see pod b's own IPv6 address",
+    );
+    let answer = greet(a.netns(), &hostport)
+        .unwrap_or_else(|e| panic!("TCP pod a → its own {hostport}: {e}"));
+    assert_seen_as(&answer, NODE_IP6, "a pod reaching itself sees the node");
+    assert!(reason(&inspect(&node), "hairpin_new") >= 2);
+    del(&node, &b, &plain);
+
+    drop(server);
+    del(&node, &a, &conf);
+    let doc = inspect(&node);
+    assert!(
+        list(&doc, "portMappings").is_empty(),
+        "{:#}",
+        doc["portMappings"]
+    );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn ipv6_traffic_leaving_through_the_uplink_skips_the_kernel_forwarding_path() {
+    let node = SimNode::new("dp_fast6");
+    let conf = dual_stack_masq_conf(&node);
+    let a = node.pod("a");
+    add(&node, &a, &conf);
+    // The first packet resolves the uplink's next hop (neighbour discovery) in the kernel.
+    assert_ping(a.netns(), EXT_IP6);
+
+    let (before, fwd_before) = (inspect(&node), forwarded_datagrams(&node, Family::V6));
+    let server = WhoAmIServer::start(node.ext_netns(), 8087);
+    let ext = format!("[{EXT_IP6}]:8087");
+    for i in 0..20 {
+        let answer = greet(a.netns(), &ext).unwrap_or_else(|e| panic!("TCP pod → [ext] #{i}: {e}"));
+        assert_seen_as(&answer, NODE_IP6, "still masqueraded");
+    }
+    assert_ping(a.netns(), EXT_IP6);
+    let (after, fwd_after) = (inspect(&node), forwarded_datagrams(&node, Family::V6));
+    let grew = |name: &str| reason(&after, name) - reason(&before, name);
+    // Per connection at least SYN, ACK and FIN leave the pod; plus the echo requests.
+    assert!(
+        grew("redirect_uplink") >= 60,
+        "redirect_uplink grew by {}, expected ≥ 60: {:#}",
+        grew("redirect_uplink"),
+        after["reasons"]
+    );
+    // The replies, translated back, go straight into the pod too.
+    assert!(
+        grew("snat_reply") >= 40,
+        "snat_reply grew by {}, expected ≥ 40 (delivered into the pod): {:#}",
+        grew("snat_reply"),
+        after["reasons"]
+    );
+    // Each flow's first packet goes through the node's stack so that netfilter sees it;
+    // everything after it bypasses the kernel's forwarding: 20 connections + 1 ping
+    // flow, and a little slack for retransmissions.
+    let flows = 20 + 1;
+    assert!(
+        fwd_after - fwd_before <= flows + 2,
+        "the node's kernel forwarded {} IPv6 packets for {flows} flows; after its first \
+         packet pod → ext must bypass it",
+        fwd_after - fwd_before
+    );
+    let first = grew("pass_unverified_flow");
+    assert!(
+        (flows..=flows + 2).contains(&first),
+        "pass_unverified_flow grew by {first}, expected one per flow ({flows}): {:#}",
+        after["reasons"]
+    );
+    drop(server);
+
+    // Too big for the uplink: the kernel gets the packet and sends the pod "packet too
+    // big" (a blind redirect never would), after which the upload completes.
+    let out = node.exec(&["ip", "link", "set", "dev", tests::UPLINK, "mtu", "1400"]);
+    assert!(out.status.success(), "{out:?}");
+    let sent = 256 * 1024;
+    assert_eq!(
+        upload(&node, a.netns(), &format!("[{EXT_IP6}]:8088"), sent),
+        sent
+    );
+    let route = a.exec(&["ip", "-6", "route", "get", EXT_IP6]);
+    let route = route.stdout.clone();
+    assert!(
+        route.contains("mtu 1400"),
+        "the pod must have learned the uplink's MTU 1400: {route}"
+    );
+    del(&node, &a, &conf);
 }

@@ -1,11 +1,6 @@
-//! Helpers shared by the IPAM integration tests: configurations, environments and data
+//! What the IPAM tests share: configurations, environments and data
 //! directories below the target directory (whose ancestors pass the store's path checks,
 //! unlike a sticky world-writable /tmp used as `dataDir` itself).
-
-#![allow(
-    dead_code,
-    reason = "each test binary uses a different subset of these helpers"
-)]
 
 use std::{
     collections::HashMap,
@@ -107,9 +102,4 @@ pub fn audit_clean(conf: &NetConf) -> ipam::Audit {
         audit.problems
     );
     audit
-}
-
-/// The store directory of `conf`.
-pub fn store_dir(conf: &NetConf) -> PathBuf {
-    conf.store_dir()
 }
