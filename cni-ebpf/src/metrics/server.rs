@@ -16,7 +16,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use super::{collect::Exporter, exposition::CONTENT_TYPE, render::render};
+use prometheus_client::{encoding::prometheus_text::CONTENT_TYPE, registry::Registry};
+
+use super::{collect::Exporter, render};
 use crate::error::{Error, Result};
 
 /// Worker threads (each serves one connection at a time).
@@ -266,7 +268,12 @@ impl Write for Conn<'_> {
     }
 }
 
-fn serve_connection(stream: &TcpStream, peer: SocketAddr, exporter: &Exporter) {
+fn serve_connection(
+    stream: &TcpStream,
+    peer: SocketAddr,
+    exporter: &Exporter,
+    registry: &Registry,
+) {
     let mut conn = Conn {
         read: Deadlined {
             stream,
@@ -276,7 +283,12 @@ fn serve_connection(stream: &TcpStream, peer: SocketAddr, exporter: &Exporter) {
     };
     if let Err(e) = exchange(
         &mut conn,
-        || render(&exporter.scrape()),
+        || {
+            render::text(registry).unwrap_or_else(|e| {
+                tracing::warn!("metrics: encoding: {e}");
+                String::new()
+            })
+        },
         || exporter.ready(),
     ) {
         tracing::debug!("metrics: connection from {peer}: {e}");
@@ -290,15 +302,16 @@ pub fn serve(listen: SocketAddr, exporter: Exporter) -> Result<()> {
     let listener =
         TcpListener::bind(listen).map_err(|e| Error::io(format!("listening on {listen}"), e))?;
     let exporter = Arc::new(exporter);
+    let registry = Arc::new(render::registry(Arc::clone(&exporter)));
     let mut workers = Vec::with_capacity(WORKERS);
     for i in 0..WORKERS {
         let l = listener
             .try_clone()
             .map_err(|e| Error::io("cloning the listening socket", e))?;
-        let ex = Arc::clone(&exporter);
+        let (ex, reg) = (Arc::clone(&exporter), Arc::clone(&registry));
         let h = thread::Builder::new()
             .name(format!("metrics-{i}"))
-            .spawn(move || worker(&l, &ex))
+            .spawn(move || worker(&l, &ex, &reg))
             .map_err(|e| Error::io("starting a metrics worker", e))?;
         workers.push(h);
     }
@@ -309,10 +322,10 @@ pub fn serve(listen: SocketAddr, exporter: Exporter) -> Result<()> {
     Err(Error::datapath("metrics", "every worker stopped"))
 }
 
-fn worker(listener: &TcpListener, exporter: &Exporter) {
+fn worker(listener: &TcpListener, exporter: &Exporter, registry: &Registry) {
     loop {
         match listener.accept() {
-            Ok((stream, peer)) => serve_connection(&stream, peer, exporter),
+            Ok((stream, peer)) => serve_connection(&stream, peer, exporter, registry),
             Err(e) => {
                 // EMFILE and the like: back off instead of spinning.
                 tracing::warn!("metrics: accept: {e}");
