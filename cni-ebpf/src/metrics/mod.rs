@@ -6,7 +6,7 @@
 //!   exporter that does it, logging and counting what it could not read;
 //! - [`render`]: a snapshot as metric families — every metric is defined there — and the
 //!   exporter as a `prometheus-client` collector, which writes the text format;
-//! - [`server`]: the bounded HTTP/1.1 server (`/metrics`, `/healthz`, `/ready`).
+//! - [`server`]: the bounded HTTP/1 endpoint on hyper (`/metrics`, `/healthz`, `/ready`).
 //!
 //! Nothing here is reachable from the CNI verbs: the plugin's ADD/DEL/CHECK path neither
 //! links a code path into it nor initialises anything of it.
