@@ -4,15 +4,14 @@
 //!
 //! - [`collect`]: one scrape's reading of the maps ([`collect::Snapshot`]) and the
 //!   exporter that does it, logging and counting what it could not read;
-//! - [`render`]: a snapshot as metric families — every metric is defined there;
-//! - [`exposition`]: the Prometheus text format 0.0.4 (HELP/TYPE lines, escaping);
-//! - [`server`]: the bounded HTTP/1.1 server (`/metrics`, `/healthz`).
+//! - [`render`]: a snapshot as metric families — every metric is defined there — and the
+//!   exporter as a `prometheus-client` collector, which writes the text format;
+//! - [`server`]: the bounded HTTP/1 endpoint on hyper (`/metrics`, `/healthz`, `/ready`).
 //!
 //! Nothing here is reachable from the CNI verbs: the plugin's ADD/DEL/CHECK path neither
 //! links a code path into it nor initialises anything of it.
 
 pub mod collect;
-pub mod exposition;
 pub mod render;
 pub mod server;
 

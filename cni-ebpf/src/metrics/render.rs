@@ -1,19 +1,159 @@
 //! A [`Snapshot`] as metric families: every metric `cni-ebpf metrics` serves is defined
-//! here (and listed in docs/operations.md, "Metrics"). Pure: no I/O, unit-tested.
+//! here (and listed in docs/operations.md, "Metrics"). `prometheus-client` writes them in
+//! the Prometheus text format (0.0.4): [`Exporter`] is its [`Collector`], reading the maps
+//! anew for every scrape, so the registry holds no metric state of its own.
 
-use super::{
-    collect::{NetworkSnapshot, PolicySnapshot, Snapshot},
-    exposition::{self, Family},
+use std::fmt;
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{prometheus_text, DescriptorEncoder, EncodeMetric},
+    metrics::{counter::ConstCounter, gauge::ConstGauge, MetricType},
+    registry::Registry,
 };
 
-/// The snapshot in the Prometheus text format.
+use super::collect::{Exporter, NetworkSnapshot, PolicySnapshot, Snapshot};
+
+/// A sample's value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Value {
+    /// An integer (counters, counts, bytes).
+    Int(u64),
+    /// A float (durations).
+    Float(f64),
+}
+
+impl From<u64> for Value {
+    fn from(v: u64) -> Self {
+        Self::Int(v)
+    }
+}
+
+impl From<u32> for Value {
+    fn from(v: u32) -> Self {
+        Self::Int(u64::from(v))
+    }
+}
+
+impl From<bool> for Value {
+    fn from(v: bool) -> Self {
+        Self::Int(u64::from(v))
+    }
+}
+
+impl From<f64> for Value {
+    fn from(v: f64) -> Self {
+        Self::Float(v)
+    }
+}
+
+/// One sample: label pairs (in output order) and a value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sample {
+    /// `(name, value)` pairs; names are static identifiers, values anything.
+    pub labels: Vec<(&'static str, String)>,
+    /// The value.
+    pub value: Value,
+}
+
+/// A metric family: name, help, type and its samples.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Family {
+    /// Metric name as served (`cni_ebpf_…`; a counter's ends in `_total`).
+    pub name: &'static str,
+    /// One-line description.
+    pub help: &'static str,
+    /// [`MetricType::Counter`] or [`MetricType::Gauge`].
+    pub kind: MetricType,
+    /// Samples, in output order.
+    pub samples: Vec<Sample>,
+}
+
+impl Family {
+    /// An empty counter family.
+    #[must_use]
+    pub const fn counter(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            kind: MetricType::Counter,
+            samples: Vec::new(),
+        }
+    }
+
+    /// An empty gauge family.
+    #[must_use]
+    pub const fn gauge(name: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            help,
+            kind: MetricType::Gauge,
+            samples: Vec::new(),
+        }
+    }
+
+    /// Adds a sample.
+    pub fn push(&mut self, labels: &[(&'static str, &str)], value: impl Into<Value>) {
+        self.samples.push(Sample {
+            labels: labels.iter().map(|(k, v)| (*k, (*v).to_owned())).collect(),
+            value: value.into(),
+        });
+    }
+
+    /// Writes the family through `encoder`; a family without samples is left out entirely
+    /// (a series that is gone leaves no trace).
+    fn encode(&self, encoder: &mut DescriptorEncoder) -> fmt::Result {
+        if self.samples.is_empty() {
+            return Ok(());
+        }
+        // The encoder appends `_total` to a counter's name itself.
+        let name = match self.kind {
+            MetricType::Counter => self.name.strip_suffix("_total").unwrap_or(self.name),
+            _ => self.name,
+        };
+        let mut family = encoder.encode_descriptor(name, self.help, None, self.kind)?;
+        for s in &self.samples {
+            let sample = family.encode_family(&s.labels)?;
+            match (self.kind, s.value) {
+                (MetricType::Counter, Value::Int(v)) => ConstCounter::new(v).encode(sample)?,
+                (MetricType::Counter, Value::Float(v)) => ConstCounter::new(v).encode(sample)?,
+                (_, Value::Int(v)) => ConstGauge::new(v).encode(sample)?,
+                (_, Value::Float(v)) => ConstGauge::new(v).encode(sample)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Every scrape reads the maps and writes what it read.
+impl Collector for Exporter {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        families(&self.scrape())
+            .iter()
+            .try_for_each(|f| f.encode(&mut encoder))
+    }
+}
+
+/// A registry of `collector` alone.
 #[must_use]
-pub fn render(s: &Snapshot) -> String {
-    exposition::render(&families(s))
+pub fn registry(collector: impl Collector) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(collector));
+    registry
+}
+
+/// What `registry` reports, in the Prometheus text format (0.0.4).
+///
+/// # Errors
+/// A value the format cannot hold.
+pub fn text(registry: &Registry) -> Result<String, fmt::Error> {
+    let mut out = String::new();
+    prometheus_text::encode(&mut out, registry)?;
+    Ok(out)
 }
 
 /// Every family of the snapshot, in output order (families without samples included;
-/// the writer leaves them out).
+/// the encoding leaves them out).
 #[must_use]
 pub fn families(s: &Snapshot) -> Vec<Family> {
     let mut out = Vec::new();
@@ -85,7 +225,7 @@ fn policy_families(p: &PolicySnapshot) -> Vec<Family> {
 }
 
 /// One family with one sample per network, labelled `network`.
-fn per_network<V: Into<exposition::Value>>(
+fn per_network<V: Into<Value>>(
     nets: &[NetworkSnapshot],
     family: Family,
     value: impl Fn(&NetworkSnapshot) -> Option<V>,
@@ -343,14 +483,85 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
 }
 
 #[cfg(test)]
+#[expect(clippy::panic, reason = "tests")]
 mod tests {
     use std::{collections::BTreeSet, net::Ipv4Addr, time::Duration};
 
     use super::*;
-    use crate::{
-        datapath::{EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
-        metrics::exposition::{valid_label_name, valid_metric_name, Kind},
-    };
+    use crate::datapath::{EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage};
+
+    /// A collector of fixed families.
+    #[derive(Debug)]
+    struct Fixed(Vec<Family>);
+
+    impl Collector for Fixed {
+        fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+            self.0.iter().try_for_each(|f| f.encode(&mut encoder))
+        }
+    }
+
+    fn encode(families: Vec<Family>) -> String {
+        text(&registry(Fixed(families))).unwrap_or_else(|e| panic!("encoding: {e}"))
+    }
+
+    /// The snapshot as served.
+    fn render(s: &Snapshot) -> String {
+        encode(families(s))
+    }
+
+    /// `[a-zA-Z_:][a-zA-Z0-9_:]*`
+    fn valid_metric_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+
+    /// `[a-zA-Z_][a-zA-Z0-9_]*`, not starting `__` (reserved).
+    fn valid_label_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        !name.starts_with("__")
+            && chars
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+    }
+
+    #[test]
+    fn families_are_written_in_the_text_format_in_order() {
+        let mut c = Family::counter("x_packets_total", "Packets.");
+        c.push(&[("network", "n1"), ("reason", "seen")], 7_u64);
+        c.push(&[("network", "n1"), ("reason", "pass")], 0_u64);
+        let mut g = Family::gauge("x_up", "Up (\"quoted\").");
+        g.push(&[], true);
+        let mut d = Family::gauge("x_seconds", "Duration.");
+        d.push(&[], 0.25);
+        let empty = Family::gauge("x_empty", "Nothing.");
+        assert_eq!(
+            encode(vec![c, empty, g, d]),
+            "# HELP x_packets_total Packets.\n\
+             # TYPE x_packets_total counter\n\
+             x_packets_total{network=\"n1\",reason=\"seen\"} 7\n\
+             x_packets_total{network=\"n1\",reason=\"pass\"} 0\n\
+             # HELP x_up Up (\"quoted\").\n\
+             # TYPE x_up gauge\n\
+             x_up 1\n\
+             # HELP x_seconds Duration.\n\
+             # TYPE x_seconds gauge\n\
+             x_seconds 0.25\n"
+        );
+    }
+
+    #[test]
+    fn label_values_are_escaped() {
+        let mut g = Family::gauge("x", "h");
+        g.push(&[("v", "a\\b\"c\nd"), ("w", "plain-ü 10.0.0.1")], 1_u64);
+        assert_eq!(
+            encode(vec![g]),
+            "# HELP x h\n# TYPE x gauge\nx{v=\"a\\\\b\\\"c\\nd\",w=\"plain-ü 10.0.0.1\"} 1\n"
+        );
+    }
 
     fn endpoint(ip: [u8; 4], id: &str, ifindex: u32, rate: Option<u64>) -> EndpointView {
         EndpointView {
@@ -578,8 +789,9 @@ mod tests {
             assert!(f.name.starts_with("cni_ebpf_"), "{}", f.name);
             assert!(!f.help.is_empty() && !f.help.contains('\n'), "{}", f.name);
             match f.kind {
-                Kind::Counter => assert!(f.name.ends_with("_total"), "{}", f.name),
-                Kind::Gauge => assert!(!f.name.ends_with("_total"), "{}", f.name),
+                MetricType::Counter => assert!(f.name.ends_with("_total"), "{}", f.name),
+                MetricType::Gauge => assert!(!f.name.ends_with("_total"), "{}", f.name),
+                other => panic!("{}: {other:?}", f.name),
             }
             // Every sample has the same label names, valid ones, and a distinct label set.
             let mut sets = BTreeSet::new();
