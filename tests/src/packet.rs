@@ -86,6 +86,10 @@ impl Fixture {
     /// pods' host veths (a veth pair at `IFINDEX_A`/`IFINDEX_B`): test runs and the programs'
     /// FIB lookups never see the machine's own devices or routes. Mounts a fresh bpffs and
     /// loads the programs into `<mnt>/net`.
+    #[expect(
+        clippy::new_without_default,
+        reason = "making one moves the thread into a new namespace: not a default value"
+    )]
     pub fn new() -> Self {
         Self::with_faults(Faults::default())
     }

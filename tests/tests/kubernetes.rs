@@ -501,6 +501,7 @@ fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
     let (mut agents, mut api, mut agent_logs) = (Vec::new(), None, None);
     if cross == CrossNode::Tunnel {
         let server = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+        #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
         let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
         agents.extend(cluster.join_by_tunnel(&server, Underlay::V4, logs.path()));
         api = Some(server);

@@ -2,12 +2,7 @@
 //! directories below the target directory (whose ancestors pass the store's path checks,
 //! unlike a sticky world-writable /tmp used as `dataDir` itself).
 
-use std::{
-    collections::HashMap,
-    ffi::OsString,
-    net::IpAddr,
-    path::{Path, PathBuf},
-};
+use std::{collections::HashMap, ffi::OsString, net::IpAddr, path::Path};
 
 use cni_ebpf::{
     cni::{
