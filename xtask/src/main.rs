@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod emulated;
 mod fuzz;
 mod image;
 mod setup;
@@ -269,6 +270,13 @@ fn test(args: &[String]) -> Result<()> {
         tests = match tests {
             Ok(()) => Err(e),
             Err(t) => Err(t.context(format!("and on the second kernel: {e:#}"))),
+        };
+    }
+    // The other architectures' tier 1 under qemu-user.
+    if let Err(e) = emulated::run_tests(&statics, args) {
+        tests = match tests {
+            Ok(()) => Err(e),
+            Err(t) => Err(t.context(format!("and under emulation: {e:#}"))),
         };
     }
     // The bounded fuzz slice runs even when a test failed, so one run reports both; either
