@@ -109,8 +109,7 @@ impl Arch {
 
     /// `cargo <args>` for this architecture's static build: the target, the flags of a plain
     /// static executable, the C compiler and linker, the cached target directory, and the
-    /// emulator as cargo's runner where one is needed (for `cargo test`). Builds and tests
-    /// share one set of flags, so a test build reuses what the binary's build compiled.
+    /// emulator as cargo's runner where one is needed (for `cargo test`).
     pub fn cargo(self, args: &[&str]) -> Command {
         let mut cmd = Command::new("cargo");
         let target = self.target;
