@@ -152,9 +152,28 @@ fn bad_prev_results_name_the_field() {
     }
 }
 
+/// The plugin binary as a command: `$CNI_EBPF_BIN` (`cargo xtask test` points it at the
+/// binary it built), else the one cargo built with this test. `CNI_EBPF_RUNNER`, when set,
+/// is the program (and its arguments, separated by spaces) that runs it, as cargo's target
+/// runner runs this test: `qemu-aarch64` for the aarch64 binary on an x86_64 machine.
+fn plugin_command() -> Command {
+    let bin =
+        std::env::var_os("CNI_EBPF_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_cni-ebpf").into());
+    let runner = std::env::var("CNI_EBPF_RUNNER").unwrap_or_default();
+    let mut words = runner.split_whitespace();
+    match words.next() {
+        Some(program) => {
+            let mut cmd = Command::new(program);
+            cmd.args(words).arg(bin);
+            cmd
+        }
+        None => Command::new(bin),
+    }
+}
+
 /// Runs the plugin binary with exactly `env` and `stdin`; returns (exit ok, stdout JSON).
 fn plugin(env: &[(&str, &str)], stdin: &str) -> (bool, Value) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
+    let mut child = plugin_command()
         .env_clear()
         .envs(env.iter().copied())
         .stdin(Stdio::piped())

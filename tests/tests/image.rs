@@ -9,6 +9,11 @@
 //!
 //! The binary is `$CNI_EBPF_STATIC_BIN` (`cargo xtask test` builds it for the musl target),
 //! else `target/x86_64-unknown-linux-musl/release/cni-ebpf`.
+//!
+//! The image index of both architectures, as `cargo xtask image --oci-archive` writes it,
+//! is taken apart from its archive (`$CNI_EBPF_IMAGE_ARCHIVE`, which `cargo xtask test`
+//! builds): a platform per image, each image's configuration saying the same, and a static
+//! binary for that machine in each.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -211,4 +216,131 @@ fn the_image_installs_into_a_host_root() {
     // Idempotent, as an init container restarting on every pod restart must be.
     let out = install(&b);
     assert_eq!(out.matches(": unchanged").count(), 2, "{out}");
+}
+
+/// A JSON file, parsed.
+fn json_at(path: &Path) -> Value {
+    serde_json::from_slice(&read(path)).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The path of the blob a descriptor names in the OCI layout `dir`.
+fn blob(dir: &Path, descriptor: &Value) -> PathBuf {
+    let digest = descriptor["digest"].as_str().unwrap_or_default();
+    let Some(hex) = digest.strip_prefix("sha256:") else {
+        panic!("descriptor without a sha256 digest: {descriptor}");
+    };
+    dir.join("blobs/sha256").join(hex)
+}
+
+/// `tar -xf archive -C dir` (tar finds a layer's compression itself).
+fn untar(archive: &Path, dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap_or_else(|e| panic!("{e}"));
+    let out = Command::new("tar")
+        .arg("-xf")
+        .arg(archive)
+        .arg("-C")
+        .arg(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running tar: {e}"));
+    assert!(
+        out.status.success(),
+        "tar -xf {}: {}",
+        archive.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `e_machine` of a 64-bit little-endian ELF file, and whether it has a `PT_INTERP`
+/// program header (a dynamically linked executable).
+fn elf_machine_and_interp(elf: &[u8]) -> (u16, bool) {
+    assert!(
+        elf.len() > 0x40 && elf[..4] == *b"\x7fELF" && elf[4] == 2 && elf[5] == 1,
+        "not a 64-bit little-endian ELF file"
+    );
+    let u16_at = |o: usize| u16::from_le_bytes([elf[o], elf[o + 1]]);
+    let mut phoff = [0u8; 8];
+    phoff.copy_from_slice(&elf[0x20..0x28]);
+    let phoff = usize::try_from(u64::from_le_bytes(phoff)).unwrap_or(usize::MAX);
+    let interp = (0..usize::from(u16_at(0x38))).any(|i| {
+        let at = phoff + i * usize::from(u16_at(0x36));
+        elf.get(at..at + 4) == Some(&3u32.to_le_bytes()[..])
+    });
+    (u16_at(0x12), interp)
+}
+
+/// The image index `cargo xtask image --oci-archive` writes (`$CNI_EBPF_IMAGE_ARCHIVE`:
+/// `cargo xtask test` builds it with the same code from the x86_64 and aarch64 static
+/// binaries) taken apart: one image per architecture, each platform in the index matching
+/// its image's configuration, and each image's root holding LICENSE and a static binary
+/// for that machine.
+#[test]
+#[ignore = "needs the image index that cargo xtask test builds"]
+fn the_image_index_has_an_image_for_each_architecture() {
+    let Some(archive) = std::env::var_os("CNI_EBPF_IMAGE_ARCHIVE").map(PathBuf::from) else {
+        panic!(
+            "CNI_EBPF_IMAGE_ARCHIVE is not set: run through `cargo xtask test`, or set it to \
+             what `cargo xtask image --oci-archive PATH` wrote"
+        );
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("image-index-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let layout = dir.path().join("layout");
+    untar(&archive, &layout);
+
+    // index.json names the pushed image index (or is it, in a layout of one index).
+    let top = json_at(&layout.join("index.json"));
+    let top_manifests = top["manifests"].as_array().cloned().unwrap_or_default();
+    let index = match top_manifests.as_slice() {
+        [one] if one["mediaType"] == "application/vnd.oci.image.index.v1+json" => {
+            json_at(&blob(&layout, one))
+        }
+        _ => top,
+    };
+    assert_eq!(
+        index["mediaType"], "application/vnd.oci.image.index.v1+json",
+        "{index}"
+    );
+    let manifests = index["manifests"].as_array().cloned().unwrap_or_default();
+
+    // (OCI architecture, ELF machine) of each image, in the index's order.
+    let mut found = Vec::new();
+    for (i, descriptor) in manifests.iter().enumerate() {
+        let platform = &descriptor["platform"];
+        assert_eq!(platform["os"], "linux", "{descriptor}");
+        let arch = platform["architecture"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let manifest = json_at(&blob(&layout, descriptor));
+        let config = json_at(&blob(&layout, &manifest["config"]));
+        assert_eq!(config["architecture"], arch.as_str(), "{arch}: the config");
+        assert_eq!(config["os"], "linux", "{arch}: the config");
+        assert_eq!(
+            config["config"]["Entrypoint"],
+            serde_json::json!(["/cni-ebpf"]),
+            "{arch}: {}",
+            config["config"]
+        );
+        let root = dir.path().join(format!("root-{i}"));
+        for layer in manifest["layers"].as_array().cloned().unwrap_or_default() {
+            untar(&blob(&layout, &layer), &root);
+        }
+        let mut names: Vec<String> = std::fs::read_dir(&root)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect();
+        names.sort();
+        assert_eq!(names, ["LICENSE", "cni-ebpf"], "{arch}: the image's root");
+        let (machine, interp) = elf_machine_and_interp(&read(&root.join("cni-ebpf")));
+        assert!(!interp, "{arch}: the binary is dynamically linked");
+        found.push((arch, machine));
+    }
+    // EM_X86_64 and EM_AARCH64.
+    assert_eq!(
+        found,
+        [("amd64".to_owned(), 62), ("arm64".to_owned(), 183)],
+        "(architecture, ELF machine) of each image"
+    );
 }

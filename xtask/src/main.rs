@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod demo;
+mod emulated;
 mod fuzz;
 mod image;
 mod setup;
@@ -171,7 +172,21 @@ fn build_fault_binary() -> Result<PathBuf> {
 }
 
 fn check_embedded(bin: &Path) -> Result<()> {
-    let object_ok = Command::new(bin)
+    check_embedded_via(bin, None)
+}
+
+/// Fails unless `bin version` says the eBPF programs are embedded; `runner` (qemu-user)
+/// runs a binary of another architecture.
+pub fn check_embedded_via(bin: &Path, runner: Option<&str>) -> Result<()> {
+    let mut cmd = match runner {
+        Some(r) => {
+            let mut c = Command::new(r);
+            c.arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let object_ok = cmd
         .args(["version"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).contains("eBPF programs: embedded"))
@@ -212,6 +227,13 @@ fn test(args: &[String]) -> Result<()> {
     ensure_bpffs()?;
     let fault = build_fault_binary()?;
     let static_bin = image::build_static()?;
+    // The image's other architectures: their static binaries, and the image index of all
+    // (tests/tests/image.rs takes its OCI archive apart).
+    let mut statics = vec![(image::Arch::host()?, static_bin.clone())];
+    for arch in image::foreign_arches() {
+        statics.push((arch, image::build_static_for(arch)?));
+    }
+    let archive = image::test_archive(&statics)?;
     let bin = build_release()?;
     let client = sim::build_libcni_client()?;
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
@@ -228,10 +250,11 @@ fn test(args: &[String]) -> Result<()> {
         "--features",
         "tests/cri",
     ];
-    let env: [(&str, &OsStr); 4] = [
+    let env: [(&str, &OsStr); 5] = [
         ("CNI_EBPF_BIN", bin.as_os_str()),
         ("CNI_EBPF_FAULT_BIN", fault.as_os_str()),
         ("CNI_EBPF_STATIC_BIN", static_bin.as_os_str()),
+        ("CNI_EBPF_IMAGE_ARCHIVE", archive.as_os_str()),
         ("LIBCNI_CLIENT", client.as_os_str()),
     ];
     let mut cmd = Command::new("cargo");
@@ -248,6 +271,13 @@ fn test(args: &[String]) -> Result<()> {
         tests = match tests {
             Ok(()) => Err(e),
             Err(t) => Err(t.context(format!("and on the second kernel: {e:#}"))),
+        };
+    }
+    // The other architectures' tier 1 under qemu-user.
+    if let Err(e) = emulated::run_tests(&statics, args) {
+        tests = match tests {
+            Ok(()) => Err(e),
+            Err(t) => Err(t.context(format!("and under emulation: {e:#}"))),
         };
     }
     // The bounded fuzz slice runs even when a test failed, so one run reports both; either

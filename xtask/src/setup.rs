@@ -13,7 +13,7 @@ pub enum Need {
     Build,
     /// The build and the namespaces of a simulated node (`load`, `demo`).
     Node,
-    /// The build, the static build and buildah (`image`).
+    /// The build, the static builds for every architecture and buildah (`image`).
     Image,
     /// cargo-fuzz and the nightly toolchain (`fuzz`).
     Fuzz,
@@ -27,10 +27,13 @@ const BUILD_PACKAGES: &[&str] = &["llvm-22-dev", "libpolly-22-dev", "libzstd-dev
 /// A simulated node: namespaces, links and routes, and the demo's pings.
 const NODE_PACKAGES: &[&str] = &["iproute2", "iputils-ping", "util-linux"];
 
-/// The container image: buildah builds it, runc runs it (the image test); musl-gcc
-/// compiles ring's C and assembly (the TLS of the Kubernetes API client) for the static
-/// musl build.
-const IMAGE_PACKAGES: &[&str] = &["buildah", "runc", "musl-tools"];
+/// The container image: buildah builds it, runc runs it (the image test). ring's C and
+/// assembly (the TLS of the Kubernetes API client) are compiled by musl-gcc for the x86_64
+/// static build and by clang for the aarch64 one (which links with rustc's own rust-lld,
+/// and archives with LLVM 22's llvm-ar, there for bpf-linker); qemu-user runs the aarch64
+/// binary and its tests here (called by name: nothing registers it with binfmt_misc, and
+/// its recommended qemu-user-binfmt is left out).
+const IMAGE_PACKAGES: &[&str] = &["buildah", "runc", "musl-tools", "clang-22", "qemu-user"];
 
 /// What the tests and the benches use besides.
 const TEST_PACKAGES: &[&str] = &[
@@ -102,7 +105,7 @@ fn has_rust_src() -> bool {
         .unwrap_or(false)
 }
 
-fn has_static_target() -> bool {
+fn has_target(target: &str) -> bool {
     Command::new("rustup")
         .args(["target", "list", "--installed"])
         .output()
@@ -110,7 +113,7 @@ fn has_static_target() -> bool {
             o.status.success()
                 && String::from_utf8_lossy(&o.stdout)
                     .lines()
-                    .any(|l| l.trim() == crate::image::STATIC_TARGET)
+                    .any(|l| l.trim() == target)
         })
         .unwrap_or(false)
 }
@@ -202,7 +205,9 @@ pub fn run(need: Need, verbose: bool) -> Result<()> {
     }
 
     if matches!(need, Need::Image | Need::All) {
-        ensure_static_target(verbose)?;
+        for arch in crate::image::ARCHES {
+            ensure_target(verbose, arch.target)?;
+        }
     }
 
     if has_bpf_linker() {
@@ -245,14 +250,14 @@ fn ensure_kustomize(verbose: bool) -> Result<()> {
     apt_install(&["kubernetes-client"])
 }
 
-fn ensure_static_target(verbose: bool) -> Result<()> {
-    // The container image's binary is static: built for the musl target, whose standard
-    // library rustup ships (self-contained); only ring's C needs musl-gcc (musl-tools).
-    let target = crate::image::STATIC_TARGET;
+fn ensure_target(verbose: bool, target: &str) -> Result<()> {
+    // The container image's binaries are static: built for the musl targets, whose
+    // standard library, start files and libc rustup ships (self-contained); only ring's C
+    // needs a C compiler for the target (IMAGE_PACKAGES).
     if present(
         verbose,
         &format!("Rust target {target}"),
-        has_static_target(),
+        has_target(target),
     ) {
         return Ok(());
     }
