@@ -261,6 +261,30 @@ mod tests {
         assert!(post.contains("\r\nAllow: GET, HEAD\r\n"), "{post}");
     }
 
+    /// Only `/metrics` reads the maps: every scrape of an empty root counts one discovery
+    /// error, so the count after other requests tells how many scrapes they caused.
+    #[tokio::test]
+    async fn scraping_only_happens_for_metrics() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let addr = start(exporter(dir.path().into())).await;
+        for request in [
+            &b"GET /healthz HTTP/1.1\r\n\r\n"[..],
+            b"HEAD /healthz HTTP/1.1\r\n\r\n",
+            b"GET / HTTP/1.1\r\n\r\n",
+            b"GET /nope HTTP/1.1\r\n\r\n",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+        ] {
+            exchange(addr, request).await;
+        }
+        for scrapes in 1..=2 {
+            let out = exchange(addr, b"GET /metrics HTTP/1.1\r\n\r\n").await;
+            assert!(
+                out.contains(&format!("\ncni_ebpf_discovery_errors_total {scrapes}\n")),
+                "scrape {scrapes}: {out}"
+            );
+        }
+    }
+
     #[tokio::test]
     async fn ready_answers_503_with_the_reasons_until_ready() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
