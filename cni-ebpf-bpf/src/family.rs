@@ -24,10 +24,7 @@ use crate::{
         FLOWS6, NAT, NAT6, NAT_DEST_USE, NAT_DEST_USE6, NODE_ADDRS6, NODE_CONFIG6, STACK_SOCKETS,
         STACK_SOCKETS6,
     },
-    parse::{
-        parse, parse6, Pkt, ICMP6_ECHO_REQUEST, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_PARAMETER_PROB,
-        ICMP_TIME_EXCEEDED,
-    },
+    parse::{parse, parse6, Pkt, ICMP6_ECHO_REQUEST, ICMP_ECHO},
     rewrite,
 };
 
@@ -165,11 +162,7 @@ impl Family for Addr4 {
 
     #[inline(always)]
     fn is_icmp_error(p: &Pkt<Self>) -> bool {
-        p.proto == proto::ICMP
-            && matches!(
-                p.icmp_type,
-                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
-            )
+        icmp::is_error(p)
     }
 
     #[inline(always)]

@@ -7,12 +7,29 @@ use crate::{
     hostport::deliver_local,
     maps::{count, NAT},
     parse::{
-        Iphdr, Pkt, ICMP_CSUM, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, INNER_IP_OFF,
-        INNER_L4_OFF, IP_CSUM, IP_DADDR, IP_OFF, IP_SADDR, L4_DPORT, L4_OFF,
+        Iphdr, Pkt, ICMP_CSUM, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY,
+        ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED, INNER_IP_OFF, INNER_L4_OFF, IP_CSUM, IP_DADDR,
+        IP_OFF, IP_SADDR, L4_DPORT, L4_OFF,
     },
     rewrite::{l4_csum_replace, rewrite_failed},
     PASS,
 };
+
+/// Whether ICMP type `ty` is an error about a packet sent (destination unreachable, time
+/// exceeded, parameter problem), which quotes that packet.
+#[inline(always)]
+pub(crate) fn is_error_type(ty: u8) -> bool {
+    matches!(
+        ty,
+        ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
+    )
+}
+
+/// Whether `p` is an ICMP error (see [`is_error_type`]).
+#[inline(always)]
+pub(crate) fn is_error(p: &Pkt) -> bool {
+    p.proto == proto::ICMP && is_error_type(p.icmp_type)
+}
 
 /// An ICMP error (outer `p`) arriving from outside about a packet we translated on its
 /// way out: translate the quoted packet back and deliver the error to the pod. An error

@@ -38,6 +38,7 @@ use cni_ebpf_common::{
 
 use crate::{
     family::Family,
+    icmp,
     maps::{
         count, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT, POLICY_FLOWS,
         POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
@@ -45,10 +46,9 @@ use crate::{
     parse::{
         byte_or_zero, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH,
         ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP6_PACKET_TOO_BIG, ICMP6_PARAM_PROB,
-        ICMP6_TIME_EXCEEDED, ICMP_DEST_UNREACH, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY,
-        ICMP_PARAMETER_PROB, ICMP_TIME_EXCEEDED, INNER6_IP_OFF, INNER6_L4_OFF, INNER_IP_OFF,
-        INNER_L4_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF, IP_PROTO, IP_SADDR,
-        L4_OFF, L4_OFF6,
+        ICMP6_TIME_EXCEEDED, ICMP_ECHO, ICMP_ECHO_ID, ICMP_ECHO_REPLY, INNER6_IP_OFF,
+        INNER6_L4_OFF, INNER_IP_OFF, INNER_L4_OFF, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF,
+        IP_OFF, IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6,
     },
     PASS,
 };
@@ -189,10 +189,7 @@ pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
     };
     if proto_ == proto::ICMP && sport == 0 && dport == 0 {
         let ty: u8 = read(ctx, L4_OFF).ok()?;
-        if matches!(
-            ty,
-            ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROB
-        ) {
+        if icmp::is_error_type(ty) {
             quoted4(ctx, s);
         }
     }
