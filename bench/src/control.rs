@@ -66,6 +66,11 @@ struct Samples {
     add: Vec<f64>,
     check: Vec<f64>,
     del: Vec<f64>,
+    /// CPU time (ms) and page faults of each ADD and DEL (direct exec only).
+    add_cpu: Vec<f64>,
+    add_faults: Vec<f64>,
+    del_cpu: Vec<f64>,
+    del_faults: Vec<f64>,
     add_rss: Vec<f64>,
     add_wall: f64,
     del_wall: f64,
@@ -135,6 +140,10 @@ fn one_run(
         add_rss: adds.iter().map(|o| o.maxrss_kib as f64).collect(),
         check: checks.iter().map(|o| ms(o.wall)).collect(),
         del: dels.iter().map(|o| ms(o.wall)).collect(),
+        add_cpu: adds.iter().map(|o| ms(o.cpu)).collect(),
+        add_faults: adds.iter().map(|o| o.faults as f64).collect(),
+        del_cpu: dels.iter().map(|o| ms(o.cpu)).collect(),
+        del_faults: dels.iter().map(|o| o.faults as f64).collect(),
         add_wall: add_wall.as_secs_f64(),
         del_wall: del_wall.as_secs_f64(),
     })
@@ -166,6 +175,40 @@ fn spawn_floor(node: &BenchNode) -> Result<(f64, f64)> {
     Ok((median(&walls), rss as f64))
 }
 
+/// Plain pods ADDed and DELed under `strace -c` for [`syscalls`].
+const TRACED_PODS: usize = 5;
+
+/// The section of the per-verb profile rows.
+const PROFILE: &str = "Profile of one verb (direct exec, plain pods, 1 worker; p50)";
+
+/// System calls per ADD and per DEL, the median over [`TRACED_PODS`] pods run under
+/// `strace -f -c` (numbered after the `first` pods of the timed runs); those runs are not
+/// timed.
+fn syscalls(report: &mut Report, node: &BenchNode, first: usize) -> Result<()> {
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for i in 0..TRACED_PODS {
+        check_interrupt()?;
+        let pod = node.pod(first + 1 + i)?;
+        let added = node.traced("ADD", &pod, None)?;
+        let deleted = node.traced("DEL", &pod, Some(&added.result))?;
+        adds.push(added.syscalls as f64);
+        dels.push(deleted.syscalls as f64);
+    }
+    let col = node.variant.key();
+    for (verb, n) in [("add", &adds), ("del", &dels)] {
+        report.put(
+            &format!("cp.profile.{verb}.syscalls"),
+            PROFILE,
+            &format!("system calls per {} (strace -c)", verb.to_uppercase()),
+            "calls",
+            false,
+            col,
+            median(n),
+        );
+    }
+    Ok(())
+}
+
 /// Runs the control-plane phase for both variants into `report`.
 pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let mut details = Map::new();
@@ -190,6 +233,9 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         let warm = node.pod(p.pods)?;
         let r = node.op("ADD", Via::Direct, &warm, &[], None)?;
         node.op("DEL", Via::Direct, &warm, &[], Some(&r.result))?;
+        if p.vias.contains(&Via::Direct) {
+            syscalls(report, &node, p.pods)?;
+        }
         if p.vias.contains(&Via::Embedded) {
             let most = p.workers.iter().copied().max().unwrap_or(1);
             node.start_sessions(most, &warm)?;
@@ -289,6 +335,18 @@ fn record(
             );
         }
     }
+    let add = Summary::of(&s.add);
+    if add.p50 > 0.0 {
+        report.put(
+            &format!("{base}.add.tail"),
+            &section,
+            "ADD p99 ÷ p50",
+            "×",
+            false,
+            col,
+            add.p99 / add.p50,
+        );
+    }
     let n = s.add.len() as f64;
     let add_pps = if s.add_wall > 0.0 {
         n / s.add_wall
@@ -320,6 +378,32 @@ fn record(
     );
     let rss = Summary::of(&s.add_rss);
     if via == Via::Direct && w == 1 && kind == Kind::Plain {
+        for (key, what, unit, samples) in [
+            (
+                "add.cpu",
+                "CPU time per ADD (user + system)",
+                "ms",
+                &s.add_cpu,
+            ),
+            ("add.faults", "page faults per ADD", "faults", &s.add_faults),
+            (
+                "del.cpu",
+                "CPU time per DEL (user + system)",
+                "ms",
+                &s.del_cpu,
+            ),
+            ("del.faults", "page faults per DEL", "faults", &s.del_faults),
+        ] {
+            report.put(
+                &format!("cp.profile.{key}"),
+                PROFILE,
+                what,
+                unit,
+                false,
+                col,
+                median(samples),
+            );
+        }
         report.put(
             "cp.add.maxrss",
             "Peak RSS of one ADD (direct exec, wait4 ru_maxrss, largest process of the chain)",

@@ -5,7 +5,8 @@
 //! - `ipam`: the IPAM allocate+release microbench (`cargo bench -p cni-ebpf --bench ipam`);
 //! - `control`: ADD/CHECK/DEL latency percentiles, pods/s with 1 and 2 workers, peak RSS
 //!   of one ADD — through libcni (a client process per operation, and embedded in a
-//!   long-lived client as runtimes run it) and by direct exec ([`control`]);
+//!   long-lived client as runtimes run it) and by direct exec — and a profile of one verb:
+//!   CPU time, page faults and system calls per ADD and per DEL ([`control`]);
 //! - `data`: TCP throughput (iperf3), request/response and connect/request/close rates for
 //!   pod → pod, pod → ext (masquerade) and ext → node:hostPort → pod, interleaved repeats,
 //!   medians ([`data`]);

@@ -1,7 +1,8 @@
-//! Running programs for the bench: inside a network namespace (`setns` in the child, so
-//! only the network namespace changes and `/sys/fs/bpf` stays visible), in their own
-//! process group (a Ctrl-C reaches only xtask, which then stops cleanly), bounded in time,
-//! and reaped with `wait4` so the child's peak RSS (`ru_maxrss`) comes with its exit.
+//! Running programs for the bench: inside a network namespace (started from a thread that
+//! entered it, so only the network namespace changes and `/sys/fs/bpf` stays visible), in
+//! their own process group (a Ctrl-C reaches only xtask, which then stops cleanly), bounded
+//! in time, and reaped with `wait4` so the child's resource use (peak RSS, CPU time, page
+//! faults) comes with its exit.
 //!
 //! stdin, stdout and stderr are anonymous memory files rather than pipes: no reader threads
 //! run while a child is timed, and a chatty child can never block on a full pipe.
@@ -83,6 +84,10 @@ pub struct Exec {
     /// `ru_maxrss` from `wait4`, KiB: the peak RSS of the child (and of the waited-for
     /// children it had).
     pub maxrss_kib: u64,
+    /// CPU time, user and system (`ru_utime` + `ru_stime`).
+    pub cpu: Duration,
+    /// Page faults, minor and major (`ru_minflt` + `ru_majflt`).
+    pub faults: u64,
     /// Its stdout.
     pub stdout: String,
     /// Its stderr.
@@ -128,17 +133,32 @@ fn command(spec: &Spec<'_>) -> Result<Command> {
     for (k, v) in &spec.env {
         cmd.env(k, v);
     }
-    if let Some(ns) = spec.netns {
-        let fd = File::open(ns).with_context(|| format!("opening {}", ns.display()))?;
-        // SAFETY: setns(2) is async-signal-safe and allocates nothing; the descriptor was
-        // opened before fork and is moved into the closure.
-        unsafe {
-            cmd.pre_exec(move || {
-                setns(&fd, CloneFlags::CLONE_NEWNET).map_err(std::io::Error::from)
-            });
-        }
-    }
     Ok(cmd)
+}
+
+/// Starts `cmd` in `netns` (or here) and returns it with the instant just before the start.
+///
+/// The child is started the way container runtimes start plugins: by `posix_spawn` (a
+/// `vfork`-style clone that shares the parent's memory until the exec; Go's runtime does
+/// the same), from a thread that has entered `netns`: a new process starts in its
+/// creating thread's network namespace. A `fork` with a `pre_exec` hook instead would
+/// copy the bench's page tables for every plugin it times, a cost no runtime pays.
+fn start(mut cmd: Command, netns: Option<&Path>) -> Result<(Child, Instant)> {
+    let Some(ns) = netns else {
+        let started = Instant::now();
+        return Ok((cmd.spawn()?, started));
+    };
+    let fd = File::open(ns).with_context(|| format!("opening {}", ns.display()))?;
+    std::thread::scope(|s| {
+        s.spawn(move || -> Result<(Child, Instant)> {
+            setns(&fd, CloneFlags::CLONE_NEWNET).context("entering the network namespace")?;
+            let started = Instant::now();
+            Ok((cmd.spawn()?, started))
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("the spawning thread panicked"))
+    })
+    .with_context(|| format!("in {}", ns.display()))
 }
 
 /// Waits for `child` at most `timeout` (pidfd + poll), killing it through the pidfd if it
@@ -184,6 +204,11 @@ fn wait_bounded(child: &Child, timeout: Duration) -> Result<(i32, libc::rusage, 
     Ok((status, usage, timed_out))
 }
 
+fn timeval(t: libc::timeval) -> Duration {
+    Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+        + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+}
+
 fn read_all(mut f: File) -> String {
     let mut s = String::new();
     let _ = f.seek(SeekFrom::Start(0));
@@ -204,10 +229,8 @@ pub fn exec(spec: &Spec<'_>) -> Result<Exec> {
     cmd.stdin(Stdio::from(stdin))
         .stdout(Stdio::from(stdout.try_clone()?))
         .stderr(Stdio::from(stderr.try_clone()?));
-    let started = Instant::now();
-    let child = cmd
-        .spawn()
-        .with_context(|| format!("starting {:?}", spec.argv))?;
+    let (child, started) =
+        start(cmd, spec.netns).with_context(|| format!("starting {:?}", spec.argv))?;
     let (status, usage, timed_out) = wait_bounded(&child, spec.timeout)?;
     let wall = started.elapsed();
     // Dropping the std Child after wait4 is fine: it does not wait or kill on drop.
@@ -222,6 +245,8 @@ pub fn exec(spec: &Spec<'_>) -> Result<Exec> {
         timed_out,
         wall,
         maxrss_kib: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        cpu: timeval(usage.ru_utime) + timeval(usage.ru_stime),
+        faults: u64::try_from(usage.ru_minflt.saturating_add(usage.ru_majflt)).unwrap_or(0),
         stdout: read_all(stdout),
         stderr: read_all(stderr),
     })
@@ -381,7 +406,9 @@ fn spawn_in(netns: &Path, argv: &[&OsStr], io: [Stdio; 3]) -> Result<Child> {
     let mut cmd = command(&spec)?;
     let [stdin, stdout, stderr] = io;
     cmd.stdin(stdin).stdout(stdout).stderr(stderr);
-    cmd.spawn().with_context(|| format!("starting {argv:?}"))
+    start(cmd, Some(netns))
+        .map(|(child, _)| child)
+        .with_context(|| format!("starting {argv:?}"))
 }
 
 /// Waits until `fd` is readable or `deadline` passes, retrying after a signal; whether it

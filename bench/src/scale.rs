@@ -354,6 +354,28 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                         col,
                         live as f64,
                     );
+                    if let Some(first) = results.first() {
+                        for (key, verb, busy, idle) in [
+                            ("add", "ADD", &lv.add, &first.add),
+                            ("del", "DEL", &lv.del, &first.del),
+                        ] {
+                            let idle = median(idle);
+                            if idle > 0.0 {
+                                report.put(
+                                    &format!("scale.busy.{key}.growth"),
+                                    s,
+                                    &format!(
+                                        "{verb} p50 on the busy node ÷ at {} pods",
+                                        first.pods
+                                    ),
+                                    "×",
+                                    false,
+                                    col,
+                                    median(busy) / idle,
+                                );
+                            }
+                        }
+                    }
                     vd.insert(
                         "busy".into(),
                         json!({ "flowTable": what, "liveEntries": live,

@@ -129,6 +129,7 @@ pub(super) fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode)
         node_netns: node.netns().to_path_buf(),
         cni_path: node.dir().join("bench-bin"),
         cni_args: None,
+        trace_dir: None,
     }
 }
 

@@ -226,10 +226,16 @@ impl Pod {
 }
 
 /// The outcome of one verb on one pod (the whole chain).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Op {
     /// Wall time of the verb (sum over the chain's plugins on the direct path).
     pub wall: Duration,
+    /// CPU time of the verb's processes, user and system (direct path; zero otherwise).
+    pub cpu: Duration,
+    /// Page faults of the verb's processes (direct path; zero otherwise).
+    pub faults: u64,
+    /// System calls of the verb's processes, counted by `strace -c` (traced runs only).
+    pub syscalls: u64,
     /// Peak RSS of any process of the verb, KiB.
     pub maxrss_kib: u64,
     /// The final result (ADD), else `Null`.
@@ -395,6 +401,7 @@ impl BenchNode {
             node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
             cni_args: None,
+            trace_dir: None,
         }
     }
 
@@ -406,7 +413,20 @@ impl BenchNode {
             node_netns: self.sim.node.path().to_path_buf(),
             cni_path: self.dir.join("cni-bin"),
             cni_args: None,
+            trace_dir: None,
         }
+    }
+
+    /// `verb` of `pod` by direct exec under `strace -c` ([`Op::syscalls`]), the plain pod
+    /// way (no host port).
+    pub fn traced(&self, verb: &str, pod: &Pod, prev: Option<&Value>) -> Result<Op> {
+        let chain = Chain {
+            trace_dir: Some(self.dir.clone()),
+            ..self.chain()
+        };
+        chain.exec(verb, &pod.id, &pod.path(), &[], prev, |what, out| {
+            self.expect_ok(what, pod, out)
+        })
     }
 
     /// The conflist (cniVersion 1.0.0).
@@ -505,8 +525,8 @@ impl BenchNode {
         }
         Ok(Op {
             wall,
-            maxrss_kib: 0,
             result: answer["result"].clone(),
+            ..Op::default()
         })
     }
 
@@ -546,6 +566,7 @@ impl BenchNode {
             wall: out.wall,
             maxrss_kib: out.maxrss_kib,
             result: parse_result(&out.stdout),
+            ..Op::default()
         })
     }
 
@@ -708,6 +729,9 @@ pub struct Chain<'a> {
     /// `CNI_ARGS` of every invocation (`K8S_POD_NAMESPACE=…;K8S_POD_NAME=…`, as kubelet
     /// names the pod), if any.
     pub cni_args: Option<String>,
+    /// Run every plugin under `strace -f -c`, its summary written into this directory, and
+    /// count the system calls ([`Op::syscalls`]); timings of such a run mean nothing.
+    pub trace_dir: Option<PathBuf>,
 }
 
 impl Chain<'_> {
@@ -727,11 +751,7 @@ impl Chain<'_> {
         if verb == "DEL" {
             plugins.reverse();
         }
-        let mut op = Op {
-            wall: Duration::ZERO,
-            maxrss_kib: 0,
-            result: Value::Null,
-        };
+        let mut op = Op::default();
         let mut prev_result = prev.cloned();
         for mut p in plugins {
             let ty = p["type"].as_str().unwrap_or_default().to_owned();
@@ -764,8 +784,18 @@ impl Chain<'_> {
             if let Some(args) = &self.cni_args {
                 env.push(("CNI_ARGS", OsStr::new(args)));
             }
+            let trace = self
+                .trace_dir
+                .as_ref()
+                .map(|d| d.join(format!("{ty}-{verb}.strace")));
+            let mut argv: Vec<&OsStr> = Vec::new();
+            if let Some(t) = &trace {
+                argv.extend(["strace", "-f", "-c", "-o"].map(OsStr::new));
+                argv.push(t.as_os_str());
+            }
+            argv.push(bin.as_os_str());
             let out = proc::exec(&Spec {
-                argv: vec![bin.as_os_str()],
+                argv,
                 env,
                 netns: Some(&self.node_netns),
                 stdin: stdin.as_bytes(),
@@ -773,6 +803,11 @@ impl Chain<'_> {
             })?;
             judge(&format!("{verb} ({ty})"), &out)?;
             op.wall += out.wall;
+            op.cpu += out.cpu;
+            op.faults += out.faults;
+            if let Some(t) = &trace {
+                op.syscalls += strace_calls(t)?;
+            }
             op.maxrss_kib = op.maxrss_kib.max(out.maxrss_kib);
             if verb == "ADD" {
                 let r = parse_result(&out.stdout);
@@ -782,6 +817,22 @@ impl Chain<'_> {
         }
         Ok(op)
     }
+}
+
+/// The number of system calls in the summary `strace -c -o <path>` wrote: the `calls`
+/// column of its `total` line.
+fn strace_calls(path: &Path) -> Result<u64> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let total = text
+        .lines()
+        .find(|l| l.trim_end().ends_with(" total"))
+        .with_context(|| format!("no total line in {}", path.display()))?;
+    total
+        .split_whitespace()
+        .nth(3)
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no call count in {total:?}"))
 }
 
 fn parse_result(stdout: &str) -> Value {

@@ -42,6 +42,8 @@ const TEST_PACKAGES: &[&str] = &[
     "containernetworking-plugins",
     "iperf3",
     "sockperf",
+    // The bench's count of system calls per verb.
+    "strace",
     "bpftool",
     "iptables",
     "nftables",
