@@ -32,9 +32,14 @@ pub const POINTS: &[&str] = &[
     "gc-ipam-released",
     // DEL and GC: an attachment's endpoint entries are tombstones, their flows not purged
     "teardown-endpoints-marked",
-    // DEL and GC: an attachment's datapath entries are gone; its veth, deleted meanwhile on
-    // another thread, may or may not be yet
+    // DEL and GC: an attachment's datapath entries are gone; its veth, retired (DEL) or
+    // deleted (GC) meanwhile on another thread, may or may not be yet
     "teardown-datapath-removed",
+    // DEL's finishing process, started: nothing of its work done yet
+    "finish-started",
+    // DEL's finishing process: the flows are purged, the tombstones and the owner record
+    // dropped; the retired veth is not deleted yet
+    "finish-flows-purged",
 ];
 
 /// Passes the fault point `name`: a no-op unless this is the test build and the

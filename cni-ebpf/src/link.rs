@@ -73,6 +73,8 @@ pub struct Link {
     pub up: bool,
     /// `IFLA_IFALIAS`.
     pub alias: Option<String>,
+    /// `IFLA_GROUP`, the device group (0 by default).
+    pub group: u32,
     /// For a VXLAN device: its UDP port and whether it is in external (collect-metadata)
     /// mode.
     pub vxlan: Option<(u16, bool)>,
@@ -89,6 +91,7 @@ impl Link {
             kind: None,
             up: msg.header.flags.contains(LinkFlags::Up),
             alias: None,
+            group: 0,
             vxlan: None,
         };
         for attr in &msg.attributes {
@@ -98,6 +101,7 @@ impl Link {
                 LinkAttribute::Mtu(m) => link.mtu = *m,
                 LinkAttribute::Link(l) => link.peer_index = Some(*l),
                 LinkAttribute::IfAlias(a) => link.alias = Some(a.clone()),
+                LinkAttribute::Group(g) => link.group = *g,
                 LinkAttribute::LinkInfo(infos) => {
                     for info in infos {
                         match info {
@@ -772,7 +776,35 @@ pub fn unlabelled_group(network: &str) -> u32 {
     (fnv1a(&["cni-ebpf unlabelled", network]) & 0xffff_ffff) as u32 | 1
 }
 
+/// The device group of a host veth of `network` that DEL has retired: set down (which
+/// takes its routes with it) and left for the deleting process DEL starts (`cmd::del`).
+/// Never 0 and never [`unlabelled_group`].
+#[must_use]
+pub fn retired_group(network: &str) -> u32 {
+    let g = (fnv1a(&["cni-ebpf retired", network]) & 0xffff_ffff) as u32 | 1;
+    if g == unlabelled_group(network) {
+        g ^ 2
+    } else {
+        g
+    }
+}
+
 impl Nl {
+    /// Retires host veth `index`: down, which removes the routes through it and takes the
+    /// carrier from its pod end, and in device group `group` ([`retired_group`]), in one
+    /// request. Its alias stays, so it is still known as the attachment's.
+    pub async fn retire_host_veth(&self, index: u32, group: u32) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index)
+            .down()
+            .link_group(group)
+            .build();
+        match self.handle.link().set(msg).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(()),
+            Err(e) => Err(Error::netlink(format!("retiring link #{index}"), e)),
+        }
+    }
+
     /// Labels host veth `index`: its alias (`IFLA_IFALIAS`) names the owner, and its
     /// device group goes back to the default 0 ([`unlabelled_group`]), in one request.
     pub async fn label_host_veth(&self, index: u32, alias: &str) -> Result<()> {
@@ -814,6 +846,17 @@ impl Nl {
             })
             .map(Link::from_message)
             .filter(|l| l.kind.as_deref() == Some("veth"))
+            .collect())
+    }
+
+    /// The veths in device group `group` (e.g. [`retired_group`]).
+    pub async fn veths_in_group(&self, group: u32) -> Result<Vec<Link>> {
+        Ok(self
+            .link_messages()
+            .await?
+            .iter()
+            .map(Link::from_message)
+            .filter(|l| l.group == group && l.kind.as_deref() == Some("veth"))
             .collect())
     }
 

@@ -558,6 +558,7 @@ impl StoreView {
                 [f] if f == "lock"
                     || f == "meta"
                     || f == "veths.lock"
+                    || f == "teardowns.lock"
                     || f.starts_with("last_reserved_ip.") => {}
                 [d, f] if d == "keys" => v.keys.push(f.clone()),
                 [d, f] if d == "ips" => v.ips.push(f.clone()),

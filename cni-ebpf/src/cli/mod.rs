@@ -81,6 +81,13 @@ enum Cmd {
     /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
     /// store (only when no pods are left on it).
     Uninstall(install::UninstallArgs),
+    /// The rest of a DEL, in a process of its own that DEL starts and does not wait for:
+    /// purging the flows of the pod's addresses and deleting its retired veth pair.
+    #[command(hide = true)]
+    FinishDel {
+        /// What is left, as DEL wrote it.
+        job: String,
+    },
 }
 
 /// Runs the CLI.
@@ -89,6 +96,8 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     match &cli.command {
         Cmd::Agent(args) => crate::logging::init_stderr(&args.log_level),
+        // It logs where the DEL that started it does.
+        Cmd::FinishDel { .. } => {}
         _ => crate::logging::init("warn", None, crate::logging::Rotation::default()),
     }
     let out = match cli.command {
@@ -117,6 +126,7 @@ pub fn main() -> ExitCode {
         Cmd::Metrics(args) => run_agent(&args, None),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
+        Cmd::FinishDel { job } => crate::cmd::del::Unfinished::run_job(&job),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,

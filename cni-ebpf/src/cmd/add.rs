@@ -35,6 +35,39 @@ pub fn pod_mac(conf: &NetConf, env: &Env) -> Result<[u8; 6]> {
     }
 }
 
+/// Deletes the veth pair an earlier DEL retired and left to its finishing process (see
+/// `del`), when it still holds this interface of the pod (DEL then ADD into one namespace)
+/// or this attachment's host veth name (DEL then ADD of the same container).
+async fn clear_retired(
+    node: &Nl,
+    ctr: &Nl,
+    network: &str,
+    ifname: &str,
+    host_ifname: &str,
+) -> Result<()> {
+    let retired = |l: &link::Link| {
+        l.group == link::retired_group(network) && l.kind.as_deref() == Some("veth")
+    };
+    if let Some(pod_end) = ctr.link_by_name(ifname).await? {
+        // The pod end names its peer's ifindex; the peer must name it back.
+        if let Some(peer) = pod_end.peer_index {
+            if let Some(host) = node.link_by_index(peer).await? {
+                if retired(&host) && host.peer_index == Some(pod_end.index) {
+                    tracing::info!("deleting {}, retired by an earlier DEL", host.name);
+                    node.del_link(host.index).await?;
+                }
+            }
+        }
+    }
+    if let Some(host) = node.link_by_name(host_ifname).await? {
+        if retired(&host) {
+            tracing::info!("deleting {}, retired by an earlier DEL", host.name);
+            node.del_link(host.index).await?;
+        }
+    }
+    Ok(())
+}
+
 /// What has been done so far and must be undone if a later step fails.
 enum Undo {
     Ipam,
@@ -66,6 +99,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
     rt.block_on(async {
         let node = Nl::connect()?;
         let ctr = Nl::connect_in(&netns)?;
+        clear_retired(&node, &ctr, &conf.name, &env.ifname, &host_ifname).await?;
         if ctr.link_by_name(&env.ifname).await?.is_some() {
             return Err(Error::InterfaceExists {
                 ifname: env.ifname.clone(),

@@ -1,8 +1,38 @@
 //! DEL: idempotent and best-effort. Works with no netns, a vanished netns, no
 //! `prevResult` and an unknown container; keeps going past a failed step and reports every
 //! failure at the end. Touches only state that names this (container ID, ifname).
+//!
+//! DEL returns once the pod is gone for everyone else, and leaves the slow rest to a
+//! process of its own ([`Unfinished`], run as `cni-ebpf finish-del`):
+//! - before it returns: the addresses are released; the pod's endpoint entries are
+//!   tombstones, its host ports and counters are gone, so no packet reaches it or leaves
+//!   it through the datapath; and its host veth is *retired*: down, which removes the
+//!   routes through it and takes the carrier from the pod's end, and in the network's
+//!   [`link::retired_group`];
+//! - after: the flows of its addresses are purged and their tombstones dropped (a walk of
+//!   the NAT table: the bulk of a DEL on a node with many open connections), and the veth
+//!   pair is deleted (the kernel waits out RCU grace periods in that request, ≈ 20 ms
+//!   here, however little else there is to do).
+//!
+//! Every guarantee holds while the rest is pending, and after a kill -9 of either process
+//! at any instant: an ADD that gets one of the addresses finds its tombstone and purges
+//! its flows itself (under the flows lock, so never while the finishing process is
+//! purging them); an ADD into the same namespace and interface deletes the retired pair
+//! first; GC deletes every retired veth of the network and forgets attachments that are
+//! not valid; and DEL again does it all again. While finishing processes run, each holds a
+//! shared lock on `<dataDir>/<network>/teardowns.lock` (taken by DEL before it starts one),
+//! so whoever needs the node settled takes it exclusively ([`settled`]).
 
-use std::net::IpAddr;
+use std::{
+    fs::File,
+    net::IpAddr,
+    os::{fd::AsRawFd, unix::process::CommandExt},
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
 
 use crate::{
     cni::{config::NetConf, env::Env},
@@ -15,43 +45,295 @@ use crate::{
 /// Runs DEL.
 pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut errors = Vec::new();
-    while_deleting_veth(
-        conf,
-        &env.container_id,
-        &env.ifname,
-        &mut errors,
-        |errors| {
-            // 1. Release the addresses first: whatever else fails, they are not leaked.
-            let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
-                errors.push(e);
-                Vec::new()
-            });
-            if let Err(e) = crate::faults::point("del-ipam-released") {
-                errors.push(e);
-            }
-            // With a delegated IPAM the addresses are only known from prevResult.
-            if let Some(prev) = &conf.prev_result {
-                for ip in &prev.ips {
-                    if !ips.contains(&ip.address.addr()) {
-                        ips.push(ip.address.addr());
-                    }
+    let (cid, ifname) = (env.container_id.as_str(), env.ifname.as_str());
+    let host_ifname = link::host_veth_name(cid, ifname);
+    let mut rest = Unfinished {
+        network: conf.name.clone(),
+        network_dir: conf.pin_dir(),
+        container_id: cid.to_owned(),
+        ifname: ifname.to_owned(),
+        datapath: false,
+        addrs: Vec::new(),
+        veth: None,
+        log_file: conf.log_file.clone(),
+        log_level: conf.log_level.clone(),
+    };
+    std::thread::scope(|s| {
+        // Netlink on a thread of its own (it starts in the caller's network namespace, the
+        // node's) while the IPAM store and the maps are worked on here.
+        let retiring = s.spawn(|| retire_host_veth_of(&conf.name, cid, ifname, &host_ifname));
+        // 1. Release the addresses first: whatever else fails, they are not leaked.
+        let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
+            errors.push(e);
+            Vec::new()
+        });
+        if let Err(e) = crate::faults::point("del-ipam-released") {
+            errors.push(e);
+        }
+        // With a delegated IPAM the addresses are only known from prevResult.
+        if let Some(prev) = &conf.prev_result {
+            for ip in &prev.ips {
+                if !ips.contains(&ip.address.addr()) {
+                    ips.push(ip.address.addr());
                 }
             }
-
-            // 2. Datapath entries and host ports.
-            let dp = Datapath::open(conf).unwrap_or_else(|e| {
-                errors.push(e);
-                None
-            });
-            remove_datapath(dp.as_ref(), &env.container_id, &env.ifname, &ips, errors);
-        },
-    );
+        }
+        // 2. Datapath entries and host ports.
+        match Datapath::open(conf) {
+            Ok(Some(dp)) => {
+                rest.addrs = dp.take_pod(cid, ifname, &host_ifname, &ips, &mut errors);
+                rest.datapath = true;
+            }
+            Ok(None) => {}
+            Err(e) => errors.push(e),
+        }
+        if let Err(e) = crate::faults::point("teardown-datapath-removed") {
+            errors.push(e);
+        }
+        match retiring.join() {
+            Ok(Ok(veth)) => rest.veth = veth,
+            Ok(Err(e)) => errors.push(e),
+            Err(_) => errors.push(Error::netlink("retiring the host veth", "thread panicked")),
+        }
+    });
+    if rest.datapath || rest.veth.is_some() {
+        if let Err(e) = rest.hand_over(&conf.store_dir()) {
+            errors.push(e);
+        }
+    }
     Error::from_list(errors)
 }
 
+/// What DEL leaves to its finishing process: the flow state of the pod's addresses and
+/// its owner record (when the datapath is loaded), and its retired host veth.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Unfinished {
+    /// The network's name.
+    pub network: String,
+    /// The network's pin directory (`<bpffsRoot>/<network>`).
+    pub network_dir: PathBuf,
+    /// `CNI_CONTAINERID`.
+    pub container_id: String,
+    /// `CNI_IFNAME`.
+    pub ifname: String,
+    /// Whether the datapath was loaded (then the owner record is dropped too).
+    pub datapath: bool,
+    /// The addresses whose endpoint entries DEL made tombstones.
+    pub addrs: Vec<IpAddr>,
+    /// The retired host veth: ifindex and name.
+    pub veth: Option<(u32, String)>,
+    /// `logFile`.
+    pub log_file: Option<PathBuf>,
+    /// `logLevel`.
+    pub log_level: String,
+}
+
+/// How long [`settled`] waits for finishing processes.
+pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
+
+impl Unfinished {
+    /// Starts `cni-ebpf finish-del` on this, not waited for, holding a shared lock on the
+    /// network's `teardowns.lock` (below `store_dir`) until it exits. Where it cannot be
+    /// started, does the rest here.
+    fn hand_over(&self, store_dir: &Path) -> Result<()> {
+        let held = lock_teardowns(store_dir, libc::LOCK_SH)?;
+        let job = serde_json::to_string(self)
+            .map_err(|e| Error::io("encoding the rest of DEL", std::io::Error::other(e)))?;
+        // The started process inherits the locked descriptor: the lock is held from here
+        // until it exits (also by SIGKILL), with no gap for a waiter to slip through.
+        nix::fcntl::fcntl(
+            &held,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+        )
+        .map_err(|e| Error::io("passing on the teardowns lock", e.into()))?;
+        // Our own binary (also when a newer one has been installed over it since), out of
+        // the runtime's process group, with none of the runtime's descriptors: it must not
+        // hold the pipe the runtime reads our result from.
+        let started = Command::new("/proc/self/exe")
+            .arg("finish-del")
+            .arg(&job)
+            .env_remove("CNI_COMMAND")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn();
+        drop(held);
+        match started {
+            // Not waited for: it is reparented (and reaped) when this process exits.
+            Ok(_child) => Ok(()),
+            Err(e) => {
+                tracing::warn!("cannot start the rest of DEL ({e}); finishing it here");
+                self.finish()
+            }
+        }
+    }
+
+    /// Does the rest: purges the flows, drops the tombstones and the owner record, then
+    /// deletes the retired veth. Idempotent.
+    pub fn finish(&self) -> Result<()> {
+        let mut errors = Vec::new();
+        if let Err(e) = crate::faults::point("finish-started") {
+            errors.push(e);
+        }
+        if self.datapath {
+            match Datapath::open_at(&self.network_dir) {
+                Ok(Some(dp)) => {
+                    if let Err(e) = dp.forget_pod(&self.container_id, &self.ifname, &self.addrs) {
+                        errors.push(e);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(e),
+            }
+        }
+        if let Err(e) = crate::faults::point("finish-flows-purged") {
+            errors.push(e);
+        }
+        if let Some((index, name)) = &self.veth {
+            if let Err(e) = delete_retired(&self.network, *index, name) {
+                errors.push(e);
+            }
+        }
+        Error::from_list(errors)
+    }
+
+    /// `cni-ebpf finish-del <job>`: the finishing process.
+    pub fn run_job(job: &str) -> Result<()> {
+        let this: Self = serde_json::from_str(job)
+            .map_err(|e| Error::io("reading the rest of DEL", std::io::Error::other(e)))?;
+        // No rotation here: the next verb rotates, never two processes at once.
+        let rotation = crate::logging::Rotation {
+            max_bytes: 0,
+            backups: 0,
+        };
+        crate::logging::init(&this.log_level, this.log_file.as_deref(), rotation);
+        let out = this.finish();
+        match &out {
+            Ok(()) => tracing::debug!(container = %this.container_id, "DEL finished"),
+            Err(e) => {
+                tracing::warn!(container = %this.container_id, "finishing DEL failed: {e}")
+            }
+        }
+        out
+    }
+}
+
+/// `<store_dir>/teardowns.lock`, locked as `how` asks (`LOCK_SH` or `LOCK_EX`, with
+/// `LOCK_NB` or not). The lock belongs to the open file, so it lasts while any process
+/// holds a descriptor of it (closing one copy releases nothing; a `Flock` guard would
+/// unlock it for every copy when dropped).
+fn lock_teardowns(store_dir: &Path, how: libc::c_int) -> Result<File> {
+    let path = store_dir.join("teardowns.lock");
+    std::fs::create_dir_all(store_dir)
+        .map_err(|e| Error::io(format!("creating {}", store_dir.display()), e))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    loop {
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
+            return Ok(file);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::io(format!("locking {}", path.display()), e));
+        }
+    }
+}
+
+/// Waits until no DEL of the network (IPAM store `store_dir`) has a finishing process
+/// left, at most `wait`; whether it got there.
+pub fn settled(store_dir: &Path, wait: Duration) -> Result<bool> {
+    let started = Instant::now();
+    loop {
+        match lock_teardowns(store_dir, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(_) => return Ok(true),
+            Err(_) if started.elapsed() < wait => std::thread::sleep(Duration::from_millis(2)),
+            Err(_) => return Ok(false),
+        }
+    }
+}
+
+/// Retires the host veth of (container ID, ifname) ([`Nl::retire_host_veth`]) when it is
+/// that attachment's (as [`delete_host_veth_of`] decides); returns its ifindex and name.
+fn retire_host_veth_of(
+    network: &str,
+    container_id: &str,
+    ifname: &str,
+    host_ifname: &str,
+) -> Result<Option<(u32, String)>> {
+    let rt = link::runtime()?;
+    rt.block_on(async {
+        let node = Nl::connect()?;
+        let Some(l) = node.link_by_name(host_ifname).await? else {
+            return Ok(None);
+        };
+        if !owned(&node, &l, network, container_id, ifname).await? {
+            return Ok(None);
+        }
+        node.retire_host_veth(l.index, link::retired_group(network))
+            .await?;
+        Ok(Some((l.index, l.name)))
+    })
+}
+
+/// Deletes link `index` if it is still `name` and retired ([`link::retired_group`]).
+fn delete_retired(network: &str, index: u32, name: &str) -> Result<()> {
+    link::runtime()?.block_on(async {
+        let node = Nl::connect()?;
+        match node.link_by_index(index).await? {
+            Some(l) if l.name == name && l.group == link::retired_group(network) => {
+                node.del_link(index).await
+            }
+            _ => Ok(()),
+        }
+    })
+}
+
+/// Whether host veth `l` is the one of (container ID, ifname): its alias names the
+/// attachment, or it has no alias and the MAC ADD derives for it (a killed ADD's
+/// half-made pair).
+async fn owned(
+    node: &Nl,
+    l: &link::Link,
+    network: &str,
+    container_id: &str,
+    ifname: &str,
+) -> Result<bool> {
+    let want = link::host_veth_alias(network, container_id, ifname);
+    Ok(match node.alias(l.index).await? {
+        Some(alias) if alias == want => true,
+        // No alias yet: an ADD of this attachment killed between creating the pair and
+        // labelling it (the kernel takes no alias in the creating request). Ownership is
+        // proven by what the creating request did set: both the name and the MAC are
+        // derived from (container ID, ifname); a foreign link that merely took the name
+        // has another MAC. (The runtime never runs ADD and DEL of one container at once,
+        // so this is no ADD in progress.)
+        None if l.kind.as_deref() == Some("veth")
+            && l.mac == link::derived_mac(container_id, ifname, "host") =>
+        {
+            tracing::warn!(
+                "{}: unlabelled, left by an interrupted ADD of {container_id}/{ifname}",
+                l.name
+            );
+            true
+        }
+        other => {
+            tracing::warn!(
+                "not removing {}: its alias {other:?} does not name {container_id}/{ifname}",
+                l.name
+            );
+            false
+        }
+    })
+}
+
 /// Removes the datapath entries, host ports and host veth of (container ID, ifname),
-/// collecting failures in `errors` and carrying on (GC; DEL does the same around its
-/// IPAM release).
+/// collecting failures in `errors` and carrying on (GC), all of it before it returns.
 pub fn teardown(
     conf: &NetConf,
     dp: Option<&Datapath>,
@@ -61,22 +343,21 @@ pub fn teardown(
     errors: &mut Vec<Error>,
 ) {
     while_deleting_veth(conf, container_id, ifname, errors, |errors| {
-        remove_datapath(dp, container_id, ifname, ips, errors);
+        if let Some(dp) = dp {
+            let host_ifname = link::host_veth_name(container_id, ifname);
+            dp.remove_pod(container_id, ifname, &host_ifname, ips, errors);
+        }
     });
 }
 
 /// Runs `work` while the host veth of (container ID, ifname) is deleted on a thread of its
-/// own, and returns when both are done, every failure in `errors`.
+/// own, and returns when both are done, every failure in `errors` (GC's teardown).
 ///
-/// Deleting a veth pair (its container end goes with it) is most of a DEL's time: the
-/// kernel waits out RCU grace periods in the request, ≈ 20 ms here, while the process
-/// has nothing to do but wait. `work` (the IPAM release and the datapath entries) touches
-/// only the IPAM store, maps and bpffs, never rtnl, so nothing in it waits for the
-/// deletion, and it no longer adds to DEL's time. Each part is idempotent and done before
-/// DEL returns, so a DEL killed at any instant still leaves the retry as much to do as
-/// before: the crash campaign kills DEL at `teardown-datapath-removed` with the veth
-/// either deleted or not. (A new thread starts in the caller's network namespace: the
-/// node's.)
+/// `work` (the datapath entries) touches only maps and bpffs, never rtnl, so nothing in it
+/// waits for the deletion. Each part is idempotent, so a GC killed at any instant leaves
+/// the next one as much to do: the crash campaign kills GC at `teardown-datapath-removed`
+/// with the veth either deleted or not. (A new thread starts in the caller's network
+/// namespace: the node's.)
 fn while_deleting_veth(
     conf: &NetConf,
     container_id: &str,
@@ -101,22 +382,8 @@ fn while_deleting_veth(
     }
 }
 
-/// Removes the datapath entries and host ports of (container ID, ifname).
-fn remove_datapath(
-    dp: Option<&Datapath>,
-    container_id: &str,
-    ifname: &str,
-    ips: &[IpAddr],
-    errors: &mut Vec<Error>,
-) {
-    if let Some(dp) = dp {
-        let host_ifname = link::host_veth_name(container_id, ifname);
-        dp.remove_pod(container_id, ifname, &host_ifname, ips, errors);
-    }
-}
-
-/// Deletes the host veth of (container ID, ifname) when its alias confirms the owner, or
-/// when it has no alias and the MAC ADD derives for it (a killed ADD's half-made pair).
+/// Deletes the host veth of (container ID, ifname) when it is that attachment's
+/// ([`owned`]).
 fn delete_host_veth_of(
     network: &str,
     container_id: &str,
@@ -126,28 +393,12 @@ fn delete_host_veth_of(
     let rt = link::runtime()?;
     rt.block_on(async {
         let node = Nl::connect()?;
-        let Some(l) = node.link_by_name(host_ifname).await? else { return Ok(()) };
-        let want = link::host_veth_alias(network, container_id, ifname);
-        match node.alias(l.index).await? {
-            Some(alias) if alias == want => node.del_link(l.index).await,
-            // No alias yet: an ADD of this attachment killed between creating the pair and
-            // labelling it (the kernel takes no alias in the creating request). Ownership
-            // is proven by what the creating request did set: both the name and the MAC
-            // are derived from (container ID, ifname); a foreign link that merely took the
-            // name has another MAC. (The runtime never runs ADD and DEL of one container
-            // at once, so this is no ADD in progress.)
-            None if l.kind.as_deref() == Some("veth")
-                && l.mac == link::derived_mac(container_id, ifname, "host") =>
-            {
-                tracing::warn!(
-                    "deleting {host_ifname}: unlabelled, left by an interrupted ADD of {container_id}/{ifname}"
-                );
-                node.del_link(l.index).await
-            }
-            other => {
-                tracing::warn!("not deleting {host_ifname}: its alias {other:?} does not name {container_id}/{ifname}");
-                Ok(())
-            }
+        let Some(l) = node.link_by_name(host_ifname).await? else {
+            return Ok(());
+        };
+        if owned(&node, &l, network, container_id, ifname).await? {
+            node.del_link(l.index).await?;
         }
+        Ok(())
     })
 }

@@ -100,5 +100,20 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     if let Err(e) = super::half_made::sweep(conf) {
         errors.push(e);
     }
+    // Pairs a DEL retired whose finishing process did not get to delete them (killed).
+    // Nothing but DEL retires a pair, and nothing uses one after.
+    let retired = link::runtime().and_then(|rt| {
+        rt.block_on(async {
+            let node = Nl::connect()?;
+            for l in node.veths_in_group(link::retired_group(&conf.name)).await? {
+                tracing::info!("GC: deleting {}, retired by a DEL", l.name);
+                node.del_link(l.index).await?;
+            }
+            Ok(())
+        })
+    });
+    if let Err(e) = retired {
+        errors.push(e);
+    }
     Error::from_list(errors)
 }

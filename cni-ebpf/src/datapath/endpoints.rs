@@ -16,6 +16,7 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{
     attach,
+    flows::FlowsLock,
     maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map},
     owner_label, v4s, v6s, Datapath,
 };
@@ -196,13 +197,20 @@ impl Datapath {
             ));
         }
         // An old flow of a previous holder of these addresses must not reach this pod. Its
-        // removal purged them before it dropped its entry; only a tombstone tells of a
-        // removal that stopped before (a full purge is a walk of the whole NAT table, the
-        // bulk of an ADD on a node with many open flows).
-        let stale = self.tombstoned(&ep.ips)?;
-        if !stale.is_empty() {
-            tracing::info!("purging the flows a removal of {stale:?} left behind");
-            self.purge_flows(&stale)?;
+        // removal purges them before it drops its tombstones; only a tombstone tells of a
+        // removal not finished (a full purge is a walk of the whole NAT table, the bulk of
+        // an ADD on a node with many open flows).
+        let _lock;
+        if !self.tombstoned(&ep.ips)?.is_empty() {
+            // A removal still purging them (DEL's finishing process) holds the lock until
+            // it is done and has dropped its tombstones; whatever is left then is a
+            // removal's that stopped.
+            _lock = FlowsLock::acquire(&self.pins)?;
+            let stale = self.tombstoned(&ep.ips)?;
+            if !stale.is_empty() {
+                tracing::info!("purging the flows a removal of {stale:?} left behind");
+                self.purge_flows(&stale)?;
+            }
         }
         self.put_endpoint_entries(ep)?;
         crate::faults::point("datapath-entries-written")?;
@@ -265,6 +273,25 @@ impl Datapath {
         ips: &[IpAddr],
         errors: &mut Vec<Error>,
     ) {
+        let addrs = self.take_pod(container_id, ifname, host_ifname, ips, errors);
+        if let Err(e) = self.forget_pod(container_id, ifname, &addrs) {
+            errors.push(e);
+        }
+    }
+
+    /// The part of [`Self::remove_pod`] after which the pod is unreachable and nothing
+    /// opens a flow for its addresses: its host ports and endpoint entries are taken (the
+    /// addresses' entries become tombstones), its counters and the link pins go. Returns
+    /// the addresses whose flow state [`Self::forget_pod`] must still purge. Best effort,
+    /// as `remove_pod`.
+    pub fn take_pod(
+        &self,
+        container_id: &str,
+        ifname: &str,
+        host_ifname: &str,
+        ips: &[IpAddr],
+        errors: &mut Vec<Error>,
+    ) -> Vec<IpAddr> {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
         let mut addrs = Vec::new();
         for taken in [
@@ -280,14 +307,21 @@ impl Datapath {
             errors.push(e);
         }
         for r in [
-            attach::remove_pin(&self.pins.endpoint_link(host_ifname)).map(|_| ()),
-            attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname)).map(|_| ()),
-            self.forget(owner, &addrs),
+            attach::remove_pin(&self.pins.endpoint_link(host_ifname)),
+            attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname)),
         ] {
             if let Err(e) = r {
                 errors.push(e);
             }
         }
+        addrs
+    }
+
+    /// The rest of [`Self::remove_pod`] after [`Self::take_pod`]: the flow state of
+    /// `addrs`, their tombstones, and the owner record of (container ID, ifname) once
+    /// nothing refers to it.
+    pub fn forget_pod(&self, container_id: &str, ifname: &str, addrs: &[IpAddr]) -> Result<()> {
+        self.forget(owner_id(container_id.as_bytes(), ifname.as_bytes()), addrs)
     }
 
     /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
@@ -386,9 +420,15 @@ impl Datapath {
 
     /// After `owner`'s entries are taken: the flow state of `addrs`, then `owner`'s
     /// tombstones of them, then the owner record if nothing refers to it any more.
+    ///
+    /// Under the flows lock ([`FlowsLock`]): an ADD that finds one of the tombstones waits
+    /// for it, so it never takes an address over while its flows are being purged.
     pub(super) fn forget(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
-        self.purge_flows(addrs)?;
-        self.clear_tombstones(owner, addrs)?;
+        {
+            let _lock = FlowsLock::acquire(&self.pins)?;
+            self.purge_flows(addrs)?;
+            self.clear_tombstones(owner, addrs)?;
+        }
         self.drop_owner_if_unused(owner)
     }
 

@@ -19,10 +19,35 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use cni_ebpf_common::{map as map_name, NatDestKeyOf, NatEntryOf, NatFlags, NatKeyOf, NatKind};
 
 use super::{
+    load::lock_dir,
     maps::{self, ipv4_to_map, ipv6_to_map, Maps},
+    pins::Pins,
     Datapath,
 };
 use crate::error::Result;
+
+/// The network's flows lock, an exclusive `flock` on its maps directory: held while the
+/// flows of removed addresses are purged and their tombstones dropped
+/// ([`Datapath::forget`]), and by an ADD that finds a tombstone for one of its addresses
+/// while it purges and takes the address over. So an address is never taken over while
+/// its old flows are being purged (the purge would remove the new pod's flows too).
+pub(super) struct FlowsLock {
+    _file: std::fs::File,
+}
+
+impl FlowsLock {
+    /// Takes the lock (waits at most `load::LOCK_WAIT`, then error 11, try again).
+    pub(super) fn acquire(pins: &Pins) -> Result<Self> {
+        let dir = pins.maps_dir();
+        let file = lock_dir(&dir, || {
+            format!(
+                "the flows of removed pods in {} have been purged for too long",
+                dir.display()
+            )
+        })?;
+        Ok(Self { _file: file })
+    }
+}
 
 impl Datapath {
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple

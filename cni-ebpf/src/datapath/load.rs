@@ -79,30 +79,38 @@ impl LoadLock {
         let dir = pins.network_dir();
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
-        let file =
-            File::open(dir).map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
-        let start = Instant::now();
-        loop {
-            // SAFETY: flock on a file descriptor we own.
-            let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-            if rc == 0 {
-                return Ok(Self { _file: file });
-            }
-            let err = std::io::Error::last_os_error();
-            if err.raw_os_error() != Some(libc::EWOULDBLOCK)
-                && err.kind() != std::io::ErrorKind::Interrupted
-            {
-                return Err(Error::io(format!("locking {}", dir.display()), err));
-            }
-            if start.elapsed() > LOCK_WAIT {
-                return Err(Error::TryAgain(format!(
-                    "another cni-ebpf is loading the datapath of {} (lock held for more than {}s)",
-                    dir.display(),
-                    LOCK_WAIT.as_secs()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let file = lock_dir(dir, || {
+            format!(
+                "another cni-ebpf is loading the datapath of {} (lock held for more than {}s)",
+                dir.display(),
+                LOCK_WAIT.as_secs()
+            )
+        })?;
+        Ok(Self { _file: file })
+    }
+}
+
+/// An exclusive `flock` on directory `dir`, released when the returned file is closed;
+/// waits at most [`LOCK_WAIT`], then fails with error 11 (try again) and `busy()`.
+pub(super) fn lock_dir(dir: &Path, busy: impl Fn() -> String) -> Result<File> {
+    let file = File::open(dir).map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+    let start = Instant::now();
+    loop {
+        // SAFETY: flock on a file descriptor we own.
+        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if rc == 0 {
+            return Ok(file);
         }
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EWOULDBLOCK)
+            && err.kind() != std::io::ErrorKind::Interrupted
+        {
+            return Err(Error::io(format!("locking {}", dir.display()), err));
+        }
+        if start.elapsed() > LOCK_WAIT {
+            return Err(Error::TryAgain(busy()));
+        }
+        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

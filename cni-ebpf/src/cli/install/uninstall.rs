@@ -216,6 +216,15 @@ impl<'a> Purge<'a> {
                             .into(),
                     });
                 }
+                // DELs' finishing processes still purging flows and deleting veths end
+                // first (they are quick; one stuck holds nothing up for long).
+                if !crate::cmd::del::settled(&store_dir, crate::cmd::del::SETTLE_WAIT)? {
+                    tracing::warn!(
+                        "a DEL's finishing process of {} is still running after {:?}",
+                        store_dir.display(),
+                        crate::cmd::del::SETTLE_WAIT
+                    );
+                }
                 let opts = StoreOptions {
                     create: false,
                     ..StoreOptions::default()
