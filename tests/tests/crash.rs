@@ -857,6 +857,33 @@ fn stopped_finisher(container_id: &str) -> i32 {
 /// `point`: DEL must return success at once; then the finishing process is SIGKILLed
 /// where it stands (by its PID: a process this test started) and waited for until gone.
 fn del_killing_its_finisher(node: &SimNode, env: &CniEnv, stdin: &[u8], point: &str) {
+    let pid = del_stopping_its_finisher(node, env, stdin, point);
+    signal_and_wait(pid, libc::SIGKILL);
+}
+
+/// Sends `signal` to `pid` (a finishing process this test started) and waits until it has
+/// exited and been reaped (at most 20 s).
+fn signal_and_wait(pid: i32, signal: libc::c_int) {
+    // SAFETY: plain syscall; the PID is of a process this test started (DEL's child).
+    assert_eq!(
+        unsafe { libc::kill(pid, signal) },
+        0,
+        "kill -{signal} {pid}"
+    );
+    let proc_dir = format!("/proc/{pid}");
+    let started = Instant::now();
+    while std::path::Path::new(&proc_dir).exists() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the finishing process {pid} did not end in 20 s"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// DEL of `env` by the fault-injection build, whose finishing process stops itself at
+/// `point`: DEL must return success at once. Returns the stopped finishing process.
+fn del_stopping_its_finisher(node: &SimNode, env: &CniEnv, stdin: &[u8], point: &str) -> i32 {
     let mut del = spawn_plugin(
         node,
         &tests::fault_bin(),
@@ -880,18 +907,7 @@ fn del_killing_its_finisher(node: &SimNode, env: &CniEnv, stdin: &[u8], point: &
         status.success(),
         "DEL with its finisher stopped at {point}: {status}"
     );
-    let pid = stopped_finisher(&env.container_id);
-    // SAFETY: plain syscall; the PID is of a process this test started (DEL's child).
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGKILL) }, 0, "kill {pid}");
-    let proc_dir = format!("/proc/{pid}");
-    let started = Instant::now();
-    while std::path::Path::new(&proc_dir).exists() {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "the killed finishing process {pid} was not reaped in 20 s"
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    stopped_finisher(&env.container_id)
 }
 
 /// DEL returns before its pod's flows are purged and its veth pair deleted, and leaves
@@ -971,4 +987,65 @@ fn a_dels_finishing_process_killed_anywhere_loses_nothing() {
         }
         assert_nothing_left(&node, &what);
     }
+}
+
+/// A DEL's finishing process that runs late, after a new pod in the same namespace took
+/// the address over and opened flows: it leaves that address alone (the new pod's ADD
+/// purged the old flows itself), so the new pod keeps its flows and its connectivity.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_late_finishing_process_leaves_a_taken_over_address_alone() {
+    let node = SimNode::new("latefinish");
+    let conf = node
+        .conf()
+        .version("1.1.0")
+        .subnets(&["10.244.1.0/27"])
+        .set("ipMasq", serde_json::json!(true))
+        .set("clusterCIDRs", serde_json::json!(["10.244.0.0/16"]));
+    let plain = conf.plugin().to_string().into_bytes();
+    node.warm_up(&conf);
+    let pod = node.pod("late");
+    // The same container again, as a runtime that retries a sandbox does.
+    let env = CniEnv::new("late", pod.netns(), "eth0");
+    let add = node.exec_plugin_raw("ADD", &env, &plain);
+    assert!(add.success(), "ADD: {}", add.raw);
+    let cidr = add.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let ip = cidr.split('/').next().unwrap_or_default().to_owned();
+    tests::assert_ping(pod.netns(), tests::EXT_IP4);
+    let finisher = del_stopping_its_finisher(&node, &env, &plain, "finish-started");
+
+    let again = conf
+        .clone()
+        .set("runtimeConfig", serde_json::json!({ "ips": [cidr] }))
+        .plugin()
+        .to_string()
+        .into_bytes();
+    let add = node.exec_plugin_raw("ADD", &env, &again);
+    assert!(add.success(), "ADD again with the address: {}", add.raw);
+    assert!(
+        nat_of(&node, &ip).is_empty(),
+        "the old flows reached the new pod"
+    );
+    tests::assert_ping(pod.netns(), tests::EXT_IP4);
+    let flows = nat_of(&node, &ip);
+    assert!(!flows.is_empty(), "the new pod's ping left no flows");
+
+    signal_and_wait(finisher, libc::SIGCONT);
+    assert_eq!(
+        nat_of(&node, &ip).len(),
+        flows.len(),
+        "the late finishing process purged the new pod's flows"
+    );
+    let ep = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("no entry for {ip}"));
+    assert!(
+        ep.get("removing").is_none(),
+        "the new pod's entry is live: {ep:#}"
+    );
+    tests::assert_ping(pod.netns(), tests::EXT_IP4);
+    let del = node.exec_plugin_raw("DEL", &env, &again);
+    assert!(del.success(), "DEL: {}", del.raw);
+    assert_nothing_left(&node, "after the last DEL");
 }

@@ -423,13 +423,50 @@ impl Datapath {
     ///
     /// Under the flows lock ([`FlowsLock`]): an ADD that finds one of the tombstones waits
     /// for it, so it never takes an address over while its flows are being purged.
+    ///
+    /// An address another pod has taken over meanwhile (its entry is live, or another
+    /// owner's) is left alone: that pod's ADD purged it, under the same lock, before its
+    /// first flow, and a purge now would take the new pod's flows.
     pub(super) fn forget(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
         {
             let _lock = FlowsLock::acquire(&self.pins)?;
-            self.purge_flows(addrs)?;
-            self.clear_tombstones(owner, addrs)?;
+            let ours = self.not_taken_over(owner, addrs)?;
+            self.purge_flows(&ours)?;
+            self.clear_tombstones(owner, &ours)?;
         }
         self.drop_owner_if_unused(owner)
+    }
+
+    /// Those of `addrs` that no pod holds but (maybe) `owner` as a tombstone: no endpoint
+    /// entry, or `owner`'s tombstone.
+    fn not_taken_over(&self, owner: u64, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
+        let free = |v: Option<EndpointInfo>| {
+            v.is_none_or(|v| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE))
+        };
+        let mut m = self.maps()?;
+        let mut out = Vec::new();
+        for ip in addrs {
+            let entry = match ip {
+                IpAddr::V4(a) => maps::get(
+                    &m.endpoints()?,
+                    &EndpointKey {
+                        addr: ipv4_to_map(*a),
+                    },
+                    map_name::ENDPOINTS,
+                )?,
+                IpAddr::V6(a) => maps::get(
+                    &m.endpoints6()?,
+                    &EndpointKey6 {
+                        addr: ipv6_to_map(*a),
+                    },
+                    map_name::ENDPOINTS6,
+                )?,
+            };
+            if free(entry) {
+                out.push(*ip);
+            }
+        }
+        Ok(out)
     }
 
     /// Removes `owner`'s tombstones of `addrs` (an entry another pod has taken over since
