@@ -705,6 +705,41 @@ fn kill_9_during_gc_then_gc_leaves_nothing() {
     assert!(left.is_empty(), "host veths left: {left:?}");
 }
 
+/// A node whose network (`testnet`, a /27) masquerades what leaves the cluster, warmed up;
+/// with its configuration and that as a plugin's stdin.
+fn masquerading_node(name: &str) -> (SimNode, tests::ConfBuilder, Vec<u8>) {
+    let node = SimNode::new(name);
+    let conf = node
+        .conf()
+        .version("1.1.0")
+        .subnets(&["10.244.1.0/27"])
+        .set("ipMasq", serde_json::json!(true))
+        .set("clusterCIDRs", serde_json::json!(["10.244.0.0/16"]));
+    let plain = conf.plugin().to_string().into_bytes();
+    node.warm_up(&conf);
+    (node, conf, plain)
+}
+
+/// ADDs `env` (pod namespace `netns`) and pings ext from it, which leaves masquerade
+/// entries of its address; returns the address with and without its prefix.
+#[track_caller]
+fn add_and_ping_out(
+    node: &SimNode,
+    env: &CniEnv,
+    netns: &std::path::Path,
+    stdin: &[u8],
+) -> (String, String) {
+    let add = node.exec_plugin_raw("ADD", env, stdin);
+    assert!(add.success(), "ADD {}: {}", env.container_id, add.raw);
+    let cidr = add.json()["ips"][0]["address"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let ip = cidr.split('/').next().unwrap_or_default().to_owned();
+    tests::assert_ping(netns, tests::EXT_IP4);
+    (cidr, ip)
+}
+
 /// The NAT entries of `node`'s network whose tuple (either side) has `ip`.
 fn nat_of(node: &SimNode, ip: &str) -> Vec<serde_json::Value> {
     nat_mentioning(&node.datapath("testnet").unwrap_or_default(), ip)
@@ -729,26 +764,11 @@ fn endpoint_of(node: &SimNode, ip: &str) -> Option<serde_json::Value> {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
-    let node = SimNode::new("tombstone");
-    let conf = node
-        .conf()
-        .version("1.1.0")
-        .subnets(&["10.244.1.0/27"])
-        .set("ipMasq", serde_json::json!(true))
-        .set("clusterCIDRs", serde_json::json!(["10.244.0.0/16"]));
-    let plain = conf.plugin().to_string().into_bytes();
-    node.warm_up(&conf);
+    let (node, conf, plain) = masquerading_node("tombstone");
 
     let a = node.pod("a");
     let env_a = CniEnv::new("tomb-a", a.netns(), "eth0");
-    let add = node.exec_plugin_raw("ADD", &env_a, &plain);
-    assert!(add.success(), "ADD a: {}", add.raw);
-    let cidr = add.json()["ips"][0]["address"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let ip = cidr.split('/').next().unwrap_or_default().to_owned();
-    tests::assert_ping(a.netns(), tests::EXT_IP4);
+    let (cidr, ip) = add_and_ping_out(&node, &env_a, a.netns(), &plain);
     assert!(
         !nat_of(&node, &ip).is_empty(),
         "a's ping to ext should have left masquerade entries for {ip}"
@@ -919,16 +939,8 @@ fn del_stopping_its_finisher(node: &SimNode, env: &CniEnv, stdin: &[u8], point: 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn a_dels_finishing_process_killed_anywhere_loses_nothing() {
-    let node = SimNode::new("finisher");
-    let conf = node
-        .conf()
-        .version("1.1.0")
-        .subnets(&["10.244.1.0/27"])
-        .set("ipMasq", serde_json::json!(true))
-        .set("clusterCIDRs", serde_json::json!(["10.244.0.0/16"]));
-    let plain = conf.plugin().to_string().into_bytes();
+    let (node, conf, plain) = masquerading_node("finisher");
     let gc = gc_of_nothing(&conf);
-    node.warm_up(&conf);
     for (round, point) in ["finish-started", "finish-flows-purged"]
         .into_iter()
         .flat_map(|p| [(0, p), (1, p)])
@@ -936,14 +948,7 @@ fn a_dels_finishing_process_killed_anywhere_loses_nothing() {
         let what = format!("finisher killed at {point}, then {}", ["ADD", "GC"][round]);
         let pod = node.pod(&format!("{point}-{round}"));
         let env_a = CniEnv::new(&format!("fin-a-{point}-{round}"), pod.netns(), "eth0");
-        let add = node.exec_plugin_raw("ADD", &env_a, &plain);
-        assert!(add.success(), "{what}: ADD a: {}", add.raw);
-        let cidr = add.json()["ips"][0]["address"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        let ip = cidr.split('/').next().unwrap_or_default().to_owned();
-        tests::assert_ping(pod.netns(), tests::EXT_IP4);
+        let (cidr, ip) = add_and_ping_out(&node, &env_a, pod.netns(), &plain);
         assert!(!nat_of(&node, &ip).is_empty(), "{what}: no flows of {ip}");
 
         del_killing_its_finisher(&node, &env_a, &plain, point);
@@ -995,26 +1000,11 @@ fn a_dels_finishing_process_killed_anywhere_loses_nothing() {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn a_late_finishing_process_leaves_a_taken_over_address_alone() {
-    let node = SimNode::new("latefinish");
-    let conf = node
-        .conf()
-        .version("1.1.0")
-        .subnets(&["10.244.1.0/27"])
-        .set("ipMasq", serde_json::json!(true))
-        .set("clusterCIDRs", serde_json::json!(["10.244.0.0/16"]));
-    let plain = conf.plugin().to_string().into_bytes();
-    node.warm_up(&conf);
+    let (node, conf, plain) = masquerading_node("latefinish");
     let pod = node.pod("late");
     // The same container again, as a runtime that retries a sandbox does.
     let env = CniEnv::new("late", pod.netns(), "eth0");
-    let add = node.exec_plugin_raw("ADD", &env, &plain);
-    assert!(add.success(), "ADD: {}", add.raw);
-    let cidr = add.json()["ips"][0]["address"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    let ip = cidr.split('/').next().unwrap_or_default().to_owned();
-    tests::assert_ping(pod.netns(), tests::EXT_IP4);
+    let (cidr, ip) = add_and_ping_out(&node, &env, pod.netns(), &plain);
     let finisher = del_stopping_its_finisher(&node, &env, &plain, "finish-started");
 
     let again = conf

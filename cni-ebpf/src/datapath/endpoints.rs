@@ -440,31 +440,33 @@ impl Datapath {
     /// Those of `addrs` that no pod holds but (maybe) `owner` as a tombstone: no endpoint
     /// entry, or `owner`'s tombstone.
     fn not_taken_over(&self, owner: u64, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
-        let free = |v: Option<EndpointInfo>| {
-            v.is_none_or(|v| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE))
-        };
+        Ok(self
+            .entries_of(addrs)?
+            .into_iter()
+            .filter(|(_, v)| {
+                v.is_none_or(|v| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE))
+            })
+            .map(|(ip, _)| ip)
+            .collect())
+    }
+
+    /// The endpoint entry of each of `addrs` (of its family's map), if any.
+    fn entries_of(&self, addrs: &[IpAddr]) -> Result<Vec<(IpAddr, Option<EndpointInfo>)>> {
         let mut m = self.maps()?;
         let mut out = Vec::new();
-        for ip in addrs {
-            let entry = match ip {
-                IpAddr::V4(a) => maps::get(
-                    &m.endpoints()?,
-                    &EndpointKey {
-                        addr: ipv4_to_map(*a),
-                    },
-                    map_name::ENDPOINTS,
-                )?,
-                IpAddr::V6(a) => maps::get(
-                    &m.endpoints6()?,
-                    &EndpointKey6 {
-                        addr: ipv6_to_map(*a),
-                    },
-                    map_name::ENDPOINTS6,
-                )?,
+        let h = m.endpoints()?;
+        for ip in v4s(addrs) {
+            let k = EndpointKey {
+                addr: ipv4_to_map(ip),
             };
-            if free(entry) {
-                out.push(*ip);
-            }
+            out.push((IpAddr::V4(ip), maps::get(&h, &k, map_name::ENDPOINTS)?));
+        }
+        let h6 = m.endpoints6()?;
+        for ip in v6s(addrs) {
+            let k = EndpointKey6 {
+                addr: ipv6_to_map(ip),
+            };
+            out.push((IpAddr::V6(ip), maps::get(&h6, &k, map_name::ENDPOINTS6)?));
         }
         Ok(out)
     }
@@ -499,29 +501,12 @@ impl Datapath {
     /// before it purged their flows (killed, or failed part-way). Every other address
     /// either has a live entry or none, and then no flow state either.
     fn tombstoned(&self, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
-        let mut m = self.maps()?;
-        let dead =
-            |v: Option<EndpointInfo>| v.is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE));
-        let mut out = Vec::new();
-        let h = m.endpoints()?;
-        for ip in v4s(addrs) {
-            let k = EndpointKey {
-                addr: ipv4_to_map(ip),
-            };
-            if dead(maps::get(&h, &k, map_name::ENDPOINTS)?) {
-                out.push(IpAddr::V4(ip));
-            }
-        }
-        let h6 = m.endpoints6()?;
-        for ip in v6s(addrs) {
-            let k = EndpointKey6 {
-                addr: ipv6_to_map(ip),
-            };
-            if dead(maps::get(&h6, &k, map_name::ENDPOINTS6)?) {
-                out.push(IpAddr::V6(ip));
-            }
-        }
-        Ok(out)
+        Ok(self
+            .entries_of(addrs)?
+            .into_iter()
+            .filter(|(_, v)| v.is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE)))
+            .map(|(ip, _)| ip)
+            .collect())
     }
 
     fn drop_owner_if_unused(&self, owner: u64) -> Result<()> {
