@@ -118,7 +118,8 @@ pub struct Unfinished {
     pub ifname: String,
     /// Whether the datapath was loaded (then the owner record is dropped too).
     pub datapath: bool,
-    /// The addresses whose endpoint entries DEL made tombstones.
+    /// The addresses DEL took from the datapath (their entries are tombstones), for the
+    /// log.
     pub addrs: Vec<IpAddr>,
     /// The retired host veth: ifindex and name.
     pub veth: Option<(u32, String)>,
@@ -182,7 +183,7 @@ impl Unfinished {
         if self.datapath {
             match Datapath::open_at(&self.network_dir) {
                 Ok(Some(dp)) => {
-                    if let Err(e) = dp.forget_pod(&self.container_id, &self.ifname, &self.addrs) {
+                    if let Err(e) = dp.forget_pod(&self.container_id, &self.ifname) {
                         errors.push(e);
                     }
                 }
@@ -223,7 +224,12 @@ impl Unfinished {
         }
         let out = this.finish();
         match &out {
-            Ok(()) => tracing::debug!(container = %this.container_id, "DEL finished"),
+            Ok(()) => tracing::debug!(
+                container = %this.container_id,
+                "DEL finished: flows of {:?} purged, veth {:?} deleted",
+                this.addrs,
+                this.veth
+            ),
             Err(e) => {
                 tracing::warn!(container = %this.container_id, "finishing DEL failed: {e}")
             }

@@ -253,12 +253,12 @@ impl Datapath {
         ips: &[IpAddr],
     ) -> Result<()> {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
-        let gone = self.take_endpoint_entries(owner, ips)?;
+        self.take_endpoint_entries(owner, ips)?;
         attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
         attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname))?;
         attach::remove_filter(host_ifname, TcAttachType::Ingress, attach::TC_HANDLE)?;
         attach::remove_filter(host_ifname, TcAttachType::Egress, attach::TC_HANDLE)?;
-        self.forget(owner, &gone)
+        self.forget(owner)
     }
 
     /// Everything DEL and GC remove of (container ID, ifname) — host ports, endpoint
@@ -273,8 +273,8 @@ impl Datapath {
         ips: &[IpAddr],
         errors: &mut Vec<Error>,
     ) {
-        let addrs = self.take_pod(container_id, ifname, host_ifname, ips, errors);
-        if let Err(e) = self.forget_pod(container_id, ifname, &addrs) {
+        self.take_pod(container_id, ifname, host_ifname, ips, errors);
+        if let Err(e) = self.forget_pod(container_id, ifname) {
             errors.push(e);
         }
     }
@@ -282,7 +282,7 @@ impl Datapath {
     /// The part of [`Self::remove_pod`] after which the pod is unreachable and nothing
     /// opens a flow for its addresses: its host ports and endpoint entries are taken (the
     /// addresses' entries become tombstones), its counters and the link pins go. Returns
-    /// the addresses whose flow state [`Self::forget_pod`] must still purge. Best effort,
+    /// the addresses removed, whose flow state [`Self::forget_pod`] purges. Best effort,
     /// as `remove_pod`.
     pub fn take_pod(
         &self,
@@ -317,11 +317,11 @@ impl Datapath {
         addrs
     }
 
-    /// The rest of [`Self::remove_pod`] after [`Self::take_pod`]: the flow state of
-    /// `addrs`, their tombstones, and the owner record of (container ID, ifname) once
-    /// nothing refers to it.
-    pub fn forget_pod(&self, container_id: &str, ifname: &str, addrs: &[IpAddr]) -> Result<()> {
-        self.forget(owner_id(container_id.as_bytes(), ifname.as_bytes()), addrs)
+    /// The rest of [`Self::remove_pod`] after [`Self::take_pod`]: the flow state of the
+    /// tombstoned addresses, the tombstones, and the owner record of (container ID, ifname)
+    /// once nothing refers to it ([`Self::forget`]).
+    pub fn forget_pod(&self, container_id: &str, ifname: &str) -> Result<()> {
+        self.forget(owner_id(container_id.as_bytes(), ifname.as_bytes()))
     }
 
     /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
@@ -418,36 +418,47 @@ impl Datapath {
         Ok(gone)
     }
 
-    /// After `owner`'s entries are taken: the flow state of `addrs`, then `owner`'s
-    /// tombstones of them, then the owner record if nothing refers to it any more.
+    /// After `owner`'s entries are taken: the flow state of every tombstoned address, then
+    /// those tombstones, then `owner`'s record if nothing refers to it any more.
     ///
-    /// Under the flows lock ([`FlowsLock`]): an ADD that finds one of the tombstones waits
-    /// for it, so it never takes an address over while its flows are being purged.
+    /// Under the flows lock ([`FlowsLock`]): an ADD that finds a tombstone waits for it,
+    /// so it never takes an address over while its flows are being purged.
     ///
-    /// An address another pod has taken over meanwhile (its entry is live, or another
-    /// owner's) is left alone: that pod's ADD purged it, under the same lock, before its
-    /// first flow, and a purge now would take the new pod's flows.
-    pub(super) fn forget(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
+    /// Every tombstone is purged, not only `owner`'s: removals waiting for the lock (DELs'
+    /// finishing processes, many at once when pods churn) then find theirs done, and a node
+    /// walks its NAT table once for all of them. Any tombstone may go at any time: nothing
+    /// opens a flow for its address. An address without an entry has no flow state (its
+    /// removal purged it before dropping the tombstone), and one with a live entry belongs
+    /// to a pod whose ADD purged it, under this lock, before its first flow: both are left
+    /// alone.
+    pub(super) fn forget(&self, owner: u64) -> Result<()> {
         {
             let _lock = FlowsLock::acquire(&self.pins)?;
-            let ours = self.not_taken_over(owner, addrs)?;
-            self.purge_flows(&ours)?;
-            self.clear_tombstones(owner, &ours)?;
+            let doomed = self.tombstones()?;
+            if !doomed.is_empty() {
+                self.purge_flows(&doomed)?;
+                self.clear_tombstones(&doomed)?;
+            }
         }
         self.drop_owner_if_unused(owner)
     }
 
-    /// Those of `addrs` that no pod holds but (maybe) `owner` as a tombstone: no endpoint
-    /// entry, or `owner`'s tombstone.
-    fn not_taken_over(&self, owner: u64, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
-        Ok(self
-            .entries_of(addrs)?
+    /// Every address whose endpoint entry is a tombstone, both families.
+    fn tombstones(&self) -> Result<Vec<IpAddr>> {
+        let mut m = self.maps()?;
+        let dead = |v: &EndpointInfo| !v.flags.contains(EndpointFlags::ACTIVE);
+        let mut out: Vec<IpAddr> = maps::entries(&m.endpoints()?)
             .into_iter()
-            .filter(|(_, v)| {
-                v.is_none_or(|v| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE))
-            })
-            .map(|(ip, _)| ip)
-            .collect())
+            .filter(|(_, v)| dead(v))
+            .map(|(k, _)| IpAddr::V4(ipv4_from_map(k.addr)))
+            .collect();
+        out.extend(
+            maps::entries(&m.endpoints6()?)
+                .into_iter()
+                .filter(|(_, v)| dead(v))
+                .map(|(k, _)| IpAddr::V6(ipv6_from_map(k.addr))),
+        );
+        Ok(out)
     }
 
     /// The endpoint entry of each of `addrs` (of its family's map), if any.
@@ -471,17 +482,16 @@ impl Datapath {
         Ok(out)
     }
 
-    /// Removes `owner`'s tombstones of `addrs` (an entry another pod has taken over since
-    /// is left alone).
-    fn clear_tombstones(&self, owner: u64, addrs: &[IpAddr]) -> Result<()> {
+    /// Removes the entries of `addrs` that are still tombstones (whoever's).
+    fn clear_tombstones(&self, addrs: &[IpAddr]) -> Result<()> {
         let mut m = self.maps()?;
-        let ours = |v: &EndpointInfo| v.owner == owner && !v.flags.contains(EndpointFlags::ACTIVE);
+        let dead = |v: &EndpointInfo| !v.flags.contains(EndpointFlags::ACTIVE);
         let mut h = m.endpoints()?;
         for ip in v4s(addrs) {
             let k = EndpointKey {
                 addr: ipv4_to_map(ip),
             };
-            if maps::get(&h, &k, map_name::ENDPOINTS)?.is_some_and(|v| ours(&v)) {
+            if maps::get(&h, &k, map_name::ENDPOINTS)?.is_some_and(|v| dead(&v)) {
                 maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
             }
         }
@@ -490,7 +500,7 @@ impl Datapath {
             let k = EndpointKey6 {
                 addr: ipv6_to_map(ip),
             };
-            if maps::get(&h6, &k, map_name::ENDPOINTS6)?.is_some_and(|v| ours(&v)) {
+            if maps::get(&h6, &k, map_name::ENDPOINTS6)?.is_some_and(|v| dead(&v)) {
                 maps::remove(&mut h6, &k, map_name::ENDPOINTS6)?;
             }
         }

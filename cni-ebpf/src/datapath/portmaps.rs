@@ -209,12 +209,13 @@ impl Datapath {
         Ok(())
     }
 
-    /// Removes the host ports of `owner` and every NAT entry of the pods they pointed to,
-    /// so an old flow never reaches a new pod. Idempotent.
+    /// Removes the host ports of `owner` (ADD's undo). Their flows go with the pod's
+    /// endpoint entries, which the undo removes next ([`Datapath::detach_endpoint`]).
+    /// Idempotent.
     pub fn remove_port_mappings(&self, owner: (&str, &str)) -> Result<()> {
         let oid = owner_id(owner.0.as_bytes(), owner.1.as_bytes());
-        let pods = self.take_port_mappings(oid)?;
-        self.forget(oid, &pods)
+        self.take_port_mappings(oid)?;
+        self.forget(oid)
     }
 
     /// Removes `owner`'s host ports (both families); returns the pod addresses they led to.
