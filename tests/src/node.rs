@@ -503,7 +503,11 @@ impl SimNode {
         if let Some(c) = cap_args {
             args.extend(["--cap-args".into(), c.to_string()]);
         }
-        self.libcni_raw(&args, &env.extra)
+        let out = self.libcni_raw(&args, &env.extra);
+        if verb == "del" && out.success() {
+            crate::plugin::settle_network(conflist);
+        }
+        out
     }
 
     /// The plugin's VERSION answer through libcni (`GetVersionInfo`).

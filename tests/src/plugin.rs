@@ -277,13 +277,26 @@ pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 /// not. Panics after [`SETTLE_WAIT`].
 #[track_caller]
 pub fn settle(stdin: &[u8]) {
-    let Ok(conf) = serde_json::from_slice::<Value>(stdin) else {
-        return;
-    };
+    if let Ok(conf) = serde_json::from_slice::<Value>(stdin) {
+        settle_network(&conf);
+    }
+}
+
+/// [`settle`] for a network configuration: one plugin's, or a conflist (its `name`, and the
+/// `dataDir` of its `cni-ebpf` plugin).
+#[track_caller]
+pub fn settle_network(conf: &Value) {
     let Some(name) = conf["name"].as_str() else {
         return;
     };
-    let data_dir = conf["dataDir"].as_str().unwrap_or("/var/lib/cni-ebpf");
+    let plugin = conf["plugins"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["type"] == "cni-ebpf"))
+        .unwrap_or(conf);
+    if plugin["type"] != "cni-ebpf" {
+        return;
+    }
+    let data_dir = plugin["dataDir"].as_str().unwrap_or("/var/lib/cni-ebpf");
     let path = Path::new(data_dir).join(name).join("teardowns.lock");
     let Ok(file) = std::fs::File::open(&path) else {
         return;
