@@ -308,6 +308,8 @@ fn a_long_lived_libcni_client_serves_pods_in_order() {
         rb.ips,
         "b's cached result"
     );
+    // The DEL answered; its finishing process deletes the veth pair after.
+    tests::plugin::settle_network(&conf);
     assert!(link(a.netns(), "eth0").is_none(), "a's eth0 left after DEL");
     assert_ping(b.netns(), "10.244.1.1");
     assert_eq!(host_veths(node.netns()).len(), 1, "only b's veth is left");
