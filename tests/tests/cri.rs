@@ -162,6 +162,8 @@ fn assert_nothing_left(node: &SimNode, cd: &Containerd, before: &Snapshot, conte
         "{context}: pods left: {:?}",
         cd.pods()
     );
+    // containerd's DELs returned before their finishing processes were done.
+    tests::plugin::settle_network(&conf(node).conflist());
     let veths = host_veths(node.netns());
     assert!(veths.is_empty(), "{context}: host veths left: {veths:?}");
     let d = node.snapshot().diff(before);
