@@ -37,35 +37,43 @@ pub fn pod_mac(conf: &NetConf, env: &Env) -> Result<[u8; 6]> {
 
 /// Deletes the veth pair an earlier DEL retired and left to its finishing process (see
 /// `del`), when it still holds this interface of the pod (DEL then ADD into one namespace)
-/// or this attachment's host veth name (DEL then ADD of the same container).
+/// or this attachment's host veth name (DEL then ADD of the same container). Returns
+/// whether, after that, the pod still has an interface called `ifname` and the node a
+/// link called `host_ifname`: ADD's own existence checks, each link read once.
 async fn clear_retired(
     node: &Nl,
     ctr: &Nl,
     network: &str,
     ifname: &str,
     host_ifname: &str,
-) -> Result<()> {
+) -> Result<(bool, bool)> {
     let retired = |l: &link::Link| {
         l.group == link::retired_group(network) && l.kind.as_deref() == Some("veth")
     };
+    let mut pod_end_taken = false;
     if let Some(pod_end) = ctr.link_by_name(ifname).await? {
+        pod_end_taken = true;
         // The pod end names its peer's ifindex; the peer must name it back.
         if let Some(peer) = pod_end.peer_index {
             if let Some(host) = node.link_by_index(peer).await? {
                 if retired(&host) && host.peer_index == Some(pod_end.index) {
                     tracing::info!("deleting {}, retired by an earlier DEL", host.name);
                     node.del_link(host.index).await?;
+                    pod_end_taken = false;
                 }
             }
         }
     }
+    let mut host_name_taken = false;
     if let Some(host) = node.link_by_name(host_ifname).await? {
+        host_name_taken = true;
         if retired(&host) {
             tracing::info!("deleting {}, retired by an earlier DEL", host.name);
             node.del_link(host.index).await?;
+            host_name_taken = false;
         }
     }
-    Ok(())
+    Ok((pod_end_taken, host_name_taken))
 }
 
 /// What has been done so far and must be undone if a later step fails.
@@ -99,14 +107,15 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
     rt.block_on(async {
         let node = Nl::connect()?;
         let ctr = Nl::connect_in(&netns)?;
-        clear_retired(&node, &ctr, &conf.name, &env.ifname, &host_ifname).await?;
-        if ctr.link_by_name(&env.ifname).await?.is_some() {
+        let (pod_end_taken, host_name_taken) =
+            clear_retired(&node, &ctr, &conf.name, &env.ifname, &host_ifname).await?;
+        if pod_end_taken {
             return Err(Error::InterfaceExists {
                 ifname: env.ifname.clone(),
                 netns: netns_path.display().to_string(),
             });
         }
-        if node.link_by_name(&host_ifname).await?.is_some() {
+        if host_name_taken {
             return Err(Error::InterfaceExists {
                 ifname: host_ifname.clone(),
                 netns: "the node".into(),
