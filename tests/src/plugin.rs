@@ -266,15 +266,14 @@ fn plugin_command(netns: &Path, bin: &Path, cmd: &str, env: &CniEnv) -> Command 
     c
 }
 
-/// How long [`settle`] waits for a DEL's finishing process.
-pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
+/// How long [`settle`] waits for a DEL's finishing process (the plugin's own bound).
+pub const SETTLE_WAIT: Duration = cni_ebpf::cmd::del::SETTLE_WAIT;
 
 /// Waits until the network that `stdin` configures has no DEL's finishing process left
 /// (`cni-ebpf finish-del`, which purges the pod's flows and deletes its retired veth after
 /// DEL has returned): each holds a shared lock on `<dataDir>/<network>/teardowns.lock`, so
 /// an exclusive one is had once all have ended. [`exec_plugin_in`] waits so after every
-/// DEL, and what a test checks next is the finished state; [`exec_plugin_unsettled`] does
-/// not. Panics after [`SETTLE_WAIT`].
+/// DEL, and what a test checks next is the finished state. Panics after [`SETTLE_WAIT`].
 #[track_caller]
 pub fn settle(stdin: &[u8]) {
     if let Ok(conf) = serde_json::from_slice::<Value>(stdin) {
@@ -297,41 +296,17 @@ pub fn settle_network(conf: &Value) {
         return;
     }
     let data_dir = plugin["dataDir"].as_str().unwrap_or("/var/lib/cni-ebpf");
-    let path = Path::new(data_dir).join(name).join("teardowns.lock");
-    let Ok(file) = std::fs::File::open(&path) else {
+    let store = Path::new(data_dir).join(name);
+    if !store.join("teardowns.lock").exists() {
         return;
-    };
-    let started = std::time::Instant::now();
-    loop {
-        match nix::fcntl::Flock::lock(
-            file.try_clone()
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display())),
-            nix::fcntl::FlockArg::LockExclusiveNonblock,
-        ) {
-            Ok(_) => return,
-            Err(_) if started.elapsed() < SETTLE_WAIT => {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err((_, e)) => panic!(
-                "a DEL's finishing process still holds {} after {SETTLE_WAIT:?}: {e}",
-                path.display()
-            ),
-        }
     }
-}
-
-/// [`exec_plugin_in`] without waiting for a DEL's finishing process.
-#[track_caller]
-pub fn exec_plugin_unsettled(
-    netns: &Path,
-    bin: &Path,
-    cmd: &str,
-    env: &CniEnv,
-    stdin: &[u8],
-) -> PluginOutput {
-    let c = plugin_command(netns, bin, cmd, env);
-    PluginOutput {
-        raw: run_cmd(c, Some(stdin), DEFAULT_TIMEOUT),
+    match cni_ebpf::cmd::del::settled(&store, SETTLE_WAIT) {
+        Ok(true) => {}
+        Ok(false) => panic!(
+            "a DEL's finishing process of {} still runs after {SETTLE_WAIT:?}",
+            store.display()
+        ),
+        Err(e) => panic!("waiting for DEL's finishing processes: {e}"),
     }
 }
 
