@@ -56,6 +56,7 @@ pub fn point(_name: &'static str) -> Result<()> {
 pub fn point(name: &'static str) -> Result<()> {
     debug_assert!(POINTS.contains(&name), "unlisted fault point {name}");
     if std::env::var("CNI_EBPF_PAUSE_AT").is_ok_and(|s| s == name) {
+        wait_for_orphaning();
         // The test sees the process stopped and kills it; nothing after this runs.
         let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGSTOP);
     }
@@ -65,4 +66,21 @@ pub fn point(name: &'static str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A process leading a process group of its own (DEL's finishing process) is continued
+/// by the kernel (SIGHUP, then SIGCONT) if it is stopped when its parent exits and the
+/// group becomes orphaned. Such a process waits here (at most 10 s) for its parent to go
+/// first, so its stop lasts until the test ends it.
+#[cfg(feature = "fault-injection")]
+fn wait_for_orphaning() {
+    use nix::unistd::{getpgrp, getpid, getppid};
+    if getpgrp() != getpid() {
+        return;
+    }
+    let parent = getppid();
+    let started = std::time::Instant::now();
+    while getppid() == parent && started.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }

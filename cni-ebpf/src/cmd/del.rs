@@ -212,6 +212,17 @@ impl Unfinished {
             backups: 0,
         };
         crate::logging::init(&this.log_level, this.log_file.as_deref(), rotation);
+        // It outlives DEL, whose exit orphans its process group: a hangup sent to that
+        // group must not end it halfway.
+        // SAFETY: SIG_IGN installs no handler; nothing runs on a hangup.
+        if let Err(e) = unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGHUP,
+                nix::sys::signal::SigHandler::SigIgn,
+            )
+        } {
+            tracing::debug!("cannot ignore hangups: {e}");
+        }
         // Background work: it yields the CPU to the verbs a runtime is waiting for (on a
         // busy node its purge walks tens of thousands of NAT entries). Not idle-only: an
         // ADD given one of its addresses waits for its purge.
