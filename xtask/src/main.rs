@@ -57,6 +57,14 @@ enum Cmd {
     /// Benchmarks: the IPAM microbench, then cni-ebpf side by side with the reference
     /// plugins and a bare veth on simulated nodes (control plane, data plane, scale).
     Bench(cni_ebpf_bench::Args),
+    /// Run a command of this machine under the second kernel (Debian's 6.12 in qemu, as
+    /// the test run's second pass does), e.g. one test binary with a filter; its output
+    /// is printed when the guest ends.
+    Guest {
+        /// The program and its arguments.
+        #[arg(trailing_var_arg = true, required = true)]
+        argv: Vec<String>,
+    },
     /// Build the container image (deploy/Containerfile: FROM scratch and the static
     /// binary) offline with buildah.
     Image(image::Args),
@@ -104,6 +112,11 @@ fn main() -> Result<()> {
             setup::run(Need::All, false)?;
             require_root("cargo xtask bench")?;
             bench::run(&args)
+        }
+        Cmd::Guest { argv } => {
+            setup::run(Need::Node, false)?;
+            let kernel = vm::ensure_kernel()?;
+            vm::run_command(&kernel, &argv, &[])
         }
         Cmd::Image(args) => {
             setup::run(Need::Image, false)?;
