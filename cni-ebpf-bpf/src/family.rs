@@ -17,7 +17,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    forward::{deliver, deliver6, to_uplink, to_uplink6},
+    forward::{deliver, deliver6, to_uplink, to_uplink6, Handover},
     icmp, icmp6,
     maps::{
         in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
@@ -64,8 +64,8 @@ pub(crate) trait Family: Copy + PartialEq + Default + 'static {
     fn is_host_port(self, port: u16, proto_: u8) -> bool;
     /// The pod address and port behind host port `self:port` of `proto_`, if there is one.
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
-    /// Delivers the packet into local pod `ep` (past the node's stack).
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32;
+    /// Delivers the packet into local pod `ep` (past the node's stack), as `how` can.
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32;
 
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
     /// has. `Err` when a step failed (see `rewrite::apply`).
@@ -141,8 +141,8 @@ impl Family for Addr4 {
     }
 
     #[inline(always)]
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
-        deliver(ctx, ep)
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+        deliver(ctx, ep, how)
     }
 
     #[inline(always)]
@@ -247,8 +247,8 @@ impl Family for Addr6 {
     }
 
     #[inline(always)]
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
-        deliver6(ctx, ep)
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+        deliver6(ctx, ep, how)
     }
 
     #[inline(always)]

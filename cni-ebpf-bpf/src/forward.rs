@@ -83,11 +83,35 @@ pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> b
     ctx.store(0, &macs, 0).is_ok()
 }
 
-/// Delivers the packet (whose destination is a local pod) straight into that pod:
-/// one routed hop, then `bpf_redirect_peer`. TTL expiry goes to the stack. A packet the
-/// node's NetworkPolicy refuses is dropped (see [`policy::admits_delivery`]).
+/// Where the program handing a packet into a local pod runs, which decides how it can.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Handover {
+    /// At a tc ingress hook (a host veth's, the uplink's, the tunnel device's):
+    /// `bpf_redirect_peer` puts the packet straight into the pod's namespace.
+    Peer,
+    /// In a netkit pod's transmit path, where the kernel refuses `bpf_redirect_peer`:
+    /// `bpf_redirect` to the destination pod's host device, whose own transmit hands
+    /// it to its pod (through `to_pod`, or `to_netkit` for a netkit pod).
+    Transmit,
+}
+
+/// Redirects the packet to pod `ep` as `how` can.
 #[inline(always)]
-pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+fn redirect_into(ep: &EndpointInfo, how: Handover) -> i32 {
+    // SAFETY: plain helper calls.
+    unsafe {
+        match how {
+            Handover::Peer => bpf_redirect_peer(ep.ifindex, 0) as i32,
+            Handover::Transmit => bpf_redirect(ep.ifindex, 0) as i32,
+        }
+    }
+}
+
+/// Delivers the packet (whose destination is a local pod) straight into that pod:
+/// one routed hop, then a redirect as `how` can. TTL expiry goes to the stack. A packet
+/// the node's NetworkPolicy refuses is dropped (see [`policy::admits_delivery`]).
+#[inline(always)]
+pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
     if !policy::admits_delivery(ctx, ep.ifindex, ep.owner, false) {
         return TC_ACT_SHOT as i32;
     }
@@ -95,8 +119,7 @@ pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
-    // SAFETY: plain helper call.
-    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+    redirect_into(ep, how)
 }
 
 /// A packet for local pod `ep` (from the uplink or out of the tunnel) in a flow whose
@@ -112,7 +135,7 @@ pub(crate) fn deliver_verified<A: Family>(
         return None;
     }
     count(Reason::RedirectFromUplink);
-    Some(A::deliver(ctx, ep))
+    Some(A::deliver(ctx, ep, Handover::Peer))
 }
 
 /// [`route_hop`] for IPv6: the hop limit decremented (IPv6 has no header checksum).
@@ -133,7 +156,7 @@ pub(crate) fn route_hop6(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool 
 
 /// [`deliver`] for IPv6 (its NetworkPolicy judgement: [`policy::judge_delivery6`]).
 #[inline(always)]
-pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
+pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
     if !route_hop6(ctx, &ep.pod_mac, &ep.host_mac) {
         return TC_ACT_OK as i32;
     }
@@ -141,8 +164,7 @@ pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo) -> i32 {
     // Judged by NetworkPolicy once the IPv6 program's stages are done (their frames
     // leave no room for it here).
     policy::note_delivery(ep);
-    // SAFETY: plain helper call.
-    unsafe { bpf_redirect_peer(ep.ifindex, 0) as i32 }
+    redirect_into(ep, how)
 }
 
 /// `struct bpf_fib_lookup`. Addresses and ports network order.

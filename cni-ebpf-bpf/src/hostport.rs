@@ -9,6 +9,7 @@ use cni_ebpf_common::{proto, NatHook, NatKeyOf, NatKind, Reason};
 use crate::{
     family::Family,
     flows,
+    forward::Handover,
     maps::{count, node_config},
     nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow},
     parse::Pkt,
@@ -83,7 +84,12 @@ pub(crate) fn hairpin_grant<A: Family>(
 
 /// The second half of [`hairpin_grant`]: the forward entry, the rewrite, the delivery.
 #[inline(always)]
-pub(crate) fn hairpin_finish<A: Family>(ctx: &TcContext, p: &Pkt<A>, g: &HairpinGrant<A>) -> i32 {
+pub(crate) fn hairpin_finish<A: Family>(
+    ctx: &TcContext,
+    p: &Pkt<A>,
+    g: &HairpinGrant<A>,
+    how: Handover,
+) -> i32 {
     let fwd = entry(
         g.saddr,
         g.daddr,
@@ -103,14 +109,15 @@ pub(crate) fn hairpin_finish<A: Family>(ctx: &TcContext, p: &Pkt<A>, g: &Hairpin
         return rewrite_failed();
     }
     count(Reason::HairpinNew);
-    deliver_local(ctx, fwd.daddr)
+    deliver_local(ctx, fwd.daddr, how)
 }
 
-/// Into local pod `daddr` past the stack, else (not local any more) to the stack.
+/// Into local pod `daddr` past the stack (as `how` can), else (not local any more) to
+/// the stack.
 #[inline(always)]
-pub(crate) fn deliver_local<A: Family>(ctx: &TcContext, daddr: A) -> i32 {
+pub(crate) fn deliver_local<A: Family>(ctx: &TcContext, daddr: A, how: Handover) -> i32 {
     match daddr.local_endpoint() {
-        Some(ep) => A::deliver(ctx, &ep),
+        Some(ep) => A::deliver(ctx, &ep, how),
         None => {
             count(Reason::TranslatedToStack);
             TC_ACT_OK as i32
@@ -167,5 +174,5 @@ pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
     // flow state.
     flows::note_own_inbound(&rev_key);
     count(Reason::DnatNew);
-    Some(deliver_local(ctx, b))
+    Some(deliver_local(ctx, b, Handover::Peer))
 }

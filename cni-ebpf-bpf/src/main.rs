@@ -17,6 +17,9 @@
 //!   including its own), same-node pod → pod straight into the destination pod, traffic
 //!   routed out of the uplink redirected straight to it (FIB lookup, no kernel
 //!   forwarding); `to_pod` (egress) judges what the kernel delivers by NetworkPolicy;
+//! - a netkit pod's pair: `from_netkit` (the pod's transmit path) and `to_netkit` (the
+//!   host device's) do the same work, handing packets into other pods by `bpf_redirect`
+//!   ([`forward::Handover`]);
 //! - the uplink ([`uplink`]): `uplink_ingress` translates back replies of masqueraded
 //!   flows and ICMP errors about them, DNATs nodeIP:hostPort to the pod keeping the
 //!   client's source address, and delivers verified flows into their pods;
@@ -77,7 +80,10 @@ mod v6;
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use cni_ebpf_common::{prog, Addr4, Addr6, Reason};
 
-use crate::maps::{add_stats, count};
+use crate::{
+    forward::Handover,
+    maps::{add_stats, count},
+};
 
 /// Verdict for packets we leave untouched: "next" (`TCX_NEXT` under tcx, the next filter
 /// under legacy clsact), so other tools' programs still see them; the stack gets them if
@@ -90,18 +96,33 @@ pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
 /// (both families), then the stages of [`pod`].
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
+    leaving_pod(&ctx, Handover::Peer)
+}
+
+/// A netkit pod's transmit path (the netkit peer's program): traffic leaving the pod,
+/// as [`from_pod`] takes it at a host veth's ingress; the kernel has already made the
+/// packet its host device's, whose ifindex it carries.
+#[classifier]
+pub fn from_netkit(ctx: TcContext) -> i32 {
+    leaving_pod(&ctx, Handover::Transmit)
+}
+
+/// [`from_pod`] and [`from_netkit`]: the pod's packet, where it runs handing packets
+/// into other pods as `how` can.
+#[inline(always)]
+fn leaving_pod(ctx: &TcContext, how: Handover) -> i32 {
     count(Reason::Seen);
     // SAFETY: reading a field of the context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     add_stats(ifindex, ctx.len(), false);
-    let sender = match pod::sender(&ctx, ifindex) {
+    let sender = match pod::sender(ctx, ifindex, how) {
         Ok(s) => s,
         Err(v) => return v,
     };
-    if v6::is_ipv6(&ctx) {
-        return v6::call_from_pod6(&ctx, sender);
+    if v6::is_ipv6(ctx) {
+        return v6::call_from_pod6(ctx, sender);
     }
-    pod::stages::<Addr4>(&ctx, sender)
+    pod::stages::<Addr4>(ctx, sender)
 }
 
 /// `from_pod` for IPv6 (tail-called by it, the source checked and the packet paced). A
@@ -118,7 +139,16 @@ pub fn from_pod6(ctx: TcContext) -> i32 {
 /// redirected into it by the programs above), judged by NetworkPolicy (see [`policy`]).
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
-    policy::to_pod(&ctx)
+    policy::to_pod(&ctx, policy::PodBy::Ifindex)
+}
+
+/// A netkit pod's host device transmitting to it (the netkit primary's program): what
+/// the kernel delivers to the pod, or what another netkit pod's program redirected to
+/// it, judged as [`to_pod`] judges. The kernel has already made the packet the pod's
+/// interface's, so the pod is found by the destination address.
+#[classifier]
+pub fn to_netkit(ctx: TcContext) -> i32 {
+    policy::to_pod(&ctx, policy::PodBy::Destination)
 }
 
 // The uplink.

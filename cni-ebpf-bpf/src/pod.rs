@@ -20,6 +20,7 @@ use cni_ebpf_common::{NatHook, Reason};
 use crate::{
     family::Family,
     flows,
+    forward::Handover,
     guard::{check_source, Verdict},
     hostport::{self, HairpinGrant},
     maps::{count, pod_traffic_to_stack, Source},
@@ -37,6 +38,9 @@ pub(crate) struct Sender {
     /// The pod holds host ports (or the source is allow-listed): replies of hairpin flows
     /// may come from it.
     pub(crate) host_ports: bool,
+    /// How a packet of this pod's is handed into another local pod: from a veth's tc
+    /// ingress, or from a netkit pod's transmit path.
+    pub(crate) handover: Handover,
 }
 
 /// Who sent the packet, for every family: a pod speaks only as itself, and a pod with an
@@ -49,7 +53,7 @@ pub(crate) struct Sender {
 /// and nothing needs to look it up again. Its own BPF function: the stages run under the
 /// program's frame, not under this one.
 #[inline(never)]
-pub(crate) fn sender(ctx: &TcContext, ifindex: u32) -> Result<Sender, i32> {
+pub(crate) fn sender(ctx: &TcContext, ifindex: u32, handover: Handover) -> Result<Sender, i32> {
     let source = match check_source(ctx, ifindex) {
         Verdict::Allowed(s) => s,
         Verdict::Spoofed => {
@@ -69,6 +73,7 @@ pub(crate) fn sender(ctx: &TcContext, ifindex: u32) -> Result<Sender, i32> {
     Ok(Sender {
         own_source: matches!(source, Source::Own { .. }),
         host_ports,
+        handover,
     })
 }
 
@@ -85,7 +90,7 @@ pub(crate) fn stages<A: Family>(ctx: &TcContext, sender: Sender) -> i32 {
     if to_node {
         let mut g = HairpinGrant::<A>::default();
         match hairpin_grant(ctx, &mut g) {
-            Some(Ok(())) => return hairpin_finish(ctx, &g),
+            Some(Ok(())) => return hairpin_finish(ctx, &g, sender.handover),
             Some(Err(v)) => return v,
             None => {}
         }
@@ -120,7 +125,7 @@ fn known_or_local<A: Family>(ctx: &TcContext, sender: Sender, to_node: &mut bool
                 return Some(rewrite_failed());
             }
             count(Reason::HairpinForward);
-            return Some(hostport::deliver_local(ctx, n.daddr));
+            return Some(hostport::deliver_local(ctx, n.daddr, sender.handover));
         }
     }
     let ep = local?;
@@ -136,7 +141,7 @@ fn known_or_local<A: Family>(ctx: &TcContext, sender: Sender, to_node: &mut bool
     }
     flows::opens_direct(&p);
     count(Reason::RedirectPod);
-    Some(A::deliver(ctx, &ep))
+    Some(A::deliver(ctx, &ep, sender.handover))
 }
 
 /// A packet for one of the node's addresses that opens a new hairpin flow (to a host
@@ -154,9 +159,9 @@ fn hairpin_grant<A: Family>(ctx: &TcContext, g: &mut HairpinGrant<A>) -> Option<
 
 /// A granted hairpin flow: its forward entry, rewrite and delivery.
 #[inline(never)]
-fn hairpin_finish<A: Family>(ctx: &TcContext, g: &HairpinGrant<A>) -> i32 {
+fn hairpin_finish<A: Family>(ctx: &TcContext, g: &HairpinGrant<A>, how: Handover) -> i32 {
     match A::parse(ctx) {
-        Ok(p) => hostport::hairpin_finish(ctx, &p, g),
+        Ok(p) => hostport::hairpin_finish(ctx, &p, g, how),
         // The same bytes parsed a moment ago: not reached; the reverse entry goes.
         Err(_) => {
             nat_remove(&g.rev_key);

@@ -643,21 +643,31 @@ pub(crate) fn admits_leaving<A: Family>(ctx: &TcContext, saddr: A, ipv6: bool) -
     )
 }
 
-/// `to_pod` (the host veth's egress): a packet the kernel delivers to the pod, judged by
-/// the pod's ingress and, when a local pod sent it (through the stack: a Service after
-/// kube-proxy's DNAT), that pod's egress. The node's own traffic passes: from one of its
-/// addresses, and IPv6 link-local or multicast (neighbour discovery).
+/// How `to_pod` finds the pod a packet is for.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PodBy {
+    /// The packet's device: a host veth, at its egress.
+    Ifindex,
+    /// The destination address: in a netkit pod's host device's transmit path the packet
+    /// is already the pod's interface's, whose index means nothing outside the pod.
+    Destination,
+}
+
+/// `to_pod` (the host veth's egress; `to_netkit`, a netkit pod's host device's
+/// transmit path): a packet the kernel delivers to the pod, judged by the pod's ingress
+/// and, when a local pod sent it (through the stack: a Service after kube-proxy's DNAT),
+/// that pod's egress. The node's own traffic passes: from one of its addresses, and IPv6
+/// link-local or multicast (neighbour discovery). Found by destination (`pod`), a packet
+/// for no pod's address is dropped while policy is enforced.
 #[inline(always)]
-pub(crate) fn to_pod(ctx: &TcContext) -> i32 {
+pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
     let Some((slot, gen)) = enforcing() else {
         return PASS;
     };
-    // SAFETY: reading a field of the context (the host veth: this is its egress).
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
     let Ok(ethertype) = read::<u16>(ctx, ETH_TYPE_OFF) else {
         return PASS;
     };
-    let src = if ethertype == ETH_P_IP.to_be() {
+    let (src, dst) = if ethertype == ETH_P_IP.to_be() {
         let Ok(saddr) = read::<u32>(ctx, IP_OFF + IP_SADDR) else {
             return PASS;
         };
@@ -667,7 +677,19 @@ pub(crate) fn to_pod(ctx: &TcContext) -> i32 {
         if load_tuple4(ctx).is_none() {
             return TC_ACT_SHOT as i32;
         }
-        saddr.local_endpoint()
+        let dst = match pod {
+            PodBy::Ifindex => None,
+            PodBy::Destination => {
+                let Ok(daddr) = read::<u32>(ctx, IP_OFF + IP_DADDR) else {
+                    return TC_ACT_SHOT as i32;
+                };
+                let Some(ep) = daddr.local_endpoint() else {
+                    return TC_ACT_SHOT as i32;
+                };
+                Some(ep)
+            }
+        };
+        (saddr.local_endpoint(), dst)
     } else if ethertype == ETH_P_IPV6.to_be() {
         let Ok(saddr) = read::<Addr6>(ctx, IP_OFF + IP6_SADDR) else {
             return PASS;
@@ -682,7 +704,19 @@ pub(crate) fn to_pod(ctx: &TcContext) -> i32 {
         if load_tuple6(ctx).is_none() {
             return TC_ACT_SHOT as i32;
         }
-        saddr.local_endpoint()
+        let dst = match pod {
+            PodBy::Ifindex => None,
+            PodBy::Destination => {
+                let Ok(daddr) = read::<Addr6>(ctx, IP_OFF + IP6_DADDR) else {
+                    return TC_ACT_SHOT as i32;
+                };
+                let Some(ep) = daddr.local_endpoint() else {
+                    return TC_ACT_SHOT as i32;
+                };
+                Some(ep)
+            }
+        };
+        (saddr.local_endpoint(), dst)
     } else {
         return PASS;
     };
@@ -690,7 +724,17 @@ pub(crate) fn to_pod(ctx: &TcContext) -> i32 {
         ifindex: ep.ifindex,
         owner: ep.owner,
     });
-    let dst = Side { ifindex, owner: 0 };
+    let dst = match dst {
+        Some(ep) => Side {
+            ifindex: ep.ifindex,
+            owner: 0,
+        },
+        // SAFETY: reading a field of the context (the host veth: this is its egress).
+        None => Side {
+            ifindex: unsafe { (*ctx.skb.skb).ifindex },
+            owner: 0,
+        },
+    };
     if admits_sides(src, dst, slot, gen) {
         PASS
     } else {

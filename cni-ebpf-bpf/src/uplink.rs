@@ -27,7 +27,7 @@ use cni_ebpf_common::{FlowFlags, NatDeliver, NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::deliver_verified,
+    forward::{deliver_verified, Handover},
     hostport,
     maps::{count, node_config},
     masq::{self, Granted},
@@ -93,7 +93,7 @@ fn ingress_known<A: Family>(ctx: &TcContext) -> Known {
         return Known::Verdict(TC_ACT_OK as i32);
     }
     count_translated(n.kind);
-    Known::Verdict(hostport::deliver_local(ctx, n.daddr))
+    Known::Verdict(hostport::deliver_local(ctx, n.daddr, Handover::Peer))
 }
 
 /// An ICMP error, about a translated flow or not ([`Family::icmp_error_in`]). Its own

@@ -14,6 +14,7 @@ use aya_ebpf::programs::TcContext;
 use cni_ebpf_common::{prog, Reason};
 
 use crate::{
+    forward::Handover,
     maps::{count, CALLS6},
     parse::{read, ETH_P_IPV6, ETH_TYPE_OFF},
     pod::Sender,
@@ -23,8 +24,10 @@ use crate::{
 /// `skb->cb[0]` as `from_pod` leaves it for `from_pod6`: the packet's source is one of
 /// the pod's own addresses (else one of its allow-list)...
 const CB_OWN_SOURCE: u32 = 1;
-/// ... and the pod holds host ports (see [`Sender`]).
+/// ... and the pod holds host ports (see [`Sender`])...
 const CB_HOST_PORTS: u32 = 2;
+/// ... and the program runs in a netkit pod's transmit path ([`Handover::Transmit`]).
+const CB_TRANSMIT: u32 = 4;
 
 /// Whether the frame is IPv6.
 #[inline(always)]
@@ -53,6 +56,9 @@ pub(crate) fn call_from_pod6(ctx: &TcContext, sender: Sender) -> i32 {
     if sender.host_ports {
         cb |= CB_HOST_PORTS;
     }
+    if sender.handover == Handover::Transmit {
+        cb |= CB_TRANSMIT;
+    }
     // SAFETY: `cb` is the tc control block, ours while the packet is in tc.
     unsafe { (*ctx.skb.skb).cb[0] = cb };
     call(ctx, prog::CALL6_FROM_POD)
@@ -66,5 +72,10 @@ pub(crate) fn sender(ctx: &TcContext) -> Sender {
     Sender {
         own_source: cb & CB_OWN_SOURCE != 0,
         host_ports: cb & CB_HOST_PORTS != 0,
+        handover: if cb & CB_TRANSMIT != 0 {
+            Handover::Transmit
+        } else {
+            Handover::Peer
+        },
     }
 }

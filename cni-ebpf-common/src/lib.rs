@@ -121,6 +121,9 @@ bitflags::bitflags! {
         /// other local pods skip the hairpin lookup. Negative on purpose: an entry
         /// without it (as builds before it wrote them) keeps the lookup.
         const NO_HOST_PORTS = 4;
+        /// The pod's interface is a netkit pair (`interface: netkit`): `ifindex` is its
+        /// host device, the netkit primary. Read by userspace only (`inspect`, CHECK).
+        const NETKIT = 8;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }

@@ -10,6 +10,11 @@ pub mod prog {
     pub const UPLINK_EGRESS: &str = "uplink_egress";
     /// Host veth egress (packets the kernel delivers to a pod): NetworkPolicy.
     pub const TO_POD: &str = "to_pod";
+    /// A netkit pod's transmit path (the netkit peer's program): [`FROM_POD`]'s work.
+    pub const FROM_NETKIT: &str = "from_netkit";
+    /// A netkit pod's host device transmitting to it (the netkit primary's program):
+    /// [`TO_POD`]'s work.
+    pub const TO_NETKIT: &str = "to_netkit";
     /// Tunnel device egress (packets routed to another node's pods): the node to send
     /// them to.
     pub const TO_TUNNEL: &str = "to_tunnel";
@@ -34,11 +39,13 @@ pub mod prog {
     /// `getpeername()` of the node's own IPv6 sockets (cgroup `getpeername6`).
     pub const SOCK_GETPEERNAME6: &str = "sock_getpeername6";
     /// The tc programs.
-    pub const TC: [&str; 6] = [
+    pub const TC: [&str; 8] = [
         FROM_POD,
         UPLINK_INGRESS,
         UPLINK_EGRESS,
         TO_POD,
+        FROM_NETKIT,
+        TO_NETKIT,
         TO_TUNNEL,
         FROM_TUNNEL,
     ];
@@ -74,7 +81,7 @@ pub mod prog {
     ];
     /// Every program, in load order (the tail-called IPv6 programs first: a program that
     /// calls them finds them in place from its first packet).
-    pub const ALL: [&str; 17] = [
+    pub const ALL: [&str; 19] = [
         FROM_POD6,
         UPLINK_INGRESS6,
         UPLINK_EGRESS6,
@@ -82,6 +89,8 @@ pub mod prog {
         UPLINK_INGRESS,
         UPLINK_EGRESS,
         TO_POD,
+        FROM_NETKIT,
+        TO_NETKIT,
         TO_TUNNEL,
         FROM_TUNNEL,
         SOCK_CONNECT4,

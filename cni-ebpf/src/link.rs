@@ -11,13 +11,14 @@ use ipnet::IpNet;
 use netlink_packet_route::{
     address::{AddressAttribute, AddressFlags, AddressHeaderFlags, AddressScope},
     link::{
-        InfoData, InfoKind, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+        InfoData, InfoKind, InfoNetkit, InfoVeth, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo,
+        LinkMessage, NetkitMode, NetkitPolicy,
     },
     route::{RouteAddress, RouteAttribute, RouteMessage, RouteMetric, RouteProtocol, RouteScope},
     AddressFamily,
 };
 use rtnetlink::{
-    sys::AsyncSocket as _, Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, LinkVxlan,
+    sys::AsyncSocket as _, Handle, LinkMessageBuilder, LinkNetkit, LinkUnspec, LinkVeth, LinkVxlan,
     RouteMessageBuilder,
 };
 
@@ -286,6 +287,47 @@ impl Nl {
             .execute()
             .await
             .map_err(|e| creating(format!("creating veth {host}/{peer}"), e))
+    }
+
+    /// Creates a netkit pair in one request, as [`Nl::create_veth`] a veth pair: the host
+    /// end (the primary) here, the peer inside `peer_ns`, in L2 mode (each end has its
+    /// MAC, and the pod resolves its gateway as on a veth). Both ends drop every packet
+    /// while no program is attached to them, so the pod has no network until the datapath
+    /// has its programs in place, and none once DEL has taken them. `Ok(false)`: this
+    /// kernel has no netkit devices.
+    pub async fn create_netkit(&self, v: &NewVeth<'_>, peer_ns: &Netns) -> Result<bool> {
+        use std::os::fd::AsRawFd;
+        let NewVeth {
+            host,
+            host_mac,
+            peer,
+            peer_mac,
+            mtu,
+            group,
+        } = *v;
+        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
+            .name(peer.to_owned())
+            .address(peer_mac.to_vec())
+            .mtu(mtu)
+            .setns_by_fd(peer_ns.file().as_raw_fd())
+            .build();
+        let msg = LinkNetkit::new(host, peer, NetkitMode::L2)
+            .address(host_mac.to_vec())
+            .mtu(mtu)
+            .link_group(group)
+            .set_info_data(InfoData::Netkit(vec![
+                InfoNetkit::Mode(NetkitMode::L2),
+                InfoNetkit::Policy(NetkitPolicy::Drop),
+                InfoNetkit::PeerPolicy(NetkitPolicy::Drop),
+                InfoNetkit::Peer(peer_msg),
+            ]))
+            .build();
+        match self.handle.link().add(msg).execute().await {
+            Ok(()) => Ok(true),
+            // The kernel knows no link kind "netkit" (and no module provides one).
+            Err(e) if is_errno(&e, libc::EOPNOTSUPP) => Ok(false),
+            Err(e) => Err(creating(format!("creating netkit {host}/{peer}"), e)),
+        }
     }
 
     /// Creates the VXLAN device `name` in external (collect-metadata) mode on UDP `port`:
@@ -721,10 +763,25 @@ pub fn write_sysctl(key: &str, value: &str) -> Result<()> {
     std::fs::write(&path, value).map_err(|e| Error::io(format!("writing {path}"), e))
 }
 
-/// `InfoKind` of veth, re-exported for checks.
+/// `IFLA_INFO_KIND` of a netkit device.
+pub const NETKIT: &str = "netkit";
+
+/// Whether `link` is a veth.
 #[must_use]
 pub fn is_veth(link: &Link) -> bool {
     link.kind.as_deref() == Some(&InfoKind::Veth.to_string())
+}
+
+/// Whether `link` is a netkit device.
+#[must_use]
+pub fn is_netkit(link: &Link) -> bool {
+    link.kind.as_deref() == Some(NETKIT)
+}
+
+/// Whether `link` may be an end of a pod's device pair: a veth or a netkit device.
+#[must_use]
+pub fn is_pod_pair_end(link: &Link) -> bool {
+    is_veth(link) || is_netkit(link)
 }
 
 /// The hash of interface names and MACs: [`cni_ebpf_common::fnv1a64`] with 0xff between
@@ -845,7 +902,7 @@ impl Nl {
                         .any(|a| matches!(a, LinkAttribute::IfAlias(s) if !s.is_empty()))
             })
             .map(Link::from_message)
-            .filter(|l| l.kind.as_deref() == Some("veth"))
+            .filter(is_pod_pair_end)
             .collect())
     }
 
@@ -856,7 +913,7 @@ impl Nl {
             .await?
             .iter()
             .map(Link::from_message)
-            .filter(|l| l.group == group && l.kind.as_deref() == Some("veth"))
+            .filter(|l| l.group == group && is_pod_pair_end(l))
             .collect())
     }
 

@@ -288,6 +288,7 @@ fn bad_inputs_get_the_right_code_and_name_the_culprit() {
         ("empty network name", ok_add.clone(), conf("1.0.0", ""), 7, "name"),
         ("mtu of the wrong type", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"mtu\":\"big\""), 7, "mtu"),
         ("mtu too small", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"mtu\":10"), 7, "mtu"),
+        ("unknown interface kind", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"interface\":\"macvlan\""), 7, "interface"),
         ("bad logLevel", ok_add.clone(), good.replace("\"type\":\"cni-ebpf\"", "\"type\":\"cni-ebpf\",\"logLevel\":\"loud\""), 7, "logLevel"),
         ("relative dataDir", ok_add.clone(), good.replace("/nonexistent/cni-ebpf-protocol-test", "rel/dir"), 7, "dataDir"),
         (

@@ -697,6 +697,7 @@ fn pod_endpoint(
         // As ADD writes a pod with host ports (and older builds every pod): the hairpin
         // lookup stays on, so that any fixture may give the pod host ports later.
         host_ports: true,
+        netkit: false,
         pod: None,
     }
 }

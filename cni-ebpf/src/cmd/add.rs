@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::{
     cni::{
-        config::{format_mac, parse_mac, NetConf},
+        config::{format_mac, parse_mac, InterfaceKind, NetConf},
         env::Env,
         result::{CniResult, Interface, IpConfig, Route},
     },
@@ -47,9 +47,8 @@ async fn clear_retired(
     ifname: &str,
     host_ifname: &str,
 ) -> Result<(bool, bool)> {
-    let retired = |l: &link::Link| {
-        l.group == link::retired_group(network) && l.kind.as_deref() == Some("veth")
-    };
+    let retired =
+        |l: &link::Link| l.group == link::retired_group(network) && link::is_pod_pair_end(l);
     let mut pod_end_taken = false;
     if let Some(pod_end) = ctr.link_by_name(ifname).await? {
         pod_end_taken = true;
@@ -136,6 +135,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
             host_ifname: &host_ifname,
             host_mac,
             ctr_mac,
+            netkit: false,
             undo: Vec::new(),
         };
         let out = txn.run().await;
@@ -162,6 +162,8 @@ struct Transaction<'a> {
     host_ifname: &'a str,
     host_mac: [u8; 6],
     ctr_mac: [u8; 6],
+    /// Whether step 2 made a netkit pair (else a veth pair).
+    netkit: bool,
     /// The steps done, undone in reverse by [`Self::rollback`].
     undo: Vec<Undo>,
 }
@@ -208,8 +210,8 @@ impl Transaction<'_> {
         Ok(ipam_result)
     }
 
-    /// Step 2, the veth pair, container end created directly in the pod's namespace.
-    /// Returns the host end's ifindex.
+    /// Step 2, the device pair (veth or netkit, as `interface` says), container end
+    /// created directly in the pod's namespace. Returns the host end's ifindex.
     async fn veth(&mut self) -> Result<u32> {
         let fault = crate::faults::point;
         // While the pair is unlabelled, a shared hold on the network's veth lock tells GC
@@ -224,7 +226,29 @@ impl Transaction<'_> {
             mtu: self.dp.pod_mtu(),
             group: link::unlabelled_group(&self.conf.name),
         };
-        self.node.create_veth(&veth, self.netns).await?;
+        self.netkit = match self.conf.interface {
+            InterfaceKind::Veth => {
+                self.node.create_veth(&veth, self.netns).await?;
+                false
+            }
+            InterfaceKind::Netkit => {
+                if !self.node.create_netkit(&veth, self.netns).await? {
+                    return Err(Error::config(
+                        "interface",
+                        "\"netkit\": this kernel has no netkit devices (Linux 6.7 or later, \
+                         built with CONFIG_NETKIT); use \"veth\" or \"auto\"",
+                    ));
+                }
+                true
+            }
+            InterfaceKind::Auto => {
+                let netkit = self.node.create_netkit(&veth, self.netns).await?;
+                if !netkit {
+                    self.node.create_veth(&veth, self.netns).await?;
+                }
+                netkit
+            }
+        };
         let host = self
             .node
             .link_by_name(self.host_ifname)
@@ -357,6 +381,7 @@ impl Transaction<'_> {
             nat_flows: conf.nat_flows_per_pod,
             egress_rate: conf.egress_rate,
             host_ports: !conf.runtime_config.port_mappings.is_empty(),
+            netkit: self.netkit,
             pod: PodRef::from_args(&env.args),
         };
         self.undo.push(Undo::Endpoint {

@@ -11,7 +11,7 @@ use ipnet::IpNet;
 
 use crate::{
     cni::{
-        config::{format_mac, NetConf},
+        config::{format_mac, InterfaceKind, NetConf},
         env::Env,
         result::{CniResult, Interface, Route},
     },
@@ -57,7 +57,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
             crate::datapath::node::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
         let c = validate_container_interface(&ctr, mtu, &env.ifname, &sandbox, &want).await?;
         validate_container_routes(&ctr, &prev.routes, &want.pod_ips, c.index, &sandbox).await?;
-        let h = validate_host_veth(&node, &host_ifname, &env.ifname, &c, want.host).await?;
+        let h = validate_host_veth(&node, conf, &host_ifname, &env.ifname, &c, want.host).await?;
         validate_node_routes(&node, &want.pod_ips, h.index, &host_ifname).await?;
         Ok::<_, Error>((c, h))
     })?;
@@ -192,10 +192,11 @@ async fn validate_container_routes(
     Ok(())
 }
 
-/// The host veth exists, is a veth, is the container interface's peer and has
-/// prevResult's MAC.
+/// The host veth exists, is a veth or a netkit device as `interface` allows, is the
+/// container interface's peer and has prevResult's MAC.
 async fn validate_host_veth(
     node: &Nl,
+    conf: &NetConf,
     host_ifname: &str,
     ifname: &str,
     c: &Link,
@@ -205,9 +206,20 @@ async fn validate_host_veth(
         .link_by_name(host_ifname)
         .await?
         .ok_or_else(|| Error::Check(format!("host veth {host_ifname} does not exist")))?;
-    if !link::is_veth(&h) {
+    let allowed = match conf.interface {
+        InterfaceKind::Veth => link::is_veth(&h),
+        InterfaceKind::Netkit => link::is_netkit(&h),
+        InterfaceKind::Auto => link::is_pod_pair_end(&h),
+    };
+    if !allowed {
         return Err(Error::Check(format!(
-            "host interface {host_ifname} is not a veth"
+            "host interface {host_ifname} is a {}, not the {} \"interface\" asks for",
+            h.kind.as_deref().unwrap_or("device of no kind"),
+            match conf.interface {
+                InterfaceKind::Veth => "veth",
+                InterfaceKind::Netkit => "netkit device",
+                InterfaceKind::Auto => "veth or netkit device",
+            }
         )));
     }
     if c.peer_index != Some(h.index) {
@@ -272,6 +284,7 @@ fn validate_datapath(
         nat_flows: conf.nat_flows_per_pod,
         egress_rate: conf.egress_rate,
         host_ports: !conf.runtime_config.port_mappings.is_empty(),
+        netkit: link::is_netkit(h),
         pod: PodRef::from_args(&env.args),
     };
     // A later chained plugin (tuning) may have changed the pod's MAC after ADD wrote the

@@ -343,7 +343,7 @@ async fn owned(
         // derived from (container ID, ifname); a foreign link that merely took the name
         // has another MAC. (The runtime never runs ADD and DEL of one container at once,
         // so this is no ADD in progress.)
-        None if l.kind.as_deref() == Some("veth")
+        None if link::is_pod_pair_end(l)
             && l.mac == link::derived_mac(container_id, ifname, "host") =>
         {
             tracing::warn!(

@@ -247,6 +247,8 @@ struct Raw {
     cgroup_path: Option<PathBuf>,
     #[serde(default)]
     attach: Option<String>,
+    #[serde(default)]
+    interface: Option<String>,
     /// The conflist's capability declarations: for the runtime, not read here.
     #[serde(default)]
     #[expect(
@@ -282,6 +284,36 @@ pub enum AttachPolicy {
     Tcx,
     /// `"auto"`: tcx where the kernel has it, else tc.
     Auto,
+}
+
+/// The kind of device pair a pod's interface is (`interface`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum InterfaceKind {
+    /// `"veth"` (the default): a veth pair; `from_pod` and `to_pod` run at the host end's
+    /// tc hooks (as `attach` says).
+    #[default]
+    Veth,
+    /// `"netkit"`: a netkit pair (Linux ≥ 6.7 with `CONFIG_NETKIT`), its programs run in
+    /// the pair's own transmit paths (netkit links pinned in bpffs), so a pod's packets
+    /// reach the datapath without a second pass through a receive queue. A kernel without
+    /// netkit fails ADD.
+    Netkit,
+    /// `"auto"`: netkit where the kernel has it, else veth.
+    Auto,
+}
+
+impl InterfaceKind {
+    fn parse(s: Option<&str>) -> Result<Self> {
+        match s {
+            None | Some("veth") => Ok(Self::Veth),
+            Some("netkit") => Ok(Self::Netkit),
+            Some("auto") => Ok(Self::Auto),
+            Some(other) => Err(Error::config(
+                "interface",
+                format!("{other:?} is not one of \"veth\", \"netkit\", \"auto\""),
+            )),
+        }
+    }
 }
 
 impl AttachPolicy {
@@ -358,6 +390,8 @@ pub struct NetConf {
     pub cgroup_path: CgroupPath,
     /// `attach`.
     pub attach: AttachPolicy,
+    /// `interface`.
+    pub interface: InterfaceKind,
     /// The pod's egress limit (`runtimeConfig.bandwidth`).
     pub egress_rate: Option<EgressRate>,
     /// The pod's source allow-list: `runtimeConfig.allowedSourceCIDRs` and
@@ -600,6 +634,7 @@ impl NetConf {
         };
 
         let attach = AttachPolicy::parse(raw.attach.as_deref())?;
+        let interface = InterfaceKind::parse(raw.interface.as_deref())?;
         let egress_rate = match &runtime_config.bandwidth {
             Some(b) => b.egress()?,
             None => None,
@@ -664,6 +699,7 @@ impl NetConf {
             valid_attachments: raw.valid_attachments,
             cgroup_path,
             attach,
+            interface,
             egress_rate,
             allowed_sources,
             unknown_keys,

@@ -14,6 +14,7 @@ use cni_ebpf_common::{
 use super::{
     attach,
     maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map, port_from_map},
+    netkit::{self, NetkitHook},
     owner_label, proto_name, v4s, v6s, Datapath, Endpoint,
 };
 use crate::{
@@ -240,6 +241,9 @@ impl Datapath {
     /// goes when someone runs `tc qdisc del dev <veth> clsact`; a tcx link only with its
     /// pin or the device.)
     fn check_endpoint_attachment(&self, ep: &Endpoint) -> Result<()> {
+        if ep.netkit {
+            return self.check_netkit_attachment(ep);
+        }
         for (prog_name, dir, pin, hook) in [
             (
                 prog::FROM_POD,
@@ -272,6 +276,54 @@ impl Datapath {
                 return Err(Error::Check(format!(
                     "the cni-ebpf program ({prog_name}, id {id}) runs twice on host veth \
                      {name} ({hook}): as a clsact filter and as a tcx link"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A netkit pair: `from_netkit` runs in the pod's transmit path and `to_netkit` in its
+    /// host device's, each through the netkit link pinned for it. (Without them the pair
+    /// drops every packet.)
+    fn check_netkit_attachment(&self, ep: &Endpoint) -> Result<()> {
+        for (prog_name, hook, pin) in [
+            (
+                prog::FROM_NETKIT,
+                NetkitHook::Peer,
+                self.pins.endpoint_link(&ep.host_ifname),
+            ),
+            (
+                prog::TO_NETKIT,
+                NetkitHook::Primary,
+                self.pins.endpoint_egress_link(&ep.host_ifname),
+            ),
+        ] {
+            let id = attach::program_id(&self.program(prog_name)?)?;
+            let name = &ep.host_ifname;
+            let found = netkit::pinned(&pin)?;
+            // A link names the device whose transmit runs its program: the host device
+            // for `to_netkit`, the pod's interface (an index in the pod's namespace) for
+            // `from_netkit`. A link whose device is gone names none (0).
+            let attached = found.is_some_and(|(index, h, prog)| {
+                h == Some(hook)
+                    && prog == id
+                    && match hook {
+                        NetkitHook::Primary => index == ep.host_ifindex,
+                        NetkitHook::Peer => index != 0,
+                    }
+            });
+            if !attached {
+                return Err(Error::Check(format!(
+                    "the cni-ebpf program ({prog_name}, id {id}) is not attached to netkit \
+                     {name} (#{}, {hook:?}) through the link pinned at {}: found {}",
+                    ep.host_ifindex,
+                    pin.display(),
+                    match found {
+                        None => "no netkit link".to_owned(),
+                        Some((index, hook, prog)) => {
+                            format!("a link on #{index} ({hook:?}) running program {prog}")
+                        }
+                    }
                 )));
             }
         }
@@ -381,6 +433,14 @@ fn check_entry(
         return Err(Error::Check(format!(
             "the endpoint entry for {ip} is {}marked as paced (egress rate)",
             if ep.egress_rate.is_some() { "not " } else { "" }
+        )));
+    }
+    if v.flags.contains(EndpointFlags::NETKIT) != ep.netkit {
+        return Err(Error::Check(format!(
+            "the endpoint entry for {ip} says the pod's interface is a {} pair, but it is a \
+             {} pair",
+            if ep.netkit { "veth" } else { "netkit" },
+            if ep.netkit { "netkit" } else { "veth" },
         )));
     }
     // The other way round is what entries of older builds say, and only costs a lookup.

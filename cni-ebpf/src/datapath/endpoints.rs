@@ -18,6 +18,7 @@ use super::{
     attach,
     flows::FlowsLock,
     maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map},
+    netkit::{self, NetkitHook},
     owner_label, v4s, v6s, Datapath,
 };
 use crate::{
@@ -33,7 +34,7 @@ pub struct Endpoint {
     pub container_id: String,
     /// `CNI_IFNAME`.
     pub ifname: String,
-    /// ifindex of the host end of the veth.
+    /// ifindex of the host end of the veth (or netkit primary).
     pub host_ifindex: u32,
     /// Name of the host end of the veth.
     pub host_ifname: String,
@@ -54,6 +55,9 @@ pub struct Endpoint {
     /// Whether the pod has host ports (`runtimeConfig.portMappings`): only such a pod
     /// serves hairpin flows, whose replies `from_pod` must look up.
     pub host_ports: bool,
+    /// Whether the pair is a netkit pair (`interface`): its programs are `from_netkit`
+    /// and `to_netkit` on netkit links, not `from_pod` and `to_pod` at tc hooks.
+    pub netkit: bool,
     /// The Kubernetes pod the runtime named (`K8S_POD_*` of `CNI_ARGS`): its namespace
     /// decides whether it starts closed to policy (see `policy`).
     pub pod: Option<PodRef>,
@@ -141,6 +145,7 @@ impl Datapath {
         let mut flags = EndpointFlags::ACTIVE;
         flags.set(EndpointFlags::PACED, ep.egress_rate.is_some());
         flags.set(EndpointFlags::NO_HOST_PORTS, !ep.host_ports);
+        flags.set(EndpointFlags::NETKIT, ep.netkit);
         let info = EndpointInfo {
             ifindex: ep.host_ifindex,
             flags,
@@ -214,6 +219,25 @@ impl Datapath {
         }
         self.put_endpoint_entries(ep)?;
         crate::faults::point("datapath-entries-written")?;
+        if ep.netkit {
+            // `to_netkit` first, as below; until `from_netkit` is attached the pair drops
+            // what the pod sends.
+            for (name, hook, pin) in [
+                (
+                    prog::TO_NETKIT,
+                    NetkitHook::Primary,
+                    self.pins.endpoint_egress_link(&ep.host_ifname),
+                ),
+                (
+                    prog::FROM_NETKIT,
+                    NetkitHook::Peer,
+                    self.pins.endpoint_link(&ep.host_ifname),
+                ),
+            ] {
+                netkit::attach(&self.program(name)?, ep.host_ifindex, hook, &pin)?;
+            }
+            return Ok(());
+        }
         // `to_pod` first: once `from_pod` runs, the pod's packets may be answered.
         for (name, dir, pin) in [
             (

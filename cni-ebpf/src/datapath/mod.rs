@@ -46,6 +46,7 @@ mod flows;
 pub mod load;
 pub mod maps;
 pub mod memory;
+pub mod netkit;
 pub mod node;
 mod node_config;
 pub mod object;

@@ -4,8 +4,11 @@
 //! <bpffsRoot>/<network>/                 network directory; flock()ed while loading
 //! <bpffsRoot>/<network>/v7/              layout version (cni_ebpf_common::LAYOUT_VERSION)
 //!     maps/<MAP>                         every map of the object, pinned by name
-//!     progs/<program>                    from_pod, uplink_ingress, uplink_egress
-//!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress)
+//!     progs/<program>                    from_pod, uplink_ingress, uplink_egress, …
+//!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress),
+//!                                        or netkit link of from_netkit (netkit pod)
+//!     links/to-<host veth name>          tcx link of to_pod (egress), or netkit link of
+//!                                        to_netkit
 //!     links/uplink-<ifname>-ingress      tcx link of uplink_ingress
 //!     links/uplink-<ifname>-egress       tcx link of uplink_egress
 //!     links/tunnel-ingress, tunnel-egress tcx links of from_tunnel and to_tunnel on the
@@ -117,13 +120,15 @@ impl Pins {
         self.version_dir().join("links")
     }
 
-    /// Pin of the `from_pod` link on host veth `host_ifname`.
+    /// Pin of the `from_pod` link on host veth `host_ifname` (`from_netkit`'s on a netkit
+    /// pod's host device).
     #[must_use]
     pub fn endpoint_link(&self, host_ifname: &str) -> PathBuf {
         self.links_dir().join(format!("ep-{host_ifname}"))
     }
 
-    /// Pin of the `to_pod` link on host veth `host_ifname` (its egress).
+    /// Pin of the `to_pod` link on host veth `host_ifname` (its egress; `to_netkit`'s on a
+    /// netkit pod's host device).
     #[must_use]
     pub fn endpoint_egress_link(&self, host_ifname: &str) -> PathBuf {
         self.links_dir().join(format!("to-{host_ifname}"))

@@ -28,7 +28,7 @@ use cni_ebpf_common::prog;
 use super::{
     attach::{self, AttachMode},
     load::{self, Loaded},
-    object,
+    netkit, object,
     pins::{Direction, Pins},
     Datapath,
 };
@@ -115,6 +115,13 @@ fn replace_programs(pins: &Pins) -> Result<()> {
                 }
                 pin_over(pins, name, |tmp| p.pin(tmp))?;
             }
+            // A netkit pair's program: swapped in its links.
+            Loaded::Tc(p) if name == prog::FROM_NETKIT || name == prog::TO_NETKIT => {
+                for pin in netkit_links(&dp, name)? {
+                    netkit::update(p, &pin)?;
+                }
+                pin_over(pins, name, |tmp| p.pin(tmp))?;
+            }
             // A program the old object did not have: attached where it belongs, in the
             // mode the pod's other program runs in.
             Loaded::Tc(p) if !pins.prog(name).exists() => {
@@ -141,7 +148,30 @@ fn replace_programs(pins: &Pins) -> Result<()> {
     Ok(())
 }
 
-/// Where program `name` may be attached: `from_pod` and `to_pod` on every endpoint's
+/// The pins of the netkit links that run program `name` (`from_netkit` or
+/// `to_netkit`): one per netkit pod.
+fn netkit_links(dp: &Datapath, name: &str) -> Result<Vec<std::path::PathBuf>> {
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for e in dp.endpoints()? {
+        if e.container_id.is_empty()
+            || e.removing
+            || e.interface != "netkit"
+            || !seen.insert(e.host_ifindex)
+        {
+            continue;
+        }
+        let ifname = link::host_veth_name(&e.container_id, &e.ifname);
+        out.push(if name == prog::FROM_NETKIT {
+            dp.pins.endpoint_link(&ifname)
+        } else {
+            dp.pins.endpoint_egress_link(&ifname)
+        });
+    }
+    Ok(out)
+}
+
+/// Where program `name` may be attached: `from_pod` and `to_pod` on every veth pod's
 /// host veth (ingress, egress), the uplink programs on the uplink, the tunnel programs on
 /// the tunnel device.
 fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
@@ -149,7 +179,11 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
     if name == prog::FROM_POD || name == prog::TO_POD {
         let mut seen = std::collections::HashSet::new();
         for e in dp.endpoints()? {
-            if e.container_id.is_empty() || e.removing || !seen.insert(e.host_ifindex) {
+            if e.container_id.is_empty()
+                || e.removing
+                || e.interface != "veth"
+                || !seen.insert(e.host_ifindex)
+            {
                 continue;
             }
             let ifname = link::host_veth_name(&e.container_id, &e.ifname);

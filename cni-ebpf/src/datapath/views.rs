@@ -58,6 +58,8 @@ pub struct EndpointView {
     /// finishes it). The programs ignore the entry.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub removing: bool,
+    /// The pod's device pair: `veth` or `netkit` (`interface`).
+    pub interface: &'static str,
 }
 
 /// A host-port entry, for `inspect`.
@@ -270,6 +272,11 @@ impl Datapath {
                         .map(|u| u32::try_from(u.entries.cast_signed().max(0)).unwrap_or(0) / 2),
                     nat_flows_cap: shares.get(&v.ifindex).map(|u| u.cap / 2),
                     removing: !v.flags.contains(EndpointFlags::ACTIVE),
+                    interface: if v.flags.contains(EndpointFlags::NETKIT) {
+                        "netkit"
+                    } else {
+                        "veth"
+                    },
                 }
             })
             .collect();

@@ -580,6 +580,7 @@ mod tests {
             nat_flows: Some(3),
             nat_flows_cap: Some(8192),
             removing: false,
+            interface: "veth",
         }
     }
 

@@ -183,6 +183,7 @@ fn attach_check_detach(policy: AttachPolicy, tag: &str) {
         nat_flows: cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD,
         egress_rate: None,
         host_ports: false,
+        netkit: false,
         pod: None,
     };
     dp.attach_endpoint(&ep)

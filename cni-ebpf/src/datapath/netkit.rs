@@ -1,0 +1,232 @@
+//! Programs on a netkit pair (`interface: netkit`): `from_netkit` runs in the pod's
+//! transmit path (`BPF_NETKIT_PEER`), `to_netkit` in its host device's
+//! (`BPF_NETKIT_PRIMARY`), each through a BPF link on the host device (the netkit
+//! primary), pinned in bpffs like a tcx link so that it outlives the plugin process.
+//! A pair drops every packet while no program is attached to it (see
+//! `link::Nl::create_netkit`), so a pod is closed until both links are in place and
+//! again once DEL has removed their pins.
+//!
+//! aya attaches tc programs through clsact and tcx only, so the four `bpf()` commands a
+//! netkit link needs are made here: `BPF_LINK_CREATE`, `BPF_OBJ_PIN`, `BPF_LINK_UPDATE`
+//! (a live upgrade swaps the program in place) and `BPF_OBJ_GET_INFO_BY_FD` (CHECK).
+
+use std::{
+    ffi::CString,
+    io,
+    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    path::Path,
+};
+
+use aya::programs::SchedClassifier;
+
+use crate::error::{Error, Result};
+
+/// Where on the pair a program runs (uapi `enum bpf_attach_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetkitHook {
+    /// `BPF_NETKIT_PRIMARY`: the host device transmitting to the pod.
+    Primary,
+    /// `BPF_NETKIT_PEER`: the pod transmitting.
+    Peer,
+}
+
+impl NetkitHook {
+    fn attach_type(self) -> u32 {
+        match self {
+            Self::Primary => 54,
+            Self::Peer => 55,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Self::Primary => "primary",
+            Self::Peer => "peer",
+        }
+    }
+}
+
+// uapi `enum bpf_cmd`.
+const BPF_OBJ_PIN: libc::c_long = 6;
+const BPF_OBJ_GET: libc::c_long = 7;
+const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
+const BPF_LINK_CREATE: libc::c_long = 28;
+const BPF_LINK_UPDATE: libc::c_long = 29;
+/// uapi `BPF_LINK_TYPE_NETKIT`.
+const BPF_LINK_TYPE_NETKIT: u32 = 13;
+
+/// `union bpf_attr` as `BPF_LINK_CREATE` reads it, for a netkit link: no relative
+/// program, no expected revision (appended after the programs already there).
+#[repr(C)]
+#[derive(Default)]
+struct LinkCreate {
+    prog_fd: u32,
+    target_ifindex: u32,
+    attach_type: u32,
+    flags: u32,
+    relative_fd: u32,
+    _pad: u32,
+    expected_revision: u64,
+}
+
+/// `union bpf_attr` as `BPF_OBJ_PIN` and `BPF_OBJ_GET` read it.
+#[repr(C)]
+#[derive(Default)]
+struct ObjPin {
+    pathname: u64,
+    bpf_fd: u32,
+    file_flags: u32,
+    path_fd: i32,
+    _pad: u32,
+}
+
+/// `union bpf_attr` as `BPF_LINK_UPDATE` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct LinkUpdate {
+    link_fd: u32,
+    new_prog_fd: u32,
+    flags: u32,
+    old_prog_fd: u32,
+}
+
+/// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
+#[repr(C)]
+#[derive(Default)]
+struct GetInfo {
+    bpf_fd: u32,
+    info_len: u32,
+    info: u64,
+}
+
+/// `struct bpf_link_info` of a netkit link (the union member at offset 16), with room for
+/// the rest of the structure, which the kernel fills only up to `info_len`.
+#[repr(C)]
+#[derive(Default, Debug)]
+struct LinkInfo {
+    link_type: u32,
+    id: u32,
+    prog_id: u32,
+    _pad: u32,
+    ifindex: u32,
+    attach_type: u32,
+    _rest: [u64; 6],
+}
+
+/// `bpf(cmd, attr, size_of(attr))`.
+fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
+    // SAFETY: `attr` is a live `repr(C)` prefix of `union bpf_attr` for `cmd`, as large as
+    // the size passed; the kernel reads (and for some commands writes) only that much.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            cmd,
+            std::ptr::from_mut(attr).cast::<libc::c_void>(),
+            std::mem::size_of::<T>(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// The descriptor of a loaded program.
+fn program_fd(program: &SchedClassifier) -> Result<BorrowedFd<'_>> {
+    program
+        .fd()
+        .map(AsFd::as_fd)
+        .map_err(|e| Error::datapath("a program's descriptor", e))
+}
+
+/// Attaches `program` at `hook` of the netkit pair whose host device is `ifindex`, and
+/// pins the link at `pin` (a pin left there by an earlier pair of that name goes first).
+pub fn attach(program: &SchedClassifier, ifindex: u32, hook: NetkitHook, pin: &Path) -> Result<()> {
+    let what = || format!("attaching a program to netkit #{ifindex} ({})", hook.name());
+    super::attach::remove_pin(pin)?;
+    let mut attr = LinkCreate {
+        prog_fd: program_fd(program)?.as_raw_fd().unsigned_abs(),
+        target_ifindex: ifindex,
+        attach_type: hook.attach_type(),
+        ..LinkCreate::default()
+    };
+    let fd = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| Error::datapath(what(), e))?;
+    let Ok(fd) = i32::try_from(fd) else {
+        return Err(Error::datapath(what(), "the kernel returned no descriptor"));
+    };
+    // SAFETY: BPF_LINK_CREATE returned a new descriptor that nothing else owns.
+    let link = unsafe { OwnedFd::from_raw_fd(fd) };
+    let path = CString::new(pin.as_os_str().as_encoded_bytes())
+        .map_err(|e| Error::datapath(what(), e.to_string()))?;
+    let mut attr = ObjPin {
+        pathname: path.as_ptr() as u64,
+        bpf_fd: link.as_raw_fd().unsigned_abs(),
+        ..ObjPin::default()
+    };
+    bpf(BPF_OBJ_PIN, &mut attr).map_err(|e| {
+        Error::datapath(
+            format!("{}: pinning the link at {}", what(), pin.display()),
+            e,
+        )
+    })?;
+    // Closing our descriptor leaves the pin holding the link.
+    Ok(())
+}
+
+/// Swaps `program` into the link pinned at `pin` in one step: the pod's packets run the
+/// old program or the new one, never none.
+pub fn update(program: &SchedClassifier, pin: &Path) -> Result<()> {
+    let link = open(pin)?;
+    let mut attr = LinkUpdate {
+        link_fd: link.as_raw_fd().unsigned_abs(),
+        new_prog_fd: program_fd(program)?.as_raw_fd().unsigned_abs(),
+        ..LinkUpdate::default()
+    };
+    bpf(BPF_LINK_UPDATE, &mut attr)
+        .map(drop)
+        .map_err(|e| Error::datapath(format!("updating the link pinned at {}", pin.display()), e))
+}
+
+/// Opens the object pinned at `pin` (`BPF_OBJ_GET`).
+fn open(pin: &Path) -> Result<OwnedFd> {
+    let what = || format!("opening link pin {}", pin.display());
+    let path = CString::new(pin.as_os_str().as_encoded_bytes())
+        .map_err(|e| Error::datapath(what(), e.to_string()))?;
+    let mut attr = ObjPin {
+        pathname: path.as_ptr() as u64,
+        ..ObjPin::default()
+    };
+    let fd = bpf(BPF_OBJ_GET, &mut attr).map_err(|e| Error::datapath(what(), e))?;
+    let Ok(fd) = i32::try_from(fd) else {
+        return Err(Error::datapath(what(), "the kernel returned no descriptor"));
+    };
+    // SAFETY: BPF_OBJ_GET returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// What the link pinned at `pin` is: `(ifindex, hook, program id)`, or `None` when it
+/// is not a netkit link (or the pin is missing). The ifindex is of the device whose
+/// transmit path runs the program: the primary for [`NetkitHook::Primary`], the peer (in
+/// its own namespace) for [`NetkitHook::Peer`]; 0 once that device is gone.
+pub fn pinned(pin: &Path) -> Result<Option<(u32, Option<NetkitHook>, u32)>> {
+    if !pin.exists() {
+        return Ok(None);
+    }
+    let link = open(pin)?;
+    let mut info = LinkInfo::default();
+    let mut attr = GetInfo {
+        bpf_fd: link.as_raw_fd().unsigned_abs(),
+        info_len: u32::try_from(std::mem::size_of::<LinkInfo>()).unwrap_or(u32::MAX),
+        info: std::ptr::from_mut(&mut info) as u64,
+    };
+    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
+        .map_err(|e| Error::datapath(format!("reading link pin {}", pin.display()), e))?;
+    if info.link_type != BPF_LINK_TYPE_NETKIT {
+        return Ok(None);
+    }
+    let hook = [NetkitHook::Primary, NetkitHook::Peer]
+        .into_iter()
+        .find(|h| h.attach_type() == info.attach_type);
+    Ok(Some((info.ifindex, hook, info.prog_id)))
+}
