@@ -728,3 +728,62 @@ fn a_new_connection_on_an_old_flows_reverse_tuple_is_no_reply() {
         "b has no rules: {counts:?}"
     );
 }
+
+/// `to_netkit`, a netkit pod's host device's transmit path, judges as `to_pod` does, but
+/// finds the pod by destination: the device it runs for is the pod's own interface,
+/// whose index (here 2, as in many pods) says nothing. A packet for no pod's address is
+/// dropped while policy is enforced.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_netkit_pods_host_device_judges_by_destination() {
+    let fx = Fixture::with_two_pods();
+    enforce(
+        &fx,
+        &[policy(
+            "b-from-ext",
+            json!({
+                "podSelector": {"matchLabels": {"app": "b"}},
+                "ingress": [{"from": [{"ipBlock": {"cidr": "198.18.0.0/24"}}],
+                             "ports": [{"protocol": "UDP", "port": 53}]}],
+            }),
+        )],
+        1,
+    );
+    let to = |src, dst, dport| {
+        frame(
+            HOST_MAC_B,
+            UPLINK_MAC,
+            src,
+            dst,
+            UDP,
+            &udp(src, dst, 4000, dport, b"q", true),
+        )
+    };
+    const POD_IFINDEX: u32 = 2;
+    let other = std::net::Ipv4Addr::new(198, 18, 0, 7);
+    assert_eq!(
+        fx.run_on("to_netkit", POD_IFINDEX, &to(other, POD_B, 53)).0,
+        PASS
+    );
+    assert_eq!(
+        fx.run_on("to_netkit", POD_IFINDEX, &to(other, POD_B, 54)).0,
+        SHOT
+    );
+    assert_eq!(
+        fx.run_on("to_netkit", POD_IFINDEX, &to(other, POD_A, 54)).0,
+        PASS,
+        "pod a is selected by no policy"
+    );
+    assert_eq!(
+        fx.run_on("to_netkit", POD_IFINDEX, &to(NODE, POD_B, 9)).0,
+        PASS,
+        "the node's own traffic is never judged"
+    );
+    let nobody = std::net::Ipv4Addr::new(10, 244, 1, 99);
+    assert_eq!(
+        fx.run_on("to_netkit", POD_IFINDEX, &to(other, nobody, 53))
+            .0,
+        SHOT,
+        "no pod has the destination"
+    );
+}
