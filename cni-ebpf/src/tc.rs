@@ -3,7 +3,8 @@
 //! of them, and the device's qdiscs (`fq` at the root where paced packets leave).
 //!
 //! Synchronous because the callers sit on both sides of the async netlink code (inside
-//! ADD's runtime and outside it); each call is one request on its own socket.
+//! ADD's runtime and outside it); each call is one round trip on its own socket (a pod's
+//! qdisc and both its filters go in one datagram: [`attach_filters`]).
 
 use std::io;
 
@@ -12,7 +13,7 @@ use netlink_packet_core::{
     NLM_F_REQUEST,
 };
 use netlink_packet_route::{
-    tc::{TcAttribute, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
+    tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
     RouteNetlinkMessage,
 };
 use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
@@ -124,7 +125,7 @@ pub fn delete_filter(ifindex: u32, hook: Hook, priority: u16, handle: u32) -> io
     let mut msg = TcMessage::with_index(index(ifindex)?);
     msg.header.parent = hook.parent();
     msg.header.handle = handle.into();
-    msg.header.info = u32::from(priority) << 16 | u32::from(u16::to_be(libc::ETH_P_ALL as u16));
+    msg.header.info = filter_info(priority);
     msg.attributes.push(TcAttribute::Kind("bpf".into()));
     match request(
         RouteNetlinkMessage::DelTrafficFilter(msg),
@@ -177,6 +178,66 @@ pub fn replace_qdisc(ifindex: u32, parent: u32, kind: &str) -> io::Result<()> {
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
     )
     .map(|_| ())
+}
+
+/// One `bpf` filter to attach ([`attach_filters`]).
+#[derive(Debug, Clone, Copy)]
+pub struct BpfFilter<'a> {
+    /// The clsact hook.
+    pub hook: Hook,
+    /// A descriptor of the program (the filter takes its own reference).
+    pub prog_fd: std::os::fd::BorrowedFd<'a>,
+    /// The name `tc filter show` gives it.
+    pub name: &'a str,
+}
+
+/// Puts a clsact qdisc on `ifindex` (one already there is kept) and on it each of
+/// `filters` as a direct-action `bpf` filter at (`priority`, `handle`) of its hook; a
+/// filter already at that place is replaced in place, so packets never find the hook
+/// empty. Every request goes in one datagram: one round trip for all.
+pub fn attach_filters(
+    ifindex: u32,
+    priority: u16,
+    handle: u32,
+    filters: &[BpfFilter<'_>],
+) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let index = index(ifindex)?;
+    let mut qdisc = TcMessage::with_index(index);
+    qdisc.header.parent = TcHandle::from(CLSACT);
+    qdisc.header.handle = TcHandle::from(0xffff_0000);
+    qdisc.attributes.push(TcAttribute::Kind("clsact".into()));
+    let mut batch = vec![(
+        RouteNetlinkMessage::NewQueueDiscipline(qdisc),
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE,
+    )];
+    for f in filters {
+        let mut msg = TcMessage::with_index(index);
+        msg.header.parent = f.hook.parent();
+        msg.header.handle = handle.into();
+        msg.header.info = filter_info(priority);
+        msg.attributes.push(TcAttribute::Kind("bpf".into()));
+        msg.attributes.push(TcAttribute::Options(vec![
+            TcOption::Bpf(TcFilterBpfOption::ProgFd(
+                f.prog_fd.as_raw_fd().unsigned_abs(),
+            )),
+            TcOption::Bpf(TcFilterBpfOption::ProgName(f.name.to_owned())),
+            TcOption::Bpf(TcFilterBpfOption::Flags(TcBpfFlags::DirectAction)),
+        ]));
+        batch.push((
+            RouteNetlinkMessage::NewTrafficFilter(msg),
+            NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        ));
+    }
+    requests(batch)
+}
+
+/// `TC_H_CLSACT`: the parent of a clsact qdisc.
+const CLSACT: u32 = 0xffff_fff1;
+
+/// A filter's `tcm_info`: its priority and protocol (all, network order).
+fn filter_info(priority: u16) -> u32 {
+    u32::from(priority) << 16 | u32::from(u16::to_be(libc::ETH_P_ALL as u16))
 }
 
 fn index(ifindex: u32) -> io::Result<i32> {
@@ -237,5 +298,59 @@ fn request(payload: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetl
                 _ => {}
             }
         }
+    }
+}
+
+/// Sends requests that each end in an ack (no dumps) in one datagram, numbered from 1;
+/// the kernel handles them in order. The first one that failed, as an `io::Error` with
+/// its errno (those after it were still tried).
+fn requests(batch: Vec<(RouteNetlinkMessage, u16)>) -> io::Result<()> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    let mut buf = Vec::new();
+    let count = batch.len();
+    for (seq, (payload, flags)) in (1..).zip(batch) {
+        let mut msg = NetlinkMessage::from(payload);
+        msg.header.flags = flags;
+        msg.header.sequence_number = seq;
+        msg.finalize();
+        let start = buf.len();
+        buf.resize(start + msg.buffer_len(), 0);
+        msg.serialize(&mut buf[start..]);
+    }
+    socket.send(&buf, 0)?;
+    let mut acked = 0;
+    let mut first_error: Option<(u32, io::Error)> = None;
+    let mut rx = Vec::with_capacity(16 * 1024);
+    while acked < count {
+        rx.clear();
+        let n = socket.recv(&mut rx, 0)?;
+        let mut off = 0;
+        while off < n {
+            let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..n])
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+            let len = usize::try_from(m.header.length).unwrap_or(0);
+            if len == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "a netlink message of length 0",
+                ));
+            }
+            off += (len + 3) & !3;
+            if let NetlinkPayload::Error(e) = m.payload {
+                acked += 1;
+                if let Some(code) = e.code {
+                    let seq = m.header.sequence_number;
+                    if first_error.as_ref().is_none_or(|(s, _)| seq < *s) {
+                        first_error = Some((seq, io::Error::from_raw_os_error(-code.get())));
+                    }
+                }
+            }
+        }
+    }
+    match first_error {
+        Some((_, e)) => Err(e),
+        None => Ok(()),
     }
 }

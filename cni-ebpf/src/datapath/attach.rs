@@ -92,17 +92,7 @@ pub fn attach(
         AttachPolicy::Tc => {
             attach_tc(program, ifname, dir, handle)
                 .map_err(|e| Error::datapath(context(program), e))?;
-            if remove_pin(pin)? {
-                // A tcx link of an earlier configuration: the kernel releases it
-                // asynchronously; return once the program runs only once.
-                let id = program_id(program)?;
-                for _ in 0..50 {
-                    if tcx_attached(ifname, dir, id)? != Some(true) {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-            }
+            drop_tcx_link(program, ifname, dir, pin)?;
             Ok(AttachMode::Tc)
         }
         AttachPolicy::Tcx | AttachPolicy::Auto => match attach_tcx(program, ifname, dir, pin) {
@@ -139,6 +129,67 @@ pub fn attach(
             Err(TcxError::Failed(e)) => Err(Error::datapath(context(program), e)),
         },
     }
+}
+
+/// Removes the tcx link an earlier configuration pinned at `pin` for `program`, if any;
+/// the kernel releases it asynchronously: returns once the program runs only once.
+fn drop_tcx_link(
+    program: &SchedClassifier,
+    ifname: &str,
+    dir: TcAttachType,
+    pin: &Path,
+) -> Result<()> {
+    if remove_pin(pin)? {
+        let id = program_id(program)?;
+        for _ in 0..50 {
+            if tcx_attached(ifname, dir, id)? != Some(true) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+    Ok(())
+}
+
+/// One program for [`attach_tc_all`]: its name, hook, and where a tcx link of an earlier
+/// configuration would be pinned.
+pub struct TcProgram<'a> {
+    pub program: &'a SchedClassifier,
+    pub name: &'a str,
+    pub dir: TcAttachType,
+    pub pin: &'a Path,
+}
+
+/// [`attach`] with `attach: "tc"` for several programs on one device at once: the clsact
+/// qdisc and every filter (at [`TC_PRIORITY`]/`handle`) in one netlink round trip, then
+/// any tcx link an earlier configuration left removed.
+pub fn attach_tc_all(
+    ifname: &str,
+    ifindex: u32,
+    handle: u32,
+    programs: &[TcProgram<'_>],
+) -> Result<()> {
+    use std::os::fd::AsFd;
+    let mut filters = Vec::with_capacity(programs.len());
+    for p in programs {
+        let fd = p
+            .program
+            .fd()
+            .map_err(|e| Error::datapath(format!("attaching {} to {ifname}", p.name), e))?;
+        filters.push(tcnl::BpfFilter {
+            hook: hook(p.dir),
+            prog_fd: fd.as_fd(),
+            name: p.name,
+        });
+    }
+    tcnl::attach_filters(ifindex, TC_PRIORITY, handle, &filters).map_err(|e| {
+        let names: Vec<&str> = programs.iter().map(|p| p.name).collect();
+        Error::datapath(format!("attaching {names:?} to {ifname}"), e)
+    })?;
+    for p in programs {
+        drop_tcx_link(p.program, ifname, p.dir, p.pin)?;
+    }
+    Ok(())
 }
 
 enum TcxError {

@@ -22,7 +22,7 @@ use super::{
     owner_label, v4s, v6s, Datapath,
 };
 use crate::{
-    cni::config::EgressRate,
+    cni::config::{AttachPolicy, EgressRate},
     error::{Error, Result},
     ipam::record::PodRef,
 };
@@ -237,6 +237,33 @@ impl Datapath {
                 netkit::attach(&self.program(name)?, ep.host_ifindex, hook, &pin)?;
             }
             return Ok(());
+        }
+        if self.attach == AttachPolicy::Tc {
+            // One round trip: `to_pod` first in it, as below.
+            let (to, from) = (self.program(prog::TO_POD)?, self.program(prog::FROM_POD)?);
+            let (to_pin, from_pin) = (
+                self.pins.endpoint_egress_link(&ep.host_ifname),
+                self.pins.endpoint_link(&ep.host_ifname),
+            );
+            return attach::attach_tc_all(
+                &ep.host_ifname,
+                ep.host_ifindex,
+                attach::TC_HANDLE,
+                &[
+                    attach::TcProgram {
+                        program: &to,
+                        name: prog::TO_POD,
+                        dir: TcAttachType::Egress,
+                        pin: &to_pin,
+                    },
+                    attach::TcProgram {
+                        program: &from,
+                        name: prog::FROM_POD,
+                        dir: TcAttachType::Ingress,
+                        pin: &from_pin,
+                    },
+                ],
+            );
         }
         // `to_pod` first: once `from_pod` runs, the pod's packets may be answered.
         for (name, dir, pin) in [
