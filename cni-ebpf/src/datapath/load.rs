@@ -297,62 +297,9 @@ pub fn open_map_read_only(pins: &Pins, name: &str) -> Result<Map> {
             crate::error::chain(e),
         )
     };
-    let fd = obj_get_read_only(&path).map_err(|e| err(&e))?;
+    let fd = super::sys::obj_get_read_only(&path).map_err(|e| err(&e))?;
     let data = MapData::from_fd(fd).map_err(|e| err(&e))?;
     Map::from_map_data(data).map_err(|e| err(&e))
-}
-
-/// `union bpf_attr` as `BPF_OBJ_GET` reads it.
-#[repr(C)]
-#[derive(Default)]
-struct ObjGetAttr {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-    path_fd: i32,
-    _pad: u32,
-}
-
-/// `BPF_OBJ_GET` from `linux/bpf.h`.
-const BPF_OBJ_GET: libc::c_long = 7;
-/// `BPF_F_RDONLY` from `linux/bpf.h`: the new descriptor may only read.
-const BPF_F_RDONLY: u32 = 1 << 3;
-
-/// Opens the bpffs object pinned at `path` with a read-only descriptor.
-pub fn obj_get_read_only(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
-    obj_get_with(path, BPF_F_RDONLY)
-}
-
-/// Opens the bpffs object pinned at `path` (read-write).
-pub fn obj_get(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
-    obj_get_with(path, 0)
-}
-
-fn obj_get_with(path: &Path, file_flags: u32) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::{fd::FromRawFd as _, unix::ffi::OsStrExt as _};
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
-    let mut attr = ObjGetAttr {
-        pathname: c.as_ptr() as u64,
-        file_flags,
-        ..ObjGetAttr::default()
-    };
-    // SAFETY: BPF_OBJ_GET reads the NUL-terminated path `c` points to (alive for the
-    // call) and the flags; it returns a new descriptor or -1.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_OBJ_GET,
-            std::ptr::from_mut(&mut attr),
-            std::mem::size_of::<ObjGetAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    let fd = i32::try_from(rc).map_err(std::io::Error::other)?;
-    // SAFETY: the kernel just returned this descriptor to us; nothing else owns it.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
 /// Opens a pinned program. (Through `ProgramInfo`: `SchedClassifier::from_pin` reads the

@@ -478,8 +478,6 @@ struct BatchAttr {
     flags: u64,
 }
 
-/// `BPF_MAP_LOOKUP_BATCH` from `linux/bpf.h`.
-const BPF_MAP_LOOKUP_BATCH: libc::c_long = 24;
 /// Entries per batch; also bounds how many entries one hash bucket may hold (ENOSPC
 /// otherwise), far above what a bucket ever holds.
 const BATCH: usize = 4096;
@@ -511,19 +509,9 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Option<Vec<(K, V)>> 
         };
         // SAFETY: the kernel writes at most `count` keys and values into buffers of that
         // capacity, and a bucket token into `token_out`; `attr` outlives the call.
-        let rc = unsafe {
-            libc::syscall(
-                libc::SYS_bpf,
-                BPF_MAP_LOOKUP_BATCH,
-                std::ptr::from_mut(&mut attr),
-                std::mem::size_of::<BatchAttr>(),
-            )
-        };
-        let errno = if rc < 0 {
-            std::io::Error::last_os_error().raw_os_error()
-        } else {
-            None
-        };
+        let rc = unsafe { super::sys::bpf(super::sys::BPF_MAP_LOOKUP_BATCH, &mut attr) };
+        let errno = rc.as_ref().err().and_then(std::io::Error::raw_os_error);
+        let rc = rc.unwrap_or(-1);
         if rc < 0 && errno != Some(libc::ENOENT) {
             // EINVAL/ENOTSUPP: no batch support; ENOSPC: a bucket larger than BATCH.
             return None;

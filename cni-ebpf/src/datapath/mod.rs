@@ -56,6 +56,7 @@ pub mod policy;
 mod portmaps;
 mod sockets;
 mod status;
+mod sys;
 pub mod tunnel;
 pub mod upgrade;
 mod uplink;

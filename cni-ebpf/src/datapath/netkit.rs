@@ -6,19 +6,19 @@
 //! `link::Nl::create_netkit`), so a pod is closed until both links are in place and
 //! again once DEL has removed their pins.
 //!
-//! aya attaches tc programs through clsact and tcx only, so the four `bpf()` commands a
-//! netkit link needs are made here: `BPF_LINK_CREATE`, `BPF_OBJ_PIN`, `BPF_LINK_UPDATE`
-//! (a live upgrade swaps the program in place) and `BPF_OBJ_GET_INFO_BY_FD` (CHECK).
+//! aya attaches tc programs through clsact and tcx only, so a netkit link is made with
+//! `bpf()` commands of our own (`sys.rs`): `BPF_LINK_CREATE`, `BPF_OBJ_PIN`,
+//! `BPF_LINK_UPDATE` (a live upgrade swaps the program in place) and
+//! `BPF_OBJ_GET_INFO_BY_FD` (CHECK).
 
 use std::{
-    ffi::CString,
-    io,
-    os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd},
+    os::fd::{AsFd, AsRawFd, BorrowedFd},
     path::Path,
 };
 
 use aya::programs::SchedClassifier;
 
+use super::sys;
 use crate::error::{Error, Result};
 
 /// Where on the pair a program runs (uapi `enum bpf_attach_type`).
@@ -46,12 +46,6 @@ impl NetkitHook {
     }
 }
 
-// uapi `enum bpf_cmd`.
-const BPF_OBJ_PIN: libc::c_long = 6;
-const BPF_OBJ_GET: libc::c_long = 7;
-const BPF_OBJ_GET_INFO_BY_FD: libc::c_long = 15;
-const BPF_LINK_CREATE: libc::c_long = 28;
-const BPF_LINK_UPDATE: libc::c_long = 29;
 /// uapi `BPF_LINK_TYPE_NETKIT`.
 const BPF_LINK_TYPE_NETKIT: u32 = 13;
 
@@ -67,27 +61,6 @@ struct LinkCreate {
     relative_fd: u32,
     _pad: u32,
     expected_revision: u64,
-}
-
-/// `union bpf_attr` as `BPF_OBJ_PIN` and `BPF_OBJ_GET` read it.
-#[repr(C)]
-#[derive(Default)]
-struct ObjPin {
-    pathname: u64,
-    bpf_fd: u32,
-    file_flags: u32,
-    path_fd: i32,
-    _pad: u32,
-}
-
-/// `union bpf_attr` as `BPF_LINK_UPDATE` reads it.
-#[repr(C)]
-#[derive(Default)]
-struct LinkUpdate {
-    link_fd: u32,
-    new_prog_fd: u32,
-    flags: u32,
-    old_prog_fd: u32,
 }
 
 /// `union bpf_attr` as `BPF_OBJ_GET_INFO_BY_FD` reads it.
@@ -113,25 +86,6 @@ struct LinkInfo {
     _rest: [u64; 6],
 }
 
-/// `bpf(cmd, attr, size_of(attr))`.
-fn bpf<T>(cmd: libc::c_long, attr: &mut T) -> io::Result<libc::c_long> {
-    // SAFETY: `attr` is a live `repr(C)` prefix of `union bpf_attr` for `cmd`, as large as
-    // the size passed; the kernel reads (and for some commands writes) only that much.
-    let r = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            cmd,
-            std::ptr::from_mut(attr).cast::<libc::c_void>(),
-            std::mem::size_of::<T>(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 /// The descriptor of a loaded program.
 fn program_fd(program: &SchedClassifier) -> Result<BorrowedFd<'_>> {
     program
@@ -151,20 +105,9 @@ pub fn attach(program: &SchedClassifier, ifindex: u32, hook: NetkitHook, pin: &P
         attach_type: hook.attach_type(),
         ..LinkCreate::default()
     };
-    let fd = bpf(BPF_LINK_CREATE, &mut attr).map_err(|e| Error::datapath(what(), e))?;
-    let Ok(fd) = i32::try_from(fd) else {
-        return Err(Error::datapath(what(), "the kernel returned no descriptor"));
-    };
-    // SAFETY: BPF_LINK_CREATE returned a new descriptor that nothing else owns.
-    let link = unsafe { OwnedFd::from_raw_fd(fd) };
-    let path = CString::new(pin.as_os_str().as_encoded_bytes())
-        .map_err(|e| Error::datapath(what(), e.to_string()))?;
-    let mut attr = ObjPin {
-        pathname: path.as_ptr() as u64,
-        bpf_fd: link.as_raw_fd().unsigned_abs(),
-        ..ObjPin::default()
-    };
-    bpf(BPF_OBJ_PIN, &mut attr).map_err(|e| {
+    // SAFETY: `attr` is BPF_LINK_CREATE's layout for a netkit link, with no pointers.
+    let link = unsafe { sys::link_create(&mut attr) }.map_err(|e| Error::datapath(what(), e))?;
+    sys::obj_pin(link.as_fd(), pin).map_err(|e| {
         Error::datapath(
             format!("{}: pinning the link at {}", what(), pin.display()),
             e,
@@ -177,32 +120,9 @@ pub fn attach(program: &SchedClassifier, ifindex: u32, hook: NetkitHook, pin: &P
 /// Swaps `program` into the link pinned at `pin` in one step: the pod's packets run the
 /// old program or the new one, never none.
 pub fn update(program: &SchedClassifier, pin: &Path) -> Result<()> {
-    let link = open(pin)?;
-    let mut attr = LinkUpdate {
-        link_fd: link.as_raw_fd().unsigned_abs(),
-        new_prog_fd: program_fd(program)?.as_raw_fd().unsigned_abs(),
-        ..LinkUpdate::default()
-    };
-    bpf(BPF_LINK_UPDATE, &mut attr)
-        .map(drop)
-        .map_err(|e| Error::datapath(format!("updating the link pinned at {}", pin.display()), e))
-}
-
-/// Opens the object pinned at `pin` (`BPF_OBJ_GET`).
-fn open(pin: &Path) -> Result<OwnedFd> {
-    let what = || format!("opening link pin {}", pin.display());
-    let path = CString::new(pin.as_os_str().as_encoded_bytes())
-        .map_err(|e| Error::datapath(what(), e.to_string()))?;
-    let mut attr = ObjPin {
-        pathname: path.as_ptr() as u64,
-        ..ObjPin::default()
-    };
-    let fd = bpf(BPF_OBJ_GET, &mut attr).map_err(|e| Error::datapath(what(), e))?;
-    let Ok(fd) = i32::try_from(fd) else {
-        return Err(Error::datapath(what(), "the kernel returned no descriptor"));
-    };
-    // SAFETY: BPF_OBJ_GET returned a new descriptor that nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    let what = || format!("updating the link pinned at {}", pin.display());
+    let link = sys::obj_get(pin).map_err(|e| Error::datapath(what(), e))?;
+    sys::link_update(link.as_fd(), program_fd(program)?).map_err(|e| Error::datapath(what(), e))
 }
 
 /// What the link pinned at `pin` is: `(ifindex, hook, program id)`, or `None` when it
@@ -213,14 +133,16 @@ pub fn pinned(pin: &Path) -> Result<Option<(u32, Option<NetkitHook>, u32)>> {
     if !pin.exists() {
         return Ok(None);
     }
-    let link = open(pin)?;
+    let link = sys::obj_get(pin)
+        .map_err(|e| Error::datapath(format!("opening link pin {}", pin.display()), e))?;
     let mut info = LinkInfo::default();
     let mut attr = GetInfo {
         bpf_fd: link.as_raw_fd().unsigned_abs(),
         info_len: u32::try_from(std::mem::size_of::<LinkInfo>()).unwrap_or(u32::MAX),
         info: std::ptr::from_mut(&mut info) as u64,
     };
-    bpf(BPF_OBJ_GET_INFO_BY_FD, &mut attr)
+    // SAFETY: the kernel writes at most `info_len` bytes into `info`, alive for the call.
+    unsafe { sys::bpf(sys::BPF_OBJ_GET_INFO_BY_FD, &mut attr) }
         .map_err(|e| Error::datapath(format!("reading link pin {}", pin.display()), e))?;
     if info.link_type != BPF_LINK_TYPE_NETKIT {
         return Ok(None);

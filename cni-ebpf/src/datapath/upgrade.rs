@@ -30,7 +30,7 @@ use super::{
     load::{self, Loaded},
     netkit, object,
     pins::{Direction, Pins},
-    Datapath,
+    sys, Datapath,
 };
 use crate::{
     cni::config::AttachPolicy,
@@ -304,24 +304,11 @@ fn pin_over(
     std::fs::rename(&tmp, &path).map_err(|e| Error::io(format!("replacing {}", path.display()), e))
 }
 
-/// `BPF_LINK_UPDATE` from `linux/bpf.h`.
-const BPF_LINK_UPDATE: libc::c_long = 29;
-
-/// The `link_update` member of `union bpf_attr`.
-#[repr(C)]
-#[derive(Default)]
-struct LinkUpdateAttr {
-    link_fd: u32,
-    new_prog_fd: u32,
-    flags: u32,
-    old_prog_fd: u32,
-}
-
 /// Swaps `new` into the cgroup link pinned at `pin` (aya has no call for it). No pin: the
 /// socket hooks are off on this node, nothing to swap.
 fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
-    use std::os::fd::{AsFd as _, AsRawFd as _};
-    let link = match load::obj_get(pin) {
+    use std::os::fd::AsFd as _;
+    let link = match sys::obj_get(pin) {
         Ok(fd) => fd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(format!("opening {}", pin.display()), e)),
@@ -329,26 +316,10 @@ fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
     let prog = new
         .fd()
         .map_err(|e| Error::datapath("replacing a socket program", e))?;
-    let attr = LinkUpdateAttr {
-        link_fd: u32::try_from(link.as_raw_fd()).unwrap_or_default(),
-        new_prog_fd: u32::try_from(prog.as_fd().as_raw_fd()).unwrap_or_default(),
-        ..LinkUpdateAttr::default()
-    };
-    // SAFETY: BPF_LINK_UPDATE reads `attr` (alive for the call) and the two descriptors
-    // it names, both open; it returns 0 or -1.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_bpf,
-            BPF_LINK_UPDATE,
-            std::ptr::from_ref(&attr),
-            std::mem::size_of::<LinkUpdateAttr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(Error::io(
+    sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| {
+        Error::io(
             format!("swapping the program of the cgroup link {}", pin.display()),
-            std::io::Error::last_os_error(),
-        ));
-    }
-    Ok(())
+            e,
+        )
+    })
 }
