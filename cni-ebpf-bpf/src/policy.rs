@@ -653,6 +653,21 @@ pub(crate) enum PodBy {
     Destination,
 }
 
+/// The pod `to_pod` judges for when it is found by destination (`pod`): the local pod
+/// of the address at `off`, `Err` (a drop) when no pod has it; `None` when the device
+/// tells.
+#[inline(always)]
+fn pod_by<A: Family + Copy>(
+    ctx: &TcContext,
+    pod: PodBy,
+    off: usize,
+) -> Result<Option<EndpointInfo>, ()> {
+    match pod {
+        PodBy::Ifindex => Ok(None),
+        PodBy::Destination => read::<A>(ctx, off)?.local_endpoint().map(Some).ok_or(()),
+    }
+}
+
 /// `to_pod` (the host veth's egress; `to_netkit`, a netkit pod's host device's
 /// transmit path): a packet the kernel delivers to the pod, judged by the pod's ingress
 /// and, when a local pod sent it (through the stack: a Service after kube-proxy's DNAT),
@@ -677,17 +692,8 @@ pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
         if load_tuple4(ctx).is_none() {
             return TC_ACT_SHOT as i32;
         }
-        let dst = match pod {
-            PodBy::Ifindex => None,
-            PodBy::Destination => {
-                let Ok(daddr) = read::<u32>(ctx, IP_OFF + IP_DADDR) else {
-                    return TC_ACT_SHOT as i32;
-                };
-                let Some(ep) = daddr.local_endpoint() else {
-                    return TC_ACT_SHOT as i32;
-                };
-                Some(ep)
-            }
+        let Ok(dst) = pod_by::<u32>(ctx, pod, IP_OFF + IP_DADDR) else {
+            return TC_ACT_SHOT as i32;
         };
         (saddr.local_endpoint(), dst)
     } else if ethertype == ETH_P_IPV6.to_be() {
@@ -704,17 +710,8 @@ pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
         if load_tuple6(ctx).is_none() {
             return TC_ACT_SHOT as i32;
         }
-        let dst = match pod {
-            PodBy::Ifindex => None,
-            PodBy::Destination => {
-                let Ok(daddr) = read::<Addr6>(ctx, IP_OFF + IP6_DADDR) else {
-                    return TC_ACT_SHOT as i32;
-                };
-                let Some(ep) = daddr.local_endpoint() else {
-                    return TC_ACT_SHOT as i32;
-                };
-                Some(ep)
-            }
+        let Ok(dst) = pod_by::<Addr6>(ctx, pod, IP_OFF + IP6_DADDR) else {
+            return TC_ACT_SHOT as i32;
         };
         (saddr.local_endpoint(), dst)
     } else {

@@ -177,7 +177,7 @@ pub const RT_TABLE_MAIN: u32 = 254;
 /// `RT_TABLE_LOCAL`: the kernel's routes to the node's own addresses.
 const RT_TABLE_LOCAL: u32 = 255;
 
-/// A veth pair to create ([`Nl::create_veth`]).
+/// A device pair to create ([`Nl::create_veth`], [`Nl::create_netkit`]).
 #[derive(Debug, Clone, Copy)]
 pub struct NewVeth<'a> {
     /// Host end name.
@@ -192,6 +192,20 @@ pub struct NewVeth<'a> {
     pub mtu: u32,
     /// Device group of the host end ([`unlabelled_group`]).
     pub group: u32,
+}
+
+impl NewVeth<'_> {
+    /// The creating request's part for the container end: its name, MAC and MTU, and
+    /// `peer_ns` to create it in.
+    fn peer_message(&self, peer_ns: &Netns) -> LinkMessage {
+        use std::os::fd::AsRawFd;
+        LinkMessageBuilder::<LinkUnspec>::new()
+            .name(self.peer.to_owned())
+            .address(self.peer_mac.to_vec())
+            .mtu(self.mtu)
+            .setns_by_fd(peer_ns.file().as_raw_fd())
+            .build()
+    }
 }
 
 /// A netlink handle bound to one network namespace.
@@ -260,33 +274,18 @@ impl Nl {
     /// `peer_ns`, each with its name and MAC, both with the MTU; the host end in the
     /// device group. Neither is set up.
     pub async fn create_veth(&self, v: &NewVeth<'_>, peer_ns: &Netns) -> Result<()> {
-        use std::os::fd::AsRawFd;
-        let NewVeth {
-            host,
-            host_mac,
-            peer,
-            peer_mac,
-            mtu,
-            group,
-        } = *v;
-        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
-            .name(peer.to_owned())
-            .address(peer_mac.to_vec())
-            .mtu(mtu)
-            .setns_by_fd(peer_ns.file().as_raw_fd())
-            .build();
-        let msg = LinkVeth::new(host, peer)
-            .address(host_mac.to_vec())
-            .mtu(mtu)
-            .link_group(group)
-            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer_msg)))
+        let msg = LinkVeth::new(v.host, v.peer)
+            .address(v.host_mac.to_vec())
+            .mtu(v.mtu)
+            .link_group(v.group)
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(v.peer_message(peer_ns))))
             .build();
         self.handle
             .link()
             .add(msg)
             .execute()
             .await
-            .map_err(|e| creating(format!("creating veth {host}/{peer}"), e))
+            .map_err(|e| creating(format!("creating veth {}/{}", v.host, v.peer), e))
     }
 
     /// Creates a netkit pair in one request, as [`Nl::create_veth`] a veth pair: the host
@@ -296,37 +295,25 @@ impl Nl {
     /// has its programs in place, and none once DEL has taken them. `Ok(false)`: this
     /// kernel has no netkit devices.
     pub async fn create_netkit(&self, v: &NewVeth<'_>, peer_ns: &Netns) -> Result<bool> {
-        use std::os::fd::AsRawFd;
-        let NewVeth {
-            host,
-            host_mac,
-            peer,
-            peer_mac,
-            mtu,
-            group,
-        } = *v;
-        let peer_msg = LinkMessageBuilder::<LinkUnspec>::new()
-            .name(peer.to_owned())
-            .address(peer_mac.to_vec())
-            .mtu(mtu)
-            .setns_by_fd(peer_ns.file().as_raw_fd())
-            .build();
-        let msg = LinkNetkit::new(host, peer, NetkitMode::L2)
-            .address(host_mac.to_vec())
-            .mtu(mtu)
-            .link_group(group)
+        let msg = LinkNetkit::new(v.host, v.peer, NetkitMode::L2)
+            .address(v.host_mac.to_vec())
+            .mtu(v.mtu)
+            .link_group(v.group)
             .set_info_data(InfoData::Netkit(vec![
                 InfoNetkit::Mode(NetkitMode::L2),
                 InfoNetkit::Policy(NetkitPolicy::Drop),
                 InfoNetkit::PeerPolicy(NetkitPolicy::Drop),
-                InfoNetkit::Peer(peer_msg),
+                InfoNetkit::Peer(v.peer_message(peer_ns)),
             ]))
             .build();
         match self.handle.link().add(msg).execute().await {
             Ok(()) => Ok(true),
             // The kernel knows no link kind "netkit" (and no module provides one).
             Err(e) if is_errno(&e, libc::EOPNOTSUPP) => Ok(false),
-            Err(e) => Err(creating(format!("creating netkit {host}/{peer}"), e)),
+            Err(e) => Err(creating(
+                format!("creating netkit {}/{}", v.host, v.peer),
+                e,
+            )),
         }
     }
 

@@ -251,35 +251,15 @@ fn index_lossy(ifindex: u32) -> i32 {
 /// Sends one request and collects the replies up to the dump's end or the ack. A netlink
 /// error becomes an `io::Error` with its errno.
 fn request(payload: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetlinkMessage>> {
-    let mut socket = Socket::new(NETLINK_ROUTE)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    let mut msg = NetlinkMessage::from(payload);
-    msg.header.flags = flags;
-    msg.header.sequence_number = 1;
-    msg.finalize();
-    let mut buf = vec![0; msg.buffer_len()];
-    msg.serialize(&mut buf);
+    let socket = connected()?;
+    let mut buf = Vec::new();
+    encode(&mut buf, payload, flags, 1);
     socket.send(&buf, 0)?;
-
     let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
     let mut out = Vec::new();
     let mut rx = Vec::with_capacity(64 * 1024);
     loop {
-        rx.clear();
-        let n = socket.recv(&mut rx, 0)?;
-        let mut off = 0;
-        while off < n {
-            let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..n])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            let len = usize::try_from(m.header.length).unwrap_or(0);
-            if len == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "a netlink message of length 0",
-                ));
-            }
-            off += (len + 3) & !3;
+        for m in receive(&socket, &mut rx)? {
             match m.payload {
                 NetlinkPayload::Done(_) => return Ok(out),
                 NetlinkPayload::Error(e) => {
@@ -301,50 +281,74 @@ fn request(payload: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetl
     }
 }
 
+/// A netlink socket of the current namespace, bound and connected to the kernel.
+fn connected() -> io::Result<Socket> {
+    let mut socket = Socket::new(NETLINK_ROUTE)?;
+    socket.bind_auto()?;
+    socket.connect(&SocketAddr::new(0, 0))?;
+    Ok(socket)
+}
+
+/// Appends request `payload` with `flags` and sequence number `seq` to `buf`.
+fn encode(buf: &mut Vec<u8>, payload: RouteNetlinkMessage, flags: u16, seq: u32) {
+    let mut msg = NetlinkMessage::from(payload);
+    msg.header.flags = flags;
+    msg.header.sequence_number = seq;
+    msg.finalize();
+    let start = buf.len();
+    buf.resize(start + msg.buffer_len(), 0);
+    msg.serialize(&mut buf[start..]);
+}
+
+/// The messages of the next datagram `socket` receives (into `rx`).
+fn receive(
+    socket: &Socket,
+    rx: &mut Vec<u8>,
+) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>> {
+    rx.clear();
+    let n = socket.recv(rx, 0)?;
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off < n {
+        let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..n])
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+        let len = usize::try_from(m.header.length).unwrap_or(0);
+        if len == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "a netlink message of length 0",
+            ));
+        }
+        off += (len + 3) & !3;
+        out.push(m);
+    }
+    Ok(out)
+}
+
 /// Sends requests that each end in an ack (no dumps) in one datagram, numbered from 1;
 /// the kernel handles them in order. The first one that failed, as an `io::Error` with
 /// its errno (those after it were still tried).
 fn requests(batch: Vec<(RouteNetlinkMessage, u16)>) -> io::Result<()> {
-    let mut socket = Socket::new(NETLINK_ROUTE)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
+    let socket = connected()?;
     let mut buf = Vec::new();
     let count = batch.len();
     for (seq, (payload, flags)) in (1..).zip(batch) {
-        let mut msg = NetlinkMessage::from(payload);
-        msg.header.flags = flags;
-        msg.header.sequence_number = seq;
-        msg.finalize();
-        let start = buf.len();
-        buf.resize(start + msg.buffer_len(), 0);
-        msg.serialize(&mut buf[start..]);
+        encode(&mut buf, payload, flags, seq);
     }
     socket.send(&buf, 0)?;
     let mut acked = 0;
     let mut first_error: Option<(u32, io::Error)> = None;
     let mut rx = Vec::with_capacity(16 * 1024);
     while acked < count {
-        rx.clear();
-        let n = socket.recv(&mut rx, 0)?;
-        let mut off = 0;
-        while off < n {
-            let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..n])
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-            let len = usize::try_from(m.header.length).unwrap_or(0);
-            if len == 0 {
-                return Err(io::Error::new(
-                    io::ErrorKind::InvalidData,
-                    "a netlink message of length 0",
-                ));
-            }
-            off += (len + 3) & !3;
-            if let NetlinkPayload::Error(e) = m.payload {
-                acked += 1;
-                if let Some(code) = e.code {
-                    let seq = m.header.sequence_number;
-                    if first_error.as_ref().is_none_or(|(s, _)| seq < *s) {
-                        first_error = Some((seq, io::Error::from_raw_os_error(-code.get())));
-                    }
+        for m in receive(&socket, &mut rx)? {
+            let NetlinkPayload::Error(e) = m.payload else {
+                continue;
+            };
+            acked += 1;
+            if let Some(code) = e.code {
+                let seq = m.header.sequence_number;
+                if first_error.as_ref().is_none_or(|(s, _)| seq < *s) {
+                    first_error = Some((seq, io::Error::from_raw_os_error(-code.get())));
                 }
             }
         }
