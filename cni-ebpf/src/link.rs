@@ -872,8 +872,9 @@ impl Nl {
         .await
     }
 
-    /// Veths in device group `group` without an alias: host veths of the network whose
-    /// [`unlabelled_group`] that is, created by an ADD that has not labelled them (yet).
+    /// Veths (and netkit devices) in device group `group` without an alias: host ends of
+    /// the network whose [`unlabelled_group`] that is, created by an ADD that has not
+    /// labelled them (yet).
     pub async fn unlabelled_veths(&self, group: u32) -> Result<Vec<Link>> {
         Ok(self
             .link_messages()
@@ -893,7 +894,7 @@ impl Nl {
             .collect())
     }
 
-    /// The veths in device group `group` (e.g. [`retired_group`]).
+    /// The veths and netkit devices in device group `group` (e.g. [`retired_group`]).
     pub async fn veths_in_group(&self, group: u32) -> Result<Vec<Link>> {
         Ok(self
             .link_messages()
