@@ -244,20 +244,14 @@ impl Datapath {
         if ep.netkit {
             return self.check_netkit_attachment(ep);
         }
-        for (prog_name, dir, pin, hook) in [
-            (
-                prog::FROM_POD,
-                TcAttachType::Ingress,
-                self.pins.endpoint_link(&ep.host_ifname),
-                "ingress",
-            ),
-            (
-                prog::TO_POD,
-                TcAttachType::Egress,
-                self.pins.endpoint_egress_link(&ep.host_ifname),
-                "egress",
-            ),
-        ] {
+        // `from_pod` first: the pod's own traffic is what a missing program shows first.
+        for p in self.pod_programs(ep).into_iter().rev() {
+            let (prog_name, dir, pin) = (p.name, p.dir, p.pin);
+            let hook = if dir == TcAttachType::Egress {
+                "egress"
+            } else {
+                "ingress"
+            };
             let id = attach::program_id(&self.program(prog_name)?)?;
             let name = &ep.host_ifname;
             let index = ep.host_ifindex;
@@ -286,18 +280,8 @@ impl Datapath {
     /// host device's, each through the netkit link pinned for it. (Without them the pair
     /// drops every packet.)
     fn check_netkit_attachment(&self, ep: &Endpoint) -> Result<()> {
-        for (prog_name, hook, pin) in [
-            (
-                prog::FROM_NETKIT,
-                NetkitHook::Peer,
-                self.pins.endpoint_link(&ep.host_ifname),
-            ),
-            (
-                prog::TO_NETKIT,
-                NetkitHook::Primary,
-                self.pins.endpoint_egress_link(&ep.host_ifname),
-            ),
-        ] {
+        for p in self.pod_programs(ep).into_iter().rev() {
+            let (prog_name, hook, pin) = (p.name, NetkitHook::of(p.dir), p.pin);
             let id = attach::program_id(&self.program(prog_name)?)?;
             let name = &ep.host_ifname;
             let found = netkit::pinned(&pin)?;

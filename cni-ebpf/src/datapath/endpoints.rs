@@ -63,6 +63,17 @@ pub struct Endpoint {
     pub pod: Option<PodRef>,
 }
 
+/// One of a pod's two programs ([`Datapath::pod_programs`]).
+pub(super) struct PodProgram {
+    /// Its name (and pin name).
+    pub name: &'static str,
+    /// Where it runs, seen from the host device: egress (what reaches the pod; a netkit
+    /// primary's transmit) or ingress (what the pod sends; a netkit peer's transmit).
+    pub dir: TcAttachType,
+    /// The pin of its link (a tcx or netkit link; unused by a clsact filter).
+    pub pin: std::path::PathBuf,
+}
+
 impl Datapath {
     /// Writes the endpoint's map entries (owner record, per-pod counters, one entry per
     /// address, in `ENDPOINTS` or `ENDPOINTS6`) without attaching anything. An address held by another container is
@@ -219,77 +230,67 @@ impl Datapath {
         }
         self.put_endpoint_entries(ep)?;
         crate::faults::point("datapath-entries-written")?;
+        let programs = self.pod_programs(ep);
         if ep.netkit {
-            // `to_netkit` first, as below; until `from_netkit` is attached the pair drops
-            // what the pod sends.
-            for (name, hook, pin) in [
-                (
-                    prog::TO_NETKIT,
-                    NetkitHook::Primary,
-                    self.pins.endpoint_egress_link(&ep.host_ifname),
-                ),
-                (
-                    prog::FROM_NETKIT,
-                    NetkitHook::Peer,
-                    self.pins.endpoint_link(&ep.host_ifname),
-                ),
-            ] {
-                netkit::attach(&self.program(name)?, ep.host_ifindex, hook, &pin)?;
+            // Until `from_netkit` is attached the pair drops what the pod sends.
+            for p in &programs {
+                let hook = NetkitHook::of(p.dir);
+                netkit::attach(&self.program(p.name)?, ep.host_ifindex, hook, &p.pin)?;
             }
             return Ok(());
         }
-        if self.attach == AttachPolicy::Tc {
-            // One round trip: `to_pod` first in it, as below.
-            let (to, from) = (self.program(prog::TO_POD)?, self.program(prog::FROM_POD)?);
-            let (to_pin, from_pin) = (
-                self.pins.endpoint_egress_link(&ep.host_ifname),
-                self.pins.endpoint_link(&ep.host_ifname),
-            );
-            return attach::attach_tc_all(
-                &ep.host_ifname,
-                ep.host_ifindex,
-                attach::TC_HANDLE,
-                &[
-                    attach::TcProgram {
-                        program: &to,
-                        name: prog::TO_POD,
-                        dir: TcAttachType::Egress,
-                        pin: &to_pin,
-                    },
-                    attach::TcProgram {
-                        program: &from,
-                        name: prog::FROM_POD,
-                        dir: TcAttachType::Ingress,
-                        pin: &from_pin,
-                    },
-                ],
-            );
+        let mut loaded = Vec::with_capacity(programs.len());
+        for p in &programs {
+            loaded.push(self.program(p.name)?);
         }
-        // `to_pod` first: once `from_pod` runs, the pod's packets may be answered.
-        for (name, dir, pin) in [
-            (
-                prog::TO_POD,
-                TcAttachType::Egress,
-                self.pins.endpoint_egress_link(&ep.host_ifname),
-            ),
-            (
-                prog::FROM_POD,
-                TcAttachType::Ingress,
-                self.pins.endpoint_link(&ep.host_ifname),
-            ),
-        ] {
-            let mut program = self.program(name)?;
+        if self.attach == AttachPolicy::Tc {
+            let tc: Vec<attach::TcProgram<'_>> = programs
+                .iter()
+                .zip(&loaded)
+                .map(|(p, program)| attach::TcProgram {
+                    program,
+                    name: p.name,
+                    dir: p.dir,
+                    pin: &p.pin,
+                })
+                .collect();
+            return attach::attach_tc_all(&ep.host_ifname, ep.host_ifindex, attach::TC_HANDLE, &tc);
+        }
+        for (p, mut program) in programs.iter().zip(loaded) {
             attach::attach(
                 &mut program,
                 &ep.host_ifname,
                 ep.host_ifindex,
-                dir,
-                &pin,
+                p.dir,
+                &p.pin,
                 attach::TC_HANDLE,
                 self.attach,
             )?;
         }
         Ok(())
+    }
+
+    /// The two programs of pod `ep`, in attach order: the one judging what reaches the
+    /// pod first, since once the pod's own program runs its packets may be answered.
+    /// `from_pod`/`to_pod` on a veth pod, `from_netkit`/`to_netkit` on a netkit pod.
+    pub(super) fn pod_programs(&self, ep: &Endpoint) -> [PodProgram; 2] {
+        let (to, from) = if ep.netkit {
+            (prog::TO_NETKIT, prog::FROM_NETKIT)
+        } else {
+            (prog::TO_POD, prog::FROM_POD)
+        };
+        [
+            PodProgram {
+                name: to,
+                dir: TcAttachType::Egress,
+                pin: self.pins.endpoint_egress_link(&ep.host_ifname),
+            },
+            PodProgram {
+                name: from,
+                dir: TcAttachType::Ingress,
+                pin: self.pins.endpoint_link(&ep.host_ifname),
+            },
+        ]
     }
 
     /// Removes everything of (container ID, ifname): endpoint entries (those of `ips` and

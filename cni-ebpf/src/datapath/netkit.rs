@@ -16,7 +16,7 @@ use std::{
     path::Path,
 };
 
-use aya::programs::SchedClassifier;
+use aya::programs::{SchedClassifier, TcAttachType};
 
 use super::sys;
 use crate::error::{Error, Result};
@@ -31,6 +31,17 @@ pub enum NetkitHook {
 }
 
 impl NetkitHook {
+    /// The hook of a program that runs at `dir` of a veth pod's host veth: egress (what
+    /// reaches the pod) is the primary's transmit, ingress (what the pod sends) the
+    /// peer's.
+    #[must_use]
+    pub fn of(dir: TcAttachType) -> Self {
+        match dir {
+            TcAttachType::Egress => Self::Primary,
+            _ => Self::Peer,
+        }
+    }
+
     fn attach_type(self) -> u32 {
         match self {
             Self::Primary => 54,
