@@ -148,27 +148,41 @@ fn replace_programs(pins: &Pins) -> Result<()> {
     Ok(())
 }
 
+/// The live pods of one interface kind (`inspect`'s `veth` or `netkit`), each once: its
+/// host device's name and ifindex.
+fn live_pods(dp: &Datapath, interface: &str) -> Result<Vec<(String, u32)>> {
+    let mut seen = std::collections::HashSet::new();
+    Ok(dp
+        .endpoints()?
+        .into_iter()
+        .filter(|e| {
+            !e.container_id.is_empty()
+                && !e.removing
+                && e.interface == interface
+                && seen.insert(e.host_ifindex)
+        })
+        .map(|e| {
+            (
+                link::host_veth_name(&e.container_id, &e.ifname),
+                e.host_ifindex,
+            )
+        })
+        .collect())
+}
+
 /// The pins of the netkit links that run program `name` (`from_netkit` or
 /// `to_netkit`): one per netkit pod.
 fn netkit_links(dp: &Datapath, name: &str) -> Result<Vec<std::path::PathBuf>> {
-    let mut seen = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for e in dp.endpoints()? {
-        if e.container_id.is_empty()
-            || e.removing
-            || e.interface != "netkit"
-            || !seen.insert(e.host_ifindex)
-        {
-            continue;
-        }
-        let ifname = link::host_veth_name(&e.container_id, &e.ifname);
-        out.push(if name == prog::FROM_NETKIT {
-            dp.pins.endpoint_link(&ifname)
-        } else {
-            dp.pins.endpoint_egress_link(&ifname)
-        });
-    }
-    Ok(out)
+    Ok(live_pods(dp, "netkit")?
+        .into_iter()
+        .map(|(ifname, _)| {
+            if name == prog::FROM_NETKIT {
+                dp.pins.endpoint_link(&ifname)
+            } else {
+                dp.pins.endpoint_egress_link(&ifname)
+            }
+        })
+        .collect())
 }
 
 /// Where program `name` may be attached: `from_pod` and `to_pod` on every veth pod's
@@ -177,16 +191,7 @@ fn netkit_links(dp: &Datapath, name: &str) -> Result<Vec<std::path::PathBuf>> {
 fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
     let mut out = Vec::new();
     if name == prog::FROM_POD || name == prog::TO_POD {
-        let mut seen = std::collections::HashSet::new();
-        for e in dp.endpoints()? {
-            if e.container_id.is_empty()
-                || e.removing
-                || e.interface != "veth"
-                || !seen.insert(e.host_ifindex)
-            {
-                continue;
-            }
-            let ifname = link::host_veth_name(&e.container_id, &e.ifname);
+        for (ifname, ifindex) in live_pods(dp, "veth")? {
             let (link_pin, dir) = if name == prog::FROM_POD {
                 (dp.pins.endpoint_link(&ifname), TcAttachType::Ingress)
             } else {
@@ -195,7 +200,7 @@ fn tc_targets(dp: &Datapath, name: &str) -> Result<Vec<TcTarget>> {
             out.push(TcTarget {
                 link_pin,
                 ifname,
-                ifindex: e.host_ifindex,
+                ifindex,
                 dir,
                 handle: attach::TC_HANDLE,
             });
