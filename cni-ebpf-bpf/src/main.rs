@@ -72,6 +72,7 @@ mod parse;
 mod pod;
 mod policy;
 mod rewrite;
+mod service;
 mod sock;
 mod tunnel;
 mod uplink;

@@ -25,6 +25,10 @@ use cni_ebpf_common::{
     MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS,
     MAX_TUNNEL_NODES, POLICY_DENY_SLOTS, REASON_SLOTS,
 };
+use cni_ebpf_common::{
+    Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_SERVICES,
+    MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS, MAX_SERVICE_NETNS,
+};
 
 /// Local pods: pod IPv4 → delivery information.
 #[map]
@@ -202,6 +206,26 @@ pub(crate) static TUNNEL_ENDPOINTS: LpmTrie<TunnelKey, TunnelEndpoint> =
 #[map]
 pub(crate) static TUNNEL_NODES: HashMap<TunnelKey, u32> =
     HashMap::pinned(MAX_TUNNEL_NODES, BPF_F_NO_PREALLOC);
+/// Service frontends translated at the socket (`--kube-proxy-replacement`).
+#[map]
+pub(crate) static SERVICES: HashMap<ServiceKey, Service> =
+    HashMap::pinned(MAX_SERVICES, BPF_F_NO_PREALLOC);
+/// Each frontend's backends, by slot.
+#[map]
+pub(crate) static SERVICE_BACKENDS: HashMap<BackendSlot, Backend> =
+    HashMap::pinned(MAX_SERVICE_BACKENDS, BPF_F_NO_PREALLOC);
+/// The backends of each frontend with session affinity.
+#[map]
+pub(crate) static SERVICE_MEMBERS: HashMap<MemberKey, u32> =
+    HashMap::pinned(MAX_SERVICE_BACKENDS, BPF_F_NO_PREALLOC);
+/// Each client's backend per frontend with session affinity.
+#[map]
+pub(crate) static SERVICE_AFFINITY: LruHashMap<AffinityKey, Affinity> =
+    LruHashMap::pinned(MAX_SERVICE_AFFINITY, 0);
+/// The network namespaces of the pods, whose sockets get Services translated.
+#[map]
+pub(crate) static SERVICE_NETNS: HashMap<u64, u32> =
+    HashMap::pinned(MAX_SERVICE_NETNS, BPF_F_NO_PREALLOC);
 /// Per-CPU room for the keys of one judgement (not pinned: nothing outlives a packet).
 #[map]
 pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =

@@ -18,14 +18,14 @@
 //! node's namespace (`NodeConfig::netns_cookie`) and leave everything else unchanged.
 
 use aya_ebpf::{
-    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie},
+    helpers::{bpf_get_netns_cookie, bpf_get_socket_cookie, bpf_set_retval},
     macros::cgroup_sock_addr,
     programs::SockAddrContext,
     EbpfContext,
 };
 use cni_ebpf_common::{
-    proto, Addr6, PortTarget, PortTarget6, Reason, SockRevKey, SockRevKey6, SockRevValue,
-    SockRevValue6,
+    mapped4, proto, unmapped4, Addr6, PortTarget, PortTarget6, Reason, SockRevKey, SockRevKey6,
+    SockRevValue, SockRevValue6,
 };
 
 use crate::{
@@ -33,10 +33,16 @@ use crate::{
     maps::{
         count, is_node_addr, node_config, port_mapping, port_mapping6, SOCK_REVNAT, SOCK_REVNAT6,
     },
+    service::{self, Pick},
 };
 
 /// Verdict of a `sock_addr` program that lets the call go on.
 const ALLOW: i32 = 1;
+/// Verdict of a `sock_addr` program that fails the call (with the value set by
+/// `bpf_set_retval`, else `EPERM`).
+const REJECT: i32 = 0;
+/// `ECONNREFUSED` on Linux.
+const ECONNREFUSED: i32 = 111;
 
 /// Whether a network-order IPv4 address is in 127.0.0.0/8.
 #[inline(always)]
@@ -86,27 +92,46 @@ fn host_port_target(ctx: &SockAddrContext, addr: u32, port: u16, proto_: u8) -> 
     }
 }
 
-/// Rewrites the socket call's destination to the pod behind the host port it names, and
-/// remembers the host port for the reverse mapping. `false` when nothing applies.
+/// Rewrites the socket call's destination to the pod behind the host port it names, or
+/// to a backend of the Service frontend it names, and remembers what was asked for the
+/// reverse mapping. Returns the hook's verdict (a frontend without backends refuses).
 #[inline(always)]
-fn translate(ctx: &SockAddrContext) -> bool {
+fn translate(ctx: &SockAddrContext) -> i32 {
     // SAFETY: `sock_addr` points at the kernel's context for the whole call.
     let sa = unsafe { &mut *ctx.sock_addr };
-    let (addr, port) = (sa.user_ip4, sa.user_port as u16);
-    let Some(t) = host_port_target(ctx, addr, port, sa.protocol as u8) else {
-        return false;
+    let (addr, port, proto_) = (sa.user_ip4, sa.user_port as u16, sa.protocol as u8);
+    let (to_addr, to_port) = match host_port_target(ctx, addr, port, proto_) {
+        Some(t) => {
+            count(Reason::SockHostPort);
+            (t.addr, t.port)
+        }
+        None => {
+            let mut b = service::NO_BACKEND;
+            match service::pick(ctx, mapped4(addr), port, proto_, &mut b) {
+                Pick::Pass => return ALLOW,
+                Pick::Refuse => return refuse(),
+                Pick::To => match unmapped4(&b.addr) {
+                    Some(a) => (a, b.port),
+                    None => return ALLOW,
+                },
+            }
+        }
     };
     // SAFETY: plain helper call on our context.
-    remember(
-        unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        &t,
-        addr,
-        port,
-    );
-    sa.user_ip4 = t.addr;
-    sa.user_port = t.port as u32;
-    count(Reason::SockHostPort);
-    true
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    remember(cookie, (to_addr, to_port), addr, port);
+    sa.user_ip4 = to_addr;
+    sa.user_port = u32::from(to_port);
+    ALLOW
+}
+
+/// Refuses the call with `ECONNREFUSED`, as kube-proxy's reject rule makes a connection
+/// to a Service without endpoints fail at once.
+#[inline(always)]
+fn refuse() -> i32 {
+    // SAFETY: plain helper call (cgroup programs may set the call's return value).
+    unsafe { bpf_set_retval(-ECONNREFUSED) };
+    REJECT
 }
 
 /// Maps a pod address seen by a node socket back to the host port the socket asked for.
@@ -122,13 +147,14 @@ fn reverse(ctx: &SockAddrContext) {
     }
 }
 
-/// Notes that the socket `cookie`, which asked for `addr:port`, now talks to `t` (IPv4).
+/// Notes that the socket `cookie`, which asked for `addr:port`, now talks to `to` (IPv4
+/// address and port, network order).
 #[inline(always)]
-fn remember(cookie: u64, t: &PortTarget, addr: u32, port: u16) {
+fn remember(cookie: u64, to: (u32, u16), addr: u32, port: u16) {
     let key = SockRevKey {
         cookie,
-        addr: t.addr,
-        port: t.port,
+        addr: to.0,
+        port: to.1,
         _pad: 0,
     };
     let orig = SockRevValue {
@@ -205,10 +231,10 @@ fn set_user_ip6(ctx: &SockAddrContext, a: Addr6, port: u16) {
     }
 }
 
-/// [`translate`] for an IPv6 socket: an IPv6 host port, or an IPv4 one through its
-/// IPv4-mapped address.
+/// [`translate`] for an IPv6 socket: an IPv6 host port or Service, or an IPv4 one through
+/// its IPv4-mapped address.
 #[inline(always)]
-fn translate6(ctx: &SockAddrContext) -> bool {
+fn translate6(ctx: &SockAddrContext) -> i32 {
     let addr = user_ip6(ctx);
     // SAFETY: as in `user_ip6`.
     let (port, proto_) = unsafe {
@@ -220,20 +246,60 @@ fn translate6(ctx: &SockAddrContext) -> bool {
     // SAFETY: plain helper call on our context.
     let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
     if let Some(a4) = v4_mapped(&addr) {
-        let Some(t) = host_port_target(ctx, a4, port, proto_) else {
-            return false;
-        };
-        remember(cookie, &t, a4, port);
-        set_user_ip6(ctx, [0, 0, V4_MAPPED, t.addr], t.port);
-    } else {
-        let Some(t) = host_port_target6(ctx, addr, port, proto_) else {
-            return false;
-        };
-        remember6(cookie, &t, addr, port);
+        if let Some(t) = host_port_target(ctx, a4, port, proto_) {
+            count(Reason::SockHostPort);
+            remember(cookie, (t.addr, t.port), a4, port);
+            set_user_ip6(ctx, [0, 0, V4_MAPPED, t.addr], t.port);
+            return ALLOW;
+        }
+    } else if let Some(t) = host_port_target6(ctx, addr, port, proto_) {
+        count(Reason::SockHostPort);
+        remember6(cookie, (t.addr, t.port), addr, port);
         set_user_ip6(ctx, t.addr, t.port);
+        return ALLOW;
     }
-    count(Reason::SockHostPort);
-    true
+    let mut b = service::NO_BACKEND;
+    match service::pick(ctx, wire6(&addr), port, proto_, &mut b) {
+        Pick::Pass => return ALLOW,
+        Pick::Refuse => return refuse(),
+        Pick::To => {}
+    }
+    match (v4_mapped(&addr), unmapped4(&b.addr)) {
+        (Some(a4), Some(b4)) => {
+            remember(cookie, (b4, b.port), a4, port);
+            set_user_ip6(ctx, [0, 0, V4_MAPPED, b4], b.port);
+        }
+        (None, None) => {
+            let b6 = native6(&b.addr);
+            remember6(cookie, (b6, b.port), addr, port);
+            set_user_ip6(ctx, b6, b.port);
+        }
+        // A backend of the other family (the agent writes none): left as it is.
+        _ => {}
+    }
+    ALLOW
+}
+
+/// An address as the programs hold it (four network-order words) in wire order.
+#[inline(always)]
+fn wire6(a: &Addr6) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for (i, w) in a.iter().enumerate() {
+        let b = w.to_ne_bytes();
+        out[4 * i..4 * i + 4].copy_from_slice(&b);
+    }
+    out
+}
+
+/// [`wire6`] undone.
+#[inline(always)]
+fn native6(b: &[u8; 16]) -> Addr6 {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
 }
 
 /// [`reverse`] for an IPv6 socket.
@@ -253,13 +319,13 @@ fn reverse6(ctx: &SockAddrContext) {
     }
 }
 
-/// [`remember`] for an IPv6 host port (`SOCK_REVNAT6`).
+/// [`remember`] for an IPv6 pod address (`SOCK_REVNAT6`).
 #[inline(always)]
-fn remember6(cookie: u64, t: &PortTarget6, addr: Addr6, port: u16) {
+fn remember6(cookie: u64, to: (Addr6, u16), addr: Addr6, port: u16) {
     let key = SockRevKey6 {
         cookie,
-        addr: t.addr,
-        port: t.port,
+        addr: to.0,
+        port: to.1,
         _pad: 0,
         _pad2: 0,
     };
@@ -288,15 +354,13 @@ fn recall6(cookie: u64, addr: Addr6, port: u16) -> Option<SockRevValue6> {
 /// `connect()` of a node socket (TCP, or connected UDP) to a host port.
 #[cgroup_sock_addr(connect4)]
 pub fn sock_connect4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx);
-    ALLOW
+    translate(&ctx)
 }
 
 /// `sendmsg()` of an unconnected node UDP socket to a host port.
 #[cgroup_sock_addr(sendmsg4)]
 pub fn sock_sendmsg4(ctx: SockAddrContext) -> i32 {
-    translate(&ctx);
-    ALLOW
+    translate(&ctx)
 }
 
 /// `recvmsg()` of an unconnected node UDP socket: the pod's reply shows as the host port.
@@ -316,15 +380,13 @@ pub fn sock_getpeername4(ctx: SockAddrContext) -> i32 {
 /// `connect()` of a node IPv6 socket (TCP, or connected UDP) to a host port.
 #[cgroup_sock_addr(connect6)]
 pub fn sock_connect6(ctx: SockAddrContext) -> i32 {
-    translate6(&ctx);
-    ALLOW
+    translate6(&ctx)
 }
 
 /// `sendmsg()` of an unconnected node IPv6 UDP socket to a host port.
 #[cgroup_sock_addr(sendmsg6)]
 pub fn sock_sendmsg6(ctx: SockAddrContext) -> i32 {
-    translate6(&ctx);
-    ALLOW
+    translate6(&ctx)
 }
 
 /// `recvmsg()` of an unconnected node IPv6 UDP socket: the pod's reply shows as the host

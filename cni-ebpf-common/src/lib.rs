@@ -20,6 +20,7 @@ mod names;
 mod nat;
 mod policy;
 mod reason;
+mod service;
 mod tunnel;
 
 pub use hash::{fnv1a64, owner_id};
@@ -27,6 +28,7 @@ pub use names::{global, map, prog};
 pub use nat::*;
 pub use policy::*;
 pub use reason::{Reason, REASON_SLOTS};
+pub use service::*;
 pub use tunnel::*;
 
 /// Capacity of [`map::ENDPOINTS`] (pod addresses on one node).
@@ -614,6 +616,13 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::TunnelEndpoint {}
+    unsafe impl aya::Pod for super::ServiceKey {}
+    unsafe impl aya::Pod for super::Service {}
+    unsafe impl aya::Pod for super::BackendSlot {}
+    unsafe impl aya::Pod for super::Backend {}
+    unsafe impl aya::Pod for super::AffinityKey {}
+    unsafe impl aya::Pod for super::Affinity {}
+    unsafe impl aya::Pod for super::MemberKey {}
     unsafe impl aya::Pod for super::EndpointInfo {}
     unsafe impl aya::Pod for super::EndpointStats {}
     unsafe impl aya::Pod for super::PortKey {}

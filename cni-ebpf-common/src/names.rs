@@ -208,8 +208,22 @@ pub mod map {
     /// [`crate::TunnelKey`] (a node's underlay address) → `u32` (1): the other nodes, whose
     /// own traffic may come out of the tunnel (kept with [`TUNNEL_ENDPOINTS`]).
     pub const TUNNEL_NODES: &str = "TUNNEL_NODES";
+    /// [`crate::ServiceKey`] → [`crate::Service`]: the Service frontends the socket
+    /// programs translate, kept by the agent in `--kube-proxy-replacement` mode.
+    pub const SERVICES: &str = "SERVICES";
+    /// [`crate::BackendSlot`] → [`crate::Backend`]: each frontend's ready backends.
+    pub const SERVICE_BACKENDS: &str = "SERVICE_BACKENDS";
+    /// [`crate::MemberKey`] → `u32` (1): the backends of each frontend with
+    /// `sessionAffinity: ClientIP`, to check a remembered choice against.
+    pub const SERVICE_MEMBERS: &str = "SERVICE_MEMBERS";
+    /// [`crate::AffinityKey`] → [`crate::Affinity`] (LRU): each client's backend per
+    /// frontend with `sessionAffinity: ClientIP`.
+    pub const SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
+    /// Network namespace cookie (`u64`) → the pod's host ifindex (`u32`): the pods whose
+    /// sockets the Service translation applies to (besides the node's), written at ADD.
+    pub const SERVICE_NETNS: &str = "SERVICE_NETNS";
     /// Every map.
-    pub const ALL: [&str; 38] = [
+    pub const ALL: [&str; 43] = [
         ENDPOINTS,
         EP_STATS,
         PORTMAPS,
@@ -248,6 +262,11 @@ pub mod map {
         POLICY_COUNTS,
         TUNNEL_ENDPOINTS,
         TUNNEL_NODES,
+        SERVICES,
+        SERVICE_BACKENDS,
+        SERVICE_MEMBERS,
+        SERVICE_AFFINITY,
+        SERVICE_NETNS,
     ];
 }
 

@@ -700,6 +700,69 @@ impl Cluster {
         agents
     }
 
+    /// Publishes `services` (Services and EndpointSlices) on `api`, starts an agent with
+    /// `--kube-proxy-replacement` on each node (logs in `logs`) and waits until each
+    /// node's Service maps hold every frontend with every backend. Panics, showing the
+    /// agents' logs, if that takes more than ten seconds.
+    #[track_caller]
+    #[must_use]
+    pub fn replace_kube_proxy(
+        &self,
+        api: &ApiServer,
+        services: &[ServicePort],
+        logs: &Path,
+    ) -> [Background; 2] {
+        for (resource, obj) in crate::service_objects::objects(services) {
+            api.put(resource, obj);
+        }
+        let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
+        let start = |n: &ClusterNode| {
+            n.start_agent_of(
+                &crate::plugin::plugin_bin(),
+                api,
+                &[
+                    "agent",
+                    "--policy=false",
+                    "--kube-proxy-replacement",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--node-name",
+                    n.name,
+                ],
+                &log(n),
+            )
+        };
+        let agents = [start(&self.a), start(&self.b)];
+        let backends: usize = services.iter().map(|s| s.endpoints.len()).sum();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for n in self.nodes() {
+            loop {
+                let table = n.pinned_datapath().service_table().unwrap_or_default();
+                let held: usize = table.values().map(|f| f.backends.len()).sum();
+                if table.len() == services.len() && held == backends {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    let text: Vec<String> = self
+                        .nodes()
+                        .iter()
+                        .map(|n| std::fs::read_to_string(log(n)).unwrap_or_default())
+                        .collect();
+                    panic!(
+                        "{}'s Service maps hold {} frontends with {held} backends after 10 s, \
+                         not {} with {backends}; agent logs:\n{}",
+                        n.name,
+                        table.len(),
+                        services.len(),
+                        text.join("\n---\n")
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        agents
+    }
+
     /// Loads kube-proxy's rules for `services` in `mode` into both nodes, each with its
     /// own view (its name decides which endpoints are local).
     #[track_caller]

@@ -15,7 +15,9 @@
 //! - [`ApiServer`]: a stand-in Kubernetes API server (HTTPS, bearer token, Node objects)
 //!   inside a namespace the test made, for `install`'s Node lookup and host-gw.
 //! - [`kubeproxy`]: kube-proxy's rules (iptables and nftables mode), rendered as
-//!   kube-proxy writes them and loaded into a node namespace.
+//!   kube-proxy writes them and loaded into a node namespace; [`service_objects`]: the
+//!   same Services as API objects (Service, EndpointSlice), for the kube-proxy
+//!   replacement.
 //! - [`TestCgroup`]: a cgroup-v2 directory of the test's own, for clients of the
 //!   plugin's socket-level hook (run as processes inside it).
 //! - [`SimNode::exec_plugin`]: runs the plugin binary the way a runtime does, inside the
@@ -56,6 +58,7 @@ pub mod packet;
 pub mod plugin;
 pub mod process;
 pub mod servers;
+pub mod service_objects;
 pub mod snapshot;
 pub mod testdir;
 

@@ -214,13 +214,18 @@ fn udp_seen_as(netns: &Path, addr: &str, want_ip: &str) -> Result<String, String
 }
 
 /// Runs [`NETCLIENT`] with `proto` to `addr` inside `netns` and the cgroup `cg`: the peer
-/// the server saw (UDP: and that the answer came from `addr`), or why not.
+/// the server saw (and the client's socket must show `addr` as its peer), or why not.
 fn client_process(
     cg: &TestCgroup,
     netns: &Path,
     proto: &str,
     addr: &str,
 ) -> Result<String, String> {
+    process_peer(cg, netns, proto, addr).map(|peer| format!("seen as {peer}"))
+}
+
+/// [`client_process`]'s peer.
+fn process_peer(cg: &TestCgroup, netns: &Path, proto: &str, addr: &str) -> Result<String, String> {
     let ms = T.as_millis().to_string();
     let out = cg.exec_in(netns, &[NETCLIENT, proto, addr, "hello", &ms]);
     if !out.success() {
@@ -233,15 +238,14 @@ fn client_process(
             format!("failed: {out}")
         });
     }
+    // The address the client's socket shows as its peer (TCP: `getpeername`, UDP: the
+    // answer's source): the one it asked for, whatever the hooks sent it to.
     let mut lines = out.stdout.lines();
-    if proto == "udp" {
-        let from = lines.next().unwrap_or_default();
-        if from != format!("from {addr}") {
-            return Err(format!("answered {from}, expected from {addr}"));
-        }
+    let from = lines.next().unwrap_or_default();
+    if from != format!("from {addr}") {
+        return Err(format!("answered {from}, expected from {addr}"));
     }
-    let peer = lines.next().unwrap_or_default().trim().to_owned();
-    Ok(format!("seen as {peer}"))
+    Ok(lines.next().unwrap_or_default().trim().to_owned())
 }
 
 // ------------------------------------------------------------------------------------
@@ -250,22 +254,23 @@ fn client_process(
 /// The outcome of every row of one test, printed as it goes.
 struct Rows {
     variant: String,
-    mode: Option<Mode>,
+    proxy: Proxy,
     results: Vec<(String, Result<String, String>)>,
 }
 
 impl Rows {
-    fn new(mode: Option<Mode>, cross: CrossNode) -> Self {
-        let proxy = mode.map_or_else(
-            || "no kube-proxy".to_owned(),
-            |m| format!("kube-proxy {}", m.name()),
-        );
+    fn new(proxy: Proxy, cross: CrossNode) -> Self {
+        let name = match proxy {
+            Proxy::None => "no kube-proxy".to_owned(),
+            Proxy::Rules(m) => format!("kube-proxy {}", m.name()),
+            Proxy::Replacement => "kube-proxy replacement".to_owned(),
+        };
         Self {
             variant: match cross {
-                CrossNode::Routed => proxy,
-                CrossNode::Tunnel => format!("tunnel, {proxy}"),
+                CrossNode::Routed => name,
+                CrossNode::Tunnel => format!("tunnel, {name}"),
             },
-            mode,
+            proxy,
             results: Vec::new(),
         }
     }
@@ -284,7 +289,7 @@ impl Rows {
     #[track_caller]
     fn assert_all_answered(self, cluster: &Cluster) {
         let any_failed = self.results.iter().any(|(_, r)| r.is_err());
-        if any_failed && self.mode == Some(Mode::Iptables) {
+        if any_failed && self.proxy == Proxy::Rules(Mode::Iptables) {
             for (node, tool) in cluster
                 .nodes()
                 .into_iter()
@@ -402,6 +407,18 @@ impl Fam {
     }
 }
 
+/// What translates Services on the nodes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Proxy {
+    /// Nothing: only the rows without a Service run.
+    None,
+    /// kube-proxy's rules in this mode.
+    Rules(Mode),
+    /// The agent's `--kube-proxy-replacement`, from Services and EndpointSlices in the
+    /// stand-in API server.
+    Replacement,
+}
+
 /// How pods reach the other node's pods: the fabric's static routes (`routed`), or the
 /// VXLAN tunnel between nodes in different subnets (`tunnel`, see [`world`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -420,12 +437,69 @@ struct World {
     _api: Option<ApiServer>,
     _agent_logs: Option<tempfile::TempDir>,
     cross: CrossNode,
+    proxy: Proxy,
     a1: Running,
     a2: Running,
     b1: Running,
     b2: Running,
     cgroup: TestCgroup,
     cluster: Cluster,
+}
+
+impl World {
+    /// TCP from `netns` to a Service address: from this process, or with the kube-proxy
+    /// replacement from a process in the test's cgroup (where the socket hooks are).
+    fn service_tcp(&self, netns: &Path, addr: &str) -> Result<String, String> {
+        if self.proxy == Proxy::Replacement {
+            process_peer(&self.cgroup, netns, "tcp", addr)
+        } else {
+            tcp(netns, addr)
+        }
+    }
+
+    /// [`Self::service_tcp`]; the server must have seen `want_ip`.
+    fn service_tcp_seen_as(
+        &self,
+        netns: &Path,
+        addr: &str,
+        want_ip: &str,
+    ) -> Result<String, String> {
+        if self.proxy != Proxy::Replacement {
+            return tcp_seen_as(netns, addr, want_ip);
+        }
+        let peer = self.service_tcp(netns, addr)?;
+        if ip_part(&peer) == want_ip {
+            Ok(format!("seen as {peer}"))
+        } else {
+            Err(format!(
+                "answered, but the server saw {peer}, not {want_ip}"
+            ))
+        }
+    }
+
+    /// UDP as [`Self::service_tcp`] (with the replacement: both a connected socket and
+    /// `sendto` on an unconnected one); the server must have seen `want_ip` and the answer
+    /// must come from `addr`.
+    fn service_udp_seen_as(
+        &self,
+        netns: &Path,
+        addr: &str,
+        want_ip: &str,
+    ) -> Result<String, String> {
+        if self.proxy != Proxy::Replacement {
+            return udp_seen_as(netns, addr, want_ip);
+        }
+        let mut seen = Vec::new();
+        for proto in ["udp", "udp-sendto"] {
+            let peer = process_peer(&self.cgroup, netns, proto, addr)
+                .map_err(|e| format!("{proto}: {e}"))?;
+            if ip_part(&peer) != want_ip {
+                return Err(format!("{proto}: the server saw {peer}, not {want_ip}"));
+            }
+            seen.push(format!("{proto} seen as {peer}"));
+        }
+        Ok(seen.join(", "))
+    }
 }
 
 fn add(node: &tests::ClusterNode, name: &str, conf: &ConfBuilder) -> Running {
@@ -468,7 +542,7 @@ fn services(a1: &Running) -> Vec<ServicePort> {
 /// route to any pod CIDR ([`Cluster::across_subnets`]), the pods' conflist says
 /// `crossNode: tunnel`, and each node runs the agent, whose Node watcher (against the
 /// stand-in API server in `ext`) keeps the tunnel entries.
-fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
+fn world(test: &str, proxy: Proxy, cross: CrossNode) -> World {
     let cluster = match cross {
         CrossNode::Routed => Cluster::new(test),
         CrossNode::Tunnel => Cluster::across_subnets(test),
@@ -479,11 +553,17 @@ fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
         CrossNode::Routed => "routed",
         CrossNode::Tunnel => "tunnel",
     };
+    let in_cgroup = json!(cgroup.path().to_string_lossy());
     let conf_a = a
         .conf_dual_stack()
         .set("crossNode", json!(cross_node))
-        .set("cgroupPath", json!(cgroup.path().to_string_lossy()));
-    let conf_b = b.conf_dual_stack().set("crossNode", json!(cross_node));
+        .set("cgroupPath", in_cgroup.clone());
+    // The replacement translates the pods' sockets, and the node's, on both nodes: node
+    // B's hooks go on the test's cgroup too, and the Service rows' clients run in it.
+    let mut conf_b = b.conf_dual_stack().set("crossNode", json!(cross_node));
+    if proxy == Proxy::Replacement {
+        conf_b = conf_b.set("cgroupPath", in_cgroup);
+    }
     let mappings: Vec<_> = ["tcp", "udp"]
         .iter()
         .map(|p| json!({ "hostPort": HOST_PORT, "containerPort": PORT, "protocol": p }))
@@ -499,15 +579,20 @@ fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
     let b1 = add(b, "b1", &conf_b);
     let b2 = add(b, "b2", &conf_b);
     let (mut agents, mut api, mut agent_logs) = (Vec::new(), None, None);
-    if cross == CrossNode::Tunnel {
+    if cross == CrossNode::Tunnel || proxy == Proxy::Replacement {
         let server = ApiServer::start(cluster.ext_netns(), EXT_IP4);
         #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
         let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
-        agents.extend(cluster.join_by_tunnel(&server, Underlay::V4, logs.path()));
+        if cross == CrossNode::Tunnel {
+            agents.extend(cluster.join_by_tunnel(&server, Underlay::V4, logs.path()));
+        }
+        if proxy == Proxy::Replacement {
+            agents.extend(cluster.replace_kube_proxy(&server, &services(&a1), logs.path()));
+        }
         api = Some(server);
         agent_logs = Some(logs);
     }
-    if let Some(mode) = mode {
+    if let Proxy::Rules(mode) = proxy {
         cluster.install_kube_proxy(mode, &services(&a1));
     }
     let echo: Vec<EchoServer> = [a1.pod.netns(), b1.pod.netns(), cluster.ext_netns()]
@@ -526,6 +611,7 @@ fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
         _api: api,
         _agent_logs: agent_logs,
         cross,
+        proxy,
         a1,
         a2,
         b1,
@@ -538,10 +624,8 @@ fn world(test: &str, mode: Option<Mode>, cross: CrossNode) -> World {
 // ------------------------------------------------------------------------------------
 // The rows
 
-/// The rows that need a Service (kube-proxy's rules), over family `f`.
-fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
-    let (a, b, ext) = (w.cluster.a(), w.cluster.b(), w.cluster.ext_netns());
-    let (node_a, node_b) = f.nodes(&w.cluster);
+/// The rows of pods to a ClusterIP, over family `f`.
+fn pod_cluster_ip_rows(w: &World, rows: &mut Rows, f: Fam) {
     let [web_ip, _, _] = f.cluster_ips();
     let web = f.join(web_ip, WEB.1);
     let dns = f.join(web_ip, WEB.2);
@@ -549,24 +633,32 @@ fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
 
     rows.check(
         &format!("{l}pod → ClusterIP → pod, same node (TCP): endpoint sees the client pod"),
-        tcp_seen_as(w.a2.pod.netns(), &web, w.a2.ip(f)),
+        w.service_tcp_seen_as(w.a2.pod.netns(), &web, w.a2.ip(f)),
     );
     rows.check(
         &format!("{l}pod → ClusterIP → pod, same node (UDP): endpoint sees the client pod"),
-        udp_seen_as(w.a2.pod.netns(), &dns, w.a2.ip(f)),
+        w.service_udp_seen_as(w.a2.pod.netns(), &dns, w.a2.ip(f)),
     );
     rows.check(
         &format!("{l}pod → ClusterIP → pod, other node (TCP): endpoint sees the client pod"),
-        tcp_seen_as(w.b2.pod.netns(), &web, w.b2.ip(f)),
+        w.service_tcp_seen_as(w.b2.pod.netns(), &web, w.b2.ip(f)),
     );
     rows.check(
         &format!("{l}pod → ClusterIP → pod, other node (UDP): endpoint sees the client pod"),
-        udp_seen_as(w.b2.pod.netns(), &dns, w.b2.ip(f)),
+        w.service_udp_seen_as(w.b2.pod.netns(), &dns, w.b2.ip(f)),
     );
     rows.check(
-        &format!("{l}pod → ClusterIP → itself (hairpin, masqueraded by kube-proxy)"),
-        tcp(w.a1.pod.netns(), &web).map(|p| format!("seen as {p}")),
+        &format!("{l}pod → ClusterIP → itself (hairpin)"),
+        w.service_tcp(w.a1.pod.netns(), &web)
+            .map(|p| format!("seen as {p}")),
     );
+}
+
+/// The rows of traffic from outside the cluster to a NodePort, over family `f`.
+fn node_port_rows(w: &World, rows: &mut Rows, f: Fam) {
+    let ext = w.cluster.ext_netns();
+    let (node_a, node_b) = f.nodes(&w.cluster);
+    let l = f.label();
     rows.check(
         &format!("{l}external → NodePort, externalTrafficPolicy Cluster"),
         tcp(ext, &f.join(node_a, NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
@@ -579,13 +671,23 @@ fn service_rows(w: &World, rows: &mut Rows, f: Fam) {
         &format!("{l}external → NodePort on node B → endpoint on node A"),
         tcp(ext, &f.join(node_b, NP_CLUSTER.1)).map(|p| format!("seen as {p}")),
     );
+}
+
+/// The rows of the node's own processes to a ClusterIP, over family `f`.
+fn host_cluster_ip_rows(w: &World, rows: &mut Rows, f: Fam) {
+    let (a, b) = (w.cluster.a(), w.cluster.b());
+    let [web_ip, _, _] = f.cluster_ips();
+    let web = f.join(web_ip, WEB.1);
+    let l = f.label();
     rows.check(
         &format!("{l}node host network → ClusterIP (endpoint on this node)"),
-        tcp(a.netns(), &web).map(|p| format!("seen as {p}")),
+        w.service_tcp(a.netns(), &web)
+            .map(|p| format!("seen as {p}")),
     );
     rows.check(
         &format!("{l}node host network → ClusterIP (endpoint on the other node) [extra]"),
-        tcp(b.netns(), &web).map(|p| format!("seen as {p}")),
+        w.service_tcp(b.netns(), &web)
+            .map(|p| format!("seen as {p}")),
     );
 }
 
@@ -675,51 +777,83 @@ fn plain_rows(w: &World, rows: &mut Rows, f: Fam) {
     }
 }
 
-/// Every row a kube-proxy mode (or none) has, over both families.
-fn all_rows(w: &World, rows: &mut Rows, services: bool) {
+/// Every row a proxy (or none) has, over both families: the Service rows with kube-proxy;
+/// the ClusterIP rows with the agent's replacement (its NodePorts are not done).
+fn all_rows(w: &World, rows: &mut Rows, proxy: Proxy) {
     for f in [Fam::V4, Fam::V6] {
-        if services {
-            service_rows(w, rows, f);
+        match proxy {
+            Proxy::Rules(_) => {
+                pod_cluster_ip_rows(w, rows, f);
+                node_port_rows(w, rows, f);
+                host_cluster_ip_rows(w, rows, f);
+            }
+            Proxy::Replacement => {
+                pod_cluster_ip_rows(w, rows, f);
+                host_cluster_ip_rows(w, rows, f);
+            }
+            Proxy::None => {}
         }
         plain_rows(w, rows, f);
     }
 }
 
-/// Builds the world of `test` with `mode` and `cross`, checks every row it has (the
-/// Service rows only with a kube-proxy) and fails naming the rows that failed.
-fn every_row(test: &str, mode: Option<Mode>, cross: CrossNode) {
-    let w = world(test, mode, cross);
-    let mut rows = Rows::new(mode, cross);
-    all_rows(&w, &mut rows, mode.is_some());
+/// Builds the world of `test` with `proxy` and `cross`, checks every row it has and fails
+/// naming the rows that failed.
+fn every_row(test: &str, proxy: Proxy, cross: CrossNode) {
+    let w = world(test, proxy, cross);
+    let mut rows = Rows::new(proxy, cross);
+    all_rows(&w, &mut rows, proxy);
     rows.assert_all_answered(&w.cluster);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_iptables() {
-    every_row("k8s_ipt", Some(Mode::Iptables), CrossNode::Routed);
+    every_row(
+        "k8s_ipt",
+        Proxy::Rules(Mode::Iptables),
+        CrossNode::Routed,
+    );
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_nftables() {
-    every_row("k8s_nft", Some(Mode::Nftables), CrossNode::Routed);
+    every_row(
+        "k8s_nft",
+        Proxy::Rules(Mode::Nftables),
+        CrossNode::Routed,
+    );
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_rows_without_a_service_with_no_kube_proxy() {
-    every_row("k8s_none", None, CrossNode::Routed);
+    every_row("k8s_none", Proxy::None, CrossNode::Routed);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_iptables() {
-    every_row("k8s_tun_ipt", Some(Mode::Iptables), CrossNode::Tunnel);
+    every_row(
+        "k8s_tun_ipt",
+        Proxy::Rules(Mode::Iptables),
+        CrossNode::Tunnel,
+    );
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_nftables() {
-    every_row("k8s_tun_nft", Some(Mode::Nftables), CrossNode::Tunnel);
+    every_row(
+        "k8s_tun_nft",
+        Proxy::Rules(Mode::Nftables),
+        CrossNode::Tunnel,
+    );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn kubernetes_cluster_ip_rows_with_the_kube_proxy_replacement() {
+    every_row("k8s_kpr", Proxy::Replacement, CrossNode::Routed);
 }

@@ -1,5 +1,6 @@
 //! `cni-ebpf agent`: the node agent, the DaemonSet's long-running process. Its jobs:
-//! the Prometheus metrics of the datapath, the host-gw routes (opt-in) and NetworkPolicy.
+//! the Prometheus metrics of the datapath, the host-gw routes (opt-in), NetworkPolicy and,
+//! opt-in, Services in place of kube-proxy.
 //!
 //! - [`reconcile`]: one NetworkPolicy round over the pinned maps, changing only what
 //!   differs;
@@ -8,6 +9,7 @@
 //! - [`report`]: the state file `inspect` reads, and the verdict totals per policy the
 //!   metrics serve;
 //! - [`nodes`]: the Node watcher: tunnel entries and direct routes to other nodes;
+//! - [`services`]: Services translated at the socket, without kube-proxy (opt-in);
 //! - [`ready`]: readiness (`GET /ready`): every job's first round made, every datapath
 //!   loaded.
 
@@ -15,6 +17,7 @@ pub mod nodes;
 pub mod ready;
 pub mod reconcile;
 pub mod report;
+pub mod services;
 pub mod watch;
 
 pub use reconcile::{Reconciler, Round};

@@ -19,6 +19,8 @@ pub enum Job {
     Nodes,
     /// NetworkPolicy.
     Policy,
+    /// Services (`--kube-proxy-replacement`).
+    Services,
 }
 
 impl Job {
@@ -26,6 +28,7 @@ impl Job {
         match self {
             Job::Nodes => "the Node watcher has not made its first round yet",
             Job::Policy => "NetworkPolicy has not made its first round yet",
+            Job::Services => "the Service watcher has not made its first round yet",
         }
     }
 }

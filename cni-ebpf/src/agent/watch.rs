@@ -130,7 +130,7 @@ fn start(client: &Client) -> (View, impl Stream<Item = bool> + Send) {
 }
 
 /// The networks to reconcile: those named, else every directory below `root`.
-fn networks(root: &Path, named: &[String]) -> Vec<PathBuf> {
+pub(super) fn networks(root: &Path, named: &[String]) -> Vec<PathBuf> {
     if !named.is_empty() {
         return named.iter().map(|n| root.join(n)).collect();
     }

@@ -122,8 +122,12 @@ pub fn main() -> ExitCode {
             cgroup_path,
         } => load(&net, uplink, ip_masq, cgroup_path),
         Cmd::Inspect(args) => inspect::run(&args),
-        Cmd::Agent(args) => run_agent(&args.metrics, args.policy.then_some(&args.state_dir)),
-        Cmd::Metrics(args) => run_agent(&args, None),
+        Cmd::Agent(args) => run_agent(
+            &args.metrics,
+            args.policy.then_some(&args.state_dir),
+            args.kube_proxy_replacement,
+        ),
+        Cmd::Metrics(args) => run_agent(&args, None, false),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
         Cmd::FinishDel { job } => crate::cmd::del::Unfinished::run_job(&job),
@@ -171,17 +175,27 @@ pub struct AgentArgs {
     /// each pod's rule sets and the policies that select it), which `inspect` reads.
     #[arg(long, default_value = crate::agent::report::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// Translate Services in place of kube-proxy: ClusterIPs at the socket, for the pods
+    /// and the node's own processes (see docs/services.md). Off: the Service maps are
+    /// emptied at start, and kube-proxy's rules are what translates Services.
+    #[arg(long, env = "CNI_EBPF_KUBE_PROXY_REPLACEMENT", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    kube_proxy_replacement: bool,
     /// What the agent logs to stderr (`error`, `warn`, `info`, `debug`, or a
     /// `tracing-subscriber` filter).
     #[arg(long, env = "CNI_EBPF_LOG_LEVEL", default_value = "info")]
     log_level: String,
 }
 
-/// Runs the agent: host-gw and NetworkPolicy (when given its state directory) on threads
-/// of their own, metrics on this one.
-fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>) -> Result<()> {
+/// Runs the agent: host-gw, NetworkPolicy (when given its state directory) and Services
+/// (with `services`) on threads of their own, metrics on this one.
+fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: bool) -> Result<()> {
     let readiness = Arc::new(Readiness::default());
     start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
+    if services {
+        start_services(args, &readiness)?;
+    } else {
+        crate::agent::services::clear(&args.bpffs_root, &args.networks);
+    }
     let mut exporter =
         crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())
             .with_readiness(Arc::clone(&readiness))
@@ -225,6 +239,32 @@ fn start_policy(
         })
         .map(drop)
         .map_err(|e| Error::io("starting the NetworkPolicy thread", e))
+}
+
+/// Starts the Service watcher (`crate::agent::services`) on a thread of its own. If it
+/// ever stops, the process exits: the maps stay as they are meanwhile, and a restarted
+/// agent resumes them.
+fn start_services(args: &MetricsArgs, readiness: &Arc<Readiness>) -> Result<()> {
+    let (root, networks, api) = (
+        args.bpffs_root.clone(),
+        args.networks.clone(),
+        args.host_gw.api.clone(),
+    );
+    let node = args.host_gw.node_name.clone().unwrap_or_default();
+    readiness.wait_for(Job::Services);
+    let readiness = Arc::clone(readiness);
+    std::thread::Builder::new()
+        .name("services".into())
+        .spawn(move || {
+            let err = match crate::agent::services::run(&root, &networks, &api, &node, &readiness) {
+                Ok(()) => "stopped".to_owned(),
+                Err(e) => e.to_string(),
+            };
+            eprintln!("cni-ebpf services: {err}; exiting");
+            std::process::exit(1);
+        })
+        .map(drop)
+        .map_err(|e| Error::io("starting the Service watcher thread", e))
 }
 
 /// Starts the Node watcher (`crate::agent::nodes`: host-gw routes, tunnel entries) on a

@@ -105,7 +105,12 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
     let rt = link::runtime()?;
     rt.block_on(async {
         let node = Nl::connect()?;
-        let ctr = Nl::connect_in(&netns)?;
+        // The pod's netns cookie makes its sockets ones the Service translation applies
+        // to (read while inside, with the pod's netlink socket).
+        let (ctr, pod_netns) = {
+            let _in_pod = netns.enter()?;
+            (Nl::connect()?, crate::datapath::netns_cookie()?)
+        };
         let (pod_end_taken, host_name_taken) =
             clear_retired(&node, &ctr, &conf.name, &env.ifname, &host_ifname).await?;
         if pod_end_taken {
@@ -131,6 +136,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<Value> {
             netns: &netns,
             node: &node,
             ctr: &ctr,
+            pod_netns,
             dp: &dp,
             host_ifname: &host_ifname,
             host_mac,
@@ -158,6 +164,8 @@ struct Transaction<'a> {
     node: &'a Nl,
     /// Netlink in the pod's namespace.
     ctr: &'a Nl,
+    /// The pod namespace's cookie (`SO_NETNS_COOKIE`).
+    pod_netns: u64,
     dp: &'a Datapath,
     host_ifname: &'a str,
     host_mac: [u8; 6],
@@ -389,6 +397,7 @@ impl Transaction<'_> {
             ips: pod_ips.clone(),
         });
         self.dp.attach_endpoint(&ep)?;
+        self.dp.record_pod_netns(self.pod_netns, host_index)?;
         crate::faults::point("datapath")?;
         if conf.runtime_config.port_mappings.is_empty() {
             return Ok(());

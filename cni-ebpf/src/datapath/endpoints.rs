@@ -464,6 +464,12 @@ impl Datapath {
                 Err(e) => return Err(maps::err(map_name::NAT_USE, "delete", e)),
             }
         }
+        if !ifindexes.is_empty() {
+            let mut netns = m.service_netns()?;
+            maps::remove_where(&mut netns, map_name::SERVICE_NETNS, |_, i| {
+                ifindexes.contains(i)
+            })?;
+        }
         drop(m);
         self.remove_pacing(ifindexes)?;
         self.remove_policy_endpoints(owner)?;

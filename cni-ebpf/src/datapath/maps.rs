@@ -16,6 +16,9 @@ use cni_ebpf_common::{
     SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey,
     OWNER_ID_LEN, OWNER_IFNAME_LEN,
 };
+use cni_ebpf_common::{
+    Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey,
+};
 
 use super::{load, pins::Pins};
 use crate::error::{Error, Result};
@@ -92,6 +95,11 @@ struct Slots {
     tunnel_endpoints: Option<Map>,
     tunnel_nodes: Option<Map>,
     sock_revnat6: Option<Map>,
+    services: Option<Map>,
+    service_backends: Option<Map>,
+    service_members: Option<Map>,
+    service_affinity: Option<Map>,
+    service_netns: Option<Map>,
 }
 
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
@@ -172,6 +180,11 @@ impl Maps {
         self.policy_counts()?;
         self.tunnel_endpoints()?;
         self.tunnel_nodes()?;
+        self.services()?;
+        self.service_backends()?;
+        self.service_members()?;
+        self.service_affinity()?;
+        self.service_netns()?;
         Ok(())
     }
 
@@ -384,6 +397,35 @@ impl Maps {
     pub fn tunnel_nodes(&mut self) -> Result<HashMap<&mut MapData, TunnelKey, u32>> {
         self.opener
             .typed(&mut self.slots.tunnel_nodes, map::TUNNEL_NODES)
+    }
+
+    /// [`map::SERVICES`].
+    pub fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, Service>> {
+        self.opener.typed(&mut self.slots.services, map::SERVICES)
+    }
+
+    /// [`map::SERVICE_BACKENDS`].
+    pub fn service_backends(&mut self) -> Result<HashMap<&mut MapData, BackendSlot, Backend>> {
+        self.opener
+            .typed(&mut self.slots.service_backends, map::SERVICE_BACKENDS)
+    }
+
+    /// [`map::SERVICE_MEMBERS`].
+    pub fn service_members(&mut self) -> Result<HashMap<&mut MapData, MemberKey, u32>> {
+        self.opener
+            .typed(&mut self.slots.service_members, map::SERVICE_MEMBERS)
+    }
+
+    /// [`map::SERVICE_AFFINITY`].
+    pub fn service_affinity(&mut self) -> Result<HashMap<&mut MapData, AffinityKey, Affinity>> {
+        self.opener
+            .typed(&mut self.slots.service_affinity, map::SERVICE_AFFINITY)
+    }
+
+    /// [`map::SERVICE_NETNS`].
+    pub fn service_netns(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
+        self.opener
+            .typed(&mut self.slots.service_netns, map::SERVICE_NETNS)
     }
 }
 

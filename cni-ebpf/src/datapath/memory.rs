@@ -254,6 +254,23 @@ impl Datapath {
             map_name::TUNNEL_NODES,
             n(maps::entries(&m.tunnel_nodes()?).len()),
         );
+        out.insert(map_name::SERVICES, n(maps::entries(&m.services()?).len()));
+        out.insert(
+            map_name::SERVICE_BACKENDS,
+            n(maps::entries(&m.service_backends()?).len()),
+        );
+        out.insert(
+            map_name::SERVICE_MEMBERS,
+            n(maps::entries(&m.service_members()?).len()),
+        );
+        out.insert(
+            map_name::SERVICE_AFFINITY,
+            n(maps::entries(&m.service_affinity()?).len()),
+        );
+        out.insert(
+            map_name::SERVICE_NETNS,
+            n(maps::entries(&m.service_netns()?).len()),
+        );
         let counts: PerCpuHashMap<_, u32, cni_ebpf_common::PolicyCounts> = m.policy_counts()?;
         out.insert(
             map_name::POLICY_COUNTS,

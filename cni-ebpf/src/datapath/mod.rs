@@ -54,6 +54,7 @@ pub mod pacing;
 pub mod pins;
 pub mod policy;
 mod portmaps;
+pub mod services;
 mod sockets;
 mod status;
 mod sys;
@@ -79,6 +80,7 @@ pub use self::{
     memory::MapStats,
     node_config::{snat_dest_cap, NodeConfigSpec},
     pins::Pins,
+    sockets::netns_cookie,
     views::{
         AttachmentState, EndpointView, FlowSummary, NatView, NodeConfigView, PortMappingView,
         ReasonCount, SnatUsage,

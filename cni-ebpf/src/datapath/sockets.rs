@@ -9,7 +9,7 @@
 
 use std::{
     fs::File,
-    os::fd::AsRawFd,
+    os::fd::{AsRawFd, FromRawFd as _, OwnedFd},
     path::{Path, PathBuf},
 };
 
@@ -82,11 +82,19 @@ fn cgroup2_root() -> Result<PathBuf> {
         })
 }
 
-/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`).
+/// The cookie of the calling thread's network namespace (`SO_NETNS_COOKIE`, read from a
+/// socket that is never bound).
 pub fn netns_cookie() -> Result<u64> {
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0")
-        .or_else(|_| std::net::UdpSocket::bind("[::]:0"))
-        .map_err(|e| Error::io("opening a socket to read the netns cookie", e))?;
+    // SAFETY: plain syscall; the descriptor is owned at once.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(Error::io(
+            "opening a socket to read the netns cookie",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: `fd` is a fresh descriptor no one else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
     let mut cookie: u64 = 0;
     let mut len = std::mem::size_of::<u64>() as libc::socklen_t;
     // SAFETY: `cookie` and `len` are valid for writes of the sizes passed.

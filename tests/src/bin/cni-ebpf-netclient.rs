@@ -3,11 +3,12 @@
 //! starts it inside a network namespace and cgroup; it prints the peer's answer.
 //!
 //! ```text
-//! cni-ebpf-netclient tcp ADDR PAYLOAD TIMEOUT_MS   # connect, send, print everything read until EOF
+//! cni-ebpf-netclient tcp ADDR PAYLOAD TIMEOUT_MS   # connect, send, print "from <getpeername>" and everything read until EOF
 //! cni-ebpf-netclient udp ADDR PAYLOAD TIMEOUT_MS   # send, print "from <addr>" and the first answer
+//! cni-ebpf-netclient udp-sendto ADDR PAYLOAD TIMEOUT_MS   # the same with sendto/recvfrom
 //! ```
 //! `ADDR` is `ip:port` (`[v6]:port`). Each step is bounded by `TIMEOUT_MS` (UDP: two
-//! tries). The UDP socket is connected, so an ICMP port-unreachable answer shows as
+//! tries). The `udp` socket is connected, so an ICMP port-unreachable answer shows as
 //! `refused` rather than a timeout. Exit 0 with the answer on stdout, or exit 1 with `error: <kind>: <message>` on
 //! stderr (`<kind>` is `timed-out`, `refused`, `unreachable` or `other`); usage errors exit 2.
 
@@ -29,26 +30,35 @@ fn kind(e: &io::Error) -> &'static str {
 
 fn tcp(to: SocketAddr, payload: &[u8], timeout: Duration) -> io::Result<String> {
     let mut s = TcpStream::connect_timeout(&to, timeout)?;
+    let peer = s.peer_addr()?;
     s.set_read_timeout(Some(timeout))?;
     s.set_write_timeout(Some(timeout))?;
     s.write_all(payload)?;
     let mut out = String::new();
     s.read_to_string(&mut out)?;
-    Ok(out)
+    Ok(format!("from {peer}\n{out}"))
 }
 
-fn udp(to: SocketAddr, payload: &[u8], timeout: Duration) -> io::Result<String> {
+/// UDP to `to`: on a connected socket, or (`connected == false`) with `sendto` on an
+/// unconnected one (the answer's source then comes from `recvfrom`).
+fn udp(to: SocketAddr, payload: &[u8], timeout: Duration, connected: bool) -> io::Result<String> {
     let bind: SocketAddr = if to.is_ipv6() {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     } else {
         (Ipv4Addr::UNSPECIFIED, 0).into()
     };
     let s = UdpSocket::bind(bind)?;
-    s.connect(to)?;
+    if connected {
+        s.connect(to)?;
+    }
     s.set_read_timeout(Some(timeout))?;
     let mut last = io::Error::from(io::ErrorKind::TimedOut);
     for _ in 0..2 {
-        s.send(payload)?;
+        if connected {
+            s.send(payload)?;
+        } else {
+            s.send_to(payload, to)?;
+        }
         let mut buf = [0u8; 2048];
         match s.recv_from(&mut buf) {
             Ok((n, from)) => {
@@ -66,7 +76,7 @@ fn udp(to: SocketAddr, payload: &[u8], timeout: Duration) -> io::Result<String> 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [proto, addr, payload, timeout_ms] = args.as_slice() else {
-        eprintln!("usage: cni-ebpf-netclient tcp|udp ADDR PAYLOAD TIMEOUT_MS");
+        eprintln!("usage: cni-ebpf-netclient tcp|udp|udp-sendto ADDR PAYLOAD TIMEOUT_MS");
         return ExitCode::from(2);
     };
     let (Ok(to), Ok(ms)) = (addr.parse::<SocketAddr>(), timeout_ms.parse::<u64>()) else {
@@ -76,9 +86,10 @@ fn main() -> ExitCode {
     let timeout = Duration::from_millis(ms.max(1));
     let res = match proto.as_str() {
         "tcp" => tcp(to, payload.as_bytes(), timeout),
-        "udp" => udp(to, payload.as_bytes(), timeout),
+        "udp" => udp(to, payload.as_bytes(), timeout, true),
+        "udp-sendto" => udp(to, payload.as_bytes(), timeout, false),
         _ => {
-            eprintln!("cni-ebpf-netclient: protocol must be tcp or udp, not {proto:?}");
+            eprintln!("cni-ebpf-netclient: protocol must be tcp, udp or udp-sendto, not {proto:?}");
             return ExitCode::from(2);
         }
     };

@@ -1,0 +1,603 @@
+//! Services without kube-proxy (`agent --kube-proxy-replacement`): the agent watches
+//! Services and EndpointSlices (and its own Node, for its zone) and keeps every network's
+//! Service maps (`crate::datapath::services`), which the socket programs translate
+//! ClusterIP connections from.
+//!
+//! What each frontend (ClusterIP × port × protocol) gets follows kube-proxy
+//! (`pkg/proxy/topology.go`):
+//! - its usable endpoints are the Ready ones (a missing condition counts as ready), else,
+//!   when none is Ready, the Serving and Terminating ones; a Terminating endpoint gets no
+//!   new connection while a Ready one exists;
+//! - `internalTrafficPolicy: Local`: only this node's endpoints (none: refused);
+//! - topology (`trafficDistribution`, or the hints the EndpointSlice controller writes):
+//!   when every ready endpoint carries node hints and one names this node, those;
+//!   else when every one carries zone hints and one names this node's zone
+//!   (`topology.kubernetes.io/zone`), those; else all;
+//! - `sessionAffinity: ClientIP` with its timeout (default 10 800 s), per client network
+//!   namespace (a pod has one address per family, so that is its client IP).
+//!
+//! Skipped as kube-proxy skips them: headless Services, `ExternalName` Services, and
+//! Services labelled `service.kubernetes.io/service-proxy-name` (another proxy's). What
+//! the mode does not translate is named in a Warning Event on the Service
+//! (`ServiceFieldNotHandled`): NodePorts, `externalIPs`, load-balancer addresses and SCTP
+//! ports.
+//!
+//! With the mode off the agent empties the Service maps once at start, so a node switched
+//! back to kube-proxy has none of them left.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::{IpAddr, SocketAddr},
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
+
+use futures::{stream::select_all, Stream, StreamExt as _};
+use k8s_openapi::api::{
+    core::v1::{Node, Service},
+    discovery::v1::{Endpoint, EndpointSlice},
+};
+use kube::{
+    runtime::{
+        events::{Event, EventType, Recorder, Reporter},
+        reflector::{self, Store},
+        watcher, WatchStreamExt as _,
+    },
+    Api, Client, Resource as _,
+};
+use tokio::sync::Notify;
+
+use super::ready::{Job, Readiness};
+use crate::{
+    datapath::{
+        services::{backend, service_key, Frontend, ServiceTable, ServiceWriter},
+        Datapath,
+    },
+    error::{Error, Result},
+    k8s::{ApiArgs, ApiClient},
+};
+
+/// How long a round waits after a change for more changes of the same burst.
+const SETTLE: Duration = Duration::from_millis(20);
+/// How often new networks (a first pod ADDed) are looked for.
+const TICK: Duration = Duration::from_secs(1);
+/// `sessionAffinityConfig.clientIP.timeoutSeconds` when not given (kube-proxy's).
+const DEFAULT_AFFINITY_SECS: u32 = 10_800;
+/// The label that hands a Service to another proxy.
+const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+/// The label that ties an EndpointSlice to its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+/// The Node label of its zone.
+const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Where this node stands, for the policies that depend on it.
+#[derive(Debug, Clone, Default)]
+pub struct Locality {
+    /// The node's name (`--node-name`).
+    pub node: String,
+    /// Its zone, if its Node has the label.
+    pub zone: Option<String>,
+}
+
+/// A Service field the mode does not translate: (`namespace/name`, what).
+pub type Unhandled = (String, String);
+
+/// One endpoint of a Service port, as the rules above read it.
+#[derive(Debug, Clone)]
+struct Candidate {
+    addr: SocketAddr,
+    ready: bool,
+    serving_terminating: bool,
+    local: bool,
+    node_hints: BTreeSet<String>,
+    zone_hints: BTreeSet<String>,
+}
+
+/// The frontends of `services` with their backends from `slices`, for a node at `here`,
+/// and the fields left untranslated.
+#[must_use]
+pub fn table(
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
+    here: &Locality,
+) -> (ServiceTable, Vec<Unhandled>) {
+    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for s in slices {
+        let (Some(ns), Some(svc)) = (
+            s.metadata.namespace.as_deref(),
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL)),
+        ) else {
+            continue;
+        };
+        by_service.entry((ns, svc.as_str())).or_default().push(s);
+    }
+    let mut out = ServiceTable::new();
+    let mut unhandled = Vec::new();
+    for svc in services {
+        let (Some(ns), Some(name), Some(spec)) = (
+            svc.metadata.namespace.as_deref(),
+            svc.metadata.name.as_deref(),
+            svc.spec.as_ref(),
+        ) else {
+            continue;
+        };
+        if svc
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(PROXY_NAME_LABEL))
+            || spec.type_.as_deref() == Some("ExternalName")
+        {
+            continue;
+        }
+        let ips: Vec<IpAddr> = spec
+            .cluster_ips
+            .clone()
+            .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        if ips.is_empty() {
+            continue; // headless, or not allocated yet
+        }
+        let mut not_done = BTreeSet::new();
+        if !spec.external_ips.as_deref().unwrap_or_default().is_empty() {
+            not_done.insert("externalIPs".to_owned());
+        }
+        if svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|l| l.ingress.as_ref())
+            .is_some_and(|i| !i.is_empty())
+        {
+            not_done.insert("status.loadBalancer.ingress".to_owned());
+        }
+        let local_only = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let affinity_secs = if spec.session_affinity.as_deref() == Some("ClientIP") {
+            spec.session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds)
+                .and_then(|t| u32::try_from(t).ok())
+                .unwrap_or(DEFAULT_AFFINITY_SECS)
+        } else {
+            0
+        };
+        let slices = by_service
+            .get(&(ns, name))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        for port in spec.ports.as_deref().unwrap_or_default() {
+            if port.node_port.is_some() {
+                not_done.insert(format!("nodePort {}", port.node_port.unwrap_or_default()));
+            }
+            let proto = match port.protocol.as_deref().unwrap_or("TCP") {
+                "TCP" => cni_ebpf_common::proto::TCP,
+                "UDP" => cni_ebpf_common::proto::UDP,
+                other => {
+                    not_done.insert(format!("protocol {other} (port {})", port.port));
+                    continue;
+                }
+            };
+            let Ok(svc_port) = u16::try_from(port.port) else {
+                continue;
+            };
+            let protocol = port.protocol.as_deref().unwrap_or("TCP");
+            for ip in &ips {
+                let candidates = candidates(slices, port.name.as_deref(), protocol, *ip, here);
+                let mut backends: Vec<_> = usable(&candidates, local_only, here)
+                    .into_iter()
+                    .map(backend)
+                    .collect();
+                backends.sort_unstable();
+                backends.dedup();
+                out.insert(
+                    service_key(*ip, svc_port, proto),
+                    Frontend {
+                        backends,
+                        affinity_secs,
+                    },
+                );
+            }
+        }
+        if !not_done.is_empty() {
+            let fields: Vec<String> = not_done.into_iter().collect();
+            unhandled.push((format!("{ns}/{name}"), fields.join(", ")));
+        }
+    }
+    (out, unhandled)
+}
+
+/// The endpoints of the slices' port `port_name`/`protocol`, of `ip`'s family.
+fn candidates(
+    slices: &[&EndpointSlice],
+    port_name: Option<&str>,
+    protocol: &str,
+    ip: IpAddr,
+    here: &Locality,
+) -> Vec<Candidate> {
+    let family = if ip.is_ipv4() { "IPv4" } else { "IPv6" };
+    let mut out = Vec::new();
+    for s in slices {
+        if s.address_type != family {
+            continue;
+        }
+        let Some(port) = s.ports.as_deref().unwrap_or_default().iter().find(|p| {
+            p.name.as_deref().unwrap_or("") == port_name.unwrap_or("")
+                && p.protocol.as_deref().unwrap_or("TCP") == protocol
+        }) else {
+            continue;
+        };
+        let Some(target) = port.port.and_then(|p| u16::try_from(p).ok()) else {
+            continue;
+        };
+        for e in s.endpoints.iter().flatten() {
+            // kube-proxy uses an endpoint's first address.
+            let Some(addr) = e.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+                continue;
+            };
+            out.push(candidate(e, SocketAddr::new(addr, target), here));
+        }
+    }
+    out
+}
+
+fn candidate(e: &Endpoint, addr: SocketAddr, here: &Locality) -> Candidate {
+    let c = e.conditions.as_ref();
+    let ready = c.and_then(|c| c.ready).unwrap_or(true);
+    let serving = c.and_then(|c| c.serving).unwrap_or(true);
+    let terminating = c.and_then(|c| c.terminating).unwrap_or(false);
+    let hints = e.hints.as_ref();
+    Candidate {
+        addr,
+        ready,
+        serving_terminating: serving && terminating,
+        local: !here.node.is_empty() && e.node_name.as_deref() == Some(here.node.as_str()),
+        node_hints: hints
+            .and_then(|h| h.for_nodes.as_ref())
+            .map(|v| v.iter().map(|n| n.name.clone()).collect())
+            .unwrap_or_default(),
+        zone_hints: hints
+            .and_then(|h| h.for_zones.as_ref())
+            .map(|v| v.iter().map(|z| z.name.clone()).collect())
+            .unwrap_or_default(),
+    }
+}
+
+/// The endpoints a new connection from this node may go to (kube-proxy's
+/// `CategorizeEndpoints` for traffic from inside the cluster).
+fn usable(all: &[Candidate], local_only: bool, here: &Locality) -> Vec<SocketAddr> {
+    let pick = |f: &dyn Fn(&Candidate) -> bool| -> Vec<SocketAddr> {
+        all.iter().filter(|c| f(c)).map(|c| c.addr).collect()
+    };
+    if local_only {
+        let ready = pick(&|c| c.local && c.ready);
+        return if ready.is_empty() {
+            pick(&|c| c.local && c.serving_terminating)
+        } else {
+            ready
+        };
+    }
+    let ready: Vec<&Candidate> = all.iter().filter(|c| c.ready).collect();
+    let zone = here.zone.as_deref().unwrap_or("");
+    let by_node = !ready.is_empty()
+        && ready.iter().all(|c| !c.node_hints.is_empty())
+        && ready.iter().any(|c| c.node_hints.contains(&here.node));
+    let by_zone = !by_node
+        && !ready.is_empty()
+        && ready.iter().all(|c| !c.zone_hints.is_empty())
+        && ready.iter().any(|c| c.zone_hints.contains(zone));
+    let chosen = if by_node {
+        pick(&|c| c.ready && c.node_hints.contains(&here.node))
+    } else if by_zone {
+        pick(&|c| c.ready && c.zone_hints.contains(zone))
+    } else {
+        pick(&|c| c.ready)
+    };
+    if chosen.is_empty() {
+        pick(&|c| c.serving_terminating)
+    } else {
+        chosen
+    }
+}
+
+/// The stores the rounds read.
+struct View {
+    services: Store<Service>,
+    slices: Store<EndpointSlice>,
+    node: Option<Store<Node>>,
+}
+
+impl View {
+    async fn ready(&self) -> bool {
+        self.services.wait_until_ready().await.is_ok()
+            && self.slices.wait_until_ready().await.is_ok()
+            && match &self.node {
+                Some(n) => n.wait_until_ready().await.is_ok(),
+                None => true,
+            }
+    }
+
+    fn locality(&self, node: &str) -> Locality {
+        let zone = self.node.as_ref().and_then(|s| {
+            s.state()
+                .first()
+                .and_then(|n| n.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned())
+        });
+        Locality {
+            node: node.to_owned(),
+            zone,
+        }
+    }
+}
+
+/// One watcher whose events (but the first pages of a list) wake the rounds.
+fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl Stream<Item = bool> + Send
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    watcher(api, config)
+        .default_backoff()
+        .reflect(writer)
+        .map(move |event| match event {
+            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("watching {kind}: {e}; retrying");
+                false
+            }
+        })
+}
+
+fn start(client: &Client, node: &str) -> (View, impl Stream<Item = bool> + Send) {
+    let (services, svc_w) = reflector::store();
+    let (slices, slice_w) = reflector::store();
+    let mut streams = vec![
+        watch(
+            Api::<Service>::all(client.clone()),
+            watcher::Config::default(),
+            svc_w,
+        )
+        .boxed(),
+        watch(
+            Api::<EndpointSlice>::all(client.clone()),
+            watcher::Config::default(),
+            slice_w,
+        )
+        .boxed(),
+    ];
+    let node_store = (!node.is_empty()).then(|| {
+        let (store, w) = reflector::store();
+        streams.push(
+            watch(
+                Api::<Node>::all(client.clone()),
+                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                w,
+            )
+            .boxed(),
+        );
+        store
+    });
+    (
+        View {
+            services,
+            slices,
+            node: node_store,
+        },
+        select_all(streams),
+    )
+}
+
+/// The networks to keep: those named, else every directory below `root`.
+fn networks(root: &Path, named: &[String]) -> Vec<PathBuf> {
+    super::watch::networks(root, named)
+}
+
+/// Every network's writer, opened as networks appear.
+#[derive(Default)]
+struct Writers {
+    open: BTreeMap<PathBuf, (Datapath, ServiceWriter)>,
+}
+
+impl Writers {
+    /// Whether a network below `root` has no writer yet.
+    fn missing(&self, root: &Path, named: &[String]) -> bool {
+        networks(root, named)
+            .iter()
+            .any(|d| !self.open.contains_key(d))
+    }
+
+    /// Makes every network's maps hold `want`.
+    fn apply(&mut self, root: &Path, named: &[String], want: &ServiceTable) {
+        for dir in networks(root, named) {
+            if !self.open.contains_key(&dir) {
+                match Datapath::open_at(&dir) {
+                    Ok(Some(dp)) => match ServiceWriter::resume(&dp) {
+                        Ok(w) => {
+                            self.open.insert(dir.clone(), (dp, w));
+                        }
+                        Err(e) => {
+                            tracing::warn!("{}: reading the Service maps: {e}", dir.display());
+                            continue;
+                        }
+                    },
+                    Ok(None) => continue,
+                    Err(e) => {
+                        tracing::warn!("{}: {e}", dir.display());
+                        continue;
+                    }
+                }
+            }
+            let Some((dp, w)) = self.open.get_mut(&dir) else {
+                continue;
+            };
+            match w.apply(dp, want) {
+                Ok(done) if done.frontends > 0 => tracing::info!(
+                    "{}: {} Service frontends in force ({} changed, {} backend slots written \
+                     or removed)",
+                    dir.display(),
+                    w.len(),
+                    done.frontends,
+                    done.slots
+                ),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("{}: writing the Service maps: {e}", dir.display());
+                    // Resumed afresh next time (the pins may have been replaced).
+                    self.open.remove(&dir);
+                }
+            }
+        }
+    }
+}
+
+/// Empties the Service maps of every network below `root` (all, or `named`): the mode is
+/// off, and kube-proxy (or nothing) translates Services.
+pub fn clear(root: &Path, named: &[String]) {
+    for dir in networks(root, named) {
+        let Ok(Some(dp)) = Datapath::open_at(&dir) else {
+            continue;
+        };
+        match ServiceWriter::resume(&dp) {
+            Ok(mut w) if !w.is_empty() => match w.apply(&dp, &ServiceTable::new()) {
+                Ok(done) => tracing::info!(
+                    "{}: Service translation off; {} frontends removed",
+                    dir.display(),
+                    done.frontends
+                ),
+                Err(e) => tracing::warn!("{}: emptying the Service maps: {e}", dir.display()),
+            },
+            Ok(_) => {}
+            Err(e) => tracing::warn!("{}: reading the Service maps: {e}", dir.display()),
+        }
+    }
+}
+
+/// A Warning Event on each Service in `unhandled` not reported yet with the same text.
+async fn report(
+    recorder: &Recorder,
+    view: &View,
+    reported: &mut BTreeSet<Unhandled>,
+    unhandled: Vec<Unhandled>,
+) {
+    for (svc, what) in unhandled {
+        if reported.contains(&(svc.clone(), what.clone())) {
+            continue;
+        }
+        let Some((ns, name)) = svc.split_once('/') else {
+            continue;
+        };
+        let Some(object) = view.services.state().into_iter().find(|s| {
+            s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+        }) else {
+            continue;
+        };
+        tracing::warn!("Service {svc}: not translated by cni-ebpf: {what}");
+        let event = Event {
+            type_: EventType::Warning,
+            reason: "ServiceFieldNotHandled".into(),
+            note: Some(format!(
+                "cni-ebpf's kube-proxy replacement does not translate {what}"
+            )),
+            action: "TranslateService".into(),
+            secondary: None,
+        };
+        match recorder.publish(&event, &object.object_ref(&())).await {
+            Ok(()) => {
+                reported.insert((svc, what));
+            }
+            Err(e) => tracing::warn!("an Event on Service {svc}: {e}"),
+        }
+    }
+}
+
+/// Keeps the Service maps of the networks below `root` (all, or `named`) in step with the
+/// API, forever, on the calling thread; tells `readiness` when its first round is made.
+pub fn run(
+    root: &Path,
+    named: &[String],
+    api: &ApiArgs,
+    node: &str,
+    readiness: &Readiness,
+) -> Result<()> {
+    let rt = crate::link::runtime()?;
+    rt.block_on(async {
+        let client = loop {
+            match ApiClient::new(api) {
+                Ok(c) => break c.client(),
+                Err(e) => {
+                    tracing::warn!("Services: {e}; retrying");
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+            }
+        };
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "cni-ebpf-agent".into(),
+                instance: (!node.is_empty()).then(|| node.to_owned()),
+            },
+        );
+        let (view, mut events) = start(&client, node);
+        let changed = Arc::new(Notify::new());
+        {
+            let changed = Arc::clone(&changed);
+            tokio::spawn(async move {
+                while let Some(wake) = events.next().await {
+                    if wake {
+                        changed.notify_one();
+                    }
+                }
+            });
+        }
+        if !view.ready().await {
+            return Err(Error::datapath("Services", "the watchers stopped"));
+        }
+        tracing::info!("Services: Services and EndpointSlices listed; watching");
+        let mut writers = Writers::default();
+        let mut reported = BTreeSet::new();
+        let round = |writers: &mut Writers| {
+            let (want, unhandled) = table(
+                &view.services.state(),
+                &view.slices.state(),
+                &view.locality(node),
+            );
+            writers.apply(root, named, &want);
+            unhandled
+        };
+        let unhandled = round(&mut writers);
+        readiness.done(Job::Services);
+        report(&recorder, &view, &mut reported, unhandled).await;
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                () = changed.notified() => tokio::time::sleep(SETTLE).await,
+                _ = tick.tick() => {
+                    if !writers.missing(root, named) {
+                        continue;
+                    }
+                }
+            }
+            let unhandled = round(&mut writers);
+            report(&recorder, &view, &mut reported, unhandled).await;
+        }
+    })
+}

@@ -1,0 +1,356 @@
+//! The Service maps the socket programs translate from (`--kube-proxy-replacement`):
+//! frontends (`SERVICES`), their backend slots (`SERVICE_BACKENDS`), the backends of
+//! frontends with session affinity (`SERVICE_MEMBERS`), and the pods' network namespaces
+//! whose sockets are translated (`SERVICE_NETNS`, written by ADD, removed with the pod's
+//! endpoint entries).
+//!
+//! A frontend changes without a moment in which a connection could find it half-made:
+//! its new backend slots are written first, then its entry (with the new count), then
+//! the slots past the new count are removed. A connection racing the change picks a
+//! backend of the old set or of the new one.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::{IpAddr, SocketAddr},
+};
+
+use cni_ebpf_common::{
+    map as map_name, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_BACKENDS_PER_SERVICE,
+};
+
+use super::{maps, Datapath};
+use crate::error::Result;
+
+/// One frontend as the agent wants it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Frontend {
+    /// Its ready backends (at most [`MAX_BACKENDS_PER_SERVICE`] are used), in a stable
+    /// order.
+    pub backends: Vec<Backend>,
+    /// `sessionAffinity: ClientIP`'s timeout in seconds; 0 without affinity.
+    pub affinity_secs: u32,
+}
+
+/// Every frontend of the node.
+pub type ServiceTable = BTreeMap<ServiceKey, Frontend>;
+
+/// A frontend's key from its address, port and protocol (`proto::TCP`/`UDP`).
+#[must_use]
+pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
+    ServiceKey {
+        addr: wire(ip),
+        port: port.to_be(),
+        proto,
+        _pad: 0,
+    }
+}
+
+/// A backend from its socket address.
+#[must_use]
+pub fn backend(addr: SocketAddr) -> Backend {
+    Backend {
+        addr: wire(addr.ip()),
+        port: addr.port().to_be(),
+        _pad: 0,
+    }
+}
+
+/// The socket address of a backend.
+#[must_use]
+pub fn backend_addr(b: &Backend) -> SocketAddr {
+    SocketAddr::new(unwire(b.addr), u16::from_be(b.port))
+}
+
+/// The address, port (host order) and protocol of a frontend.
+#[must_use]
+pub fn frontend_parts(k: &ServiceKey) -> (IpAddr, u16, u8) {
+    (unwire(k.addr), u16::from_be(k.port), k.proto)
+}
+
+fn wire(ip: IpAddr) -> [u8; 16] {
+    match ip {
+        IpAddr::V4(a) => a.to_ipv6_mapped().octets(),
+        IpAddr::V6(a) => a.octets(),
+    }
+}
+
+fn unwire(b: [u8; 16]) -> IpAddr {
+    let a = std::net::Ipv6Addr::from(b);
+    a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
+}
+
+/// What one [`ServiceWriter::apply`] changed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Frontends added, changed or removed.
+    pub frontends: usize,
+    /// Backend slots written or removed.
+    pub slots: usize,
+}
+
+/// The frontends a network's maps hold, as last written: the agent's record, so that a
+/// change writes only what differs.
+#[derive(Debug, Default)]
+pub struct ServiceWriter {
+    current: BTreeMap<ServiceKey, (u32, Frontend)>,
+    free_ids: Vec<u32>,
+    next_id: u32,
+}
+
+impl ServiceWriter {
+    /// The frontends `dp`'s maps hold now (after an agent restart: what the last one
+    /// wrote).
+    pub fn resume(dp: &Datapath) -> Result<Self> {
+        let mut m = dp.maps()?;
+        let services = maps::entries(&m.services()?);
+        let slots = maps::entries(&m.service_backends()?);
+        let mut by_id: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
+        for (k, b) in slots {
+            by_id.entry(k.id).or_default().insert(k.index, b);
+        }
+        let mut w = Self::default();
+        for (k, s) in services {
+            let backends = by_id
+                .get(&s.id)
+                .map(|m| m.range(..s.count).map(|(_, b)| *b).collect())
+                .unwrap_or_default();
+            w.next_id = w.next_id.max(s.id + 1);
+            w.current.insert(
+                k,
+                (
+                    s.id,
+                    Frontend {
+                        backends,
+                        affinity_secs: s.affinity_secs,
+                    },
+                ),
+            );
+        }
+        // Slots of no frontend (an agent killed while removing one) go now.
+        let live: BTreeSet<u32> = w.current.values().map(|(id, _)| *id).collect();
+        let mut h = m.service_backends()?;
+        maps::remove_where(&mut h, map_name::SERVICE_BACKENDS, |k, _| {
+            !live.contains(&k.id)
+        })?;
+        let mut h = m.service_members()?;
+        maps::remove_where(&mut h, map_name::SERVICE_MEMBERS, |k, _| {
+            !live.contains(&k.id)
+        })?;
+        Ok(w)
+    }
+
+    /// How many frontends the maps hold.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.current.len()
+    }
+
+    /// Whether the maps hold no frontend.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.current.is_empty()
+    }
+
+    /// Makes `dp`'s maps hold exactly `want`.
+    pub fn apply(&mut self, dp: &Datapath, want: &ServiceTable) -> Result<Applied> {
+        let mut done = Applied::default();
+        for (key, f) in want {
+            let f = capped(f);
+            match self.current.get(key) {
+                Some((_, have)) if *have == f => {}
+                Some((id, have)) => {
+                    let (id, have) = (*id, have.clone());
+                    done.slots += write(dp, key, id, &f, Some(&have))?;
+                    done.frontends += 1;
+                    self.current.insert(*key, (id, f));
+                }
+                None => {
+                    let id = self.free_ids.pop().unwrap_or_else(|| {
+                        self.next_id += 1;
+                        self.next_id - 1
+                    });
+                    done.slots += write(dp, key, id, &f, None)?;
+                    done.frontends += 1;
+                    self.current.insert(*key, (id, f));
+                }
+            }
+        }
+        let gone: Vec<ServiceKey> = self
+            .current
+            .keys()
+            .filter(|k| !want.contains_key(k))
+            .copied()
+            .collect();
+        for key in gone {
+            if let Some((id, have)) = self.current.remove(&key) {
+                done.slots += remove(dp, &key, id, &have)?;
+                done.frontends += 1;
+                self.free_ids.push(id);
+            }
+        }
+        Ok(done)
+    }
+}
+
+fn capped(f: &Frontend) -> Frontend {
+    let mut f = f.clone();
+    f.backends.truncate(MAX_BACKENDS_PER_SERVICE as usize);
+    f
+}
+
+/// Writes frontend `key` (id `id`) as `f`, over `have` if it exists. Returns the slots
+/// written or removed.
+fn write(
+    dp: &Datapath,
+    key: &ServiceKey,
+    id: u32,
+    f: &Frontend,
+    have: Option<&Frontend>,
+) -> Result<usize> {
+    let mut m = dp.maps()?;
+    let mut n = 0;
+    let old = have.map(|h| h.backends.as_slice()).unwrap_or_default();
+    {
+        let mut slots = m.service_backends()?;
+        for (i, b) in f.backends.iter().enumerate() {
+            if old.get(i) == Some(b) {
+                continue;
+            }
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            slots
+                .insert(BackendSlot { id, index }, b, 0)
+                .map_err(|e| maps::err(map_name::SERVICE_BACKENDS, "insert", e))?;
+            n += 1;
+        }
+    }
+    if f.affinity_secs != 0 {
+        let mut members = m.service_members()?;
+        for b in &f.backends {
+            members
+                .insert(MemberKey { id, backend: *b }, 1, 0)
+                .map_err(|e| maps::err(map_name::SERVICE_MEMBERS, "insert", e))?;
+        }
+    }
+    let entry = Service {
+        id,
+        count: u32::try_from(f.backends.len()).unwrap_or(MAX_BACKENDS_PER_SERVICE),
+        affinity_secs: f.affinity_secs,
+        _pad: 0,
+    };
+    m.services()?
+        .insert(key, entry, 0)
+        .map_err(|e| maps::err(map_name::SERVICES, "insert", e))?;
+    {
+        let mut slots = m.service_backends()?;
+        for i in f.backends.len()..old.len() {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            maps::remove(
+                &mut slots,
+                &BackendSlot { id, index },
+                map_name::SERVICE_BACKENDS,
+            )?;
+            n += 1;
+        }
+    }
+    let mut members = m.service_members()?;
+    for b in old {
+        if f.affinity_secs == 0 || !f.backends.contains(b) {
+            maps::remove(
+                &mut members,
+                &MemberKey { id, backend: *b },
+                map_name::SERVICE_MEMBERS,
+            )?;
+        }
+    }
+    Ok(n)
+}
+
+/// Removes frontend `key` (entry first, then its slots and members).
+fn remove(dp: &Datapath, key: &ServiceKey, id: u32, have: &Frontend) -> Result<usize> {
+    let mut m = dp.maps()?;
+    maps::remove(&mut m.services()?, key, map_name::SERVICES)?;
+    {
+        let mut slots = m.service_backends()?;
+        for i in 0..have.backends.len() {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            maps::remove(
+                &mut slots,
+                &BackendSlot { id, index },
+                map_name::SERVICE_BACKENDS,
+            )?;
+        }
+    }
+    let mut members = m.service_members()?;
+    for b in &have.backends {
+        maps::remove(
+            &mut members,
+            &MemberKey { id, backend: *b },
+            map_name::SERVICE_MEMBERS,
+        )?;
+    }
+    Ok(have.backends.len())
+}
+
+impl Datapath {
+    /// Makes the sockets of the pod network namespace `cookie` (host interface
+    /// `host_ifindex`) ones the Service translation applies to (ADD).
+    pub fn record_pod_netns(&self, cookie: u64, host_ifindex: u32) -> Result<()> {
+        let inserted = self.maps()?.service_netns()?.insert(cookie, host_ifindex, 0);
+        match inserted {
+            Ok(()) => Ok(()),
+            Err(e) if maps::is_full(&e) => {
+                // Entries of pods gone without a DEL (cookies are never reused, so a stale
+                // one matches nothing): make room from them.
+                self.prune_pod_netns()?;
+                let mut m = self.maps()?;
+                m.service_netns()?
+                    .insert(cookie, host_ifindex, 0)
+                    .map_err(|e| maps::err(map_name::SERVICE_NETNS, "insert", e))
+            }
+            Err(e) => Err(maps::err(map_name::SERVICE_NETNS, "insert", e)),
+        }
+    }
+
+    /// Removes the recorded pod network namespaces whose host interface is no pod's
+    /// (ADD when the map is full; DEL removes a pod's own).
+    pub fn prune_pod_netns(&self) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut live: BTreeSet<u32> = maps::entries(&m.endpoints()?)
+            .iter()
+            .map(|(_, info)| info.ifindex)
+            .collect();
+        live.extend(
+            maps::entries(&m.endpoints6()?)
+                .iter()
+                .map(|(_, info)| info.ifindex),
+        );
+        let mut h = m.service_netns()?;
+        maps::remove_where(&mut h, map_name::SERVICE_NETNS, |_, ifindex| {
+            !live.contains(ifindex)
+        })
+    }
+
+    /// The frontends the maps hold now, with their backends (for `inspect` and tests).
+    pub fn service_table(&self) -> Result<ServiceTable> {
+        let mut m = self.maps()?;
+        let services = maps::entries(&m.services()?);
+        let slots = maps::entries(&m.service_backends()?);
+        let mut out = ServiceTable::new();
+        for (k, s) in services {
+            let mut backends: Vec<(u32, Backend)> = slots
+                .iter()
+                .filter(|(slot, _)| slot.id == s.id && slot.index < s.count)
+                .map(|(slot, b)| (slot.index, *b))
+                .collect();
+            backends.sort_unstable_by_key(|(i, _)| *i);
+            out.insert(
+                k,
+                Frontend {
+                    backends: backends.into_iter().map(|(_, b)| b).collect(),
+                    affinity_secs: s.affinity_secs,
+                },
+            );
+        }
+        Ok(out)
+    }
+}
