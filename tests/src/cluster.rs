@@ -208,6 +208,30 @@ impl ClusterNode {
         )
     }
 
+    /// Starts `cni-ebpf agent` on this node without NetworkPolicy, with
+    /// `--kube-proxy-replacement` `on` or off, appending to `log`.
+    #[must_use]
+    pub fn start_service_agent(&self, api: &ApiServer, on: bool, log: &Path) -> Background {
+        self.start_agent_of(
+            &crate::plugin::plugin_bin(),
+            api,
+            &[
+                "agent",
+                "--policy=false",
+                if on {
+                    "--kube-proxy-replacement=true"
+                } else {
+                    "--kube-proxy-replacement=false"
+                },
+                "--listen",
+                "127.0.0.1:0",
+                "--node-name",
+                self.name,
+            ],
+            log,
+        )
+    }
+
     /// The pods' IPv4 gateway (first address of the pod CIDR, owned by every host veth).
     #[must_use]
     pub fn gateway4(&self) -> String {
@@ -716,23 +740,10 @@ impl Cluster {
             api.put(resource, obj);
         }
         let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
-        let start = |n: &ClusterNode| {
-            n.start_agent_of(
-                &crate::plugin::plugin_bin(),
-                api,
-                &[
-                    "agent",
-                    "--policy=false",
-                    "--kube-proxy-replacement",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--node-name",
-                    n.name,
-                ],
-                &log(n),
-            )
-        };
-        let agents = [start(&self.a), start(&self.b)];
+        let agents = [
+            self.a.start_service_agent(api, true, &log(&self.a)),
+            self.b.start_service_agent(api, true, &log(&self.b)),
+        ];
         let backends: usize = services.iter().map(|s| s.endpoints.len()).sum();
         let deadline = Instant::now() + Duration::from_secs(10);
         for n in self.nodes() {

@@ -193,7 +193,22 @@ impl WhoAmIServer {
     #[track_caller]
     #[must_use]
     pub fn start(netns: &Path, port: u16) -> Self {
+        Self::start_with(netns, port, None)
+    }
+
+    /// [`Self::start`] of a server that also names itself: its answer's second line is
+    /// `name` (for telling apart the backends behind one Service address).
+    #[track_caller]
+    #[must_use]
+    pub fn named(netns: &Path, port: u16, name: &str) -> Self {
+        Self::start_with(netns, port, Some(name.to_owned()))
+    }
+
+    #[track_caller]
+    fn start_with(netns: &Path, port: u16, name: Option<String>) -> Self {
         let bind = SocketAddr::from((Ipv6Addr::UNSPECIFIED, port));
+        let line = name.map(|n| format!("{n}\n")).unwrap_or_default();
+        let line2 = line.clone();
         let (tcp, udp) = in_netns(netns, move || {
             (TcpListener::bind(bind), UdpSocket::bind(bind))
         });
@@ -212,7 +227,8 @@ impl WhoAmIServer {
                         let _ = conn.set_read_timeout(Some(Duration::from_millis(200)));
                         let mut buf = [0u8; 512];
                         let n = conn.read(&mut buf).unwrap_or(0);
-                        let _ = writeln!(conn, "{}:{}", peer.ip().to_canonical(), peer.port());
+                        let _ =
+                            write!(conn, "{}:{}\n{line}", peer.ip().to_canonical(), peer.port());
                         let _ = conn.write_all(&buf[..n]);
                     }
                     Err(_) => thread::sleep(Duration::from_millis(10)),
@@ -225,7 +241,8 @@ impl WhoAmIServer {
             while !s.load(Ordering::Relaxed) {
                 if let Ok((n, peer)) = udp.recv_from(&mut buf) {
                     let mut reply =
-                        format!("{}:{}\n", peer.ip().to_canonical(), peer.port()).into_bytes();
+                        format!("{}:{}\n{line2}", peer.ip().to_canonical(), peer.port())
+                            .into_bytes();
                     reply.extend_from_slice(&buf[..n]);
                     let _ = udp.send_to(&reply, peer);
                 }

@@ -809,21 +809,13 @@ fn every_row(test: &str, proxy: Proxy, cross: CrossNode) {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_iptables() {
-    every_row(
-        "k8s_ipt",
-        Proxy::Rules(Mode::Iptables),
-        CrossNode::Routed,
-    );
+    every_row("k8s_ipt", Proxy::Rules(Mode::Iptables), CrossNode::Routed);
 }
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn kubernetes_every_row_with_kube_proxy_nftables() {
-    every_row(
-        "k8s_nft",
-        Proxy::Rules(Mode::Nftables),
-        CrossNode::Routed,
-    );
+    every_row("k8s_nft", Proxy::Rules(Mode::Nftables), CrossNode::Routed);
 }
 
 #[test]

@@ -601,3 +601,288 @@ pub fn run(
         }
     })
 }
+
+#[cfg(test)]
+#[expect(clippy::unwrap_used, reason = "tests")]
+mod tests {
+    use serde_json::{json, Value};
+
+    use super::*;
+    use crate::datapath::services::backend_addr;
+
+    fn svc(name: &str, spec: Value) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": "default" },
+                "spec": spec,
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn web(extra: Value) -> Arc<Service> {
+        let mut spec = json!({
+            "clusterIP": "10.96.0.10",
+            "clusterIPs": ["10.96.0.10", "fd00:10:96::10"],
+            "ports": [
+                { "name": "http", "protocol": "TCP", "port": 80 },
+                { "name": "dns", "protocol": "UDP", "port": 53 },
+            ],
+        });
+        if let (Some(s), Some(e)) = (spec.as_object_mut(), extra.as_object()) {
+            s.extend(e.clone());
+        }
+        svc("web", spec)
+    }
+
+    fn slice(name: &str, family: &str, endpoints: Value) -> Arc<EndpointSlice> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": {
+                    "name": name,
+                    "namespace": "default",
+                    "labels": { "kubernetes.io/service-name": "web" },
+                },
+                "addressType": family,
+                "endpoints": endpoints,
+                "ports": [
+                    { "name": "http", "protocol": "TCP", "port": 8080 },
+                    { "name": "dns", "protocol": "UDP", "port": 5353 },
+                ],
+            }))
+            .unwrap(),
+        )
+    }
+
+    fn ep(ip: &str, node: &str, ready: bool, terminating: bool) -> Value {
+        json!({
+            "addresses": [ip],
+            "nodeName": node,
+            "conditions": { "ready": ready, "serving": true, "terminating": terminating },
+        })
+    }
+
+    fn here() -> Locality {
+        Locality {
+            node: "node-a".into(),
+            zone: Some("zone-1".into()),
+        }
+    }
+
+    /// The backends of frontend `ip:port/proto`, as `ip:port` strings.
+    fn backends(t: &ServiceTable, ip: &str, port: u16, proto: u8) -> Option<Vec<String>> {
+        t.get(&service_key(ip.parse().unwrap(), port, proto))
+            .map(|f| {
+                f.backends
+                    .iter()
+                    .map(|b| backend_addr(b).to_string())
+                    .collect()
+            })
+    }
+
+    const TCP: u8 = cni_ebpf_common::proto::TCP;
+    const UDP: u8 = cni_ebpf_common::proto::UDP;
+
+    #[test]
+    fn every_cluster_ip_port_and_family_gets_its_ready_endpoints() {
+        let slices = [
+            slice(
+                "web-v4",
+                "IPv4",
+                json!([
+                    ep("10.244.1.2", "node-a", true, false),
+                    ep("10.244.2.2", "node-b", true, false),
+                    ep("10.244.2.3", "node-b", false, false),
+                ]),
+            ),
+            slice(
+                "web-v6",
+                "IPv6",
+                json!([ep("fd00::2", "node-b", true, false)]),
+            ),
+        ];
+        let (t, unhandled) = table(&[web(json!({}))], &slices, &here());
+        assert_eq!(t.len(), 4);
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.2:8080", "10.244.2.2:8080"]
+        );
+        assert_eq!(
+            backends(&t, "10.96.0.10", 53, UDP).unwrap(),
+            ["10.244.1.2:5353", "10.244.2.2:5353"]
+        );
+        assert_eq!(
+            backends(&t, "fd00:10:96::10", 80, TCP).unwrap(),
+            ["[fd00::2]:8080"]
+        );
+        assert!(unhandled.is_empty(), "{unhandled:?}");
+    }
+
+    #[test]
+    fn terminating_endpoints_serve_only_when_nothing_is_ready() {
+        let both = [slice(
+            "s",
+            "IPv4",
+            json!([
+                ep("10.244.1.2", "node-a", true, false),
+                ep("10.244.1.3", "node-a", false, true),
+            ]),
+        )];
+        let (t, _) = table(&[web(json!({}))], &both, &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.2:8080"]
+        );
+        let only_terminating = [slice(
+            "s",
+            "IPv4",
+            json!([ep("10.244.1.3", "node-a", false, true)]),
+        )];
+        let (t, _) = table(&[web(json!({}))], &only_terminating, &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.3:8080"]
+        );
+        // No endpoint at all: a frontend with no backend (refused), not a missing one.
+        let (t, _) = table(&[web(json!({}))], &[], &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn internal_traffic_policy_local_keeps_this_nodes_endpoints_only() {
+        let slices = [slice(
+            "s",
+            "IPv4",
+            json!([
+                ep("10.244.1.2", "node-a", true, false),
+                ep("10.244.2.2", "node-b", true, false),
+            ]),
+        )];
+        let local = web(json!({ "internalTrafficPolicy": "Local" }));
+        let (t, _) = table(&[local.clone()], &slices, &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.2:8080"]
+        );
+        let elsewhere = Locality {
+            node: "node-c".into(),
+            zone: None,
+        };
+        let (t, _) = table(&[local], &slices, &elsewhere);
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+
+    #[test]
+    fn topology_hints_narrow_the_choice_only_when_every_endpoint_has_one() {
+        let hinted = |ip: &str, node: &str, zone: &str| {
+            let mut e = ep(ip, node, true, false);
+            e["hints"] = json!({ "forZones": [{ "name": zone }] });
+            e
+        };
+        let svc = web(json!({ "trafficDistribution": "PreferClose" }));
+        let slices = [slice(
+            "s",
+            "IPv4",
+            json!([
+                hinted("10.244.1.2", "node-a", "zone-1"),
+                hinted("10.244.2.2", "node-b", "zone-2"),
+            ]),
+        )];
+        let (t, _) = table(&[svc.clone()], &slices, &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.2:8080"]
+        );
+        // One endpoint without a hint: hints ignored.
+        let slices = [slice(
+            "s",
+            "IPv4",
+            json!([
+                hinted("10.244.1.2", "node-a", "zone-1"),
+                ep("10.244.2.2", "node-b", true, false),
+            ]),
+        )];
+        let (t, _) = table(&[svc.clone()], &slices, &here());
+        assert_eq!(backends(&t, "10.96.0.10", 80, TCP).unwrap().len(), 2);
+        // Node hints win over zone hints when every endpoint has them.
+        let mut a = hinted("10.244.1.2", "node-a", "zone-9");
+        a["hints"]["forNodes"] = json!([{ "name": "node-a" }]);
+        let mut b = hinted("10.244.2.2", "node-b", "zone-1");
+        b["hints"]["forNodes"] = json!([{ "name": "node-b" }]);
+        let (t, _) = table(&[svc], &[slice("s", "IPv4", json!([a, b]))], &here());
+        assert_eq!(
+            backends(&t, "10.96.0.10", 80, TCP).unwrap(),
+            ["10.244.1.2:8080"]
+        );
+    }
+
+    #[test]
+    fn session_affinity_carries_its_timeout() {
+        let slices = [slice(
+            "s",
+            "IPv4",
+            json!([ep("10.244.1.2", "node-a", true, false)]),
+        )];
+        let (t, _) = table(
+            &[web(json!({ "sessionAffinity": "ClientIP" }))],
+            &slices,
+            &here(),
+        );
+        let key = service_key("10.96.0.10".parse().unwrap(), 80, TCP);
+        assert_eq!(t[&key].affinity_secs, DEFAULT_AFFINITY_SECS);
+        let (t, _) = table(
+            &[web(json!({
+                "sessionAffinity": "ClientIP",
+                "sessionAffinityConfig": { "clientIP": { "timeoutSeconds": 30 } },
+            }))],
+            &slices,
+            &here(),
+        );
+        assert_eq!(t[&key].affinity_secs, 30);
+        let (t, _) = table(&[web(json!({}))], &slices, &here());
+        assert_eq!(t[&key].affinity_secs, 0);
+    }
+
+    #[test]
+    fn headless_external_name_and_other_proxies_services_are_skipped() {
+        let headless = web(json!({ "clusterIP": "None", "clusterIPs": ["None"] }));
+        let external = web(json!({ "type": "ExternalName", "externalName": "example.org" }));
+        let mut other = (*web(json!({}))).clone();
+        other.metadata.labels = Some(
+            [(PROXY_NAME_LABEL.to_owned(), "someone-else".to_owned())]
+                .into_iter()
+                .collect(),
+        );
+        for s in [headless, external, Arc::new(other)] {
+            let (t, _) = table(&[s], &[], &here());
+            assert!(t.is_empty(), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn untranslated_fields_are_named() {
+        let s = web(json!({
+            "type": "NodePort",
+            "externalIPs": ["192.0.2.10"],
+            "ports": [
+                { "name": "http", "protocol": "TCP", "port": 80, "nodePort": 30080 },
+                { "name": "sctp", "protocol": "SCTP", "port": 9 },
+            ],
+        }));
+        let (t, unhandled) = table(&[s], &[], &here());
+        // The ClusterIP part still works.
+        assert!(backends(&t, "10.96.0.10", 80, TCP).is_some());
+        assert_eq!(unhandled.len(), 1);
+        let (svc, what) = &unhandled[0];
+        assert_eq!(svc, "default/web");
+        for field in ["externalIPs", "nodePort 30080", "protocol SCTP"] {
+            assert!(what.contains(field), "{what}");
+        }
+    }
+}

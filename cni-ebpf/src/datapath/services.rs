@@ -295,7 +295,10 @@ impl Datapath {
     /// Makes the sockets of the pod network namespace `cookie` (host interface
     /// `host_ifindex`) ones the Service translation applies to (ADD).
     pub fn record_pod_netns(&self, cookie: u64, host_ifindex: u32) -> Result<()> {
-        let inserted = self.maps()?.service_netns()?.insert(cookie, host_ifindex, 0);
+        let inserted = self
+            .maps()?
+            .service_netns()?
+            .insert(cookie, host_ifindex, 0);
         match inserted {
             Ok(()) => Ok(()),
             Err(e) if maps::is_full(&e) => {
@@ -328,6 +331,26 @@ impl Datapath {
         maps::remove_where(&mut h, map_name::SERVICE_NETNS, |_, ifindex| {
             !live.contains(ifindex)
         })
+    }
+
+    /// Frontend `key` as the maps hold it now, if they do (one lookup per backend).
+    pub fn service_frontend(&self, key: &ServiceKey) -> Result<Option<Frontend>> {
+        let mut m = self.maps()?;
+        let Some(s) = maps::get(&m.services()?, key, map_name::SERVICES)? else {
+            return Ok(None);
+        };
+        let slots = m.service_backends()?;
+        let mut backends = Vec::new();
+        for index in 0..s.count {
+            let slot = BackendSlot { id: s.id, index };
+            if let Some(b) = maps::get(&slots, &slot, map_name::SERVICE_BACKENDS)? {
+                backends.push(b);
+            }
+        }
+        Ok(Some(Frontend {
+            backends,
+            affinity_secs: s.affinity_secs,
+        }))
     }
 
     /// The frontends the maps hold now, with their backends (for `inspect` and tests).

@@ -6,6 +6,7 @@
 //! cni-ebpf-netclient tcp ADDR PAYLOAD TIMEOUT_MS   # connect, send, print "from <getpeername>" and everything read until EOF
 //! cni-ebpf-netclient udp ADDR PAYLOAD TIMEOUT_MS   # send, print "from <addr>" and the first answer
 //! cni-ebpf-netclient udp-sendto ADDR PAYLOAD TIMEOUT_MS   # the same with sendto/recvfrom
+//! cni-ebpf-netclient converse ADDR ROUNDS PAUSE_MS   # ROUNDS round trips with an echo server, PAUSE_MS apart
 //! ```
 //! `ADDR` is `ip:port` (`[v6]:port`). Each step is bounded by `TIMEOUT_MS` (UDP: two
 //! tries). The `udp` socket is connected, so an ICMP port-unreachable answer shows as
@@ -73,10 +74,31 @@ fn udp(to: SocketAddr, payload: &[u8], timeout: Duration, connected: bool) -> io
     Err(last)
 }
 
+/// `rounds` round trips with an echo server at `to`, `pause` apart, on one connection
+/// (each step bounded by two seconds): "from <getpeername>" and how many were made.
+fn converse(to: SocketAddr, rounds: u32, pause: Duration) -> io::Result<String> {
+    let step = Duration::from_secs(2);
+    let mut s = TcpStream::connect_timeout(&to, step)?;
+    let peer = s.peer_addr()?;
+    s.set_read_timeout(Some(step))?;
+    s.set_write_timeout(Some(step))?;
+    for i in 0..rounds {
+        let msg = format!("round trip {i:08}");
+        s.write_all(msg.as_bytes())?;
+        let mut back = vec![0u8; msg.len()];
+        s.read_exact(&mut back)?;
+        if back != msg.as_bytes() {
+            return Err(io::Error::other(format!("echo #{i} came back changed")));
+        }
+        std::thread::sleep(pause);
+    }
+    Ok(format!("from {peer}\n{rounds} round trips\n"))
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [proto, addr, payload, timeout_ms] = args.as_slice() else {
-        eprintln!("usage: cni-ebpf-netclient tcp|udp|udp-sendto ADDR PAYLOAD TIMEOUT_MS");
+        eprintln!("usage: cni-ebpf-netclient tcp|udp|udp-sendto|converse ADDR PAYLOAD TIMEOUT_MS");
         return ExitCode::from(2);
     };
     let (Ok(to), Ok(ms)) = (addr.parse::<SocketAddr>(), timeout_ms.parse::<u64>()) else {
@@ -88,8 +110,15 @@ fn main() -> ExitCode {
         "tcp" => tcp(to, payload.as_bytes(), timeout),
         "udp" => udp(to, payload.as_bytes(), timeout, true),
         "udp-sendto" => udp(to, payload.as_bytes(), timeout, false),
+        "converse" => match payload.parse() {
+            Ok(rounds) => converse(to, rounds, timeout),
+            Err(_) => {
+                eprintln!("cni-ebpf-netclient: converse takes a count of round trips");
+                return ExitCode::from(2);
+            }
+        },
         _ => {
-            eprintln!("cni-ebpf-netclient: protocol must be tcp, udp or udp-sendto, not {proto:?}");
+            eprintln!("cni-ebpf-netclient: protocol must be tcp, udp, udp-sendto or converse, not {proto:?}");
             return ExitCode::from(2);
         }
     };
