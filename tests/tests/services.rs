@@ -9,6 +9,7 @@
 //! Services and EndpointSlices are written to the stand-in API server in `ext`; each
 //! node's agent watches them. Every client runs as a process inside the test's cgroup,
 //! where both nodes' socket hooks are attached.
+#![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use std::{
     collections::BTreeMap,
@@ -435,15 +436,11 @@ fn connections_live_through_endpoint_churn_an_agent_restart_and_the_switch_back(
     let conversations: Vec<_> = [w.a2.pod.netns(), w.b2.pod.netns()]
         .into_iter()
         .map(|netns| {
-            let (cg, netns) = (w.cgroup.path().to_owned(), netns.to_owned());
-            let addr = echo_at(vip);
-            std::thread::spawn(move || {
-                let mut cmd = std::process::Command::new(NETCLIENT);
-                cmd.args(["converse", &addr, "120", "50"]);
-                tests::process::in_netns(&mut cmd, &netns);
-                enter_cgroup(&mut cmd, &cg);
-                tests::process::run_cmd(cmd, None, Duration::from_secs(60))
-            })
+            let mut cmd = std::process::Command::new(NETCLIENT);
+            cmd.args(["converse", &echo_at(vip), "120", "50"]);
+            tests::process::in_netns(&mut cmd, netns);
+            w.cgroup.enter_on_exec(&mut cmd);
+            std::thread::spawn(move || tests::process::run_cmd(cmd, None, Duration::from_secs(60)))
         })
         .collect();
     std::thread::sleep(Duration::from_millis(500));
@@ -519,20 +516,6 @@ fn connections_live_through_endpoint_churn_an_agent_restart_and_the_switch_back(
             out.stdout.starts_with(&format!("from {}", echo_at(vip))),
             "conversation {i}: {out}"
         );
-    }
-}
-
-/// Makes `cmd` join the cgroup at `cg` before it executes.
-fn enter_cgroup(cmd: &mut std::process::Command, cg: &Path) {
-    use std::{io::Write as _, os::unix::process::CommandExt as _};
-    let mut procs = std::fs::OpenOptions::new()
-        .write(true)
-        .open(cg.join("cgroup.procs"))
-        .unwrap_or_else(|e| panic!("cannot open {}/cgroup.procs: {e}", cg.display()));
-    // SAFETY: the hook only calls write(2), async-signal-safe, on a descriptor opened
-    // before fork; it allocates nothing.
-    unsafe {
-        cmd.pre_exec(move || procs.write_all(b"0"));
     }
 }
 

@@ -762,7 +762,7 @@ mod tests {
             ]),
         )];
         let local = web(json!({ "internalTrafficPolicy": "Local" }));
-        let (t, _) = table(&[local.clone()], &slices, &here());
+        let (t, _) = table(std::slice::from_ref(&local), &slices, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -794,7 +794,7 @@ mod tests {
                 hinted("10.244.2.2", "node-b", "zone-2"),
             ]),
         )];
-        let (t, _) = table(&[svc.clone()], &slices, &here());
+        let (t, _) = table(std::slice::from_ref(&svc), &slices, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -808,7 +808,7 @@ mod tests {
                 ep("10.244.2.2", "node-b", true, false),
             ]),
         )];
-        let (t, _) = table(&[svc.clone()], &slices, &here());
+        let (t, _) = table(std::slice::from_ref(&svc), &slices, &here());
         assert_eq!(backends(&t, "10.96.0.10", 80, TCP).unwrap().len(), 2);
         // Node hints win over zone hints when every endpoint has them.
         let mut a = hinted("10.244.1.2", "node-a", "zone-9");
