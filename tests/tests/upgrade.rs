@@ -38,6 +38,57 @@ fn markers(node: &SimNode) -> Vec<String> {
         .collect()
 }
 
+/// The keys of the pinned map `name`, as bpftool prints them (`["0x12", …]`).
+fn map_keys(node: &SimNode, name: &str) -> Vec<Vec<String>> {
+    let pin = node
+        .pin_root()
+        .join(format!("testnet/v{LAYOUT}/maps"))
+        .join(name);
+    let out = node.exec(&[
+        "bpftool",
+        "-j",
+        "map",
+        "dump",
+        "pinned",
+        &pin.to_string_lossy(),
+    ]);
+    let v: Value = serde_json::from_str(out.ok()).unwrap_or_default();
+    v.as_array()
+        .unwrap_or_else(|| panic!("no dump of {}: {v}", pin.display()))
+        .iter()
+        .map(|e| {
+            e["key"]
+                .as_array()
+                .map(|k| {
+                    k.iter()
+                        .filter_map(|b| b.as_str().map(str::to_owned))
+                        .collect()
+                })
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Empties the pinned map `name`.
+fn empty_map(node: &SimNode, name: &str) {
+    let pin = node
+        .pin_root()
+        .join(format!("testnet/v{LAYOUT}/maps"))
+        .join(name);
+    for key in map_keys(node, name) {
+        let mut argv = vec![
+            "bpftool".to_owned(),
+            "map".to_owned(),
+            "delete".to_owned(),
+            "pinned".to_owned(),
+            pin.to_string_lossy().into_owned(),
+            "key".to_owned(),
+        ];
+        argv.extend(key);
+        node.exec(&argv).ok();
+    }
+}
+
 /// The id of the program pinned as `name`.
 fn pinned_id(node: &SimNode, name: &str) -> u64 {
     let pin = node
@@ -199,6 +250,11 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
         "flows talk before the upgrade: {before:?}"
     );
 
+    // Pods an older binary ADDed have no namespace recorded for the Service translation.
+    assert_eq!(map_keys(&node, "SERVICE_NETNS").len(), 2);
+    empty_map(&node, "SERVICE_NETNS");
+    assert_eq!(map_keys(&node, "SERVICE_NETNS").len(), 0);
+
     // The newer binary's first ADD carries the node over.
     let newer = fault_bin();
     let salted = |env: CniEnv| CniEnv {
@@ -213,6 +269,13 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
         new_markers.len(),
         1,
         "one marker after the upgrade: {new_markers:?}"
+    );
+    // The carry-over recorded the namespaces of the pods it found (a, b), and the ADD its
+    // own pod's (c).
+    assert_eq!(
+        map_keys(&node, "SERVICE_NETNS").len(),
+        3,
+        "the pods' namespaces after the upgrade"
     );
     assert_eq!(new_markers[0], format!("{}-next", old_markers[0]));
     let new_from_pod = pinned_id(&node, "from_pod");

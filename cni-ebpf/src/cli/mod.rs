@@ -125,9 +125,9 @@ pub fn main() -> ExitCode {
         Cmd::Agent(args) => run_agent(
             &args.metrics,
             args.policy.then_some(&args.state_dir),
-            args.kube_proxy_replacement,
+            Some(args.kube_proxy_replacement),
         ),
-        Cmd::Metrics(args) => run_agent(&args, None, false),
+        Cmd::Metrics(args) => run_agent(&args, None, None),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
         Cmd::FinishDel { job } => crate::cmd::del::Unfinished::run_job(&job),
@@ -187,14 +187,15 @@ pub struct AgentArgs {
 }
 
 /// Runs the agent: host-gw, NetworkPolicy (when given its state directory) and Services
-/// (with `services`) on threads of their own, metrics on this one.
-fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: bool) -> Result<()> {
+/// (`services`: `Some(true)` keeps the Service maps, `Some(false)` empties them, `None`
+/// leaves them alone) on threads of their own, metrics on this one.
+fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: Option<bool>) -> Result<()> {
     let readiness = Arc::new(Readiness::default());
     start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
-    if services {
-        start_services(args, &readiness)?;
-    } else {
-        crate::agent::services::clear(&args.bpffs_root, &args.networks);
+    match services {
+        Some(true) => start_services(args, &readiness)?,
+        Some(false) => crate::agent::services::clear(&args.bpffs_root, &args.networks),
+        None => {}
     }
     let mut exporter =
         crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())

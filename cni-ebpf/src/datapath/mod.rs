@@ -134,7 +134,7 @@ impl Datapath {
     pub async fn open_or_load_with(conf: &NetConf, nl: &crate::link::Nl) -> Result<Self> {
         load::check_bpffs(&conf.bpffs_root)
             .map_err(|e| Error::datapath("checking bpffsRoot", e.to_string()))?;
-        let mut dp = Self::load_at(conf.pin_dir())?;
+        let mut dp = Self::load_carrying(&conf.pin_dir(), Some(&conf.store_dir()))?;
         dp.attach = conf.attach;
         // Every node address is listed at most every NODE_ADDRS_EVERY_S (a node with 1 000
         // pods has 1 000 gateway addresses on host veths: ~3 ms per listing); in between,
@@ -262,7 +262,13 @@ impl Datapath {
     /// Pins made by another object of the same layout (a newer binary was installed) are
     /// carried over to this binary's programs in place ([`upgrade`]).
     pub fn load_at(network_dir: impl AsRef<Path>) -> Result<Self> {
-        let pins = Pins::new(network_dir.as_ref());
+        Self::load_carrying(network_dir.as_ref(), None)
+    }
+
+    /// [`Self::load_at`]; a carry-over also records the namespaces of the pods in the IPAM
+    /// store at `store` ([`Self::adopt_pod_netns`]).
+    fn load_carrying(network_dir: &Path, store: Option<&Path>) -> Result<Self> {
+        let pins = Pins::new(network_dir);
         refuse_foreign(&pins)?;
         if !pins.complete() || !upgrade::current(&pins) {
             let _lock = load::LoadLock::acquire(&pins)?;
@@ -270,7 +276,7 @@ impl Datapath {
             if !pins.complete() {
                 load::load_and_pin(&pins)?;
             }
-            upgrade::carry_over(&pins)?;
+            upgrade::carry_over(&pins, store)?;
         }
         Self::open_pins(pins)
     }

@@ -12,6 +12,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, SocketAddr},
+    path::Path,
 };
 
 use cni_ebpf_common::{
@@ -312,6 +313,58 @@ impl Datapath {
             }
             Err(e) => Err(maps::err(map_name::SERVICE_NETNS, "insert", e)),
         }
+    }
+
+    /// Records the network namespaces of the pods in `records` (the IPAM store's) that
+    /// have an endpoint but no recorded namespace: pods an older binary ADDed, before ADD
+    /// recorded them. Run by the carry-over to a new binary, as root in the node's
+    /// namespace (entering a pod's takes `CAP_SYS_ADMIN`). A pod whose namespace cannot
+    /// be entered is logged and left out: its sockets get no Service translation until it
+    /// is recreated. Returns how many were recorded.
+    pub fn adopt_pod_netns(&self, records: &[crate::ipam::record::Record]) -> usize {
+        let known = match self
+            .maps()
+            .and_then(|mut m| Ok(maps::entries(&m.service_netns()?)))
+        {
+            Ok(e) => e.into_iter().map(|(_, i)| i).collect::<BTreeSet<u32>>(),
+            Err(e) => {
+                tracing::warn!("reading SERVICE_NETNS: {e}");
+                return 0;
+            }
+        };
+        let mut live: BTreeMap<u64, u32> = BTreeMap::new();
+        if let Ok(mut m) = self.maps() {
+            for (_, info) in m.endpoints().map(|h| maps::entries(&h)).unwrap_or_default() {
+                live.insert(info.owner, info.ifindex);
+            }
+            for (_, info) in m
+                .endpoints6()
+                .map(|h| maps::entries(&h))
+                .unwrap_or_default()
+            {
+                live.insert(info.owner, info.ifindex);
+            }
+        }
+        let mut done = 0;
+        for r in records {
+            let owner = cni_ebpf_common::owner_id(r.container_id.as_bytes(), r.ifname.as_bytes());
+            let (Some(&ifindex), Some(path)) = (live.get(&owner), r.netns.as_deref()) else {
+                continue;
+            };
+            if known.contains(&ifindex) {
+                continue;
+            }
+            let cookie = crate::netns::Netns::open(Path::new(path))
+                .and_then(|ns| ns.run(super::netns_cookie));
+            match cookie.and_then(|c| self.record_pod_netns(c, ifindex)) {
+                Ok(()) => done += 1,
+                Err(e) => tracing::warn!(
+                    container = %r.container_id,
+                    "the pod's namespace {path} was not recorded for Services: {e}"
+                ),
+            }
+        }
+        done
     }
 
     /// Removes the recorded pod network namespaces whose host interface is no pod's

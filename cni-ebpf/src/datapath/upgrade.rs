@@ -45,8 +45,10 @@ pub fn current(pins: &Pins) -> bool {
 }
 
 /// Makes the pinned programs this binary's (see the module comment); a no-op when they
-/// are, or when a newer version's are pinned. The caller holds the load lock.
-pub fn carry_over(pins: &Pins) -> Result<()> {
+/// are, or when a newer version's are pinned. With the IPAM `store` of the network, also
+/// records the namespaces of pods an older binary ADDed ([`Datapath::adopt_pod_netns`]).
+/// The caller holds the load lock.
+pub fn carry_over(pins: &Pins, store: Option<&std::path::Path>) -> Result<()> {
     let ours = object::stamp();
     if current(pins) {
         return Ok(());
@@ -73,6 +75,10 @@ pub fn carry_over(pins: &Pins) -> Result<()> {
         }
     );
     replace_programs(pins)?;
+    if let Some(store) = store {
+        let dp = Datapath::open_pins(pins.clone())?;
+        dp.adopt_pod_netns(&crate::ipam::record::read_records_unlocked(store));
+    }
     let marker = pins.version_dir().join(&ours);
     std::fs::create_dir(&marker)
         .or_else(|e| {
