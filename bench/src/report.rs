@@ -69,7 +69,15 @@ pub fn median(samples: &[f64]) -> f64 {
 }
 
 /// The columns of the comparison, in display order.
-pub const COLUMNS: [&str; 4] = ["bare veth", "kernel VXLAN", "cni-ebpf", "reference"];
+pub const COLUMNS: [&str; 7] = [
+    "bare veth",
+    "kernel VXLAN",
+    "cni-ebpf",
+    "reference",
+    "direct pod → pod",
+    "kube-proxy iptables",
+    "kube-proxy nftables",
+];
 
 /// One compared figure.
 #[derive(Debug, Clone)]
@@ -279,6 +287,31 @@ impl Report {
             (
                 "ADD p50 at the largest host-port pod count ≤ 1.1× at the smallest",
                 Rule::MaxAbs("scale.add.growth", 1.1),
+            ),
+            // Services at the socket: as fast as no Service at all, faster than kube-proxy.
+            (
+                "pod → ClusterIP → pod transactions/s ≥ 0.95× pod → pod (kube-proxy replacement, same node)",
+                Rule::Min("svc.kpr.same.rr_tps", "direct pod → pod", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate ≥ 0.95× pod → pod (kube-proxy replacement, same node)",
+                Rule::Min("svc.kpr.same.crr_cps", "direct pod → pod", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod transactions/s ≥ 0.95× pod → pod (kube-proxy replacement, other node)",
+                Rule::Min("svc.kpr.cross.rr_tps", "direct pod → pod", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate ≥ 0.95× pod → pod (kube-proxy replacement, other node)",
+                Rule::Min("svc.kpr.cross.crr_cps", "direct pod → pod", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate ≥ kube-proxy iptables (same node)",
+                Rule::Min("svc.kpr.same.crr_cps", "kube-proxy iptables", 1.0),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate ≥ kube-proxy nftables (same node)",
+                Rule::Min("svc.kpr.same.crr_cps", "kube-proxy nftables", 1.0),
             ),
             (
                 "pod → pod throughput ≥ 0.95× bare veth",

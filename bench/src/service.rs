@@ -38,7 +38,7 @@ use serde_json::{json, Map, Value};
 use tests::{
     cluster::CLUSTER_CIDR4,
     kubeproxy::{Mode, Protocol, ServicePort},
-    Cluster, ClusterNode, EchoServer, Serving, WhoAmIServer,
+    Cluster, ClusterNode, EchoServer, Serving, TestCgroup, WhoAmIServer,
 };
 
 use super::{
@@ -77,6 +77,14 @@ const PATHS: [(&str, &str, bool); 2] = [
     ("cross", "pod → ClusterIP → pod, other node", true),
 ];
 
+/// The ClusterIPs of the same Service that kube-proxy's rules translate while the agent's
+/// replacement is measured (the agent does not know them, so the socket hooks leave them
+/// to the rules): iptables mode, nftables mode.
+const KUBE_PROXY_IPS: [(&str, Mode); 2] = [
+    ("10.96.0.20", Mode::Iptables),
+    ("10.96.0.21", Mode::Nftables),
+];
+
 /// Runs `f`, turning a panic of the tests crate's helpers into an error about `what`.
 pub(super) fn catch<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
     std::panic::catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
@@ -108,8 +116,19 @@ struct SvcCluster {
 
 /// The variant's configuration on `node`: its pod CIDR, its pin root, data dir and log.
 pub(super) fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode) -> Chain<'a> {
+    chain_in(ws, variant, node, None)
+}
+
+/// [`chain`], cni-ebpf's with its socket hooks on `cgroup`.
+fn chain_in<'a>(
+    ws: &Workspace,
+    variant: Variant,
+    node: &'a ClusterNode,
+    cgroup: Option<&Path>,
+) -> Chain<'a> {
     let plugins = match variant {
         Variant::Ebpf => vec![topo::ebpf_plugin(&EbpfConf {
+            cgroup,
             subnet: node.pod_cidr4(),
             cluster_cidr: CLUSTER_CIDR4,
             v6: None,
@@ -133,9 +152,16 @@ pub(super) fn chain<'a>(ws: &Workspace, variant: Variant, node: &'a ClusterNode)
     }
 }
 
-/// Creates pod `name` on `node` and ADDs it through the variant's chain.
-fn add_pod(ws: &Workspace, variant: Variant, node: &ClusterNode, name: &str) -> Result<Running> {
-    let (pod, ip) = add_pod_with(&chain(ws, variant, node), variant, node, name)?;
+/// Creates pod `name` on `node` and ADDs it through the variant's chain (cni-ebpf's with
+/// its socket hooks on `cgroup`).
+fn add_pod(
+    ws: &Workspace,
+    variant: Variant,
+    node: &ClusterNode,
+    name: &str,
+    cgroup: Option<&Path>,
+) -> Result<Running> {
+    let (pod, ip) = add_pod_with(&chain_in(ws, variant, node, cgroup), variant, node, name)?;
     Ok(Running { pod, ip })
 }
 
@@ -174,15 +200,16 @@ pub(super) fn add_pod_with(
 }
 
 impl SvcCluster {
-    fn create(ws: &Workspace, variant: Variant) -> Result<Self> {
+    fn create(ws: &Workspace, variant: Variant, cgroup: Option<&Path>) -> Result<Self> {
         let cluster = catch("building the two-node cluster", || Cluster::new("cebb"))?;
         for node in cluster.nodes() {
             topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
         }
         let (a, b) = (cluster.a(), cluster.b());
-        let server = add_pod(ws, variant, a, &format!("{}-srv", variant.key()))?;
-        let client_a = add_pod(ws, variant, a, &format!("{}-cli", variant.key()))?;
-        let client_b = add_pod(ws, variant, b, &format!("{}-cli", variant.key()))?;
+        let name = |what: &str| format!("{}-{what}", variant.key());
+        let server = add_pod(ws, variant, a, &name("srv"), cgroup)?;
+        let client_a = add_pod(ws, variant, a, &name("cli"), cgroup)?;
+        let client_b = add_pod(ws, variant, b, &name("cli"), cgroup)?;
         let echo = EchoServer::start(
             server.pod.netns(),
             data::ECHO_PORT,
@@ -201,21 +228,20 @@ impl SvcCluster {
     /// The Service: ClusterIP port 80 → the echo server, port 81 → "who am I", both on
     /// the single endpoint `srv` on node A.
     fn services(&self) -> Vec<ServicePort> {
+        self.services_at("default/echo", CLUSTER_IP)
+    }
+
+    /// [`Self::services`] as Service `name` on `cluster_ip`.
+    fn services_at(&self, name: &str, cluster_ip: &str) -> Vec<ServicePort> {
         let ep = |port: u16| format!("{}:{port}", self.server.ip);
         vec![
+            ServicePort::new(name, "echo", Protocol::Tcp, cluster_ip, ECHO_SERVICE_PORT)
+                .endpoint(&ep(data::ECHO_PORT), self.cluster.a().name()),
             ServicePort::new(
-                "default/echo",
-                "echo",
-                Protocol::Tcp,
-                CLUSTER_IP,
-                ECHO_SERVICE_PORT,
-            )
-            .endpoint(&ep(data::ECHO_PORT), self.cluster.a().name()),
-            ServicePort::new(
-                "default/echo",
+                name,
                 "whoami",
                 Protocol::Tcp,
-                CLUSTER_IP,
+                cluster_ip,
                 WHOAMI_SERVICE_PORT,
             )
             .endpoint(&ep(WHOAMI_PORT), self.cluster.a().name()),
@@ -270,9 +296,12 @@ impl SvcCluster {
 pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     eprintln!("bench: services: setting up a two-node cluster each for cni-ebpf and the reference");
     let started = Instant::now();
+    let cgroup = catch("creating the bench's cgroup", || {
+        TestCgroup::create(&format!("cebb-svc-{}", std::process::id()))
+    })?;
     let clusters = [
-        SvcCluster::create(ws, Variant::Ebpf)?,
-        SvcCluster::create(ws, Variant::Reference)?,
+        SvcCluster::create(ws, Variant::Ebpf, Some(cgroup.path()))?,
+        SvcCluster::create(ws, Variant::Reference, None)?,
     ];
     eprintln!(
         "bench: services: clusters ready in {:.1} s",
@@ -280,6 +309,39 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     );
     let mut samples: Samples = BTreeMap::new();
     let mut seen = Map::new();
+    // The agent's replacement first, before kube-proxy's own rows load their rules.
+    if p.repeats > 0 {
+        match replacement::run(
+            ws,
+            &clusters[0],
+            &cgroup,
+            p.repeats,
+            p.seconds,
+            &mut samples,
+        ) {
+            Ok(s) => {
+                seen.insert("replacement".to_owned(), s);
+                for (path, title, _) in PATHS {
+                    let scen = format!("kpr.{path}");
+                    data::put_medians(
+                        report,
+                        &samples,
+                        &scen,
+                        &format!("svc.{scen}"),
+                        &format!(
+                            "Services without kube-proxy (the agent's replacement): {title} \
+                             (median of {} repeats)",
+                            p.repeats
+                        ),
+                    );
+                }
+            }
+            Err(e) if !proc::interrupted() => report
+                .notes
+                .push(format!("Services, the agent's replacement stopped: {e:#}")),
+            Err(e) => return Err(e),
+        }
+    }
     let mut done: Vec<(Mode, usize)> = Vec::new();
     for (mode, repeats) in [(Mode::Nftables, p.nft_repeats), (Mode::Iptables, p.repeats)] {
         if repeats == 0 {
@@ -453,4 +515,96 @@ pub fn chart(out: &Path, report: &Report) -> Result<()> {
         &groups,
         &["cni-ebpf", "reference"],
     )
+}
+
+/// The agent's kube-proxy replacement, measured against pod → pod without a Service and
+/// against kube-proxy's rules on the same nodes, in the same turns.
+mod replacement {
+    use super::*;
+
+    /// The agents (with `--kube-proxy-replacement`) on both nodes of `c`, serving the
+    /// Service on [`CLUSTER_IP`]; kube-proxy's rules for the same Service on
+    /// [`KUBE_PROXY_IPS`]; then `repeats` repeats of every path with this process inside
+    /// `cgroup` (where the socket hooks are), the columns taking turns: the Service through
+    /// the replacement (`cni-ebpf`), the endpoint directly, and the Service through each
+    /// kube-proxy mode. Returns which source address the endpoint saw through the
+    /// replacement.
+    pub(super) fn run(
+        ws: &Workspace,
+        c: &SvcCluster,
+        cgroup: &TestCgroup,
+        repeats: usize,
+        secs: f64,
+        samples: &mut Samples,
+    ) -> Result<Value> {
+        let api = catch("starting the API server", || {
+            tests::ApiServer::start(c.cluster.ext_netns(), tests::EXT_IP4)
+        })?;
+        // The agents' logs go with node A's directory.
+        let logs = c.cluster.a().dir().to_path_buf();
+        let _agents = catch("starting the agents", || {
+            c.cluster
+                .replace_kube_proxy_of(&ws.plugin, &api, &c.services(), &logs)
+        })?;
+        for (ip, mode) in KUBE_PROXY_IPS {
+            let services = c.services_at(&format!("default/echo-{}", mode.name()), ip);
+            catch(
+                &format!("loading kube-proxy's {} rules", mode.name()),
+                || c.cluster.install_kube_proxy(mode, &services),
+            )?;
+        }
+        let _whoami = catch("starting the who-am-I server", || {
+            WhoAmIServer::start(c.server.pod.netns(), WHOAMI_PORT)
+        })?;
+        let _inside = catch("joining the bench's cgroup", || cgroup.join())?;
+        let mut seen = Map::new();
+        for (path, _, cross) in PATHS {
+            let what = match c.endpoint_sees(cross) {
+                Ok(ip) if ip == c.client(cross).ip => format!("{ip} (the client pod)"),
+                Ok(ip) => bail!("{path}: the endpoint saw {ip}, not the client pod"),
+                Err(e) => bail!("{path}: {e:#}"),
+            };
+            seen.insert(path.to_owned(), json!(what));
+        }
+        let mut notes = Vec::new();
+        for rep in 0..repeats {
+            for (i, (path, title, cross)) in PATHS.into_iter().enumerate() {
+                let title = format!("{title} (kube-proxy replacement)");
+                eprintln!("bench: services repeat {}/{repeats}: {title}", rep + 1);
+                let client = c.client(cross).pod.netns().to_path_buf();
+                let target = |column: &'static str, ip: &str, echo_port: u16| Target {
+                    column,
+                    client: client.clone(),
+                    ip: ip.to_owned(),
+                    iperf_port: None,
+                    echo_port,
+                };
+                let targets = vec![
+                    target("cni-ebpf", CLUSTER_IP, ECHO_SERVICE_PORT),
+                    target(DIRECT, &c.server.ip, data::ECHO_PORT),
+                    target(IPTABLES, KUBE_PROXY_IPS[0].0, ECHO_SERVICE_PORT),
+                    target(NFTABLES, KUBE_PROXY_IPS[1].0, ECHO_SERVICE_PORT),
+                ];
+                check_interrupt()?;
+                data::measure_repeat(
+                    &format!("kpr.{path}"),
+                    &title,
+                    targets,
+                    rep + i,
+                    secs,
+                    samples,
+                    &mut notes,
+                )?;
+            }
+        }
+        if let Some(n) = notes.first() {
+            bail!("{n}");
+        }
+        Ok(Value::Object(seen))
+    }
+
+    /// The report's columns of these rows.
+    pub(crate) const DIRECT: &str = "direct pod → pod";
+    pub(crate) const IPTABLES: &str = "kube-proxy iptables";
+    pub(crate) const NFTABLES: &str = "kube-proxy nftables";
 }

@@ -358,6 +358,7 @@ impl BenchNode {
     fn plugins(&self) -> Vec<Value> {
         match self.variant {
             Variant::Ebpf => vec![ebpf_plugin(&EbpfConf {
+                cgroup: None,
                 subnet: POD_SUBNET,
                 cluster_cidr: POD_SUBNET,
                 v6: self.dual_stack.then_some((POD_SUBNET6, CLUSTER_CIDR6)),
@@ -640,6 +641,8 @@ pub struct EbpfConf<'a> {
     pub log_level: &'a str,
     /// `attach` (`None`: the plugin's default).
     pub attach: Option<&'a str>,
+    /// `cgroupPath` (`None`: no socket hooks).
+    pub cgroup: Option<&'a Path>,
 }
 
 /// The cni-ebpf plugin object the bench runs: `ipMasq`, host ports in eBPF, default route.
@@ -663,9 +666,9 @@ pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
         "logFile": c.log_file,
         "logLevel": c.log_level,
         "capabilities": { "portMappings": true },
-        // No socket hooks on the machine's cgroup2 root (nothing here measures the
-        // node's own sockets).
-        "cgroupPath": "",
+        // No socket hooks on the machine's cgroup2 root: only on a cgroup of the bench's
+        // own, where the Service phase measures sockets translated at connect().
+        "cgroupPath": c.cgroup.map_or(json!(""), |p| json!(p)),
         "ipam": { "ranges": ranges, "routes": routes },
     });
     if let Some(a) = c.attach {

@@ -86,6 +86,62 @@ impl TestCgroup {
     }
 }
 
+/// While alive, the calling process is a member of a [`TestCgroup`] ([`TestCgroup::join`]);
+/// dropping it moves the process back to the cgroup it came from.
+#[derive(Debug)]
+pub struct Joined {
+    back: PathBuf,
+}
+
+impl TestCgroup {
+    /// Moves the calling process (all its threads: cgroup2 membership is per process) into
+    /// this cgroup, so that its own sockets meet the hooks attached here, until the guard
+    /// is dropped. Panics if the move fails.
+    #[track_caller]
+    #[must_use]
+    pub fn join(&self) -> Joined {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let rel = own
+            .lines()
+            .find_map(|l| l.strip_prefix("0::"))
+            .unwrap_or("/")
+            .trim_start_matches('/')
+            .to_owned();
+        let Some(mount) = cgroup2_mount() else {
+            panic!("no cgroup2 filesystem to come back to");
+        };
+        let back = mount.join(rel);
+        write_pid(&self.path);
+        Joined { back }
+    }
+}
+
+/// Writes `0` (the writing process) to `dir/cgroup.procs`. Panics if it cannot.
+#[track_caller]
+fn write_pid(dir: &Path) {
+    let procs = dir.join("cgroup.procs");
+    if let Err(e) = OpenOptions::new()
+        .write(true)
+        .open(&procs)
+        .and_then(|mut f| f.write_all(b"0"))
+    {
+        panic!("cannot move this process into {}: {e}", dir.display());
+    }
+}
+
+impl Drop for Joined {
+    fn drop(&mut self) {
+        let procs = self.back.join("cgroup.procs");
+        if let Err(e) = OpenOptions::new()
+            .write(true)
+            .open(&procs)
+            .and_then(|mut f| f.write_all(b"0"))
+        {
+            eprintln!("warning: cannot move back to {}: {e}", self.back.display());
+        }
+    }
+}
+
 impl Drop for TestCgroup {
     fn drop(&mut self) {
         // A process that just exited may still be listed for a moment.

@@ -212,8 +212,20 @@ impl ClusterNode {
     /// `--kube-proxy-replacement` `on` or off, appending to `log`.
     #[must_use]
     pub fn start_service_agent(&self, api: &ApiServer, on: bool, log: &Path) -> Background {
+        self.start_service_agent_of(&crate::plugin::plugin_bin(), api, on, log)
+    }
+
+    /// [`Self::start_service_agent`] of the binary `bin`.
+    #[must_use]
+    pub fn start_service_agent_of(
+        &self,
+        bin: &Path,
+        api: &ApiServer,
+        on: bool,
+        log: &Path,
+    ) -> Background {
         self.start_agent_of(
-            &crate::plugin::plugin_bin(),
+            bin,
             api,
             &[
                 "agent",
@@ -736,13 +748,26 @@ impl Cluster {
         services: &[ServicePort],
         logs: &Path,
     ) -> [Background; 2] {
+        self.replace_kube_proxy_of(&crate::plugin::plugin_bin(), api, services, logs)
+    }
+
+    /// [`Self::replace_kube_proxy`] with the agents of binary `bin`.
+    #[track_caller]
+    #[must_use]
+    pub fn replace_kube_proxy_of(
+        &self,
+        bin: &Path,
+        api: &ApiServer,
+        services: &[ServicePort],
+        logs: &Path,
+    ) -> [Background; 2] {
         for (resource, obj) in crate::service_objects::objects(services) {
             api.put(resource, obj);
         }
         let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
         let agents = [
-            self.a.start_service_agent(api, true, &log(&self.a)),
-            self.b.start_service_agent(api, true, &log(&self.b)),
+            self.a.start_service_agent_of(bin, api, true, &log(&self.a)),
+            self.b.start_service_agent_of(bin, api, true, &log(&self.b)),
         ];
         let backends: usize = services.iter().map(|s| s.endpoints.len()).sum();
         let deadline = Instant::now() + Duration::from_secs(10);
