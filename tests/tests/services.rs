@@ -3,8 +3,8 @@
 //! (`kubernetes.rs`): how backends are chosen (uniformly, ready before terminating,
 //! `sessionAffinity: ClientIP`, `internalTrafficPolicy: Local`), a Service without
 //! endpoints refusing at once, connections that live through endpoint churn, an agent
-//! restart and the switch back to kube-proxy, the Event on a Service field the mode does
-//! not translate, and 10 000 Services with 100 000 endpoints.
+//! restart, the switch over from kube-proxy and back, the Event on a Service field the
+//! mode does not translate, and 10 000 Services with 100 000 endpoints.
 //!
 //! Services and EndpointSlices are written to the stand-in API server in `ext`; each
 //! node's agent watches them. Every client runs as a process inside the test's cgroup,
@@ -20,8 +20,11 @@ use std::{
 
 use serde_json::{json, Value};
 use tests::{
-    apiserver::ApiServer, process::Background, service_objects::endpoint, Cluster, ClusterNode,
-    EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4,
+    apiserver::ApiServer,
+    kubeproxy::{Mode, Protocol, ServicePort},
+    process::Background,
+    service_objects::endpoint,
+    Cluster, ClusterNode, EchoServer, Pod, TestCgroup, WhoAmIServer, EXT_IP4,
 };
 
 /// The port every server listens on ("who am I", TCP and UDP).
@@ -516,6 +519,77 @@ fn connections_live_through_endpoint_churn_an_agent_restart_and_the_switch_back(
             out.stdout.starts_with(&format!("from {}", echo_at(vip))),
             "conversation {i}: {out}"
         );
+    }
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn switching_over_from_kube_proxy_keeps_established_connections() {
+    let mut w = world("svc_switch");
+    let log = |n: &str| w.logs.path().join(format!("agent-{n}.log"));
+    // A node as it runs before the switch: kube-proxy's rules (nftables mode), agents
+    // without the replacement.
+    w.agents.clear();
+    w.agents = vec![
+        w.cluster
+            .a()
+            .start_service_agent(&w.api, false, &log("node-a")),
+        w.cluster
+            .b()
+            .start_service_agent(&w.api, false, &log("node-b")),
+    ];
+    let vip = "10.96.1.7";
+    let svc = ServicePort::new("default/switch", "echo", Protocol::Tcp, vip, ECHO_PORT)
+        .endpoint(&format!("{}:{ECHO_PORT}", w.a1.ip4), "node-a");
+    w.cluster
+        .install_kube_proxy(Mode::Nftables, std::slice::from_ref(&svc));
+    for (resource, obj) in tests::service_objects::objects(std::slice::from_ref(&svc)) {
+        w.api.put(resource, obj);
+    }
+    let addr = format!("{vip}:{ECHO_PORT}");
+    // Conversations through kube-proxy's DNAT, from a pod on each node: 60 round trips,
+    // 50 ms apart.
+    let conversations: Vec<_> = [w.a2.pod.netns(), w.b2.pod.netns()]
+        .into_iter()
+        .map(|netns| {
+            let mut cmd = std::process::Command::new(NETCLIENT);
+            cmd.args(["converse", &addr, "60", "50"]);
+            tests::process::in_netns(&mut cmd, netns);
+            w.cgroup.enter_on_exec(&mut cmd);
+            std::thread::spawn(move || tests::process::run_cmd(cmd, None, Duration::from_secs(60)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    // The switch: agents with the replacement fill the maps while the conversations go on.
+    w.agents.clear();
+    w.agents = vec![
+        w.cluster
+            .a()
+            .start_service_agent(&w.api, true, &log("node-a")),
+        w.cluster
+            .b()
+            .start_service_agent(&w.api, true, &log("node-b")),
+    ];
+    w.wait_everywhere(vip, ECHO_PORT, &[format!("{}:{ECHO_PORT}", w.a1.ip4)]);
+    for (i, c) in conversations.into_iter().enumerate() {
+        let out = c
+            .join()
+            .unwrap_or_else(|_| panic!("conversation {i} panicked"));
+        assert!(
+            out.success() && out.stdout.contains("60 round trips"),
+            "conversation {i} across the switch: {out}"
+        );
+    }
+    // kube-proxy's rules go (as `kube-proxy --cleanup` removes them): new connections are
+    // translated at the socket alone.
+    for n in w.cluster.nodes() {
+        n.exec(&["nft", "delete table ip kube-proxy"]).ok();
+    }
+    for netns in [w.a2.pod.netns(), w.b2.pod.netns(), w.cluster.b().netns()] {
+        let out = w
+            .cgroup
+            .exec_in(netns, &[NETCLIENT, "converse", &addr, "3", "0"]);
+        assert!(out.success(), "after kube-proxy's rules went: {out}");
     }
 }
 
