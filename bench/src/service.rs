@@ -543,8 +543,13 @@ mod replacement {
         // The agents' logs go with node A's directory.
         let logs = c.cluster.a().dir().to_path_buf();
         let _agents = catch("starting the agents", || {
-            c.cluster
-                .replace_kube_proxy_of(&ws.plugin, &api, &c.services(), &logs)
+            c.cluster.replace_kube_proxy_of(
+                &ws.plugin,
+                c.variant.network(),
+                &api,
+                &c.services(),
+                &logs,
+            )
         })?;
         for (ip, mode) in KUBE_PROXY_IPS {
             let services = c.services_at(&format!("default/echo-{}", mode.name()), ip);

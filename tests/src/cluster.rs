@@ -718,16 +718,11 @@ impl Cluster {
         for (n, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
             while !n.tunnels_to_in(network, other, underlay) {
                 if Instant::now() > deadline {
-                    let text: Vec<String> = self
-                        .nodes()
-                        .iter()
-                        .map(|n| std::fs::read_to_string(log(n)).unwrap_or_default())
-                        .collect();
                     panic!(
                         "{}'s tunnel entries do not lead to {} after 5 s; agent logs:\n{}",
                         n.name,
                         other.name,
-                        text.join("\n---\n")
+                        agent_logs(logs)
                     );
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -748,15 +743,17 @@ impl Cluster {
         services: &[ServicePort],
         logs: &Path,
     ) -> [Background; 2] {
-        self.replace_kube_proxy_of(&crate::plugin::plugin_bin(), api, services, logs)
+        self.replace_kube_proxy_of(&crate::plugin::plugin_bin(), "testnet", api, services, logs)
     }
 
-    /// [`Self::replace_kube_proxy`] with the agents of binary `bin`.
+    /// [`Self::replace_kube_proxy`] with the agents of binary `bin`, watching the maps of
+    /// network `network`.
     #[track_caller]
     #[must_use]
     pub fn replace_kube_proxy_of(
         &self,
         bin: &Path,
+        network: &str,
         api: &ApiServer,
         services: &[ServicePort],
         logs: &Path,
@@ -773,24 +770,22 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         for n in self.nodes() {
             loop {
-                let table = n.pinned_datapath().service_table().unwrap_or_default();
+                let table = n
+                    .pinned_datapath_of(network)
+                    .service_table()
+                    .unwrap_or_default();
                 let held: usize = table.values().map(|f| f.backends.len()).sum();
                 if table.len() == services.len() && held == backends {
                     break;
                 }
                 if Instant::now() > deadline {
-                    let text: Vec<String> = self
-                        .nodes()
-                        .iter()
-                        .map(|n| std::fs::read_to_string(log(n)).unwrap_or_default())
-                        .collect();
                     panic!(
                         "{}'s Service maps hold {} frontends with {held} backends after 10 s, \
                          not {} with {backends}; agent logs:\n{}",
                         n.name,
                         table.len(),
                         services.len(),
-                        text.join("\n---\n")
+                        agent_logs(logs)
                     );
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -807,4 +802,14 @@ impl Cluster {
             node.install_kube_proxy(mode, services);
         }
     }
+}
+
+/// The agents' logs in `dir` (`agent-<node>.log`), one after the other.
+#[must_use]
+pub fn agent_logs(dir: &Path) -> String {
+    ["node-a", "node-b"]
+        .iter()
+        .map(|n| std::fs::read_to_string(dir.join(format!("agent-{n}.log"))).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }

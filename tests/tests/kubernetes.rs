@@ -185,8 +185,12 @@ fn conversation(netns: &Path, addr: &str) -> Result<String, String> {
 
 /// `tcp`, and the server must have seen `want_ip`.
 fn tcp_seen_as(netns: &Path, addr: &str, want_ip: &str) -> Result<String, String> {
-    let peer = tcp(netns, addr)?;
-    if ip_part(&peer) == want_ip {
+    seen_as(&tcp(netns, addr)?, want_ip)
+}
+
+/// Whether the server saw `peer` as `want_ip`, in the words of the row report.
+fn seen_as(peer: &str, want_ip: &str) -> Result<String, String> {
+    if ip_part(peer) == want_ip {
         Ok(format!("seen as {peer}"))
     } else {
         Err(format!(
@@ -464,17 +468,7 @@ impl World {
         addr: &str,
         want_ip: &str,
     ) -> Result<String, String> {
-        if self.proxy != Proxy::Replacement {
-            return tcp_seen_as(netns, addr, want_ip);
-        }
-        let peer = self.service_tcp(netns, addr)?;
-        if ip_part(&peer) == want_ip {
-            Ok(format!("seen as {peer}"))
-        } else {
-            Err(format!(
-                "answered, but the server saw {peer}, not {want_ip}"
-            ))
-        }
+        seen_as(&self.service_tcp(netns, addr)?, want_ip)
     }
 
     /// UDP as [`Self::service_tcp`] (with the replacement: both a connected socket and

@@ -106,16 +106,23 @@ fn world(test: &str) -> World {
 }
 
 impl World {
+    /// Stops both agents and starts new ones, with the replacement `on` or off.
+    fn restart_agents(&mut self, on: bool) {
+        self.agents.clear();
+        let log = |n: &str| self.logs.path().join(format!("agent-{n}.log"));
+        self.agents = vec![
+            self.cluster
+                .a()
+                .start_service_agent(&self.api, on, &log("node-a")),
+            self.cluster
+                .b()
+                .start_service_agent(&self.api, on, &log("node-b")),
+        ];
+    }
+
     /// Both agents' logs.
     fn agent_logs(&self) -> String {
-        ["node-a", "node-b"]
-            .iter()
-            .map(|n| {
-                std::fs::read_to_string(self.logs.path().join(format!("agent-{n}.log")))
-                    .unwrap_or_default()
-            })
-            .collect::<Vec<_>>()
-            .join("\n---\n")
+        tests::cluster::agent_logs(self.logs.path())
     }
 
     /// Writes the Service `name` with one TCP port (`PORT` → `PORT`) on `ip`, and `spec`'s
@@ -266,6 +273,26 @@ fn new_connections_spread_over_ready_endpoints_and_fall_back_to_terminating_ones
     );
     let all = [at(&w.a1.ip4), at(&w.a3.ip4), at(&w.b1.ip4)];
     w.wait_everywhere(vip, PORT, &all);
+    // `inspect` shows the frontend with its backends.
+    let doc = tests::datapath::inspect(w.cluster.a());
+    let shown = doc["services"]
+        .as_array()
+        .and_then(|v| v.iter().find(|s| s["frontend"] == json!(at(vip))))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(shown["protocol"], "tcp", "{doc:#}");
+    let mut backends: Vec<String> = shown["backends"]
+        .as_array()
+        .map(|b| {
+            b.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    backends.sort();
+    let mut want = all.to_vec();
+    want.sort();
+    assert_eq!(backends, want, "{shown:#}");
     // Uniform: 90 connections, each of 3 backends expects 30 (σ ≈ 4.5); fewer than 12 is
     // four σ off.
     let seen = w.spread(w.a2.pod.netns(), &at(vip), 90);
@@ -468,31 +495,14 @@ fn connections_live_through_endpoint_churn_an_agent_restart_and_the_switch_back(
     w.wait_everywhere(vip, ECHO_PORT, &[echo_at(&w.a1.ip4), echo_at(&w.b1.ip4)]);
     // The agents restart: what they find pinned stays, and the next change lands.
     let before = w.cluster.a().pinned_datapath().service_table().ok();
-    w.agents.clear();
-    let log = |n: &str| w.logs.path().join(format!("agent-{n}.log"));
-    w.agents = vec![
-        w.cluster
-            .a()
-            .start_service_agent(&w.api, true, &log("node-a")),
-        w.cluster
-            .b()
-            .start_service_agent(&w.api, true, &log("node-b")),
-    ];
+    w.restart_agents(true);
     // Its first round (from the full lists) leaves the maps as they were.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(w.cluster.a().pinned_datapath().service_table().ok(), before);
     w.put_slice("churn", &[ready(&w.a1.ip4, "node-a")]);
     w.wait_everywhere(vip, ECHO_PORT, &[echo_at(&w.a1.ip4)]);
     // Back to kube-proxy: agents without the mode empty the maps.
-    w.agents.clear();
-    w.agents = vec![
-        w.cluster
-            .a()
-            .start_service_agent(&w.api, false, &log("node-a")),
-        w.cluster
-            .b()
-            .start_service_agent(&w.api, false, &log("node-b")),
-    ];
+    w.restart_agents(false);
     let deadline = Instant::now() + Duration::from_secs(10);
     while w.cluster.nodes().iter().any(|n| {
         !n.pinned_datapath()
@@ -526,18 +536,9 @@ fn connections_live_through_endpoint_churn_an_agent_restart_and_the_switch_back(
 #[ignore = "privileged: run via cargo xtask test"]
 fn switching_over_from_kube_proxy_keeps_established_connections() {
     let mut w = world("svc_switch");
-    let log = |n: &str| w.logs.path().join(format!("agent-{n}.log"));
     // A node as it runs before the switch: kube-proxy's rules (nftables mode), agents
     // without the replacement.
-    w.agents.clear();
-    w.agents = vec![
-        w.cluster
-            .a()
-            .start_service_agent(&w.api, false, &log("node-a")),
-        w.cluster
-            .b()
-            .start_service_agent(&w.api, false, &log("node-b")),
-    ];
+    w.restart_agents(false);
     let vip = "10.96.1.7";
     let svc = ServicePort::new("default/switch", "echo", Protocol::Tcp, vip, ECHO_PORT)
         .endpoint(&format!("{}:{ECHO_PORT}", w.a1.ip4), "node-a");
@@ -561,15 +562,7 @@ fn switching_over_from_kube_proxy_keeps_established_connections() {
         .collect();
     std::thread::sleep(Duration::from_millis(700));
     // The switch: agents with the replacement fill the maps while the conversations go on.
-    w.agents.clear();
-    w.agents = vec![
-        w.cluster
-            .a()
-            .start_service_agent(&w.api, true, &log("node-a")),
-        w.cluster
-            .b()
-            .start_service_agent(&w.api, true, &log("node-b")),
-    ];
+    w.restart_agents(true);
     w.wait_everywhere(vip, ECHO_PORT, &[format!("{}:{ECHO_PORT}", w.a1.ip4)]);
     for (i, c) in conversations.into_iter().enumerate() {
         let out = c

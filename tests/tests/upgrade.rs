@@ -38,57 +38,6 @@ fn markers(node: &SimNode) -> Vec<String> {
         .collect()
 }
 
-/// The keys of the pinned map `name`, as bpftool prints them (`["0x12", …]`).
-fn map_keys(node: &SimNode, name: &str) -> Vec<Vec<String>> {
-    let pin = node
-        .pin_root()
-        .join(format!("testnet/v{LAYOUT}/maps"))
-        .join(name);
-    let out = node.exec(&[
-        "bpftool",
-        "-j",
-        "map",
-        "dump",
-        "pinned",
-        &pin.to_string_lossy(),
-    ]);
-    let v: Value = serde_json::from_str(out.ok()).unwrap_or_default();
-    v.as_array()
-        .unwrap_or_else(|| panic!("no dump of {}: {v}", pin.display()))
-        .iter()
-        .map(|e| {
-            e["key"]
-                .as_array()
-                .map(|k| {
-                    k.iter()
-                        .filter_map(|b| b.as_str().map(str::to_owned))
-                        .collect()
-                })
-                .unwrap_or_default()
-        })
-        .collect()
-}
-
-/// Empties the pinned map `name`.
-fn empty_map(node: &SimNode, name: &str) {
-    let pin = node
-        .pin_root()
-        .join(format!("testnet/v{LAYOUT}/maps"))
-        .join(name);
-    for key in map_keys(node, name) {
-        let mut argv = vec![
-            "bpftool".to_owned(),
-            "map".to_owned(),
-            "delete".to_owned(),
-            "pinned".to_owned(),
-            pin.to_string_lossy().into_owned(),
-            "key".to_owned(),
-        ];
-        argv.extend(key);
-        node.exec(&argv).ok();
-    }
-}
-
 /// The id of the program pinned as `name`.
 fn pinned_id(node: &SimNode, name: &str) -> u64 {
     let pin = node
@@ -251,9 +200,12 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     );
 
     // Pods an older binary ADDed have no namespace recorded for the Service translation.
-    assert_eq!(map_keys(&node, "SERVICE_NETNS").len(), 2);
-    empty_map(&node, "SERVICE_NETNS");
-    assert_eq!(map_keys(&node, "SERVICE_NETNS").len(), 0);
+    let netns = |node: &SimNode| tests::datapath::dump_map(node, "SERVICE_NETNS");
+    assert_eq!(netns(&node).len(), 2);
+    for (key, _) in netns(&node) {
+        tests::datapath::delete_map_key(&node, "SERVICE_NETNS", &key);
+    }
+    assert_eq!(netns(&node).len(), 0);
 
     // The newer binary's first ADD carries the node over.
     let newer = fault_bin();
@@ -273,7 +225,7 @@ fn a_newer_binary_takes_over_running_pods_and_open_flows_in_place() {
     // The carry-over recorded the namespaces of the pods it found (a, b), and the ADD its
     // own pod's (c).
     assert_eq!(
-        map_keys(&node, "SERVICE_NETNS").len(),
+        netns(&node).len(),
         3,
         "the pods' namespaces after the upgrade"
     );

@@ -40,22 +40,24 @@ use k8s_openapi::api::{
 };
 use kube::{
     runtime::{
-        events::{Event, EventType, Recorder, Reporter},
+        events::{Event, EventType, Recorder},
         reflector::{self, Store},
-        watcher, WatchStreamExt as _,
+        watcher,
     },
     Api, Client, Resource as _,
 };
-use tokio::sync::Notify;
 
-use super::ready::{Job, Readiness};
+use super::{
+    ready::{Job, Readiness},
+    watch::watch,
+};
 use crate::{
     datapath::{
         services::{backend, service_key, Frontend, ServiceTable, ServiceWriter},
         Datapath,
     },
     error::{Error, Result},
-    k8s::{ApiArgs, ApiClient},
+    k8s::ApiArgs,
 };
 
 /// How long a round waits after a change for more changes of the same burst.
@@ -337,36 +339,6 @@ impl View {
     }
 }
 
-/// One watcher whose events (but the first pages of a list) wake the rounds.
-fn watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    writer: reflector::store::Writer<K>,
-) -> impl Stream<Item = bool> + Send
-where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
-{
-    let kind = K::kind(&K::DynamicType::default()).into_owned();
-    watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .map(move |event| match event {
-            Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
-            Ok(_) => true,
-            Err(e) => {
-                tracing::warn!("watching {kind}: {e}; retrying");
-                false
-            }
-        })
-}
-
 fn start(client: &Client, node: &str) -> (View, impl Stream<Item = bool> + Send) {
     let (services, svc_w) = reflector::store();
     let (slices, slice_w) = reflector::store();
@@ -540,34 +512,10 @@ pub fn run(
 ) -> Result<()> {
     let rt = crate::link::runtime()?;
     rt.block_on(async {
-        let client = loop {
-            match ApiClient::new(api) {
-                Ok(c) => break c.client(),
-                Err(e) => {
-                    tracing::warn!("Services: {e}; retrying");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            }
-        };
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "cni-ebpf-agent".into(),
-                instance: (!node.is_empty()).then(|| node.to_owned()),
-            },
-        );
-        let (view, mut events) = start(&client, node);
-        let changed = Arc::new(Notify::new());
-        {
-            let changed = Arc::clone(&changed);
-            tokio::spawn(async move {
-                while let Some(wake) = events.next().await {
-                    if wake {
-                        changed.notify_one();
-                    }
-                }
-            });
-        }
+        let client = super::watch::client(api, "Services").await;
+        let recorder = super::watch::recorder(&client);
+        let (view, events) = start(&client, node);
+        let changed = super::watch::wake_on(events);
         if !view.ready().await {
             return Err(Error::datapath("Services", "the watchers stopped"));
         }

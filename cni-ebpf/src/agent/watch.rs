@@ -84,8 +84,13 @@ impl View {
     }
 }
 
-/// One watcher whose events (but the first pages of a list) wake the rounds.
-fn watch<K>(api: Api<K>, writer: reflector::store::Writer<K>) -> impl Stream<Item = bool> + Send
+/// One watcher (list, then watch; `config` narrows it) feeding `writer`'s store, whose
+/// events (but the first pages of a list) wake the rounds.
+pub(super) fn watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    writer: reflector::store::Writer<K>,
+) -> impl Stream<Item = bool> + Send
 where
     K: kube::Resource
         + Clone
@@ -97,7 +102,7 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    watcher(api, watcher::Config::default())
+    watcher(api, config)
         .default_backoff()
         .reflect(writer)
         .map(move |event| match event {
@@ -110,14 +115,66 @@ where
         })
 }
 
+/// A client of the API server `api` names, retried every 2 s until one can be made (`job`
+/// names who waits in the log).
+pub(super) async fn client(api: &ApiArgs, job: &str) -> Client {
+    loop {
+        match ApiClient::new(api) {
+            Ok(c) => return c.client(),
+            Err(e) => {
+                tracing::warn!("{job}: {e}; retrying");
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
+/// The agent's Event recorder on `client`.
+pub(super) fn recorder(client: &Client) -> Recorder {
+    Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "cni-ebpf-agent".into(),
+            instance: std::env::var("NODE_NAME").ok(),
+        },
+    )
+}
+
+/// Drives `events` on a task of its own; the returned `Notify` is woken by each event
+/// that asks for a round.
+pub(super) fn wake_on(
+    mut events: impl Stream<Item = bool> + Send + Unpin + 'static,
+) -> Arc<Notify> {
+    let changed = Arc::new(Notify::new());
+    let notify = Arc::clone(&changed);
+    tokio::spawn(async move {
+        while let Some(wake) = events.next().await {
+            if wake {
+                notify.notify_one();
+            }
+        }
+    });
+    changed
+}
+
 fn start(client: &Client) -> (View, impl Stream<Item = bool> + Send) {
     let (namespaces, ns_w) = reflector::store();
     let (pods, pod_w) = reflector::store();
     let (policies, np_w) = reflector::store();
     let streams = select_all([
-        watch(Api::<Namespace>::all(client.clone()), ns_w).boxed(),
-        watch(Api::<Pod>::all(client.clone()), pod_w).boxed(),
-        watch(Api::<NetworkPolicy>::all(client.clone()), np_w).boxed(),
+        watch(
+            Api::<Namespace>::all(client.clone()),
+            Default::default(),
+            ns_w,
+        )
+        .boxed(),
+        watch(Api::<Pod>::all(client.clone()), Default::default(), pod_w).boxed(),
+        watch(
+            Api::<NetworkPolicy>::all(client.clone()),
+            Default::default(),
+            np_w,
+        )
+        .boxed(),
     ]);
     (
         View {
@@ -324,34 +381,10 @@ pub fn run(
             state_dir: state_dir.to_owned(),
             totals,
         };
-        let client = loop {
-            match ApiClient::new(api) {
-                Ok(c) => break c.client(),
-                Err(e) => {
-                    tracing::warn!("NetworkPolicy: {e}; retrying");
-                    tokio::time::sleep(Duration::from_secs(2)).await;
-                }
-            }
-        };
-        let recorder = Recorder::new(
-            client.clone(),
-            Reporter {
-                controller: "cni-ebpf-agent".into(),
-                instance: std::env::var("NODE_NAME").ok(),
-            },
-        );
-        let (view, mut events) = start(&client);
-        let changed = Arc::new(Notify::new());
-        {
-            let changed = Arc::clone(&changed);
-            tokio::spawn(async move {
-                while let Some(wake) = events.next().await {
-                    if wake {
-                        changed.notify_one();
-                    }
-                }
-            });
-        }
+        let client = client(api, "NetworkPolicy").await;
+        let recorder = recorder(&client);
+        let (view, events) = start(&client);
+        let changed = wake_on(events);
         if !view.ready().await {
             return Err(Error::datapath("NetworkPolicy", "the watchers stopped"));
         }

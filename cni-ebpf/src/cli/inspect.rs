@@ -1,6 +1,6 @@
 //! `cni-ebpf inspect`: a network's datapath as its pinned maps hold it (node config,
-//! endpoints with counters, host ports, NAT entries, flows, NetworkPolicy rule sets, map
-//! fill, reason counters), with the NetworkPolicy state the agent wrote (the policies
+//! endpoints with counters, host ports, NAT entries, flows, NetworkPolicy rule sets, the
+//! Service frontends translated at the socket, map fill, reason counters), with the NetworkPolicy state the agent wrote (the policies
 //! that select each pod) and the latest packets the policy refused (`--follow` streams
 //! them),
 //! each endpoint with the Kubernetes pod it belongs to, optionally for one pod only.
@@ -148,6 +148,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         return follow(&dp, &concerns, args.json);
     }
     let reasons = dp.reason_counts()?;
+    let services = dp.service_views()?;
     let flows = dp.flow_summary()?;
     let maps = dp.map_stats()?;
     let mut policy = dp.policy_view()?;
@@ -201,7 +202,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 serde_json::to_value(&denies).unwrap_or_default(),
             );
         }
-        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "policy": policy, "reasons": reasons, "maps": maps });
+        let doc = json!({ "node": node, "endpoints": endpoints, "portMappings": ports, "nat": nat, "flows": flows, "policy": policy, "services": services, "reasons": reasons, "maps": maps });
         println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         return Ok(());
     }
@@ -374,6 +375,35 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     for d in &denies {
         println!("  {d}");
     }
+    println!(
+        "\nSERVICES ({} frontends translated at the socket{})",
+        services.len(),
+        if services.is_empty() {
+            "; the agent's --kube-proxy-replacement is off, or no Service has a ClusterIP"
+        } else {
+            ""
+        }
+    );
+    for svc in services.iter().take(SHOWN_SERVICES) {
+        println!(
+            "  {:<28} {:<4} {}{}",
+            svc.frontend,
+            svc.protocol,
+            if svc.backends.is_empty() {
+                "refused (no usable endpoint)".to_owned()
+            } else {
+                svc.backends.join(", ")
+            },
+            svc.affinity_secs
+                .map_or_else(String::new, |s| format!("  (ClientIP affinity, {s} s)"))
+        );
+    }
+    if services.len() > SHOWN_SERVICES {
+        println!(
+            "  … and {} more (--json lists every one)",
+            services.len() - SHOWN_SERVICES
+        );
+    }
     println!("\nMAPS");
     println!(
         "  {:<14} {:<16} {:>10} {:>10} {:>12}",
@@ -401,6 +431,8 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     Ok(())
 }
 
+/// At most this many Service frontends are listed as text.
+const SHOWN_SERVICES: usize = 200;
 /// At most this many deny events are listed (the newest).
 const SHOWN_DENIES: usize = 50;
 /// How often `--follow` reads the deny rings.

@@ -80,6 +80,20 @@ fn unwire(b: [u8; 16]) -> IpAddr {
     a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
 }
 
+/// One frontend as `inspect` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceView {
+    /// `ip:port` (IPv6 in brackets).
+    pub frontend: String,
+    /// `tcp` or `udp`.
+    pub protocol: &'static str,
+    /// The backends, `ip:port`; empty: new connections are refused.
+    pub backends: Vec<String>,
+    /// `sessionAffinity: ClientIP`'s timeout in seconds, if the Service has affinity.
+    pub affinity_secs: Option<u32>,
+}
+
 /// What one [`ServiceWriter::apply`] changed.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Applied {
@@ -404,6 +418,31 @@ impl Datapath {
             backends,
             affinity_secs: s.affinity_secs,
         }))
+    }
+
+    /// The frontends the maps hold now, as `inspect` shows them.
+    pub fn service_views(&self) -> Result<Vec<ServiceView>> {
+        Ok(self
+            .service_table()?
+            .iter()
+            .map(|(k, f)| {
+                let (ip, port, proto) = frontend_parts(k);
+                ServiceView {
+                    frontend: SocketAddr::new(ip, port).to_string(),
+                    protocol: if proto == cni_ebpf_common::proto::UDP {
+                        "udp"
+                    } else {
+                        "tcp"
+                    },
+                    backends: f
+                        .backends
+                        .iter()
+                        .map(|b| backend_addr(b).to_string())
+                        .collect(),
+                    affinity_secs: (f.affinity_secs != 0).then_some(f.affinity_secs),
+                }
+            })
+            .collect())
     }
 
     /// The frontends the maps hold now, with their backends (for `inspect` and tests).
