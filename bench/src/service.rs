@@ -79,11 +79,14 @@ const PATHS: [(&str, &str, bool); 2] = [
 
 /// The ClusterIPs of the same Service that kube-proxy's rules translate while the agent's
 /// replacement is measured (the agent does not know them, so the socket hooks leave them
-/// to the rules): iptables mode, nftables mode.
-const KUBE_PROXY_IPS: [(&str, Mode); 2] = [
-    ("10.96.0.20", Mode::Iptables),
-    ("10.96.0.21", Mode::Nftables),
+/// to the rules), with the port of the echo server each goes to: iptables mode, nftables
+/// mode.
+const KUBE_PROXY_IPS: [(&str, Mode, u16); 2] = [
+    ("10.96.0.20", Mode::Iptables, data::ECHO_PORT + 2),
+    ("10.96.0.21", Mode::Nftables, data::ECHO_PORT + 3),
 ];
+/// The port of the echo server the replacement rows' direct column talks to.
+const DIRECT_ECHO_PORT: u16 = data::ECHO_PORT + 1;
 
 /// Runs `f`, turning a panic of the tests crate's helpers into an error about `what`.
 pub(super) fn catch<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
@@ -228,15 +231,16 @@ impl SvcCluster {
     /// The Service: ClusterIP port 80 → the echo server, port 81 → "who am I", both on
     /// the single endpoint `srv` on node A.
     fn services(&self) -> Vec<ServicePort> {
-        self.services_at("default/echo", CLUSTER_IP)
+        self.services_at("default/echo", CLUSTER_IP, data::ECHO_PORT)
     }
 
-    /// [`Self::services`] as Service `name` on `cluster_ip`.
-    fn services_at(&self, name: &str, cluster_ip: &str) -> Vec<ServicePort> {
+    /// [`Self::services`] as Service `name` on `cluster_ip`, port 80 going to the echo
+    /// server on `echo_port`.
+    fn services_at(&self, name: &str, cluster_ip: &str, echo_port: u16) -> Vec<ServicePort> {
         let ep = |port: u16| format!("{}:{port}", self.server.ip);
         vec![
             ServicePort::new(name, "echo", Protocol::Tcp, cluster_ip, ECHO_SERVICE_PORT)
-                .endpoint(&ep(data::ECHO_PORT), self.cluster.a().name()),
+                .endpoint(&ep(echo_port), self.cluster.a().name()),
             ServicePort::new(
                 name,
                 "whoami",
@@ -551,13 +555,19 @@ mod replacement {
                 &logs,
             )
         })?;
-        for (ip, mode) in KUBE_PROXY_IPS {
-            let services = c.services_at(&format!("default/echo-{}", mode.name()), ip);
+        for (ip, mode, port) in KUBE_PROXY_IPS {
+            let services = c.services_at(&format!("default/echo-{}", mode.name()), ip, port);
             catch(
                 &format!("loading kube-proxy's {} rules", mode.name()),
                 || c.cluster.install_kube_proxy(mode, &services),
             )?;
         }
+        // An echo server per column: each serves one connection at a time, and the
+        // columns' clients keep theirs open while the others take their turns.
+        let _echo = [DIRECT_ECHO_PORT, KUBE_PROXY_IPS[0].2, KUBE_PROXY_IPS[1].2]
+            .into_iter()
+            .map(|port| EchoServer::start(c.server.pod.netns(), port, Serving::OneAtATimePinned))
+            .collect::<std::io::Result<Vec<_>>>()?;
         let _whoami = catch("starting the who-am-I server", || {
             WhoAmIServer::start(c.server.pod.netns(), WHOAMI_PORT)
         })?;
@@ -586,7 +596,7 @@ mod replacement {
                 };
                 let targets = vec![
                     target("cni-ebpf", CLUSTER_IP, ECHO_SERVICE_PORT),
-                    target(DIRECT, &c.server.ip, data::ECHO_PORT),
+                    target(DIRECT, &c.server.ip, DIRECT_ECHO_PORT),
                     target(IPTABLES, KUBE_PROXY_IPS[0].0, ECHO_SERVICE_PORT),
                     target(NFTABLES, KUBE_PROXY_IPS[1].0, ECHO_SERVICE_PORT),
                 ];

@@ -170,18 +170,28 @@ pub(crate) fn is_translated_reply<A: Family>(p: &Pkt<A>) -> bool {
 /// `uplink_egress`: the flags of `p`'s flow if a pod sent exactly this tuple (`None`: it
 /// reached the uplink translated by netfilter, or from the node itself). A pending flow
 /// becomes verified.
+///
+/// A TCP SYN whose entry is not pending was not sent with this tuple: every SYN a pod
+/// sends goes to the stack and marks its tuple pending (`to_stack`). It is a new
+/// connection netfilter translated onto the tuple of an earlier one that ended here (a
+/// source port used once towards an endpoint directly, then again for its ClusterIP).
+/// That entry is dropped, or its replies would bypass the stack's un-DNAT.
 #[inline(always)]
 pub(crate) fn seen_leaving<A: Family>(p: &Pkt<A>) -> Option<FlowFlags> {
     if !p.natable {
         return None;
     }
-    let f = A::flows().get_ptr_mut(p.key())?;
+    let key = p.key();
+    let f = A::flows().get_ptr_mut(key)?;
     // SAFETY: as in `may_bypass_stack`.
     unsafe {
         let flags = (*f).flags;
         if flags.contains(FlowFlags::PENDING) {
             (*f).flags = (flags - FlowFlags::PENDING) | FlowFlags::VERIFIED;
             count(Reason::FlowVerified);
+        } else if p.proto == proto::TCP && p.is_tcp_syn() {
+            let _ = A::flows().remove(key);
+            return None;
         }
         Some(flags)
     }

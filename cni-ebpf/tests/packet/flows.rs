@@ -105,6 +105,36 @@ fn a_flow_netfilter_translates_stays_on_the_kernel_path() {
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_translated_connection_on_an_ended_direct_flows_tuple_stays_on_the_kernel_path() {
+    let fx = node();
+    // Pod A talks to a remote pod directly from port 40000: verified, fast-pathed.
+    let direct = tcp_frame(POD_A, 40000, REMOTE_POD, 8080, SYN);
+    fx.run("from_pod", &direct);
+    fx.run("uplink_egress", &direct);
+    assert_eq!(fx.flow(&flow_key(&direct)), Some(FlowFlags::VERIFIED));
+    // That connection ends; port 40000 calls the ClusterIP, which kube-proxy DNATs to the
+    // same endpoint: the SYN leaves with the old flow's tuple.
+    fx.assert_passes_unchanged("from_pod", &tcp_frame(POD_A, 40000, VIP, 80, SYN), "SYN");
+    fx.assert_passes_unchanged("uplink_egress", &direct, "the DNATed SYN");
+    assert_eq!(
+        fx.flow(&flow_key(&direct)),
+        None,
+        "the ended flow's entry must go"
+    );
+    // The endpoint's SYN-ACK goes to the stack, which un-DNATs it.
+    let reply = tcp_frame(REMOTE_POD, 8080, POD_A, 40000, SYN | ACK);
+    fx.assert_passes_unchanged("uplink_ingress", &reply, "the reply of a DNATed flow");
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 0);
+    // Later packets of it too.
+    let later = tcp_frame(POD_A, 40000, REMOTE_POD, 8080, ACK);
+    fx.assert_passes_unchanged("uplink_egress", &later, "a later DNATed packet");
+    let reply = tcp_frame(REMOTE_POD, 8080, POD_A, 40000, ACK);
+    fx.assert_passes_unchanged("uplink_ingress", &reply, "a later reply");
+    assert_eq!(fx.reason(Reason::RedirectFromUplink), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn a_service_reply_between_local_pods_goes_to_the_stack() {
     let fx = node();
     // Pod A calls the ClusterIP; kube-proxy DNATs it to pod B on this node.
