@@ -141,23 +141,24 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(
         rules.len(),
-        3,
-        "read access to what install, host-gw and policy read; Events"
+        5,
+        "read access to what install, host-gw, policy and the Service watcher read; Events"
     );
-    assert_eq!(strings(&rules[0]["apiGroups"]), [""]);
-    assert_eq!(
-        strings(&rules[0]["resources"]),
-        ["nodes", "namespaces", "pods"]
-    );
-    assert_eq!(strings(&rules[1]["apiGroups"]), ["networking.k8s.io"]);
-    assert_eq!(strings(&rules[1]["resources"]), ["networkpolicies"]);
-    for r in &rules[..2] {
+    let read: [(&str, &[&str]); 4] = [
+        ("", &["nodes", "namespaces", "pods"]),
+        ("networking.k8s.io", &["networkpolicies"]),
+        ("", &["services"]),
+        ("discovery.k8s.io", &["endpointslices"]),
+    ];
+    for (r, (group, resources)) in rules.iter().zip(read) {
+        assert_eq!(strings(&r["apiGroups"]), [group]);
+        assert_eq!(strings(&r["resources"]), resources);
         assert_eq!(strings(&r["verbs"]), ["get", "list", "watch"], "read only");
     }
-    assert_eq!(strings(&rules[2]["apiGroups"]), ["events.k8s.io"]);
-    assert_eq!(strings(&rules[2]["resources"]), ["events"]);
+    assert_eq!(strings(&rules[4]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&rules[4]["resources"]), ["events"]);
     assert_eq!(
-        strings(&rules[2]["verbs"]),
+        strings(&rules[4]["verbs"]),
         ["create", "patch"],
         "Events only"
     );
