@@ -113,19 +113,6 @@ fn mapped(addr: u32) -> [u8; 16] {
     cni_ebpf_common::mapped4(addr)
 }
 
-#[inline(always)]
-fn bytes6(a: &Addr6) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for i in 0..4 {
-        let w = a[i].to_ne_bytes();
-        out[4 * i] = w[0];
-        out[4 * i + 1] = w[1];
-        out[4 * i + 2] = w[2];
-        out[4 * i + 3] = w[3];
-    }
-    out
-}
-
 /// The ports of a packet whose L4 header starts at `l4` (ICMP echo: the identifier as the
 /// requester's port, as `parse` keys it; other protocols: none).
 #[inline(always)]
@@ -234,8 +221,8 @@ fn quoted6(ctx: &TcContext, s: &mut Scratch) {
     else {
         return;
     };
-    s.flow.saddr = bytes6(&qd);
-    s.flow.daddr = bytes6(&qs);
+    s.flow.saddr = cni_ebpf_common::bytes6(&qd);
+    s.flow.daddr = cni_ebpf_common::bytes6(&qs);
     s.flow.sport = qdport;
     s.flow.dport = qsport;
     s.flow.proto = qp;
@@ -261,8 +248,8 @@ pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
     let (sport, dport) = ports(ctx, L4_OFF6, next, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)?;
     s.opens = opens(ctx, L4_OFF6, next);
     s.flow = PolicyFlowKey {
-        saddr: bytes6(&saddr),
-        daddr: bytes6(&daddr),
+        saddr: cni_ebpf_common::bytes6(&saddr),
+        daddr: cni_ebpf_common::bytes6(&daddr),
         sport,
         dport,
         proto: next,

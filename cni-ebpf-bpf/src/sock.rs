@@ -24,8 +24,8 @@ use aya_ebpf::{
     EbpfContext,
 };
 use cni_ebpf_common::{
-    mapped4, proto, unmapped4, Addr6, PortTarget, PortTarget6, Reason, SockRevKey, SockRevKey6,
-    SockRevValue, SockRevValue6,
+    addr6, bytes6, mapped4, proto, unmapped4, Addr6, PortTarget, PortTarget6, Reason, SockRevKey,
+    SockRevKey6, SockRevValue, SockRevValue6,
 };
 
 use crate::{
@@ -259,7 +259,7 @@ fn translate6(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     }
     let mut b = service::NO_BACKEND;
-    match service::pick(ctx, wire6(&addr), port, proto_, &mut b) {
+    match service::pick(ctx, bytes6(&addr), port, proto_, &mut b) {
         Pick::Pass => return ALLOW,
         Pick::Refuse => return refuse(),
         Pick::To => {}
@@ -270,7 +270,7 @@ fn translate6(ctx: &SockAddrContext) -> i32 {
             set_user_ip6(ctx, [0, 0, V4_MAPPED, b4], b.port);
         }
         (None, None) => {
-            let b6 = native6(&b.addr);
+            let b6 = addr6(&b.addr);
             remember6(cookie, (b6, b.port), addr, port);
             set_user_ip6(ctx, b6, b.port);
         }
@@ -278,28 +278,6 @@ fn translate6(ctx: &SockAddrContext) -> i32 {
         _ => {}
     }
     ALLOW
-}
-
-/// An address as the programs hold it (four network-order words) in wire order.
-#[inline(always)]
-fn wire6(a: &Addr6) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    for (i, w) in a.iter().enumerate() {
-        let b = w.to_ne_bytes();
-        out[4 * i..4 * i + 4].copy_from_slice(&b);
-    }
-    out
-}
-
-/// [`wire6`] undone.
-#[inline(always)]
-fn native6(b: &[u8; 16]) -> Addr6 {
-    [
-        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
-        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
-        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
-        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
-    ]
 }
 
 /// [`reverse`] for an IPv6 socket.

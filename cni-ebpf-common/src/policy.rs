@@ -195,3 +195,39 @@ pub fn mapped4(addr: u32) -> [u8; 16] {
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, b[0], b[1], b[2], b[3],
     ]
 }
+
+/// The IPv4 address (network-order `u32`) inside an IPv4-mapped address, if `a` is one
+/// ([`mapped4`] undone).
+#[must_use]
+#[inline(always)]
+pub fn unmapped4(a: &[u8; 16]) -> Option<u32> {
+    let mapped = a[..10].iter().all(|b| *b == 0) && a[10] == 0xff && a[11] == 0xff;
+    mapped.then(|| u32::from_ne_bytes([a[12], a[13], a[14], a[15]]))
+}
+
+/// An IPv6 address as the programs hold it (four network-order words) in wire order.
+#[must_use]
+#[inline(always)]
+pub fn bytes6(a: &crate::Addr6) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    for i in 0..4 {
+        let w = a[i].to_ne_bytes();
+        out[4 * i] = w[0];
+        out[4 * i + 1] = w[1];
+        out[4 * i + 2] = w[2];
+        out[4 * i + 3] = w[3];
+    }
+    out
+}
+
+/// [`bytes6`] undone.
+#[must_use]
+#[inline(always)]
+pub fn addr6(b: &[u8; 16]) -> crate::Addr6 {
+    [
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]),
+        u32::from_ne_bytes([b[4], b[5], b[6], b[7]]),
+        u32::from_ne_bytes([b[8], b[9], b[10], b[11]]),
+        u32::from_ne_bytes([b[12], b[13], b[14], b[15]]),
+    ]
+}

@@ -113,12 +113,3 @@ pub struct MemberKey {
     pub backend: Backend,
 }
 const _: () = assert!(size_of::<MemberKey>() == 24);
-
-/// The IPv4 address (network-order `u32`) inside an IPv4-mapped address, if `a` is one
-/// ([`crate::mapped4`] undone).
-#[must_use]
-#[inline(always)]
-pub fn unmapped4(a: &[u8; 16]) -> Option<u32> {
-    let mapped = a[..10].iter().all(|b| *b == 0) && a[10] == 0xff && a[11] == 0xff;
-    mapped.then(|| u32::from_ne_bytes([a[12], a[13], a[14], a[15]]))
-}

@@ -49,7 +49,7 @@ use kube::{
 
 use super::{
     ready::{Job, Readiness},
-    watch::watch,
+    watch::{networks, watch},
 };
 use crate::{
     datapath::{
@@ -376,11 +376,6 @@ fn start(client: &Client, node: &str) -> (View, impl Stream<Item = bool> + Send)
         },
         select_all(streams),
     )
-}
-
-/// The networks to keep: those named, else every directory below `root`.
-fn networks(root: &Path, named: &[String]) -> Vec<PathBuf> {
-    super::watch::networks(root, named)
 }
 
 /// Every network's writer, opened as networks appear.

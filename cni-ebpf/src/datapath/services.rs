@@ -116,31 +116,12 @@ impl ServiceWriter {
     /// The frontends `dp`'s maps hold now (after an agent restart: what the last one
     /// wrote).
     pub fn resume(dp: &Datapath) -> Result<Self> {
-        let mut m = dp.maps()?;
-        let services = maps::entries(&m.services()?);
-        let slots = maps::entries(&m.service_backends()?);
-        let mut by_id: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
-        for (k, b) in slots {
-            by_id.entry(k.id).or_default().insert(k.index, b);
-        }
         let mut w = Self::default();
-        for (k, s) in services {
-            let backends = by_id
-                .get(&s.id)
-                .map(|m| m.range(..s.count).map(|(_, b)| *b).collect())
-                .unwrap_or_default();
-            w.next_id = w.next_id.max(s.id + 1);
-            w.current.insert(
-                k,
-                (
-                    s.id,
-                    Frontend {
-                        backends,
-                        affinity_secs: s.affinity_secs,
-                    },
-                ),
-            );
+        for (k, (id, f)) in dp.frontends()? {
+            w.next_id = w.next_id.max(id + 1);
+            w.current.insert(k, (id, f));
         }
+        let mut m = dp.maps()?;
         // Slots of no frontend (an agent killed while removing one) go now.
         let live: BTreeSet<u32> = w.current.values().map(|(id, _)| *id).collect();
         let mut h = m.service_backends()?;
@@ -447,25 +428,34 @@ impl Datapath {
 
     /// The frontends the maps hold now, with their backends (for `inspect` and tests).
     pub fn service_table(&self) -> Result<ServiceTable> {
+        Ok(self
+            .frontends()?
+            .into_iter()
+            .map(|(k, (_, f))| (k, f))
+            .collect())
+    }
+
+    /// Every frontend the maps hold, with its id and its backends in slot order.
+    fn frontends(&self) -> Result<BTreeMap<ServiceKey, (u32, Frontend)>> {
         let mut m = self.maps()?;
         let services = maps::entries(&m.services()?);
-        let slots = maps::entries(&m.service_backends()?);
-        let mut out = ServiceTable::new();
-        for (k, s) in services {
-            let mut backends: Vec<(u32, Backend)> = slots
-                .iter()
-                .filter(|(slot, _)| slot.id == s.id && slot.index < s.count)
-                .map(|(slot, b)| (slot.index, *b))
-                .collect();
-            backends.sort_unstable_by_key(|(i, _)| *i);
-            out.insert(
-                k,
-                Frontend {
-                    backends: backends.into_iter().map(|(_, b)| b).collect(),
-                    affinity_secs: s.affinity_secs,
-                },
-            );
+        let mut by_id: BTreeMap<u32, BTreeMap<u32, Backend>> = BTreeMap::new();
+        for (k, b) in maps::entries(&m.service_backends()?) {
+            by_id.entry(k.id).or_default().insert(k.index, b);
         }
-        Ok(out)
+        Ok(services
+            .into_iter()
+            .map(|(k, s)| {
+                let backends = by_id
+                    .get(&s.id)
+                    .map(|m| m.range(..s.count).map(|(_, b)| *b).collect())
+                    .unwrap_or_default();
+                let f = Frontend {
+                    backends,
+                    affinity_secs: s.affinity_secs,
+                };
+                (k, (s.id, f))
+            })
+            .collect())
     }
 }
