@@ -17,7 +17,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    forward::{deliver, deliver6, to_uplink, to_uplink6, Handover},
+    forward::{deliver, deliver6, route_out, route_out6, to_uplink, to_uplink6, Handover},
     icmp, icmp6,
     maps::{
         in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
@@ -76,6 +76,17 @@ pub(crate) trait Family: Copy + PartialEq + Default + 'static {
     /// A pod's packet leaving the node: straight to the uplink (or the tunnel device) the
     /// family's FIB names, else to the stack (see `forward::to_uplink`).
     fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32;
+    /// A translated packet from outside (or its reply), its source a node address: routed
+    /// out as the family's FIB says (see `forward::route_out`).
+    fn route_out(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32) -> i32;
+    /// The address in the one layout of both families (IPv6, or IPv4-mapped), wire order.
+    fn wire(self) -> [u8; 16];
+    /// The address of this family in `b` (that layout), if it is one.
+    fn from_wire(b: &[u8; 16]) -> Option<Self>;
+    /// The address as `struct bpf_fib_lookup` holds it (IPv4: the first word).
+    fn words(self) -> [u32; 4];
+    /// The address from `struct bpf_fib_lookup`'s words.
+    fn from_words(w: [u32; 4]) -> Self;
     /// Whether `p` is an ICMP error of the family (about a packet sent).
     fn is_icmp_error(p: &Pkt<Self>) -> bool;
     /// An ICMP error arriving at the uplink, about a translated flow or not (see
@@ -158,6 +169,31 @@ impl Family for Addr4 {
     #[inline(always)]
     fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32 {
         to_uplink(ctx, p, ifindex, own_source)
+    }
+
+    #[inline(always)]
+    fn route_out(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32) -> i32 {
+        route_out(ctx, p, ifindex)
+    }
+
+    #[inline(always)]
+    fn wire(self) -> [u8; 16] {
+        cni_ebpf_common::mapped4(self)
+    }
+
+    #[inline(always)]
+    fn from_wire(b: &[u8; 16]) -> Option<Self> {
+        cni_ebpf_common::unmapped4(b)
+    }
+
+    #[inline(always)]
+    fn words(self) -> [u32; 4] {
+        [self, 0, 0, 0]
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u32; 4]) -> Self {
+        w[0]
     }
 
     #[inline(always)]
@@ -264,6 +300,34 @@ impl Family for Addr6 {
     #[inline(always)]
     fn to_uplink(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32, own_source: bool) -> i32 {
         to_uplink6(ctx, p, ifindex, own_source)
+    }
+
+    #[inline(always)]
+    fn route_out(ctx: &TcContext, p: &Pkt<Self>, ifindex: u32) -> i32 {
+        route_out6(ctx, p, ifindex)
+    }
+
+    #[inline(always)]
+    fn wire(self) -> [u8; 16] {
+        cni_ebpf_common::bytes6(&self)
+    }
+
+    #[inline(always)]
+    fn from_wire(b: &[u8; 16]) -> Option<Self> {
+        // An IPv4-mapped address is IPv4's.
+        cni_ebpf_common::unmapped4(b)
+            .is_none()
+            .then(|| cni_ebpf_common::addr6(b))
+    }
+
+    #[inline(always)]
+    fn words(self) -> [u32; 4] {
+        self
+    }
+
+    #[inline(always)]
+    fn from_words(w: [u32; 4]) -> Self {
+        w
     }
 
     #[inline(always)]

@@ -3,9 +3,10 @@
 
 use aya_ebpf::{
     bindings::{
-        bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT,
+        bpf_fib_lookup as bpf_fib_lookup_t, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
+        BPF_FIB_LOOKUP_SKIP_NEIGH, BPF_FIB_LOOKUP_SRC, TC_ACT_OK, TC_ACT_SHOT,
     },
-    helpers::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_peer},
+    helpers::{bpf_check_mtu, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer},
     programs::TcContext,
     EbpfContext,
 };
@@ -214,13 +215,103 @@ pub(crate) const BPF_MTU_CHK_RET_SUCCESS: i64 = 0;
 /// unchanged, which routes, fragments or answers it as before.
 #[inline(always)]
 pub(crate) fn to_uplink(ctx: &TcContext, p: &Pkt, ifindex: u32, own_source: bool) -> i32 {
-    redirect_to_uplink(ctx, fib_uplink(ctx, p, ifindex, own_source), route_hop)
+    let fib = fib_uplink(ctx, p, ifindex, own_source, false).map(|(f, _)| f);
+    redirect_to_uplink(ctx, fib, route_hop)
 }
 
 /// [`to_uplink`] for IPv6: the same decision, by the IPv6 FIB; the hop limit decremented.
 #[inline(always)]
 pub(crate) fn to_uplink6(ctx: &TcContext, p: &Pkt<Addr6>, ifindex: u32, own_source: bool) -> i32 {
-    redirect_to_uplink(ctx, fib_uplink6(ctx, p, ifindex, own_source), route_hop6)
+    let fib = fib_uplink6(ctx, p, ifindex, own_source, false).map(|(f, _)| f);
+    redirect_to_uplink(ctx, fib, route_hop6)
+}
+
+/// A packet from outside that a Service translation sends on to a backend on another
+/// node, or that backend's reply on its way back to the client (see `nodeport`), its
+/// source now one of the node's addresses: one routed hop out of the uplink or into the
+/// tunnel device, as the FIB says, past the kernel's forwarding path (which drops a
+/// packet arriving with the node's own address as its source). A next hop not resolved
+/// yet is resolved by `bpf_redirect_neigh`. No such route, a packet too big for it or an
+/// expiring TTL: dropped.
+#[inline(always)]
+pub(crate) fn route_out(ctx: &TcContext, p: &Pkt, ifindex: u32) -> i32 {
+    route_out_with(ctx, fib_uplink(ctx, p, ifindex, true, true), route_hop)
+}
+
+/// [`route_out`] for IPv6.
+#[inline(always)]
+pub(crate) fn route_out6(ctx: &TcContext, p: &Pkt<Addr6>, ifindex: u32) -> i32 {
+    route_out_with(ctx, fib_uplink6(ctx, p, ifindex, true, true), route_hop6)
+}
+
+/// The address the node sends from towards `dst`: the preferred source of its route (in
+/// tunnel modes, the tunnel device's address for another node's pod, so that the answer
+/// comes back through the tunnel), as the FIB tells it (`BPF_FIB_LOOKUP_SRC`, Linux
+/// 6.7), written to `out`. `false` when the kernel does not tell. A BPF function of its
+/// own: the lookup's 64 bytes stay out of its caller's frame.
+#[inline(never)]
+pub(crate) fn source_towards<A: Family>(ctx: &TcContext, dst: &A, out: &mut A) -> bool {
+    let Some(cfg) = node_config() else {
+        return false;
+    };
+    let mut fib = FibLookup {
+        family: if A::IPV6 { AF_INET6 } else { AF_INET },
+        l4_protocol: 0,
+        sport: 0,
+        dport: 0,
+        tot_len: 0,
+        ifindex: cfg.uplink_ifindex,
+        tos: 0,
+        src: [0; 4],
+        dst: dst.words(),
+        vlan: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
+            core::mem::size_of::<FibLookup>() as i32,
+            BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+        return false;
+    }
+    let src = A::from_words(fib.src);
+    if src == A::default() {
+        return false;
+    }
+    *out = src;
+    true
+}
+
+#[inline(always)]
+fn route_out_with(
+    ctx: &TcContext,
+    fib: Option<(FibLookup, bool)>,
+    hop: impl Fn(&TcContext, &[u8; 6], &[u8; 6]) -> bool,
+) -> i32 {
+    let Some((fib, resolved)) = fib else {
+        count(Reason::DropServiceUnroutable);
+        return TC_ACT_SHOT as i32;
+    };
+    if !hop(ctx, &fib.dmac, &fib.smac) {
+        count(Reason::DropServiceUnroutable);
+        return TC_ACT_SHOT as i32;
+    }
+    count(Reason::ServiceRouted);
+    // SAFETY: plain helper calls (no neighbour parameters: the helper looks the next hop
+    // up itself).
+    unsafe {
+        if resolved {
+            bpf_redirect(fib.ifindex, 0) as i32
+        } else {
+            bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) as i32
+        }
+    }
 }
 
 /// Redirects the packet to the uplink the FIB found (after `hop`: the routed hop of its
@@ -279,14 +370,16 @@ fn fib_prelude<A>(p: &Pkt<A>, own_source: bool) -> Option<(Exits, u16, u16)> {
 }
 
 /// The kernel's forwarding decision for `p` arriving on `ifindex`, if it is "out of the
-/// uplink, next hop resolved, fits".
+/// uplink (or into the tunnel device), fits", and whether its next hop is resolved (only
+/// resolved ones unless `unresolved_ok`).
 #[inline(always)]
-pub(crate) fn fib_uplink(
+fn fib_uplink(
     ctx: &TcContext,
     p: &Pkt,
     ifindex: u32,
     own_source: bool,
-) -> Option<FibLookup> {
+    unresolved_ok: bool,
+) -> Option<(FibLookup, bool)> {
     let (exits, sport, dport) = fib_prelude(p, own_source)?;
     let tos: u8 = read(ctx, IP_OFF + IP_TOS).ok()?;
     let fib = FibLookup {
@@ -303,14 +396,20 @@ pub(crate) fn fib_uplink(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, exits)
+    fib_check(ctx, fib, exits, unresolved_ok)
 }
 
 /// Asks the FIB for `fib`; the result if the route leads out of one of `exits` with its
 /// next hop resolved (the tunnel device's neighbour entries are made by the stack on a
-/// flow's first packets) and the packet (each GSO segment) fits that device's MTU.
+/// flow's first packets), or not resolved yet if `unresolved_ok`, and the packet (each
+/// GSO segment) fits that device's MTU; with it, whether the next hop is resolved.
 #[inline(always)]
-fn fib_check(ctx: &TcContext, mut fib: FibLookup, exits: Exits) -> Option<FibLookup> {
+fn fib_check(
+    ctx: &TcContext,
+    mut fib: FibLookup,
+    exits: Exits,
+    unresolved_ok: bool,
+) -> Option<(FibLookup, bool)> {
     // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -320,7 +419,8 @@ fn fib_check(ctx: &TcContext, mut fib: FibLookup, exits: Exits) -> Option<FibLoo
             0,
         )
     };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64
+    let resolved = rc == BPF_FIB_LKUP_RET_SUCCESS as i64;
+    if !(resolved || unresolved_ok && rc == BPF_FIB_LKUP_RET_NO_NEIGH as i64)
         || fib.ifindex == 0
         || (fib.ifindex != exits.uplink && fib.ifindex != exits.tunnel)
     {
@@ -335,7 +435,7 @@ fn fib_check(ctx: &TcContext, mut fib: FibLookup, exits: Exits) -> Option<FibLoo
     if rc != BPF_MTU_CHK_RET_SUCCESS {
         return None;
     }
-    Some(fib)
+    Some((fib, resolved))
 }
 
 /// [`fib_uplink`] for IPv6.
@@ -345,7 +445,8 @@ fn fib_uplink6(
     p: &Pkt<Addr6>,
     ifindex: u32,
     own_source: bool,
-) -> Option<FibLookup> {
+    unresolved_ok: bool,
+) -> Option<(FibLookup, bool)> {
     let (exits, sport, dport) = fib_prelude(p, own_source)?;
     let first: u32 = read(ctx, IP_OFF).ok()?;
     let fib = FibLookup {
@@ -362,5 +463,5 @@ fn fib_uplink6(
         smac: [0; 6],
         dmac: [0; 6],
     };
-    fib_check(ctx, fib, exits)
+    fib_check(ctx, fib, exits, unresolved_ok)
 }

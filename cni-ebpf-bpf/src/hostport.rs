@@ -1,4 +1,5 @@
-//! Host ports: DNAT of nodeIP:hostPort to the pod from outside, and hairpin from pods.
+//! Host ports: DNAT of nodeIP:hostPort to the pod from outside (also the DNAT of a
+//! Service flow from outside to a backend on this node), and hairpin from pods.
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_SHOT},
@@ -138,14 +139,22 @@ pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
         count(Reason::PassStaleHostPortFlow);
         return Some(PASS);
     }
+    Some(dnat_to(ctx, p, b, bp, Reason::DnatNew))
+}
+
+/// A new flow from outside, C:cp → D:dp (a host port, or a Service frontend), sent to
+/// local pod B:bp keeping the client's address: C:cp → B:bp, and the reply B:bp → C:cp
+/// leaves as D:dp. Counted as `new` once on its way.
+#[inline(always)]
+pub(crate) fn dnat_to<A: Family>(ctx: &TcContext, p: &Pkt<A>, b: A, bp: u16, new: Reason) -> i32 {
     // Charged to the pod behind the host port (outside clients have no share of their
     // own): a flood of clients uses up that pod's share only.
     let pod = b.local_endpoint().map_or(0, |ep| ep.ifindex);
     if !room_for_flow::<A>(pod) {
         count(Reason::DropNatPodCap);
-        return Some(TC_ACT_SHOT as i32);
+        return TC_ACT_SHOT as i32;
     }
-    let (c, cp, n, hp) = (p.saddr, p.sport, p.daddr, p.dport);
+    let (c, cp, d, dp) = (p.saddr, p.sport, p.daddr, p.dport);
     let rev_key = NatKeyOf {
         saddr: b,
         daddr: c,
@@ -154,25 +163,25 @@ pub(crate) fn dnat_new<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> Option<i32> {
         proto: p.proto,
         _pad: [0; 3],
     };
-    let rev = entry(n, c, hp, cp, NatHook::UPLINK_OUT, NatKind::DNAT_REV, pod);
+    let rev = entry(d, c, dp, cp, NatHook::UPLINK_OUT, NatKind::DNAT_REV, pod);
     let fwd = entry(c, b, cp, bp, NatHook::UPLINK_IN, NatKind::DNAT_FWD, pod);
     if !nat_add(&rev_key, &rev, 0) {
         count(Reason::PassNatInsertFailed);
-        return Some(PASS);
+        return PASS;
     }
     if !nat_add(&p.key(), &fwd, 0) {
         nat_remove(&rev_key);
         count(Reason::PassNatInsertFailed);
-        return Some(PASS);
+        return PASS;
     }
     if !apply(ctx, p, &fwd) {
         forget_new_flow(&p.key(), &rev_key);
-        return Some(rewrite_failed());
+        return rewrite_failed();
     }
     // Netfilter never sees one of these flows (delivered past the stack): its replies may
     // bypass it. Noted only once the packet is on its way, so a dropped one leaves no
     // flow state.
     flows::note_own_inbound(&rev_key);
-    count(Reason::DnatNew);
-    Some(deliver_local(ctx, b, Handover::Peer))
+    count(new);
+    deliver_local(ctx, b, Handover::Peer)
 }

@@ -22,13 +22,15 @@
 //!   ([`forward::Handover`]);
 //! - the uplink ([`uplink`]): `uplink_ingress` translates back replies of masqueraded
 //!   flows and ICMP errors about them, DNATs nodeIP:hostPort to the pod keeping the
-//!   client's source address, and delivers verified flows into their pods;
+//!   client's source address, sends new flows to a Service's NodePort, external IP or
+//!   load-balancer address to a backend ([`nodeport`]), and delivers verified flows into
+//!   their pods;
 //!   `uplink_egress` masquerades pod traffic leaving the cluster and restores replies of
 //!   host-port flows to nodeIP:hostPort;
 //! - the tunnel device ([`tunnel`]): `to_tunnel` sets the remote node of a pod's packet,
 //!   `from_tunnel` checks who sent one and delivers it;
-//! - the node's sockets ([`sock`]): host ports for the node's own sockets (cgroup
-//!   `sock_addr` programs).
+//! - the node's sockets ([`sock`]): host ports for the node's own sockets, and Services
+//!   for the node's and its pods' sockets ([`service`]) (cgroup `sock_addr` programs).
 //!
 //! The programs attached to the veth and the uplink see both families; an IPv6 frame is
 //! handed at once to the same program's IPv6 twin (`from_pod6`, `uplink_ingress6`,
@@ -67,6 +69,7 @@ mod icmp6;
 mod maps;
 mod masq;
 mod nat;
+mod nodeport;
 mod pacing;
 mod parse;
 mod pod;

@@ -118,10 +118,12 @@ pub(crate) fn grant<A: Family + Default>(
         count(Reason::DropNoSnatPort);
         return Err(TC_ACT_SHOT as i32);
     };
-    out.node = node;
-    out.port = np;
-    out.pod = ep.ifindex;
-    out.rev_key = rev_key(p.daddr, p.dport, node, np, p.proto);
+    out.set(
+        node,
+        np,
+        ep.ifindex,
+        rev_key(p.daddr, p.dport, node, np, p.proto),
+    );
     Ok(())
 }
 
@@ -143,6 +145,30 @@ pub(crate) struct Granted<A> {
     port: u16,
     pod: u32,
     pub(crate) rev_key: NatKeyOf<A>,
+}
+
+impl<A: Copy> Granted<A> {
+    /// A grant of `node:port` (`port` network order), charged to `pod`, whose reverse
+    /// entry is at `rev_key`.
+    #[inline(always)]
+    pub(crate) fn set(&mut self, node: A, port: u16, pod: u32, rev_key: NatKeyOf<A>) {
+        self.node = node;
+        self.port = port;
+        self.pod = pod;
+        self.rev_key = rev_key;
+    }
+
+    /// Prefers `node` as the address the flow is sent from (before it is granted).
+    #[inline(always)]
+    pub(crate) fn prefer(&mut self, node: A) {
+        self.node = node;
+    }
+
+    /// The node address and port the flow is sent from.
+    #[inline(always)]
+    pub(crate) fn source(&self) -> (A, u16) {
+        (self.node, self.port)
+    }
 }
 
 /// The rest of a new masqueraded flow, once its port and reverse entry are in: the

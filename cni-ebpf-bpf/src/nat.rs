@@ -697,6 +697,7 @@ pub(crate) fn count_translated(kind: NatKind) {
         NatKind::SNAT_REV => Reason::SnatReply,
         NatKind::DNAT_FWD => Reason::DnatForward,
         NatKind::DNAT_REV => Reason::DnatReply,
+        NatKind::SERVICE_FWD | NatKind::SERVICE_REV => return,
         _ => Reason::HairpinForward,
     });
 }

@@ -1,20 +1,28 @@
-//! Services at the socket (`--kube-proxy-replacement`): a `connect()` or `sendmsg()` to a
-//! ClusterIP is sent to one of the Service's ready backends, chosen once per connection
-//! (uniformly, or the client's remembered one under `sessionAffinity: ClientIP`). The
-//! packets then carry the backend's address from the first one on: plain pod → pod
-//! traffic, with no NAT per packet and no conntrack entry. `sock.rs` calls this and keeps
-//! the reverse mapping for `getpeername()` and `recvmsg()`.
+//! Services without kube-proxy (`--kube-proxy-replacement`): which backend a new
+//! connection to a frontend gets, chosen once per connection (uniformly, or the client's
+//! remembered one under `sessionAffinity: ClientIP`).
 //!
-//! Only sockets of the node's own network namespace and of the pods ADD recorded
-//! (`SERVICE_NETNS`) are translated: the cgroup the hooks sit on may hold processes of
-//! other namespaces that are not this node's.
+//! At the socket ([`pick`]): a `connect()` or `sendmsg()` to a ClusterIP (or, from inside
+//! the node, to a NodePort on one of its addresses, an external IP or a load-balancer
+//! address) is sent to the backend. The packets then carry the backend's address from
+//! the first one on: plain pod → pod traffic, with no NAT per packet and no conntrack
+//! entry. `sock.rs` calls this and keeps the reverse mapping for `getpeername()` and
+//! `recvmsg()`. Only sockets of the node's own network namespace and of the pods ADD
+//! recorded (`SERVICE_NETNS`) are translated: the cgroup the hooks sit on may hold
+//! processes of other namespaces that are not this node's.
+//!
+//! At the uplink, for flows from outside, `nodeport.rs` looks the frontend up with
+//! `SCOPE_UPLINK` and chooses with [`choose`].
 
 use aya_ebpf::{
     helpers::{bpf_get_netns_cookie, bpf_get_prandom_u32, bpf_ktime_get_ns},
     programs::SockAddrContext,
     EbpfContext,
 };
-use cni_ebpf_common::{proto, Affinity, AffinityKey, Backend, BackendSlot, MemberKey, ServiceKey};
+use cni_ebpf_common::{
+    proto, Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey,
+    ANY_NODE_ADDR4, ANY_NODE_ADDR6, SCOPE_SOCKET,
+};
 
 use crate::maps::{
     node_config, SERVICES, SERVICE_AFFINITY, SERVICE_BACKENDS, SERVICE_MEMBERS, SERVICE_NETNS,
@@ -52,30 +60,65 @@ fn client(ctx: &SockAddrContext, proto_: u8) -> Option<u64> {
     (node || unsafe { SERVICE_NETNS.get(&netns) }.is_some()).then_some(netns)
 }
 
-/// Where a call of protocol `proto_` to `addr:port` (wire order) goes; the backend, if
-/// any, in `to`. (An out-parameter: an enum carrying the backend left bytes the verifier
-/// saw as unread on the paths without one.)
+/// The frontend `addr:port` (wire order) of `proto_` in `scope`, if there is one; else,
+/// when `node_addr` says `addr` is one of the node's addresses, its NodePort.
+#[inline(always)]
+pub(crate) fn frontend(
+    addr: [u8; 16],
+    port: u16,
+    proto_: u8,
+    scope: u8,
+    node_addr: bool,
+) -> Option<Service> {
+    let mut key = ServiceKey {
+        addr,
+        port,
+        proto: proto_,
+        scope,
+    };
+    // SAFETY: copied out at once.
+    if let Some(s) = unsafe { SERVICES.get(&key) } {
+        return Some(*s);
+    }
+    if !node_addr {
+        return None;
+    }
+    key.addr = if cni_ebpf_common::unmapped4(&addr).is_some() {
+        ANY_NODE_ADDR4
+    } else {
+        ANY_NODE_ADDR6
+    };
+    // SAFETY: as above.
+    unsafe { SERVICES.get(&key) }.copied()
+}
+
+/// Where a socket call of protocol `proto_` to `addr:port` (wire order) goes; the
+/// backend, if any, in `to`. `node_addr`: `addr` is one of the node's addresses (its
+/// NodePorts apply). (An out-parameter: an enum carrying the backend left bytes the
+/// verifier saw as unread on the paths without one.)
 #[inline(always)]
 pub(crate) fn pick(
     ctx: &SockAddrContext,
     addr: [u8; 16],
     port: u16,
     proto_: u8,
+    node_addr: bool,
     to: &mut Backend,
 ) -> Pick {
-    let key = ServiceKey {
-        addr,
-        port,
-        proto: proto_,
-        _pad: 0,
-    };
-    // SAFETY: copied out at once.
-    let Some(svc) = (unsafe { SERVICES.get(&key) }).copied() else {
+    let Some(svc) = frontend(addr, port, proto_, SCOPE_SOCKET, node_addr) else {
         return Pick::Pass;
     };
     let Some(netns) = client(ctx, proto_) else {
         return Pick::Pass;
     };
+    choose(&svc, netns, to)
+}
+
+/// The backend of frontend `svc` for a new connection of `client` (a network namespace
+/// cookie, or `outside_client` of an address), in `to`. A BPF function of its own: its
+/// keys and values do not add to its callers' frames.
+#[inline(never)]
+pub(crate) fn choose(svc: &Service, client: u64, to: &mut Backend) -> Pick {
     if svc.count == 0 {
         return Pick::Refuse;
     }
@@ -83,7 +126,7 @@ pub(crate) fn pick(
         return chosen(svc.id, svc.count, to);
     }
     let akey = AffinityKey {
-        netns,
+        netns: client,
         id: svc.id,
         _pad: 0,
     };

@@ -107,11 +107,15 @@ fn translate(ctx: &SockAddrContext) -> i32 {
         }
         None => {
             let mut b = service::NO_BACKEND;
-            match service::pick(ctx, mapped4(addr), port, proto_, &mut b) {
+            let node_addr = is_node_addr(addr);
+            match service::pick(ctx, mapped4(addr), port, proto_, node_addr, &mut b) {
                 Pick::Pass => return ALLOW,
                 Pick::Refuse => return refuse(),
                 Pick::To => match unmapped4(&b.addr) {
-                    Some(a) => (a, b.port),
+                    Some(a) => {
+                        count(Reason::SockService);
+                        (a, b.port)
+                    }
                     None => return ALLOW,
                 },
             }
@@ -129,6 +133,7 @@ fn translate(ctx: &SockAddrContext) -> i32 {
 /// to a Service without endpoints fail at once.
 #[inline(always)]
 fn refuse() -> i32 {
+    count(Reason::SockServiceRefused);
     // SAFETY: plain helper call (cgroup programs may set the call's return value).
     unsafe { bpf_set_retval(-ECONNREFUSED) };
     REJECT
@@ -259,10 +264,14 @@ fn translate6(ctx: &SockAddrContext) -> i32 {
         return ALLOW;
     }
     let mut b = service::NO_BACKEND;
-    match service::pick(ctx, bytes6(&addr), port, proto_, &mut b) {
+    let node_addr = match v4_mapped(&addr) {
+        Some(a4) => is_node_addr(a4),
+        None => addr.is_node_addr(),
+    };
+    match service::pick(ctx, bytes6(&addr), port, proto_, node_addr, &mut b) {
         Pick::Pass => return ALLOW,
         Pick::Refuse => return refuse(),
-        Pick::To => {}
+        Pick::To => count(Reason::SockService),
     }
     match (v4_mapped(&addr), unmapped4(&b.addr)) {
         (Some(a4), Some(b4)) => {

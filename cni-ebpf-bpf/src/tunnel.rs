@@ -14,7 +14,9 @@
 //!   holds; anything else is a forged source and is dropped. It is then marked as
 //!   addressed to this host (the device has no neighbours: the sender's kernel put its
 //!   own device's MAC as destination), and the node routes it to the pod, through
-//!   `to_pod` and its NetworkPolicy check.
+//!   `to_pod` and its NetworkPolicy check. The reply of a Service flow from outside that
+//!   this node sent on to a backend on the sending node goes back to its client
+//!   (`nodeport`).
 //!
 //! The fast path, both families, as through the uplink (`flows`): once `to_tunnel` has
 //! seen a pod's flow leave as the pod sent it, `from_pod` (`from_pod6`) hands its later
@@ -40,7 +42,9 @@ use crate::{
         parse, parse6, read, Pkt, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, IP6_DADDR, IP6_SADDR,
         IP_DADDR, IP_OFF, IP_SADDR,
     },
-    policy, v6,
+    policy,
+    uplink::{self, Known},
+    v6,
 };
 
 /// Whether `p`, seen on the uplink, is the node's own tunnel traffic: UDP to the tunnel
@@ -221,6 +225,20 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
         return TC_ACT_SHOT as i32;
     }
     count(Reason::TunnelDecap);
+    // The reply of a Service flow from outside that this node sent on to a backend on
+    // the sending node: back to its client.
+    let ipv6 = v6::is_ipv6(ctx);
+    let reply = if ipv6 {
+        uplink::tunnel_service_reply::<Addr6>(ctx)
+    } else {
+        uplink::tunnel_service_reply::<cni_ebpf_common::Addr4>(ctx)
+    };
+    match reply {
+        Known::Verdict(v) => return v,
+        Known::Route if ipv6 => return uplink::route_out::<Addr6>(ctx),
+        Known::Route => return uplink::route_out::<cni_ebpf_common::Addr4>(ctx),
+        Known::IcmpError | Known::No => {}
+    }
     // For a local pod, in a flow whose packets from the pod were seen leaving
     // untranslated: straight into the pod, judged by its NetworkPolicy on the way.
     if v6::is_ipv6(ctx) {

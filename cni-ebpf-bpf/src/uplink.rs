@@ -3,10 +3,12 @@
 //!
 //! Ingress, in order: the node's own tunnel traffic passes; an ICMP error is translated
 //! back if it is about a translated flow; a packet of a translated flow (a masqueraded
-//! flow's reply, a host-port flow) is translated back and delivered; a new flow to a host
-//! port is DNATed to its pod, keeping the client's address; anything else for a local pod
-//! goes straight in when its flow is verified both ways, else to the stack, a flow
-//! opened from outside noted (its replies are never masqueraded).
+//! flow's reply, a host-port or Service flow) is translated back and delivered (or, for
+//! a Service flow sent on to another node, routed out again); a new flow to a host port
+//! is DNATed to its pod, keeping the client's address; a new flow to a Service frontend
+//! is sent to one of its backends ([`nodeport`]); anything else for a local pod goes
+//! straight in when its flow is verified both ways, else to the stack, a flow opened
+//! from outside noted (its replies are never masqueraded).
 //!
 //! Egress, in order: the node's own tunnel traffic passes; a local pod's packet that
 //! NetworkPolicy does not let leave the node is dropped; a packet of a translated flow is
@@ -27,12 +29,12 @@ use cni_ebpf_common::{FlowFlags, NatDeliver, NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::{deliver_verified, Handover},
+    forward::{self, deliver_verified, Handover},
     hostport,
     maps::{count, node_config},
     masq::{self, Granted},
     nat::{count_translated, nat_lookup, nat_remove, sweep_if_requested},
-    policy,
+    nodeport, policy,
     rewrite::{apply, rewrite_failed},
     tunnel, PASS,
 };
@@ -46,21 +48,51 @@ pub(crate) fn ingress<A: Family>(ctx: &TcContext) -> i32 {
     match ingress_known::<A>(ctx) {
         Known::Verdict(v) => return v,
         Known::IcmpError => return ingress_icmp_error::<A>(ctx),
+        Known::Route => return route_out::<A>(ctx),
         Known::No => {}
     }
     if let Some(v) = ingress_dnat::<A>(ctx) {
         return v;
     }
-    ingress_rest::<A>(ctx)
+    let mut chosen = nodeport::Chosen::<A>::default();
+    if let Some(v) = ingress_service(ctx, &mut chosen) {
+        return v;
+    }
+    match chosen.to {
+        nodeport::LOCAL => ingress_service_local(ctx, &chosen),
+        nodeport::REMOTE => ingress_service_remote(ctx, &chosen),
+        _ => ingress_rest::<A>(ctx),
+    }
 }
 
-/// What [`ingress_known`] found.
-enum Known {
+/// A new Service flow to a backend on another node: granted a port, its entries
+/// written, the packet rewritten and routed out, one stage after the other. A function
+/// of its own, so that the grant is in its frame, not the program's.
+#[inline(never)]
+fn ingress_service_remote<A: Family>(ctx: &TcContext, chosen: &nodeport::Chosen<A>) -> i32 {
+    let mut src = A::default();
+    let mut g = Granted::<A>::default();
+    if forward::source_towards(ctx, &chosen.addr, &mut src) {
+        g.prefer(src);
+    }
+    if let Some(v) = ingress_service_grant(ctx, chosen, &mut g) {
+        return v;
+    }
+    if let Some(v) = ingress_service_finish(ctx, chosen, &g) {
+        return v;
+    }
+    route_out::<A>(ctx)
+}
+
+/// What [`ingress_known`] (or [`tunnel_service_reply`]) found.
+pub(crate) enum Known {
     /// A packet of a translated flow, the node's own tunnel traffic, or one that cannot
     /// be parsed: its verdict.
     Verdict(i32),
     /// An ICMP error: [`ingress_icmp_error`]'s.
     IcmpError,
+    /// A packet of a Service flow sent on to another node, translated: [`route_out`]'s.
+    Route,
     /// Neither.
     No,
 }
@@ -88,6 +120,9 @@ fn ingress_known<A: Family>(ctx: &TcContext) -> Known {
     if !apply(ctx, &p, &n) {
         return Known::Verdict(rewrite_failed());
     }
+    if n.deliver == NatDeliver::ROUTE {
+        return Known::Route;
+    }
     if n.deliver == NatDeliver::STACK {
         count(Reason::SnatReplyToStack);
         return Known::Verdict(TC_ACT_OK as i32);
@@ -111,6 +146,87 @@ fn ingress_icmp_error<A: Family>(ctx: &TcContext) -> i32 {
 fn ingress_dnat<A: Family>(ctx: &TcContext) -> Option<i32> {
     let p = A::parse(ctx).ok()?;
     hostport::dnat_new(ctx, &p)
+}
+
+/// A new flow to a Service frontend: its backend in `chosen` ([`nodeport::new_flow`]).
+#[inline(never)]
+fn ingress_service<A: Family>(ctx: &TcContext, chosen: &mut nodeport::Chosen<A>) -> Option<i32> {
+    let p = A::parse(ctx).ok()?;
+    nodeport::new_flow(&p, chosen)
+}
+
+/// A new Service flow to a backend on this node: DNATed to it, the client's address
+/// kept ([`hostport::dnat_to`]).
+#[inline(never)]
+fn ingress_service_local<A: Family>(ctx: &TcContext, chosen: &nodeport::Chosen<A>) -> i32 {
+    match A::parse(ctx) {
+        Ok(p) => hostport::dnat_to(ctx, &p, chosen.addr, chosen.port, Reason::ServiceNew),
+        Err(_) => PASS,
+    }
+}
+
+/// A new Service flow to another node: its port and reverse entry ([`nodeport::grant`]),
+/// from the address `g` prefers, if any.
+#[inline(never)]
+fn ingress_service_grant<A: Family>(
+    ctx: &TcContext,
+    remote: &nodeport::Chosen<A>,
+    g: &mut Granted<A>,
+) -> Option<i32> {
+    let Ok(p) = A::parse(ctx) else {
+        return Some(PASS);
+    };
+    nodeport::grant(&p, remote, g).err()
+}
+
+/// A new Service flow to another node, granted: its forward entry and rewrite
+/// ([`nodeport::finish`]); `None`: to be routed out.
+#[inline(never)]
+fn ingress_service_finish<A: Family>(
+    ctx: &TcContext,
+    remote: &nodeport::Chosen<A>,
+    g: &Granted<A>,
+) -> Option<i32> {
+    let Ok(p) = A::parse(ctx) else {
+        // The same bytes parsed a moment ago: not reached; the reverse entry goes.
+        nat_remove(&g.rev_key);
+        return Some(PASS);
+    };
+    nodeport::finish(ctx, &p, remote, g)
+}
+
+/// A translated packet of a Service flow sent on to another node, or of its reply:
+/// routed out ([`Family::route_out`]).
+#[inline(never)]
+pub(crate) fn route_out<A: Family>(ctx: &TcContext) -> i32 {
+    let (Ok(p), Some(cfg)) = (A::parse(ctx), node_config()) else {
+        return TC_ACT_SHOT as i32;
+    };
+    A::route_out(ctx, &p, cfg.uplink_ifindex)
+}
+
+/// A reply of a Service flow sent on to a backend on another node, come out of the
+/// tunnel (`tunnel::from_tunnel`): translated back, [`Known::Route`] (the caller routes
+/// it out to the client, [`route_out`]: not from here, whose frame would add to it).
+/// [`Known::No`] when the packet is not one.
+#[inline(never)]
+pub(crate) fn tunnel_service_reply<A: Family>(ctx: &TcContext) -> Known {
+    let Ok(p) = A::parse(ctx) else {
+        return Known::No;
+    };
+    if !p.daddr.is_node_addr() {
+        return Known::No;
+    }
+    let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) else {
+        return Known::No;
+    };
+    if n.deliver != NatDeliver::ROUTE {
+        return Known::No;
+    }
+    if !apply(ctx, &p, &n) {
+        return Known::Verdict(rewrite_failed());
+    }
+    Known::Route
 }
 
 /// Anything else for a local pod: straight in when its flow is verified both ways, else

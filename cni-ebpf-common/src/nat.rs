@@ -106,6 +106,11 @@ impl NatKind {
     pub const HAIRPIN_FWD: Self = Self(5);
     /// Hairpin, reply to the client pod.
     pub const HAIRPIN_REV: Self = Self(6);
+    /// A flow from outside to a Service, sent on to a backend on another node from the
+    /// node's address (client → backend).
+    pub const SERVICE_FWD: Self = Self(7);
+    /// Its reply, back to the client from the Service's address.
+    pub const SERVICE_REV: Self = Self(8);
 
     /// The kind's name (as `inspect` shows it), or `"unknown"`.
     #[must_use]
@@ -117,6 +122,8 @@ impl NatKind {
             Self::DNAT_REV => "dnat-reply",
             Self::HAIRPIN_FWD => "hairpin",
             Self::HAIRPIN_REV => "hairpin-reply",
+            Self::SERVICE_FWD => "service",
+            Self::SERVICE_REV => "service-reply",
             _ => "unknown",
         }
     }
@@ -173,6 +180,9 @@ impl NatDeliver {
     /// To the node's stack, because netfilter translated this flow too (its other
     /// direction reached us already translated) and must undo its part.
     pub const STACK: Self = Self(1);
+    /// Routed out again (the uplink or the tunnel device, as the FIB says): a flow from
+    /// outside sent on to a Service backend on another node, and its replies.
+    pub const ROUTE: Self = Self(2);
 }
 
 /// A translated source port whose flow closed with a RST, or with FINs both ways where

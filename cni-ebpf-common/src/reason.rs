@@ -1,10 +1,31 @@
 //! The decisions and drop reasons the programs count (`REASONS`), and their names.
 
 /// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
-/// Values start at 16 so they never collide with `TC_ACT_*` verdicts.
+/// The map has [`REASON_SLOTS`] slots: the datapath's reasons take 16..64, the Service
+/// translations' 1..16; slot 0 is unused.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
+    /// A new flow from outside to a Service frontend (NodePort, external IP,
+    /// load-balancer address), sent to a backend on this node with the client's address
+    /// kept.
+    ServiceNew = 1,
+    /// A new flow from outside to a Service frontend, sent on to a backend on another
+    /// node from the node's own address.
+    ServiceNewRouted = 2,
+    /// A packet of a flow from outside sent on to a Service backend on another node, or
+    /// of its reply, translated and routed out.
+    ServiceRouted = 3,
+    /// Dropped: a new flow from outside to a Service frontend with no usable backend
+    /// (none at all, or `externalTrafficPolicy: Local` and none on this node).
+    DropServiceNoBackend = 4,
+    /// Dropped: a translated packet from outside that no route leads out of the uplink
+    /// or the tunnel device for, or that is too big for it.
+    DropServiceUnroutable = 5,
+    /// A socket call (`connect`, `sendmsg`) sent to a Service backend.
+    SockService = 6,
+    /// A socket call to a Service frontend without a usable backend, refused.
+    SockServiceRefused = 7,
     /// Packet seen by one of our programs.
     Seen = 16,
     /// Passed unchanged: not IPv4 (ARP, IPv6, …).
@@ -136,7 +157,14 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 48] = [
+    pub const ALL: [Reason; 55] = [
+        Reason::ServiceNew,
+        Reason::ServiceNewRouted,
+        Reason::ServiceRouted,
+        Reason::DropServiceNoBackend,
+        Reason::DropServiceUnroutable,
+        Reason::SockService,
+        Reason::SockServiceRefused,
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -191,6 +219,13 @@ impl Reason {
     #[must_use]
     pub const fn name(self) -> &'static str {
         match self {
+            Reason::ServiceNew => "service_new",
+            Reason::ServiceNewRouted => "service_new_routed",
+            Reason::ServiceRouted => "service_routed",
+            Reason::DropServiceNoBackend => "drop_service_no_backend",
+            Reason::DropServiceUnroutable => "drop_service_unroutable",
+            Reason::SockService => "sock_service",
+            Reason::SockServiceRefused => "sock_service_refused",
             Reason::Seen => "seen",
             Reason::PassNotIpv4 => "pass_not_ipv4",
             Reason::PassMalformed => "pass_malformed",
@@ -252,16 +287,19 @@ const _: () = assert!((Reason::PassPodTrafficToStack as u32) < REASON_SLOTS);
 mod tests {
     use super::{Reason, REASON_SLOTS};
 
-    /// `Reason::ALL` lists every reason once, in value order with no gap (a reason
-    /// missing from it would never be shown by `inspect`), and every name is distinct.
+    /// `Reason::ALL` lists every reason once, in value order with no gap within its two
+    /// ranges (a reason missing from it would never be shown by `inspect`), and every
+    /// name is distinct.
     #[test]
     fn reason_table_is_complete_and_names_are_unique() {
+        let services = Reason::ALL.iter().take_while(|r| (**r as u32) < 16).count();
         for (i, r) in Reason::ALL.iter().enumerate() {
-            assert_eq!(
-                *r as u32,
-                16 + i as u32,
-                "{r:?} out of order in Reason::ALL"
-            );
+            let expected = if i < services {
+                1 + i as u32
+            } else {
+                16 + (i - services) as u32
+            };
+            assert_eq!(*r as u32, expected, "{r:?} out of order in Reason::ALL");
             assert!((*r as u32) < REASON_SLOTS);
             for other in &Reason::ALL[..i] {
                 assert_ne!(r.name(), other.name(), "two reasons named {}", r.name());

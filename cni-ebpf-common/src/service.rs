@@ -1,13 +1,15 @@
-//! Map types of Services translated at the socket (the agent's `--kube-proxy-replacement`
-//! mode): see `cni-ebpf-bpf/src/sock.rs` for the programs and
-//! `cni-ebpf/src/agent/services.rs` for who keeps the maps.
+//! Map types of Services translated without kube-proxy (the agent's
+//! `--kube-proxy-replacement` mode): at the socket for the node and its pods (see
+//! `cni-ebpf-bpf/src/sock.rs`), at the uplink for flows from outside the node (see
+//! `cni-ebpf-bpf/src/nodeport.rs`); `cni-ebpf/src/agent/services.rs` keeps the maps.
 //!
 //! Addresses of both families share one layout: IPv6, or IPv4-mapped IPv6
 //! (`::ffff:a.b.c.d`), wire order, as in the tunnel maps.
 
 use core::mem::size_of;
 
-/// Capacity of [`crate::map::SERVICES`]: Service frontends (ClusterIP, port, protocol).
+/// Capacity of [`crate::map::SERVICES`]: Service frontends (address, port, protocol,
+/// scope).
 pub const MAX_SERVICES: u32 = 65_536;
 /// Capacity of [`crate::map::SERVICE_BACKENDS`]: backend slots of every frontend.
 pub const MAX_SERVICE_BACKENDS: u32 = 262_144;
@@ -19,18 +21,33 @@ pub const MAX_SERVICE_NETNS: u32 = 8192;
 /// Most backends one frontend may have (a Service port with more is given this many).
 pub const MAX_BACKENDS_PER_SERVICE: u32 = 4096;
 
+/// [`ServiceKey::scope`]: a frontend the socket programs translate, for the node's own
+/// processes and its pods (ClusterIPs, and the NodePorts, external IPs and load-balancer
+/// addresses as reached from inside).
+pub const SCOPE_SOCKET: u8 = 0;
+/// [`ServiceKey::scope`]: a frontend the uplink translates, for new flows arriving from
+/// outside the node (NodePorts, external IPs, load-balancer addresses).
+pub const SCOPE_UPLINK: u8 = 1;
+
+/// [`ServiceKey::addr`] of an IPv4 NodePort: any of the node's IPv4 addresses
+/// (`::ffff:0.0.0.0`).
+pub const ANY_NODE_ADDR4: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
+/// [`ServiceKey::addr`] of an IPv6 NodePort: any of the node's IPv6 addresses (`::`).
+pub const ANY_NODE_ADDR6: [u8; 16] = [0; 16];
+
 /// Key of [`crate::map::SERVICES`]: one frontend.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ServiceKey {
-    /// The ClusterIP, IPv6 or IPv4-mapped, wire order.
+    /// The ClusterIP, external IP or load-balancer address, IPv6 or IPv4-mapped, wire
+    /// order; a NodePort: [`ANY_NODE_ADDR4`] or [`ANY_NODE_ADDR6`].
     pub addr: [u8; 16],
-    /// The Service port, network order.
+    /// The Service port (or NodePort), network order.
     pub port: u16,
     /// IP protocol (`proto::TCP` or `proto::UDP`).
     pub proto: u8,
-    /// Explicit padding, always zero.
-    pub _pad: u8,
+    /// [`SCOPE_SOCKET`] or [`SCOPE_UPLINK`].
+    pub scope: u8,
 }
 const _: () = assert!(size_of::<ServiceKey>() == 20);
 
@@ -75,12 +92,13 @@ pub struct Backend {
 }
 const _: () = assert!(size_of::<Backend>() == 20);
 
-/// Key of [`crate::map::SERVICE_AFFINITY`]: a client (its network namespace: one pod, or
-/// the node) and a frontend.
+/// Key of [`crate::map::SERVICE_AFFINITY`]: a client and a frontend. Inside the node the
+/// client is its network namespace (one pod, or the node); from outside, its address.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AffinityKey {
-    /// `bpf_get_netns_cookie` of the client's socket.
+    /// `bpf_get_netns_cookie` of the client's socket, or, for a client outside the node,
+    /// [`outside_client`] of its address.
     pub netns: u64,
     /// [`Service::id`].
     pub id: u32,
@@ -113,3 +131,16 @@ pub struct MemberKey {
     pub backend: Backend,
 }
 const _: () = assert!(size_of::<MemberKey>() == 24);
+
+/// The [`AffinityKey::netns`] of a client outside the node: its address (wire order,
+/// IPv4-mapped for IPv4) folded to 64 bits, with the top bit set, which no network
+/// namespace cookie has (the kernel counts them up from 1).
+#[inline(always)]
+#[must_use]
+pub fn outside_client(addr: &[u8; 16]) -> u64 {
+    let mut hi = [0u8; 8];
+    let mut lo = [0u8; 8];
+    hi.copy_from_slice(&addr[..8]);
+    lo.copy_from_slice(&addr[8..]);
+    (u64::from_ne_bytes(hi).rotate_left(29) ^ u64::from_ne_bytes(lo)) | 1 << 63
+}

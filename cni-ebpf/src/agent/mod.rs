@@ -13,6 +13,7 @@
 //! - [`ready`]: readiness (`GET /ready`): every job's first round made, every datapath
 //!   loaded.
 
+pub mod health;
 pub mod nodes;
 pub mod ready;
 pub mod reconcile;

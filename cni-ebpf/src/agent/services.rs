@@ -1,14 +1,16 @@
 //! Services without kube-proxy (`agent --kube-proxy-replacement`): the agent watches
 //! Services and EndpointSlices (and its own Node, for its zone) and keeps every network's
 //! Service maps (`crate::datapath::services`), which the socket programs translate
-//! ClusterIP connections from.
+//! connections from the node and its pods from, and the uplink programs flows from
+//! outside (see [`table`] for the frontends). It answers the health-check node ports of
+//! `externalTrafficPolicy: Local` Services ([`super::health`]).
 //!
-//! What each frontend (ClusterIP × port × protocol) gets follows kube-proxy
-//! (`pkg/proxy/topology.go`):
+//! What each frontend gets follows kube-proxy (`pkg/proxy/topology.go`):
 //! - its usable endpoints are the Ready ones (a missing condition counts as ready), else,
 //!   when none is Ready, the Serving and Terminating ones; a Terminating endpoint gets no
 //!   new connection while a Ready one exists;
-//! - `internalTrafficPolicy: Local`: only this node's endpoints (none: refused);
+//! - `internalTrafficPolicy: Local` (ClusterIPs), `externalTrafficPolicy: Local` (from
+//!   outside): only this node's endpoints (none: refused, or dropped from outside);
 //! - topology (`trafficDistribution`, or the hints the EndpointSlice controller writes):
 //!   when every ready endpoint carries node hints and one names this node, those;
 //!   else when every one carries zone hints and one names this node's zone
@@ -18,9 +20,8 @@
 //!
 //! Skipped as kube-proxy skips them: headless Services, `ExternalName` Services, and
 //! Services labelled `service.kubernetes.io/service-proxy-name` (another proxy's). What
-//! the mode does not translate is named in a Warning Event on the Service
-//! (`ServiceFieldNotHandled`): NodePorts, `externalIPs`, load-balancer addresses and SCTP
-//! ports.
+//! the mode does not handle is named in a Warning Event on the Service
+//! (`ServiceFieldNotHandled`): SCTP ports and `loadBalancerSourceRanges`.
 //!
 //! With the mode off the agent empties the Service maps once at start, so a node switched
 //! back to kube-proxy has none of them left.
@@ -48,12 +49,15 @@ use kube::{
 };
 
 use super::{
+    health::{HealthCheck, HealthChecks},
     ready::{Job, Readiness},
     watch::{networks, watch},
 };
 use crate::{
     datapath::{
-        services::{backend, service_key, Frontend, ServiceTable, ServiceWriter},
+        services::{
+            backend, frontend_key, service_key, At, Frontend, Scope, ServiceTable, ServiceWriter,
+        },
         Datapath,
     },
     error::{Error, Result},
@@ -96,14 +100,37 @@ struct Candidate {
     zone_hints: BTreeSet<String>,
 }
 
+/// What a node makes of the Services: its frontends, the health checks it answers and
+/// the fields it leaves untranslated.
+#[derive(Debug, Default)]
+pub struct Rendered {
+    /// Every frontend with its backends.
+    pub frontends: ServiceTable,
+    /// The health-check node ports of `externalTrafficPolicy: Local` Services.
+    pub health: BTreeMap<u16, HealthCheck>,
+    /// Fields not translated, per Service.
+    pub unhandled: Vec<Unhandled>,
+}
+
 /// The frontends of `services` with their backends from `slices`, for a node at `here`,
-/// and the fields left untranslated.
+/// the health checks it answers and the fields left untranslated.
+///
+/// Per Service port, per family of its ClusterIPs:
+/// - the ClusterIP, at the socket, with the endpoints for traffic from inside
+///   (`internalTrafficPolicy`);
+/// - its NodePort (on every node address of the family), external IPs and load-balancer
+///   addresses (`status.loadBalancer.ingress[].ip`), each twice: at the socket for the
+///   node and its pods, with the cluster-wide endpoints (as kube-proxy sends pod and node
+///   traffic to external destinations), and at the uplink for flows from outside, with
+///   the endpoints `externalTrafficPolicy` allows (`Local`: this node's only). A
+///   load-balancer address with `ipMode: Proxy` is left to the load balancer from
+///   inside.
 #[must_use]
 pub fn table(
     services: &[Arc<Service>],
     slices: &[Arc<EndpointSlice>],
     here: &Locality,
-) -> (ServiceTable, Vec<Unhandled>) {
+) -> Rendered {
     let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for s in slices {
         let (Some(ns), Some(svc)) = (
@@ -117,8 +144,7 @@ pub fn table(
         };
         by_service.entry((ns, svc.as_str())).or_default().push(s);
     }
-    let mut out = ServiceTable::new();
-    let mut unhandled = Vec::new();
+    let mut out = Rendered::default();
     for svc in services {
         let (Some(ns), Some(name), Some(spec)) = (
             svc.metadata.namespace.as_deref(),
@@ -148,19 +174,35 @@ pub fn table(
             continue; // headless, or not allocated yet
         }
         let mut not_done = BTreeSet::new();
-        if !spec.external_ips.as_deref().unwrap_or_default().is_empty() {
-            not_done.insert("externalIPs".to_owned());
+        if !spec
+            .load_balancer_source_ranges
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            not_done.insert("loadBalancerSourceRanges".to_owned());
         }
-        if svc
+        let external_ips: Vec<IpAddr> = spec
+            .external_ips
+            .iter()
+            .flatten()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        // (address, also from inside)
+        let lb_ips: Vec<(IpAddr, bool)> = svc
             .status
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
             .and_then(|l| l.ingress.as_ref())
-            .is_some_and(|i| !i.is_empty())
-        {
-            not_done.insert("status.loadBalancer.ingress".to_owned());
-        }
-        let local_only = spec.internal_traffic_policy.as_deref() == Some("Local");
+            .into_iter()
+            .flatten()
+            .filter_map(|i| {
+                let ip = i.ip.as_deref()?.parse().ok()?;
+                Some((ip, i.ip_mode.as_deref() != Some("Proxy")))
+            })
+            .collect();
+        let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+        let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
         let affinity_secs = if spec.session_affinity.as_deref() == Some("ClientIP") {
             spec.session_affinity_config
                 .as_ref()
@@ -175,10 +217,8 @@ pub fn table(
             .get(&(ns, name))
             .map(Vec::as_slice)
             .unwrap_or_default();
+        let mut local_ready = 0;
         for port in spec.ports.as_deref().unwrap_or_default() {
-            if port.node_port.is_some() {
-                not_done.insert(format!("nodePort {}", port.node_port.unwrap_or_default()));
-            }
             let proto = match port.protocol.as_deref().unwrap_or("TCP") {
                 "TCP" => cni_ebpf_common::proto::TCP,
                 "UDP" => cni_ebpf_common::proto::UDP,
@@ -190,30 +230,78 @@ pub fn table(
             let Ok(svc_port) = u16::try_from(port.port) else {
                 continue;
             };
+            let node_port = port.node_port.and_then(|p| u16::try_from(p).ok());
             let protocol = port.protocol.as_deref().unwrap_or("TCP");
             for ip in &ips {
                 let candidates = candidates(slices, port.name.as_deref(), protocol, *ip, here);
-                let mut backends: Vec<_> = usable(&candidates, local_only, here)
-                    .into_iter()
-                    .map(backend)
-                    .collect();
-                backends.sort_unstable();
-                backends.dedup();
-                out.insert(
-                    service_key(*ip, svc_port, proto),
-                    Frontend {
-                        backends,
-                        affinity_secs,
-                    },
-                );
+                local_ready =
+                    local_ready.max(candidates.iter().filter(|c| c.local && c.ready).count());
+                let set = |local_only: bool| Frontend {
+                    backends: backends(&candidates, local_only, here),
+                    affinity_secs,
+                };
+                let (cluster, external) = (set(false), set(external_local));
+                out.frontends
+                    .insert(service_key(*ip, svc_port, proto), set(internal_local));
+                let mut outside = |at: At, port: u16, inside: bool| {
+                    if inside {
+                        out.frontends.insert(
+                            frontend_key(at, port, proto, Scope::Socket),
+                            cluster.clone(),
+                        );
+                    }
+                    out.frontends.insert(
+                        frontend_key(at, port, proto, Scope::Uplink),
+                        external.clone(),
+                    );
+                };
+                if let Some(np) = node_port {
+                    outside(At::Node { ipv6: ip.is_ipv6() }, np, true);
+                }
+                for e in external_ips.iter().filter(|e| e.is_ipv6() == ip.is_ipv6()) {
+                    outside(At::Ip(*e), svc_port, true);
+                }
+                for (lb, inside) in lb_ips.iter().filter(|(l, _)| l.is_ipv6() == ip.is_ipv6()) {
+                    outside(At::Ip(*lb), svc_port, *inside);
+                }
             }
+        }
+        if let Some(port) = spec
+            .health_check_node_port
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|_| external_local)
+        {
+            out.health.insert(
+                port,
+                HealthCheck {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                    local_endpoints: local_ready,
+                },
+            );
         }
         if !not_done.is_empty() {
             let fields: Vec<String> = not_done.into_iter().collect();
-            unhandled.push((format!("{ns}/{name}"), fields.join(", ")));
+            out.unhandled
+                .push((format!("{ns}/{name}"), fields.join(", ")));
         }
     }
-    (out, unhandled)
+    out
+}
+
+/// The backends of one frontend, sorted: the usable candidates ([`usable`]).
+fn backends(
+    candidates: &[Candidate],
+    local_only: bool,
+    here: &Locality,
+) -> Vec<cni_ebpf_common::Backend> {
+    let mut b: Vec<_> = usable(candidates, local_only, here)
+        .into_iter()
+        .map(backend)
+        .collect();
+    b.sort_unstable();
+    b.dedup();
+    b
 }
 
 /// The endpoints of the slices' port `port_name`/`protocol`, of `ip`'s family.
@@ -516,15 +604,17 @@ pub fn run(
         }
         tracing::info!("Services: Services and EndpointSlices listed; watching");
         let mut writers = Writers::default();
+        let mut health = HealthChecks::default();
         let mut reported = BTreeSet::new();
-        let round = |writers: &mut Writers| {
-            let (want, unhandled) = table(
+        let mut round = |writers: &mut Writers| {
+            let r = table(
                 &view.services.state(),
                 &view.slices.state(),
                 &view.locality(node),
             );
-            writers.apply(root, named, &want);
-            unhandled
+            writers.apply(root, named, &r.frontends);
+            health.update(&r.health);
+            r.unhandled
         };
         let unhandled = round(&mut writers);
         readiness.done(Job::Services);
@@ -644,7 +734,11 @@ mod tests {
                 json!([ep("fd00::2", "node-b", true, false)]),
             ),
         ];
-        let (t, unhandled) = table(&[web(json!({}))], &slices, &here());
+        let Rendered {
+            frontends: t,
+            unhandled,
+            ..
+        } = table(&[web(json!({}))], &slices, &here());
         assert_eq!(t.len(), 4);
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
@@ -671,7 +765,7 @@ mod tests {
                 ep("10.244.1.3", "node-a", false, true),
             ]),
         )];
-        let (t, _) = table(&[web(json!({}))], &both, &here());
+        let Rendered { frontends: t, .. } = table(&[web(json!({}))], &both, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -681,13 +775,13 @@ mod tests {
             "IPv4",
             json!([ep("10.244.1.3", "node-a", false, true)]),
         )];
-        let (t, _) = table(&[web(json!({}))], &only_terminating, &here());
+        let Rendered { frontends: t, .. } = table(&[web(json!({}))], &only_terminating, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.3:8080"]
         );
         // No endpoint at all: a frontend with no backend (refused), not a missing one.
-        let (t, _) = table(&[web(json!({}))], &[], &here());
+        let Rendered { frontends: t, .. } = table(&[web(json!({}))], &[], &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             Vec::<String>::new()
@@ -705,7 +799,7 @@ mod tests {
             ]),
         )];
         let local = web(json!({ "internalTrafficPolicy": "Local" }));
-        let (t, _) = table(std::slice::from_ref(&local), &slices, &here());
+        let Rendered { frontends: t, .. } = table(std::slice::from_ref(&local), &slices, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -714,7 +808,7 @@ mod tests {
             node: "node-c".into(),
             zone: None,
         };
-        let (t, _) = table(&[local], &slices, &elsewhere);
+        let Rendered { frontends: t, .. } = table(&[local], &slices, &elsewhere);
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             Vec::<String>::new()
@@ -737,7 +831,7 @@ mod tests {
                 hinted("10.244.2.2", "node-b", "zone-2"),
             ]),
         )];
-        let (t, _) = table(std::slice::from_ref(&svc), &slices, &here());
+        let Rendered { frontends: t, .. } = table(std::slice::from_ref(&svc), &slices, &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -751,14 +845,15 @@ mod tests {
                 ep("10.244.2.2", "node-b", true, false),
             ]),
         )];
-        let (t, _) = table(std::slice::from_ref(&svc), &slices, &here());
+        let Rendered { frontends: t, .. } = table(std::slice::from_ref(&svc), &slices, &here());
         assert_eq!(backends(&t, "10.96.0.10", 80, TCP).unwrap().len(), 2);
         // Node hints win over zone hints when every endpoint has them.
         let mut a = hinted("10.244.1.2", "node-a", "zone-9");
         a["hints"]["forNodes"] = json!([{ "name": "node-a" }]);
         let mut b = hinted("10.244.2.2", "node-b", "zone-1");
         b["hints"]["forNodes"] = json!([{ "name": "node-b" }]);
-        let (t, _) = table(&[svc], &[slice("s", "IPv4", json!([a, b]))], &here());
+        let Rendered { frontends: t, .. } =
+            table(&[svc], &[slice("s", "IPv4", json!([a, b]))], &here());
         assert_eq!(
             backends(&t, "10.96.0.10", 80, TCP).unwrap(),
             ["10.244.1.2:8080"]
@@ -772,14 +867,14 @@ mod tests {
             "IPv4",
             json!([ep("10.244.1.2", "node-a", true, false)]),
         )];
-        let (t, _) = table(
+        let Rendered { frontends: t, .. } = table(
             &[web(json!({ "sessionAffinity": "ClientIP" }))],
             &slices,
             &here(),
         );
         let key = service_key("10.96.0.10".parse().unwrap(), 80, TCP);
         assert_eq!(t[&key].affinity_secs, DEFAULT_AFFINITY_SECS);
-        let (t, _) = table(
+        let Rendered { frontends: t, .. } = table(
             &[web(json!({
                 "sessionAffinity": "ClientIP",
                 "sessionAffinityConfig": { "clientIP": { "timeoutSeconds": 30 } },
@@ -788,7 +883,7 @@ mod tests {
             &here(),
         );
         assert_eq!(t[&key].affinity_secs, 30);
-        let (t, _) = table(&[web(json!({}))], &slices, &here());
+        let Rendered { frontends: t, .. } = table(&[web(json!({}))], &slices, &here());
         assert_eq!(t[&key].affinity_secs, 0);
     }
 
@@ -803,28 +898,160 @@ mod tests {
                 .collect(),
         );
         for s in [headless, external, Arc::new(other)] {
-            let (t, _) = table(&[s], &[], &here());
+            let Rendered { frontends: t, .. } = table(&[s], &[], &here());
             assert!(t.is_empty(), "{t:?}");
         }
+    }
+
+    /// The backends of frontend `at:port/proto` in `scope`, as `ip:port` strings.
+    fn at(t: &ServiceTable, at: At, port: u16, proto: u8, scope: Scope) -> Option<Vec<String>> {
+        t.get(&frontend_key(at, port, proto, scope)).map(|f| {
+            f.backends
+                .iter()
+                .map(|b| backend_addr(b).to_string())
+                .collect()
+        })
+    }
+
+    fn two_nodes() -> [Arc<EndpointSlice>; 1] {
+        [slice(
+            "web-v4",
+            "IPv4",
+            json!([
+                ep("10.244.1.2", "node-a", true, false),
+                ep("10.244.2.2", "node-b", true, false),
+            ]),
+        )]
+    }
+
+    #[test]
+    fn a_node_port_is_translated_from_inside_and_from_outside() {
+        let s = web(json!({
+            "type": "NodePort",
+            "ports": [{ "name": "http", "protocol": "TCP", "port": 80, "nodePort": 30080 }],
+        }));
+        let Rendered {
+            frontends: t,
+            health,
+            unhandled,
+        } = table(&[s], &two_nodes(), &here());
+        let both = Some(vec![
+            "10.244.1.2:8080".to_owned(),
+            "10.244.2.2:8080".to_owned(),
+        ]);
+        let node4 = At::Node { ipv6: false };
+        assert_eq!(at(&t, node4, 30080, TCP, Scope::Socket), both);
+        assert_eq!(at(&t, node4, 30080, TCP, Scope::Uplink), both);
+        // The IPv6 family has its NodePort too, with no endpoint.
+        let node6 = At::Node { ipv6: true };
+        assert_eq!(at(&t, node6, 30080, TCP, Scope::Uplink), Some(vec![]));
+        assert!(health.is_empty());
+        assert!(unhandled.is_empty(), "{unhandled:?}");
+    }
+
+    #[test]
+    fn external_traffic_policy_local_keeps_outside_flows_on_the_node_and_answers_its_health_check()
+    {
+        let s = web(json!({
+            "type": "LoadBalancer",
+            "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 32000,
+            "externalIPs": ["192.0.2.10"],
+            "ports": [{ "name": "http", "protocol": "TCP", "port": 80, "nodePort": 30080 }],
+        }));
+        let mut s = (*s).clone();
+        s.status = serde_json::from_value(json!({
+            "loadBalancer": { "ingress": [
+                { "ip": "203.0.113.7" },
+                { "ip": "203.0.113.8", "ipMode": "Proxy" },
+                { "hostname": "lb.example.org" },
+            ] }
+        }))
+        .unwrap();
+        let s = Arc::new(s);
+        let Rendered {
+            frontends: t,
+            health,
+            ..
+        } = table(std::slice::from_ref(&s), &two_nodes(), &here());
+        let local = Some(vec!["10.244.1.2:8080".to_owned()]);
+        let both = Some(vec![
+            "10.244.1.2:8080".to_owned(),
+            "10.244.2.2:8080".to_owned(),
+        ]);
+        let node4 = At::Node { ipv6: false };
+        let ip = |a: &str| At::Ip(a.parse().unwrap());
+        for (frontend, port) in [
+            (node4, 30080),
+            (ip("192.0.2.10"), 80),
+            (ip("203.0.113.7"), 80),
+            (ip("203.0.113.8"), 80),
+        ] {
+            assert_eq!(
+                at(&t, frontend, port, TCP, Scope::Uplink),
+                local,
+                "{frontend:?}"
+            );
+        }
+        // From inside, the cluster's endpoints; a Proxy-mode address is the load
+        // balancer's to answer.
+        for (frontend, port) in [
+            (node4, 30080),
+            (ip("192.0.2.10"), 80),
+            (ip("203.0.113.7"), 80),
+        ] {
+            assert_eq!(
+                at(&t, frontend, port, TCP, Scope::Socket),
+                both,
+                "{frontend:?}"
+            );
+        }
+        assert_eq!(at(&t, ip("203.0.113.8"), 80, TCP, Scope::Socket), None);
+        assert_eq!(
+            health.get(&32000),
+            Some(&HealthCheck {
+                namespace: "default".into(),
+                name: "web".into(),
+                local_endpoints: 1
+            })
+        );
+        // On a node without an endpoint: nothing from outside, and a failing check.
+        let elsewhere = Locality {
+            node: "node-c".into(),
+            zone: None,
+        };
+        let Rendered {
+            frontends: t,
+            health,
+            ..
+        } = table(&[s], &two_nodes(), &elsewhere);
+        assert_eq!(at(&t, node4, 30080, TCP, Scope::Uplink), Some(vec![]));
+        assert_eq!(at(&t, node4, 30080, TCP, Scope::Socket), both);
+        assert_eq!(health[&32000].local_endpoints, 0);
     }
 
     #[test]
     fn untranslated_fields_are_named() {
         let s = web(json!({
-            "type": "NodePort",
-            "externalIPs": ["192.0.2.10"],
+            "type": "LoadBalancer",
+            "loadBalancerSourceRanges": ["198.51.100.0/24"],
             "ports": [
                 { "name": "http", "protocol": "TCP", "port": 80, "nodePort": 30080 },
                 { "name": "sctp", "protocol": "SCTP", "port": 9 },
             ],
         }));
-        let (t, unhandled) = table(&[s], &[], &here());
-        // The ClusterIP part still works.
+        let Rendered {
+            frontends: t,
+            unhandled,
+            ..
+        } = table(&[s], &[], &here());
+        // The rest still works.
         assert!(backends(&t, "10.96.0.10", 80, TCP).is_some());
+        assert!(at(&t, At::Node { ipv6: false }, 30080, TCP, Scope::Uplink).is_some());
         assert_eq!(unhandled.len(), 1);
         let (svc, what) = &unhandled[0];
         assert_eq!(svc, "default/web");
-        for field in ["externalIPs", "nodePort 30080", "protocol SCTP"] {
+        for field in ["loadBalancerSourceRanges", "protocol SCTP"] {
             assert!(what.contains(field), "{what}");
         }
     }

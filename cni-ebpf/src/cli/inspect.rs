@@ -376,7 +376,7 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         println!("  {d}");
     }
     println!(
-        "\nSERVICES ({} frontends translated at the socket{})",
+        "\nSERVICES ({} frontends: `socket` for the node and its pods, `uplink` for flows from outside{})",
         services.len(),
         if services.is_empty() {
             "; the agent's --kube-proxy-replacement is off, or no Service has a ClusterIP"
@@ -386,9 +386,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     );
     for svc in services.iter().take(SHOWN_SERVICES) {
         println!(
-            "  {:<28} {:<4} {}{}",
+            "  {:<28} {:<4} {:<6} {}{}",
             svc.frontend,
             svc.protocol,
+            svc.scope,
             if svc.backends.is_empty() {
                 "refused (no usable endpoint)".to_owned()
             } else {

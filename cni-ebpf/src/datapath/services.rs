@@ -16,7 +16,8 @@ use std::{
 };
 
 use cni_ebpf_common::{
-    map as map_name, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_BACKENDS_PER_SERVICE,
+    map as map_name, Backend, BackendSlot, MemberKey, Service, ServiceKey, ANY_NODE_ADDR4,
+    ANY_NODE_ADDR6, MAX_BACKENDS_PER_SERVICE, SCOPE_SOCKET, SCOPE_UPLINK,
 };
 
 use super::{maps, Datapath};
@@ -35,15 +36,47 @@ pub struct Frontend {
 /// Every frontend of the node.
 pub type ServiceTable = BTreeMap<ServiceKey, Frontend>;
 
-/// A frontend's key from its address, port and protocol (`proto::TCP`/`UDP`).
+/// Where a frontend listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum At {
+    /// One address: a ClusterIP, an external IP, a load-balancer address.
+    Ip(IpAddr),
+    /// A NodePort: every address of the node of one family (`true`: IPv6).
+    Node { ipv6: bool },
+}
+
+/// Who a frontend is translated for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// The node's own processes and its pods, at the socket.
+    Socket,
+    /// Flows arriving from outside the node, at the uplink.
+    Uplink,
+}
+
+/// A frontend's key from where it listens, its port, protocol (`proto::TCP`/`UDP`) and
+/// scope.
 #[must_use]
-pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
+pub fn frontend_key(at: At, port: u16, proto: u8, scope: Scope) -> ServiceKey {
     ServiceKey {
-        addr: wire(ip),
+        addr: match at {
+            At::Ip(ip) => wire(ip),
+            At::Node { ipv6: false } => ANY_NODE_ADDR4,
+            At::Node { ipv6: true } => ANY_NODE_ADDR6,
+        },
         port: port.to_be(),
         proto,
-        _pad: 0,
+        scope: match scope {
+            Scope::Socket => SCOPE_SOCKET,
+            Scope::Uplink => SCOPE_UPLINK,
+        },
     }
+}
+
+/// The key of a ClusterIP frontend (address, port, protocol), at the socket.
+#[must_use]
+pub fn service_key(ip: IpAddr, port: u16, proto: u8) -> ServiceKey {
+    frontend_key(At::Ip(ip), port, proto, Scope::Socket)
 }
 
 /// A backend from its socket address.
@@ -62,10 +95,20 @@ pub fn backend_addr(b: &Backend) -> SocketAddr {
     SocketAddr::new(unwire(b.addr), u16::from_be(b.port))
 }
 
-/// The address, port (host order) and protocol of a frontend.
+/// Where a frontend listens, its port (host order), protocol and scope.
 #[must_use]
-pub fn frontend_parts(k: &ServiceKey) -> (IpAddr, u16, u8) {
-    (unwire(k.addr), u16::from_be(k.port), k.proto)
+pub fn frontend_parts(k: &ServiceKey) -> (At, u16, u8, Scope) {
+    let at = match k.addr {
+        ANY_NODE_ADDR4 => At::Node { ipv6: false },
+        ANY_NODE_ADDR6 => At::Node { ipv6: true },
+        a => At::Ip(unwire(a)),
+    };
+    let scope = if k.scope == SCOPE_UPLINK {
+        Scope::Uplink
+    } else {
+        Scope::Socket
+    };
+    (at, u16::from_be(k.port), k.proto, scope)
 }
 
 fn wire(ip: IpAddr) -> [u8; 16] {
@@ -84,10 +127,13 @@ fn unwire(b: [u8; 16]) -> IpAddr {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServiceView {
-    /// `ip:port` (IPv6 in brackets).
+    /// `ip:port` (IPv6 in brackets); a NodePort: `node:port` (IPv4) or `[node]:port`
+    /// (IPv6).
     pub frontend: String,
     /// `tcp` or `udp`.
     pub protocol: &'static str,
+    /// `socket` (for the node and its pods) or `uplink` (for flows from outside).
+    pub scope: &'static str,
     /// The backends, `ip:port`; empty: new connections are refused.
     pub backends: Vec<String>,
     /// `sessionAffinity: ClientIP`'s timeout in seconds, if the Service has affinity.
@@ -407,13 +453,21 @@ impl Datapath {
             .service_table()?
             .iter()
             .map(|(k, f)| {
-                let (ip, port, proto) = frontend_parts(k);
+                let (at, port, proto, scope) = frontend_parts(k);
                 ServiceView {
-                    frontend: SocketAddr::new(ip, port).to_string(),
+                    frontend: match at {
+                        At::Ip(ip) => SocketAddr::new(ip, port).to_string(),
+                        At::Node { ipv6: false } => format!("node:{port}"),
+                        At::Node { ipv6: true } => format!("[node]:{port}"),
+                    },
                     protocol: if proto == cni_ebpf_common::proto::UDP {
                         "udp"
                     } else {
                         "tcp"
+                    },
+                    scope: match scope {
+                        Scope::Socket => "socket",
+                        Scope::Uplink => "uplink",
                     },
                     backends: f
                         .backends

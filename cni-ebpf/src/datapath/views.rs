@@ -368,7 +368,7 @@ impl Datapath {
         for (k, v) in maps::entries(&m.nat()?) {
             // A reverse entry's key is the reply: peer → translated address:port.
             let reserves = match v.kind {
-                NatKind::SNAT_REV => true,
+                NatKind::SNAT_REV | NatKind::SERVICE_REV => true,
                 NatKind::HAIRPIN_REV => k.saddr == v.daddr,
                 _ => false,
             };
@@ -542,10 +542,10 @@ fn nat_view<A: Copy>(
         new_dport: port_from_map(v.dport),
         idle_ms: now.saturating_sub(v.last_seen_ns) / 1_000_000,
         state: v.flags.close_state(),
-        deliver: if v.deliver == NatDeliver::STACK {
-            "stack"
-        } else {
-            "direct"
+        deliver: match v.deliver {
+            NatDeliver::STACK => "stack",
+            NatDeliver::ROUTE => "route",
+            _ => "direct",
         },
         pod_ifindex: v.pod,
     }
