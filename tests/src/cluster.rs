@@ -35,7 +35,7 @@ use serde_json::json;
 use crate::{
     apiserver::ApiServer,
     conf::ConfBuilder,
-    kubeproxy::{self, Mode, ProxyNode, ServicePort},
+    kubeproxy::{self, Mode, ProxyNode, ServicePort, TrafficPolicy},
     net::ping,
     netns::NetNs,
     node::{configure_link, unique_tag, SimNode, EXT_IP4, EXT_IP6, NODE_IP4, NODE_IP6, UPLINK},
@@ -766,16 +766,32 @@ impl Cluster {
             self.a.start_service_agent_of(bin, api, true, &log(&self.a)),
             self.b.start_service_agent_of(bin, api, true, &log(&self.b)),
         ];
-        let backends: usize = services.iter().map(|s| s.endpoints.len()).sum();
         let deadline = Instant::now() + Duration::from_secs(10);
         for n in self.nodes() {
+            // Each port's ClusterIP; a NodePort twice (for the node and its pods with every
+            // endpoint, from outside with those `externalTrafficPolicy` allows here).
+            let (mut frontends, mut backends) = (0, 0);
+            for s in services {
+                frontends += 1;
+                backends += s.endpoints.len();
+                if s.node_port.is_some() {
+                    frontends += 2;
+                    backends += s.endpoints.len();
+                    backends += match s.external_traffic_policy {
+                        TrafficPolicy::Cluster => s.endpoints.len(),
+                        TrafficPolicy::Local => {
+                            s.endpoints.iter().filter(|e| e.node == n.name).count()
+                        }
+                    };
+                }
+            }
             loop {
                 let table = n
                     .pinned_datapath_of(network)
                     .service_table()
                     .unwrap_or_default();
                 let held: usize = table.values().map(|f| f.backends.len()).sum();
-                if table.len() == services.len() && held == backends {
+                if table.len() == frontends && held == backends {
                     break;
                 }
                 if Instant::now() > deadline {
@@ -784,7 +800,7 @@ impl Cluster {
                          not {} with {backends}; agent logs:\n{}",
                         n.name,
                         table.len(),
-                        services.len(),
+                        frontends,
                         agent_logs(logs)
                     );
                 }

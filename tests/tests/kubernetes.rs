@@ -1,11 +1,12 @@
 //! End to end, every kind of traffic a Kubernetes cluster needs (the rows of
 //! [`service_rows`] and [`plain_rows`]: ClusterIP, NodePort, host network, pod → pod
 //! across nodes, masquerade, host ports) on two simulated nodes ([`Cluster`]), with
-//! kube-proxy's rules loaded in iptables mode, in nftables mode, and — for the rows that
-//! need no Service — with no kube-proxy at all. The kube-proxy modes run twice: on nodes
-//! whose pod CIDRs the fabric routes (`crossNode: routed`), and on nodes in two subnets
-//! behind a router that routes no pod CIDR, joined only by the tunnel (`crossNode:
-//! tunnel`; node B is then `198.19.0.3` / `fd00:198:19::3`).
+//! kube-proxy's rules loaded in iptables mode, in nftables mode, with no kube-proxy and
+//! the agent's replacement on, and — for the rows that need no Service — with no
+//! kube-proxy at all. The Service variants run twice: on nodes whose pod CIDRs the fabric
+//! routes (`crossNode: routed`), and on nodes in two subnets behind a router that routes
+//! no pod CIDR, joined only by the tunnel (`crossNode: tunnel`; node B is then
+//! `198.19.0.3` / `fd00:198:19::3`).
 //!
 //! One cluster per test function. Each row is checked in turn with short bounded timeouts
 //! (a broken row costs about two seconds) and reported on stderr as it goes; at the end the
@@ -771,18 +772,14 @@ fn plain_rows(w: &World, rows: &mut Rows, f: Fam) {
     }
 }
 
-/// Every row a proxy (or none) has, over both families: the Service rows with kube-proxy;
-/// the ClusterIP rows with the agent's replacement (its NodePorts are not done).
+/// Every row a proxy (or none) has, over both families: the Service rows with kube-proxy
+/// and with the agent's replacement.
 fn all_rows(w: &World, rows: &mut Rows, proxy: Proxy) {
     for f in [Fam::V4, Fam::V6] {
         match proxy {
-            Proxy::Rules(_) => {
+            Proxy::Rules(_) | Proxy::Replacement => {
                 pod_cluster_ip_rows(w, rows, f);
                 node_port_rows(w, rows, f);
-                host_cluster_ip_rows(w, rows, f);
-            }
-            Proxy::Replacement => {
-                pod_cluster_ip_rows(w, rows, f);
                 host_cluster_ip_rows(w, rows, f);
             }
             Proxy::None => {}
@@ -840,6 +837,12 @@ fn kubernetes_every_row_through_the_tunnel_with_kube_proxy_nftables() {
 
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
-fn kubernetes_cluster_ip_rows_with_the_kube_proxy_replacement() {
+fn kubernetes_every_row_with_the_kube_proxy_replacement() {
     every_row("k8s_kpr", Proxy::Replacement, CrossNode::Routed);
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn kubernetes_every_row_through_the_tunnel_with_the_kube_proxy_replacement() {
+    every_row("k8s_tun_kpr", Proxy::Replacement, CrossNode::Tunnel);
 }

@@ -2,9 +2,12 @@
 //! nodes with no kube-proxy, beyond the rows of the Kubernetes matrix
 //! (`kubernetes.rs`): how backends are chosen (uniformly, ready before terminating,
 //! `sessionAffinity: ClientIP`, `internalTrafficPolicy: Local`), a Service without
-//! endpoints refusing at once, connections that live through endpoint churn, an agent
-//! restart, the switch over from kube-proxy and back, the Event on a Service field the
-//! mode does not translate, and 10 000 Services with 100 000 endpoints.
+//! endpoints refusing at once, NodePorts from outside to backends on either node (TCP
+//! and UDP, a long conversation), `externalTrafficPolicy: Local` with its health-check
+//! node port, an external IP and a load-balancer address, connections that live through
+//! endpoint churn, an agent restart, the switch over from kube-proxy and back, the Event
+//! on a Service field the mode does not translate, and 10 000 Services with 100 000
+//! endpoints.
 //!
 //! Services and EndpointSlices are written to the stand-in API server in `ext`; each
 //! node's agent watches them. Every client runs as a process inside the test's cgroup,
@@ -18,6 +21,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use cni_ebpf::datapath::services::{frontend_key, At, Scope};
 use serde_json::{json, Value};
 use tests::{
     apiserver::ApiServer,
@@ -148,8 +152,8 @@ impl World {
         );
     }
 
-    /// Writes the IPv4 EndpointSlice of Service `name` with `endpoints` (port `PORT`, and
-    /// `ECHO_PORT` as port `echo`).
+    /// Writes the IPv4 EndpointSlice of Service `name` with `endpoints` (port `PORT` over
+    /// TCP as `http` and over UDP as `udp`, and `ECHO_PORT` as `echo`).
     fn put_slice(&self, name: &str, endpoints: &[Value]) {
         self.api.put(
             "endpointslices",
@@ -165,6 +169,7 @@ impl World {
                 "endpoints": endpoints,
                 "ports": [
                     { "name": "http", "protocol": "TCP", "port": PORT },
+                    { "name": "udp", "protocol": "UDP", "port": PORT },
                     { "name": "echo", "protocol": "TCP", "port": ECHO_PORT },
                 ],
             }),
@@ -175,13 +180,24 @@ impl World {
     /// (`ip:port`, any order). Panics with the agents' logs after ten seconds.
     #[track_caller]
     fn wait_for(&self, node: &ClusterNode, ip: &str, port: u16, backends: &[String]) {
+        let at = At::Ip(ip.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])));
+        self.wait_for_frontend(node, at, port, Scope::Socket, backends);
+    }
+
+    /// [`Self::wait_for`] for frontend `at:port` (TCP) in `scope`.
+    #[track_caller]
+    fn wait_for_frontend(
+        &self,
+        node: &ClusterNode,
+        at: At,
+        port: u16,
+        scope: Scope,
+        backends: &[String],
+    ) {
         let mut want: Vec<String> = backends.to_vec();
         want.sort();
-        let key = cni_ebpf::datapath::services::service_key(
-            ip.parse().unwrap_or(IpAddr::from([0, 0, 0, 0])),
-            port,
-            cni_ebpf_common::proto::TCP,
-        );
+        let key = frontend_key(at, port, cni_ebpf_common::proto::TCP, scope);
+        let (ip, port) = (format!("{at:?} ({scope:?})"), port);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let frontend = node.pinned_datapath().service_frontend(&key).ok().flatten();
@@ -218,9 +234,16 @@ impl World {
     /// One TCP request from `netns` (a process in the test's cgroup) to `addr`: the
     /// server's IP, or why not.
     fn served_by(&self, netns: &Path, addr: &str) -> Result<String, String> {
+        self.ask(netns, "tcp", addr).map(|(_, server)| server)
+    }
+
+    /// One request over `proto` (`tcp`, `udp`) from `netns` (a process in the test's
+    /// cgroup) to `addr`: the client's address as the server saw it and the server's IP,
+    /// or why not.
+    fn ask(&self, netns: &Path, proto: &str, addr: &str) -> Result<(String, String), String> {
         let out = self
             .cgroup
-            .exec_in(netns, &[NETCLIENT, "tcp", addr, "hello", "2000"]);
+            .exec_in(netns, &[NETCLIENT, proto, addr, "hello", "2000"]);
         if !out.success() {
             return Err(out.stderr.trim().to_owned());
         }
@@ -230,7 +253,11 @@ impl World {
             return Err(format!("getpeername showed {from}, not {addr}"));
         }
         // The who-am-I server answers the client's address, then its name (its address).
-        Ok(lines.nth(1).unwrap_or_default().trim().to_owned())
+        let client = lines.next().unwrap_or_default().trim();
+        let server = lines.next().unwrap_or_default().trim();
+        // `ip:port`, the IPv6 address unbracketed: the port is the last field.
+        let client = client.rsplit_once(':').map_or(client, |(ip, _)| ip);
+        Ok((client.to_owned(), server.to_owned()))
     }
 
     /// `n` requests from `netns` to `addr`: how many each server answered.
@@ -586,6 +613,223 @@ fn switching_over_from_kube_proxy_keeps_established_connections() {
     }
 }
 
+/// `nsenter --net=<netns> ip route add <dst> via <via>`: the outside world's route to an
+/// external IP or a load-balancer address through a node, as a router or a load balancer
+/// in front of the cluster would hold it.
+fn route_via(netns: &Path, dst: &str, via: &str) {
+    let net = format!("--net={}", netns.display());
+    let out = tests::process::run(&["nsenter", &net, "ip", "route", "replace", dst, "via", via]);
+    assert!(
+        out.success(),
+        "ip route replace {dst} via {via}: {}",
+        out.stderr
+    );
+}
+
+/// A Service with one TCP and one UDP port `PORT`, both with NodePort `node_port`.
+fn node_port_spec(node_port: u16, extra: &Value) -> Value {
+    let mut s = json!({
+        "type": "NodePort",
+        "externalTrafficPolicy": "Cluster",
+        "ports": [
+            { "name": "http", "protocol": "TCP", "port": PORT, "nodePort": node_port },
+            { "name": "udp", "protocol": "UDP", "port": PORT, "nodePort": node_port },
+        ],
+    });
+    if let (Some(s), Some(extra)) = (s.as_object_mut(), extra.as_object()) {
+        s.extend(extra.clone());
+    }
+    s
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn node_ports_from_outside_reach_backends_on_either_node() {
+    let w = world("svc_np");
+    w.put_service("np", "10.96.1.20", &node_port_spec(30100, &json!({})));
+    w.put_slice(
+        "np",
+        &[ready(&w.a1.ip4, "node-a"), ready(&w.b1.ip4, "node-b")],
+    );
+    let both = [at(&w.a1.ip4), at(&w.b1.ip4)];
+    for n in w.cluster.nodes() {
+        for scope in [Scope::Socket, Scope::Uplink] {
+            w.wait_for_frontend(n, At::Node { ipv6: false }, 30100, scope, &both);
+        }
+    }
+    let ext = w.cluster.ext_netns();
+    for node in w.cluster.nodes() {
+        let (local, remote) = if node.name() == "node-a" {
+            (&w.a1.ip4, &w.b1.ip4)
+        } else {
+            (&w.b1.ip4, &w.a1.ip4)
+        };
+        let addr = format!("{}:30100", node.ip4());
+        for proto in ["tcp", "udp"] {
+            // Which clients each backend saw.
+            let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
+            for i in 0..30 {
+                match w.ask(ext, proto, &addr) {
+                    Ok((client, server)) => seen.entry(server).or_default().push(client),
+                    Err(e) => panic!("{proto} request {i} to {addr}: {e}\n{}", w.agent_logs()),
+                }
+            }
+            eprintln!("{proto} {addr}: {seen:?}");
+            // The backend on the node the flow arrived at sees the client; the one on the
+            // other node sees the node that sent it on.
+            let of = |s: &str| seen.get(s).cloned().unwrap_or_default();
+            assert!(!of(local).is_empty() && !of(remote).is_empty(), "{seen:?}");
+            assert!(of(local).iter().all(|c| c == EXT_IP4), "{seen:?}");
+            assert!(of(remote).iter().all(|c| c == node.ip4()), "{seen:?}");
+        }
+        assert!(node.reason_count("service_new") > 0);
+        assert!(node.reason_count("service_new_routed") > 0);
+    }
+    // From inside, the node's own NodePort is translated at the socket.
+    let (_, server) = w
+        .ask(
+            w.a2.pod.netns(),
+            "tcp",
+            &format!("{}:30100", w.cluster.a().ip4()),
+        )
+        .unwrap_or_else(|e| panic!("pod → its node's NodePort: {e}"));
+    assert!(
+        both.iter().any(|b| b.starts_with(&format!("{server}:"))),
+        "{server}"
+    );
+    // A long conversation through the other node's NodePort.
+    let echo = format!("{}:30101", w.cluster.b().ip4());
+    w.put_service(
+        "np-echo",
+        "10.96.1.22",
+        &json!({
+            "type": "NodePort",
+            "ports": [{ "name": "echo", "protocol": "TCP", "port": ECHO_PORT, "nodePort": 30101 }],
+        }),
+    );
+    w.put_slice("np-echo", &[ready(&w.a1.ip4, "node-a")]);
+    w.wait_for_frontend(
+        w.cluster.b(),
+        At::Node { ipv6: false },
+        30101,
+        Scope::Uplink,
+        &[format!("{}:{ECHO_PORT}", w.a1.ip4)],
+    );
+    let out = w
+        .cgroup
+        .exec_in(ext, &[NETCLIENT, "converse", &echo, "120", "50"]);
+    assert!(
+        out.success(),
+        "120 round trips through {echo}: {}",
+        out.stderr
+    );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn external_traffic_policy_local_keeps_the_client_and_answers_the_health_check() {
+    let w = world("svc_etp");
+    let (lb, external) = ("203.0.113.21", "203.0.113.22");
+    let spec = node_port_spec(
+        30102,
+        &json!({
+            "type": "LoadBalancer",
+            "externalTrafficPolicy": "Local",
+            "healthCheckNodePort": 32102,
+            "externalIPs": [external],
+        }),
+    );
+    w.api.put(
+        "services",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": { "name": "lb", "namespace": "default" },
+            "spec": spec.as_object().map(|o| {
+                let mut o = o.clone();
+                o.insert("clusterIP".into(), json!("10.96.1.23"));
+                o.insert("clusterIPs".into(), json!(["10.96.1.23"]));
+                o
+            }),
+            "status": { "loadBalancer": { "ingress": [{ "ip": lb }] } },
+        }),
+    );
+    w.put_slice("lb", &[ready(&w.a1.ip4, "node-a")]);
+    let (a, b) = (w.cluster.a(), w.cluster.b());
+    w.wait_for_frontend(
+        a,
+        At::Node { ipv6: false },
+        30102,
+        Scope::Uplink,
+        &[at(&w.a1.ip4)],
+    );
+    w.wait_for_frontend(b, At::Node { ipv6: false }, 30102, Scope::Uplink, &[]);
+    let ext = w.cluster.ext_netns();
+    // Node A has the endpoint: the pod sees the client.
+    route_via(ext, &format!("{lb}/32"), a.ip4());
+    route_via(ext, &format!("{external}/32"), a.ip4());
+    for addr in [format!("{}:30102", a.ip4()), at(lb), at(external)] {
+        for proto in ["tcp", "udp"] {
+            assert_eq!(
+                w.ask(ext, proto, &addr),
+                Ok((EXT_IP4.to_owned(), w.a1.ip4.clone())),
+                "{proto} {addr}"
+            );
+        }
+    }
+    // Node B has none: flows from outside are dropped there, not sent to node A.
+    let before = b.reason_count("drop_service_no_backend");
+    assert!(w.ask(ext, "tcp", &format!("{}:30102", b.ip4())).is_err());
+    assert!(b.reason_count("drop_service_no_backend") > before);
+    // From inside, the policy does not apply: a pod on node B reaches node B's NodePort,
+    // the load-balancer address and the external IP.
+    for addr in [format!("{}:30102", b.ip4()), at(lb), at(external)] {
+        assert_eq!(
+            w.served_by(w.b2.pod.netns(), &addr),
+            Ok(w.a1.ip4.clone()),
+            "{addr}"
+        );
+    }
+    // The health check: 200 where an endpoint is, 503 where none is.
+    let health = |node: &ClusterNode| {
+        let addr = format!("{}:32102", node.ip4())
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        tests::net::http_get(ext, addr, "/healthz", Duration::from_secs(2))
+            .unwrap_or_else(|e| panic!("GET {addr}: {e}\n{}", w.agent_logs()))
+    };
+    let (status, head, body) = health(a);
+    assert_eq!(status, 200, "{head}\n{body}");
+    let body: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{body}: {e}"));
+    assert_eq!(body["localEndpoints"], 1, "{body}");
+    assert_eq!(body["service"]["name"], "lb", "{body}");
+    assert_eq!(health(b).0, 503);
+    // An endpoint on node B too: node B serves from outside with its own, the client kept.
+    w.put_slice(
+        "lb",
+        &[ready(&w.a1.ip4, "node-a"), ready(&w.b1.ip4, "node-b")],
+    );
+    w.wait_for_frontend(
+        b,
+        At::Node { ipv6: false },
+        30102,
+        Scope::Uplink,
+        &[at(&w.b1.ip4)],
+    );
+    assert_eq!(
+        w.ask(ext, "tcp", &format!("{}:30102", b.ip4())),
+        Ok((EXT_IP4.to_owned(), w.b1.ip4.clone()))
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while health(b).0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "node B's health check still fails"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn a_field_the_mode_does_not_translate_is_reported_on_the_service() {
@@ -595,7 +839,10 @@ fn a_field_the_mode_does_not_translate_is_reported_on_the_service() {
         "10.96.1.6",
         &json!({
             "type": "NodePort",
-            "ports": [{ "name": "http", "protocol": "TCP", "port": PORT, "nodePort": 30999 }],
+            "ports": [
+                { "name": "http", "protocol": "TCP", "port": PORT, "nodePort": 30999 },
+                { "name": "sctp", "protocol": "SCTP", "port": 9999 },
+            ],
         }),
     );
     w.put_slice("np", &[ready(&w.a1.ip4, "node-a")]);
@@ -605,7 +852,7 @@ fn a_field_the_mode_does_not_translate_is_reported_on_the_service() {
         w.served_by(w.a2.pod.netns(), &at("10.96.1.6")),
         Ok(w.a1.ip4.clone())
     );
-    // … and the NodePort is named in a Warning Event on the Service.
+    // … and the SCTP port is named in a Warning Event on the Service.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let events: Vec<Value> = w
@@ -616,7 +863,7 @@ fn a_field_the_mode_does_not_translate_is_reported_on_the_service() {
             .collect();
         if let Some(e) = events.first() {
             let text = e.to_string();
-            assert!(text.contains("nodePort 30999"), "{text}");
+            assert!(text.contains("protocol SCTP (port 9999)"), "{text}");
             assert!(text.contains("\"np\""), "{text}");
             break;
         }
