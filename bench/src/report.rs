@@ -314,6 +314,14 @@ impl Report {
                 Rule::Min("svc.kpr.same.crr_cps", "kube-proxy nftables", 1.0),
             ),
             (
+                "10 000 Services: an EndpointSlice change in force ≤ kube-proxy iptables' sync",
+                Rule::Max("svc.scale.change_ms", "kube-proxy iptables", 1.0),
+            ),
+            (
+                "10 000 Services: an EndpointSlice change in force ≤ kube-proxy nftables' sync",
+                Rule::Max("svc.scale.change_ms", "kube-proxy nftables", 1.0),
+            ),
+            (
                 "pod → pod throughput ≥ 0.95× bare veth",
                 Rule::Min("dp.pod2pod.tput", "bare veth", 0.95),
             ),

@@ -368,6 +368,17 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             }
         }
     }
+    let mut at_scale = Value::Null;
+    if p.repeats > 0 {
+        eprintln!("bench: services at scale: {} Services", scale::SERVICES);
+        match scale::run(ws, &clusters[0], &clusters[1], report) {
+            Ok(v) => at_scale = v,
+            Err(e) if !proc::interrupted() => report
+                .notes
+                .push(format!("Services at scale stopped: {e:#}")),
+            Err(e) => return Err(e),
+        }
+    }
     // The headline (iptables) rows first.
     done.sort_by_key(|(m, _)| *m != Mode::Iptables);
     for (mode, repeats) in done {
@@ -388,6 +399,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let mut details = Map::new();
     details.insert("perRepeat".into(), json!(samples));
     details.insert("endpointSaw".into(), Value::Object(seen));
+    details.insert("atScale".into(), at_scale);
     let ebpf = &clusters[0];
     let mut counters = Map::new();
     for node in ebpf.cluster.nodes() {
@@ -622,4 +634,245 @@ mod replacement {
     pub(crate) const DIRECT: &str = "direct pod → pod";
     pub(crate) const IPTABLES: &str = "kube-proxy iptables";
     pub(crate) const NFTABLES: &str = "kube-proxy nftables";
+}
+
+/// The replacement at scale, against kube-proxy's sync of the same cluster.
+mod scale {
+    use super::*;
+
+    /// Services written to the API server.
+    pub(super) const SERVICES: usize = 10_000;
+    /// Endpoints per Service (none of them dialled).
+    pub(super) const PER: usize = 10;
+    /// EndpointSlice changes timed.
+    const CHANGES: usize = 20;
+
+    /// The Services: `s<i>` on ClusterIP `10.97.<i/250>.<i%250+1>` port 80, each with
+    /// [`PER`] endpoints on node B.
+    fn services(version: usize) -> Vec<ServicePort> {
+        (0..SERVICES)
+            .map(|i| {
+                let mut s = ServicePort::new(
+                    &format!("default/s{i}"),
+                    "http",
+                    Protocol::Tcp,
+                    &cluster_ip(i),
+                    80,
+                );
+                for j in 0..PER {
+                    s = s.endpoint(
+                        &format!("10.250.{}.{}:{}", i % 250, j + 1 + version, 8080),
+                        "node-b",
+                    );
+                }
+                s
+            })
+            .collect()
+    }
+
+    fn cluster_ip(i: usize) -> String {
+        format!("10.97.{}.{}", i / 250, i % 250 + 1)
+    }
+
+    /// [`SERVICES`] Services with [`PER`] endpoints each: how long the agents of `c` take
+    /// to load them, how long one EndpointSlice change takes from the API write to the
+    /// datapath (median of [`CHANGES`]), and the Service maps' memory per frontend and per
+    /// endpoint; against them, on node A of `reference` (which runs no agent), how long
+    /// the rules kube-proxy renders for the same cluster take to load, as its sync loads
+    /// them: the whole `iptables-restore` (iptables mode) and `nft -f` (nftables mode), the
+    /// first time and again with one endpoint changed. kube-proxy's own work before the
+    /// load comes on top of its figures.
+    pub(super) fn run(
+        ws: &Workspace,
+        c: &SvcCluster,
+        reference: &SvcCluster,
+        report: &mut Report,
+    ) -> Result<Value> {
+        let api = catch("starting the API server", || {
+            tests::ApiServer::start(c.cluster.ext_netns(), tests::EXT_IP4)
+        })?;
+        let logs = c.cluster.a().dir().to_path_buf();
+        let _agents = catch("starting the agents", || {
+            c.cluster
+                .replace_kube_proxy_of(&ws.plugin, c.variant.network(), &api, &[], &logs)
+        })?;
+        let all = services(0);
+        eprintln!("bench: services at scale: writing {SERVICES} Services to the API");
+        let started = Instant::now();
+        for (resource, obj) in tests::service_objects::objects(&all) {
+            api.put(resource, obj);
+        }
+        let network = c.variant.network();
+        let loaded = |n: &ClusterNode| {
+            n.pinned_datapath_of(network)
+                .service_table()
+                .is_ok_and(|t| t.len() == SERVICES && t.values().all(|f| f.backends.len() == PER))
+        };
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while !c.cluster.nodes().iter().all(|n| loaded(n)) {
+            check_interrupt()?;
+            if Instant::now() > deadline {
+                bail!("{SERVICES} Services not loaded after 300 s");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let load_ms = started.elapsed().as_secs_f64() * 1e3;
+        // One change at a time: Service s<k>'s endpoints move by one address.
+        let a = c.cluster.a();
+        let mut change_ms = Vec::new();
+        for n in 0..CHANGES {
+            check_interrupt()?;
+            let k = (n * 487) % SERVICES;
+            let mut moved = all[k].clone();
+            moved.endpoints.clear();
+            for j in 0..PER {
+                moved = moved.endpoint(&format!("10.250.{}.{}:8080", k % 250, j + 100), "node-b");
+            }
+            let want: Vec<[u8; 16]> = moved
+                .endpoints
+                .iter()
+                .map(|e| match e.addr.ip() {
+                    std::net::IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+                    std::net::IpAddr::V6(v6) => v6.octets(),
+                })
+                .collect();
+            let key = cni_ebpf_common::ServiceKey {
+                addr: cni_ebpf_common::mapped4(u32::from_ne_bytes(
+                    cluster_ip(k)
+                        .parse::<std::net::Ipv4Addr>()
+                        .map(|a| a.octets())
+                        .unwrap_or_default(),
+                )),
+                port: 80u16.to_be(),
+                proto: cni_ebpf_common::proto::TCP,
+                scope: cni_ebpf_common::SCOPE_SOCKET,
+            };
+            let written = Instant::now();
+            for (resource, obj) in tests::service_objects::objects(&[moved]) {
+                if resource == "endpointslices" {
+                    api.put(resource, obj);
+                }
+            }
+            let dp = a.pinned_datapath_of(network);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let have = dp.service_frontend(&key).ok().flatten().map(|f| {
+                    let mut v: Vec<[u8; 16]> = f.backends.iter().map(|b| b.addr).collect();
+                    v.sort_unstable();
+                    v
+                });
+                let mut w = want.clone();
+                w.sort_unstable();
+                if have == Some(w) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("a change of s{k} not in force after 30 s");
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            change_ms.push(written.elapsed().as_secs_f64() * 1e3);
+        }
+        let stats = a
+            .pinned_datapath_of(network)
+            .map_stats()
+            .unwrap_or_default();
+        let bytes = |name: &str| {
+            stats
+                .iter()
+                .find(|m| m.name == name)
+                .map_or(0.0, |m| m.memlock_bytes as f64)
+        };
+        let endpoints = (SERVICES * PER) as f64;
+        let per_frontend = bytes(cni_ebpf_common::map::SERVICES) / SERVICES as f64;
+        let per_endpoint = bytes(cni_ebpf_common::map::SERVICE_BACKENDS) / endpoints;
+        // kube-proxy's loads, on the reference's node A.
+        let node = reference.cluster.a();
+        let mut kube_proxy = Map::new();
+        for mode in [Mode::Iptables, Mode::Nftables] {
+            let mut times = Vec::new();
+            for version in [0, 1] {
+                check_interrupt()?;
+                let rules = services(version);
+                let t = Instant::now();
+                catch(
+                    &format!(
+                        "loading kube-proxy's {} rules for {SERVICES} Services",
+                        mode.name()
+                    ),
+                    || node.install_kube_proxy(mode, &rules),
+                )?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let column = if mode == Mode::Iptables {
+                replacement::IPTABLES
+            } else {
+                replacement::NFTABLES
+            };
+            report.put(LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, column, times[0]);
+            report.put(
+                CHANGE_KEY,
+                SECTION,
+                CHANGE_LABEL,
+                "ms",
+                false,
+                column,
+                times[1],
+            );
+            kube_proxy.insert(
+                mode.name().to_owned(),
+                json!({ "firstMs": times[0], "changeMs": times[1] }),
+            );
+            if mode == Mode::Nftables {
+                reference.uninstall_nftables()?;
+            }
+        }
+        let change = crate::report::median(&change_ms);
+        report.put(
+            LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, "cni-ebpf", load_ms,
+        );
+        report.put(
+            CHANGE_KEY,
+            SECTION,
+            CHANGE_LABEL,
+            "ms",
+            false,
+            "cni-ebpf",
+            change,
+        );
+        report.put(
+            "svc.scale.bytes_per_frontend",
+            SECTION,
+            "Service map memory per frontend (SERVICES)",
+            "B",
+            false,
+            "cni-ebpf",
+            per_frontend,
+        );
+        report.put(
+            "svc.scale.bytes_per_endpoint",
+            SECTION,
+            "Service map memory per endpoint (SERVICE_BACKENDS)",
+            "B",
+            false,
+            "cni-ebpf",
+            per_endpoint,
+        );
+        Ok(json!({
+            "services": SERVICES,
+            "endpointsPerService": PER,
+            "loadMs": load_ms,
+            "changeMs": change_ms,
+            "bytesPerFrontend": per_frontend,
+            "bytesPerEndpoint": per_endpoint,
+            "kubeProxyLoad": kube_proxy,
+        }))
+    }
+
+    const SECTION: &str = "Services at scale: 10 000 Services, 100 000 endpoints (cni-ebpf: the agent's replacement, API write → maps on both nodes; kube-proxy: loading the rules it renders, on one node)";
+    pub(crate) const LOAD_KEY: &str = "svc.scale.load_ms";
+    const LOAD_LABEL: &str = "every Service loaded";
+    pub(crate) const CHANGE_KEY: &str = "svc.scale.change_ms";
+    const CHANGE_LABEL: &str =
+        "one EndpointSlice change in force (cni-ebpf: median of 20; kube-proxy: the sync after it)";
 }
