@@ -260,6 +260,30 @@ impl SvcCluster {
         }
     }
 
+    /// The stand-in API server in `ext` holding `services`, and the agents of both nodes
+    /// with `--kube-proxy-replacement` watching it, once their maps hold them. The agents'
+    /// logs go with node A's directory.
+    fn replace_kube_proxy(
+        &self,
+        ws: &Workspace,
+        services: &[ServicePort],
+    ) -> Result<(tests::ApiServer, [tests::process::Background; 2])> {
+        let api = catch("starting the API server", || {
+            tests::ApiServer::start(self.cluster.ext_netns(), tests::EXT_IP4)
+        })?;
+        let logs = self.cluster.a().dir().to_path_buf();
+        let agents = catch("starting the agents", || {
+            self.cluster.replace_kube_proxy_of(
+                &ws.plugin,
+                self.variant.network(),
+                &api,
+                services,
+                &logs,
+            )
+        })?;
+        Ok((api, agents))
+    }
+
     /// Loads kube-proxy's rules in `mode` on both nodes.
     fn install(&self, mode: Mode) -> Result<()> {
         let services = self.services();
@@ -553,20 +577,7 @@ mod replacement {
         secs: f64,
         samples: &mut Samples,
     ) -> Result<Value> {
-        let api = catch("starting the API server", || {
-            tests::ApiServer::start(c.cluster.ext_netns(), tests::EXT_IP4)
-        })?;
-        // The agents' logs go with node A's directory.
-        let logs = c.cluster.a().dir().to_path_buf();
-        let _agents = catch("starting the agents", || {
-            c.cluster.replace_kube_proxy_of(
-                &ws.plugin,
-                c.variant.network(),
-                &api,
-                &c.services(),
-                &logs,
-            )
-        })?;
+        let (_api, _agents) = c.replace_kube_proxy(ws, &c.services())?;
         for (ip, mode, port) in KUBE_PROXY_IPS {
             let services = c.services_at(&format!("default/echo-{}", mode.name()), ip, port);
             catch(
@@ -688,14 +699,7 @@ mod scale {
         reference: &SvcCluster,
         report: &mut Report,
     ) -> Result<Value> {
-        let api = catch("starting the API server", || {
-            tests::ApiServer::start(c.cluster.ext_netns(), tests::EXT_IP4)
-        })?;
-        let logs = c.cluster.a().dir().to_path_buf();
-        let _agents = catch("starting the agents", || {
-            c.cluster
-                .replace_kube_proxy_of(&ws.plugin, c.variant.network(), &api, &[], &logs)
-        })?;
+        let (api, _agents) = c.replace_kube_proxy(ws, &[])?;
         let all = services(0);
         eprintln!("bench: services at scale: writing {SERVICES} Services to the API");
         let started = Instant::now();

@@ -113,10 +113,7 @@ pub(crate) fn grant<A: Family + Default>(
             count(Reason::DropSnatDestCap);
             return Err(TC_ACT_SHOT as i32);
         }
-        // No port (or a full table): finished flows are swept out for the next try.
-        sweep::<A>();
-        count(Reason::DropNoSnatPort);
-        return Err(TC_ACT_SHOT as i32);
+        return Err(no_port::<A>());
     };
     out.set(
         node,
@@ -125,6 +122,15 @@ pub(crate) fn grant<A: Family + Default>(
         rev_key(p.daddr, p.dport, node, np, p.proto),
     );
     Ok(())
+}
+
+/// No SNAT port for a new flow (or a full table): dropped, and finished flows are swept
+/// out for the next try.
+#[inline(always)]
+pub(crate) fn no_port<A: Family>() -> i32 {
+    sweep::<A>();
+    count(Reason::DropNoSnatPort);
+    TC_ACT_SHOT as i32
 }
 
 /// The table refused a new flow's forward entry (its reverse one is gone again): passed

@@ -35,7 +35,7 @@ use crate::{
     family::Family,
     maps::{count, node_config},
     masq::{self, Granted},
-    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, sweep},
+    nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key},
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
     service::{self, Pick},
@@ -177,9 +177,7 @@ pub(crate) fn grant<A: Family>(p: &Pkt<A>, r: &Chosen<A>, out: &mut Granted<A>) 
     );
     rev.deliver = NatDeliver::ROUTE;
     let Some(np) = alloc_port(cfg, r.addr, r.port, node, p.proto, &rev, 0) else {
-        sweep::<A>();
-        count(Reason::DropNoSnatPort);
-        return Err(TC_ACT_SHOT as i32);
+        return Err(masq::no_port::<A>());
     };
     out.set(node, np, 0, rev_key(r.addr, r.port, node, np, p.proto));
     Ok(())

@@ -26,14 +26,13 @@ use http_body_util::Full;
 use hyper::{
     body::{Bytes, Incoming},
     header::HeaderValue,
-    server::conn::http1,
     service::service_fn,
     Request, Response, StatusCode,
 };
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
 
-use crate::metrics::server::{CONNECTION_DEADLINE, HEAD_DEADLINE, MAX_HEADERS, MAX_HEAD_BYTES};
+use crate::metrics::server::{bounded_http1, CONNECTION_DEADLINE};
 
 /// Connections one port serves at once.
 const MAX_CONNECTIONS: usize = 16;
@@ -141,12 +140,7 @@ fn bind(port: u16) -> std::io::Result<TcpListener> {
 }
 
 async fn serve(listener: TcpListener, state: Arc<RwLock<HealthCheck>>) {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_DEADLINE)
-        .max_header_size(MAX_HEAD_BYTES)
-        .max_headers(MAX_HEADERS)
-        .keep_alive(false);
+    let http = bounded_http1();
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {

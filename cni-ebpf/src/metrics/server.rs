@@ -70,6 +70,19 @@ pub fn serve(listen: SocketAddr, exporter: Exporter) -> Result<()> {
     })
 }
 
+/// An HTTP/1 server connection builder with the limits above: a bounded head, received
+/// within [`HEAD_DEADLINE`], one request per connection.
+#[must_use]
+pub fn bounded_http1() -> http1::Builder {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEAD_DEADLINE)
+        .max_header_size(MAX_HEAD_BYTES)
+        .max_headers(MAX_HEADERS)
+        .keep_alive(false);
+    http
+}
+
 /// Accepts connections on `listener` and answers them, at most [`MAX_CONNECTIONS`] at
 /// once. Returns only if its connection slots are gone (never, in practice).
 async fn run(listener: TcpListener, exporter: Arc<Exporter>) {
@@ -77,13 +90,8 @@ async fn run(listener: TcpListener, exporter: Arc<Exporter>) {
         registry: render::registry(Arc::clone(&exporter)),
         exporter,
     });
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(HEAD_DEADLINE)
-        .max_header_size(MAX_HEAD_BYTES)
-        .max_headers(MAX_HEADERS)
-        .keep_alive(false)
-        .title_case_headers(true);
+    let mut http = bounded_http1();
+    http.title_case_headers(true);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
