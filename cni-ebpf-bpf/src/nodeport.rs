@@ -39,7 +39,6 @@ use crate::{
     parse::Pkt,
     rewrite::{apply, rewrite_failed},
     service::{self, Pick},
-    PASS,
 };
 
 /// The backend chosen for a new flow ([`new_flow`]), for the next stages.
@@ -58,10 +57,13 @@ pub(crate) const LOCAL: u8 = 1;
 pub(crate) const REMOTE: u8 = 2;
 
 /// A new flow from outside to a Service frontend: its backend in `out`; `Some(verdict)`
-/// when it is dropped or passed; `None` with none chosen when `p` is not one.
+/// when it is dropped; `None` with none chosen when `p` is not one.
 #[inline(always)]
 pub(crate) fn new_flow<A: Family>(p: &Pkt<A>, out: &mut Chosen<A>) -> Option<i32> {
-    if !(p.natable && (p.proto == proto::TCP || p.proto == proto::UDP)) {
+    // Only a packet that may open a flow looks for a frontend: the packets of established
+    // flows (most of what reaches this stage, on its way into a pod) pay nothing here. A
+    // later packet of a flow whose entries are gone goes on to the stack, which resets it.
+    if !(p.natable && (p.proto == proto::TCP || p.proto == proto::UDP) && p.opens_hostport_flow()) {
         return None;
     }
     let ask = Ask {
@@ -70,7 +72,6 @@ pub(crate) fn new_flow<A: Family>(p: &Pkt<A>, out: &mut Chosen<A>) -> Option<i32
         dport: p.dport,
         proto: p.proto,
         node_addr: p.daddr.is_node_addr(),
-        opens: p.opens_hostport_flow(),
     };
     let mut b = Backend {
         addr: [0; 16],
@@ -79,11 +80,6 @@ pub(crate) fn new_flow<A: Family>(p: &Pkt<A>, out: &mut Chosen<A>) -> Option<i32
     };
     match backend_for(&ask, &mut b) {
         Answer::NotService => return None,
-        Answer::Stale => {
-            // A packet of a flow whose entries are gone: the stack answers it (a reset).
-            count(Reason::PassStaleHostPortFlow);
-            return Some(PASS);
-        }
         Answer::NoBackend => {
             count(Reason::DropServiceNoBackend);
             return Some(TC_ACT_SHOT as i32);
@@ -113,15 +109,12 @@ struct Ask {
     proto: u8,
     /// The destination is one of the node's addresses (its NodePorts apply).
     node_addr: bool,
-    /// The packet may open a flow (TCP SYN, UDP).
-    opens: bool,
 }
 
 /// What [`backend_for`] found.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Answer {
     NotService,
-    Stale,
     NoBackend,
     Backend,
 }
@@ -135,9 +128,6 @@ fn backend_for(ask: &Ask, to: &mut Backend) -> Answer {
     else {
         return Answer::NotService;
     };
-    if !ask.opens {
-        return Answer::Stale;
-    }
     if service::choose(&svc, ask.client, to) == Pick::To {
         Answer::Backend
     } else {
