@@ -720,7 +720,7 @@ mod scale {
             for j in 0..PER {
                 moved = moved.endpoint(&format!("10.250.{}.{}:8080", k % 250, j + 100), "node-b");
             }
-            let want: Vec<[u8; 16]> = moved
+            let mut want: Vec<[u8; 16]> = moved
                 .endpoints
                 .iter()
                 .map(|e| match e.addr.ip() {
@@ -728,6 +728,8 @@ mod scale {
                     std::net::IpAddr::V6(v6) => v6.octets(),
                 })
                 .collect();
+            want.sort_unstable();
+            let want = Some(want);
             let key = cni_ebpf_common::ServiceKey {
                 addr: cni_ebpf_common::mapped4(u32::from_ne_bytes(
                     cluster_ip(k)
@@ -753,9 +755,7 @@ mod scale {
                     v.sort_unstable();
                     v
                 });
-                let mut w = want.clone();
-                w.sort_unstable();
-                if have == Some(w) {
+                if have == want {
                     break;
                 }
                 if Instant::now() > deadline {

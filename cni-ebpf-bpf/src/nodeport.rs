@@ -79,12 +79,12 @@ pub(crate) fn new_flow<A: Family>(p: &Pkt<A>, out: &mut Chosen<A>) -> Option<i32
         _pad: 0,
     };
     match backend_for(&ask, &mut b) {
-        Answer::NotService => return None,
-        Answer::NoBackend => {
+        Pick::Pass => return None,
+        Pick::Refuse => {
             count(Reason::DropServiceNoBackend);
             return Some(TC_ACT_SHOT as i32);
         }
-        Answer::Backend => {}
+        Pick::To => {}
     }
     let Some(addr) = A::from_wire(&b.addr) else {
         count(Reason::DropServiceNoBackend);
@@ -111,27 +111,15 @@ struct Ask {
     node_addr: bool,
 }
 
-/// What [`backend_for`] found.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Answer {
-    NotService,
-    NoBackend,
-    Backend,
-}
-
-/// The frontend `ask` names in `SCOPE_UPLINK` and the backend it gives the flow, in `to`.
+/// What becomes of the flow `ask` describes: not a frontend in `SCOPE_UPLINK` (`Pass`),
+/// one without a usable backend (`Refuse`), or its backend, in `to`.
 /// A BPF function of its own: the frontend's key and value, and the choice's, do not
 /// add to the stage's frame, which holds the parsed packet.
 #[inline(never)]
-fn backend_for(ask: &Ask, to: &mut Backend) -> Answer {
-    let Some(svc) = service::frontend(ask.daddr, ask.dport, ask.proto, SCOPE_UPLINK, ask.node_addr)
-    else {
-        return Answer::NotService;
-    };
-    if service::choose(&svc, ask.client, to) == Pick::To {
-        Answer::Backend
-    } else {
-        Answer::NoBackend
+fn backend_for(ask: &Ask, to: &mut Backend) -> Pick {
+    match service::frontend(ask.daddr, ask.dport, ask.proto, SCOPE_UPLINK, ask.node_addr) {
+        Some(svc) => service::choose(&svc, ask.client, to),
+        None => Pick::Pass,
     }
 }
 
