@@ -244,6 +244,28 @@ impl ClusterNode {
         )
     }
 
+    /// Starts `cni-ebpf agent` on this node with both NetworkPolicy (its state in the
+    /// node's directory) and `--kube-proxy-replacement`, appending to `log`.
+    #[must_use]
+    pub fn start_policy_service_agent(&self, api: &ApiServer, log: &Path) -> Background {
+        let state = self.dir().join("policy-state").display().to_string();
+        self.start_agent_of(
+            &crate::plugin::plugin_bin(),
+            api,
+            &[
+                "agent",
+                "--kube-proxy-replacement=true",
+                "--state-dir",
+                &state,
+                "--listen",
+                "127.0.0.1:0",
+                "--node-name",
+                self.name,
+            ],
+            log,
+        )
+    }
+
     /// The pods' IPv4 gateway (first address of the pod CIDR, owned by every host veth).
     #[must_use]
     pub fn gateway4(&self) -> String {

@@ -4,7 +4,8 @@
 //! `sessionAffinity: ClientIP`, `internalTrafficPolicy: Local`), a Service without
 //! endpoints refusing at once, NodePorts from outside to backends on either node (TCP
 //! and UDP, a long conversation), `externalTrafficPolicy: Local` with its health-check
-//! node port, an external IP and a load-balancer address, connections that live through
+//! node port, an external IP and a load-balancer address, NetworkPolicy on Service flows
+//! (judged by the backend's address and port), connections that live through
 //! endpoint churn, an agent restart, the switch over from kube-proxy and back, the Event
 //! on a Service field the mode does not translate, and 10 000 Services with 100 000
 //! endpoints.
@@ -62,24 +63,60 @@ struct World {
 }
 
 fn world(test: &str) -> World {
+    build_world(test, false)
+}
+
+/// [`world`] with NetworkPolicy enforced by the agents too: each pod is ADDed as
+/// `default/<name>` and published as a Pod with labels `app: web` (the servers `a1`,
+/// `a3`, `b1`), `role: client` (`a2`) or `role: other` (`b2`).
+fn policy_world(test: &str) -> World {
+    build_world(test, true)
+}
+
+fn build_world(test: &str, policy: bool) -> World {
     let cluster = Cluster::new(test);
     let cgroup = TestCgroup::create(cluster.tag());
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+    if policy {
+        api.put(
+            "namespaces",
+            json!({
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": { "name": "default", "labels": { "ns": "default" } },
+            }),
+        );
+    }
     let conf = |n: &ClusterNode| {
         n.conf_dual_stack()
             .set("cgroupPath", json!(cgroup.path().to_string_lossy()))
     };
-    let add = |n: &ClusterNode, name: &str| {
+    let add = |n: &ClusterNode, name: &str, label: (&str, &str)| {
         let pod = n.pod(name);
-        let r = n.add(&pod, "eth0", &conf(n));
+        if !policy {
+            let r = n.add(&pod, "eth0", &conf(n));
+            return Running { pod, ip4: r.ip4() };
+        }
+        let env = pod
+            .env("eth0")
+            .with_args(&format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={name}"));
+        let r = tests::ResultView::parse(&n.exec_plugin("ADD", &env, &conf(n).plugin()).result());
+        let ips: Vec<IpAddr> = [r.ip4(), r.ip6()]
+            .iter()
+            .filter_map(|ip| ip.parse().ok())
+            .collect();
+        let object = tests::netpol::pod("default", name, &[label], &ips);
+        api.put("pods", serde_json::to_value(&object).unwrap_or_default());
         Running { pod, ip4: r.ip4() }
     };
     let (a, b) = (cluster.a(), cluster.b());
+    let (web, client, other) = (("app", "web"), ("role", "client"), ("role", "other"));
     let (a1, a2, a3, b1, b2) = (
-        add(a, "a1"),
-        add(a, "a2"),
-        add(a, "a3"),
-        add(b, "b1"),
-        add(b, "b2"),
+        add(a, "a1", web),
+        add(a, "a2", client),
+        add(a, "a3", web),
+        add(b, "b1", web),
+        add(b, "b2", other),
     );
     let servers = [&a1, &a3, &b1]
         .iter()
@@ -89,10 +126,17 @@ fn world(test: &str) -> World {
         .iter()
         .map(|p| EchoServer::concurrent(p.pod.netns(), ECHO_PORT))
         .collect();
-    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
     #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
-    let agents = cluster.replace_kube_proxy(&api, &[], logs.path()).into();
+    let agents = if policy {
+        let log = |n: &ClusterNode| logs.path().join(format!("agent-{}.log", n.name()));
+        vec![
+            a.start_policy_service_agent(&api, &log(a)),
+            b.start_policy_service_agent(&api, &log(b)),
+        ]
+    } else {
+        cluster.replace_kube_proxy(&api, &[], logs.path()).into()
+    };
     World {
         _servers: servers,
         _echo: echo,
@@ -241,9 +285,21 @@ impl World {
     /// cgroup) to `addr`: the client's address as the server saw it and the server's IP,
     /// or why not.
     fn ask(&self, netns: &Path, proto: &str, addr: &str) -> Result<(String, String), String> {
+        self.ask_within(netns, proto, addr, Duration::from_secs(2))
+    }
+
+    /// [`Self::ask`], giving up after `timeout`.
+    fn ask_within(
+        &self,
+        netns: &Path,
+        proto: &str,
+        addr: &str,
+        timeout: Duration,
+    ) -> Result<(String, String), String> {
+        let ms = timeout.as_millis().to_string();
         let out = self
             .cgroup
-            .exec_in(netns, &[NETCLIENT, proto, addr, "hello", "2000"]);
+            .exec_in(netns, &[NETCLIENT, proto, addr, "hello", &ms]);
         if !out.success() {
             return Err(out.stderr.trim().to_owned());
         }
@@ -828,6 +884,241 @@ fn external_traffic_policy_local_keeps_the_client_and_answers_the_health_check()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Writes the NetworkPolicy `name` of namespace `default`: the `app: web` pods admit
+/// `from` (a list of peers) on `ports` (`(protocol, port)`) and nothing else.
+fn put_web_policy(api: &ApiServer, name: &str, from: &Value, ports: &[(&str, u16)]) {
+    let ports: Vec<Value> = ports
+        .iter()
+        .map(|(protocol, port)| json!({ "protocol": protocol, "port": port }))
+        .collect();
+    api.put(
+        "networkpolicies",
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": { "namespace": "default", "name": name },
+            "spec": {
+                "podSelector": { "matchLabels": { "app": "web" } },
+                "policyTypes": ["Ingress"],
+                "ingress": [{ "from": from, "ports": ports }],
+            },
+        }),
+    );
+}
+
+/// One request of a policy test: from `netns` over `proto` to `addr`, which must be
+/// answered by the server `by` seeing the client `as_` (`Some`), or not at all (`None`).
+struct Expect<'a> {
+    what: &'a str,
+    netns: &'a Path,
+    proto: &'a str,
+    addr: String,
+    served: Option<(String, String)>,
+}
+
+impl World {
+    /// Asks each of `expect` until its answer is the expected one (the agents put a
+    /// policy change in force within a second), then once more, which must agree: a
+    /// verdict that flips back fails too. Panics with the agents' logs after 10 s.
+    #[track_caller]
+    fn settle(&self, step: &str, expect: &[Expect<'_>]) {
+        let timeout = Duration::from_millis(800);
+        for e in expect {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let mut confirmed = 0;
+            loop {
+                let got = self.ask_within(e.netns, e.proto, &e.addr, timeout).ok();
+                if got == e.served {
+                    confirmed += 1;
+                    if confirmed == 2 {
+                        break;
+                    }
+                    continue;
+                }
+                assert!(
+                    confirmed == 0 && Instant::now() < deadline,
+                    "{step}: {} ({} {}) got {got:?}, not {:?}; agent logs:\n{}",
+                    e.what,
+                    e.proto,
+                    e.addr,
+                    e.served,
+                    self.agent_logs()
+                );
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
+
+/// NetworkPolicy judges a Service flow by the backend pod's real address and port, not
+/// by the Service's: flows from pods to a ClusterIP (translated at the socket) and from
+/// outside to a NodePort (translated in the uplink; the client kept when the backend is
+/// on the node the flow arrived at, the node's own address when it was sent on to the
+/// other node), TCP and UDP, as policies are put, changed and widened.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn network_policy_judges_service_flows_by_the_backends_address_and_port() {
+    let w = policy_world("svc_netpol");
+    let (a, b) = (w.cluster.a(), w.cluster.b());
+    // One Service per server, so that each request's backend is known: port 80 to the
+    // pods' 8080, NodePort 30110 for `a1` (node A) and 30111 for `b1` (node B).
+    let services = [
+        ("web-a", "10.96.1.30", 30110, &w.a1, "node-a"),
+        ("web-b", "10.96.1.31", 30111, &w.b1, "node-b"),
+    ];
+    for (name, ip, node_port, backend, node) in services {
+        let port = |name: &str, protocol: &str| {
+            json!({
+                "name": name, "protocol": protocol, "port": 80, "targetPort": PORT,
+                "nodePort": node_port,
+            })
+        };
+        w.put_service(
+            name,
+            ip,
+            &json!({ "type": "NodePort", "ports": [port("http", "TCP"), port("udp", "UDP")] }),
+        );
+        w.put_slice(name, &[ready(&backend.ip4, node)]);
+    }
+    for n in [a, b] {
+        for (_, ip, node_port, backend, _) in services {
+            w.wait_for(n, ip, 80, &[at(&backend.ip4)]);
+            let at_node = At::Node { ipv6: false };
+            w.wait_for_frontend(n, at_node, node_port, Scope::Uplink, &[at(&backend.ip4)]);
+        }
+    }
+    let ext = w.cluster.ext_netns();
+    let (a2, b2) = (w.a2.pod.netns(), w.b2.pod.netns());
+    let (web_a, web_b) = ("10.96.1.30:80".to_owned(), "10.96.1.31:80".to_owned());
+    let a1_via_a = format!("{}:30110", a.ip4());
+    let b1_via_a = format!("{}:30111", a.ip4());
+    let b1_via_b = format!("{}:30111", b.ip4());
+    let served = |client: &str, server: &Running| Some((client.to_owned(), server.ip4.clone()));
+    let expect = |what, netns, proto, addr: &String, served| Expect {
+        what,
+        netns,
+        proto,
+        addr: addr.clone(),
+        served,
+    };
+    let (client, other) = (&w.a2.ip4, &w.b2.ip4);
+    // No policy: everything is served; from outside, the backend on the receiving node
+    // sees the client, the one on the other node sees the receiving node.
+    w.settle(
+        "no policy",
+        &[
+            expect("client → web-a", a2, "tcp", &web_a, served(client, &w.a1)),
+            expect("client → web-b", a2, "tcp", &web_b, served(client, &w.b1)),
+            expect("other → web-a", b2, "tcp", &web_a, served(other, &w.a1)),
+            expect(
+                "ext → a1 via A",
+                ext,
+                "tcp",
+                &a1_via_a,
+                served(EXT_IP4, &w.a1),
+            ),
+            expect(
+                "ext → b1 via A",
+                ext,
+                "udp",
+                &b1_via_a,
+                served(a.ip4(), &w.b1),
+            ),
+            expect(
+                "ext → b1 via B",
+                ext,
+                "tcp",
+                &b1_via_b,
+                served(EXT_IP4, &w.b1),
+            ),
+        ],
+    );
+    // The web pods admit the `role: client` pods on TCP 8080 only.
+    let clients = json!([{ "podSelector": { "matchLabels": { "role": "client" } } }]);
+    put_web_policy(&w.api, "clients", &clients, &[("TCP", PORT)]);
+    w.settle(
+        "clients on TCP 8080",
+        &[
+            expect("client → web-a", a2, "tcp", &web_a, served(client, &w.a1)),
+            expect("client → web-b", a2, "tcp", &web_b, served(client, &w.b1)),
+            expect("client → web-a over UDP", a2, "udp", &web_a, None),
+            expect("other → web-a", b2, "tcp", &web_a, None),
+            expect("other → web-b", b2, "tcp", &web_b, None),
+            expect("ext → a1 via A", ext, "tcp", &a1_via_a, None),
+            expect("ext → b1 via A", ext, "tcp", &b1_via_a, None),
+            expect("ext → b1 via B", ext, "udp", &b1_via_b, None),
+        ],
+    );
+    // The Service port and the NodePort are not the pods' ports: admitting them admits
+    // nothing.
+    let outside = json!([{ "ipBlock": { "cidr": format!("{EXT_IP4}/32") } }]);
+    put_web_policy(&w.api, "clients", &clients, &[("TCP", 80), ("TCP", 30110)]);
+    put_web_policy(
+        &w.api,
+        "outside",
+        &outside,
+        &[("TCP", 80), ("TCP", 30110), ("UDP", 30111)],
+    );
+    w.settle(
+        "the Service's ports",
+        &[
+            expect("client → web-a", a2, "tcp", &web_a, None),
+            expect("ext → a1 via A", ext, "tcp", &a1_via_a, None),
+            expect("ext → b1 via B", ext, "udp", &b1_via_b, None),
+        ],
+    );
+    // The outside client on the pods' port: admitted where the backend sees it, not
+    // where the flow was sent on from node A (the backend sees node A).
+    put_web_policy(&w.api, "clients", &clients, &[("TCP", PORT)]);
+    put_web_policy(&w.api, "outside", &outside, &[("TCP", PORT), ("UDP", PORT)]);
+    w.settle(
+        "the outside client on 8080",
+        &[
+            expect("client → web-a", a2, "tcp", &web_a, served(client, &w.a1)),
+            expect(
+                "ext → a1 via A",
+                ext,
+                "tcp",
+                &a1_via_a,
+                served(EXT_IP4, &w.a1),
+            ),
+            expect(
+                "ext → a1 via A",
+                ext,
+                "udp",
+                &a1_via_a,
+                served(EXT_IP4, &w.a1),
+            ),
+            expect(
+                "ext → b1 via B",
+                ext,
+                "tcp",
+                &b1_via_b,
+                served(EXT_IP4, &w.b1),
+            ),
+            expect("ext → b1 via A", ext, "tcp", &b1_via_a, None),
+            expect("other → web-b", b2, "tcp", &web_b, None),
+        ],
+    );
+    // Node A's address admitted: what it sends on is served.
+    let node_a = json!([{ "ipBlock": { "cidr": format!("{}/32", a.ip4()) } }]);
+    put_web_policy(&w.api, "node-a", &node_a, &[("TCP", PORT)]);
+    w.settle(
+        "node A admitted",
+        &[
+            expect(
+                "ext → b1 via A",
+                ext,
+                "tcp",
+                &b1_via_a,
+                served(a.ip4(), &w.b1),
+            ),
+            expect("ext → b1 via A", ext, "udp", &b1_via_a, None),
+        ],
+    );
+    assert!(a.reason_count("service_new_routed") > 0);
 }
 
 #[test]
