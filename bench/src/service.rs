@@ -395,7 +395,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let mut at_scale = Value::Null;
     if p.repeats > 0 {
         eprintln!("bench: services at scale: {} Services", scale::SERVICES);
-        match scale::run(ws, &clusters[0], report) {
+        match scale::run(ws, &clusters[0], &clusters[1], report) {
             Ok(v) => at_scale = v,
             Err(e) if !proc::interrupted() => report
                 .notes
@@ -647,7 +647,7 @@ mod replacement {
     pub(crate) const NFTABLES: &str = "kube-proxy nftables";
 }
 
-/// The replacement at scale.
+/// The replacement at scale, against kube-proxy's sync of the same cluster.
 mod scale {
     use super::*;
 
@@ -660,7 +660,7 @@ mod scale {
 
     /// The Services: `s<i>` on ClusterIP `10.97.<i/250>.<i%250+1>` port 80, each with
     /// [`PER`] endpoints on node B.
-    fn services() -> Vec<ServicePort> {
+    fn services(version: usize) -> Vec<ServicePort> {
         (0..SERVICES)
             .map(|i| {
                 let mut s = ServicePort::new(
@@ -671,7 +671,10 @@ mod scale {
                     80,
                 );
                 for j in 0..PER {
-                    s = s.endpoint(&format!("10.250.{}.{}:{}", i % 250, j + 1, 8080), "node-b");
+                    s = s.endpoint(
+                        &format!("10.250.{}.{}:{}", i % 250, j + 1 + version, 8080),
+                        "node-b",
+                    );
                 }
                 s
             })
@@ -685,10 +688,19 @@ mod scale {
     /// [`SERVICES`] Services with [`PER`] endpoints each: how long the agents of `c` take
     /// to load them, how long one EndpointSlice change takes from the API write to the
     /// datapath (median of [`CHANGES`]), and the Service maps' memory per frontend and per
-    /// endpoint.
-    pub(super) fn run(ws: &Workspace, c: &SvcCluster, report: &mut Report) -> Result<Value> {
+    /// endpoint; against them, on node A of `reference` (which runs no agent), how long
+    /// the rules kube-proxy renders for the same cluster take to load, as its full sync
+    /// loads them: the whole `iptables-restore` (iptables mode) and `nft -f` (nftables
+    /// mode), the first time and again with every Service's endpoints moved. kube-proxy's
+    /// own work before the load (rendering included) comes on top of its figures.
+    pub(super) fn run(
+        ws: &Workspace,
+        c: &SvcCluster,
+        reference: &SvcCluster,
+        report: &mut Report,
+    ) -> Result<Value> {
         let (api, _agents) = c.replace_kube_proxy(ws, &[])?;
-        let all = services();
+        let all = services(0);
         eprintln!("bench: services at scale: writing {SERVICES} Services to the API");
         let started = Instant::now();
         for (resource, obj) in tests::service_objects::objects(&all) {
@@ -778,6 +790,47 @@ mod scale {
         let endpoints = (SERVICES * PER) as f64;
         let per_frontend = bytes(cni_ebpf_common::map::SERVICES) / SERVICES as f64;
         let per_endpoint = bytes(cni_ebpf_common::map::SERVICE_BACKENDS) / endpoints;
+        // kube-proxy's loads, on the reference's node A.
+        let node = reference.cluster.a();
+        let mut kube_proxy = Map::new();
+        for mode in [Mode::Iptables, Mode::Nftables] {
+            let mut times = Vec::new();
+            for version in [0, 1] {
+                check_interrupt()?;
+                let rules = tests::kubeproxy::render(mode, &node.proxy_node(), &services(version));
+                let t = Instant::now();
+                catch(
+                    &format!(
+                        "loading kube-proxy's {} rules for {SERVICES} Services",
+                        mode.name()
+                    ),
+                    || tests::kubeproxy::load(node.netns(), &rules),
+                )?;
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+            let column = if mode == Mode::Iptables {
+                replacement::IPTABLES
+            } else {
+                replacement::NFTABLES
+            };
+            report.put(LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, column, times[0]);
+            report.put(
+                CHANGE_KEY,
+                SECTION,
+                CHANGE_LABEL,
+                "ms",
+                false,
+                column,
+                times[1],
+            );
+            kube_proxy.insert(
+                mode.name().to_owned(),
+                json!({ "firstMs": times[0], "changeMs": times[1] }),
+            );
+            if mode == Mode::Nftables {
+                reference.uninstall_nftables()?;
+            }
+        }
         let change = crate::report::median(&change_ms);
         report.put(
             LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, "cni-ebpf", load_ms,
@@ -816,6 +869,7 @@ mod scale {
             "changeMs": change_ms,
             "bytesPerFrontend": per_frontend,
             "bytesPerEndpoint": per_endpoint,
+            "kubeProxyLoad": kube_proxy,
         }))
     }
 
@@ -824,5 +878,5 @@ mod scale {
     const LOAD_LABEL: &str = "every Service loaded";
     pub(crate) const CHANGE_KEY: &str = "svc.scale.change_ms";
     const CHANGE_LABEL: &str =
-        "one EndpointSlice change in force (cni-ebpf: median of 20; kube-proxy: the sync after it)";
+        "one EndpointSlice change in force (cni-ebpf: median of 20; kube-proxy: a full resync)";
 }
