@@ -7,6 +7,7 @@ use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
+    time::Instant,
 };
 
 use anyhow::{bail, Context, Result};
@@ -127,9 +128,10 @@ fn main() -> Result<()> {
 
 /// A build cache kept across runs on this machine (like `bpf-linker` in `~/.cargo/bin`):
 /// `$HOME/.cache/cni-ebpf/<name>` (under `target/` without a home). The instrumented fuzz
-/// builds and the static musl build would otherwise start cold in every fresh clone (9 and
-/// 6 minutes on two cores); cargo's fingerprints keep a shared target directory correct
-/// across clones (a clone's own crates rebuild, dependencies are reused).
+/// builds, the static musl builds and the test executables of `cargo xtask test` would
+/// otherwise start cold in every fresh clone (9, 6 and over 10 minutes on two cores);
+/// cargo's fingerprints keep a shared target directory correct across clones (a clone's
+/// own crates rebuild, dependencies are reused).
 pub fn cache_dir(name: &str) -> PathBuf {
     std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
@@ -164,19 +166,31 @@ fn build_release() -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// Runs `f`, then says how long `what` took.
+fn timed<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let out = f();
+    eprintln!("xtask: {what}: {:.0?}", started.elapsed());
+    out
+}
+
 /// Builds the test-only binary with the `fault-injection` feature (ADD fails after the
-/// step named in `CNI_EBPF_FAIL_AT`) and sets it aside as `cni-ebpf-fault`.
-fn build_fault_binary() -> Result<PathBuf> {
+/// step named in `CNI_EBPF_FAIL_AT`) in `target_dir` and sets it aside as
+/// `cni-ebpf-fault`.
+fn build_fault_binary(target_dir: &Path) -> Result<PathBuf> {
     eprintln!("xtask: building the fault-injection test binary");
-    run(Command::new("cargo").args([
-        "build",
-        "--release",
-        "-p",
-        "cni-ebpf",
-        "--features",
-        "fault-injection",
-    ]))?;
-    let dir = workspace_root().join("target/release");
+    run(Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "cni-ebpf",
+            "--features",
+            "fault-injection",
+            "--target-dir",
+        ])
+        .arg(target_dir))?;
+    let dir = target_dir.join("release");
     let fault = dir.join("cni-ebpf-fault");
     std::fs::copy(dir.join("cni-ebpf"), &fault)
         .context("copying the fault-injection binary aside")?;
@@ -238,20 +252,28 @@ fn require_root(what: &str) -> Result<()> {
 fn test(args: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
     ensure_bpffs()?;
-    let fault = build_fault_binary()?;
-    let static_bin = image::build_static()?;
+    let started = Instant::now();
+    let target_dir = cache_dir("target");
+    let fault = timed("the fault-injection binary", || {
+        build_fault_binary(&target_dir)
+    })?;
+    // The plugin under test is the static binary the image ships.
+    let static_bin = timed("the static binary", image::build_static)?;
     // The image's other architectures: their static binaries, and the image index of all
     // (tests/tests/image.rs takes its OCI archive apart).
     let mut statics = vec![(image::Arch::host()?, static_bin.clone())];
     for arch in image::foreign_arches() {
-        statics.push((arch, image::build_static_for(arch)?));
+        let built = timed(&format!("the {} static binary", arch.name), || {
+            image::build_static_for(arch)
+        })?;
+        statics.push((arch, built));
     }
     let archive = image::test_archive(&statics)?;
-    let bin = build_release()?;
     let client = sim::build_libcni_client()?;
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
     // One release-profile run covers everything: plain tests and the privileged ones that
     // plain `cargo test` lists as ignored.
+    let target_dir = target_dir.to_string_lossy();
     let cargo_test = [
         "test",
         "--release",
@@ -262,9 +284,11 @@ fn test(args: &[String]) -> Result<()> {
         // The containerd tests: their CRI client needs protoc, which setup installed.
         "--features",
         "tests/cri",
+        "--target-dir",
+        &target_dir,
     ];
     let env: [(&str, &OsStr); 5] = [
-        ("CNI_EBPF_BIN", bin.as_os_str()),
+        ("CNI_EBPF_BIN", static_bin.as_os_str()),
         ("CNI_EBPF_FAULT_BIN", fault.as_os_str()),
         ("CNI_EBPF_STATIC_BIN", static_bin.as_os_str()),
         ("CNI_EBPF_IMAGE_ARCHIVE", archive.as_os_str()),
@@ -276,10 +300,12 @@ fn test(args: &[String]) -> Result<()> {
         .args(args)
         .envs(env)
         .env("RUST_BACKTRACE", "1");
-    let mut tests = run(&mut cmd);
+    let mut tests = timed("the tests", || run(&mut cmd));
     // The same executables again under a kernel with fq (a filter given to this run
     // applies there too).
-    let second = second_kernel(&cargo_test, &env, args);
+    let second = timed("the second kernel's tests", || {
+        second_kernel(&cargo_test, &env, args)
+    });
     if let Err(e) = second {
         tests = match tests {
             Ok(()) => Err(e),
@@ -287,7 +313,7 @@ fn test(args: &[String]) -> Result<()> {
         };
     }
     // The other architectures' tier 1 under qemu-user.
-    if let Err(e) = emulated::run_tests(&statics, args) {
+    if let Err(e) = timed("the emulated tests", || emulated::run_tests(&statics, args)) {
         tests = match tests {
             Ok(()) => Err(e),
             Err(t) => Err(t.context(format!("and under emulation: {e:#}"))),
@@ -295,7 +321,8 @@ fn test(args: &[String]) -> Result<()> {
     }
     // The bounded fuzz slice runs even when a test failed, so one run reports both; either
     // failing fails `cargo xtask test`.
-    let fuzz = fuzz_slice();
+    let fuzz = timed("the fuzz slice", fuzz_slice);
+    eprintln!("xtask: cargo xtask test took {:.0?}", started.elapsed());
     match (tests, fuzz) {
         (Ok(()), Ok(())) => Ok(()),
         (Err(e), Ok(())) | (Ok(()), Err(e)) => Err(e),
