@@ -9,7 +9,7 @@
 //!   delay within 1.5× an ADD's duration (about half of them die before finishing);
 //! - named steps: the fault-injection build stops itself at each named point of ADD, DEL
 //!   and GC (`cni_ebpf::faults::POINTS`, `CNI_EBPF_PAUSE_AT`) and is killed exactly there,
-//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 10 × 70 kills).
+//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 4 × 72 kills).
 //!
 //! Each kill is followed by DEL (or GC) and a check that nothing is left; each campaign
 //! ends with a full-range cycle. DEL's finishing process (`cni-ebpf finish-del`, which
@@ -201,14 +201,14 @@ fn add_points() -> Vec<&'static str> {
 }
 
 /// Passes over every ADD, DEL and GC fault point (`CNI_EBPF_CRASH_STEP_PASSES`, default
-/// 10; one pass is 11 ADD points × 5 DEL variants (netns present, gone, empty
+/// 4, about 2.5 minutes; one pass is 11 ADD points × 5 DEL variants (netns present, gone, empty
 /// `CNI_NETNS`, a killed DEL first — one more kill —, with a prevResult) + 3 DEL points +
 /// 3 GC points = 72 kills).
 fn step_passes() -> usize {
     std::env::var("CNI_EBPF_CRASH_STEP_PASSES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
+        .unwrap_or(4)
 }
 
 /// Panics unless nothing of any attachment is left on `node`: no host veth (labelled or
