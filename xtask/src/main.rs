@@ -161,7 +161,10 @@ pub fn run(cmd: &mut Command) -> Result<()> {
 fn build_release() -> Result<PathBuf> {
     eprintln!("xtask: building the release binary");
     run(Command::new("cargo").args(["build", "--release", "-p", "cni-ebpf"]))?;
-    let bin = workspace_root().join("target/release/cni-ebpf");
+    // Where cargo put it: `CARGO_TARGET_DIR` when set (as `.ci/run` sets it).
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| workspace_root().join("target"), PathBuf::from);
+    let bin = target.join("release/cni-ebpf");
     check_embedded(&bin)?;
     Ok(bin)
 }
