@@ -18,6 +18,12 @@ pub const TARGETS: &[&str] = &["netconf", "env", "result", "ipam_config", "store
 /// Seconds per target in `cargo xtask test` (`CNI_EBPF_FUZZ_SECONDS` overrides; 0 skips).
 pub const TEST_SECONDS: u64 = 12;
 
+/// Codegen units of the fuzz builds. cargo-fuzz's default of one made compiling cni-ebpf
+/// with coverage instrumentation take six and a half minutes on two cores, most of
+/// `cargo xtask test`'s fuzz slice; sixteen build it in parallel, for somewhat slower
+/// runs.
+const CODEGEN_UNITS: &str = "16";
+
 /// `cargo xtask fuzz` flags.
 #[derive(clap::Args)]
 pub struct Args {
@@ -54,7 +60,14 @@ pub fn run(seconds: u64, targets: &[&str]) -> Result<()> {
     eprintln!("xtask: building the fuzz targets (cargo +nightly fuzz build)");
     crate::run(
         fuzz_cmd(&root)
-            .args(["build", "--sanitizer", "none", "--target-dir"])
+            .args([
+                "build",
+                "--sanitizer",
+                "none",
+                "--codegen-units",
+                CODEGEN_UNITS,
+            ])
+            .arg("--target-dir")
             .arg(crate::cache_dir("fuzz-target")),
     )?;
     let built = started.elapsed().as_secs_f64();
@@ -106,7 +119,14 @@ fn run_one(root: &Path, logs: &Path, target: &str, seconds: u64) -> Result<Outco
     // The committed seeds live in the target's corpus directory with the inputs libFuzzer
     // adds (those are git-ignored).
     let status = fuzz_cmd(root)
-        .args(["run", "--sanitizer", "none", "--target-dir"])
+        .args([
+            "run",
+            "--sanitizer",
+            "none",
+            "--codegen-units",
+            CODEGEN_UNITS,
+        ])
+        .arg("--target-dir")
         .arg(crate::cache_dir("fuzz-target"))
         .args([target, "--"])
         .arg(format!("-max_total_time={seconds}"))
