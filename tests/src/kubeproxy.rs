@@ -1042,6 +1042,14 @@ pub fn install(netns: &Path, mode: Mode, node: &ProxyNode, services: &[ServicePo
     load(netns, &render(mode, node, services));
 }
 
+/// The iptables of the iptables mode: the system's (`iptables`, here its nf_tables
+/// backend) or the legacy one (`iptables-legacy`), which kube-proxy uses on nodes that do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Iptables {
+    System,
+    Legacy,
+}
+
 /// Loads `rules` into the network namespace at `netns` as kube-proxy's sync does: sets
 /// the sysctl it needs (`net.ipv4.conf.all.route_localnet=1` in iptables mode, for
 /// localhost NodePorts), then ensures its jump rules (`iptables -N`, `-C`, `-I`) and
@@ -1049,14 +1057,23 @@ pub fn install(netns: &Path, mode: Mode, node: &ProxyNode, services: &[ServicePo
 /// `nft -f`. Panics with the tool's output if anything fails.
 #[track_caller]
 pub fn load(netns: &Path, rules: &Rendered) {
+    load_with(netns, rules, Iptables::System);
+}
+
+/// [`load`] with the iptables `iptables`.
+#[track_caller]
+pub fn load_with(netns: &Path, rules: &Rendered, iptables: Iptables) {
     match rules {
         Rendered::Iptables(rules) => {
-            let (tool, restore) = if rules.ipv6 {
-                ("ip6tables", "ip6tables-restore")
-            } else {
-                crate::inspect::set_sysctl(netns, "net.ipv4.conf.all.route_localnet", "1");
-                ("iptables", "iptables-restore")
+            let (tool, restore) = match (rules.ipv6, iptables) {
+                (true, Iptables::System) => ("ip6tables", "ip6tables-restore"),
+                (true, Iptables::Legacy) => ("ip6tables-legacy", "ip6tables-legacy-restore"),
+                (false, Iptables::System) => ("iptables", "iptables-restore"),
+                (false, Iptables::Legacy) => ("iptables-legacy", "iptables-legacy-restore"),
             };
+            if !rules.ipv6 {
+                crate::inspect::set_sysctl(netns, "net.ipv4.conf.all.route_localnet", "1");
+            }
             for j in &rules.jumps {
                 // EnsureChain: "already exists" is fine.
                 let _ = exec_in(netns, &[tool, "-w", "-t", j.table, "-N", j.target], None);
