@@ -791,13 +791,14 @@ impl Cluster {
         let deadline = Instant::now() + Duration::from_secs(10);
         for n in self.nodes() {
             // Each port's ClusterIP; a NodePort twice (for the node and its pods with every
-            // endpoint, from outside with those `externalTrafficPolicy` allows here).
+            // endpoint, from outside with those `externalTrafficPolicy` allows here), once
+            // without endpoints (the node's stack refuses it from outside).
             let (mut frontends, mut backends) = (0, 0);
             for s in services {
                 frontends += 1;
                 backends += s.endpoints.len();
                 if s.node_port.is_some() {
-                    frontends += 2;
+                    frontends += if s.endpoints.is_empty() { 1 } else { 2 };
                     backends += s.endpoints.len();
                     backends += match s.external_traffic_policy {
                         TrafficPolicy::Cluster => s.endpoints.len(),

@@ -414,27 +414,29 @@ fn new_connections_spread_over_ready_endpoints_and_fall_back_to_terminating_ones
 fn a_service_without_endpoints_refuses_at_once() {
     let w = world("svc_refuse");
     let vip = "10.96.1.2";
-    w.put_service(
-        "empty",
-        vip,
-        &json!({
-            "ports": [
-                { "name": "http", "protocol": "TCP", "port": PORT, "targetPort": PORT },
-                { "name": "dns", "protocol": "UDP", "port": PORT, "targetPort": PORT },
-            ],
-        }),
-    );
+    w.put_service("empty", vip, &node_port_spec(30120, &json!({})));
     w.put_slice("empty", &[]);
     w.wait_everywhere(vip, PORT, &[]);
-    for (who, netns) in [
-        ("pod a2", w.a2.pod.netns()),
-        ("node A", w.cluster.a().netns()),
+    let node_port = format!("{}:30120", w.cluster.a().ip4());
+    for (who, netns, addr) in [
+        ("pod a2", w.a2.pod.netns(), at(vip)),
+        ("node A", w.cluster.a().netns(), at(vip)),
+        (
+            "pod a2 via the NodePort",
+            w.a2.pod.netns(),
+            node_port.clone(),
+        ),
+        (
+            "outside via the NodePort",
+            w.cluster.ext_netns(),
+            node_port.clone(),
+        ),
     ] {
         for proto in ["tcp", "udp"] {
             let started = Instant::now();
             let out = w
                 .cgroup
-                .exec_in(netns, &[NETCLIENT, proto, &at(vip), "hello", "3000"]);
+                .exec_in(netns, &[NETCLIENT, proto, &addr, "hello", "3000"]);
             let took = started.elapsed();
             assert!(
                 !out.success() && out.stderr.contains("refused"),
@@ -447,12 +449,24 @@ fn a_service_without_endpoints_refuses_at_once() {
             eprintln!("{who} {proto}: refused in {took:?}");
         }
     }
-    // An endpoint appears: served.
+    // An endpoint appears: served, from outside too.
     w.put_slice("empty", &[ready(&w.a1.ip4, "node-a")]);
     w.wait_everywhere(vip, PORT, &[at(&w.a1.ip4)]);
     assert_eq!(
         w.served_by(w.a2.pod.netns(), &at(vip)),
         Ok(w.a1.ip4.clone())
+    );
+    let a = w.cluster.a();
+    w.wait_for_frontend(
+        a,
+        At::Node { ipv6: false },
+        30120,
+        Scope::Uplink,
+        &[at(&w.a1.ip4)],
+    );
+    assert_eq!(
+        w.ask(w.cluster.ext_netns(), "udp", &node_port),
+        Ok((EXT_IP4.to_owned(), w.a1.ip4.clone()))
     );
 }
 

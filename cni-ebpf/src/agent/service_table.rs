@@ -207,26 +207,34 @@ pub fn table(
                 let (cluster, external) = (set(false), set(external_local));
                 out.frontends
                     .insert(service_key(*ip, svc_port, proto), set(internal_local));
-                let mut outside = |at: At, port: u16, inside: bool| {
+                let mut outside = |at: At, port: u16, inside: bool, uplink: bool| {
                     if inside {
                         out.frontends.insert(
                             frontend_key(at, port, proto, Scope::Socket),
                             cluster.clone(),
                         );
                     }
-                    out.frontends.insert(
-                        frontend_key(at, port, proto, Scope::Uplink),
-                        external.clone(),
-                    );
+                    if uplink {
+                        out.frontends.insert(
+                            frontend_key(at, port, proto, Scope::Uplink),
+                            external.clone(),
+                        );
+                    }
                 };
                 if let Some(np) = node_port {
-                    outside(At::Node { ipv6: ip.is_ipv6() }, np, true);
+                    // Without a usable endpoint anywhere, flows from outside to the
+                    // NodePort go to the node's stack, where nothing listens on it: a TCP
+                    // reset or an ICMP port unreachable refuses them at once, as
+                    // kube-proxy's REJECT does. (External and load-balancer addresses
+                    // are not the node's: their flows are dropped instead.)
+                    let uplink = !cluster.backends.is_empty();
+                    outside(At::Node { ipv6: ip.is_ipv6() }, np, true, uplink);
                 }
                 for e in external_ips.iter().filter(|e| e.is_ipv6() == ip.is_ipv6()) {
-                    outside(At::Ip(*e), svc_port, true);
+                    outside(At::Ip(*e), svc_port, true, true);
                 }
                 for (lb, inside) in lb_ips.iter().filter(|(l, _)| l.is_ipv6() == ip.is_ipv6()) {
-                    outside(At::Ip(*lb), svc_port, *inside);
+                    outside(At::Ip(*lb), svc_port, *inside, true);
                 }
             }
         }
@@ -668,9 +676,11 @@ mod tests {
         let node4 = At::Node { ipv6: false };
         assert_eq!(at(&t, node4, 30080, TCP, Scope::Socket), both);
         assert_eq!(at(&t, node4, 30080, TCP, Scope::Uplink), both);
-        // The IPv6 family has its NodePort too, with no endpoint.
+        // The IPv6 family has its NodePort too, with no endpoint: refused at the socket
+        // from inside, left to the node's stack (which refuses it) from outside.
         let node6 = At::Node { ipv6: true };
-        assert_eq!(at(&t, node6, 30080, TCP, Scope::Uplink), Some(vec![]));
+        assert_eq!(at(&t, node6, 30080, TCP, Scope::Socket), Some(vec![]));
+        assert_eq!(at(&t, node6, 30080, TCP, Scope::Uplink), None);
         assert!(health.is_empty());
         assert!(unhandled.is_empty(), "{unhandled:?}");
     }
@@ -773,7 +783,7 @@ mod tests {
         } = table(&[s], &[], &here());
         // The rest still works.
         assert!(backends(&t, "10.96.0.10", 80, TCP).is_some());
-        assert!(at(&t, At::Node { ipv6: false }, 30080, TCP, Scope::Uplink).is_some());
+        assert!(at(&t, At::Node { ipv6: false }, 30080, TCP, Scope::Socket).is_some());
         assert_eq!(unhandled.len(), 1);
         let (svc, what) = &unhandled[0];
         assert_eq!(svc, "default/web");
