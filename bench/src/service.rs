@@ -799,18 +799,19 @@ mod scale {
              {change:.1} ms (median), {per_frontend:.0} B per frontend, \
              {per_endpoint:.0} B per endpoint"
         );
-        report.put(
-            LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, "cni-ebpf", load_ms,
-        );
-        report.put(
-            CHANGE_KEY,
-            SECTION,
-            CHANGE_LABEL,
-            "ms",
-            false,
-            "cni-ebpf",
-            change,
-        );
+        let times = |report: &mut Report, column: &str, load: f64, change: f64| {
+            report.put(LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, column, load);
+            report.put(
+                CHANGE_KEY,
+                SECTION,
+                CHANGE_LABEL,
+                "ms",
+                false,
+                column,
+                change,
+            );
+        };
+        times(report, "cni-ebpf", load_ms, change);
         report.put(
             "svc.scale.bytes_per_frontend",
             SECTION,
@@ -833,7 +834,7 @@ mod scale {
         // timed: `nft -f` (nftables 1.0.6) did not load the table of these Services within
         // five minutes.
         let node = reference.cluster.a();
-        let mut times = Vec::new();
+        let mut kube_proxy_ms = Vec::new();
         for version in [0, 1] {
             check_interrupt()?;
             let rules =
@@ -843,25 +844,15 @@ mod scale {
                 &format!("loading kube-proxy's iptables rules for {SERVICES} Services"),
                 || tests::kubeproxy::load_with(node.netns(), &rules, Iptables::Legacy),
             )?;
-            times.push(t.elapsed().as_secs_f64() * 1e3);
+            kube_proxy_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }
+        let (first, again) = (kube_proxy_ms[0], kube_proxy_ms[1]);
         eprintln!(
-            "bench: services at scale: kube-proxy's iptables rules loaded in {:.0} ms, \
-             reloaded in {:.0} ms",
-            times[0], times[1]
+            "bench: services at scale: kube-proxy's iptables rules loaded in {first:.0} ms, \
+             reloaded in {again:.0} ms"
         );
-        let column = replacement::IPTABLES;
-        report.put(LOAD_KEY, SECTION, LOAD_LABEL, "ms", false, column, times[0]);
-        report.put(
-            CHANGE_KEY,
-            SECTION,
-            CHANGE_LABEL,
-            "ms",
-            false,
-            column,
-            times[1],
-        );
-        let kube_proxy = json!({ "iptablesLegacy": { "firstMs": times[0], "changeMs": times[1] } });
+        times(report, replacement::IPTABLES, first, again);
+        let kube_proxy = json!({ "iptablesLegacy": { "firstMs": first, "changeMs": again } });
         Ok(json!({
             "services": SERVICES,
             "endpointsPerService": PER,
