@@ -78,13 +78,10 @@ fn build_world(test: &str, policy: bool) -> World {
     let cgroup = TestCgroup::create(cluster.tag());
     let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
     if policy {
+        let namespace = tests::netpol::namespace("default", &[("ns", "default")]);
         api.put(
             "namespaces",
-            json!({
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": { "name": "default", "labels": { "ns": "default" } },
-            }),
+            serde_json::to_value(&namespace).unwrap_or_default(),
         );
     }
     let conf = |n: &ClusterNode| {
@@ -923,7 +920,7 @@ fn put_web_policy(api: &ApiServer, name: &str, from: &Value, ports: &[(&str, u16
 }
 
 /// One request of a policy test: from `netns` over `proto` to `addr`, which must be
-/// answered by the server `by` seeing the client `as_` (`Some`), or not at all (`None`).
+/// `served` (`Some((client as the server saw it, server))`), or not at all (`None`).
 struct Expect<'a> {
     what: &'a str,
     netns: &'a Path,
