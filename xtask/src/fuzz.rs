@@ -68,7 +68,9 @@ pub fn run(seconds: u64, targets: &[&str]) -> Result<()> {
                 CODEGEN_UNITS,
             ])
             .arg("--target-dir")
-            .arg(crate::cache_dir("fuzz-target")),
+            .arg(crate::cache_dir("fuzz-target"))
+            // Incremental, as the test build: a clean clone recompiles only what changed.
+            .env("CARGO_INCREMENTAL", "1"),
     )?;
     let built = started.elapsed().as_secs_f64();
     let logs = root.join("fuzz/target/logs");

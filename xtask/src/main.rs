@@ -73,6 +73,11 @@ enum Cmd {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    // `cargo xtask` (cargo run) gives this process the xtask's own CARGO_MANIFEST_DIR, which
+    // every cargo it starts would inherit. ring's build script reruns when that variable
+    // changes, and it names the clone's path: each clean clone rebuilt ring and the rustls
+    // crates above it in every build directory. The builds below are not inside a package.
+    std::env::remove_var("CARGO_MANIFEST_DIR");
     let root = workspace_root();
     std::env::set_current_dir(&root)?;
     setup::ensure_path();
@@ -177,6 +182,10 @@ fn timed<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
     out
 }
 
+/// The cargo profile of the test build (see the workspace's Cargo.toml): release's
+/// optimisation, incremental.
+const TEST_PROFILE: &str = "test-release";
+
 /// Builds the test-only binary with the `fault-injection` feature (ADD fails after the
 /// step named in `CNI_EBPF_FAIL_AT`) in `target_dir` and sets it aside as
 /// `cni-ebpf-fault`.
@@ -185,7 +194,8 @@ fn build_fault_binary(target_dir: &Path) -> Result<PathBuf> {
     run(Command::new("cargo")
         .args([
             "build",
-            "--release",
+            "--profile",
+            TEST_PROFILE,
             "-p",
             "cni-ebpf",
             "--features",
@@ -193,7 +203,7 @@ fn build_fault_binary(target_dir: &Path) -> Result<PathBuf> {
             "--target-dir",
         ])
         .arg(target_dir))?;
-    let dir = target_dir.join("release");
+    let dir = target_dir.join(TEST_PROFILE);
     let fault = dir.join("cni-ebpf-fault");
     std::fs::copy(dir.join("cni-ebpf"), &fault)
         .context("copying the fault-injection binary aside")?;
@@ -271,15 +281,16 @@ fn test(args: &[String]) -> Result<()> {
         })?;
         statics.push((arch, built));
     }
-    let archive = image::test_archive(&statics)?;
-    let client = sim::build_libcni_client()?;
+    let archive = timed("the image archive", || image::test_archive(&statics))?;
+    let client = timed("the libcni client", sim::build_libcni_client)?;
     eprintln!("xtask: running unit, packet and privileged end-to-end tests");
-    // One release-profile run covers everything: plain tests and the privileged ones that
+    // One optimised run covers everything: plain tests and the privileged ones that
     // plain `cargo test` lists as ignored.
     let target_dir = target_dir.to_string_lossy();
     let cargo_test = [
         "test",
-        "--release",
+        "--profile",
+        TEST_PROFILE,
         "--no-fail-fast",
         "--workspace",
         "--exclude",
@@ -297,6 +308,10 @@ fn test(args: &[String]) -> Result<()> {
         ("CNI_EBPF_IMAGE_ARCHIVE", archive.as_os_str()),
         ("LIBCNI_CLIENT", client.as_os_str()),
     ];
+    // Built first on their own, so that the build's time and the tests' are told apart.
+    timed("the test build", || {
+        run(Command::new("cargo").args(cargo_test).arg("--no-run"))
+    })?;
     let mut cmd = Command::new("cargo");
     cmd.args(cargo_test)
         .args(["--", "--include-ignored"])
