@@ -40,7 +40,10 @@ fn fuzz_cmd(root: &Path) -> Command {
     cmd.current_dir(root)
         .args(["+nightly", "fuzz"])
         .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_TARGET_DIR");
+        .env_remove("CARGO_TARGET_DIR")
+        // Incremental, as the test build: a clean clone recompiles only what changed. Every
+        // fuzz command sets it, since `fuzz run` rebuilds unless its flags match the build's.
+        .env("CARGO_INCREMENTAL", "1");
     cmd
 }
 
@@ -68,9 +71,7 @@ pub fn run(seconds: u64, targets: &[&str]) -> Result<()> {
                 CODEGEN_UNITS,
             ])
             .arg("--target-dir")
-            .arg(crate::cache_dir("fuzz-target"))
-            // Incremental, as the test build: a clean clone recompiles only what changed.
-            .env("CARGO_INCREMENTAL", "1"),
+            .arg(crate::cache_dir("fuzz-target")),
     )?;
     let built = started.elapsed().as_secs_f64();
     let logs = root.join("fuzz/target/logs");
