@@ -25,16 +25,36 @@ pub enum CrossNode {
 
 impl CrossNode {
     pub(super) fn parse(s: Option<&str>) -> Result<Self> {
-        match s {
-            None | Some("routed") => Ok(Self::Routed),
-            Some("tunnel") => Ok(Self::Tunnel),
-            Some("crossSubnet") => Ok(Self::CrossSubnet),
-            Some(other) => Err(Error::config(
-                "crossNode",
-                format!("{other:?} is not one of \"routed\", \"tunnel\", \"crossSubnet\""),
-            )),
-        }
+        one_of(
+            "crossNode",
+            s,
+            &[
+                ("routed", Self::Routed),
+                ("tunnel", Self::Tunnel),
+                ("crossSubnet", Self::CrossSubnet),
+            ],
+        )
     }
+}
+
+/// The value named `s` among `choices` (the first when `s` is absent); any other name is
+/// error 7 for `field`, listing the names.
+fn one_of<T: Copy>(field: &str, s: Option<&str>, choices: &[(&str, T)]) -> Result<T> {
+    let found = match s {
+        None => choices.first(),
+        Some(name) => choices.iter().find(|(n, _)| *n == name),
+    };
+    found.map(|(_, v)| *v).ok_or_else(|| {
+        let names: Vec<String> = choices.iter().map(|(n, _)| format!("{n:?}")).collect();
+        Error::config(
+            field,
+            format!(
+                "{:?} is not one of {}",
+                s.unwrap_or_default(),
+                names.join(", ")
+            ),
+        )
+    })
 }
 
 /// The tunnel device's settings.
@@ -123,29 +143,25 @@ pub enum InterfaceKind {
 
 impl InterfaceKind {
     pub(super) fn parse(s: Option<&str>) -> Result<Self> {
-        match s {
-            None | Some("veth") => Ok(Self::Veth),
-            Some("netkit") => Ok(Self::Netkit),
-            Some("auto") => Ok(Self::Auto),
-            Some(other) => Err(Error::config(
-                "interface",
-                format!("{other:?} is not one of \"veth\", \"netkit\", \"auto\""),
-            )),
-        }
+        one_of(
+            "interface",
+            s,
+            &[
+                ("veth", Self::Veth),
+                ("netkit", Self::Netkit),
+                ("auto", Self::Auto),
+            ],
+        )
     }
 }
 
 impl AttachPolicy {
     pub(super) fn parse(s: Option<&str>) -> Result<Self> {
-        match s {
-            None | Some("tc") => Ok(Self::Tc),
-            Some("tcx") => Ok(Self::Tcx),
-            Some("auto") => Ok(Self::Auto),
-            Some(other) => Err(Error::config(
-                "attach",
-                format!("{other:?} is not one of \"tc\", \"tcx\", \"auto\""),
-            )),
-        }
+        one_of(
+            "attach",
+            s,
+            &[("tc", Self::Tc), ("tcx", Self::Tcx), ("auto", Self::Auto)],
+        )
     }
 }
 
