@@ -106,9 +106,10 @@ pub fn run(seconds: u64, targets: &[&str]) -> Result<()> {
         .collect();
     if !failed.is_empty() {
         bail!(
-            "fuzz targets failed: {} (inputs in fuzz/artifacts/<target>/; reproduce with \
+            "fuzz targets failed: {} (inputs in {}/<target>/; reproduce with \
              `cd fuzz && cargo +nightly fuzz run -s none <target> <input>`)",
-            failed.join(", ")
+            failed.join(", "),
+            root.join("fuzz/artifacts").display()
         );
     }
     Ok(())

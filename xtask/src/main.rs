@@ -7,6 +7,7 @@ use std::{
     ffi::OsStr,
     path::{Path, PathBuf},
     process::Command,
+    sync::OnceLock,
     time::Instant,
 };
 
@@ -14,6 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 
 mod bench;
+mod checkout;
 mod demo;
 mod emulated;
 mod fuzz;
@@ -147,11 +149,36 @@ pub fn cache_dir(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The workspace root (parent of this crate's manifest dir).
+/// The tree `cargo xtask test` builds from once it has made its build checkout (see
+/// `checkout.rs`).
+static BUILD_ROOT: OnceLock<PathBuf> = OnceLock::new();
+
+/// The workspace root: the build checkout once `cargo xtask test` made it, else the
+/// parent of this crate's manifest dir.
 pub fn workspace_root() -> PathBuf {
+    if let Some(root) = BUILD_ROOT.get() {
+        return root.clone();
+    }
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Moves this run into the build checkout at a fixed path (see `checkout.rs`): brought up
+/// to date with this tree, locked, and from then on the workspace root and the working
+/// directory of every build. A run started inside the checkout builds where it is.
+fn enter_build_checkout() -> Result<Option<checkout::Checkout>> {
+    let dest = cache_dir("checkout");
+    let src = workspace_root();
+    if src.canonicalize().ok() == dest.canonicalize().ok() {
+        return Ok(None);
+    }
+    let checkout = checkout::sync(&src, &dest)?;
+    std::env::set_current_dir(&checkout.root)?;
+    if BUILD_ROOT.set(checkout.root.clone()).is_err() {
+        bail!("the build checkout was entered twice");
+    }
+    Ok(Some(checkout))
 }
 
 /// Runs a command, failing with its command line when it does not succeed.
@@ -266,6 +293,7 @@ fn test(args: &[String]) -> Result<()> {
     require_root("cargo xtask test")?;
     ensure_bpffs()?;
     let started = Instant::now();
+    let _checkout = timed("the build checkout", enter_build_checkout)?;
     let target_dir = cache_dir("target");
     let fault = timed("the fault-injection binary", || {
         build_fault_binary(&target_dir)
