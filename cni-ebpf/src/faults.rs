@@ -37,9 +37,12 @@ pub const POINTS: &[&str] = &[
     "teardown-datapath-removed",
     // DEL's finishing process, started: nothing of its work done yet
     "finish-started",
-    // DEL's finishing process: the flows are purged, the tombstones and the owner record
-    // dropped; the retired veth is not deleted yet
-    "finish-flows-purged",
+    // DEL's finishing process: the retired veth is deleted; the flows are not purged, the
+    // tombstones still there
+    "finish-veth-deleted",
+    // DEL's finishing process on a node whose flows are not cheap to walk: it waited to
+    // share the purge and is about to unmark the pending purge and do it
+    "finish-purge-deferred",
 ];
 
 /// Passes the fault point `name`: a no-op unless this is the test build and the

@@ -559,6 +559,7 @@ impl StoreView {
                     || f == "meta"
                     || f == "veths.lock"
                     || f == "teardowns.lock"
+                    || f == "flows-purge"
                     || f.starts_with("last_reserved_ip.") => {}
                 [d, f] if d == "keys" => v.keys.push(f.clone()),
                 [d, f] if d == "ips" => v.ips.push(f.clone()),

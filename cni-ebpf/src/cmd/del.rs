@@ -9,10 +9,11 @@
 //!   it through the datapath; and its host veth is *retired*: down, which removes the
 //!   routes through it and takes the carrier from the pod's end, and in the network's
 //!   [`link::retired_group`];
-//! - after: the flows of its addresses are purged and their tombstones dropped (a walk of
-//!   the NAT table: the bulk of a DEL on a node with many open connections), and the veth
-//!   pair is deleted (the kernel waits out RCU grace periods in that request, ≈ 20 ms
-//!   here, however little else there is to do).
+//! - after: the veth pair is deleted (the kernel waits out RCU grace periods in that
+//!   request, ≈ 20 ms here, however little else there is to do), then the flows of its
+//!   addresses are purged and their tombstones dropped (a walk of the NAT table: the bulk
+//!   of a DEL on a node with many open connections, so there the DELs of a moment share
+//!   one walk: [`purge_flows`]).
 //!
 //! Every guarantee holds while the rest is pending, and after a kill -9 of either process
 //! at any instant: an ADD that gets one of the addresses finds its tombstone and purges
@@ -50,6 +51,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut rest = Unfinished {
         network: conf.name.clone(),
         network_dir: conf.pin_dir(),
+        store_dir: conf.store_dir(),
         container_id: cid.to_owned(),
         ifname: ifname.to_owned(),
         datapath: false,
@@ -97,7 +99,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         }
     });
     if rest.datapath || rest.veth.is_some() {
-        if let Err(e) = rest.hand_over(&conf.store_dir()) {
+        if let Err(e) = rest.hand_over() {
             errors.push(e);
         }
     }
@@ -112,6 +114,9 @@ pub struct Unfinished {
     pub network: String,
     /// The network's pin directory (`<bpffsRoot>/<network>`).
     pub network_dir: PathBuf,
+    /// The network's IPAM store directory (`<dataDir>/<network>`): `teardowns.lock` and
+    /// the flows purge's record ([`purge_flows`]).
+    pub store_dir: PathBuf,
     /// `CNI_CONTAINERID`.
     pub container_id: String,
     /// `CNI_IFNAME`.
@@ -139,8 +144,8 @@ impl Unfinished {
     /// Starts `cni-ebpf finish-del` on this, not waited for, holding a shared lock on the
     /// network's `teardowns.lock` (below `store_dir`) until it exits. Where it cannot be
     /// started, does the rest here.
-    fn hand_over(&self, store_dir: &Path) -> Result<()> {
-        let held = lock_teardowns(store_dir, libc::LOCK_SH)?;
+    fn hand_over(&self) -> Result<()> {
+        let held = lock_teardowns(&self.store_dir, libc::LOCK_SH)?;
         let job = serde_json::to_string(self)
             .map_err(|e| Error::io("encoding the rest of DEL", std::io::Error::other(e)))?;
         // The started process inherits the locked descriptor: the lock is held from here
@@ -168,35 +173,36 @@ impl Unfinished {
             Ok(_child) => Ok(()),
             Err(e) => {
                 tracing::warn!("cannot start the rest of DEL ({e}); finishing it here");
-                self.finish()
+                self.finish(Purge::AtOnce)
             }
         }
     }
 
-    /// Does the rest: purges the flows, drops the tombstones and the owner record, then
-    /// deletes the retired veth. Idempotent.
-    pub fn finish(&self) -> Result<()> {
+    /// Does the rest: deletes the retired veth, then purges the flows and drops the
+    /// tombstones and the owner record ([`purge_flows`], which may wait to share the walk
+    /// with the DELs of the next moment when `purge` allows it). Idempotent.
+    pub fn finish(&self, purge: Purge) -> Result<()> {
         let mut errors = Vec::new();
         if let Err(e) = crate::faults::point("finish-started") {
-            errors.push(e);
-        }
-        if self.datapath {
-            match Datapath::open_at(&self.network_dir) {
-                Ok(Some(dp)) => {
-                    if let Err(e) = dp.forget_pod(&self.container_id, &self.ifname) {
-                        errors.push(e);
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => errors.push(e),
-            }
-        }
-        if let Err(e) = crate::faults::point("finish-flows-purged") {
             errors.push(e);
         }
         if let Some((index, name)) = &self.veth {
             if let Err(e) = delete_retired(&self.network, *index, name) {
                 errors.push(e);
+            }
+        }
+        if let Err(e) = crate::faults::point("finish-veth-deleted") {
+            errors.push(e);
+        }
+        if self.datapath {
+            match Datapath::open_at(&self.network_dir) {
+                Ok(Some(dp)) => {
+                    if let Err(e) = purge_flows(&dp, self, purge) {
+                        errors.push(e);
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => errors.push(e),
             }
         }
         Error::from_list(errors)
@@ -233,11 +239,12 @@ impl Unfinished {
                 std::io::Error::last_os_error()
             );
         }
-        let out = this.finish();
+        let out = this.finish(Purge::MayWait);
         match &out {
             Ok(()) => tracing::debug!(
                 container = %this.container_id,
-                "DEL finished: flows of {:?} purged, veth {:?} deleted",
+                "DEL finished: veth {1:?} deleted, flows of {0:?} purged or left to a pending \
+                 purge",
                 this.addrs,
                 this.veth
             ),
@@ -247,6 +254,78 @@ impl Unfinished {
         }
         out
     }
+}
+
+/// Whether [`purge_flows`] may wait for the DELs of the next moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purge {
+    /// A finishing process of its own: nothing waits for it.
+    MayWait,
+    /// DEL itself, which its runtime waits for.
+    AtOnce,
+}
+
+/// NAT entries below which a walk of the tables costs about a millisecond: the flows are
+/// then purged at once.
+const PURGE_AT_ONCE_BELOW: usize = 4096;
+
+/// How long a finishing process waits before a purge that is not cheap, so that the DELs
+/// of that moment share one walk.
+pub const PURGE_DELAY: Duration = Duration::from_secs(1);
+
+/// The purge after a DEL: the flow state of every tombstoned address, the tombstones and
+/// the owner records ([`Datapath::purge_removed`]).
+///
+/// Each purge is a walk of the whole NAT table. On a node with tens of thousands of flows
+/// that walk costs tens of milliseconds, and one per DEL slowed the verbs around it by
+/// half. So where the last walk read [`PURGE_AT_ONCE_BELOW`] entries or more, the first
+/// finishing process marks a purge pending (an exclusive lock on `<store_dir>/flows-purge`,
+/// which holds the last walk's size), waits [`PURGE_DELAY`], unmarks it, and purges every
+/// tombstone there is then; a finishing process that finds a purge pending leaves its
+/// tombstones to it. The pending one lists the tombstones only after it unmarked, so it
+/// finds every tombstone of a DEL that saw the mark; a DEL after that starts its own.
+///
+/// Meanwhile the tombstones keep every guarantee (`flows.rs`): nothing opens a flow for
+/// their addresses, and an ADD given one of them purges its flows first. A kill -9 of the
+/// waiting process leaves them to the next DEL's purge, an ADD of the address, or GC.
+fn purge_flows(dp: &Datapath, job: &Unfinished, purge: Purge) -> Result<()> {
+    let record = job.store_dir.join("flows-purge");
+    let last_walk: Option<usize> = std::fs::read_to_string(&record)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    if purge == Purge::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&record)
+            .map_err(|e| Error::io(format!("opening {}", record.display()), e))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(pending) => {
+                std::thread::sleep(PURGE_DELAY);
+                crate::faults::point("finish-purge-deferred")?;
+                // Unmarked before the tombstones are listed (see above).
+                drop(pending);
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+                tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
+                return dp.drop_owner_record(&job.container_id, &job.ifname);
+            }
+            Err((_, e)) => {
+                return Err(Error::io(format!("locking {}", record.display()), e.into()))
+            }
+        }
+    }
+    if let Some(read) = dp.purge_removed()? {
+        // In place: the file's lock is the pending mark, and stays with its inode.
+        if let Err(e) = std::fs::write(&record, read.to_string()) {
+            tracing::debug!(
+                "cannot record the purge's size in {}: {e}",
+                record.display()
+            );
+        }
+    }
+    dp.drop_owner_record(&job.container_id, &job.ifname)
 }
 
 /// `<store_dir>/teardowns.lock`, locked as `how` asks (`LOCK_SH` or `LOCK_EX`, with

@@ -2,8 +2,9 @@
 //! the owner record and per-pod counters), `from_pod` attached to its host veth, and the
 //! removal of all of it again (DEL, GC, ADD's undo).
 //!
-//! Removal ends in [`Datapath::forget`]: per-flow state of the pod's addresses (see
-//! `flows.rs`) and the owner record once nothing refers to it.
+//! Removal ends in [`Datapath::forget`] (after DEL: [`Datapath::purge_removed`]): per-flow
+//! state of the pod's addresses (see `flows.rs`) and the owner record once nothing refers
+//! to it.
 
 use std::{collections::HashSet, net::IpAddr};
 
@@ -217,18 +218,29 @@ impl Datapath {
         // removal not finished (a full purge is a walk of the whole NAT table, the bulk of
         // an ADD on a node with many open flows).
         let _lock;
+        let mut previous_owners = HashSet::new();
         if !self.tombstoned(&ep.ips)?.is_empty() {
             // A removal still purging them (DEL's finishing process) holds the lock until
             // it is done and has dropped its tombstones; whatever is left then is a
-            // removal's that stopped.
+            // removal's that stopped or has not purged yet.
             _lock = FlowsLock::acquire(&self.pins)?;
             let stale = self.tombstoned(&ep.ips)?;
             if !stale.is_empty() {
-                tracing::info!("purging the flows a removal of {stale:?} left behind");
-                self.purge_flows(&stale)?;
+                let addrs: Vec<IpAddr> = stale.iter().map(|(ip, _)| *ip).collect();
+                tracing::info!("purging the flows a removal of {addrs:?} left behind");
+                self.purge_flows(&addrs)?;
+                previous_owners = stale.into_iter().map(|(_, owner)| owner).collect();
             }
         }
         self.put_endpoint_entries(ep)?;
+        // The tombstones are this pod's entries now: the pods that left them may have
+        // nothing else that refers to their owner records, which no purge would find.
+        let own = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
+        for owner in previous_owners.into_iter().filter(|o| *o != own) {
+            if let Err(e) = self.drop_owner_if_unused(owner) {
+                tracing::warn!("dropping the owner record of a removed pod: {e}");
+            }
+        }
         crate::faults::point("datapath-entries-written")?;
         let programs = self.pod_programs(ep);
         if ep.netkit {
@@ -372,8 +384,14 @@ impl Datapath {
     /// The rest of [`Self::remove_pod`] after [`Self::take_pod`]: the flow state of the
     /// tombstoned addresses, the tombstones, and the owner record of (container ID, ifname)
     /// once nothing refers to it ([`Self::forget`]).
-    pub fn forget_pod(&self, container_id: &str, ifname: &str) -> Result<()> {
+    fn forget_pod(&self, container_id: &str, ifname: &str) -> Result<()> {
         self.forget(owner_id(container_id.as_bytes(), ifname.as_bytes()))
+    }
+
+    /// Drops the owner record of (container ID, ifname) unless an entry (a tombstone
+    /// too) still refers to it.
+    pub fn drop_owner_record(&self, container_id: &str, ifname: &str) -> Result<()> {
+        self.drop_owner_if_unused(owner_id(container_id.as_bytes(), ifname.as_bytes()))
     }
 
     /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
@@ -402,7 +420,7 @@ impl Datapath {
             }
             for (k, mut v) in doomed {
                 ifindexes.insert(v.ifindex);
-                // A tombstone until the address's flows are purged ([`Self::forget`]).
+                // A tombstone until the address's flows are purged ([`Self::purge_removed`]).
                 v.flags.remove(EndpointFlags::ACTIVE);
                 h6.insert(k, v, 0)
                     .map_err(|e| maps::err(map_name::ENDPOINTS6, "mark as removed", e))?;
@@ -428,7 +446,7 @@ impl Datapath {
         }
         for (k, mut v) in doomed {
             ifindexes.insert(v.ifindex);
-            // A tombstone until the address's flows are purged ([`Self::forget`]).
+            // A tombstone until the address's flows are purged ([`Self::purge_removed`]).
             v.flags.remove(EndpointFlags::ACTIVE);
             h.insert(k, v, 0)
                 .map_err(|e| maps::err(map_name::ENDPOINTS, "mark as removed", e))?;
@@ -477,44 +495,61 @@ impl Datapath {
     }
 
     /// After `owner`'s entries are taken: the flow state of every tombstoned address, then
-    /// those tombstones, then `owner`'s record if nothing refers to it any more.
+    /// those tombstones ([`Self::purge_removed`]), then `owner`'s record if nothing refers
+    /// to it any more.
+    pub(super) fn forget(&self, owner: u64) -> Result<()> {
+        self.purge_removed()?;
+        self.drop_owner_if_unused(owner)
+    }
+
+    /// Purges the flow state of every tombstoned address, drops those tombstones, and the
+    /// owner records of the pods they were left by once nothing refers to them. Returns how
+    /// many NAT entries the purge read (`None`: there was no tombstone, so no walk).
     ///
     /// Under the flows lock ([`FlowsLock`]): an ADD that finds a tombstone waits for it,
     /// so it never takes an address over while its flows are being purged.
     ///
-    /// Every tombstone is purged, not only `owner`'s: removals waiting for the lock (DELs'
+    /// Every tombstone is purged, not only one pod's: removals waiting for the lock (DELs'
     /// finishing processes, many at once when pods churn) then find theirs done, and a node
     /// walks its NAT table once for all of them. Any tombstone may go at any time: nothing
     /// opens a flow for its address. An address without an entry has no flow state (its
     /// removal purged it before dropping the tombstone), and one with a live entry belongs
     /// to a pod whose ADD purged it, under this lock, before its first flow: both are left
     /// alone.
-    pub(super) fn forget(&self, owner: u64) -> Result<()> {
-        {
+    pub fn purge_removed(&self) -> Result<Option<usize>> {
+        let (read, owners) = {
             let _lock = FlowsLock::acquire(&self.pins)?;
             let doomed = self.tombstones()?;
-            if !doomed.is_empty() {
-                self.purge_flows(&doomed)?;
-                self.clear_tombstones(&doomed)?;
+            if doomed.is_empty() {
+                return Ok(None);
             }
+            let addrs: Vec<IpAddr> = doomed.iter().map(|(ip, _)| *ip).collect();
+            let read = self.purge_flows(&addrs)?;
+            self.clear_tombstones(&addrs)?;
+            let owners: HashSet<u64> = doomed.into_iter().map(|(_, owner)| owner).collect();
+            (read, owners)
+        };
+        for owner in owners {
+            self.drop_owner_if_unused(owner)?;
         }
-        self.drop_owner_if_unused(owner)
+        Ok(Some(read))
     }
 
-    /// Every address whose endpoint entry is a tombstone, both families.
-    fn tombstones(&self) -> Result<Vec<IpAddr>> {
+    /// Every address whose endpoint entry is a tombstone, both families, with the owner
+    /// that left it.
+    fn tombstones(&self) -> Result<Vec<(IpAddr, u64)>> {
         let mut m = self.maps()?;
         let dead = |v: &EndpointInfo| !v.flags.contains(EndpointFlags::ACTIVE);
-        let mut out: Vec<IpAddr> = maps::entries(&m.endpoints()?)
+        let mut out: Vec<(IpAddr, u64)> = maps::entries(&m.endpoints()?)
             .into_iter()
             .filter(|(_, v)| dead(v))
-            .map(|(k, _)| IpAddr::V4(ipv4_from_map(k.addr)))
+            .map(|(k, v)| (IpAddr::V4(ipv4_from_map(k.addr)), v.owner))
             .collect();
         out.extend(
             maps::entries(&m.endpoints6()?)
                 .into_iter()
                 .filter(|(_, v)| dead(v))
-                .map(|(k, _)| IpAddr::V6(ipv6_from_map(k.addr))),
+                .map(|(k, v)| (IpAddr::V6(ipv6_from_map(k.addr)), v.owner)),
         );
         Ok(out)
     }
@@ -568,12 +603,14 @@ impl Datapath {
     /// Which of `addrs` have a tombstone: a removal of their previous holder stopped
     /// before it purged their flows (killed, or failed part-way). Every other address
     /// either has a live entry or none, and then no flow state either.
-    fn tombstoned(&self, addrs: &[IpAddr]) -> Result<Vec<IpAddr>> {
+    fn tombstoned(&self, addrs: &[IpAddr]) -> Result<Vec<(IpAddr, u64)>> {
         Ok(self
             .entries_of(addrs)?
             .into_iter()
-            .filter(|(_, v)| v.is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE)))
-            .map(|(ip, _)| ip)
+            .filter_map(|(ip, v)| {
+                v.filter(|v| !v.flags.contains(EndpointFlags::ACTIVE))
+                    .map(|v| (ip, v.owner))
+            })
             .collect())
     }
 

@@ -1,10 +1,12 @@
 //! Per-flow state keyed by addresses: the NAT table, the flow verdicts of `FLOWS`
 //! (which flows may bypass the stack), the pod sockets of `STACK_SOCKETS` and the node
 //! sockets of `SOCK_REVNAT`. When an address changes hands, its flows must go with it, or
-//! an old flow reaches (or steers) the address's next holder. [`Datapath::forget`] (after
-//! DEL, GC or an undone ADD removed a pod or its host ports) purges all of it while the
-//! pod's endpoint entries are tombstones (the programs ignore them, so nothing opens a new
-//! flow for the address meanwhile), and drops the tombstones after. An address with no
+//! an old flow reaches (or steers) the address's next holder. [`Datapath::purge_removed`]
+//! (after DEL, GC or an undone ADD removed a pod or its host ports; after a DEL, in its
+//! finishing process, which on a busy node shares one purge with the DELs of the same
+//! moment) purges all of it while the pod's endpoint entries are tombstones (the programs
+//! ignore them, so nothing opens a new flow for the address meanwhile), and drops the
+//! tombstones after. An address with no
 //! entry therefore has no flow state; [`Datapath::attach_endpoint`] purges only an address
 //! it finds a tombstone for (a removal that stopped part-way), instead of walking the whole
 //! NAT table on every ADD.
@@ -28,7 +30,7 @@ use crate::error::Result;
 
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
 /// flows of removed addresses are purged and their tombstones dropped
-/// ([`Datapath::forget`]), and by an ADD that finds a tombstone for one of its addresses
+/// ([`Datapath::purge_removed`]), and by an ADD that finds a tombstone for one of its addresses
 /// while it purges and takes the address over. So an address is never taken over while
 /// its old flows are being purged (the purge would remove the new pod's flows too).
 pub(super) struct FlowsLock {
@@ -52,12 +54,12 @@ impl FlowsLock {
 impl Datapath {
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
     /// (matched or rewritten) has one, flow verdicts, pod sockets and the sockets' peers,
-    /// node sockets translated to one. Both families.
-    pub(super) fn purge_flows(&self, addrs: &[IpAddr]) -> Result<()> {
+    /// node sockets translated to one. Both families. Returns how many NAT entries it read.
+    pub(super) fn purge_flows(&self, addrs: &[IpAddr]) -> Result<usize> {
         if addrs.is_empty() {
-            return Ok(());
+            return Ok(0);
         }
-        self.purge_nat(addrs)?;
+        let read = self.purge_nat(addrs)?;
         let (v4, v6) = addr_sets(addrs);
         let mut m = self.maps()?;
         if !v4.is_empty() {
@@ -86,28 +88,34 @@ impl Datapath {
                 has(&k.addr)
             })?;
         }
-        Ok(())
+        Ok(read)
     }
 
-    /// Deletes every NAT entry whose tuple (matched or rewritten) has one of `addrs`.
-    pub(super) fn purge_nat(&self, addrs: &[IpAddr]) -> Result<()> {
+    /// Deletes every NAT entry whose tuple (matched or rewritten) has one of `addrs`;
+    /// returns how many entries it read.
+    pub(super) fn purge_nat(&self, addrs: &[IpAddr]) -> Result<usize> {
         let (v4, v6) = addr_sets(addrs);
+        let mut read = 0;
         if !v4.is_empty() {
             let has = |a: &u32| v4.contains(a);
-            self.purge_nat_where(Family::V4, |k: &NatKeyOf<u32>, v: &NatEntryOf<u32>| {
-                has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
-            })?;
+            read += self
+                .purge_nat_where(Family::V4, |k: &NatKeyOf<u32>, v: &NatEntryOf<u32>| {
+                    has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+                })?
+                .read;
         }
         if !v6.is_empty() {
             let has = |a: &[u32; 4]| v6.contains(a);
-            self.purge_nat_where(
-                Family::V6,
-                |k: &NatKeyOf<[u32; 4]>, v: &NatEntryOf<[u32; 4]>| {
-                    has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
-                },
-            )?;
+            read += self
+                .purge_nat_where(
+                    Family::V6,
+                    |k: &NatKeyOf<[u32; 4]>, v: &NatEntryOf<[u32; 4]>| {
+                        has(&k.saddr) || has(&k.daddr) || has(&v.saddr) || has(&v.daddr)
+                    },
+                )?
+                .read;
         }
-        Ok(())
+        Ok(read)
     }
 
     /// Deletes the NAT entries (both families) charged to a pod that has no share any
@@ -131,16 +139,16 @@ impl Datapath {
         let v6 = self.purge_nat_where(Family::V6, |_, v: &NatEntryOf<[u32; 4]>| {
             v.pod != 0 && !shares.contains(&v.pod)
         })?;
-        Ok(v4 + v6)
+        Ok(v4.removed + v6.removed)
     }
 
     /// Deletes the NAT entries of `family`'s table that `doomed` picks, giving back their
-    /// charges; returns how many.
+    /// charges.
     fn purge_nat_where<A: NatAddr>(
         &self,
         family: Family<A>,
         doomed: impl Fn(&NatKeyOf<A>, &NatEntryOf<A>) -> bool,
-    ) -> Result<usize>
+    ) -> Result<Walk>
     where
         NatKeyOf<A>: aya::Pod,
         NatEntryOf<A>: aya::Pod,
@@ -148,10 +156,9 @@ impl Datapath {
     {
         let mut m = self.maps()?;
         let mut nat = (family.nat)(&mut m)?;
-        let doomed: Vec<_> = maps::entries(&nat)
-            .into_iter()
-            .filter(|(k, v)| doomed(k, v))
-            .collect();
+        let all = maps::entries(&nat);
+        let read = all.len();
+        let doomed: Vec<_> = all.into_iter().filter(|(k, v)| doomed(k, v)).collect();
         let mut removed = 0;
         // Each removed entry gives its charge back to its pod's NAT share (a hairpin flow
         // of a pod that stays, towards one that goes, is charged to the one that stays),
@@ -199,8 +206,16 @@ impl Datapath {
                 let _ = shares.insert(pod, u, 0);
             }
         }
-        Ok(removed)
+        Ok(Walk { read, removed })
     }
+}
+
+/// What one walk of a NAT table did.
+struct Walk {
+    /// Entries read: the walk's cost.
+    read: usize,
+    /// Entries deleted.
+    removed: usize,
 }
 
 /// An address type of the NAT tables (wire order): `u32` or `[u32; 4]`.
