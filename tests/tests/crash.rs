@@ -740,6 +740,16 @@ fn add_and_ping_out(
     (cidr, ip)
 }
 
+/// `conf`'s plugin configuration asking for address `cidr` (capability `ips`), as a
+/// runtime gives a pod a chosen address.
+fn with_address(conf: &tests::ConfBuilder, cidr: &str) -> Vec<u8> {
+    conf.clone()
+        .set("runtimeConfig", serde_json::json!({ "ips": [cidr] }))
+        .plugin()
+        .to_string()
+        .into_bytes()
+}
+
 /// The NAT entries of `node`'s network whose tuple (either side) has `ip`.
 fn nat_of(node: &SimNode, ip: &str) -> Vec<serde_json::Value> {
     nat_mentioning(&node.datapath("testnet").unwrap_or_default(), ip)
@@ -800,12 +810,7 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     // The runtime gives a's address to b (capability `ips`).
     let b = node.pod("b");
     let env_b = CniEnv::new("tomb-b", b.netns(), "eth0");
-    let b_conf = conf
-        .clone()
-        .set("runtimeConfig", serde_json::json!({ "ips": [cidr] }))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let b_conf = with_address(&conf, &cidr);
     let add = node.exec_plugin_raw("ADD", &env_b, &b_conf);
     assert!(add.success(), "ADD b with a's address: {}", add.raw);
     let left = nat_of(&node, &ip);
@@ -969,12 +974,7 @@ fn a_dels_finishing_process_killed_anywhere_loses_nothing() {
         if round == 0 {
             // The runtime puts a new sandbox into the same namespace, with a's address.
             let env_b = CniEnv::new(&format!("fin-b-{point}"), pod.netns(), "eth0");
-            let b_conf = conf
-                .clone()
-                .set("runtimeConfig", serde_json::json!({ "ips": [cidr] }))
-                .plugin()
-                .to_string()
-                .into_bytes();
+            let b_conf = with_address(&conf, &cidr);
             let add = node.exec_plugin_raw("ADD", &env_b, &b_conf);
             assert!(add.success(), "{what}: ADD b: {}", add.raw);
             let left = nat_of(&node, &ip);
@@ -1097,12 +1097,7 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
     // The runtime gives a's address to c while a's purge is pending.
     let c = node.pod("c");
     let env_c = CniEnv::new("shared-c", c.netns(), "eth0");
-    let c_conf = conf
-        .clone()
-        .set("runtimeConfig", serde_json::json!({ "ips": [a_cidr] }))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let c_conf = with_address(&conf, &a_cidr);
     let add = node.exec_plugin_raw("ADD", &env_c, &c_conf);
     assert!(add.success(), "ADD c with a's address: {}", add.raw);
     let left = nat_of(&node, &a_ip);
@@ -1162,12 +1157,7 @@ fn a_late_finishing_process_leaves_a_taken_over_address_alone() {
     let (cidr, ip) = add_and_ping_out(&node, &env, pod.netns(), &plain);
     let finisher = del_stopping_its_finisher(&node, &env, &plain, "finish-started");
 
-    let again = conf
-        .clone()
-        .set("runtimeConfig", serde_json::json!({ "ips": [cidr] }))
-        .plugin()
-        .to_string()
-        .into_bytes();
+    let again = with_address(&conf, &cidr);
     let add = node.exec_plugin_raw("ADD", &env, &again);
     assert!(add.success(), "ADD again with the address: {}", add.raw);
     assert!(

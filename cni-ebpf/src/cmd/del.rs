@@ -294,12 +294,7 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, purge: Purge) -> Result<()> {
         .ok()
         .and_then(|s| s.trim().parse().ok());
     if purge == Purge::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&record)
-            .map_err(|e| Error::io(format!("opening {}", record.display()), e))?;
+        let file = open_lock_file(&record)?;
         match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
             Ok(pending) => {
                 std::thread::sleep(PURGE_DELAY);
@@ -336,12 +331,7 @@ fn lock_teardowns(store_dir: &Path, how: libc::c_int) -> Result<File> {
     let path = store_dir.join("teardowns.lock");
     std::fs::create_dir_all(store_dir)
         .map_err(|e| Error::io(format!("creating {}", store_dir.display()), e))?;
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let file = open_lock_file(&path)?;
     loop {
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
@@ -352,6 +342,16 @@ fn lock_teardowns(store_dir: &Path, how: libc::c_int) -> Result<File> {
             return Err(Error::io(format!("locking {}", path.display()), e));
         }
     }
+}
+
+/// Opens `path` (created if missing, its content kept) to take a `flock` on it.
+fn open_lock_file(path: &Path) -> Result<File> {
+    std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))
 }
 
 /// Waits until no DEL of the network (IPAM store `store_dir`) has a finishing process
