@@ -989,13 +989,16 @@ fn probe_cells(
 /// The end-to-end world: two nodes, the nine pods of x, y and z spread over them (ADDed
 /// by the plugin, dual-stack, each serving TCP, UDP and SCTP on ports 80 and 81), an
 /// agent on each node watching the stand-in API server, which holds the namespaces and
-/// pods as [`Universe`] objects with the pods' real addresses.
+/// pods as [`Universe`] objects with the pods' real addresses. Field order is drop order:
+/// the agents stop before their nodes' directories go (an agent still running writes its
+/// policy state there, and would make the directory again), the pods' servers before
+/// their namespaces.
 struct MatrixWorld {
-    cluster: tests::Cluster,
-    api: tests::ApiServer,
-    initial: Universe,
-    pods: Vec<MatrixPod>,
     _agents: [tests::Background; 2],
+    pods: Vec<MatrixPod>,
+    api: tests::ApiServer,
+    cluster: tests::Cluster,
+    initial: Universe,
     probes: usize,
     retried: usize,
 }
