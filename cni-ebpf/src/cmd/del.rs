@@ -181,7 +181,7 @@ impl Unfinished {
     /// Does the rest: deletes the retired veth, then purges the flows and drops the
     /// tombstones and the owner record ([`purge_flows`], which may wait to share the walk
     /// with the DELs of the next moment when `purge` allows it). Idempotent.
-    pub fn finish(&self, purge: Purge) -> Result<()> {
+    fn finish(&self, purge: Purge) -> Result<()> {
         let mut errors = Vec::new();
         if let Err(e) = crate::faults::point("finish-started") {
             errors.push(e);
@@ -258,7 +258,7 @@ impl Unfinished {
 
 /// Whether [`purge_flows`] may wait for the DELs of the next moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Purge {
+enum Purge {
     /// A finishing process of its own: nothing waits for it.
     MayWait,
     /// DEL itself, which its runtime waits for.
@@ -271,7 +271,7 @@ const PURGE_AT_ONCE_BELOW: usize = 4096;
 
 /// How long a finishing process waits before a purge that is not cheap, so that the DELs
 /// of that moment share one walk.
-pub const PURGE_DELAY: Duration = Duration::from_secs(1);
+const PURGE_DELAY: Duration = Duration::from_secs(1);
 
 /// The purge after a DEL: the flow state of every tombstoned address, the tombstones and
 /// the owner records ([`Datapath::purge_removed`]).
@@ -294,21 +294,20 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, purge: Purge) -> Result<()> {
         .ok()
         .and_then(|s| s.trim().parse().ok());
     if purge == Purge::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
-        let file = open_lock_file(&record)?;
-        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-            Ok(pending) => {
+        let pending = open_lock_file(&record)?;
+        match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {
                 std::thread::sleep(PURGE_DELAY);
                 crate::faults::point("finish-purge-deferred")?;
-                // Unmarked before the tombstones are listed (see above).
+                // Unmarked (closed: the only descriptor of the lock) before the tombstones
+                // are listed (see above).
                 drop(pending);
             }
-            Err((_, nix::errno::Errno::EWOULDBLOCK)) => {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
                 return dp.drop_owner_record(&job.container_id, &job.ifname);
             }
-            Err((_, e)) => {
-                return Err(Error::io(format!("locking {}", record.display()), e.into()))
-            }
+            Err(e) => return Err(Error::io(format!("locking {}", record.display()), e)),
         }
     }
     if let Some(read) = dp.purge_removed()? {
@@ -332,14 +331,20 @@ fn lock_teardowns(store_dir: &Path, how: libc::c_int) -> Result<File> {
     std::fs::create_dir_all(store_dir)
         .map_err(|e| Error::io(format!("creating {}", store_dir.display()), e))?;
     let file = open_lock_file(&path)?;
+    flock(&file, how).map_err(|e| Error::io(format!("locking {}", path.display()), e))?;
+    Ok(file)
+}
+
+/// `flock(2)` on `file` as `how` asks, retried when a signal interrupts it.
+fn flock(file: &File, how: libc::c_int) -> std::io::Result<()> {
     loop {
         // SAFETY: flock on a descriptor we own.
         if unsafe { libc::flock(file.as_raw_fd(), how) } == 0 {
-            return Ok(file);
+            return Ok(());
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(Error::io(format!("locking {}", path.display()), e));
+            return Err(e);
         }
     }
 }

@@ -235,11 +235,9 @@ impl Datapath {
         self.put_endpoint_entries(ep)?;
         // The tombstones are this pod's entries now: the pods that left them may have
         // nothing else that refers to their owner records, which no purge would find.
-        let own = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
-        for owner in previous_owners.into_iter().filter(|o| *o != own) {
-            if let Err(e) = self.drop_owner_if_unused(owner) {
-                tracing::warn!("dropping the owner record of a removed pod: {e}");
-            }
+        previous_owners.remove(&owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes()));
+        if let Err(e) = self.drop_owners_if_unused(&previous_owners) {
+            tracing::warn!("dropping the owner records of removed pods: {e}");
         }
         crate::faults::point("datapath-entries-written")?;
         let programs = self.pod_programs(ep);
@@ -529,9 +527,7 @@ impl Datapath {
             let owners: HashSet<u64> = doomed.into_iter().map(|(_, owner)| owner).collect();
             (read, owners)
         };
-        for owner in owners {
-            self.drop_owner_if_unused(owner)?;
-        }
+        self.drop_owners_if_unused(&owners)?;
         Ok(Some(read))
     }
 
@@ -615,21 +611,24 @@ impl Datapath {
     }
 
     fn drop_owner_if_unused(&self, owner: u64) -> Result<()> {
+        self.drop_owners_if_unused(&HashSet::from([owner]))
+    }
+
+    /// Drops the owner record of each of `owners` that no endpoint or host-port entry
+    /// (a tombstone too) refers to, reading each of those maps once for all of them.
+    fn drop_owners_if_unused(&self, owners: &HashSet<u64>) -> Result<()> {
+        if owners.is_empty() {
+            return Ok(());
+        }
         let mut m = self.maps()?;
-        let used_ep = maps::entries(&m.endpoints()?)
-            .iter()
-            .any(|(_, v)| v.owner == owner)
-            || maps::entries(&m.endpoints6()?)
-                .iter()
-                .any(|(_, v)| v.owner == owner);
-        let used_pm = maps::entries(&m.portmaps()?)
-            .iter()
-            .any(|(_, v)| v.owner == owner)
-            || maps::entries(&m.portmaps6()?)
-                .iter()
-                .any(|(_, v)| v.owner == owner);
-        if !used_ep && !used_pm {
-            maps::remove(&mut m.owners()?, &owner, map_name::OWNERS)?;
+        let mut used: HashSet<u64> = HashSet::new();
+        used.extend(maps::entries(&m.endpoints()?).iter().map(|(_, v)| v.owner));
+        used.extend(maps::entries(&m.endpoints6()?).iter().map(|(_, v)| v.owner));
+        used.extend(maps::entries(&m.portmaps()?).iter().map(|(_, v)| v.owner));
+        used.extend(maps::entries(&m.portmaps6()?).iter().map(|(_, v)| v.owner));
+        let mut records = m.owners()?;
+        for owner in owners.difference(&used) {
+            maps::remove(&mut records, owner, map_name::OWNERS)?;
         }
         Ok(())
     }

@@ -2,14 +2,13 @@
 //! (which flows may bypass the stack), the pod sockets of `STACK_SOCKETS` and the node
 //! sockets of `SOCK_REVNAT`. When an address changes hands, its flows must go with it, or
 //! an old flow reaches (or steers) the address's next holder. [`Datapath::purge_removed`]
-//! (after DEL, GC or an undone ADD removed a pod or its host ports; after a DEL, in its
-//! finishing process, which on a busy node shares one purge with the DELs of the same
-//! moment) purges all of it while the pod's endpoint entries are tombstones (the programs
-//! ignore them, so nothing opens a new flow for the address meanwhile), and drops the
-//! tombstones after. An address with no
-//! entry therefore has no flow state; [`Datapath::attach_endpoint`] purges only an address
-//! it finds a tombstone for (a removal that stopped part-way), instead of walking the whole
-//! NAT table on every ADD.
+//! (after GC or an undone ADD removed a pod or its host ports, and in DEL's finishing
+//! process, which on a busy node shares one purge with the DELs of the same moment)
+//! purges all of it while the pod's endpoint entries are tombstones (the programs ignore
+//! them, so nothing opens a new flow for the address meanwhile), and drops the tombstones
+//! after. An address with no entry therefore has no flow state; [`Datapath::attach_endpoint`]
+//! purges only an address it finds a tombstone for (a removal that stopped part-way or
+//! has not purged yet), instead of walking the whole NAT table on every ADD.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -30,8 +29,8 @@ use crate::error::Result;
 
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
 /// flows of removed addresses are purged and their tombstones dropped
-/// ([`Datapath::purge_removed`]), and by an ADD that finds a tombstone for one of its addresses
-/// while it purges and takes the address over. So an address is never taken over while
+/// ([`Datapath::purge_removed`]), and by an ADD that finds a tombstone for one of its
+/// addresses while it purges and takes the address over. So an address is never taken over while
 /// its old flows are being purged (the purge would remove the new pod's flows too).
 pub(super) struct FlowsLock {
     _file: std::fs::File,
