@@ -750,6 +750,41 @@ fn with_address(conf: &tests::ConfBuilder, cidr: &str) -> Vec<u8> {
         .into_bytes()
 }
 
+/// ADDs `env` (pod namespace `netns`) with address `cidr`, which a removed pod's
+/// tombstone still holds: the ADD succeeds, none of the old flows of the address is left,
+/// `env`'s container owns its entry, and the pod reaches ext. Returns the configuration
+/// it was ADDed with.
+#[track_caller]
+fn add_taking_over(
+    node: &SimNode,
+    conf: &tests::ConfBuilder,
+    env: &CniEnv,
+    netns: &std::path::Path,
+    cidr: &str,
+) -> Vec<u8> {
+    let ip = cidr.split('/').next().unwrap_or_default();
+    let stdin = with_address(conf, cidr);
+    let who = &env.container_id;
+    let add = node.exec_plugin_raw("ADD", env, &stdin);
+    assert!(
+        add.success(),
+        "ADD {who} with the removed pod's {ip}: {}",
+        add.raw
+    );
+    let left = nat_of(node, ip);
+    assert!(
+        left.is_empty(),
+        "the removed pod's flows reached {who}: {left:#?}"
+    );
+    let ep = endpoint_of(node, ip).unwrap_or_else(|| panic!("no entry for {ip}"));
+    assert_eq!(
+        ep["container_id"], *who,
+        "{who} took the entry over: {ep:#}"
+    );
+    tests::assert_ping(netns, tests::EXT_IP4);
+    stdin
+}
+
 /// The NAT entries of `node`'s network whose tuple (either side) has `ip`.
 fn nat_of(node: &SimNode, ip: &str) -> Vec<serde_json::Value> {
     nat_mentioning(&node.datapath("testnet").unwrap_or_default(), ip)
@@ -810,18 +845,9 @@ fn the_next_pod_given_a_killed_dels_address_starts_without_its_flows() {
     // The runtime gives a's address to b (capability `ips`).
     let b = node.pod("b");
     let env_b = CniEnv::new("tomb-b", b.netns(), "eth0");
-    let b_conf = with_address(&conf, &cidr);
-    let add = node.exec_plugin_raw("ADD", &env_b, &b_conf);
-    assert!(add.success(), "ADD b with a's address: {}", add.raw);
-    let left = nat_of(&node, &ip);
-    assert!(left.is_empty(), "a's flows reached b: {left:#?}");
+    let b_conf = add_taking_over(&node, &conf, &env_b, b.netns(), &cidr);
     let ep = endpoint_of(&node, &ip).unwrap_or_else(|| panic!("no entry for {ip}"));
-    assert_eq!(
-        ep["container_id"], "tomb-b",
-        "b took the entry over: {ep:#}"
-    );
     assert!(ep.get("removing").is_none(), "b's entry is live: {ep:#}");
-    tests::assert_ping(b.netns(), tests::EXT_IP4);
 
     // a's DEL again: it finds nothing of its own left at that address.
     let del = node.exec_plugin_raw("DEL", &env_a, &plain);
@@ -1097,17 +1123,7 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
     // The runtime gives a's address to c while a's purge is pending.
     let c = node.pod("c");
     let env_c = CniEnv::new("shared-c", c.netns(), "eth0");
-    let c_conf = with_address(&conf, &a_cidr);
-    let add = node.exec_plugin_raw("ADD", &env_c, &c_conf);
-    assert!(add.success(), "ADD c with a's address: {}", add.raw);
-    let left = nat_of(&node, &a_ip);
-    assert!(left.is_empty(), "a's flows reached c: {left:#?}");
-    let ep = endpoint_of(&node, &a_ip).unwrap_or_else(|| panic!("no entry for {a_ip}"));
-    assert_eq!(
-        ep["container_id"], "shared-c",
-        "c took the entry over: {ep:#}"
-    );
-    tests::assert_ping(c.netns(), tests::EXT_IP4);
+    let c_conf = add_taking_over(&node, &conf, &env_c, c.netns(), &a_cidr);
     let c_flows = nat_of(&node, &a_ip).len();
     assert!(c_flows > 0, "c's ping left no flows");
 
