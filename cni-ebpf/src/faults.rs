@@ -27,6 +27,9 @@ pub const POINTS: &[&str] = &[
     "datapath",
     "port-mappings",
     // DEL
+    // DEL and GC: a reservation's key is retired (the commit of its release); its address
+    // claims are not removed yet
+    "ipam-key-retired",
     "del-ipam-released",
     // GC
     "gc-ipam-released",

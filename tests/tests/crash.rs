@@ -9,7 +9,7 @@
 //!   delay within 1.5× an ADD's duration (about half of them die before finishing);
 //! - named steps: the fault-injection build stops itself at each named point of ADD, DEL
 //!   and GC (`cni_ebpf::faults::POINTS`, `CNI_EBPF_PAUSE_AT`) and is killed exactly there,
-//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 4 × 72 kills).
+//!   `CNI_EBPF_CRASH_STEP_PASSES` times over (default 4 × 74 kills).
 //!
 //! Each kill is followed by DEL (or GC) and a check that nothing is left; each campaign
 //! ends with a full-range cycle. DEL's finishing process (`cni-ebpf finish-del`, which
@@ -202,8 +202,8 @@ fn add_points() -> Vec<&'static str> {
 
 /// Passes over every ADD, DEL and GC fault point (`CNI_EBPF_CRASH_STEP_PASSES`, default
 /// 4, about 2.5 minutes; one pass is 11 ADD points × 5 DEL variants (netns present, gone, empty
-/// `CNI_NETNS`, a killed DEL first — one more kill —, with a prevResult) + 3 DEL points +
-/// 3 GC points = 72 kills).
+/// `CNI_NETNS`, a killed DEL first — one more kill —, with a prevResult) + 4 DEL points +
+/// 4 GC points = 74 kills).
 fn step_passes() -> usize {
     std::env::var("CNI_EBPF_CRASH_STEP_PASSES")
         .ok()
@@ -350,6 +350,7 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
         }
         // DEL killed at each of its points, then DEL again.
         for point in [
+            "ipam-key-retired",
             "del-ipam-released",
             "teardown-endpoints-marked",
             "teardown-datapath-removed",
@@ -375,6 +376,7 @@ fn kill_9_at_every_named_step_then_del_or_gc_leaves_nothing() {
         }
         // GC killed at each of its points (with stale attachments to collect), then GC.
         for point in [
+            "ipam-key-retired",
             "gc-ipam-released",
             "teardown-endpoints-marked",
             "teardown-datapath-removed",

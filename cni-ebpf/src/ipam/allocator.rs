@@ -591,12 +591,23 @@ impl<'a> Allocator<'a> {
         for ip in &mine {
             self.mark(*ip, false);
         }
-        self.store.unlink_key(&key)?; // The commit point of the release.
+        // The commit point of the release. From here a kill leaves the record in `tmp/`,
+        // and the next open of the store removes the claims below.
+        let Some(retired) = self.store.retire_key(&key)? else {
+            return Ok(None);
+        };
+        crate::faults::point("ipam-key-retired")?;
+        let mut cleared = true;
         for ip in &mine {
             if let Err(e) = self.store.unlink_ip(*ip) {
-                // Committed already; the orphaned claim is reclaimed when next probed.
                 tracing::warn!("removing the claim of {ip}: {e}");
+                cleared = false;
             }
+        }
+        // Only a record whose claims are all gone leaves `tmp/`; otherwise the next open
+        // of the store finishes the release.
+        if cleared {
+            self.store.remove_tmp(&retired);
         }
         Ok(Some(match record {
             Some(r) => Reservation::from(r),

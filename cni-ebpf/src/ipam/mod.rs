@@ -27,14 +27,18 @@
 //! Every operation runs under the network's lock. ADD: write the record to `tmp/x`; claim
 //! each address with `link(tmp/x, ips/<address>)` (atomic, fails if the address is
 //! claimed); **commit** with `link(tmp/x, keys/K)`; remove `tmp/x`; then set index bits and
-//! the cursor. DEL: clear index bits; **commit** by removing `keys/K`; remove the
-//! `ips/<address>` links that are still this record's inode (so a stale DEL never frees an
-//! address that now belongs to someone else).
+//! the cursor. DEL: clear index bits; **commit** by renaming `keys/K` to `tmp/y`; remove
+//! the `ips/<address>` links that are still this record's inode (so a stale DEL never
+//! frees an address that now belongs to someone else); remove `tmp/y`.
 //!
 //! - Killed before the commit, an allocation left only claims whose inode no key names
 //!   ("orphans"): they are not held, so the allocation is absent. Killed after it, every
 //!   address is held: the allocation is fully present. A release is likewise all or
-//!   nothing around the removal of `keys/K`.
+//!   nothing around the rename of `keys/K`.
+//! - Whatever a killed operation left in `tmp/` is finished by the next operation of any
+//!   kind: opening the store removes every temporary file, and with a record no key names
+//!   the claims that are still its inode. So a DEL killed after its commit and run again
+//!   leaves nothing behind, though its key is gone.
 //! - No address can be held twice: there is one `ips/<address>` name, it points at one
 //!   inode, and one inode is one record.
 //! - Nothing is lost for good: an orphan is recognised (its inode is no key's) and reused

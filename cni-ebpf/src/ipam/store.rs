@@ -379,8 +379,9 @@ impl Store {
             None => store.previous_boot = Some(String::new()),
         }
         // Only the lock holder writes temporary files, so whatever `tmp/` holds now was
-        // left by a killed process: a record never linked (its address was never claimed)
-        // or one already linked into `ips/` and `keys/` (those names keep it).
+        // left by a killed process: a record never linked (its address was never claimed),
+        // one already linked into `ips/` and `keys/` (those names keep it), or a released
+        // one whose claims are still to be removed.
         let swept = store.clear_tmp()?;
         if swept > 0 {
             tracing::info!(
@@ -597,7 +598,25 @@ impl Store {
         unlink_at(&self.ips, &ip.to_string(), &self.path.join("ips"))
     }
 
-    /// Removes `keys/<key>` (missing is fine): the commit point of a release.
+    /// Moves `keys/<key>` into `tmp/`: the commit point of a release (atomic, and the
+    /// record keeps its inode). Until the caller removes the returned file, a kill leaves
+    /// it in `tmp/`, where the next [`Store::open`] finds it uncommitted and removes the
+    /// address claims that are still its inode ([`Store::clear_tmp`]): a release killed
+    /// after its commit is finished by whichever operation comes next. `Ok(None)` when
+    /// there is no such key.
+    pub fn retire_key(&mut self, key: &str) -> Result<Option<TmpFile>> {
+        let name = self.next_tmp_name("released");
+        match renameat(&self.keys, key, &self.tmp, name.as_str()) {
+            Ok(()) => Ok(Some(TmpFile { name })),
+            Err(Errno::ENOENT) => Ok(None),
+            Err(e) => Err(errno_io(
+                format!("releasing {}/keys/{key}", self.path.display()),
+                e,
+            )),
+        }
+    }
+
+    /// Removes `keys/<key>` (missing is fine).
     pub fn unlink_key(&self, key: &str) -> Result<()> {
         unlink_at(&self.keys, key, &self.path.join("keys"))
     }
@@ -618,10 +637,10 @@ impl Store {
     }
 
     /// Removes every temporary file (leftovers of killed processes: a lock holder has none
-    /// in flight), and with each the addresses its allocation claimed but never committed:
-    /// an `ips/` link to the very same file with no `keys/` link to it. (A record whose
-    /// key exists was committed: its claims are a reservation DEL releases.) Returns how
-    /// many temporary files were removed.
+    /// in flight), and with each the addresses its allocation claimed but never committed,
+    /// or its release did not remove yet: an `ips/` link to the very same file with no
+    /// `keys/` link to it. (A record whose key exists was committed: its claims are a
+    /// reservation DEL releases.) Returns how many temporary files were removed.
     pub fn clear_tmp(&self) -> Result<usize> {
         let tmp_dir = self.path.join("tmp");
         let entries = list_dir(&self.tmp, &tmp_dir)?;
