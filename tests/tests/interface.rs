@@ -1,6 +1,7 @@
 //! ADD through the real plugin: the Result agrees with the kernel (addresses, routes, MACs,
-//! MTU, host veth), the documented sysctls and nothing else change, and every refusal
-//! leaves the node, the pod and the store as they were.
+//! MTU, host veth), the documented sysctls and nothing else change, an IPv4-only pod gives
+//! the node no IPv6 state, and every refusal leaves the node, the pod and the store as
+//! they were.
 
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
@@ -208,6 +209,15 @@ fn result_agrees_with_the_kernel_and_only_documented_sysctls_change() {
         Some("0"),
         "accept_ra of the host veth"
     );
+    assert_eq!(
+        sysctl(
+            node.netns(),
+            &format!("net.ipv6.conf.{}.disable_ipv6", host.name)
+        )
+        .as_deref(),
+        Some("0"),
+        "IPv6 on the host veth of a pod with an IPv6 address"
+    );
     let sysctls_after = net_sysctls(node.netns());
     let changed: Vec<String> = sysctls_before
         .keys()
@@ -238,6 +248,48 @@ fn result_agrees_with_the_kernel_and_only_documented_sysctls_change() {
 
     node.del(&pod, "eth0", &conf);
     pod.snapshot().assert_same_as(&pod_before);
+    assert!(
+        host_veths(node.netns()).is_empty(),
+        "host veth left after DEL"
+    );
+    node.store("testnet").assert_empty("after DEL");
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn an_ipv4_only_pods_host_veth_gives_the_node_no_ipv6_state() {
+    let node = SimNode::new("v4only");
+    let pod = node.pod("p");
+    let conf = node.conf().version("1.1.0").subnets(&["10.244.1.0/24"]);
+    let r = node.add(&pod, "eth0", &conf);
+    let host = r.host_interface().name.clone();
+    assert_eq!(
+        sysctl(node.netns(), &format!("net.ipv6.conf.{host}.disable_ipv6")).as_deref(),
+        Some("1"),
+        "IPv6 on the host veth of an IPv4-only pod"
+    );
+    // No link-local address, and no route of any IPv6 table (main, local, multicast)
+    // through it.
+    let addrs = tests::process::ip_json(node.netns(), &["-6", "addr", "show", "dev", &host]);
+    assert!(
+        addrs.as_array().is_none_or(|a| a
+            .iter()
+            .all(|l| l["addr_info"].as_array().is_none_or(Vec::is_empty))),
+        "IPv6 addresses on {host}: {addrs}"
+    );
+    let routes = tests::process::ip_json(
+        node.netns(),
+        &["-6", "route", "show", "table", "all", "dev", &host],
+    );
+    assert!(
+        routes.as_array().is_none_or(Vec::is_empty),
+        "IPv6 routes through {host}: {routes}"
+    );
+    // IPv4 is untouched: the pod reaches its gateway and CHECK agrees.
+    assert_ping(pod.netns(), GW4);
+    node.check(&pod, "eth0", &conf, &r.raw)
+        .assert_empty_success();
+    node.del(&pod, "eth0", &conf);
     assert!(
         host_veths(node.netns()).is_empty(),
         "host veth left after DEL"

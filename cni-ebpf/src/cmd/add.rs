@@ -289,18 +289,26 @@ impl Transaction<'_> {
         if has_v6 {
             link::write_sysctl("net.ipv6.conf.all.forwarding", "1")?;
         }
-        // The host end must not autoconfigure from router advertisements of the pod, and
-        // its link-local address must be usable at once: while it is in DAD the kernel
-        // sends no neighbour solicitation for forwarded IPv6 packets, so a new pod would be
-        // unreachable over IPv6 for a second or two.
         if std::path::Path::new(&format!("/proc/sys/net/ipv6/conf/{host_ifname}")).exists() {
-            link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
-            link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
-            // The link-local the node solicits from, there before the carrier is (see
-            // `ndp`).
             if has_v6 {
+                // The host end must not autoconfigure from router advertisements of the
+                // pod, and its link-local address must be usable at once: while it is in
+                // DAD the kernel sends no neighbour solicitation for forwarded IPv6
+                // packets, so a new pod would be unreachable over IPv6 for a second or two.
+                link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_ra"), "0")?;
+                link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
+                // The link-local the node solicits from, there before the carrier is (see
+                // `ndp`).
                 let ll = crate::ndp::link_local_net(self.host_mac);
                 self.node.add_address(host_index, ll, true).await?;
+            } else {
+                // A pod without an IPv6 address has no use for IPv6 on its host end. Off
+                // before the end is up, the node gets no link-local address, no IPv6 route
+                // and no multicast membership for it. With IPv6 on, every host end added
+                // its routes to the node's IPv6 tables, which the kernel walks under the
+                // rtnl lock whenever a device goes up, down or away: each ADD and DEL grew
+                // slower with the pod count (`docs/benchmarks.md`).
+                link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.disable_ipv6"), "1")?;
             }
         }
         let mut node_addrs = Vec::new();
