@@ -658,7 +658,8 @@ impl Store {
                         let ip = a.addr().to_string();
                         if stat_ident(&self.ips, &ip, &ips_dir)? == Some(*ident) {
                             tracing::info!(
-                                "releasing {ip}: claimed by an allocation that was killed"
+                                "releasing {ip}: claimed by an allocation or a release \
+                                 that was killed"
                             );
                             unlink_at(&self.ips, &ip, &ips_dir)?;
                         }
