@@ -14,7 +14,7 @@ use tests::{
         global_addresses, host_alias, host_veths, is_host_veth_name, link, main_routes,
         net_sysctls, sysctl, RouteInfo,
     },
-    process::netns_exec_ok,
+    process::{ip_json, netns_exec_ok},
     SimNode,
 };
 
@@ -270,14 +270,14 @@ fn an_ipv4_only_pods_host_veth_gives_the_node_no_ipv6_state() {
     );
     // No link-local address, and no route of any IPv6 table (main, local, multicast)
     // through it.
-    let addrs = tests::process::ip_json(node.netns(), &["-6", "addr", "show", "dev", &host]);
+    let addrs = ip_json(node.netns(), &["-6", "addr", "show", "dev", &host]);
     assert!(
         addrs.as_array().is_none_or(|a| a
             .iter()
             .all(|l| l["addr_info"].as_array().is_none_or(Vec::is_empty))),
         "IPv6 addresses on {host}: {addrs}"
     );
-    let routes = tests::process::ip_json(
+    let routes = ip_json(
         node.netns(),
         &["-6", "route", "show", "table", "all", "dev", &host],
     );

@@ -30,8 +30,9 @@ use crate::error::Result;
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
 /// flows of removed addresses are purged and their tombstones dropped
 /// ([`Datapath::purge_removed`]), and by an ADD that finds a tombstone for one of its
-/// addresses while it purges and takes the address over. So an address is never taken over while
-/// its old flows are being purged (the purge would remove the new pod's flows too).
+/// addresses while it purges and takes the address over. So an address is never taken
+/// over while its old flows are being purged (the purge would remove the new pod's flows
+/// too).
 pub(super) struct FlowsLock {
     _file: std::fs::File,
 }
