@@ -45,7 +45,7 @@ use crate::{family::Family, maps::count, nat::now, parse::Pkt};
 fn fresh(flags: FlowFlags) -> FlowEntry {
     FlowEntry {
         flags,
-        _pad: 0,
+        merged_at: 0,
         last_seen_ns: now(),
     }
 }
@@ -92,6 +92,40 @@ pub(crate) fn inbound_may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
     match unsafe { A::flows().get(p.key().reversed()) } {
         Some(f) => f.flags.contains(FlowFlags::VERIFIED),
         None => false,
+    }
+}
+
+/// How long the packets of a flow follow a segment the tunnel device merges (GRO)
+/// through the device, in units of 1024 ns (about a millisecond): longer than a packet
+/// waits in the device's receive queue, so that none delivered past the device
+/// overtakes one queued there.
+const DEVICE_HOLD: u32 = 1000;
+
+/// `tunnel::decap4`: whether a packet for a local pod that came out of the tunnel may be
+/// delivered past the tunnel device: as [`inbound_may_bypass_stack`], and no segment of
+/// its flow went through the device to be merged within [`DEVICE_HOLD`]. A packet that
+/// is such a segment (`merged`) goes through the device, and the flow's next packets
+/// follow it.
+#[inline(always)]
+pub(crate) fn inbound_may_skip_device<A: Family>(p: &Pkt<A>, merged: bool) -> bool {
+    if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
+        return false;
+    }
+    let Some(f) = A::flows().get_ptr_mut(p.key().reversed()) else {
+        return false;
+    };
+    let at = (now() >> 10) as u32;
+    // SAFETY: LRU values may be recycled under us; only the merge time is written.
+    unsafe {
+        if !(*f).flags.contains(FlowFlags::VERIFIED) {
+            return false;
+        }
+        if merged {
+            (*f).merged_at = at;
+            return false;
+        }
+        // Wrapping: once every 73 minutes a packet may go through the device needlessly.
+        at.wrapping_sub((*f).merged_at) >= DEVICE_HOLD
     }
 }
 

@@ -288,6 +288,62 @@ pub(crate) fn source_towards<A: Family>(ctx: &TcContext, dst: &A, out: &mut A) -
     true
 }
 
+/// The next hop out of the uplink towards the IPv4 underlay address `node` (network
+/// order), for a packet the node sends itself (the tunnel's encapsulation, `tunnel`):
+/// its Ethernet addresses, the source address the node's route prefers and the uplink's
+/// MTU. `false` unless the route leads out of the uplink and its neighbour is resolved.
+#[inline(always)]
+pub(crate) fn underlay_hop4(ctx: &TcContext, node: u32, hop: &mut UnderlayHop) -> bool {
+    let Some(cfg) = node_config() else {
+        return false;
+    };
+    let mut fib = FibLookup {
+        family: AF_INET,
+        l4_protocol: proto::UDP,
+        sport: 0,
+        dport: 0,
+        tot_len: 0,
+        ifindex: cfg.uplink_ifindex,
+        tos: 0,
+        src: [0; 4],
+        dst: [node, 0, 0, 0],
+        vlan: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
+            core::mem::size_of::<FibLookup>() as i32,
+            BPF_FIB_LOOKUP_SRC,
+        )
+    };
+    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != cfg.uplink_ifindex {
+        return false;
+    }
+    hop.ifindex = fib.ifindex;
+    hop.src = fib.src[0];
+    hop.mtu = u32::from(fib.tot_len);
+    hop.smac = fib.smac;
+    hop.dmac = fib.dmac;
+    true
+}
+
+/// What [`underlay_hop4`] finds.
+#[derive(Default)]
+pub(crate) struct UnderlayHop {
+    /// The device it leaves by (the uplink).
+    pub(crate) ifindex: u32,
+    /// The route's preferred source, network order.
+    pub(crate) src: u32,
+    /// That device's MTU.
+    pub(crate) mtu: u32,
+    pub(crate) smac: [u8; 6],
+    pub(crate) dmac: [u8; 6],
+}
+
 #[inline(always)]
 fn route_out_with(
     ctx: &TcContext,

@@ -47,6 +47,8 @@ pub(crate) fn ingress<A: Family>(ctx: &TcContext) -> i32 {
     }
     match ingress_known::<A>(ctx) {
         Known::Verdict(v) => return v,
+        Known::Underlay if A::IPV6 => return PASS,
+        Known::Underlay => return tunnel::decap4(ctx),
         Known::IcmpError => return ingress_icmp_error::<A>(ctx),
         Known::Route => return route_out::<A>(ctx),
         Known::No => {}
@@ -86,13 +88,15 @@ fn ingress_service_remote<A: Family>(ctx: &TcContext, chosen: &nodeport::Chosen<
 
 /// What [`ingress_known`] (or [`tunnel_service_reply`]) found.
 pub(crate) enum Known {
-    /// A packet of a translated flow, the node's own tunnel traffic, or one that cannot
-    /// be parsed: its verdict.
+    /// A packet of a translated flow, or one that cannot be parsed: its verdict.
     Verdict(i32),
     /// An ICMP error: [`ingress_icmp_error`]'s.
     IcmpError,
     /// A packet of a Service flow sent on to another node, translated: [`route_out`]'s.
     Route,
+    /// The node's own tunnel traffic: over IPv4 for `tunnel::decap4` (called from the
+    /// program's own frame), else passed.
+    Underlay,
     /// Neither.
     No,
 }
@@ -109,7 +113,7 @@ fn ingress_known<A: Family>(ctx: &TcContext) -> Known {
         }
     };
     if tunnel::is_underlay(&p, p.daddr) {
-        return Known::Verdict(PASS);
+        return Known::Underlay;
     }
     if A::is_icmp_error(&p) {
         return Known::IcmpError;

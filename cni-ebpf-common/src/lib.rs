@@ -332,8 +332,11 @@ bitflags::bitflags! {
 pub struct FlowEntry {
     /// Where the flow stands.
     pub flags: FlowFlags,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// When a segment of the flow that the tunnel device merges (GRO) last came out of
+    /// the tunnel, native order: `bpf_ktime_get_ns` / 1024, wrapping (0: never). The
+    /// flow's packets right after it go through the device too, so that none overtakes
+    /// it (see `tunnel::decap4` in the programs).
+    pub merged_at: u32,
     /// `bpf_ktime_get_ns` of the last packet that used the entry, native order.
     pub last_seen_ns: u64,
 }

@@ -111,7 +111,8 @@ pub enum Reason {
     DropSpoofedSource = 48,
     /// Dropped: rewriting a translated packet failed part-way (a checksum helper or a
     /// store refused), so its addresses or ports may be new while a checksum is stale.
-    /// The NAT entries made for it, if it opened a flow, are removed again.
+    /// The NAT entries made for it, if it opened a flow, are removed again. Also a
+    /// packet whose tunnel headers could not be written once room for them was made.
     DropRewriteFailed = 49,
     /// Dropped: the pod sends faster than its egress rate (`runtimeConfig.bandwidth`)
     /// allows, by more than its burst plus its limit ([`crate::Pacing::limit_ns`]).
@@ -144,7 +145,8 @@ pub enum Reason {
     /// that the node's netfilter sees it).
     PassPodTrafficToStack = 59,
     /// A packet routed to the tunnel device, given the address of the node that holds
-    /// its destination (encapsulated by the device).
+    /// its destination (over an IPv4 underlay encapsulated by the program and sent from
+    /// the uplink, else encapsulated by the device).
     TunnelEncap = 60,
     /// Dropped: routed to the tunnel device, but no node holds its destination.
     DropNoTunnelEndpoint = 61,

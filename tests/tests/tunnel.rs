@@ -24,6 +24,10 @@ use std::{
     net::{SocketAddr, TcpStream, UdpSocket},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     thread,
     time::{Duration, Instant},
 };
@@ -141,6 +145,22 @@ fn link_mtu(netns: &Path, dev: &str) -> u64 {
     doc[0]["mtu"].as_u64().unwrap_or(0)
 }
 
+/// The nodes' uplink.
+const UPLINK: &str = "uplink0";
+
+/// The tunnel device's name, as the plugin makes it.
+const TUNNEL_DEVICE: &str = "cni-ebpf.vxlan";
+
+/// Packets `dev` in `netns` has itself transmitted (`"tx"`) or received (`"rx"`): its
+/// driver's counters.
+fn device_packets(netns: &Path, dev: &str, direction: &str) -> u64 {
+    let out = tests::process::netns_exec(netns, &["ip", "-j", "-s", "link", "show", dev]);
+    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+    doc[0]["stats64"][direction]["packets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {direction} counter for {dev}: {}", out.stdout))
+}
+
 /// Sends datagrams of `size` bytes (IP header included) with "don't fragment" from
 /// `netns` to `to` until the socket refuses one as too large (`EMSGSIZE`, after the path's
 /// ICMP error has come back), for at most three seconds; returns the path MTU the socket
@@ -244,6 +264,9 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
     // Each transfer's flow takes the fast path once verified: the sending node hands the
     // pod's packets straight to the tunnel device (`redirect_uplink`), the receiving node
     // delivers them straight into its pod (`redirect_from_uplink`), in both families.
+    // Over this IPv4 underlay the sending node's program encapsulates them itself and
+    // sends them from the uplink: the device's own transmit counter stays where it was
+    // but for the few packets of a next hop not yet resolved.
     for (from, to) in [
         (pa.netns(), format!("{}:{ECHO_PORT}", rb.ip4())),
         (pb.netns(), format!("{}:{ECHO_PORT}", ra.ip4())),
@@ -253,13 +276,55 @@ fn pods_on_nodes_in_two_subnets_reach_each_other_only_through_the_tunnel() {
         let (sender, receiver) = if from == pa.netns() { (a, b) } else { (b, a) };
         let sent = sender.reason_count("redirect_uplink");
         let delivered = receiver.reason_count("redirect_from_uplink");
+        let encapsulated = sender.reason_count("tunnel_encap");
+        let device_sent = device_packets(sender.netns(), TUNNEL_DEVICE, "tx");
         assert_eq!(echo_mib(from, to), 1 << 20, "echo to {to}");
         let sent = sender.reason_count("redirect_uplink") - sent;
         let delivered = receiver.reason_count("redirect_from_uplink") - delivered;
+        let encapsulated = sender.reason_count("tunnel_encap") - encapsulated;
+        let device_sent = device_packets(sender.netns(), TUNNEL_DEVICE, "tx") - device_sent;
         assert!(
             sent >= 10 && delivered >= 10,
             "echo to {to}: {sent} packets handed to the tunnel device, {delivered} \
              delivered into the pod past the stack"
+        );
+        assert!(
+            encapsulated >= 10 && device_sent * 10 <= encapsulated,
+            "echo to {to}: {encapsulated} packets encapsulated, {device_sent} of them \
+             sent by the device rather than by the program"
+        );
+    }
+
+    // Small exchanges on one connection: once its flow is verified, each node's
+    // program takes the headers off the packets that come out of the tunnel and
+    // delivers them itself, past the device, so the uplink receives more packets than
+    // the device does. (A transfer's segments, above, go through the device, whose
+    // receive merges them; so do the packets of their flow right after them.)
+    let arrived = |n: &ClusterNode| device_packets(n.netns(), UPLINK, "rx");
+    let received = |n: &ClusterNode| device_packets(n.netns(), TUNNEL_DEVICE, "rx");
+    let before = [(arrived(a), received(a)), (arrived(b), received(b))];
+    let to: SocketAddr = format!("{}:{ECHO_PORT}", rb.ip4())
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (talk, h) = tests::net::converse(pa.netns(), to, stop, Duration::from_millis(600));
+    h.join()
+        .unwrap_or_else(|_| panic!("the conversation panicked"));
+    assert_eq!(
+        *talk.failure.lock().unwrap_or_else(|e| e.into_inner()),
+        None
+    );
+    let exchanges = talk.exchanges.load(Ordering::Relaxed);
+    assert!(exchanges >= 20, "{exchanges} exchanges with {to}");
+    for (n, (arrived_before, received_before)) in [a, b].into_iter().zip(before) {
+        let arrived = arrived(n) - arrived_before;
+        let received = received(n) - received_before;
+        assert!(
+            arrived >= received + exchanges / 2,
+            "{} exchanges with {to}: {arrived} packets arrived on node {}'s uplink, \
+             {received} of them received by its tunnel device",
+            exchanges,
+            n.name()
         );
     }
 
@@ -489,7 +554,7 @@ fn pods_of_both_families_cross_an_ipv6_underlay() {
     let ra = a.add(&pa, "eth0", &conf(a));
     let rb = b.add(&pb, "eth0", &conf(b));
     assert_eq!(link_mtu(pa.netns(), "eth0"), 1430);
-    assert_eq!(link_mtu(a.netns(), "cni-ebpf.vxlan"), 1430);
+    assert_eq!(link_mtu(a.netns(), TUNNEL_DEVICE), 1430);
 
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let _agents = cluster.join_by_tunnel(&api, Underlay::V6, logs.path());
