@@ -10,7 +10,7 @@ use aya_ebpf::{
     programs::TcContext,
     EbpfContext,
 };
-use cni_ebpf_common::{proto, Addr6, EndpointInfo, Reason};
+use cni_ebpf_common::{proto, Addr6, EndpointInfo, NodeConfig, Reason};
 
 use crate::{
     family::Family,
@@ -254,32 +254,11 @@ pub(crate) fn source_towards<A: Family>(ctx: &TcContext, dst: &A, out: &mut A) -
     let Some(cfg) = node_config() else {
         return false;
     };
-    let mut fib = FibLookup {
-        family: if A::IPV6 { AF_INET6 } else { AF_INET },
-        l4_protocol: 0,
-        sport: 0,
-        dport: 0,
-        tot_len: 0,
-        ifindex: cfg.uplink_ifindex,
-        tos: 0,
-        src: [0; 4],
-        dst: dst.words(),
-        vlan: 0,
-        smac: [0; 6],
-        dmac: [0; 6],
-    };
-    // SAFETY: `fib` is a correctly sized `struct bpf_fib_lookup` on our stack.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
-            core::mem::size_of::<FibLookup>() as i32,
-            BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH,
-        )
-    };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 {
+    let family = if A::IPV6 { AF_INET6 } else { AF_INET };
+    let flags = BPF_FIB_LOOKUP_SRC | BPF_FIB_LOOKUP_SKIP_NEIGH;
+    let Some(fib) = node_route(ctx, cfg, family, dst.words(), flags) else {
         return false;
-    }
+    };
     let src = A::from_words(fib.src);
     if src == A::default() {
         return false;
@@ -297,16 +276,41 @@ pub(crate) fn underlay_hop4(ctx: &TcContext, node: u32, hop: &mut UnderlayHop) -
     let Some(cfg) = node_config() else {
         return false;
     };
+    let Some(fib) = node_route(ctx, cfg, AF_INET, [node, 0, 0, 0], BPF_FIB_LOOKUP_SRC) else {
+        return false;
+    };
+    if fib.ifindex != cfg.uplink_ifindex {
+        return false;
+    }
+    hop.ifindex = fib.ifindex;
+    hop.src = fib.src[0];
+    hop.mtu = u32::from(fib.tot_len);
+    hop.smac = fib.smac;
+    hop.dmac = fib.dmac;
+    true
+}
+
+/// The FIB's answer, asked with `flags`, for a packet the node itself sends to `dst`
+/// (addresses of `family`, network order) as if it came in on the uplink; `None` unless
+/// the lookup succeeded.
+#[inline(always)]
+fn node_route(
+    ctx: &TcContext,
+    cfg: &NodeConfig,
+    family: u8,
+    dst: [u32; 4],
+    flags: u32,
+) -> Option<FibLookup> {
     let mut fib = FibLookup {
-        family: AF_INET,
-        l4_protocol: proto::UDP,
+        family,
+        l4_protocol: 0,
         sport: 0,
         dport: 0,
         tot_len: 0,
         ifindex: cfg.uplink_ifindex,
         tos: 0,
         src: [0; 4],
-        dst: [node, 0, 0, 0],
+        dst,
         vlan: 0,
         smac: [0; 6],
         dmac: [0; 6],
@@ -317,18 +321,10 @@ pub(crate) fn underlay_hop4(ctx: &TcContext, node: u32, hop: &mut UnderlayHop) -
             ctx.as_ptr(),
             &mut fib as *mut FibLookup as *mut bpf_fib_lookup_t,
             core::mem::size_of::<FibLookup>() as i32,
-            BPF_FIB_LOOKUP_SRC,
+            flags,
         )
     };
-    if rc != BPF_FIB_LKUP_RET_SUCCESS as i64 || fib.ifindex != cfg.uplink_ifindex {
-        return false;
-    }
-    hop.ifindex = fib.ifindex;
-    hop.src = fib.src[0];
-    hop.mtu = u32::from(fib.tot_len);
-    hop.smac = fib.smac;
-    hop.dmac = fib.dmac;
-    true
+    (rc == BPF_FIB_LKUP_RET_SUCCESS as i64).then_some(fib)
 }
 
 /// What [`underlay_hop4`] finds.
