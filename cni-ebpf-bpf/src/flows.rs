@@ -96,9 +96,9 @@ pub(crate) fn inbound_may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
 }
 
 /// How long the packets of a flow follow a segment the tunnel device merges (GRO)
-/// through the device, in units of 1024 ns (about a millisecond): longer than a packet
-/// waits in the device's receive queue, so that none delivered past the device
-/// overtakes one queued there.
+/// through the device, in units of 1024 ns (about a millisecond, at least seven eighths
+/// of it): longer than a packet waits in the device's receive queue, so that none
+/// delivered past the device overtakes one queued there.
 const DEVICE_HOLD: u32 = 1000;
 
 /// `tunnel::decap4`: whether a packet for a local pod that came out of the tunnel may be
@@ -121,7 +121,11 @@ pub(crate) fn inbound_may_skip_device<A: Family>(p: &Pkt<A>, merged: bool) -> bo
             return false;
         }
         if merged {
-            (*f).merged_at = at;
+            // Written at most every eighth of the hold: a transfer's segments would
+            // otherwise write the entry on every packet.
+            if at.wrapping_sub((*f).merged_at) >= DEVICE_HOLD / 8 {
+                (*f).merged_at = at;
+            }
             return false;
         }
         // Wrapping: once every 73 minutes a packet may go through the device needlessly.

@@ -406,10 +406,11 @@ fn decap4_into_pod(ctx: &TcContext) -> Option<i32> {
         tcp_flags,
         natable: true,
     };
-    let ep = p.daddr.local_endpoint()?;
+    // The flow first: for a segment the device merges, it is the one lookup made.
     if !flows::inbound_may_skip_device(&p, merged) {
         return None;
     }
+    let ep = p.daddr.local_endpoint()?;
     let node = cni_ebpf_common::mapped4(read::<u32>(ctx, IP_OFF + IP_SADDR).ok()?);
     let src = cni_ebpf_common::mapped4(p.saddr);
     // SAFETY: presence only.
