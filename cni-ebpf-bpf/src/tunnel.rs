@@ -24,9 +24,9 @@
 //! seen a pod's flow leave as the pod sent it, `from_pod` (`from_pod6`) hands its later
 //! packets straight to the device, and `from_tunnel` delivers the other direction
 //! straight into the pod. Over an IPv4 underlay `uplink_ingress` already delivers the
-//! small IPv4 packets of such a flow itself, headers taken off, past the device
-//! ([`decap4`]); the rest goes through the device, whose receive merges runs of
-//! segments (GRO).
+//! IPv4 packets of such a flow that GRO would not merge itself, headers taken off, past
+//! the device ([`decap4`]); the rest goes through the device, whose receive merges runs
+//! of segments.
 //! A flow netfilter translates (kube-proxy's DNAT to a pod on another node) reaches the
 //! device with another tuple and keeps the kernel path.
 
@@ -207,6 +207,8 @@ enum Encap {
 const ENCAP4_LEN: usize = IP_HLEN + UDP_HLEN + VXLAN_HLEN + ETH_HLEN;
 const UDP_HLEN: usize = 8;
 const VXLAN_HLEN: usize = 8;
+/// The shortest TCP header.
+const TCP_HLEN: usize = 20;
 /// The VXLAN header's flags word: a valid VNI follows (RFC 7348).
 const VXLAN_FLAG_VNI: u8 = 0x08;
 /// The source ports the outer UDP header takes, by the hash of the inner flow: the
@@ -349,16 +351,16 @@ pub(crate) fn decap4(ctx: &TcContext) -> i32 {
     decap4_into_pod(ctx).unwrap_or(crate::PASS)
 }
 
-/// [`decap4`]'s delivery, when every condition holds: a plain VXLAN header, an inner IPv4 packet of TCP or UDP
-/// without options or fragmentation, outer ECN not "congestion experienced" (which the
-/// device would carry into the inner header), for a local pod, in a flow verified both
-/// ways (as `from_tunnel`'s fast path requires), sent by a node the agent knows from a
-/// source that node holds (as `from_tunnel` checks). A packet merged by GRO already, and
-/// a TCP segment of data without PSH (one of a run the device's GRO merges), goes
-/// through the device, and so do its flow's packets for a millisecond after it, so that
-/// none overtakes it
-/// ([`flows::inbound_may_skip_device`]). The pod's NetworkPolicy judges the packet as it
-/// would at `from_tunnel`. `None`: nothing was changed.
+/// [`decap4`]'s delivery, when every condition holds: a plain VXLAN header, an inner
+/// IPv4 packet of TCP or UDP without options or fragmentation, outer ECN not "congestion
+/// experienced" (which the device would carry into the inner header), for a local pod,
+/// in a flow verified both ways (as `from_tunnel`'s fast path requires), sent by a node
+/// the agent knows from a source that node holds (as `from_tunnel` checks). A packet
+/// merged by GRO already, and a TCP segment of data without PSH (one of a run the
+/// device's GRO merges), goes through the device, and so do its flow's packets for a
+/// millisecond after it, so that none overtakes it ([`flows::inbound_may_skip_device`]).
+/// The pod's NetworkPolicy judges the packet as it would at `from_tunnel`. `None`:
+/// nothing was changed.
 #[inline(always)]
 fn decap4_into_pod(ctx: &TcContext) -> Option<i32> {
     // Merged already (GRO), a packet keeps the tunnel's segmentation state, which only
@@ -378,9 +380,9 @@ fn decap4_into_pod(ctx: &TcContext) -> Option<i32> {
     let tot_len = u32::from(u16::from_be(ip.tot_len));
     if ip.vihl != 0x45
         || ip.frag_off & 0x3fffu16.to_be() != 0
-        || tot_len < (IP_HLEN + UDP_HLEN) as u32
         || tot_len + TUNNELLED_IP_OFF as u32 > ctx.len()
-        || (ip.proto != proto::TCP && ip.proto != proto::UDP)
+        || !((ip.proto == proto::TCP && tot_len >= (IP_HLEN + TCP_HLEN) as u32)
+            || (ip.proto == proto::UDP && tot_len >= (IP_HLEN + UDP_HLEN) as u32))
     {
         return None;
     }
