@@ -85,14 +85,19 @@ pub(crate) fn may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
 /// of its flow was verified to leave untranslated, and it is not a TCP SYN.
 #[inline(always)]
 pub(crate) fn inbound_may_bypass_stack<A: Family>(p: &Pkt<A>) -> bool {
+    inbound_verified(p).is_some()
+}
+
+/// The `FLOWS` entry of the flow of inbound packet `p` (keyed by the pod's side) when it
+/// is verified and `p` is not a TCP SYN.
+#[inline(always)]
+fn inbound_verified<A: Family>(p: &Pkt<A>) -> Option<*mut FlowEntry> {
     if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
-        return false;
+        return None;
     }
-    // SAFETY: copied out at once.
-    match unsafe { A::flows().get(p.key().reversed()) } {
-        Some(f) => f.flags.contains(FlowFlags::VERIFIED),
-        None => false,
-    }
+    let f = A::flows().get_ptr_mut(p.key().reversed())?;
+    // SAFETY: LRU values may be recycled under us; a flag is read.
+    unsafe { (*f).flags.contains(FlowFlags::VERIFIED) }.then_some(f)
 }
 
 /// How long the packets of a flow follow a segment the tunnel device merges (GRO)
@@ -108,18 +113,12 @@ const DEVICE_HOLD: u32 = 1000;
 /// follow it.
 #[inline(always)]
 pub(crate) fn inbound_may_skip_device<A: Family>(p: &Pkt<A>, merged: bool) -> bool {
-    if !p.natable || (p.proto == proto::TCP && p.is_tcp_syn()) {
-        return false;
-    }
-    let Some(f) = A::flows().get_ptr_mut(p.key().reversed()) else {
+    let Some(f) = inbound_verified(p) else {
         return false;
     };
     let at = (now() >> 10) as u32;
     // SAFETY: LRU values may be recycled under us; only the merge time is written.
     unsafe {
-        if !(*f).flags.contains(FlowFlags::VERIFIED) {
-            return false;
-        }
         if merged {
             // Written at most every eighth of the hold: a transfer's segments would
             // otherwise write the entry on every packet.

@@ -107,6 +107,16 @@ fn endpoint(addr: [u8; 16]) -> Option<&'static TunnelEndpoint> {
     TUNNEL_ENDPOINTS.get(&Key::new(128, TunnelKey { addr }))
 }
 
+/// Whether a packet out of the tunnel with (inner) source `src` may come from the node
+/// at underlay address `node` (both IPv4-mapped): a node the agent knows, and `src` its
+/// own address or inside a pod CIDR it holds.
+#[inline(always)]
+fn from_its_node(src: [u8; 16], node: [u8; 16]) -> bool {
+    // SAFETY: presence only.
+    let known = unsafe { TUNNEL_NODES.get(&TunnelKey { addr: node }) }.is_some();
+    known && (src == node || endpoint(src).is_some_and(|ep| ep.node == node))
+}
+
 /// Whether the node's NetworkPolicy lets the packet leave (a local pod's: its egress).
 #[inline(always)]
 fn egress_admitted(ctx: &TcContext) -> bool {
@@ -414,10 +424,7 @@ fn decap4_into_pod(ctx: &TcContext) -> Option<i32> {
     }
     let ep = p.daddr.local_endpoint()?;
     let node = cni_ebpf_common::mapped4(read::<u32>(ctx, IP_OFF + IP_SADDR).ok()?);
-    let src = cni_ebpf_common::mapped4(p.saddr);
-    // SAFETY: presence only.
-    let known = unsafe { TUNNEL_NODES.get(&TunnelKey { addr: node }) }.is_some();
-    if !(known && (src == node || endpoint(src).is_some_and(|ep| ep.node == node))) {
+    if !from_its_node(cni_ebpf_common::mapped4(p.saddr), node) {
         return None;
     }
     // The outer IPv4, UDP and VXLAN headers and the inner Ethernet header go; the outer
@@ -483,10 +490,7 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
         count(Reason::DropTunnelSpoofed);
         return TC_ACT_SHOT as i32;
     };
-    // SAFETY: presence only.
-    let known = unsafe { TUNNEL_NODES.get(&TunnelKey { addr: node }) }.is_some();
-    let from_its_node = known && (src == node || endpoint(src).is_some_and(|ep| ep.node == node));
-    if !from_its_node {
+    if !from_its_node(src, node) {
         count(Reason::DropTunnelSpoofed);
         return TC_ACT_SHOT as i32;
     }

@@ -38,6 +38,7 @@ use tests::{
     assert_no_ping, assert_ping,
     cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::in_netns,
+    process::ip_json,
     Cluster, ClusterNode, EchoServer, ResultView, EXT_IP4, EXT_IP6,
 };
 
@@ -140,9 +141,9 @@ fn checksum(data: &[u8]) -> u16 {
 
 /// The MTU of `dev` in `netns`, as `ip -j link` shows it.
 fn link_mtu(netns: &Path, dev: &str) -> u64 {
-    let out = tests::process::netns_exec(netns, &["ip", "-j", "link", "show", dev]);
-    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
-    doc[0]["mtu"].as_u64().unwrap_or(0)
+    ip_json(netns, &["link", "show", dev])[0]["mtu"]
+        .as_u64()
+        .unwrap_or(0)
 }
 
 /// The nodes' uplink.
@@ -154,11 +155,10 @@ const TUNNEL_DEVICE: &str = "cni-ebpf.vxlan";
 /// Packets `dev` in `netns` has itself transmitted (`"tx"`) or received (`"rx"`): its
 /// driver's counters.
 fn device_packets(netns: &Path, dev: &str, direction: &str) -> u64 {
-    let out = tests::process::netns_exec(netns, &["ip", "-j", "-s", "link", "show", dev]);
-    let doc: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_default();
+    let doc = ip_json(netns, &["-s", "link", "show", dev]);
     doc[0]["stats64"][direction]["packets"]
         .as_u64()
-        .unwrap_or_else(|| panic!("no {direction} counter for {dev}: {}", out.stdout))
+        .unwrap_or_else(|| panic!("no {direction} counter for {dev}: {doc}"))
 }
 
 /// Sends datagrams of `size` bytes (IP header included) with "don't fragment" from
