@@ -40,6 +40,9 @@ pub const POINTS: &[&str] = &[
     "teardown-datapath-removed",
     // DEL's finishing process, started: nothing of its work done yet
     "finish-started",
+    // DEL's finishing process in a burst of DELs: it waited to share the deletion of the
+    // retired veths and is about to unmark the pending deletion and do it
+    "finish-veth-deferred",
     // DEL's finishing process: the retired veth is deleted; the flows are not purged, the
     // tombstones still there
     "finish-veth-deleted",
@@ -76,17 +79,24 @@ pub fn point(name: &'static str) -> Result<()> {
 
 /// A process leading a process group of its own (DEL's finishing process) is continued
 /// by the kernel (SIGHUP, then SIGCONT) if it is stopped when its parent exits and the
-/// group becomes orphaned. Such a process waits here (at most 10 s) for its parent to go
-/// first, so its stop lasts until the test ends it.
+/// group becomes orphaned. Such a process waits here (at most 10 s) while its parent runs
+/// this same executable (the DEL that started it), so its stop lasts until the test ends
+/// it.
 #[cfg(feature = "fault-injection")]
 fn wait_for_orphaning() {
+    use std::os::unix::fs::MetadataExt as _;
+
     use nix::unistd::{getpgrp, getpid, getppid};
     if getpgrp() != getpid() {
         return;
     }
-    let parent = getppid();
+    let parent_is_del = || {
+        let ours = std::fs::metadata("/proc/self/exe");
+        let parents = std::fs::metadata(format!("/proc/{}/exe", getppid()));
+        matches!((ours, parents), (Ok(a), Ok(b)) if a.dev() == b.dev() && a.ino() == b.ino())
+    };
     let started = std::time::Instant::now();
-    while getppid() == parent && started.elapsed() < std::time::Duration::from_secs(10) {
+    while parent_is_del() && started.elapsed() < std::time::Duration::from_secs(10) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
