@@ -560,6 +560,7 @@ impl StoreView {
                     || f == "veths.lock"
                     || f == "teardowns.lock"
                     || f == "flows-purge"
+                    || f == "veths-delete"
                     || f.starts_with("last_reserved_ip.") => {}
                 [d, f] if d == "keys" => v.keys.push(f.clone()),
                 [d, f] if d == "ips" => v.ips.push(f.clone()),

@@ -1162,6 +1162,76 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
     assert_nothing_left(&node, "after the last DEL");
 }
 
+/// In a burst of DELs their finishing processes share one deletion of the retired veths:
+/// the first after a recent deletion marks one pending and waits, and one that finds it
+/// pending leaves its veth to it. Resumed, the pending one deletes both pairs; killed -9,
+/// the pairs it held wait, retired, for the next DEL's deletion; nothing is left after.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn in_a_burst_dels_share_one_veth_deletion_and_a_killed_one_loses_nothing() {
+    let (node, _, plain) = masquerading_node("sharedveths");
+    for (round, signal) in [("resumed", libc::SIGCONT), ("killed", libc::SIGKILL)] {
+        let envs: Vec<_> = ["a", "b", "c"]
+            .iter()
+            .map(|p| {
+                let pod = node.pod(&format!("{p}-{round}"));
+                let env = CniEnv::new(&format!("veths-{p}-{round}"), pod.netns(), "eth0");
+                add_and_ping_out(&node, &env, pod.netns(), &plain);
+                (pod, env)
+            })
+            .collect();
+        let [(_, env_a), (_, env_b), (_, env_c)] = &envs[..] else {
+            unreachable!("three pods")
+        };
+        // a's finishing process deletes its veth (at once or after a wait) and records when.
+        let del = node.exec_plugin_raw("DEL", env_a, &plain);
+        assert!(del.success(), "{round}: DEL a: {}", del.raw);
+        let deleted = Instant::now();
+        // b's, within the burst, marks a deletion pending and stops there.
+        let pending = del_stopping_its_finisher(&node, env_b, &plain, "finish-veth-deferred");
+        // c's finds it pending and leaves its veth to it.
+        let mut del_c = spawn_plugin(&node, &tests::plugin_bin(), "DEL", env_c, &plain, &[]);
+        let st = del_c
+            .wait()
+            .unwrap_or_else(|e| panic!("{round}: waiting for DEL c: {e}"));
+        assert!(st.success(), "{round}: DEL c: {st}");
+        finisher_gone(&env_c.container_id);
+        let took = deleted.elapsed();
+        assert!(
+            took < Duration::from_millis(900),
+            "{round}: b's and c's DELs took {took:?} after a's deletion: no burst to test"
+        );
+        let veths = host_veths(node.netns());
+        let names: Vec<_> = veths.iter().map(|l| l.alias.clone()).collect();
+        assert_eq!(
+            veths.len(),
+            2,
+            "{round}: b's and c's retired veths wait for the pending deletion: {names:?}"
+        );
+        assert!(
+            veths.iter().all(|l| !l.up),
+            "{round}: a retired veth is up: {veths:?}"
+        );
+
+        signal_and_wait(pending, signal);
+        if signal == libc::SIGCONT {
+            let veths = host_veths(node.netns());
+            assert!(
+                veths.is_empty(),
+                "{round}: b's finishing process left veths: {veths:?}"
+            );
+        } else {
+            assert_eq!(host_veths(node.netns()).len(), 2, "{round}: the held veths");
+            let d = node.pod(&format!("d-{round}"));
+            let env_d = CniEnv::new(&format!("veths-d-{round}"), d.netns(), "eth0");
+            add_and_ping_out(&node, &env_d, d.netns(), &plain);
+            let del = node.exec_plugin_raw("DEL", &env_d, &plain);
+            assert!(del.success(), "{round}: DEL d: {}", del.raw);
+        }
+        assert_nothing_left(&node, round);
+    }
+}
+
 /// A DEL's finishing process that runs late, after a new pod in the same namespace took
 /// the address over and opened flows: it leaves that address alone (the new pod's ADD
 /// purged the old flows itself), so the new pod keeps its flows and its connectivity.

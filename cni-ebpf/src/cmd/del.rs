@@ -10,10 +10,12 @@
 //!   routes through it and takes the carrier from the pod's end, and in the network's
 //!   [`link::retired_group`];
 //! - after: the veth pair is deleted (the kernel waits out RCU grace periods in that
-//!   request, ≈ 20 ms here, however little else there is to do), then the flows of its
-//!   addresses are purged and their tombstones dropped (a walk of the NAT table: the bulk
-//!   of a DEL on a node with many open connections, so there the DELs of a moment share
-//!   one walk: [`purge_flows`]).
+//!   request, ≈ 20 ms here, however little else there is to do, and holds the RTNL lock
+//!   every ADD and DEL needs for part of it, so in a burst of DELs they share one
+//!   deletion: [`delete_retired_veths`]), then the flows of its addresses are purged and
+//!   their tombstones dropped (a walk of the NAT table: the bulk of a DEL on a node with
+//!   many open connections, so there the DELs of a moment share one walk:
+//!   [`purge_flows`]).
 //!
 //! Every guarantee holds while the rest is pending, and after a kill -9 of either process
 //! at any instant: an ADD that gets one of the addresses finds its tombstone and purges
@@ -25,12 +27,13 @@
 //! so whoever needs the node settled takes it exclusively ([`settled`]).
 
 use std::{
+    collections::BTreeSet,
     fs::File,
     net::IpAddr,
     os::{fd::AsRawFd, unix::process::CommandExt},
     path::{Path, PathBuf},
     process::{Command, Stdio},
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime},
 };
 
 use serde::{Deserialize, Serialize};
@@ -56,6 +59,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         ifname: ifname.to_owned(),
         datapath: false,
         addrs: Vec::new(),
+        ifindexes: BTreeSet::new(),
         veth: None,
         log_file: conf.log_file.clone(),
         log_level: conf.log_level.clone(),
@@ -83,7 +87,9 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
         // 2. Datapath entries and host ports.
         match Datapath::open(conf) {
             Ok(Some(dp)) => {
-                rest.addrs = dp.take_pod(cid, ifname, &host_ifname, &ips, &mut errors);
+                let taken = dp.take_pod(cid, ifname, &host_ifname, &ips, &mut errors);
+                rest.addrs = taken.addrs;
+                rest.ifindexes = taken.ifindexes;
                 rest.datapath = true;
             }
             Ok(None) => {}
@@ -126,6 +132,8 @@ pub struct Unfinished {
     /// The addresses DEL took from the datapath (their entries are tombstones), for the
     /// log.
     pub addrs: Vec<IpAddr>,
+    /// The host interfaces the pod's endpoint entries named ([`release_interfaces`]).
+    pub ifindexes: BTreeSet<u32>,
     /// The retired host veth: ifindex and name.
     pub veth: Option<(u32, String)>,
     /// `logFile`.
@@ -173,21 +181,21 @@ impl Unfinished {
             Ok(_child) => Ok(()),
             Err(e) => {
                 tracing::warn!("cannot start the rest of DEL ({e}); finishing it here");
-                self.finish(Purge::AtOnce)
+                self.finish(Batch::AtOnce)
             }
         }
     }
 
-    /// Does the rest: deletes the retired veth, then purges the flows and drops the
-    /// tombstones and the owner record ([`purge_flows`], which may wait to share the walk
-    /// with the DELs of the next moment when `purge` allows it). Idempotent.
-    fn finish(&self, purge: Purge) -> Result<()> {
+    /// Does the rest: deletes the retired veth ([`delete_retired_veths`]), then purges the
+    /// flows and drops the tombstones and the owner record ([`purge_flows`]); each may wait
+    /// to be shared with the DELs of the next moment when `batch` allows it. Idempotent.
+    fn finish(&self, batch: Batch) -> Result<()> {
         let mut errors = Vec::new();
         if let Err(e) = crate::faults::point("finish-started") {
             errors.push(e);
         }
-        if let Some((index, name)) = &self.veth {
-            if let Err(e) = delete_retired(&self.network, *index, name) {
+        if self.veth.is_some() {
+            if let Err(e) = delete_retired_veths(self, batch) {
                 errors.push(e);
             }
         }
@@ -197,7 +205,10 @@ impl Unfinished {
         if self.datapath {
             match Datapath::open_at(&self.network_dir) {
                 Ok(Some(dp)) => {
-                    if let Err(e) = purge_flows(&dp, self, purge) {
+                    if let Err(e) = release_interfaces(&dp, self) {
+                        errors.push(e);
+                    }
+                    if let Err(e) = purge_flows(&dp, self, batch) {
                         errors.push(e);
                     }
                 }
@@ -239,7 +250,7 @@ impl Unfinished {
                 std::io::Error::last_os_error()
             );
         }
-        let out = this.finish(Purge::MayWait);
+        let out = this.finish(Batch::MayWait);
         match &out {
             Ok(()) => tracing::debug!(
                 container = %this.container_id,
@@ -256,13 +267,101 @@ impl Unfinished {
     }
 }
 
-/// Whether [`purge_flows`] may wait for the DELs of the next moment.
+/// Whether [`delete_retired_veths`] and [`purge_flows`] may wait for the DELs of the next
+/// moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Purge {
+enum Batch {
     /// A finishing process of its own: nothing waits for it.
     MayWait,
     /// DEL itself, which its runtime waits for.
     AtOnce,
+}
+
+/// What is left of the pod's host interfaces after DEL, each a walk of a map as large as
+/// the node's pod count (which DEL leaves to this process): the pod namespaces recorded
+/// for them (an entry of a namespace nobody else has recorded matches no socket once the
+/// pod is gone, but holds a slot), and the policy entries of the attachment on an
+/// interface that no longer exists (left by an ADD killed before an ADD that replaced its
+/// pair; DEL removed those on the interfaces its address entries named). An interface
+/// that exists may be a new ADD's of the same attachment, whose entries are written before
+/// its addresses': those stay.
+fn release_interfaces(dp: &Datapath, job: &Unfinished) -> Result<()> {
+    dp.forget_pod_netns(&job.ifindexes)?;
+    let owner = cni_ebpf_common::owner_id(job.container_id.as_bytes(), job.ifname.as_bytes());
+    let left = dp.policy_interfaces_of(owner)?;
+    if left.is_empty() {
+        return Ok(());
+    }
+    let gone = link::runtime()?.block_on(async {
+        let node = Nl::connect()?;
+        let mut gone = BTreeSet::new();
+        for &i in &left {
+            if node.link_by_index(i).await?.is_none() {
+                gone.insert(i);
+            }
+        }
+        Ok::<_, Error>(gone)
+    })?;
+    dp.remove_policy_endpoints_on(owner, &gone)
+}
+
+/// A DEL whose finishing process finds retired veths deleted less than this long ago is
+/// one of a burst (a rollout, a drain, a job's pods ending together).
+const VETH_BURST: Duration = Duration::from_secs(1);
+
+/// How long a finishing process in a burst waits before deleting the retired veths, so
+/// that the DELs of that moment share one deletion.
+const VETH_DELAY: Duration = Duration::from_millis(100);
+
+/// Deletes the network's retired veths ([`link::retired_group`]): the one of this DEL and
+/// any other retired by then, in one request ([`Nl::del_group`]).
+///
+/// The kernel deletes veth pairs under the RTNL lock, and every request pays the same fixed
+/// costs there however many it deletes: it flushes each CPU's backlog and waits out two
+/// RCU grace periods. Meanwhile every ADD and DEL on the node, and the node's own link
+/// changes, wait for the lock. So in a burst (the last deletion less than [`VETH_BURST`]
+/// ago, the mtime of `<store_dir>/veths-delete`), the first finishing process marks a
+/// deletion pending (an exclusive lock on that file), waits [`VETH_DELAY`], unmarks it and
+/// deletes the group; a finishing process that finds a deletion pending leaves its veth to
+/// it. Its veth was retired before it looked, and the pending one deletes only after it
+/// unmarked, so it finds every veth of a DEL that saw the mark.
+///
+/// A retired veth is down, carries no route and belongs to no pod, so the wait keeps every
+/// guarantee; killed -9 while waiting, the finishing process leaves the retired veths to
+/// the next DEL's deletion, an ADD into the same namespace, or GC.
+fn delete_retired_veths(job: &Unfinished, batch: Batch) -> Result<()> {
+    let record = job.store_dir.join("veths-delete");
+    let in_burst = std::fs::metadata(&record)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|since| since < VETH_BURST);
+    if batch == Batch::MayWait && in_burst {
+        let pending = open_lock_file(&record)?;
+        match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {
+                std::thread::sleep(VETH_DELAY);
+                crate::faults::point("finish-veth-deferred")?;
+                drop(pending);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tracing::debug!("a deletion is pending; it takes this DEL's veth too");
+                return Ok(());
+            }
+            Err(e) => return Err(Error::io(format!("locking {}", record.display()), e)),
+        }
+    }
+    let group = link::retired_group(&job.network);
+    link::runtime()?.block_on(async { Nl::connect()?.del_group(group).await })?;
+    // Its mtime is the time of the last deletion.
+    let recorded = open_lock_file(&record).and_then(|f| {
+        f.set_modified(SystemTime::now())
+            .map_err(|e| Error::io(format!("setting the time of {}", record.display()), e))
+    });
+    if let Err(e) = recorded {
+        tracing::debug!("cannot record the deletion: {e}");
+    }
+    Ok(())
 }
 
 /// NAT entries below which a walk of the tables costs about a millisecond: the flows are
@@ -288,12 +387,12 @@ const PURGE_DELAY: Duration = Duration::from_secs(1);
 /// Meanwhile the tombstones keep every guarantee (`flows.rs`): nothing opens a flow for
 /// their addresses, and an ADD given one of them purges its flows first. A kill -9 of the
 /// waiting process leaves them to the next DEL's purge, an ADD of the address, or GC.
-fn purge_flows(dp: &Datapath, job: &Unfinished, purge: Purge) -> Result<()> {
+fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
     let record = job.store_dir.join("flows-purge");
     let last_walk: Option<usize> = std::fs::read_to_string(&record)
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    if purge == Purge::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
+    if batch == Batch::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
         let pending = open_lock_file(&record)?;
         match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
             Ok(()) => {
@@ -392,19 +491,6 @@ fn retire_host_veth_of(
         node.retire_host_veth(l.index, link::retired_group(network))
             .await?;
         Ok(Some((l.index, l.name)))
-    })
-}
-
-/// Deletes link `index` if it is still `name` and retired ([`link::retired_group`]).
-fn delete_retired(network: &str, index: u32, name: &str) -> Result<()> {
-    link::runtime()?.block_on(async {
-        let node = Nl::connect()?;
-        match node.link_by_index(index).await? {
-            Some(l) if l.name == name && l.group == link::retired_group(network) => {
-                node.del_link(index).await
-            }
-            _ => Ok(()),
-        }
     })
 }
 

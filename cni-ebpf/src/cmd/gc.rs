@@ -105,11 +105,15 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let retired = link::runtime().and_then(|rt| {
         rt.block_on(async {
             let node = Nl::connect()?;
-            for l in node.veths_in_group(link::retired_group(&conf.name)).await? {
+            let group = link::retired_group(&conf.name);
+            let left = node.veths_in_group(group).await?;
+            for l in &left {
                 tracing::info!("GC: deleting {}, retired by a DEL", l.name);
-                node.del_link(l.index).await?;
             }
-            Ok(())
+            if left.is_empty() {
+                return Ok(());
+            }
+            node.del_group(group).await
         })
     });
     if let Err(e) = retired {

@@ -6,7 +6,10 @@
 //! state of the pod's addresses (see `flows.rs`) and the owner record once nothing refers
 //! to it.
 
-use std::{collections::HashSet, net::IpAddr};
+use std::{
+    collections::{BTreeSet, HashSet},
+    net::IpAddr,
+};
 
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
@@ -73,6 +76,15 @@ pub(super) struct PodProgram {
     pub dir: TcAttachType,
     /// The pin of its link (a tcx or netkit link; unused by a clsact filter).
     pub pin: std::path::PathBuf,
+}
+
+/// What [`Datapath::take_pod`] took of a pod.
+#[derive(Debug, Default)]
+pub struct Taken {
+    /// The addresses whose entries became tombstones (and those of its host ports).
+    pub addrs: Vec<IpAddr>,
+    /// The host interfaces its endpoint entries named.
+    pub ifindexes: BTreeSet<u32>,
 }
 
 impl Datapath {
@@ -315,7 +327,8 @@ impl Datapath {
         ips: &[IpAddr],
     ) -> Result<()> {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
-        self.take_endpoint_entries(owner, ips)?;
+        let ifindexes = self.take_endpoint_entries(owner, ips)?.1;
+        self.release_interfaces(owner, &ifindexes)?;
         attach::remove_pin(&self.pins.endpoint_link(host_ifname))?;
         attach::remove_pin(&self.pins.endpoint_egress_link(host_ifname))?;
         attach::remove_filter(host_ifname, TcAttachType::Ingress, attach::TC_HANDLE)?;
@@ -335,17 +348,32 @@ impl Datapath {
         ips: &[IpAddr],
         errors: &mut Vec<Error>,
     ) {
-        self.take_pod(container_id, ifname, host_ifname, ips, errors);
+        let taken = self.take_pod(container_id, ifname, host_ifname, ips, errors);
+        let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
+        if let Err(e) = self.release_interfaces(owner, &taken.ifindexes) {
+            errors.push(e);
+        }
         if let Err(e) = self.forget_pod(container_id, ifname) {
             errors.push(e);
         }
     }
 
+    /// What is left of `owner`'s host interfaces `ifindexes` once [`Self::take_pod`] has
+    /// taken its entries: the pod namespaces recorded for them, and any policy entry of
+    /// `owner` (also on an interface no address entry names any more). Each is a walk of
+    /// a map as large as the node's pod count, which is why DEL leaves this to its
+    /// finishing process (`cmd::del`), where it also spares an interface that exists.
+    pub fn release_interfaces(&self, owner: u64, ifindexes: &BTreeSet<u32>) -> Result<()> {
+        self.forget_pod_netns(ifindexes)?;
+        self.remove_policy_endpoints(owner)
+    }
+
     /// The part of [`Self::remove_pod`] after which the pod is unreachable and nothing
     /// opens a flow for its addresses: its host ports and endpoint entries are taken (the
-    /// addresses' entries become tombstones), its counters and the link pins go. Returns
-    /// the addresses removed, whose flow state [`Self::forget_pod`] purges. Best effort,
-    /// as `remove_pod`.
+    /// addresses' entries become tombstones), its counters, its policy entries on the
+    /// interfaces those entries name, and the link pins go. Returns the addresses
+    /// removed, whose flow state [`Self::forget_pod`] purges, and those interfaces, for
+    /// [`Self::release_interfaces`]. Best effort, as `remove_pod`.
     pub fn take_pod(
         &self,
         container_id: &str,
@@ -353,17 +381,22 @@ impl Datapath {
         host_ifname: &str,
         ips: &[IpAddr],
         errors: &mut Vec<Error>,
-    ) -> Vec<IpAddr> {
+    ) -> Taken {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
-        let mut addrs = Vec::new();
-        for taken in [
-            self.take_port_mappings(owner),
-            self.take_endpoint_entries(owner, ips),
-        ] {
-            match taken {
-                Ok(a) => addrs.extend(a),
-                Err(e) => errors.push(e),
+        let mut taken = Taken::default();
+        match self.take_port_mappings(owner) {
+            Ok(a) => taken.addrs.extend(a),
+            Err(e) => errors.push(e),
+        }
+        match self.take_endpoint_entries(owner, ips) {
+            Ok((a, ifindexes)) => {
+                taken.addrs.extend(a);
+                taken.ifindexes = ifindexes;
             }
+            Err(e) => errors.push(e),
+        }
+        if let Err(e) = self.remove_policy_endpoints_on(owner, &taken.ifindexes) {
+            errors.push(e);
         }
         if let Err(e) = crate::faults::point("teardown-endpoints-marked") {
             errors.push(e);
@@ -376,7 +409,7 @@ impl Datapath {
                 errors.push(e);
             }
         }
-        addrs
+        taken
     }
 
     /// The rest of [`Self::remove_pod`] after [`Self::take_pod`]: the flow state of the
@@ -393,11 +426,16 @@ impl Datapath {
     }
 
     /// Removes `owner`'s endpoint entries (those of `ips` and any other it owns) and their
-    /// counters; returns the addresses removed.
-    fn take_endpoint_entries(&self, owner: u64, ips: &[IpAddr]) -> Result<Vec<IpAddr>> {
+    /// counters; returns the addresses removed and the host interfaces their entries
+    /// named.
+    fn take_endpoint_entries(
+        &self,
+        owner: u64,
+        ips: &[IpAddr],
+    ) -> Result<(Vec<IpAddr>, BTreeSet<u32>)> {
         let mut m = self.maps()?;
         let mut gone = Vec::new();
-        let mut ifindexes = HashSet::new();
+        let mut ifindexes = BTreeSet::new();
         {
             let mut h6 = m.endpoints6()?;
             let mut doomed: Vec<(EndpointKey6, EndpointInfo)> = maps::entries(&h6)
@@ -480,16 +518,9 @@ impl Datapath {
                 Err(e) => return Err(maps::err(map_name::NAT_USE, "delete", e)),
             }
         }
-        if !ifindexes.is_empty() {
-            let mut netns = m.service_netns()?;
-            maps::remove_where(&mut netns, map_name::SERVICE_NETNS, |_, i| {
-                ifindexes.contains(i)
-            })?;
-        }
         drop(m);
-        self.remove_pacing(ifindexes)?;
-        self.remove_policy_endpoints(owner)?;
-        Ok(gone)
+        self.remove_pacing(ifindexes.iter().copied())?;
+        Ok((gone, ifindexes))
     }
 
     /// After `owner`'s entries are taken: the flow state of every tombstoned address, then
@@ -642,7 +673,7 @@ impl Datapath {
     fn take_sources6(
         m: &mut maps::Maps,
         ips: &[IpAddr],
-        ifindexes: &mut HashSet<u32>,
+        ifindexes: &mut BTreeSet<u32>,
     ) -> Result<()> {
         let mut allow6 = m.src_allow6()?;
         let own: HashSet<[u8; 16]> = ips

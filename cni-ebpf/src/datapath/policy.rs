@@ -122,6 +122,43 @@ impl Datapath {
         Ok(())
     }
 
+    /// DEL: the entries of `owner` on host interfaces `ifindexes` (both slots) and their
+    /// verdict counts, one lookup each.
+    pub fn remove_policy_endpoints_on(&self, owner: u64, ifindexes: &BTreeSet<u32>) -> Result<()> {
+        if ifindexes.is_empty() || !self.pins.map(map_name::POLICY_ENDPOINTS).exists() {
+            return Ok(());
+        }
+        let mut m = self.maps()?;
+        let mut h = m.policy_endpoints()?;
+        let mut doomed = Vec::new();
+        for &ifindex in ifindexes {
+            for slot in 0..2 {
+                let k = PolicyEndpointKey { ifindex, slot };
+                if maps::get(&h, &k, map_name::POLICY_ENDPOINTS)?.is_some_and(|v| v.owner == owner)
+                {
+                    doomed.push(k);
+                }
+            }
+        }
+        for k in &doomed {
+            maps::remove(&mut h, k, map_name::POLICY_ENDPOINTS)?;
+        }
+        remove_policy_counts(&mut m, &self.pins, doomed.iter().map(|k| k.ifindex))
+    }
+
+    /// The host interfaces `owner` has policy entries on (a walk of the map).
+    pub fn policy_interfaces_of(&self, owner: u64) -> Result<BTreeSet<u32>> {
+        if !self.pins.map(map_name::POLICY_ENDPOINTS).exists() {
+            return Ok(BTreeSet::new());
+        }
+        let mut m = self.maps()?;
+        Ok(maps::entries(&m.policy_endpoints()?)
+            .into_iter()
+            .filter(|(_, v)| v.owner == owner)
+            .map(|(k, _)| k.ifindex)
+            .collect())
+    }
+
     /// DEL and GC: the entries of `owner` (on `ifindexes`, or anywhere when a crash left
     /// them without the address entries that name the interface).
     pub fn remove_policy_endpoints(&self, owner: u64) -> Result<()> {
@@ -139,19 +176,7 @@ impl Datapath {
         for k in &doomed {
             maps::remove(&mut h, k, map_name::POLICY_ENDPOINTS)?;
         }
-        let ifindexes: BTreeSet<u32> = doomed.iter().map(|k| k.ifindex).collect();
-        // The interface's verdict counts go with it (its index may be reused).
-        if !ifindexes.is_empty() && self.pins.map(map_name::POLICY_COUNTS).exists() {
-            let mut counts = m.policy_counts()?;
-            for i in ifindexes {
-                if let Err(e) = counts.remove(&i) {
-                    if !maps::is_not_found(&e) {
-                        return Err(maps::err(map_name::POLICY_COUNTS, "delete", e));
-                    }
-                }
-            }
-        }
-        Ok(())
+        remove_policy_counts(&mut m, &self.pins, doomed.iter().map(|k| k.ifindex))
     }
 
     /// The policy's verdicts at each pod interface (by host veth ifindex), summed over
@@ -377,6 +402,28 @@ impl Datapath {
             !want.contains(k)
         })
     }
+}
+
+/// The verdict counts of host interfaces `ifindexes`, which go with their policy entries
+/// (an index may be reused).
+fn remove_policy_counts(
+    m: &mut maps::Maps,
+    pins: &super::pins::Pins,
+    ifindexes: impl IntoIterator<Item = u32>,
+) -> Result<()> {
+    let mut ifindexes = ifindexes.into_iter().peekable();
+    if ifindexes.peek().is_none() || !pins.map(map_name::POLICY_COUNTS).exists() {
+        return Ok(());
+    }
+    let mut counts = m.policy_counts()?;
+    for i in ifindexes {
+        if let Err(e) = counts.remove(&i) {
+            if !maps::is_not_found(&e) {
+                return Err(maps::err(map_name::POLICY_COUNTS, "delete", e));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What one direction of a pod interface's entry says, for `inspect`.

@@ -408,6 +408,20 @@ impl Datapath {
         done
     }
 
+    /// Removes the recorded pod network namespaces of host interfaces `ifindexes` (a
+    /// removed pod's; a walk of the map). A new pod in the same namespace has recorded it
+    /// with its own interface, which stays.
+    pub fn forget_pod_netns(&self, ifindexes: &BTreeSet<u32>) -> Result<()> {
+        if ifindexes.is_empty() {
+            return Ok(());
+        }
+        let mut m = self.maps()?;
+        let mut h = m.service_netns()?;
+        maps::remove_where(&mut h, map_name::SERVICE_NETNS, |_, i| {
+            ifindexes.contains(i)
+        })
+    }
+
     /// Removes the recorded pod network namespaces whose host interface is no pod's
     /// (ADD when the map is full; DEL removes a pod's own).
     pub fn prune_pod_netns(&self) -> Result<()> {

@@ -148,6 +148,24 @@ impl Nl {
         }
     }
 
+    /// Deletes every link of this namespace in device group `group` (a veth takes its peer
+    /// along), in one request: the kernel then flushes the CPUs' backlogs and waits out
+    /// its RCU grace periods once for all of them. A group with no link is no error.
+    pub async fn del_group(&self, group: u32) -> Result<()> {
+        let mut req = self.handle.link().del(0);
+        req.message_mut()
+            .attributes
+            .push(LinkAttribute::Group(group));
+        match req.execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if is_errno(&e, libc::ENODEV) => Ok(()),
+            Err(e) => Err(Error::netlink(
+                format!("deleting the links of device group {group}"),
+                e,
+            )),
+        }
+    }
+
     /// Retires host veth `index`: down, which removes the routes through it and takes the
     /// carrier from its pod end, and in device group `group`
     /// ([`retired_group`](super::retired_group)), in one request. Its alias stays, so it

@@ -79,7 +79,8 @@ pub fn unlabelled_group(network: &str) -> u32 {
 
 /// The device group of a host veth of `network` that DEL has retired: set down (which
 /// takes its routes with it) and left for the deleting process DEL starts (`cmd::del`).
-/// Never 0 and never [`unlabelled_group`].
+/// Never 0 and never [`unlabelled_group`]. The whole group is deleted in one request, so
+/// nothing else may ever be put in it.
 #[must_use]
 pub fn retired_group(network: &str) -> u32 {
     let g = (fnv1a(&["cni-ebpf retired", network]) & 0xffff_ffff) as u32 | 1;
