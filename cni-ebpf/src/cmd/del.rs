@@ -336,20 +336,12 @@ fn delete_retired_veths(job: &Unfinished, batch: Batch) -> Result<()> {
         .ok()
         .and_then(|t| t.elapsed().ok())
         .is_some_and(|since| since < VETH_BURST);
-    if batch == Batch::MayWait && in_burst {
-        let pending = open_lock_file(&record)?;
-        match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => {
-                std::thread::sleep(VETH_DELAY);
-                crate::faults::point("finish-veth-deferred")?;
-                drop(pending);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                tracing::debug!("a deletion is pending; it takes this DEL's veth too");
-                return Ok(());
-            }
-            Err(e) => return Err(Error::io(format!("locking {}", record.display()), e)),
-        }
+    if batch == Batch::MayWait
+        && in_burst
+        && !wait_unless_pending(&record, VETH_DELAY, "finish-veth-deferred")?
+    {
+        tracing::debug!("a deletion is pending; it takes this DEL's veth too");
+        return Ok(());
     }
     let group = link::retired_group(&job.network);
     link::runtime()?.block_on(async { Nl::connect()?.del_group(group).await })?;
@@ -392,22 +384,12 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
     let last_walk: Option<usize> = std::fs::read_to_string(&record)
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    if batch == Batch::MayWait && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) {
-        let pending = open_lock_file(&record)?;
-        match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => {
-                std::thread::sleep(PURGE_DELAY);
-                crate::faults::point("finish-purge-deferred")?;
-                // Unmarked (closed: the only descriptor of the lock) before the tombstones
-                // are listed (see above).
-                drop(pending);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
-                return dp.drop_owner_record(&job.container_id, &job.ifname);
-            }
-            Err(e) => return Err(Error::io(format!("locking {}", record.display()), e)),
-        }
+    if batch == Batch::MayWait
+        && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW)
+        && !wait_unless_pending(&record, PURGE_DELAY, "finish-purge-deferred")?
+    {
+        tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
+        return dp.drop_owner_record(&job.container_id, &job.ifname);
     }
     if let Some(read) = dp.purge_removed()? {
         // In place: the file's lock is the pending mark, and stays with its inode.
@@ -419,6 +401,26 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
         }
     }
     dp.drop_owner_record(&job.container_id, &job.ifname)
+}
+
+/// The mark of work the finishing processes of a moment share (a veth deletion, a purge):
+/// an exclusive lock on `record`. When no other process holds it, takes it, waits `delay`
+/// (passing fault point `point` at its end) and unmarks it (closes the only descriptor of
+/// the lock) before it returns `true`: the caller then does the work, and finds everything
+/// of every process that saw the mark. `false`: another process holds the mark and does
+/// the work for this one too.
+fn wait_unless_pending(record: &Path, delay: Duration, point: &'static str) -> Result<bool> {
+    let pending = open_lock_file(record)?;
+    match flock(&pending, libc::LOCK_EX | libc::LOCK_NB) {
+        Ok(()) => {
+            std::thread::sleep(delay);
+            crate::faults::point(point)?;
+            drop(pending);
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(false),
+        Err(e) => Err(Error::io(format!("locking {}", record.display()), e)),
+    }
 }
 
 /// `<store_dir>/teardowns.lock`, locked as `how` asks (`LOCK_SH` or `LOCK_EX`, with
