@@ -159,8 +159,9 @@ impl Datapath {
             .collect())
     }
 
-    /// DEL and GC: the entries of `owner` (on `ifindexes`, or anywhere when a crash left
-    /// them without the address entries that name the interface).
+    /// GC and ADD's undo: every entry of `owner`, on whatever interface (a crash may have
+    /// left some without the address entries that name the interface), and their verdict
+    /// counts. A walk of the map.
     pub fn remove_policy_endpoints(&self, owner: u64) -> Result<()> {
         // Pins of a build before NetworkPolicy (not carried over yet) have no entries.
         if !self.pins.map(map_name::POLICY_ENDPOINTS).exists() {
