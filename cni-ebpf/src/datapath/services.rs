@@ -423,7 +423,8 @@ impl Datapath {
     }
 
     /// Removes the recorded pod network namespaces whose host interface is no pod's
-    /// (ADD when the map is full; DEL removes a pod's own).
+    /// (ADD when the map is full; DEL's finishing process removes a pod's own,
+    /// [`Self::forget_pod_netns`]).
     pub fn prune_pod_netns(&self) -> Result<()> {
         let mut m = self.maps()?;
         let mut live: BTreeSet<u32> = maps::entries(&m.endpoints()?)
