@@ -132,7 +132,7 @@ pub struct Unfinished {
     /// The addresses DEL took from the datapath (their entries are tombstones), for the
     /// log.
     pub addrs: Vec<IpAddr>,
-    /// The host interfaces the pod's endpoint entries named ([`release_interfaces`]).
+    /// The host interfaces the pod's endpoint entries named ([`release_what_is_left`]).
     pub ifindexes: BTreeSet<u32>,
     /// The retired host veth: ifindex and name.
     pub veth: Option<(u32, String)>,
@@ -205,7 +205,7 @@ impl Unfinished {
         if self.datapath {
             match Datapath::open_at(&self.network_dir) {
                 Ok(Some(dp)) => {
-                    if let Err(e) = release_interfaces(&dp, self) {
+                    if let Err(e) = release_what_is_left(&dp, self) {
                         errors.push(e);
                     }
                     if let Err(e) = purge_flows(&dp, self, batch) {
@@ -285,7 +285,7 @@ enum Batch {
 /// pair; DEL removed those on the interfaces its address entries named). An interface
 /// that exists may be a new ADD's of the same attachment, whose entries are written before
 /// its addresses': those stay.
-fn release_interfaces(dp: &Datapath, job: &Unfinished) -> Result<()> {
+fn release_what_is_left(dp: &Datapath, job: &Unfinished) -> Result<()> {
     dp.forget_pod_netns(&job.ifindexes)?;
     let owner = cni_ebpf_common::owner_id(job.container_id.as_bytes(), job.ifname.as_bytes());
     let left = dp.policy_interfaces_of(owner)?;
