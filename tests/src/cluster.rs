@@ -491,6 +491,7 @@ impl Cluster {
         route(b, "default", "fd00:198:19::fe");
         route(x, "198.19.0.0/24", "198.18.0.254");
         route(x, "fd00:198:19::/64", "fd00:198:18::fe");
+        cluster.offload_like_nics();
         cluster.resolve_neighbours();
         cluster
     }
@@ -544,8 +545,30 @@ impl Cluster {
     fn build(test: &str, pod_routes: bool) -> Self {
         let cluster = Self::unwired(test, NODE_B_IP4, NODE_B_IP6);
         cluster.wire(pod_routes);
+        cluster.offload_like_nics();
         cluster.resolve_neighbours();
         cluster
+    }
+
+    /// Makes the links between the fabric and the nodes behave as wires and NICs do: the
+    /// fabric's port towards a node sends frames of the MTU (no TCP segmentation offload,
+    /// so a run of segments is cut up before it reaches the node), and the node's uplink
+    /// merges what it receives (GRO in a NAPI poll, TCP segments and, with a VXLAN socket
+    /// open, tunnelled ones), as a NIC's driver does. A veth takes that path only for
+    /// packets from a peer without TSO. Without this, runs of segments would cross
+    /// between nodes unsegmented on the routed path, and arrive segmented and unmerged
+    /// through a tunnel (the router's bridge cuts up tunnelled runs).
+    #[track_caller]
+    fn offload_like_nics(&self) {
+        for (port, node) in [("to-a", &self.a), ("to-b", &self.b)]
+            .into_iter()
+            .chain(self.c.as_ref().map(|c| ("to-c", c)))
+        {
+            crate::net::set_offload(self.fabric.path(), port, crate::net::Offload::Tso, false)
+                .unwrap_or_else(|e| panic!("TSO off on {port} in the fabric: {e}"));
+            crate::net::set_offload(node.netns(), UPLINK, crate::net::Offload::Gro, true)
+                .unwrap_or_else(|e| panic!("GRO on {UPLINK} of {}: {e}", node.name));
+        }
     }
 
     fn wire(&self, pod_routes: bool) {

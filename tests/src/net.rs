@@ -214,6 +214,76 @@ pub fn ping(netns: &Path, addr: &str, tries: u32) -> bool {
     })
 }
 
+/// An offload of a device that [`set_offload`] turns on or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Offload {
+    /// Generic receive offload (`ethtool -K <dev> gro`).
+    Gro,
+    /// TCP segmentation offload (`ethtool -K <dev> tso`).
+    Tso,
+}
+
+/// Turns `offload` of `dev` in `netns` on or off, as `ethtool -K` does (the legacy
+/// `ETHTOOL_SGRO` / `ETHTOOL_STSO` requests; the machines have no `ethtool`).
+pub fn set_offload(netns: &Path, dev: &str, offload: Offload, on: bool) -> io::Result<()> {
+    /// `SIOCETHTOOL`, `ETHTOOL_STSO` and `ETHTOOL_SGRO` from `linux/sockios.h` and
+    /// `linux/ethtool.h`.
+    const SIOCETHTOOL: libc::c_ulong = 0x8946;
+    const ETHTOOL_STSO: u32 = 0x1f;
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    /// `struct ethtool_value`.
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    /// `struct ifreq` with its union as `ifr_data`.
+    #[repr(C)]
+    struct IfreqData {
+        name: [u8; libc::IFNAMSIZ],
+        data: *mut EthtoolValue,
+        _rest: [u8; 16],
+    }
+    let name = dev.as_bytes();
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {dev:?} is too long"),
+        ));
+    }
+    let mut ifname = [0u8; libc::IFNAMSIZ];
+    ifname[..name.len()].copy_from_slice(name);
+    let cmd = match offload {
+        Offload::Gro => ETHTOOL_SGRO,
+        Offload::Tso => ETHTOOL_STSO,
+    };
+    in_netns(netns, move || {
+        // SAFETY: a plain socket() call; the result is checked before use.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a socket just opened and owned from here on.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let mut value = EthtoolValue {
+            cmd,
+            data: u32::from(on),
+        };
+        let mut req = IfreqData {
+            name: ifname,
+            data: &raw mut value,
+            _rest: [0; 16],
+        };
+        // SAFETY: SIOCETHTOOL reads the ifreq and the ethtool_value it points to, both
+        // alive and of the layouts the kernel expects for these requests.
+        let rc = unsafe { libc::ioctl(sock.as_raw_fd(), SIOCETHTOOL as _, &raw mut req) };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    })
+}
+
 /// Panics unless [`ping`] from `netns` to `addr` succeeds within 3 tries.
 #[track_caller]
 pub fn assert_ping(netns: &Path, addr: &str) {
