@@ -284,6 +284,32 @@ pub fn set_offload(netns: &Path, dev: &str, offload: Offload, on: bool) -> io::R
     })
 }
 
+/// Sends 1 MiB from `netns` to the echo server at `to` (64 KiB writes, then a half
+/// close) and returns how many bytes came back. Panics if the connection fails.
+#[track_caller]
+#[must_use]
+pub fn echo_mib(netns: &Path, to: SocketAddr) -> usize {
+    in_netns(netns, move || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut w = s.try_clone()?;
+        let writer = thread::spawn(move || {
+            let chunk = vec![0x5a_u8; 64 * 1024];
+            for _ in 0..16 {
+                w.write_all(&chunk)?;
+            }
+            w.shutdown(std::net::Shutdown::Write)
+        });
+        let mut got = Vec::new();
+        s.read_to_end(&mut got)?;
+        writer
+            .join()
+            .map_err(|_| std::io::Error::other("writer panicked"))??;
+        Ok::<_, std::io::Error>(got.len())
+    })
+    .unwrap_or_else(|e| panic!("echo to {to}: {e}"))
+}
+
 /// Panics unless [`ping`] from `netns` to `addr` succeeds within 3 tries.
 #[track_caller]
 pub fn assert_ping(netns: &Path, addr: &str) {

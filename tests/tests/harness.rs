@@ -264,6 +264,67 @@ fn kubernetes_cluster_routes_pod_cidrs_applies_kube_proxy_rules_and_cleans_up() 
     assert_gone(&paths, &tag);
 }
 
+/// An IP counter of the namespace `netns` from `snmp` (`Ip`) or `netstat` (`IpExt`) in
+/// `/proc/thread-self/net` (`/proc/net` is the process's namespace, not the thread's).
+fn ip_counter(netns: &Path, file: &'static str, table: &'static str, name: &'static str) -> u64 {
+    let text = tests::net::in_netns(netns, move || std::fs::read_to_string(file))
+        .unwrap_or_else(|e| panic!("{file}: {e}"));
+    let prefix = format!("{table}: ");
+    let mut rows = text.lines().filter_map(|l| l.strip_prefix(&prefix));
+    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
+        panic!("no {table} rows in {file}:\n{text}");
+    };
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {table} {name} in {file}:\n{text}"))
+}
+
+/// Packets `dev` in `netns` has sent.
+fn tx_packets(netns: &Path, dev: &str) -> u64 {
+    let doc = tests::ip_json(netns, &["-s", "link", "show", dev]);
+    doc[0]["stats64"]["tx"]["packets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no tx counter for {dev}: {doc}"))
+}
+
+/// The links between the fabric and a node behave as a wire and a NIC: node A's 1 MiB
+/// reaches node B's port as frames of the MTU, and node B's uplink merges them again
+/// before its stack (IP counts far more segments than packets).
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn cluster_links_carry_frames_of_the_mtu_and_the_uplink_merges_them() {
+    let cluster = Cluster::new("nic");
+    let (a, b) = (cluster.a(), cluster.b());
+    let _echo = tests::EchoServer::start(b.netns(), 7070, tests::Serving::Concurrently)
+        .unwrap_or_else(|e| panic!("echo server on node B: {e}"));
+    let to = tests::net::sock_addr(&format!("{}:7070", b.ip4()));
+    let port_before = tx_packets(cluster.fabric_netns(), "to-b");
+    let received = |name| ip_counter(b.netns(), "/proc/thread-self/net/snmp", "Ip", name);
+    let segments = |name| ip_counter(b.netns(), "/proc/thread-self/net/netstat", "IpExt", name);
+    let (packets_before, segments_before) = (received("InReceives"), segments("InNoECTPkts"));
+    assert_eq!(
+        tests::net::echo_mib(a.netns(), to),
+        1 << 20,
+        "1 MiB echo to {to}"
+    );
+    let frames = tx_packets(cluster.fabric_netns(), "to-b") - port_before;
+    let packets = received("InReceives") - packets_before;
+    let segs = segments("InNoECTPkts") - segments_before;
+    // 1 MiB in segments of at most 1448 bytes is at least 725 frames.
+    assert!(
+        frames >= 725,
+        "node A's 1 MiB reached node B's port in {frames} frames, not cut to the MTU"
+    );
+    assert!(
+        segs >= 4 * packets,
+        "node B's stack received {segs} segments in {packets} packets: its uplink merged \
+         (almost) nothing"
+    );
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn libcni_client_reports_versions_and_surfaces_the_plugins_add_outcome() {

@@ -20,8 +20,8 @@
 #![expect(clippy::panic, reason = "tests fail by panicking with a message")]
 
 use std::{
-    io::{self, Read, Write},
-    net::{SocketAddr, TcpStream, UdpSocket},
+    io,
+    net::{SocketAddr, UdpSocket},
     os::fd::AsRawFd,
     path::{Path, PathBuf},
     sync::{
@@ -37,7 +37,7 @@ use tests::{
     apiserver::ApiServer,
     assert_no_ping, assert_ping,
     cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
-    net::in_netns,
+    net::{echo_mib, in_netns},
     process::ip_json,
     Cluster, ClusterNode, EchoServer, ResultView, EXT_IP4, EXT_IP6,
 };
@@ -84,29 +84,6 @@ fn wait(what: &str, mut f: impl FnMut() -> bool, logs: &[&Path]) {
         }
         thread::sleep(Duration::from_millis(100));
     }
-}
-
-/// 1 MiB to the echo server at `to` from `netns`, read back whole.
-fn echo_mib(netns: &Path, to: SocketAddr) -> usize {
-    in_netns(netns, move || {
-        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(3))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut w = s.try_clone()?;
-        let writer = thread::spawn(move || {
-            let chunk = vec![0x5a_u8; 64 * 1024];
-            for _ in 0..16 {
-                w.write_all(&chunk)?;
-            }
-            w.shutdown(std::net::Shutdown::Write)
-        });
-        let mut got = Vec::new();
-        s.read_to_end(&mut got)?;
-        writer
-            .join()
-            .map_err(|_| std::io::Error::other("writer panicked"))??;
-        Ok::<_, std::io::Error>(got.len())
-    })
-    .unwrap_or_else(|e| panic!("echo to {to}: {e}"))
 }
 
 /// A VXLAN packet (VNI 1) holding an ICMP echo request from `inner_src` to `inner_dst`.
