@@ -122,8 +122,9 @@ impl Datapath {
         Ok(())
     }
 
-    /// DEL: the entries of `owner` on host interfaces `ifindexes` (both slots) and their
-    /// verdict counts, one lookup each.
+    /// The entries of `owner` on host interfaces `ifindexes` (both slots) and their
+    /// verdict counts, one lookup each: what DEL removes, knowing the interfaces from the
+    /// pod's address entries.
     pub fn remove_policy_endpoints_on(&self, owner: u64, ifindexes: &BTreeSet<u32>) -> Result<()> {
         if ifindexes.is_empty() || !self.pins.map(map_name::POLICY_ENDPOINTS).exists() {
             return Ok(());
@@ -143,7 +144,19 @@ impl Datapath {
         for k in &doomed {
             maps::remove(&mut h, k, map_name::POLICY_ENDPOINTS)?;
         }
-        remove_policy_counts(&mut m, &self.pins, doomed.iter().map(|k| k.ifindex))
+        // The interfaces' verdict counts go with their entries (an index may be reused).
+        if doomed.is_empty() || !self.pins.map(map_name::POLICY_COUNTS).exists() {
+            return Ok(());
+        }
+        let mut counts = m.policy_counts()?;
+        for k in &doomed {
+            if let Err(e) = counts.remove(&k.ifindex) {
+                if !maps::is_not_found(&e) {
+                    return Err(maps::err(map_name::POLICY_COUNTS, "delete", e));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The host interfaces `owner` has policy entries on (a walk of the map).
@@ -163,21 +176,7 @@ impl Datapath {
     /// left some without the address entries that name the interface), and their verdict
     /// counts. A walk of the map.
     pub fn remove_policy_endpoints(&self, owner: u64) -> Result<()> {
-        // Pins of a build before NetworkPolicy (not carried over yet) have no entries.
-        if !self.pins.map(map_name::POLICY_ENDPOINTS).exists() {
-            return Ok(());
-        }
-        let mut m = self.maps()?;
-        let mut h = m.policy_endpoints()?;
-        let doomed: Vec<PolicyEndpointKey> = maps::entries(&h)
-            .into_iter()
-            .filter(|(_, v)| v.owner == owner)
-            .map(|(k, _)| k)
-            .collect();
-        for k in &doomed {
-            maps::remove(&mut h, k, map_name::POLICY_ENDPOINTS)?;
-        }
-        remove_policy_counts(&mut m, &self.pins, doomed.iter().map(|k| k.ifindex))
+        self.remove_policy_endpoints_on(owner, &self.policy_interfaces_of(owner)?)
     }
 
     /// The policy's verdicts at each pod interface (by host veth ifindex), summed over
@@ -403,28 +402,6 @@ impl Datapath {
             !want.contains(k)
         })
     }
-}
-
-/// The verdict counts of host interfaces `ifindexes`, which go with their policy entries
-/// (an index may be reused).
-fn remove_policy_counts(
-    m: &mut maps::Maps,
-    pins: &super::pins::Pins,
-    ifindexes: impl IntoIterator<Item = u32>,
-) -> Result<()> {
-    let mut ifindexes = ifindexes.into_iter().peekable();
-    if ifindexes.peek().is_none() || !pins.map(map_name::POLICY_COUNTS).exists() {
-        return Ok(());
-    }
-    let mut counts = m.policy_counts()?;
-    for i in ifindexes {
-        if let Err(e) = counts.remove(&i) {
-            if !maps::is_not_found(&e) {
-                return Err(maps::err(map_name::POLICY_COUNTS, "delete", e));
-            }
-        }
-    }
-    Ok(())
 }
 
 /// What one direction of a pod interface's entry says, for `inspect`.
