@@ -213,6 +213,17 @@ pub fn ip_json(netns: &Path, args: &[&str]) -> Value {
     out.json()
 }
 
+/// Packets `dev` in `netns` has itself transmitted (`"tx"`) or received (`"rx"`): its
+/// driver's counters.
+#[track_caller]
+#[must_use]
+pub fn device_packets(netns: &Path, dev: &str, direction: &str) -> u64 {
+    let doc = ip_json(netns, &["-s", "link", "show", dev]);
+    doc[0]["stats64"][direction]["packets"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {direction} counter for {dev}: {doc}"))
+}
+
 /// A long-running program we started (a server in the `ext` namespace, a traffic loop).
 /// Dropping it kills it by its PID and reaps it.
 #[derive(Debug)]

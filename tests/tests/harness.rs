@@ -282,14 +282,6 @@ fn ip_counter(netns: &Path, file: &'static str, table: &'static str, name: &'sta
         .unwrap_or_else(|| panic!("no {table} {name} in {file}:\n{text}"))
 }
 
-/// Packets `dev` in `netns` has sent.
-fn tx_packets(netns: &Path, dev: &str) -> u64 {
-    let doc = tests::ip_json(netns, &["-s", "link", "show", dev]);
-    doc[0]["stats64"]["tx"]["packets"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no tx counter for {dev}: {doc}"))
-}
-
 /// The links between the fabric and a node behave as a wire and a NIC: node A's 1 MiB
 /// reaches node B's port as frames of the MTU, and node B's uplink merges them again
 /// before its stack (IP counts far more segments than packets).
@@ -301,7 +293,7 @@ fn cluster_links_carry_frames_of_the_mtu_and_the_uplink_merges_them() {
     let _echo = tests::EchoServer::start(b.netns(), 7070, tests::Serving::Concurrently)
         .unwrap_or_else(|e| panic!("echo server on node B: {e}"));
     let to = tests::net::sock_addr(&format!("{}:7070", b.ip4()));
-    let port_before = tx_packets(cluster.fabric_netns(), "to-b");
+    let port_before = tests::process::device_packets(cluster.fabric_netns(), "to-b", "tx");
     let received = |name| ip_counter(b.netns(), "/proc/thread-self/net/snmp", "Ip", name);
     let segments = |name| ip_counter(b.netns(), "/proc/thread-self/net/netstat", "IpExt", name);
     let (packets_before, segments_before) = (received("InReceives"), segments("InNoECTPkts"));
@@ -310,7 +302,7 @@ fn cluster_links_carry_frames_of_the_mtu_and_the_uplink_merges_them() {
         1 << 20,
         "1 MiB echo to {to}"
     );
-    let frames = tx_packets(cluster.fabric_netns(), "to-b") - port_before;
+    let frames = tests::process::device_packets(cluster.fabric_netns(), "to-b", "tx") - port_before;
     let packets = received("InReceives") - packets_before;
     let segs = segments("InNoECTPkts") - segments_before;
     // 1 MiB in segments of at most 1448 bytes is at least 725 frames.

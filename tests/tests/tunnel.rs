@@ -38,7 +38,7 @@ use tests::{
     assert_no_ping, assert_ping,
     cluster::{Underlay, NODE_A_POD_CIDR6, NODE_B_POD_CIDR6},
     net::{echo_mib, in_netns},
-    process::ip_json,
+    process::{device_packets, ip_json},
     Cluster, ClusterNode, EchoServer, ResultView, EXT_IP4, EXT_IP6,
 };
 
@@ -128,15 +128,6 @@ const UPLINK: &str = "uplink0";
 
 /// The tunnel device's name, as the plugin makes it.
 const TUNNEL_DEVICE: &str = "cni-ebpf.vxlan";
-
-/// Packets `dev` in `netns` has itself transmitted (`"tx"`) or received (`"rx"`): its
-/// driver's counters.
-fn device_packets(netns: &Path, dev: &str, direction: &str) -> u64 {
-    let doc = ip_json(netns, &["-s", "link", "show", dev]);
-    doc[0]["stats64"][direction]["packets"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no {direction} counter for {dev}: {doc}"))
-}
 
 /// Sends datagrams of `size` bytes (IP header included) with "don't fragment" from
 /// `netns` to `to` until the socket refuses one as too large (`EMSGSIZE`, after the path's
