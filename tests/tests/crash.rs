@@ -1162,6 +1162,62 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
     assert_nothing_left(&node, "after the last DEL");
 }
 
+/// Holds the network's flows lock (an exclusive `flock` on its maps directory), as a
+/// finishing process holds it while its purge walks the NAT table, until dropped.
+fn hold_flows_lock(node: &SimNode) -> std::fs::File {
+    let dir = tests::datapath::pin_dir(node).join("maps");
+    let file =
+        std::fs::File::open(&dir).unwrap_or_else(|e| panic!("opening {}: {e}", dir.display()));
+    // SAFETY: flock on a descriptor this test owns.
+    let rc = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&file), libc::LOCK_EX) };
+    assert_eq!(rc, 0, "locking {}", dir.display());
+    file
+}
+
+/// DELs that come while a purge walks the NAT table do not queue for a walk each, even
+/// where no walk's size is known yet (a node's first walk of a large table): the first
+/// finishing process marks a purge pending, and the next leaves its tombstones to it and
+/// exits while the walk still runs. Resumed, the pending purge takes both pods' flows and
+/// tombstones; nothing is left after.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn dels_during_a_running_purge_share_one_pending_purge() {
+    let (node, _conf, plain) = masquerading_node("walkpurge");
+    let a = node.pod("a");
+    let env_a = CniEnv::new("walking-a", a.netns(), "eth0");
+    let (_, a_ip) = add_and_ping_out(&node, &env_a, a.netns(), &plain);
+    let b = node.pod("b");
+    let env_b = CniEnv::new("walking-b", b.netns(), "eth0");
+    let (_, b_ip) = add_and_ping_out(&node, &env_b, b.netns(), &plain);
+
+    // A walk is running (its lock held here); the table is small and no walk of it is
+    // recorded, so only the running walk tells a's finishing process to wait.
+    let walking = hold_flows_lock(&node);
+    let pending = del_stopping_its_finisher(&node, &env_a, &plain, "finish-purge-deferred");
+    let mut del_b = spawn_plugin(&node, &tests::plugin_bin(), "DEL", &env_b, &plain, &[]);
+    let st = del_b
+        .wait()
+        .unwrap_or_else(|e| panic!("waiting for DEL b: {e}"));
+    assert!(st.success(), "DEL b: {st}");
+    // b's finishing process ends while the walk still holds the lock: it did not queue
+    // for a walk of its own.
+    finisher_gone("walking-b");
+    for (who, ip) in [("a", &a_ip), ("b", &b_ip)] {
+        let tomb = endpoint_of(&node, ip).unwrap_or_else(|| panic!("no entry for {ip}"));
+        assert_eq!(tomb["removing"], true, "{who}'s tombstone: {tomb:#}");
+        assert!(!nat_of(&node, ip).is_empty(), "{who}'s flows purged early");
+    }
+
+    // The walk ends; the pending purge resumes and takes both.
+    drop(walking);
+    signal_and_wait(pending, libc::SIGCONT);
+    for (who, ip) in [("a", &a_ip), ("b", &b_ip)] {
+        assert!(endpoint_of(&node, ip).is_none(), "{who}'s tombstone left");
+        assert!(nat_of(&node, ip).is_empty(), "{who}'s flows left");
+    }
+    assert_nothing_left(&node, "after the shared purge");
+}
+
 /// In a burst of DELs their finishing processes share one deletion of the retired veths:
 /// the first after a recent deletion marks one pending and waits, and one that finds it
 /// pending leaves its veth to it. Resumed, the pending one deletes both pairs; killed -9,

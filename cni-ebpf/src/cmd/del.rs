@@ -369,7 +369,9 @@ const PURGE_DELAY: Duration = Duration::from_secs(1);
 ///
 /// Each purge is a walk of the whole NAT table. On a node with tens of thousands of flows
 /// that walk costs tens of milliseconds, and one per DEL slowed the verbs around it by
-/// half. So where the last walk read [`PURGE_AT_ONCE_BELOW`] entries or more, the first
+/// half. So where the last walk read [`PURGE_AT_ONCE_BELOW`] entries or more, or a walk is
+/// running now (whose size is not known yet: the DELs that follow a node's first walk of a
+/// large table would otherwise queue behind it for a full walk each), the first
 /// finishing process marks a purge pending (an exclusive lock on `<store_dir>/flows-purge`,
 /// which holds the last walk's size), waits [`PURGE_DELAY`], unmarks it, and purges every
 /// tombstone there is then; a finishing process that finds a purge pending leaves its
@@ -385,7 +387,7 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
         .ok()
         .and_then(|s| s.trim().parse().ok());
     if batch == Batch::MayWait
-        && last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW)
+        && (last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) || dp.purge_running()?)
         && !wait_unless_pending(&record, PURGE_DELAY, "finish-purge-deferred")?
     {
         tracing::debug!("a purge is pending; it takes this DEL's tombstones too");

@@ -18,6 +18,10 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use cni_ebpf_common::{map as map_name, NatDestKeyOf, NatEntryOf, NatFlags, NatKeyOf, NatKind};
+use nix::{
+    errno::Errno,
+    fcntl::{Flock, FlockArg},
+};
 
 use super::{
     load::lock_dir,
@@ -25,7 +29,8 @@ use super::{
     pins::Pins,
     Datapath,
 };
-use crate::error::Result;
+
+use crate::error::{Error, Result};
 
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
 /// flows of removed addresses are purged and their tombstones dropped
@@ -49,9 +54,32 @@ impl FlowsLock {
         })?;
         Ok(Self { _file: file })
     }
+
+    /// Whether another process holds the lock now, without waiting: a purge (or an ADD
+    /// taking a removed address over) is walking the NAT table.
+    fn held_elsewhere(pins: &Pins) -> Result<bool> {
+        let dir = pins.maps_dir();
+        let file = std::fs::File::open(&dir)
+            .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            // Taken here, so nobody else holds it; released on drop.
+            Ok(_taken) => Ok(false),
+            Err((_, Errno::EWOULDBLOCK)) => Ok(true),
+            Err((_, e)) => Err(Error::io(
+                format!("locking {}", dir.display()),
+                std::io::Error::from(e),
+            )),
+        }
+    }
 }
 
 impl Datapath {
+    /// Whether a purge of removed addresses' flows (or an ADD taking such an address
+    /// over) is walking the NAT table now: another process holds the flows lock.
+    pub fn purge_running(&self) -> Result<bool> {
+        FlowsLock::held_elsewhere(&self.pins)
+    }
+
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
     /// (matched or rewritten) has one, flow verdicts, pod sockets and the sockets' peers,
     /// node sockets translated to one. Both families. Returns how many NAT entries it read.
