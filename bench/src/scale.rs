@@ -146,6 +146,10 @@ struct Level {
     pods: usize,
     add: Vec<f64>,
     del: Vec<f64>,
+    /// CPU time of each ADD and DEL process (user and system), ms: where wall time grows
+    /// and this does not, the verb waited (a lock, the scheduler), not worked.
+    add_cpu: Vec<f64>,
+    del_cpu: Vec<f64>,
     connect: Vec<f64>,
     crr: Vec<f64>,
 }
@@ -160,6 +164,8 @@ impl Level {
             let d = node.op("DEL", Via::Direct, pod, &ports, Some(&a.result))?;
             self.add.push(ms(a.wall));
             self.del.push(ms(d.wall));
+            self.add_cpu.push(ms(a.cpu));
+            self.del_cpu.push(ms(d.cpu));
         }
         Ok(())
     }
@@ -336,6 +342,20 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                         col,
                         median(&lv.del),
                     );
+                    for (verb, cpu) in [("add", &lv.add_cpu), ("del", &lv.del_cpu)] {
+                        report.put(
+                            &format!("scale.busy.{verb}.cpu"),
+                            s,
+                            &format!(
+                                "CPU per {} p50 on a busy node (user + system)",
+                                verb.to_uppercase()
+                            ),
+                            "ms",
+                            false,
+                            col,
+                            median(cpu),
+                        );
+                    }
                     report.put(
                         "scale.busy.opened",
                         s,
@@ -531,6 +551,20 @@ fn record(report: &mut Report, variant: Variant, lv: &Level, p: &Params) {
         col,
         del.p50,
     );
+    for (verb, cpu) in [("add", &lv.add_cpu), ("del", &lv.del_cpu)] {
+        report.put(
+            &format!("scale.{verb}.cpu.{n}"),
+            s,
+            &format!(
+                "CPU per {} p50 with {n} pods (user + system)",
+                verb.to_uppercase()
+            ),
+            "ms",
+            false,
+            col,
+            median(cpu),
+        );
+    }
     report.put(
         &format!("scale.connect.p50.{n}"),
         s,
