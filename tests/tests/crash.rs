@@ -1059,9 +1059,10 @@ fn finisher_gone(container_id: &str) {
     }
 }
 
-/// On a node whose NAT table is not cheap to walk, the DELs of a moment share one purge:
-/// the first finishing process waits a second with the purge marked pending, and one that
-/// finds it pending leaves its tombstones to it. Meanwhile nothing stale reaches a new
+/// On a node whose NAT table is not cheap to walk (known from the pods' NAT shares before
+/// any walk of it), the DELs of a moment share one purge: the first finishing process
+/// waits a second with the purge marked pending, and one that finds it pending leaves its
+/// tombstones to it. Meanwhile nothing stale reaches a new
 /// pod: an ADD given a pending address purges its flows first. The pending one killed -9,
 /// its tombstones go with the next DEL's purge, which leaves the address a new pod took
 /// over alone; nothing is left after.
@@ -1080,13 +1081,15 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
         "the keeper holds {held} NAT entries, not 5000"
     );
 
-    // A DEL whose purge walks the table at once (no walk of it known yet), and learns its
-    // size: everything of x is gone once DEL is settled.
+    // No walk of the table is known yet, but the pods' NAT shares tell its size: x's
+    // finishing process marks a purge pending rather than walking at once. Resumed, it
+    // purges and records the walk's size; everything of x is gone.
     let x = node.pod("x");
     let env_x = CniEnv::new("shared-x", x.netns(), "eth0");
     let (_, x_ip) = add_and_ping_out(&node, &env_x, x.netns(), &plain);
-    let del = node.exec_plugin_raw("DEL", &env_x, &plain);
-    assert!(del.success(), "DEL x: {}", del.raw);
+    let pending_x = del_stopping_its_finisher(&node, &env_x, &plain, "finish-purge-deferred");
+    assert!(!nat_of(&node, &x_ip).is_empty(), "x's flows purged at once");
+    signal_and_wait(pending_x, libc::SIGCONT);
     assert!(endpoint_of(&node, &x_ip).is_none(), "x's entry left");
     assert!(nat_of(&node, &x_ip).is_empty(), "x's flows left");
 

@@ -369,9 +369,7 @@ const PURGE_DELAY: Duration = Duration::from_secs(1);
 ///
 /// Each purge is a walk of the whole NAT table. On a node with tens of thousands of flows
 /// that walk costs tens of milliseconds, and one per DEL slowed the verbs around it by
-/// half. So where the last walk read [`PURGE_AT_ONCE_BELOW`] entries or more, or a walk is
-/// running now (whose size is not known yet: the DELs that follow a node's first walk of a
-/// large table would otherwise queue behind it for a full walk each), the first
+/// half. So where the table is not cheap to walk ([`walk_is_costly`]), the first
 /// finishing process marks a purge pending (an exclusive lock on `<store_dir>/flows-purge`,
 /// which holds the last walk's size), waits [`PURGE_DELAY`], unmarks it, and purges every
 /// tombstone there is then; a finishing process that finds a purge pending leaves its
@@ -383,11 +381,8 @@ const PURGE_DELAY: Duration = Duration::from_secs(1);
 /// waiting process leaves them to the next DEL's purge, an ADD of the address, or GC.
 fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
     let record = job.store_dir.join("flows-purge");
-    let last_walk: Option<usize> = std::fs::read_to_string(&record)
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
     if batch == Batch::MayWait
-        && (last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW) || dp.purge_running()?)
+        && walk_is_costly(dp, &record)?
         && !wait_unless_pending(&record, PURGE_DELAY, "finish-purge-deferred")?
     {
         tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
@@ -403,6 +398,20 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
         }
     }
     dp.drop_owner_record(&job.container_id, &job.ifname)
+}
+
+/// Whether a purge's walk of the NAT tables costs more than about a millisecond: the last
+/// walk (its size in `record`) or the entries charged to the pods now
+/// ([`Datapath::charged_nat_entries`]) reach [`PURGE_AT_ONCE_BELOW`], or a walk is running
+/// (the DELs that come during a walk of a table that has grown since the last would
+/// otherwise queue behind it for a full walk each).
+fn walk_is_costly(dp: &Datapath, record: &Path) -> Result<bool> {
+    let last_walk: Option<usize> = std::fs::read_to_string(record)
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    Ok(last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW)
+        || dp.purge_running()?
+        || dp.charged_nat_entries()? >= PURGE_AT_ONCE_BELOW)
 }
 
 /// The mark of work the finishing processes of a moment share (a veth deletion, a purge):

@@ -80,6 +80,19 @@ impl Datapath {
         FlowsLock::held_elsewhere(&self.pins)
     }
 
+    /// The NAT entries charged to the node's pods now (both families; their `NAT_USE`
+    /// shares, a read of a map as large as the pod count): the size of the NAT tables a
+    /// purge would walk, known before walking them.
+    pub fn charged_nat_entries(&self) -> Result<usize> {
+        let mut m = self.maps()?;
+        Ok(maps::entries(&m.nat_use()?)
+            .into_iter()
+            // Key 0 is the sweep clock; a share read below zero counts as zero.
+            .filter(|(pod, _)| *pod != 0)
+            .map(|(_, u)| usize::try_from(u.entries.cast_signed()).unwrap_or(0))
+            .sum())
+    }
+
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
     /// (matched or rewritten) has one, flow verdicts, pod sockets and the sockets' peers,
     /// node sockets translated to one. Both families. Returns how many NAT entries it read.
