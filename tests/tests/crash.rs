@@ -1059,6 +1059,19 @@ fn finisher_gone(container_id: &str) {
     }
 }
 
+/// DEL of `env` by the release build, not waiting for the node to settle (another DEL's
+/// finishing process may be stopped): it must succeed, and its own finishing process end
+/// (within 20 s).
+fn del_until_finished(node: &SimNode, env: &CniEnv, stdin: &[u8]) {
+    let id = &env.container_id;
+    let mut del = spawn_plugin(node, &tests::plugin_bin(), "DEL", env, stdin, &[]);
+    let st = del
+        .wait()
+        .unwrap_or_else(|e| panic!("waiting for DEL {id}: {e}"));
+    assert!(st.success(), "DEL {id}: {st}");
+    finisher_gone(id);
+}
+
 /// On a node whose NAT table is not cheap to walk (known from the pods' NAT shares before
 /// any walk of it), the DELs of a moment share one purge: the first finishing process
 /// waits a second with the purge marked pending, and one that finds it pending leaves its
@@ -1106,12 +1119,7 @@ fn on_a_busy_node_dels_share_one_purge_and_no_stale_flow_reaches_a_new_pod() {
     let b = node.pod("b");
     let env_b = CniEnv::new("shared-b", b.netns(), "eth0");
     let (_, b_ip) = add_and_ping_out(&node, &env_b, b.netns(), &plain);
-    let mut del_b = spawn_plugin(&node, &tests::plugin_bin(), "DEL", &env_b, &plain, &[]);
-    let st = del_b
-        .wait()
-        .unwrap_or_else(|e| panic!("waiting for DEL b: {e}"));
-    assert!(st.success(), "DEL b: {st}");
-    finisher_gone("shared-b");
+    del_until_finished(&node, &env_b, &plain);
     // a's and b's finishing processes deleted their veths before the purge.
     let veths = host_veths(node.netns());
     assert_eq!(veths.len(), 1, "only the keeper's veth: {veths:?}");
@@ -1197,14 +1205,9 @@ fn dels_during_a_running_purge_share_one_pending_purge() {
     // recorded, so only the running walk tells a's finishing process to wait.
     let walking = hold_flows_lock(&node);
     let pending = del_stopping_its_finisher(&node, &env_a, &plain, "finish-purge-deferred");
-    let mut del_b = spawn_plugin(&node, &tests::plugin_bin(), "DEL", &env_b, &plain, &[]);
-    let st = del_b
-        .wait()
-        .unwrap_or_else(|e| panic!("waiting for DEL b: {e}"));
-    assert!(st.success(), "DEL b: {st}");
     // b's finishing process ends while the walk still holds the lock: it did not queue
     // for a walk of its own.
-    finisher_gone("walking-b");
+    del_until_finished(&node, &env_b, &plain);
     for (who, ip) in [("a", &a_ip), ("b", &b_ip)] {
         let tomb = endpoint_of(&node, ip).unwrap_or_else(|| panic!("no entry for {ip}"));
         assert_eq!(tomb["removing"], true, "{who}'s tombstone: {tomb:#}");
@@ -1249,12 +1252,7 @@ fn in_a_burst_dels_share_one_veth_deletion_and_a_killed_one_loses_nothing() {
         // b's, within the burst, marks a deletion pending and stops there.
         let pending = del_stopping_its_finisher(&node, env_b, &plain, "finish-veth-deferred");
         // c's finds it pending and leaves its veth to it.
-        let mut del_c = spawn_plugin(&node, &tests::plugin_bin(), "DEL", env_c, &plain, &[]);
-        let st = del_c
-            .wait()
-            .unwrap_or_else(|e| panic!("{round}: waiting for DEL c: {e}"));
-        assert!(st.success(), "{round}: DEL c: {st}");
-        finisher_gone(&env_c.container_id);
+        del_until_finished(&node, env_c, &plain);
         let took = deleted.elapsed();
         assert!(
             took < Duration::from_millis(900),
