@@ -29,7 +29,6 @@ use super::{
     pins::Pins,
     Datapath,
 };
-
 use crate::error::{Error, Result};
 
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
