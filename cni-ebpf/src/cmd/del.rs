@@ -388,7 +388,7 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
         tracing::debug!("a purge is pending; it takes this DEL's tombstones too");
         return dp.drop_owner_record(&job.container_id, &job.ifname);
     }
-    if let Some(read) = dp.purge_removed()? {
+    dp.purge_removed(|read| {
         // In place: the file's lock is the pending mark, and stays with its inode.
         if let Err(e) = std::fs::write(&record, read.to_string()) {
             tracing::debug!(
@@ -396,22 +396,23 @@ fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
                 record.display()
             );
         }
-    }
+    })?;
     dp.drop_owner_record(&job.container_id, &job.ifname)
 }
 
 /// Whether a purge's walk of the NAT tables costs more than about a millisecond: the last
-/// walk (its size in `record`) or the entries charged to the pods now
-/// ([`Datapath::charged_nat_entries`]) reach [`PURGE_AT_ONCE_BELOW`], or a walk is running
-/// (the DELs that come during a walk of a table that has grown since the last would
-/// otherwise queue behind it for a full walk each).
+/// walk (its size in `record`, written before the walk's lock is released) or the
+/// entries the pods' accounts tell of now ([`Datapath::accounted_nat_entries`]) reach
+/// [`PURGE_AT_ONCE_BELOW`], or a walk is running (the DELs that come during a walk of a
+/// table that has grown since the last would otherwise queue behind it for a full walk
+/// each).
 fn walk_is_costly(dp: &Datapath, record: &Path) -> Result<bool> {
     let last_walk: Option<usize> = std::fs::read_to_string(record)
         .ok()
         .and_then(|s| s.trim().parse().ok());
     Ok(last_walk.is_some_and(|n| n >= PURGE_AT_ONCE_BELOW)
         || dp.purge_running()?
-        || dp.charged_nat_entries()? >= PURGE_AT_ONCE_BELOW)
+        || dp.accounted_nat_entries()? >= PURGE_AT_ONCE_BELOW)
 }
 
 /// The mark of work the finishing processes of a moment share (a veth deletion, a purge):

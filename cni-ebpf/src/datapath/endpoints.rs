@@ -527,13 +527,15 @@ impl Datapath {
     /// those tombstones ([`Self::purge_removed`]), then `owner`'s record if nothing refers
     /// to it any more.
     pub(super) fn forget(&self, owner: u64) -> Result<()> {
-        self.purge_removed()?;
+        self.purge_removed(|_| {})?;
         self.drop_owner_if_unused(owner)
     }
 
     /// Purges the flow state of every tombstoned address, drops those tombstones, and the
     /// owner records of the pods they were left by once nothing refers to them. Returns how
-    /// many NAT entries the purge read (`None`: there was no tombstone, so no walk).
+    /// many NAT entries the purge read (`None`: there was no tombstone, so no walk), which
+    /// it also gives `walked` before it releases the flows lock: whoever records it does so
+    /// before another process can find no walk running and an older size recorded.
     ///
     /// Under the flows lock ([`FlowsLock`]): an ADD that finds a tombstone waits for it,
     /// so it never takes an address over while its flows are being purged.
@@ -545,7 +547,7 @@ impl Datapath {
     /// removal purged it before dropping the tombstone), and one with a live entry belongs
     /// to a pod whose ADD purged it, under this lock, before its first flow: both are left
     /// alone.
-    pub fn purge_removed(&self) -> Result<Option<usize>> {
+    pub fn purge_removed(&self, walked: impl FnOnce(usize)) -> Result<Option<usize>> {
         let (read, owners) = {
             let _lock = FlowsLock::acquire(&self.pins)?;
             let doomed = self.tombstones()?;
@@ -555,6 +557,7 @@ impl Datapath {
             let addrs: Vec<IpAddr> = doomed.iter().map(|(ip, _)| *ip).collect();
             let read = self.purge_flows(&addrs)?;
             self.clear_tombstones(&addrs)?;
+            walked(read);
             let owners: HashSet<u64> = doomed.into_iter().map(|(_, owner)| owner).collect();
             (read, owners)
         };

@@ -79,17 +79,30 @@ impl Datapath {
         FlowsLock::held_elsewhere(&self.pins)
     }
 
-    /// The NAT entries charged to the node's pods now (both families; their `NAT_USE`
-    /// shares, a read of a map as large as the pod count): the size of the NAT tables a
-    /// purge would walk, known before walking them.
-    pub fn charged_nat_entries(&self) -> Result<usize> {
+    /// The NAT entries the tables hold now as far as the pods' accounts tell, read before
+    /// walking them: the entries charged to the pods' shares (`NAT_USE`, open flows) or
+    /// two per SNAT port the pods hold towards a destination (`NAT_DEST_USE`, masqueraded
+    /// flows open or closed until their entries go), whichever is more. Each a read of a
+    /// map as large as the pod count or the pods' destinations.
+    pub fn accounted_nat_entries(&self) -> Result<usize> {
         let mut m = self.maps()?;
-        Ok(maps::entries(&m.nat_use()?)
+        let charged: usize = maps::entries(&m.nat_use()?)
             .into_iter()
             // Key 0 is the sweep clock; a share read below zero counts as zero.
             .filter(|(pod, _)| *pod != 0)
             .map(|(_, u)| usize::try_from(u.entries.cast_signed()).unwrap_or(0))
-            .sum())
+            .sum();
+        let ports = |n: u32| usize::try_from(n.cast_signed()).unwrap_or(0);
+        let held: usize = maps::entries(&m.nat_dest_use()?)
+            .into_iter()
+            .map(|(_, n)| ports(n))
+            .chain(
+                maps::entries(&m.nat_dest_use6()?)
+                    .into_iter()
+                    .map(|(_, n)| ports(n)),
+            )
+            .sum();
+        Ok(charged.max(2 * held))
     }
 
     /// Deletes every per-flow entry that involves one of `addrs`: NAT entries whose tuple
