@@ -830,13 +830,7 @@ pub fn forwarded_datagrams(node: &SimNode, family: Family) -> u64 {
     match family {
         Family::V4 => {
             let text = node.exec(&["cat", "/proc/net/snmp"]).stdout.clone();
-            let mut lines = text.lines().filter(|l| l.starts_with("Ip:"));
-            let (names, values) = (lines.next().unwrap_or(""), lines.next().unwrap_or(""));
-            names
-                .split_whitespace()
-                .zip(values.split_whitespace())
-                .find(|(n, _)| *n == "ForwDatagrams")
-                .and_then(|(_, v)| v.parse().ok())
+            crate::net::proc_net_counter(&text, "Ip", "ForwDatagrams")
                 .unwrap_or_else(|| panic!("no ForwDatagrams in /proc/net/snmp: {text}"))
         }
         Family::V6 => {

@@ -310,6 +310,21 @@ pub fn echo_mib(netns: &Path, to: SocketAddr) -> usize {
     .unwrap_or_else(|e| panic!("echo to {to}: {e}"))
 }
 
+/// Counter `name` of table `table` (`Ip`, `IpExt`, …) in the text of `/proc/net/snmp`
+/// or `/proc/net/netstat`, where each table is a row of names followed by a row of
+/// values, both prefixed `<table>: `.
+#[must_use]
+pub fn proc_net_counter(text: &str, table: &str, name: &str) -> Option<u64> {
+    let prefix = format!("{table}: ");
+    let mut rows = text.lines().filter_map(|l| l.strip_prefix(&prefix));
+    let (names, values) = (rows.next()?, rows.next()?);
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == name)
+        .and_then(|(_, v)| v.parse().ok())
+}
+
 /// Panics unless [`ping`] from `netns` to `addr` succeeds within 3 tries.
 #[track_caller]
 pub fn assert_ping(netns: &Path, addr: &str) {
@@ -483,4 +498,19 @@ pub fn http_get(
             .unwrap_or(0);
         Ok((status, head.to_owned(), body.to_owned()))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::proc_net_counter;
+
+    #[test]
+    fn a_counter_is_read_from_its_tables_name_and_value_rows() {
+        let text = "Ip: Forwarding InReceives\nIp: 1 42\nIcmp: InMsgs\nIcmp: 7\n\
+                    IpExt: InNoRoutes InNoECTPkts\nIpExt: 0 168\n";
+        assert_eq!(proc_net_counter(text, "Ip", "InReceives"), Some(42));
+        assert_eq!(proc_net_counter(text, "IpExt", "InNoECTPkts"), Some(168));
+        assert_eq!(proc_net_counter(text, "Ip", "InNoECTPkts"), None);
+        assert_eq!(proc_net_counter(text, "Tcp", "InSegs"), None);
+    }
 }

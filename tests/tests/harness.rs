@@ -269,16 +269,7 @@ fn kubernetes_cluster_routes_pod_cidrs_applies_kube_proxy_rules_and_cleans_up() 
 fn ip_counter(netns: &Path, file: &'static str, table: &'static str, name: &'static str) -> u64 {
     let text = tests::net::in_netns(netns, move || std::fs::read_to_string(file))
         .unwrap_or_else(|e| panic!("{file}: {e}"));
-    let prefix = format!("{table}: ");
-    let mut rows = text.lines().filter_map(|l| l.strip_prefix(&prefix));
-    let (Some(names), Some(values)) = (rows.next(), rows.next()) else {
-        panic!("no {table} rows in {file}:\n{text}");
-    };
-    names
-        .split_whitespace()
-        .zip(values.split_whitespace())
-        .find(|(n, _)| *n == name)
-        .and_then(|(_, v)| v.parse().ok())
+    tests::net::proc_net_counter(&text, table, name)
         .unwrap_or_else(|| panic!("no {table} {name} in {file}:\n{text}"))
 }
 
