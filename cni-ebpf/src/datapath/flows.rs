@@ -18,18 +18,14 @@ use std::{
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use cni_ebpf_common::{map as map_name, NatDestKeyOf, NatEntryOf, NatFlags, NatKeyOf, NatKind};
-use nix::{
-    errno::Errno,
-    fcntl::{Flock, FlockArg},
-};
 
 use super::{
-    load::lock_dir,
+    load::{lock_dir, try_lock_dir},
     maps::{self, ipv4_to_map, ipv6_to_map, Maps},
     pins::Pins,
     Datapath,
 };
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// The network's flows lock, an exclusive `flock` on its maps directory: held while the
 /// flows of removed addresses are purged and their tombstones dropped
@@ -53,30 +49,14 @@ impl FlowsLock {
         })?;
         Ok(Self { _file: file })
     }
-
-    /// Whether another process holds the lock now, without waiting: a purge (or an ADD
-    /// taking a removed address over) is walking the NAT table.
-    fn held_elsewhere(pins: &Pins) -> Result<bool> {
-        let dir = pins.maps_dir();
-        let file = std::fs::File::open(&dir)
-            .map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
-        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
-            // Taken here, so nobody else holds it; released on drop.
-            Ok(_taken) => Ok(false),
-            Err((_, Errno::EWOULDBLOCK)) => Ok(true),
-            Err((_, e)) => Err(Error::io(
-                format!("locking {}", dir.display()),
-                std::io::Error::from(e),
-            )),
-        }
-    }
 }
 
 impl Datapath {
     /// Whether a purge of removed addresses' flows (or an ADD taking such an address
     /// over) is walking the NAT table now: another process holds the flows lock.
     pub fn purge_running(&self) -> Result<bool> {
-        FlowsLock::held_elsewhere(&self.pins)
+        // Taken here, nobody else holds it; released as the file drops.
+        Ok(try_lock_dir(&self.pins.maps_dir())?.is_none())
     }
 
     /// The NAT entries the tables hold now as far as the pods' accounts tell, read before

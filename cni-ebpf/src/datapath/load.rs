@@ -93,25 +93,34 @@ impl LoadLock {
 /// An exclusive `flock` on directory `dir`, released when the returned file is closed;
 /// waits at most [`LOCK_WAIT`], then fails with error 11 (try again) and `busy()`.
 pub(super) fn lock_dir(dir: &Path, busy: impl Fn() -> String) -> Result<File> {
-    let file = File::open(dir).map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
     let start = Instant::now();
     loop {
-        // SAFETY: flock on a file descriptor we own.
-        let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if rc == 0 {
+        if let Some(file) = try_lock_dir(dir)? {
             return Ok(file);
-        }
-        let err = std::io::Error::last_os_error();
-        if err.raw_os_error() != Some(libc::EWOULDBLOCK)
-            && err.kind() != std::io::ErrorKind::Interrupted
-        {
-            return Err(Error::io(format!("locking {}", dir.display()), err));
         }
         if start.elapsed() > LOCK_WAIT {
             return Err(Error::TryAgain(busy()));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// [`lock_dir`] without waiting: `None` while another process holds the lock (or the
+/// attempt was interrupted).
+pub(super) fn try_lock_dir(dir: &Path) -> Result<Option<File>> {
+    let file = File::open(dir).map_err(|e| Error::io(format!("opening {}", dir.display()), e))?;
+    // SAFETY: flock on a file descriptor we own.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc == 0 {
+        return Ok(Some(file));
+    }
+    let err = std::io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK)
+        || err.kind() == std::io::ErrorKind::Interrupted
+    {
+        return Ok(None);
+    }
+    Err(Error::io(format!("locking {}", dir.display()), err))
 }
 
 /// Formats a program error, verifier log included.
