@@ -532,10 +532,10 @@ impl Datapath {
     }
 
     /// Purges the flow state of every tombstoned address, drops those tombstones, and the
-    /// owner records of the pods they were left by once nothing refers to them. Returns how
-    /// many NAT entries the purge read (`None`: there was no tombstone, so no walk), which
-    /// it also gives `walked` before it releases the flows lock: whoever records it does so
-    /// before another process can find no walk running and an older size recorded.
+    /// owner records of the pods they were left by once nothing refers to them. Gives
+    /// `walked` how many NAT entries the purge read (not called when there was no
+    /// tombstone, so no walk) before it releases the flows lock: whoever records that size
+    /// does so before another process can find no walk running and an older size recorded.
     ///
     /// Under the flows lock ([`FlowsLock`]): an ADD that finds a tombstone waits for it,
     /// so it never takes an address over while its flows are being purged.
@@ -547,22 +547,23 @@ impl Datapath {
     /// removal purged it before dropping the tombstone), and one with a live entry belongs
     /// to a pod whose ADD purged it, under this lock, before its first flow: both are left
     /// alone.
-    pub fn purge_removed(&self, walked: impl FnOnce(usize)) -> Result<Option<usize>> {
-        let (read, owners) = {
+    pub fn purge_removed(&self, walked: impl FnOnce(usize)) -> Result<()> {
+        let owners = {
             let _lock = FlowsLock::acquire(&self.pins)?;
             let doomed = self.tombstones()?;
             if doomed.is_empty() {
-                return Ok(None);
+                return Ok(());
             }
             let addrs: Vec<IpAddr> = doomed.iter().map(|(ip, _)| *ip).collect();
             let read = self.purge_flows(&addrs)?;
             self.clear_tombstones(&addrs)?;
             walked(read);
-            let owners: HashSet<u64> = doomed.into_iter().map(|(_, owner)| owner).collect();
-            (read, owners)
+            doomed
+                .into_iter()
+                .map(|(_, owner)| owner)
+                .collect::<HashSet<u64>>()
         };
-        self.drop_owners_if_unused(&owners)?;
-        Ok(Some(read))
+        self.drop_owners_if_unused(&owners)
     }
 
     /// Every address whose endpoint entry is a tombstone, both families, with the owner
