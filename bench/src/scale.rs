@@ -169,6 +169,22 @@ impl Level {
         }
         Ok(())
     }
+
+    /// The p50 CPU time per ADD and per DEL as rows `key("add")` and `key("del")` of
+    /// column `col`, labelled `when` ("with 500 pods").
+    fn record_cpu(&self, report: &mut Report, col: &str, key: impl Fn(&str) -> String, when: &str) {
+        for (verb, cpu) in [("ADD", &self.add_cpu), ("DEL", &self.del_cpu)] {
+            report.put(
+                &key(&verb.to_lowercase()),
+                "Scale: host-port pods",
+                &format!("CPU per {verb} p50 {when} (user + system)"),
+                "ms",
+                false,
+                col,
+                median(cpu),
+            );
+        }
+    }
 }
 
 /// Runs the scale phase into `report`.
@@ -342,20 +358,12 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                         col,
                         median(&lv.del),
                     );
-                    for (verb, cpu) in [("add", &lv.add_cpu), ("del", &lv.del_cpu)] {
-                        report.put(
-                            &format!("scale.busy.{verb}.cpu"),
-                            s,
-                            &format!(
-                                "CPU per {} p50 on a busy node (user + system)",
-                                verb.to_uppercase()
-                            ),
-                            "ms",
-                            false,
-                            col,
-                            median(cpu),
-                        );
-                    }
+                    lv.record_cpu(
+                        report,
+                        col,
+                        |verb| format!("scale.busy.{verb}.cpu"),
+                        "on a busy node",
+                    );
                     report.put(
                         "scale.busy.opened",
                         s,
@@ -551,20 +559,12 @@ fn record(report: &mut Report, variant: Variant, lv: &Level, p: &Params) {
         col,
         del.p50,
     );
-    for (verb, cpu) in [("add", &lv.add_cpu), ("del", &lv.del_cpu)] {
-        report.put(
-            &format!("scale.{verb}.cpu.{n}"),
-            s,
-            &format!(
-                "CPU per {} p50 with {n} pods (user + system)",
-                verb.to_uppercase()
-            ),
-            "ms",
-            false,
-            col,
-            median(cpu),
-        );
-    }
+    lv.record_cpu(
+        report,
+        col,
+        |verb| format!("scale.{verb}.cpu.{n}"),
+        &format!("with {n} pods"),
+    );
     report.put(
         &format!("scale.connect.p50.{n}"),
         s,
