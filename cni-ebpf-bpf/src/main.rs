@@ -126,17 +126,19 @@ fn leaving_pod(ctx: &TcContext, how: Handover) -> i32 {
     if v6::is_ipv6(ctx) {
         return v6::call_from_pod6(ctx, sender);
     }
-    pod::stages::<Addr4>(ctx, sender)
+    policy::begin();
+    let v = pod::stages::<Addr4>(ctx, sender);
+    policy::settle(ctx, v, false)
 }
 
 /// `from_pod` for IPv6 (tail-called by it, the source checked and the packet paced). A
 /// delivery into a pod its stages arm is judged by NetworkPolicy after them, in the
-/// program's shallowest frame ([`policy::judge_delivery6`]).
+/// program's shallowest frame ([`policy::settle6`]).
 #[classifier]
 pub fn from_pod6(ctx: TcContext) -> i32 {
-    policy::forget_delivery();
+    policy::begin();
     let v = pod::stages::<Addr6>(&ctx, v6::sender(&ctx));
-    policy::judge_delivery6(&ctx, v)
+    policy::settle6(&ctx, v)
 }
 
 /// Host veth egress: what the kernel's routing delivers to a pod (everything not
@@ -165,16 +167,18 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     if v6::is_ipv6(&ctx) {
         return v6::call(&ctx, prog::CALL6_UPLINK_INGRESS);
     }
-    uplink::ingress::<Addr4>(&ctx)
+    policy::begin();
+    let v = uplink::ingress::<Addr4>(&ctx);
+    policy::settle(&ctx, v, false)
 }
 
 /// `uplink_ingress` for IPv6 (tail-called by it), its deliveries judged as
 /// [`from_pod6`]'s.
 #[classifier]
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
-    policy::forget_delivery();
+    policy::begin();
     let v = uplink::ingress::<Addr6>(&ctx);
-    policy::judge_delivery6(&ctx, v)
+    policy::settle6(&ctx, v)
 }
 
 /// Uplink egress: masquerade pod traffic leaving the cluster; restore replies of host-port

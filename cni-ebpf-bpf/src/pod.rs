@@ -25,7 +25,7 @@ use crate::{
     hostport::{self, HairpinGrant},
     maps::{count, pod_traffic_to_stack, Source},
     nat::{nat_lookup, nat_remove, sweep_if_requested},
-    pacing,
+    pacing, policy,
     rewrite::{apply, rewrite_failed},
     PASS,
 };
@@ -119,6 +119,10 @@ fn known_or_local<A: Family>(ctx: &TcContext, sender: Sender, to_node: &mut bool
     if local.is_none() && !*to_node {
         return None;
     }
+    // Should it go to the stack, netfilter may translate it on to a local pod (its
+    // un-DNAT of a Service reply, its un-SNAT of a flow it masqueraded to a node address):
+    // noted, so that the reply of an admitted flow is marked as one (`policy::settle`).
+    policy::note_to_stack();
     if sender.host_ports || *to_node {
         if let Some(n) = nat_lookup(&p, NatHook::POD) {
             if !apply(ctx, &p, &n) {

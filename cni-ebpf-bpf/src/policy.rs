@@ -24,9 +24,26 @@
 //! under: its later packets and its replies pass on that one lookup, and a flow recorded
 //! under an older generation is judged again, so a verdict never outlives the policy
 //! that gave it.
+//!
+//! Replies through the node's address translation. A reply that netfilter translates on
+//! its way to a pod (kube-proxy's un-DNAT of a Service reply: the backend's address
+//! becomes the ClusterIP; the un-SNAT of a flow it masqueraded) reaches `to_pod` with a
+//! tuple no flow was recorded under. So the reply is judged where it is seen *before* the
+//! stack translates it, with the tuple the flow was admitted under: where a program hands
+//! a packet for a local pod or for one of the node's addresses to the stack
+//! ([`note_to_stack`], then [`settle`]: `from_pod`, `uplink_ingress`, `from_tunnel`), a
+//! packet that is the reply of an admitted flow gets [`REPLY_MARK`] in `skb->mark`, and
+//! `to_pod` lets a marked packet in without judging it again. The mark is the verdict,
+//! carried across the translation: nothing else sets it (a pod's packets cross a veth
+//! into the node's namespace, which clears the mark), and a packet that is no such reply
+//! is not marked and is judged by `to_pod` as it arrives. A flow the node itself opens
+//! to a pod (its own sockets, or a pod's connection netfilter masqueraded to a node
+//! address) is recorded with generation [`NODE_OPENED`] where it leaves the node's stack
+//! (`to_pod`, `uplink_egress`, `to_tunnel`), so that its replies, addressed to the node,
+//! carry the mark to the pod netfilter translates them back to.
 
 use aya_ebpf::{
-    bindings::{TC_ACT_REDIRECT, TC_ACT_SHOT},
+    bindings::{TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT},
     maps::lpm_trie::Key,
     programs::TcContext,
 };
@@ -40,8 +57,8 @@ use crate::{
     family::Family,
     icmp,
     maps::{
-        count, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT, POLICY_FLOWS,
-        POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
+        count, node_config, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT,
+        POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
     },
     parse::{
         byte_or_zero, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH,
@@ -55,6 +72,16 @@ use crate::{
 
 /// SCTP's protocol number (its ports sit where TCP's and UDP's do).
 const SCTP: u8 = 132;
+
+/// The bit of `skb->mark` by which a packet handed to the node's stack carries its
+/// verdict, "the reply of an admitted flow", across netfilter's translation to `to_pod`
+/// (see the module's documentation). Bit 21: clear of kube-proxy's masquerade and drop
+/// bits (14, 15) and of the low bits admins and service meshes use.
+pub(crate) const REPLY_MARK: u32 = 1 << 21;
+
+/// [`PolicyFlow::generation`] of a flow the node itself opened to a pod: never judged,
+/// its replies always pass (no swap ever puts generation 0 in force).
+const NODE_OPENED: u32 = 0;
 
 /// Per-CPU room for the keys of one judgement (kept off the verifier's stack).
 #[repr(C)]
@@ -76,6 +103,11 @@ pub(crate) struct Scratch {
     /// Whether the packet in `flow` opens a connection (a TCP SYN without ACK, an SCTP
     /// INIT): never a reply, whatever a recorded flow the other way says.
     opens: bool,
+    /// Whether `flow` is the tuple quoted by an ICMP error (reversed), not the packet's.
+    quoted: bool,
+    /// A stage handed the packet to the stack for a local pod or a node address
+    /// ([`note_to_stack`]): [`settle`] marks it if it is a reply.
+    to_stack: bool,
     counts_key: u32,
     counts_zero: PolicyCounts,
 }
@@ -166,6 +198,7 @@ pub(crate) fn load_tuple4(ctx: &TcContext) -> Option<()> {
         (0, 0)
     };
     s.opens = whole && opens(ctx, L4_OFF, proto_);
+    s.quoted = false;
     s.flow = PolicyFlowKey {
         saddr: mapped(saddr),
         daddr: mapped(daddr),
@@ -204,6 +237,7 @@ fn quoted4(ctx: &TcContext, s: &mut Scratch) {
     s.flow.sport = qdport;
     s.flow.dport = qsport;
     s.flow.proto = qp;
+    s.quoted = true;
 }
 
 /// [`quoted4`] for an ICMPv6 error.
@@ -226,6 +260,7 @@ fn quoted6(ctx: &TcContext, s: &mut Scratch) {
     s.flow.sport = qdport;
     s.flow.dport = qsport;
     s.flow.proto = qp;
+    s.quoted = true;
 }
 
 /// [`load_tuple6`] or [`load_tuple4`], by family.
@@ -247,6 +282,7 @@ pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
     let next: u8 = read(ctx, IP_OFF + 6).ok()?;
     let (sport, dport) = ports(ctx, L4_OFF6, next, ICMP6_ECHO_REQUEST, ICMP6_ECHO_REPLY)?;
     s.opens = opens(ctx, L4_OFF6, next);
+    s.quoted = false;
     s.flow = PolicyFlowKey {
         saddr: cni_ebpf_common::bytes6(&saddr),
         daddr: cni_ebpf_common::bytes6(&daddr),
@@ -567,12 +603,136 @@ pub(crate) fn admits_delivery(ctx: &TcContext, ifindex: u32, owner: u64, ipv6: b
     )
 }
 
-/// The IPv6 programs, first thing: no delivery armed yet.
+/// The programs that hand packets into pods or to the stack, first thing: no delivery
+/// armed yet ([`note_delivery`]), no packet noted as going to the stack
+/// ([`note_to_stack`]).
 #[inline(always)]
-pub(crate) fn forget_delivery() {
+pub(crate) fn begin() {
     if let Some(s) = scratch() {
         s.delivery_ifindex = 0;
+        s.to_stack = false;
     }
+}
+
+/// A stage hands the packet to the stack, and it is for a local pod, or for one of the
+/// node's addresses (which netfilter may translate back to a local pod: the reply of a
+/// flow it masqueraded). [`settle`] marks it when it is the reply of an admitted flow.
+#[inline(always)]
+pub(crate) fn note_to_stack() {
+    if let Some(s) = scratch() {
+        s.to_stack = true;
+    }
+}
+
+/// The last step of `from_pod`, `uplink_ingress` and `from_tunnel` (of either family):
+/// a packet a stage noted ([`note_to_stack`]) that goes to the stack (`verdict` `PASS`
+/// or `TC_ACT_OK`) gets [`REPLY_MARK`] when it is the reply of a flow the node admitted,
+/// judged on its tuple as it is now, before netfilter translates it. A function of its
+/// own: its frame is not under the stages'.
+#[inline(never)]
+pub(crate) fn settle(ctx: &TcContext, verdict: i32, ipv6: bool) -> i32 {
+    let Some(s) = scratch() else {
+        return verdict;
+    };
+    let noted = s.to_stack;
+    s.to_stack = false;
+    if !noted || (verdict != PASS && verdict != TC_ACT_OK as i32) {
+        return verdict;
+    }
+    let Some((slot, gen)) = enforcing() else {
+        return verdict;
+    };
+    if load_tuple(ctx, ipv6).is_none() {
+        return verdict;
+    }
+    let reply = if ipv6 {
+        is_admitted_reply::<Addr6>(slot, gen)
+    } else {
+        is_admitted_reply::<u32>(slot, gen)
+    };
+    if reply {
+        // SAFETY: writing a field of the context, which tc programs may.
+        unsafe { (*ctx.skb.skb).mark |= REPLY_MARK };
+        count(Reason::PolicyReplyMarked);
+    }
+    verdict
+}
+
+/// Whether the packet whose tuple is in the scratch area is the reply of a flow the node
+/// admitted: the flow the other way is recorded under the generation in force, or was
+/// opened by the node ([`NODE_OPENED`]), or is admitted again by the policy in force
+/// (recorded under an older one). A packet that opens a connection is never a reply.
+/// Nothing is counted or logged: a packet that is not a reply is judged by `to_pod`.
+#[inline(always)]
+fn is_admitted_reply<A: Family>(slot: u32, gen: u32) -> bool {
+    let Some(s) = scratch() else {
+        return false;
+    };
+    if s.opens {
+        return false;
+    }
+    s.rev.saddr = s.flow.daddr;
+    s.rev.daddr = s.flow.saddr;
+    s.rev.sport = s.flow.dport;
+    s.rev.dport = s.flow.sport;
+    s.rev.proto = s.flow.proto;
+    s.rev._pad = [0; 3];
+    let Some(f) = POLICY_FLOWS.get_ptr_mut(&s.rev) else {
+        return false;
+    };
+    // SAFETY: LRU values may be recycled under us; only the generation is read and written.
+    let recorded = unsafe { (*f).generation };
+    if recorded == gen || recorded == NODE_OPENED {
+        return true;
+    }
+    // The flow's source is this packet's destination, its destination this packet's source.
+    let from = side_of::<A>(&s.rev.saddr);
+    let to = side_of::<A>(&s.rev.daddr);
+    let back_egress = ruleset(s, from, slot, true);
+    let back_ingress = ruleset(s, to, slot, false);
+    if judge(s, back_egress, back_ingress, true).is_err() {
+        return false;
+    }
+    // SAFETY: as above.
+    unsafe { (*f).generation = gen };
+    true
+}
+
+/// The local pod with address `wire` (the tuples' layout), as a side of a judgement.
+#[inline(always)]
+fn side_of<A: Family>(wire: &[u8; 16]) -> Side {
+    match A::from_wire(wire).and_then(Family::local_endpoint) {
+        Some(ep) => Side {
+            ifindex: ep.ifindex,
+            owner: ep.owner,
+        },
+        None => Side::NONE,
+    }
+}
+
+/// Records the packet in `ctx`, which one of the node's addresses sends to a pod, as a
+/// flow the node opened ([`NODE_OPENED`]), unless it is recorded already: its replies are
+/// marked on their way back ([`settle`]). ICMP errors open nothing.
+#[inline(always)]
+fn note_node_flow(ctx: &TcContext, ipv6: bool) {
+    if load_tuple(ctx, ipv6).is_none() {
+        return;
+    }
+    let Some(s) = scratch() else {
+        return;
+    };
+    if s.quoted {
+        return;
+    }
+    // SAFETY: presence and the generation are read, copied out at once.
+    if unsafe { POLICY_FLOWS.get(&s.flow) }.is_some_and(|f| f.generation == NODE_OPENED) {
+        return;
+    }
+    s.admitted = PolicyFlow {
+        generation: NODE_OPENED,
+        _pad: 0,
+    };
+    let _ = POLICY_FLOWS.insert(&s.flow, &s.admitted, 0);
 }
 
 /// `deliver6`: the packet is about to be redirected into `ep`.
@@ -584,12 +744,18 @@ pub(crate) fn note_delivery(ep: &EndpointInfo) {
     }
 }
 
-/// The IPv6 programs, last thing: a redirect into a pod their stages armed stands if
-/// the node's policy admits it ([`admits_delivery`]), else the packet is dropped. A
-/// function of its own, so that the tuple it reads does not grow the program's frame,
-/// under which the stages run.
+/// The IPv6 programs, last thing: [`judge_delivery6`], then [`settle`].
+#[inline(always)]
+pub(crate) fn settle6(ctx: &TcContext, verdict: i32) -> i32 {
+    let v = judge_delivery6(ctx, verdict);
+    settle(ctx, v, true)
+}
+
+/// A redirect into a pod an IPv6 program's stages armed stands if the node's policy
+/// admits it ([`admits_delivery`]), else the packet is dropped. A function of its own, so
+/// that the tuple it reads does not grow the program's frame, under which the stages run.
 #[inline(never)]
-pub(crate) fn judge_delivery6(ctx: &TcContext, verdict: i32) -> i32 {
+fn judge_delivery6(ctx: &TcContext, verdict: i32) -> i32 {
     let Some(s) = scratch() else {
         return verdict;
     };
@@ -606,14 +772,19 @@ pub(crate) fn judge_delivery6(ctx: &TcContext, verdict: i32) -> i32 {
 }
 
 /// Whether the node's policy admits a local pod's packet leaving the node (`uplink_egress`,
-/// before masquerade): the pod's egress. `saddr` is the packet's source; a packet that is
-/// no local pod's (the node's own, or translated by netfilter) is not judged here.
+/// before masquerade; `to_tunnel`): the pod's egress. `saddr` and `daddr` are the
+/// packet's addresses; a packet that is no local pod's is not judged here. One the node
+/// sends to a pod (from its own socket, or a pod's flow netfilter masqueraded) is
+/// recorded as opened by the node ([`note_node_flow`]).
 #[inline(always)]
-pub(crate) fn admits_leaving<A: Family>(ctx: &TcContext, saddr: A, ipv6: bool) -> bool {
+pub(crate) fn admits_leaving<A: Family>(ctx: &TcContext, saddr: A, daddr: A, ipv6: bool) -> bool {
     let Some((slot, gen)) = enforcing() else {
         return true;
     };
     let Some(ep) = saddr.local_endpoint() else {
+        if node_config().is_some_and(|c| daddr.in_cluster(c)) && saddr.is_node_addr() {
+            note_node_flow(ctx, ipv6);
+        }
         return true;
     };
     if load_tuple(ctx, ipv6).is_none() {
@@ -658,7 +829,9 @@ fn pod_by<A: Family + Copy>(
 /// `to_pod` (the host veth's egress; `to_netkit`, a netkit pod's host device's
 /// transmit path): a packet the kernel delivers to the pod, judged by the pod's ingress
 /// and, when a local pod sent it (through the stack: a Service after kube-proxy's DNAT),
-/// that pod's egress. The node's own traffic passes: from one of its addresses, and IPv6
+/// that pod's egress. A packet marked as the reply of an admitted flow before the stack
+/// translated it ([`REPLY_MARK`]) passes. The node's own traffic passes: from one of its
+/// addresses (recorded as a flow the node opened, [`note_node_flow`]), and IPv6
 /// link-local or multicast (neighbour discovery). Found by destination (`pod`), a packet
 /// for no pod's address is dropped while policy is enforced.
 #[inline(always)]
@@ -666,6 +839,15 @@ pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
     let Some((slot, gen)) = enforcing() else {
         return PASS;
     };
+    // SAFETY: reading a field of the context.
+    let mark = unsafe { (*ctx.skb.skb).mark };
+    if mark & REPLY_MARK != 0 {
+        // Judged before the stack translated it: the reply of an admitted flow.
+        // SAFETY: writing a field of the context, which tc programs may.
+        unsafe { (*ctx.skb.skb).mark = mark & !REPLY_MARK };
+        count(Reason::PolicyReplyPassed);
+        return PASS;
+    }
     let Ok(ethertype) = read::<u16>(ctx, ETH_TYPE_OFF) else {
         return PASS;
     };
@@ -674,6 +856,7 @@ pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
             return PASS;
         };
         if saddr.is_node_addr() {
+            note_node_flow(ctx, false);
             return PASS;
         }
         if load_tuple4(ctx).is_none() {
@@ -691,7 +874,11 @@ pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
             return PASS;
         };
         let s0 = saddr[0].to_ne_bytes();
-        if (s0[0] == 0xfe && s0[1] & 0xc0 == 0x80) || daddr0 == 0xff || saddr.is_node_addr() {
+        if (s0[0] == 0xfe && s0[1] & 0xc0 == 0x80) || daddr0 == 0xff {
+            return PASS;
+        }
+        if saddr.is_node_addr() {
+            note_node_flow(ctx, true);
             return PASS;
         }
         if load_tuple6(ctx).is_none() {

@@ -124,9 +124,21 @@ fn egress_admitted(ctx: &TcContext) -> bool {
         return false;
     };
     if ethertype == ETH_P_IP.to_be() {
-        read::<u32>(ctx, IP_OFF + IP_SADDR).is_ok_and(|s| policy::admits_leaving(ctx, s, false))
+        let (Ok(s), Ok(d)) = (
+            read::<u32>(ctx, IP_OFF + IP_SADDR),
+            read::<u32>(ctx, IP_OFF + IP_DADDR),
+        ) else {
+            return false;
+        };
+        policy::admits_leaving(ctx, s, d, false)
     } else {
-        read::<Addr6>(ctx, IP_OFF + IP6_SADDR).is_ok_and(|s| policy::admits_leaving(ctx, s, true))
+        let (Ok(s), Ok(d)) = (
+            read::<Addr6>(ctx, IP_OFF + IP6_SADDR),
+            read::<Addr6>(ctx, IP_OFF + IP6_DADDR),
+        ) else {
+            return false;
+        };
+        policy::admits_leaving(ctx, s, d, true)
     }
 }
 
@@ -515,22 +527,28 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
     }
     // For a local pod, in a flow whose packets from the pod were seen leaving
     // untranslated: straight into the pod, judged by its NetworkPolicy on the way.
+    policy::begin();
     if v6::is_ipv6(ctx) {
-        policy::forget_delivery();
         let v = parse6(ctx).map_or(TC_ACT_OK as i32, |p| into_pod(ctx, &p));
-        return policy::judge_delivery6(ctx, v);
+        return policy::settle6(ctx, v);
     }
-    parse(ctx).map_or(TC_ACT_OK as i32, |p| into_pod(ctx, &p))
+    let v = parse(ctx).map_or(TC_ACT_OK as i32, |p| into_pod(ctx, &p));
+    policy::settle(ctx, v, false)
 }
 
 /// `from_tunnel`'s packet `p` into its local pod when its flow is verified
 /// ([`deliver_verified`]; for IPv6 `deliver6` arms the NetworkPolicy judgement made once
-/// `from_tunnel` returns), else to the stack. Not inlined: the IPv6 tuple does not grow
-/// `from_tunnel`'s frame.
+/// `from_tunnel` returns), else to the stack, noted for [`policy::settle`] when it is
+/// for a local pod or, from another node's pod, for one of this node's addresses. Not
+/// inlined: the IPv6 tuple does not grow `from_tunnel`'s frame.
 #[inline(never)]
 fn into_pod<A: Family>(ctx: &TcContext, p: &Pkt<A>) -> i32 {
-    p.daddr
-        .local_endpoint()
-        .and_then(|ep| deliver_verified(ctx, p, &ep))
-        .unwrap_or(TC_ACT_OK as i32)
+    if let Some(ep) = p.daddr.local_endpoint() {
+        policy::note_to_stack();
+        return deliver_verified(ctx, p, &ep).unwrap_or(TC_ACT_OK as i32);
+    }
+    if p.daddr.is_node_addr() && node_config().is_some_and(|c| p.saddr.in_cluster(c)) {
+        policy::note_to_stack();
+    }
+    TC_ACT_OK as i32
 }

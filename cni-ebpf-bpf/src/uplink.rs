@@ -129,6 +129,7 @@ fn ingress_known<A: Family>(ctx: &TcContext) -> Known {
     }
     if n.deliver == NatDeliver::STACK {
         count(Reason::SnatReplyToStack);
+        policy::note_to_stack();
         return Known::Verdict(TC_ACT_OK as i32);
     }
     count_translated(n.kind);
@@ -234,17 +235,20 @@ pub(crate) fn tunnel_service_reply<A: Family>(ctx: &TcContext) -> Known {
 }
 
 /// Anything else for a local pod: straight in when its flow is verified both ways, else
-/// to the stack, a flow from outside noted.
+/// to the stack, a flow from outside noted. A packet to the stack for a local pod, or
+/// from another node's pod for one of this node's addresses, is noted for
+/// [`policy::settle`] (netfilter may translate a reply of it back to a pod).
 #[inline(never)]
 fn ingress_rest<A: Family>(ctx: &TcContext) -> i32 {
-    if let Ok(p) = A::parse(ctx) {
+    if let (Ok(p), Some(cfg)) = (A::parse(ctx), node_config()) {
         if let Some(ep) = p.daddr.local_endpoint() {
             if let Some(v) = deliver_verified(ctx, &p, &ep) {
                 return v;
             }
-            if let Some(cfg) = node_config() {
-                flows::note_inbound(&p, cfg);
-            }
+            flows::note_inbound(&p, cfg);
+            policy::note_to_stack();
+        } else if p.saddr.in_cluster(cfg) && p.daddr.is_node_addr() {
+            policy::note_to_stack();
         }
     }
     count(Reason::PassNoMatch);
@@ -281,7 +285,7 @@ fn egress_first<A: Family>(ctx: &TcContext) -> Option<i32> {
     if tunnel::is_underlay(&p, p.saddr) {
         return Some(PASS);
     }
-    (!policy::admits_leaving(ctx, p.saddr, A::IPV6)).then_some(TC_ACT_SHOT as i32)
+    (!policy::admits_leaving(ctx, p.saddr, p.daddr, A::IPV6)).then_some(TC_ACT_SHOT as i32)
 }
 
 /// What [`egress_known`] learnt of a flow with no NAT entry, for [`egress_grant`]: the

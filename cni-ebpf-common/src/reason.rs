@@ -2,7 +2,7 @@
 
 /// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
 /// The map has [`REASON_SLOTS`] slots: the datapath's reasons take 16..64, the Service
-/// translations' 1..16; slot 0 is unused.
+/// translations' and the NetworkPolicy replies' 1..16; slot 0 is unused.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -26,6 +26,13 @@ pub enum Reason {
     SockService = 6,
     /// A socket call to a Service frontend without a usable backend, refused.
     SockServiceRefused = 7,
+    /// A packet handed to the stack for a local pod (or a node address) that is the reply
+    /// of a flow NetworkPolicy admitted, marked so that it passes `to_pod` whatever
+    /// address translation netfilter applies in between (kube-proxy's un-DNAT).
+    PolicyReplyMarked = 8,
+    /// A packet `to_pod` let into its pod because it was marked as the reply of an
+    /// admitted flow before the stack translated it.
+    PolicyReplyPassed = 9,
     /// Packet seen by one of our programs.
     Seen = 16,
     /// Passed unchanged: not IPv4 (ARP, IPv6, …).
@@ -159,7 +166,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 55] = [
+    pub const ALL: [Reason; 57] = [
         Reason::ServiceNew,
         Reason::ServiceNewRouted,
         Reason::ServiceRouted,
@@ -167,6 +174,8 @@ impl Reason {
         Reason::DropServiceUnroutable,
         Reason::SockService,
         Reason::SockServiceRefused,
+        Reason::PolicyReplyMarked,
+        Reason::PolicyReplyPassed,
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -228,6 +237,8 @@ impl Reason {
             Reason::DropServiceUnroutable => "drop_service_unroutable",
             Reason::SockService => "sock_service",
             Reason::SockServiceRefused => "sock_service_refused",
+            Reason::PolicyReplyMarked => "policy_reply_marked",
+            Reason::PolicyReplyPassed => "policy_reply_passed",
             Reason::Seen => "seen",
             Reason::PassNotIpv4 => "pass_not_ipv4",
             Reason::PassMalformed => "pass_malformed",

@@ -60,6 +60,7 @@ pub const ACK: u8 = 0x10;
 /// The `struct __sk_buff` `BPF_PROG_TEST_RUN` takes and gives back: its size and the
 /// offsets of the fields the tests set or read.
 const SKB_LEN: usize = 192;
+const SKB_MARK: usize = 8;
 const SKB_IFINDEX: usize = 40;
 const SKB_TSTAMP: usize = 152;
 
@@ -241,6 +242,21 @@ impl Fixture {
         (run.verdict, run.ns_per_run)
     }
 
+    /// [`Self::run_on`] with `skb->mark` = `mark` going in: the verdict, the packet as it
+    /// left and the `skb->mark` the program left.
+    pub fn run_marked(
+        &self,
+        prog: &str,
+        ifindex: u32,
+        pkt: &[u8],
+        mark: u32,
+    ) -> (u32, Vec<u8>, u32) {
+        let run = self.test_run_with_mark(prog, Some(ifindex), pkt, 0, mark);
+        let mut m = [0u8; 4];
+        m.copy_from_slice(&run.skb[SKB_MARK..SKB_MARK + 4]);
+        (run.verdict, run.out, u32::from_ne_bytes(m))
+    }
+
     /// Runs `prog` on `pkt` (arriving on `ifindex` when given) and returns the verdict,
     /// the packet as it left and the `struct __sk_buff` the kernel copied back.
     fn run_ctx(
@@ -257,6 +273,18 @@ impl Fixture {
     /// `ifindex`, the packet arrives on that interface (a `struct __sk_buff` with only
     /// `ifindex` set goes in, and the kernel's copy comes back); without, no context.
     fn test_run(&self, prog: &str, ifindex: Option<u32>, pkt: &[u8], repeat: u32) -> TestRun {
+        self.test_run_with_mark(prog, ifindex, pkt, repeat, 0)
+    }
+
+    /// [`Self::test_run`] with `skb->mark` = `mark` in the context (with `ifindex` only).
+    fn test_run_with_mark(
+        &self,
+        prog: &str,
+        ifindex: Option<u32>,
+        pkt: &[u8],
+        repeat: u32,
+        mark: u32,
+    ) -> TestRun {
         let program = self
             .dp()
             .program(prog)
@@ -265,6 +293,7 @@ impl Fixture {
         let mut ctx = [0u8; SKB_LEN];
         if let Some(i) = ifindex {
             ctx[SKB_IFINDEX..SKB_IFINDEX + 4].copy_from_slice(&i.to_ne_bytes());
+            ctx[SKB_MARK..SKB_MARK + 4].copy_from_slice(&mark.to_ne_bytes());
         }
         let mut skb = [0u8; SKB_LEN];
         let res = program

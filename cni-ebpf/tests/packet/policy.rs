@@ -787,3 +787,237 @@ fn a_netkit_pods_host_device_judges_by_destination() {
         "no pod has the destination"
     );
 }
+
+/// `skb->mark`'s bit for "the reply of an admitted flow, judged before the stack
+/// translated it" (`cni-ebpf-bpf/src/policy.rs`, `REPLY_MARK`).
+const REPLY_MARK: u32 = 1 << 21;
+
+/// Pod a under `default-deny-ingress` (its ingress refuses all but replies), pod b
+/// admitting a on TCP 80.
+fn a_closed_b_admits_a_on_80() -> Vec<k8s_openapi::api::networking::v1::NetworkPolicy> {
+    let mut p = b_admits_a_on_80();
+    p.push(policy(
+        "a-deny-ingress",
+        json!({
+            "podSelector": {"matchLabels": {"app": "a"}},
+            "policyTypes": ["Ingress"],
+        }),
+    ));
+    p
+}
+
+/// A TCP segment `src:sport → dst:dport` with `flags`, arriving on the device whose MACs
+/// are `smac`/`dmac`.
+fn seg(
+    src: std::net::Ipv4Addr,
+    sport: u16,
+    dst: std::net::Ipv4Addr,
+    dport: u16,
+    flags: u8,
+) -> Vec<u8> {
+    frame(
+        HOST_MAC_A,
+        POD_MAC_A,
+        src,
+        dst,
+        TCP,
+        &tcp(src, dst, sport, dport, flags, b"z"),
+    )
+}
+
+/// A Service connection through kube-proxy, packet by packet as the node's programs see
+/// it: a's SYN to the ClusterIP (to the stack, unjudged), the DNATed SYN into b (judged,
+/// admitted), b's SYN-ACK (to the stack, being the reply of a Service flow: marked as the
+/// reply of the admitted flow), and the SYN-ACK as netfilter's un-DNAT leaves it (from the
+/// ClusterIP): into a with the mark, refused by a's ingress without it. A connection the
+/// policy refuses (to b's port 81) leaves nothing for its reply-shaped packets to be
+/// marked by.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn replies_of_a_service_flow_are_marked_before_the_stack_translates_them() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &a_closed_b_admits_a_on_80(), 1);
+    let vip = std::net::Ipv4Addr::new(10, 96, 0, 10);
+    const SYN_ACK: u8 = 0x12;
+
+    let (v, _, mark) = fx.run_marked("from_pod", IFINDEX_A, &seg(POD_A, 40000, vip, 80, SYN), 0);
+    assert_eq!(
+        (v, mark),
+        (PASS, 0),
+        "a → ClusterIP goes to the stack unmarked"
+    );
+    let (v, _, _) = fx.run_marked("to_pod", IFINDEX_B, &seg(POD_A, 40000, POD_B, 80, SYN), 0);
+    assert_eq!(v, PASS, "the DNATed SYN into b is admitted");
+    let (v, _, mark) = fx.run_marked(
+        "from_pod",
+        IFINDEX_B,
+        &seg(POD_B, 80, POD_A, 40000, SYN_ACK),
+        0,
+    );
+    assert_eq!(v, PASS, "b's reply to a Service client goes to the stack");
+    assert_eq!(
+        mark & REPLY_MARK,
+        REPLY_MARK,
+        "and is marked as the reply of the admitted flow"
+    );
+    assert_eq!(fx.reason(Reason::PolicyReplyMarked), 1);
+
+    let un_dnat = seg(vip, 80, POD_A, 40000, SYN_ACK);
+    let (v, _, left) = fx.run_marked("to_pod", IFINDEX_A, &un_dnat, REPLY_MARK | 0x4000);
+    assert_eq!(v, PASS, "the un-DNATed reply passes with the mark");
+    assert_eq!(left, 0x4000, "the bit is taken off, other bits left alone");
+    assert_eq!(fx.reason(Reason::PolicyReplyPassed), 1);
+    let (v, _, _) = fx.run_marked("to_pod", IFINDEX_A, &un_dnat, 0);
+    assert_eq!(v, SHOT, "unmarked, a's ingress refuses it");
+
+    // Refused: a → ClusterIP → b:81.
+    let _ = fx.run_marked("from_pod", IFINDEX_A, &seg(POD_A, 40001, vip, 81, SYN), 0);
+    let (v, _, _) = fx.run_marked("to_pod", IFINDEX_B, &seg(POD_A, 40001, POD_B, 81, SYN), 0);
+    assert_eq!(v, SHOT, "b admits nothing on 81");
+    let (v, _, mark) = fx.run_marked(
+        "from_pod",
+        IFINDEX_B,
+        &seg(POD_B, 81, POD_A, 40001, SYN_ACK),
+        0,
+    );
+    assert_eq!(
+        (v, mark & REPLY_MARK),
+        (PASS, 0),
+        "a reply-shaped packet of a refused flow is not marked"
+    );
+    let (v, _, _) = fx.run_marked("to_pod", IFINDEX_A, &seg(vip, 81, POD_A, 40001, SYN_ACK), 0);
+    assert_eq!(v, SHOT, "and is refused by a's ingress once translated");
+
+    // A new policy generation: the flow is judged again, and still admitted.
+    enforce(&fx, &a_closed_b_admits_a_on_80(), 10);
+    let (_, _, mark) = fx.run_marked("from_pod", IFINDEX_B, &seg(POD_B, 80, POD_A, 40000, ACK), 0);
+    assert_eq!(
+        mark & REPLY_MARK,
+        REPLY_MARK,
+        "admitted again under the new generation"
+    );
+    // One that refuses a: no longer marked.
+    enforce(
+        &fx,
+        &[
+            policy(
+                "a-deny-ingress",
+                json!({"podSelector": {"matchLabels": {"app": "a"}}, "policyTypes": ["Ingress"]}),
+            ),
+            policy(
+                "b-deny-ingress",
+                json!({"podSelector": {"matchLabels": {"app": "b"}}, "policyTypes": ["Ingress"]}),
+            ),
+        ],
+        20,
+    );
+    let (_, _, mark) = fx.run_marked("from_pod", IFINDEX_B, &seg(POD_B, 80, POD_A, 40000, ACK), 0);
+    assert_eq!(
+        mark & REPLY_MARK,
+        0,
+        "a verdict never outlives the policy that gave it"
+    );
+}
+
+/// The reply of a Service flow whose backend is on another node comes back by the uplink
+/// before the stack un-DNATs it: marked there. So is the reply of a flow the node opened
+/// to a pod (its own socket, or a pod's connection netfilter masqueraded to the node's
+/// address: hairpin, an external IP): the node's flow is recorded where it leaves the
+/// stack (`to_pod`), and the pod's reply to the node's address is marked on its way
+/// back. A packet to the node that replies to nothing is not.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn replies_from_other_nodes_and_to_the_node_are_marked_too() {
+    let fx = Fixture::with_two_pods();
+    enforce(&fx, &a_closed_b_admits_a_on_80(), 1);
+    let remote = std::net::Ipv4Addr::new(10, 244, 2, 5);
+    // a → a pod of another node, as the DNAT leaves it: a tuple a never sent, so no flow
+    // of a's is verified by it and its replies take the stack.
+    let (v, _) = fx.run("uplink_egress", &seg(POD_A, 40002, remote, 80, SYN));
+    assert_ne!(v, SHOT, "a → a pod of another node (after the DNAT) leaves");
+    let back = frame(
+        UPLINK_MAC,
+        EXT_MAC,
+        remote,
+        POD_A,
+        TCP,
+        &tcp(remote, POD_A, 80, 40002, 0x12, b"r"),
+    );
+    let (v, _, mark) = fx.run_marked("uplink_ingress", 1, &back, 0);
+    assert_eq!(v, PASS, "the reply goes to the stack (an unverified flow)");
+    assert_eq!(mark & REPLY_MARK, REPLY_MARK);
+
+    // The node opens a flow to a (masqueraded to the pods' gateway, as kube-proxy does a
+    // hairpin): recorded where it reaches a.
+    let (v, _, _) = fx.run_marked(
+        "to_pod",
+        IFINDEX_A,
+        &seg(GATEWAY, 5000, POD_A, 8080, SYN),
+        0,
+    );
+    assert_eq!(v, PASS, "the node's traffic is never judged");
+    let (v, _, mark) = fx.run_marked(
+        "from_pod",
+        IFINDEX_A,
+        &seg(POD_A, 8080, GATEWAY, 5000, 0x12),
+        0,
+    );
+    assert_eq!(
+        (v, mark & REPLY_MARK),
+        (PASS, REPLY_MARK),
+        "a's reply to the node is marked"
+    );
+    let (_, _, mark) = fx.run_marked(
+        "from_pod",
+        IFINDEX_A,
+        &seg(POD_A, 8080, GATEWAY, 5001, 0x12),
+        0,
+    );
+    assert_eq!(
+        mark & REPLY_MARK,
+        0,
+        "a packet to the node that answers nothing is not"
+    );
+}
+
+/// The same over IPv6: a Service reply from b marked on its way to the stack, and the
+/// un-DNATed reply let into a by its mark alone.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn ipv6_replies_of_a_service_flow_are_marked_as_ipv4_ones() {
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
+        node_addr6: Some("fd00:18::2".parse().unwrap()),
+        cluster_cidrs6: vec!["fd00:10:244::/48".parse().unwrap()],
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    dual_stack_pods(&fx);
+    enforce(&fx, &a_closed_b_admits_a_on_80(), 1);
+    let vip: Ipv6Addr = "fd00:10:96::10".parse().unwrap();
+    let with_flags = |mut f: Vec<u8>, flags: u8| {
+        // The TCP flags byte: Ethernet 14 + IPv6 40 + 13.
+        f[14 + 40 + 13] = flags;
+        f
+    };
+    let syn_to_vip = tcp6_frame(POD_A6, 40000, vip, 80, POD_MAC_A, HOST_MAC_A);
+    let (v, _, mark) = fx.run_marked("from_pod", IFINDEX_A, &syn_to_vip, 0);
+    assert_eq!((v, mark), (PASS, 0));
+    let dnat = tcp6_frame(POD_A6, 40000, POD_B6, 80, UPLINK_MAC, HOST_MAC_B);
+    assert_eq!(fx.run_marked("to_pod", IFINDEX_B, &dnat, 0).0, PASS);
+    let reply = with_flags(
+        tcp6_frame(POD_B6, 80, POD_A6, 40000, POD_MAC_B, HOST_MAC_B),
+        0x12,
+    );
+    let (v, _, mark) = fx.run_marked("from_pod", IFINDEX_B, &reply, 0);
+    assert_eq!((v, mark & REPLY_MARK), (PASS, REPLY_MARK));
+    let un_dnat = with_flags(
+        tcp6_frame(vip, 80, POD_A6, 40000, UPLINK_MAC, HOST_MAC_A),
+        0x12,
+    );
+    assert_eq!(
+        fx.run_marked("to_pod", IFINDEX_A, &un_dnat, REPLY_MARK).0,
+        PASS
+    );
+    assert_eq!(fx.run_marked("to_pod", IFINDEX_A, &un_dnat, 0).0, SHOT);
+}
