@@ -82,10 +82,9 @@ fn host_port_target(ctx: &SockAddrContext, addr: u32, port: u16, proto_: u8) -> 
     if !node_socket(ctx, proto_) {
         return None;
     }
-    if is_loopback(addr) {
-        // Only mappings without a hostIP answer on the loopback addresses.
-        port_mapping(0, port, proto_)
-    } else if is_node_addr(addr) {
+    // The node's addresses and the loopback ones: a mapping with that hostIP, else one
+    // without (as portmap's DNAT in the OUTPUT chain matches every local address).
+    if is_loopback(addr) || is_node_addr(addr) {
         port_mapping(addr, port, proto_)
     } else {
         None
@@ -184,8 +183,12 @@ fn recall(cookie: u64, addr: u32, port: u16) -> Option<SockRevValue> {
     unsafe { SOCK_REVNAT.get(key) }.copied()
 }
 
-/// [`host_port_target`] for an IPv6 address: `::1` (mappings without a hostIP) or one of
-/// the node's IPv6 addresses.
+/// [`host_port_target`] for an IPv6 address: one of the node's IPv6 addresses, or `::1`
+/// from a socket bound to one of them. The reference `portmap` reaches `::1` only so:
+/// its DNAT in the OUTPUT chain keeps the source, and the kernel never routes a packet
+/// from `::1` off the loopback device (IPv6 has no `route_localnet`), so a socket that
+/// lets the kernel choose its source times out. Host ports are reachable exactly where
+/// the reference makes them reachable.
 #[inline(always)]
 fn host_port_target6(
     ctx: &SockAddrContext,
@@ -196,13 +199,34 @@ fn host_port_target6(
     if !node_socket(ctx, proto_) {
         return None;
     }
-    if addr == LOOPBACK6 {
-        port_mapping6([0; 4], port, proto_)
-    } else if addr.is_node_addr() {
+    let reachable = if addr == LOOPBACK6 {
+        bound_off_loopback(ctx)
+    } else {
+        addr.is_node_addr()
+    };
+    if reachable {
         port_mapping6(addr, port, proto_)
     } else {
         None
     }
+}
+
+/// Whether the IPv6 socket of the call is bound to an address that is neither `::` nor
+/// `::1`.
+#[inline(always)]
+fn bound_off_loopback(ctx: &SockAddrContext) -> bool {
+    // SAFETY: `sock_addr` points at the kernel's context for the whole call, and its `sk`
+    // at the calling socket; 4-byte reads of `src_ip6`, which the verifier allows.
+    let src: Addr6 = unsafe {
+        let sk = (*ctx.sock_addr).__bindgen_anon_1.sk;
+        [
+            core::ptr::read_volatile(&raw const (*sk).src_ip6[0]),
+            core::ptr::read_volatile(&raw const (*sk).src_ip6[1]),
+            core::ptr::read_volatile(&raw const (*sk).src_ip6[2]),
+            core::ptr::read_volatile(&raw const (*sk).src_ip6[3]),
+        ]
+    };
+    src != [0; 4] && src != LOOPBACK6
 }
 
 /// The destination of an IPv6 socket call (network order).
