@@ -248,13 +248,25 @@ impl ClusterNode {
     /// node's directory) and `--kube-proxy-replacement`, appending to `log`.
     #[must_use]
     pub fn start_policy_service_agent(&self, api: &ApiServer, log: &Path) -> Background {
+        self.start_policy_agent(api, true, log)
+    }
+
+    /// Starts `cni-ebpf agent` on this node as the DaemonSet runs it: NetworkPolicy (its
+    /// state in the node's directory), the Node watcher (tunnel entries) and, when
+    /// `replacement`, `--kube-proxy-replacement`; appending to `log`.
+    #[must_use]
+    pub fn start_policy_agent(&self, api: &ApiServer, replacement: bool, log: &Path) -> Background {
         let state = self.dir().join("policy-state").display().to_string();
         self.start_agent_of(
             &crate::plugin::plugin_bin(),
             api,
             &[
                 "agent",
-                "--kube-proxy-replacement=true",
+                if replacement {
+                    "--kube-proxy-replacement=true"
+                } else {
+                    "--kube-proxy-replacement=false"
+                },
                 "--state-dir",
                 &state,
                 "--listen",
@@ -264,6 +276,18 @@ impl ClusterNode {
             ],
             log,
         )
+    }
+
+    /// The policy generation in force on `network` (0: no agent has swapped one in, or
+    /// nothing is pinned).
+    #[must_use]
+    pub fn policy_generation_of(&self, network: &str) -> u32 {
+        let dir = self.pin_root().join(network);
+        Datapath::open_at(&dir)
+            .ok()
+            .flatten()
+            .and_then(|d| d.policy_state().ok())
+            .map_or(0, |s| s.generation)
     }
 
     /// The pods' IPv4 gateway (first address of the pod CIDR, owned by every host veth).
@@ -747,6 +771,18 @@ impl Cluster {
         underlay: Underlay,
         logs: &Path,
     ) -> [Background; 2] {
+        self.publish_nodes(api, underlay);
+        let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
+        let agents = [
+            self.a.start_node_agent_of(bin, api, &log(&self.a)),
+            self.b.start_node_agent_of(bin, api, &log(&self.b)),
+        ];
+        self.wait_for_tunnels(network, underlay, logs);
+        agents
+    }
+
+    /// Publishes both Node objects on `api`: both pod CIDRs, the InternalIP of `underlay`.
+    fn publish_nodes(&self, api: &ApiServer, underlay: Underlay) {
         for n in self.nodes() {
             api.set_node(
                 n.name,
@@ -754,11 +790,12 @@ impl Cluster {
                 &[n.underlay_ip(underlay)],
             );
         }
-        let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
-        let agents = [
-            self.a.start_node_agent_of(bin, api, &log(&self.a)),
-            self.b.start_node_agent_of(bin, api, &log(&self.b)),
-        ];
+    }
+
+    /// Waits until each node's tunnel entries of `network` lead to the other; panics,
+    /// showing the agents' logs in `logs`, after five seconds.
+    #[track_caller]
+    fn wait_for_tunnels(&self, network: &str, underlay: Underlay, logs: &Path) {
         let deadline = Instant::now() + Duration::from_secs(5);
         for (n, other) in [(&self.a, &self.b), (&self.b, &self.a)] {
             while !n.tunnels_to_in(network, other, underlay) {
@@ -773,7 +810,6 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        agents
     }
 
     /// Publishes `services` (Services and EndpointSlices) on `api`, starts an agent with
@@ -811,25 +847,90 @@ impl Cluster {
             self.a.start_service_agent_of(bin, api, true, &log(&self.a)),
             self.b.start_service_agent_of(bin, api, true, &log(&self.b)),
         ];
+        self.wait_for_service_maps(network, services, logs);
+        agents
+    }
+
+    /// Starts the DaemonSet's agent on each node ([`ClusterNode::start_policy_agent`]: logs
+    /// in `logs`), which enforces the NetworkPolicies `api` holds, keeps the tunnel entries
+    /// when `underlay` is given (its Node objects published first) and translates
+    /// `services` in place of kube-proxy when given (published first). Waits until each
+    /// node has a policy generation in force, tunnel entries to the other node and whole
+    /// Service maps, as asked; panics, showing the agents' logs, if that takes too long.
+    #[track_caller]
+    #[must_use]
+    pub fn start_policy_agents(
+        &self,
+        api: &ApiServer,
+        underlay: Option<Underlay>,
+        services: Option<&[ServicePort]>,
+        logs: &Path,
+    ) -> [Background; 2] {
+        if let Some(u) = underlay {
+            self.publish_nodes(api, u);
+        }
+        for (resource, obj) in crate::service_objects::objects(services.unwrap_or_default()) {
+            api.put(resource, obj);
+        }
+        let log = |n: &ClusterNode| logs.join(format!("agent-{}.log", n.name));
+        let replacement = services.is_some();
+        let agents = [
+            self.a.start_policy_agent(api, replacement, &log(&self.a)),
+            self.b.start_policy_agent(api, replacement, &log(&self.b)),
+        ];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for n in self.nodes() {
+            while n.policy_generation_of("testnet") == 0 {
+                if Instant::now() > deadline {
+                    panic!(
+                        "{} has no policy generation in force after 10 s; agent logs:\n{}",
+                        n.name,
+                        agent_logs(logs)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        if let Some(u) = underlay {
+            self.wait_for_tunnels("testnet", u, logs);
+        }
+        if let Some(services) = services {
+            self.wait_for_service_maps("testnet", services, logs);
+        }
+        agents
+    }
+
+    /// Waits until each node's Service maps of `network` hold every frontend of
+    /// `services` with every backend; panics, showing the agents' logs in `logs`, after
+    /// ten seconds.
+    #[track_caller]
+    fn wait_for_service_maps(&self, network: &str, services: &[ServicePort], logs: &Path) {
         let deadline = Instant::now() + Duration::from_secs(10);
         for n in self.nodes() {
             // Each port's ClusterIP; a NodePort twice (for the node and its pods with every
             // endpoint, from outside with those `externalTrafficPolicy` allows here), once
-            // without endpoints (the node's stack refuses it from outside).
+            // without endpoints (the node's stack refuses it from outside); each external
+            // IP and load-balancer address of the port's family twice, as a NodePort.
             let (mut frontends, mut backends) = (0, 0);
             for s in services {
                 frontends += 1;
                 backends += s.endpoints.len();
+                let external = match s.external_traffic_policy {
+                    TrafficPolicy::Cluster => s.endpoints.len(),
+                    TrafficPolicy::Local => s.endpoints.iter().filter(|e| e.node == n.name).count(),
+                };
                 if s.node_port.is_some() {
                     frontends += if s.endpoints.is_empty() { 1 } else { 2 };
-                    backends += s.endpoints.len();
-                    backends += match s.external_traffic_policy {
-                        TrafficPolicy::Cluster => s.endpoints.len(),
-                        TrafficPolicy::Local => {
-                            s.endpoints.iter().filter(|e| e.node == n.name).count()
-                        }
-                    };
+                    backends += s.endpoints.len() + external;
                 }
+                let addresses = s
+                    .external_ips
+                    .iter()
+                    .chain(&s.load_balancer_ips)
+                    .filter(|ip| ip.is_ipv6() == s.is_ipv6())
+                    .count();
+                frontends += 2 * addresses;
+                backends += addresses * (s.endpoints.len() + external);
             }
             loop {
                 let table = n
@@ -853,7 +954,6 @@ impl Cluster {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        agents
     }
 
     /// Loads kube-proxy's rules for `services` in `mode` into both nodes, each with its

@@ -7,13 +7,14 @@
 //! do to a packet is what they do on a node running kube-proxy. The layouts follow
 //! kube-proxy's `pkg/proxy/iptables` and `pkg/proxy/nftables` (the expected dumps in their
 //! `proxier_test.go`); this is our own renderer of those layouts, for the subset of Service
-//! features the tests use (ClusterIP, NodePort with `externalTrafficPolicy`, several
-//! endpoints, TCP/UDP, one family per rule set) with kube-proxy's defaults:
+//! features the tests use (ClusterIP, NodePort, external IPs and load-balancer addresses
+//! with `externalTrafficPolicy`, several endpoints, TCP/UDP/SCTP, one family per rule
+//! set) with kube-proxy's defaults:
 //! masquerade bit 14 (`0x4000`), `--cluster-cidr` as the local-traffic detector,
 //! `--random-fully` / `fully-random` masquerade, no `masqueradeAll`, localhost NodePorts
 //! in iptables mode (hence `route_localnet=1`), NodePorts on every local address in
 //! iptables mode and on the node's primary addresses in nftables mode (its default).
-//! Not rendered: externalIPs, load-balancer IPs and source ranges, session affinity,
+//! Not rendered: load-balancer source ranges (the firewall chains), session affinity,
 //! topology hints, `nfacct` counters (kube-proxy skips those when the kernel has none).
 //!
 //! ```no_run
@@ -46,6 +47,8 @@ pub enum Protocol {
     Tcp,
     /// UDP.
     Udp,
+    /// SCTP (netfilter's conntrack and NAT of it need no SCTP socket module).
+    Sctp,
 }
 
 impl Protocol {
@@ -55,6 +58,7 @@ impl Protocol {
         match self {
             Self::Tcp => "tcp",
             Self::Udp => "udp",
+            Self::Sctp => "sctp",
         }
     }
 }
@@ -94,7 +98,12 @@ pub struct ServicePort {
     pub port: u16,
     /// The NodePort, if the Service has one.
     pub node_port: Option<u16>,
-    /// `externalTrafficPolicy` (only meaningful with a NodePort).
+    /// `spec.externalIPs`.
+    pub external_ips: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip` (without `loadBalancerSourceRanges`).
+    pub load_balancer_ips: Vec<IpAddr>,
+    /// `externalTrafficPolicy` (only meaningful with a NodePort, an external IP or a
+    /// load-balancer address).
     pub external_traffic_policy: TrafficPolicy,
     /// Ready endpoints, in the order kube-proxy would list them.
     pub endpoints: Vec<Endpoint>,
@@ -126,6 +135,8 @@ impl ServicePort {
             cluster_ip,
             port,
             node_port: None,
+            external_ips: Vec::new(),
+            load_balancer_ips: Vec::new(),
             external_traffic_policy: TrafficPolicy::Cluster,
             endpoints: Vec::new(),
         }
@@ -150,6 +161,43 @@ impl ServicePort {
         self
     }
 
+    /// Adds the external IP `ip` (`spec.externalIPs`), with `externalTrafficPolicy:
+    /// policy`. Panics on a malformed address.
+    #[track_caller]
+    #[must_use]
+    pub fn external_ip(mut self, ip: &str, policy: TrafficPolicy) -> Self {
+        self.external_ips.push(parse_ip(ip));
+        self.external_traffic_policy = policy;
+        self
+    }
+
+    /// Adds the load-balancer address `ip` (as a cloud controller writes it to the
+    /// Service's status), with `externalTrafficPolicy: policy`. Panics on a malformed
+    /// address.
+    #[track_caller]
+    #[must_use]
+    pub fn load_balancer_ip(mut self, ip: &str, policy: TrafficPolicy) -> Self {
+        self.load_balancer_ips.push(parse_ip(ip));
+        self.external_traffic_policy = policy;
+        self
+    }
+
+    /// The external IPs and load-balancer addresses of this port's family, each with the
+    /// word kube-proxy's comments use for it.
+    fn external_addresses(&self) -> Vec<(IpAddr, &'static str)> {
+        let v6 = self.v6();
+        self.external_ips
+            .iter()
+            .map(|ip| (*ip, "external IP"))
+            .chain(
+                self.load_balancer_ips
+                    .iter()
+                    .map(|ip| (*ip, "loadbalancer IP")),
+            )
+            .filter(|(ip, _)| ip.is_ipv6() == v6)
+            .collect()
+    }
+
     /// `ServicePortName.String()`: `ns/name:port`, or `ns/name` for an unnamed port.
     #[must_use]
     pub fn port_name_string(&self) -> String {
@@ -162,6 +210,8 @@ impl ServicePort {
 
     fn externally_accessible(&self) -> bool {
         self.node_port.is_some()
+            || !self.external_ips.is_empty()
+            || !self.load_balancer_ips.is_empty()
     }
 
     fn external_policy_local(&self) -> bool {
@@ -255,6 +305,11 @@ fn categorize<'a>(node: &ProxyNode, svc: &'a ServicePort) -> Categorized<'a> {
 /// `ip:port`, with brackets for IPv6 (Go's `net.JoinHostPort`).
 fn join_host_port(addr: SocketAddr) -> String {
     addr.to_string()
+}
+
+#[track_caller]
+fn parse_ip(ip: &str) -> IpAddr {
+    ip.parse().unwrap_or_else(|e| panic!("address {ip:?}: {e}"))
 }
 
 // ------------------------------------------------------------------------------------
@@ -525,6 +580,29 @@ pub fn iptables(node: &ProxyNode, services: &[ServicePort]) -> IptablesRules {
                 "-A KUBE-SERVICES {} {dst} -j REJECT",
                 comment(&format!("{name} has no endpoints"))
             ));
+        }
+
+        // Capture the external IPs and load-balancer addresses.
+        for (ip, what) in svc.external_addresses() {
+            let to = format!("-m {proto} -p {proto} -d {ip} --dport {}", svc.port);
+            if cat.has_endpoints {
+                nat.rule(format!(
+                    "-A KUBE-SERVICES {} {to} -j {}",
+                    comment(&format!("{name} {what}")),
+                    chains.ext
+                ));
+            }
+            if !cat.has_external_endpoints {
+                let (why, verdict) = if cat.has_endpoints {
+                    ("has no local endpoints", "DROP")
+                } else {
+                    ("has no endpoints", "REJECT")
+                };
+                filter.rule(format!(
+                    "-A KUBE-EXTERNAL-SERVICES {} {to} -j {verdict}",
+                    comment(&format!("{name} {why}"))
+                ));
+            }
         }
 
         // Capture the NodePort.
@@ -895,6 +973,12 @@ pub fn nftables(node: &ProxyNode, services: &[ServicePort]) -> String {
                 "add element {t} no-endpoint-services {{ {cip} . {proto} . {} comment \"{name}\" : goto reject-chain }}",
                 svc.port
             ));
+            for (ip, _) in svc.external_addresses() {
+                line(format!(
+                    "add element {t} no-endpoint-services {{ {ip} . {proto} . {} comment \"{name}\" : goto reject-chain }}",
+                    svc.port
+                ));
+            }
             if let Some(np) = svc.node_port {
                 line(format!(
                     "add element {t} no-endpoint-nodeports {{ {proto} . {np} comment \"{name}\" : goto reject-chain }}"
@@ -970,6 +1054,18 @@ pub fn nftables(node: &ProxyNode, services: &[ServicePort]) -> String {
             "add element {t} service-ips {{ {cip} . {proto} . {} : goto {service} }}",
             svc.port
         ));
+        for (ip, _) in svc.external_addresses() {
+            line(format!(
+                "add element {t} service-ips {{ {ip} . {proto} . {} : goto {external} }}",
+                svc.port
+            ));
+            if !cat.has_external_endpoints {
+                line(format!(
+                    "add element {t} no-endpoint-services {{ {ip} . {proto} . {} comment \"{name}\" : drop }}",
+                    svc.port
+                ));
+            }
+        }
         if let Some(np) = svc.node_port {
             line(format!(
                 "add element {t} service-nodeports {{ {proto} . {np} : goto {external} }}"
@@ -1137,15 +1233,18 @@ mod tests {
         ProxyNode::new("test-node", &["192.168.0.2"], "10.0.0.0/8", "172.30.0.0/16")
     }
 
-    /// kube-proxy's test Services svc1 (ClusterIP), svc2 (NodePort, Local policy, endpoint
-    /// on another node), svc3 (NodePort, Cluster policy) and svc4 (two endpoints).
+    /// kube-proxy's test Services svc1 (ClusterIP), svc2 (NodePort, external IP and
+    /// load-balancer address, Local policy, endpoint on another node), svc3 (NodePort,
+    /// Cluster policy) and svc4 (two endpoints).
     fn services() -> Vec<ServicePort> {
         vec![
             ServicePort::new("ns1/svc1", "p80", Protocol::Tcp, "172.30.0.41", 80)
                 .endpoint("10.180.0.1:80", "other"),
             ServicePort::new("ns2/svc2", "p80", Protocol::Tcp, "172.30.0.42", 80)
                 .endpoint("10.180.0.2:80", "other")
-                .node_port(3001, TrafficPolicy::Local),
+                .node_port(3001, TrafficPolicy::Local)
+                .external_ip("192.168.99.22", TrafficPolicy::Local)
+                .load_balancer_ip("1.2.3.4", TrafficPolicy::Local),
             ServicePort::new("ns3/svc3", "p80", Protocol::Tcp, "172.30.0.43", 80)
                 .endpoint("10.180.0.3:80", "other")
                 .node_port(3003, TrafficPolicy::Cluster),
@@ -1181,6 +1280,10 @@ mod tests {
             -A KUBE-NODEPORTS -m comment --comment ns3/svc3:p80 -m tcp -p tcp --dport 3003 -j KUBE-EXT-X27LE4BHSL4DOUIK
             -A KUBE-SERVICES -m comment --comment "ns1/svc1:p80 cluster IP" -m tcp -p tcp -d 172.30.0.41 --dport 80 -j KUBE-SVC-XPGD46QRK7WJZT7O
             -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 cluster IP" -m tcp -p tcp -d 172.30.0.42 --dport 80 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
+            -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 external IP" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+            -A KUBE-SERVICES -m comment --comment "ns2/svc2:p80 loadbalancer IP" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j KUBE-EXT-GNZBNJ2PO5MGZ6GT
+            -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 192.168.99.22 --dport 80 -j DROP
+            -A KUBE-EXTERNAL-SERVICES -m comment --comment "ns2/svc2:p80 has no local endpoints" -m tcp -p tcp -d 1.2.3.4 --dport 80 -j DROP
             -A KUBE-SERVICES -m comment --comment "ns3/svc3:p80 cluster IP" -m tcp -p tcp -d 172.30.0.43 --dport 80 -j KUBE-SVC-X27LE4BHSL4DOUIK
             -A KUBE-SERVICES -m comment --comment "kubernetes service nodeports; NOTE: this must be the last rule in this chain" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
             -A KUBE-EXT-GNZBNJ2PO5MGZ6GT -m comment --comment "pod traffic for ns2/svc2:p80 external destinations" -s 10.0.0.0/8 -j KUBE-SVC-GNZBNJ2PO5MGZ6GT
@@ -1289,6 +1392,8 @@ mod tests {
             add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local jump mark-for-masquerade comment "masquerade local traffic"
             add rule ip kube-proxy external-42NFTM6N-ns2/svc2/tcp/p80 fib saddr type local goto service-42NFTM6N-ns2/svc2/tcp/p80 comment "short-circuit local traffic"
             add element ip kube-proxy service-nodeports { tcp . 3001 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+            add element ip kube-proxy service-ips { 192.168.99.22 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
+            add element ip kube-proxy service-ips { 1.2.3.4 . tcp . 80 : goto external-42NFTM6N-ns2/svc2/tcp/p80 }
             add element ip kube-proxy no-endpoint-nodeports { tcp . 3001 comment "ns2/svc2:p80" : drop }
             add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 jump mark-for-masquerade
             add rule ip kube-proxy external-4AT6LBPK-ns3/svc3/tcp/p80 goto service-4AT6LBPK-ns3/svc3/tcp/p80

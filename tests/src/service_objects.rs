@@ -45,6 +45,7 @@ fn protocol(p: &ServicePort) -> &'static str {
     match p.protocol {
         crate::kubeproxy::Protocol::Tcp => "TCP",
         crate::kubeproxy::Protocol::Udp => "UDP",
+        crate::kubeproxy::Protocol::Sctp => "SCTP",
     }
 }
 
@@ -55,10 +56,23 @@ pub fn service(ns: &str, name: &str, ports: &[&ServicePort]) -> Value {
     let mut ips: Vec<String> = Vec::new();
     let mut spec_ports: Vec<Value> = Vec::new();
     let mut node_port_policy = None;
+    let (mut external_ips, mut lb_ips): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut external_policy = None;
     for p in ports {
         let ip = p.cluster_ip.to_string();
         if !ips.contains(&ip) {
             ips.push(ip);
+        }
+        for (from, into) in [
+            (&p.external_ips, &mut external_ips),
+            (&p.load_balancer_ips, &mut lb_ips),
+        ] {
+            for a in from {
+                external_policy = Some(p.external_traffic_policy);
+                if !into.contains(&a.to_string()) {
+                    into.push(a.to_string());
+                }
+            }
         }
         let port = json!({
             "name": p.port_name,
@@ -84,8 +98,15 @@ pub fn service(ns: &str, name: &str, ports: &[&ServicePort]) -> Value {
         .iter()
         .map(|ip| if ip.contains(':') { "IPv6" } else { "IPv4" })
         .collect();
+    let kind = if !lb_ips.is_empty() {
+        "LoadBalancer"
+    } else if node_port_policy.is_some() {
+        "NodePort"
+    } else {
+        "ClusterIP"
+    };
     let mut spec = json!({
-        "type": if node_port_policy.is_some() { "NodePort" } else { "ClusterIP" },
+        "type": kind,
         "clusterIP": ips[0],
         "clusterIPs": ips,
         "ipFamilies": families,
@@ -94,18 +115,26 @@ pub fn service(ns: &str, name: &str, ports: &[&ServicePort]) -> Value {
         "sessionAffinity": "None",
         "internalTrafficPolicy": "Cluster",
     });
-    if let Some(policy) = node_port_policy {
+    if let Some(policy) = node_port_policy.or(external_policy) {
         spec["externalTrafficPolicy"] = json!(match policy {
             TrafficPolicy::Cluster => "Cluster",
             TrafficPolicy::Local => "Local",
         });
     }
-    json!({
+    if !external_ips.is_empty() {
+        spec["externalIPs"] = json!(external_ips);
+    }
+    let mut service = json!({
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": { "name": name, "namespace": ns },
         "spec": spec,
-    })
+    });
+    if !lb_ips.is_empty() {
+        let ingress: Vec<Value> = lb_ips.iter().map(|ip| json!({ "ip": ip })).collect();
+        service["status"] = json!({ "loadBalancer": { "ingress": ingress } });
+    }
+    service
 }
 
 /// The EndpointSlice of `ns/name` for `family` (`IPv4`/`IPv6`) with the endpoints of
