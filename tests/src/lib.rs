@@ -31,6 +31,8 @@
 //! - [`process`]: bounded command execution inside a namespace, `ip -j`.
 //! - [`net`]: ping, TCP/UDP requests and a "who am I" server, spoken natively (the
 //!   machines have no `ping`/`nc`/`socat`).
+//! - [`dns`]: an authoritative DNS server in a pod, the cluster DNS of the simulated
+//!   cluster.
 //!
 //! The tests that need root are `#[ignore = "privileged: run via cargo xtask test"]`;
 //! `cargo xtask test` runs them with `--ignored` after building the plugin and pointing
@@ -47,6 +49,7 @@ pub mod conf;
 #[cfg(feature = "cri")]
 pub mod containerd;
 pub mod datapath;
+pub mod dns;
 pub mod inspect;
 pub mod kubeproxy;
 pub mod libcni;
