@@ -938,11 +938,13 @@ fn the_agent_is_ready_once_its_first_rounds_are_made_and_its_datapaths_are_whole
     assert_eq!(ready().0, 200);
 }
 
-/// One pod of the end-to-end matrix: where it runs and what it serves.
+/// One pod of the end-to-end matrix: where it runs, what it serves and, with the kube-proxy
+/// replacement, its prober in the socket hooks' cgroup. Field order is drop order.
 struct MatrixPod {
     name: String,
-    pod: tests::Pod,
+    prober: Option<tests::netpol::probe::ProcessProber>,
     servers: tests::netpol::probe::MatrixServer,
+    pod: tests::Pod,
 }
 
 /// One probe of the matrix and what it must find.
@@ -952,11 +954,79 @@ struct Cell {
     v6: bool,
     protocol: Protocol,
     port: u16,
+    /// Through the destination pod's Service (its ClusterIP), as the upstream suite
+    /// probes; else to the pod's own address.
+    via_service: bool,
     expected: bool,
 }
 
+/// What translates the matrix's Services (see [`MatrixWorld`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MatrixProxy {
+    /// No Services: the probes go to the pods' addresses only.
+    None,
+    /// kube-proxy's rules in this mode on both nodes.
+    KubeProxy(tests::kubeproxy::Mode),
+    /// The agents' `--kube-proxy-replacement`.
+    Replacement,
+}
+
+/// The ClusterIP of the Service of the matrix pod at `index` (upstream's `s-<ns>-<pod>`).
+fn service_ip(index: usize, v6: bool) -> IpAddr {
+    if v6 {
+        IpAddr::V6(Ipv6Addr::new(
+            0xfd00,
+            0x10,
+            0x96,
+            0,
+            0,
+            0,
+            0,
+            0x100 + index as u16,
+        ))
+    } else {
+        IpAddr::V4(Ipv4Addr::new(10, 96, 1, 10 + index as u8))
+    }
+}
+
+/// The Service ports of the matrix pod at `index` as kube-proxy sees them: upstream's
+/// `model.go` gives each pod a Service with ports 80 and 81 over TCP, UDP and SCTP, each
+/// to the same container port, in both families.
+fn matrix_services(
+    pods: &[(String, &tests::ClusterNode, [IpAddr; 2])],
+) -> Vec<tests::kubeproxy::ServicePort> {
+    use tests::kubeproxy::{Protocol as P, ServicePort};
+    let mut out = Vec::new();
+    for (i, (name, node, ips)) in pods.iter().enumerate() {
+        let (ns, pod) = name.split_once('/').unwrap_or(("", name));
+        for (v6, ip) in [(false, ips[0]), (true, ips[1])] {
+            for port in tests::netpol::PORTS {
+                for (proto, p) in [
+                    (Protocol::Tcp, P::Tcp),
+                    (Protocol::Udp, P::Udp),
+                    (Protocol::Sctp, P::Sctp),
+                ] {
+                    let ep = std::net::SocketAddr::new(ip, port).to_string();
+                    out.push(
+                        ServicePort::new(
+                            &format!("{ns}/s-{ns}-{pod}"),
+                            &port_name(port, proto),
+                            p,
+                            &service_ip(i, v6).to_string(),
+                            port,
+                        )
+                        .endpoint(&ep, node.name()),
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Probes `cells` from the pods' namespaces, all at once (a thread each), and returns
-/// what each found.
+/// what each found. A probe through a Service translated at the socket (the
+/// replacement's) is made by the source pod's prober, a process in the hooks' cgroup.
 fn probe_cells(
     pods: &[MatrixPod],
     universe: &Universe,
@@ -970,8 +1040,20 @@ fn probe_cells(
             .map(|c| {
                 s.spawn(move || {
                     let (src, dst) = (&pods[c.from], &pods[c.to]);
+                    let addr = if c.via_service {
+                        service_ip(c.to, c.v6)
+                    } else {
+                        pod_ip(universe, &dst.name, c.v6)
+                    };
+                    if let (true, Some(p)) = (c.via_service, &src.prober) {
+                        return p.probe(
+                            std::net::SocketAddr::new(addr, c.port),
+                            c.protocol,
+                            timeout,
+                        );
+                    }
                     let target = Target {
-                        addr: pod_ip(universe, &dst.name, c.v6),
+                        addr,
                         port: c.port,
                         server: &dst.servers,
                     };
@@ -986,6 +1068,9 @@ fn probe_cells(
     })
 }
 
+/// The one-shot client process (see `src/bin/cni-ebpf-netclient.rs`).
+const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
+
 /// The end-to-end world: two nodes, the nine pods of x, y and z spread over them (ADDed
 /// by the plugin, dual-stack, each serving TCP, UDP and SCTP on ports 80 and 81), an
 /// agent on each node watching the stand-in API server, which holds the namespaces and
@@ -997,7 +1082,11 @@ struct MatrixWorld {
     _agents: [tests::Background; 2],
     pods: Vec<MatrixPod>,
     api: tests::ApiServer,
+    /// The replacement's socket hooks' cgroup (the pods' probers run in it; removed once
+    /// they are gone).
+    _cgroup: Option<tests::TestCgroup>,
     cluster: tests::Cluster,
+    proxy: MatrixProxy,
     initial: Universe,
     probes: usize,
     retried: usize,
@@ -1006,8 +1095,11 @@ struct MatrixWorld {
 impl MatrixWorld {
     /// The world on nodes whose pod CIDRs the fabric routes (`tunnel: false`), or on
     /// nodes in two subnets joined only by the tunnel (`crossNode: tunnel`, the agents
-    /// also keeping the tunnel entries from the Node objects).
-    fn new(test: &str, tunnel: bool) -> Self {
+    /// also keeping the tunnel entries from the Node objects). With `proxy`, each pod has
+    /// a Service (upstream's `s-<ns>-<pod>`: ports 80 and 81 over TCP, UDP and SCTP, both
+    /// families), translated by kube-proxy's rules or the agents' replacement, and every
+    /// step probes each pod both by its address and through its Service.
+    fn new(test: &str, tunnel: bool, proxy: MatrixProxy) -> Self {
         use std::time::Duration;
 
         use serde_json::json;
@@ -1028,13 +1120,17 @@ impl MatrixWorld {
                 api.set_node(n.name(), &[n.pod_cidr4(), n.pod_cidr6()], &[n.ip4()]);
             }
         }
+        let cgroup =
+            (proxy == MatrixProxy::Replacement).then(|| tests::TestCgroup::create(cluster.tag()));
         let conf = |n: &tests::ClusterNode| {
-            let conf = n.conf_dual_stack();
+            let mut conf = n.conf_dual_stack();
             if tunnel {
-                conf.set("crossNode", json!("tunnel"))
-            } else {
-                conf
+                conf = conf.set("crossNode", json!("tunnel"));
             }
+            if let Some(cg) = &cgroup {
+                conf = conf.set("cgroupPath", json!(cg.path().to_string_lossy()));
+            }
+            conf
         };
         let mut initial = Universe {
             namespaces: Vec::new(),
@@ -1046,6 +1142,7 @@ impl MatrixWorld {
             initial.namespaces.push(obj);
         }
         let mut pods = Vec::new();
+        let mut endpoints = Vec::new();
         for (i, (ns, name)) in NAMESPACES
             .iter()
             .flat_map(|ns| PODS.iter().map(move |p| (*ns, *p)))
@@ -1066,26 +1163,50 @@ impl MatrixWorld {
             assert_eq!(ips.len(), 2, "{ns}/{name} is not dual-stack: {result}");
             let obj = pod(ns, name, &[("pod", name)], &ips);
             api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+            endpoints.push((pod_string(ns, name), node, [ips[0], ips[1]]));
             initial.pods.push(obj);
             let servers = MatrixServer::start(handle.netns(), &pod_string(ns, name));
+            let prober = cgroup.as_ref().map(|cg| {
+                tests::netpol::probe::ProcessProber::start(
+                    std::path::Path::new(NETCLIENT),
+                    handle.netns(),
+                    cg,
+                )
+            });
             pods.push(MatrixPod {
                 name: pod_string(ns, name),
-                pod: handle,
+                prober,
                 servers,
+                pod: handle,
             });
+        }
+        let services = matrix_services(&endpoints);
+        match proxy {
+            MatrixProxy::None => {}
+            MatrixProxy::KubeProxy(mode) => cluster.install_kube_proxy(mode, &services),
+            MatrixProxy::Replacement => {
+                for (resource, obj) in tests::service_objects::objects(&services) {
+                    api.put(resource, obj);
+                }
+            }
         }
         let agent = |n: &tests::ClusterNode| {
             let log = n.dir().join("agent.log");
+            let mut extra = Vec::new();
             if tunnel {
-                start_agent_as(n, &api, &log, &["--node-name", n.name()])
-            } else {
-                start_agent(n, &api, &log)
+                extra.extend(["--node-name", n.name()]);
             }
+            if proxy == MatrixProxy::Replacement {
+                extra.push("--kube-proxy-replacement=true");
+            }
+            start_agent_as(n, &api, &log, &extra)
         };
         let agents = [agent(cluster.a()), agent(cluster.b())];
         let world = Self {
             cluster,
             api,
+            _cgroup: cgroup,
+            proxy,
             initial,
             pods,
             _agents: agents,
@@ -1151,8 +1272,16 @@ impl MatrixWorld {
         let mut cells = Vec::new();
         for from in 0..self.pods.len() {
             for to in (0..self.pods.len()).filter(|t| *t != from) {
-                for v6 in [false, true] {
+                for (v6, via_service) in self.reaches() {
                     for protocol in PROTOCOLS {
+                        // The replacement translates no SCTP (docs/services.md): no Service
+                        // cell for it there.
+                        if via_service
+                            && protocol == Protocol::Sctp
+                            && self.proxy == MatrixProxy::Replacement
+                        {
+                            continue;
+                        }
                         for port in tests::netpol::PORTS {
                             let expected = upstream
                                 .get(&(from, to, protocol, port))
@@ -1174,6 +1303,7 @@ impl MatrixWorld {
                                 v6,
                                 protocol,
                                 port,
+                                via_service,
                                 expected,
                             });
                         }
@@ -1206,15 +1336,29 @@ impl MatrixWorld {
             .into_iter()
             .map(|c| {
                 format!(
-                    "{what}: {} -> {} {}/{} over {}: expected {}, found the opposite",
+                    "{what}: {} -> {}{} {}/{} over {}: expected {}, found the opposite",
                     self.pods[c.from].name,
                     self.pods[c.to].name,
+                    if c.via_service { " (its Service)" } else { "" },
                     c.protocol.api_name(),
                     c.port,
                     if c.v6 { "IPv6" } else { "IPv4" },
                     c.expected,
                 )
             })
+            .collect()
+    }
+
+    /// The (IPv6, through the Service) combinations each step probes.
+    fn reaches(&self) -> Vec<(bool, bool)> {
+        let via: &[bool] = if self.proxy == MatrixProxy::None {
+            &[false]
+        } else {
+            &[false, true]
+        };
+        [false, true]
+            .into_iter()
+            .flat_map(|v6| via.iter().map(move |s| (v6, *s)))
             .collect()
     }
 
@@ -1240,25 +1384,39 @@ impl MatrixWorld {
 
 /// Every case of the upstream NetworkPolicy suite, end to end in a [`MatrixWorld`]: each
 /// step's changes go through the API; then every pod probes every other on both ports,
-/// all three protocols and both families (SCTP is one INIT chunk on raw sockets: see
-/// `tests::netpol::probe`), and each probe must find what upstream expects where
+/// all three protocols and both families (SCTP is an INIT chunk and its INIT-ACK on raw
+/// sockets: see `tests::netpol::probe`), by the pod's address and through its Service
+/// (kube-proxy's iptables rules), and each probe must find what upstream expects where
 /// upstream probes it, and what the model says elsewhere.
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn upstream_cases_hold_end_to_end_on_two_nodes() {
-    upstream_cases_end_to_end("np_e2e", false);
+    use tests::kubeproxy::Mode;
+    upstream_cases_end_to_end("np_e2e", false, MatrixProxy::KubeProxy(Mode::Iptables));
 }
 
 /// [`upstream_cases_hold_end_to_end_on_two_nodes`] on nodes in two subnets joined only by
-/// the tunnel: egress judged where a packet enters the tunnel, ingress after it leaves.
+/// the tunnel, with kube-proxy's nftables rules: egress judged where a packet enters the
+/// tunnel, ingress after it leaves.
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn upstream_cases_hold_end_to_end_across_the_tunnel() {
-    upstream_cases_end_to_end("np_e2e_tun", true);
+    use tests::kubeproxy::Mode;
+    upstream_cases_end_to_end("np_e2e_tun", true, MatrixProxy::KubeProxy(Mode::Nftables));
 }
 
-fn upstream_cases_end_to_end(test: &str, tunnel: bool) {
-    let mut world = MatrixWorld::new(test, tunnel);
+/// [`upstream_cases_hold_end_to_end_on_two_nodes`] with the agents' kube-proxy
+/// replacement translating the Services at the pods' sockets (its probes through a
+/// Service run as processes in the hooks' cgroup; no SCTP through a Service, which the
+/// replacement does not translate).
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn upstream_cases_hold_end_to_end_with_the_kube_proxy_replacement() {
+    upstream_cases_end_to_end("np_e2e_kpr", false, MatrixProxy::Replacement);
+}
+
+fn upstream_cases_end_to_end(test: &str, tunnel: bool, proxy: MatrixProxy) {
+    let mut world = MatrixWorld::new(test, tunnel, proxy);
     let started = std::time::Instant::now();
     let mut steps = 0;
     let mut wrong = Vec::new();
@@ -1311,7 +1469,8 @@ fn upstream_cases_end_to_end(test: &str, tunnel: bool) {
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn generated_policies_hold_end_to_end_on_two_nodes() {
-    let mut world = MatrixWorld::new("np_gen", false);
+    use tests::kubeproxy::Mode;
+    let mut world = MatrixWorld::new("np_gen", false, MatrixProxy::KubeProxy(Mode::Nftables));
     let started = std::time::Instant::now();
     let mut rng = Rng(GENERATED_SEED);
     let (mut total_policies, mut wrong) = (0, Vec::new());
