@@ -74,6 +74,9 @@ pub fn boottime_s() -> u32 {
         .map_or(1, |t| u32::try_from(t.tv_sec()).unwrap_or(u32::MAX).max(1))
 }
 
+/// The dummy device kube-proxy's IPVS mode binds the Services' addresses to.
+pub const IPVS_DUMMY: &str = "kube-ipvs0";
+
 /// Reads the node facts through `nl` (a connection in the node's namespace). `uplink` is
 /// the configured uplink; `None` means the device of the IPv4 default route. `all`: every
 /// IPv4 address of the node in `addrs`, else the uplink's only.
@@ -98,10 +101,16 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
         }
     };
     let (addrs, addrs6) = if all {
-        (
-            nl.ipv4_addresses(None).await?,
-            nl.ipv6_addresses(None).await?,
-        )
+        // kube-proxy's IPVS mode binds every ClusterIP, external IP and load-balancer
+        // address to its dummy device: those are Services, not the node. Counted as node
+        // addresses, a Service reply would pass as the node's own traffic, unjudged by
+        // NetworkPolicy, and a pod's flow to one would take the hairpin path.
+        let vips = nl.link_by_name(IPVS_DUMMY).await?.map(|l| l.index);
+        let mut addrs = nl.ipv4_addresses(None).await?;
+        let mut addrs6 = nl.ipv6_addresses(None).await?;
+        addrs.retain(|(_, i)| Some(*i) != vips);
+        addrs6.retain(|(_, i, _)| Some(*i) != vips);
+        (addrs, addrs6)
     } else {
         let strict = Nl::connect_strict()?;
         (
