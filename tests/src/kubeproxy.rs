@@ -1081,6 +1081,211 @@ pub fn nftables(node: &ProxyNode, services: &[ServicePort]) -> String {
 }
 
 // ------------------------------------------------------------------------------------
+// IPVS mode
+
+/// The IPVS-mode state of one family: what kube-proxy's `pkg/proxy/ipvs` proxier keeps
+/// for the ClusterIPs of `services` (NodePorts, external and load-balancer addresses are
+/// not rendered in this mode). Its addresses are bound to the dummy `kube-ipvs0`, each
+/// Service port is an IPVS virtual server scheduling round robin over its endpoints in
+/// masquerading (NAT) mode, and a few iptables rules over ipsets masquerade what needs
+/// it: traffic to a ClusterIP from outside the cluster CIDR, and hairpin traffic (an
+/// endpoint reaching itself, `KUBE-LOOP-BACK`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IpvsRules {
+    /// Whether they are for IPv6.
+    pub ipv6: bool,
+    /// The Services' addresses, bound to `kube-ipvs0`.
+    pub addresses: Vec<IpAddr>,
+    /// `ipset restore` input: the sets and their members.
+    pub ipsets: String,
+    /// `ipvsadm -R` input: virtual servers and real servers.
+    pub ipvs: String,
+    /// Jumps from the built-in chains.
+    pub jumps: Vec<JumpRule>,
+    /// `iptables-restore --noflush` input: `*nat` and `*filter`.
+    pub restore: String,
+}
+
+/// kube-proxy's IPVS-mode state for `services` on `node` (one family: the node's).
+#[must_use]
+pub fn ipvs(node: &ProxyNode, services: &[ServicePort]) -> IpvsRules {
+    let v6 = node.v6();
+    // The IPv6 proxier's sets carry `KUBE-6-` where the IPv4 one's carry `KUBE-`.
+    let set = |name: &str| {
+        if v6 {
+            name.replacen("KUBE-", "KUBE-6-", 1)
+        } else {
+            name.to_owned()
+        }
+    };
+    let (cluster_ip_set, loop_back_set) = (set("KUBE-CLUSTER-IP"), set("KUBE-LOOP-BACK"));
+    let family = if v6 { "inet6" } else { "inet" };
+    let mut ipsets = format!(
+        "create {cluster_ip_set} hash:ip,port family {family} hashsize 1024 maxelem 65536\n\
+         create {loop_back_set} hash:ip,port,ip family {family} hashsize 1024 maxelem 65536\n"
+    );
+    let mut ipvs = String::new();
+    let mut addresses = Vec::new();
+    for svc in services
+        .iter()
+        .filter(|s| s.v6() == v6 && !s.endpoints.is_empty())
+    {
+        let proto = svc.protocol.name();
+        let flag = match svc.protocol {
+            Protocol::Tcp => "-t",
+            Protocol::Udp => "-u",
+            Protocol::Sctp => "--sctp-service",
+        };
+        let vip = SocketAddr::new(svc.cluster_ip, svc.port);
+        if !addresses.contains(&svc.cluster_ip) {
+            addresses.push(svc.cluster_ip);
+        }
+        let _ = writeln!(
+            ipsets,
+            "add {cluster_ip_set} {},{proto}:{}",
+            svc.cluster_ip, svc.port
+        );
+        let _ = writeln!(ipvs, "-A {flag} {vip} -s rr");
+        for ep in &svc.endpoints {
+            let _ = writeln!(ipvs, "-a {flag} {vip} -r {} -m -w 1", ep.addr);
+            if ep.node == node.name {
+                let ip = ep.addr.ip();
+                let _ = writeln!(
+                    ipsets,
+                    "add {loop_back_set} {ip},{proto}:{},{ip}",
+                    ep.addr.port()
+                );
+            }
+        }
+    }
+    let mut nat = Table::default();
+    let mut filter = Table::default();
+    for c in [
+        "KUBE-SERVICES",
+        "KUBE-POSTROUTING",
+        "KUBE-MARK-MASQ",
+        "KUBE-NODE-PORT",
+    ] {
+        nat.chain(c);
+    }
+    filter.chain("KUBE-FORWARD");
+    nat.rule(format!(
+        "-A KUBE-POSTROUTING {} -m set --match-set {loop_back_set} dst,dst,src -j MASQUERADE",
+        comment("Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose")
+    ));
+    nat.rule(format!(
+        "-A KUBE-POSTROUTING -m mark ! --mark {MASQ_MARK}/{MASQ_MARK} -j RETURN"
+    ));
+    nat.rule(format!(
+        "-A KUBE-POSTROUTING -j MARK --xor-mark {MASQ_MARK}"
+    ));
+    nat.rule(format!(
+        "-A KUBE-POSTROUTING {} -j MASQUERADE --random-fully",
+        comment("kubernetes service traffic requiring SNAT")
+    ));
+    nat.rule(format!("-A KUBE-MARK-MASQ -j MARK --or-mark {MASQ_MARK}"));
+    nat.rule(format!(
+        "-A KUBE-SERVICES ! -s {} {} -m set --match-set {cluster_ip_set} dst,dst -j KUBE-MARK-MASQ",
+        node.cluster_cidr,
+        comment("Kubernetes service cluster ip + port for masquerade purpose")
+    ));
+    nat.rule("-A KUBE-SERVICES -m addrtype --dst-type LOCAL -j KUBE-NODE-PORT".to_owned());
+    nat.rule(format!(
+        "-A KUBE-SERVICES -m set --match-set {cluster_ip_set} dst,dst -j ACCEPT"
+    ));
+    filter.rule(format!(
+        "-A KUBE-FORWARD {} -m mark --mark {MASQ_MARK}/{MASQ_MARK} -j ACCEPT",
+        comment("kubernetes forwarding rules")
+    ));
+    filter.rule(format!(
+        "-A KUBE-FORWARD {} -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT",
+        comment("kubernetes forwarding conntrack rule")
+    ));
+    let mut restore = String::new();
+    nat.write("nat", &mut restore);
+    filter.write("filter", &mut restore);
+    let jump = |table, chain, target, text: &str| JumpRule {
+        table,
+        chain,
+        target,
+        args: ["-m", "comment", "--comment", text, "-j", target]
+            .map(str::to_owned)
+            .to_vec(),
+    };
+    IpvsRules {
+        ipv6: v6,
+        addresses,
+        ipsets,
+        ipvs,
+        jumps: vec![
+            jump(
+                "nat",
+                "PREROUTING",
+                "KUBE-SERVICES",
+                "kubernetes service portals",
+            ),
+            jump(
+                "nat",
+                "OUTPUT",
+                "KUBE-SERVICES",
+                "kubernetes service portals",
+            ),
+            jump(
+                "nat",
+                "POSTROUTING",
+                "KUBE-POSTROUTING",
+                "kubernetes postrouting rules",
+            ),
+            jump(
+                "filter",
+                "FORWARD",
+                "KUBE-FORWARD",
+                "kubernetes forwarding rules",
+            ),
+        ],
+        restore,
+    }
+}
+
+/// Binds `addresses` to the dummy device `kube-ipvs0` in `netns` (made first if missing),
+/// as IPVS-mode kube-proxy binds every Service address. Panics if a step fails.
+#[track_caller]
+pub fn bind_ipvs_addresses(netns: &Path, addresses: &[IpAddr]) {
+    if !exec_in(netns, &["ip", "link", "show", "kube-ipvs0"], None).success() {
+        let out = exec_in(
+            netns,
+            &["ip", "link", "add", "kube-ipvs0", "type", "dummy"],
+            None,
+        );
+        assert!(out.success(), "kube-ipvs0 in {}: {out}", netns.display());
+    }
+    for a in addresses {
+        let cidr = if a.is_ipv6() {
+            format!("{a}/128")
+        } else {
+            format!("{a}/32")
+        };
+        let mut argv = vec!["ip", "addr", "replace", cidr.as_str(), "dev", "kube-ipvs0"];
+        if a.is_ipv6() {
+            argv.push("nodad");
+        }
+        let out = exec_in(netns, &argv, None);
+        assert!(
+            out.success(),
+            "{cidr} on kube-ipvs0 in {}: {out}",
+            netns.display()
+        );
+    }
+}
+
+/// Whether the kernel of the calling process's namespace has IPVS (its `/proc/net/ip_vs`,
+/// after `ipvsadm` asked for the module where modules can be loaded).
+#[must_use]
+pub fn ipvs_available(netns: &Path) -> bool {
+    exec_in(netns, &["ipvsadm", "-L", "-n"], None).success()
+}
+
+// ------------------------------------------------------------------------------------
 // Loading
 
 /// Which of kube-proxy's backends wrote the rules.
@@ -1091,6 +1296,9 @@ pub enum Mode {
     Iptables,
     /// `--proxy-mode=nftables`: its own `kube-proxy` table.
     Nftables,
+    /// `--proxy-mode=ipvs`: IPVS virtual servers, ipsets and a few iptables rules (see
+    /// [`ipvs`]).
+    Ipvs,
 }
 
 impl Mode {
@@ -1100,6 +1308,7 @@ impl Mode {
         match self {
             Self::Iptables => "iptables",
             Self::Nftables => "nftables",
+            Self::Ipvs => "ipvs",
         }
     }
 }
@@ -1120,6 +1329,8 @@ pub enum Rendered {
     Iptables(IptablesRules),
     /// The nftables mode's `nft -f` input.
     Nftables(String),
+    /// The IPVS mode's state.
+    Ipvs(IpvsRules),
 }
 
 /// The rules kube-proxy in `mode` on `node` writes for `services`.
@@ -1128,6 +1339,7 @@ pub fn render(mode: Mode, node: &ProxyNode, services: &[ServicePort]) -> Rendere
     match mode {
         Mode::Iptables => Rendered::Iptables(iptables(node, services)),
         Mode::Nftables => Rendered::Nftables(nftables(node, services)),
+        Mode::Ipvs => Rendered::Ipvs(ipvs(node, services)),
     }
 }
 
@@ -1202,7 +1414,65 @@ pub fn load_with(netns: &Path, rules: &Rendered, iptables: Iptables) {
                 head(input)
             );
         }
+        Rendered::Ipvs(rules) => load_ipvs(netns, rules, iptables),
     }
+}
+
+/// Loads IPVS-mode state as kube-proxy's sync does: the sysctls it sets (conntrack of
+/// IPVS connections, needed for its masquerade; ARP for the addresses of the dummy
+/// device answered only on it), `kube-ipvs0` with the Services' addresses, the ipsets,
+/// the iptables rules and the virtual servers. Panics with the tool's output if any step
+/// fails.
+#[track_caller]
+fn load_ipvs(netns: &Path, rules: &IpvsRules, iptables: Iptables) {
+    let run = |argv: &[&str], stdin: Option<&[u8]>, what: &str| {
+        let out = exec_in(netns, argv, stdin);
+        assert!(out.success(), "{what} in {}: {out}", netns.display());
+    };
+    // `ipvsadm` asks the kernel for the module first; the sysctls exist only then.
+    run(&["ipvsadm", "-L", "-n"], None, "IPVS");
+    for (key, value) in [
+        ("net.ipv4.vs.conntrack", "1"),
+        ("net.ipv4.vs.conn_reuse_mode", "0"),
+        ("net.ipv4.vs.expire_nodest_conn", "1"),
+        ("net.ipv4.conf.all.arp_ignore", "1"),
+        ("net.ipv4.conf.all.arp_announce", "2"),
+    ] {
+        crate::inspect::set_sysctl(netns, key, value);
+    }
+    bind_ipvs_addresses(netns, &rules.addresses);
+    run(
+        &["ipset", "restore", "-exist"],
+        Some(rules.ipsets.as_bytes()),
+        "ipset restore",
+    );
+    let (tool, restore) = match (rules.ipv6, iptables) {
+        (true, Iptables::System) => ("ip6tables", "ip6tables-restore"),
+        (true, Iptables::Legacy) => ("ip6tables-legacy", "ip6tables-legacy-restore"),
+        (false, Iptables::System) => ("iptables", "iptables-restore"),
+        (false, Iptables::Legacy) => ("iptables-legacy", "iptables-legacy-restore"),
+    };
+    for j in &rules.jumps {
+        let _ = exec_in(netns, &[tool, "-w", "-t", j.table, "-N", j.target], None);
+        let mut check = vec![tool, "-w", "-t", j.table, "-C", j.chain];
+        check.extend(j.args.iter().map(String::as_str));
+        if !exec_in(netns, &check, None).success() {
+            let mut insert = vec![tool, "-w", "-t", j.table, "-I", j.chain];
+            insert.extend(j.args.iter().map(String::as_str));
+            exec_in(netns, &insert, None).ok();
+        }
+    }
+    run(
+        &[restore, "-w", "--noflush", "--counters"],
+        Some(rules.restore.as_bytes()),
+        "iptables-restore of kube-proxy's IPVS-mode rules",
+    );
+    // `ipvsadm -R`, not `ipvsadm-restore`, which clears the other family's servers first.
+    run(
+        &["ipvsadm", "-R"],
+        Some(rules.ipvs.as_bytes()),
+        "ipvsadm -R",
+    );
 }
 
 /// The first 200 lines of `input`, for a message.

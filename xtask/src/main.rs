@@ -377,10 +377,15 @@ fn test(args: &[String]) -> Result<()> {
 }
 
 /// The tests that depend on the kernel's features beyond this machine's: egress rates
-/// with `fq` (the bandwidth tests end to end, the pacing packet tests) and netkit pods:
-/// each test binary with the filter that picks them (empty: all of it).
-const SECOND_KERNEL_TESTS: &[(&str, &str)] =
-    &[("bandwidth", ""), ("packet", "pacing::"), ("netkit", "")];
+/// with `fq` (the bandwidth tests end to end, the pacing packet tests), netkit pods and
+/// kube-proxy's IPVS mode: each test binary with the filter that picks them (empty: all
+/// of it).
+const SECOND_KERNEL_TESTS: &[(&str, &str)] = &[
+    ("bandwidth", ""),
+    ("packet", "pacing::"),
+    ("netkit", ""),
+    ("kubernetes", "kube_proxy_ipvs"),
+];
 
 /// Runs [`SECOND_KERNEL_TESTS`] under Debian's 6.12 kernel in qemu (see `vm.rs`); with
 /// `CNI_EBPF_SECOND_KERNEL=all` every eBPF packet test instead of the pacing ones (about

@@ -47,6 +47,9 @@ const TEST_PACKAGES: &[&str] = &[
     "bpftool",
     "iptables",
     "nftables",
+    // kube-proxy's IPVS mode (tests/tests/kubernetes.rs, under the second kernel).
+    "ipvsadm",
+    "ipset",
     "socat",
     // containerd's CRI path (tests/tests/cri.rs): containerd 1.6 with the CRI plugin built
     // in, runc (above), the images' busybox, and protoc for the k8s-cri crate's bindings.
