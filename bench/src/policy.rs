@@ -41,6 +41,15 @@
 //!    measures them ([`data::measure_repeat`]: in each repeat the four pairs take turns,
 //!    in an order rotated per repeat); each figure ÷ the 0-policy pair's of the same
 //!    repeat, median over repeats.
+//! 5. **Through a ClusterIP**: on each node a client/server pair reached through a
+//!    Service's ClusterIP, translated by kube-proxy's rules (iptables mode on node A,
+//!    nftables mode on node B, rendered by the tests crate): one pair in namespace `svc`
+//!    without policies, one in `svcnp`, where `default-deny-ingress` selects every pod (the
+//!    client's ingress refuses all but the replies of its own connections, which come back
+//!    un-DNATed from the ClusterIP) and a policy admits the client to the server's port.
+//!    After checking the policy in force (the server's connection to the client is
+//!    dropped), request/response and connect/request/close as in part 4; each figure ÷ the
+//!    same node's pair without policies in the same repeat, median over repeats.
 //!
 //! The tests crate's helpers panic on failure; they run under
 //! [`catch`](service::catch) and a panic becomes this phase's error. Names carry
@@ -540,7 +549,7 @@ impl Setup {
             .iter()
             .map(|(n, _)| (rate_ns(*n), vec![("ns", rate_ns(*n))]))
             .collect();
-        for ns in ["flip", "newpods", "mem"] {
+        for ns in ["flip", "newpods", "mem", "svc", "svcnp"] {
             namespaces.push((ns.to_owned(), vec![("ns", ns.to_owned())]));
         }
         namespaces.push(("bulk".to_owned(), vec![("team", "bulk".to_owned())]));
@@ -558,6 +567,12 @@ impl Setup {
         s.add(ws, On::B, "flip", "srv-b", &[("app", "srv")])?;
         s.add(ws, On::B, "flip", "cli-b", &[("app", "cli")])?;
         s.add(ws, On::A, "newpods", "peer", &[("app", "peer")])?;
+        for (on, node) in [(On::A, "a"), (On::B, "b")] {
+            for ns in ["svc", "svcnp"] {
+                s.add(ws, on, ns, &format!("srv-{node}"), &[("app", "srv")])?;
+                s.add(ws, on, ns, &format!("cli-{node}"), &[("app", "cli")])?;
+            }
+        }
         for k in 0..POD_OBJECTS.saturating_sub(s.pods.len()) {
             let ip = format!("10.244.{}.{}", 100 + k / 250, 1 + k % 250);
             let label = format!("other-{}", k % LABELS);
@@ -570,6 +585,10 @@ impl Setup {
             .chain(
                 ["flip/srv-a", "flip/srv-b", "newpods/peer"]
                     .map(|k| (k.to_owned(), Serving::Concurrently)),
+            )
+            .chain(
+                ["svc/srv-a", "svcnp/srv-a", "svc/srv-b", "svcnp/srv-b"]
+                    .map(|k| (k.to_owned(), Serving::OneAtATimePinned)),
             )
         {
             let netns = s.real(&key)?.pod.netns().to_path_buf();
@@ -661,11 +680,12 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     );
     let mut details = Map::new();
     details.insert("podObjects".into(), json!(POD_OBJECTS));
-    let parts: [(&str, PartFn); 4] = [
+    let parts: [(&str, PartFn); 5] = [
         ("API write → enforced", enforcement),
         ("ADD → in force", add_to_open),
         ("memory", memory),
         ("cost on the data path", rates),
+        ("through a ClusterIP", through_cluster_ip),
     ];
     for (what, part) in parts {
         check_interrupt()?;
@@ -1227,5 +1247,182 @@ fn rates(
         "rates".into(),
         json!({ "perRepeat": samples, "inForceSeconds": in_force.as_secs_f64() }),
     );
+    Ok(())
+}
+
+/// The ClusterIPs of the part through a ClusterIP: `(namespace, node, ClusterIP)`; each
+/// Service's endpoint is `<namespace>/srv-<node>`'s echo port.
+const SERVICES: [(&str, &str, &str); 4] = [
+    ("svc", "a", "10.96.7.1"),
+    ("svcnp", "a", "10.96.7.2"),
+    ("svc", "b", "10.96.7.3"),
+    ("svcnp", "b", "10.96.7.4"),
+];
+
+/// Request/response and connect/request/close through a ClusterIP, kube-proxy's
+/// iptables rules on node A and nftables rules on node B, with the client's namespace
+/// under `default-deny-ingress` ÷ without policies.
+fn through_cluster_ip(
+    s: &mut Setup,
+    _ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    use tests::kubeproxy::{Mode, Protocol, ServicePort};
+
+    let mut ports = Vec::new();
+    for (ns, node, ip) in SERVICES {
+        let ep = s.addr(&format!("{ns}/srv-{node}"), ECHO_PORT)?.to_string();
+        let name = if node == "a" { "node-a" } else { "node-b" };
+        ports.push(
+            ServicePort::new(
+                &format!("{ns}/echo-{node}"),
+                "echo",
+                Protocol::Tcp,
+                ip,
+                ECHO_PORT,
+            )
+            .endpoint(&ep, name),
+        );
+    }
+    catch("loading kube-proxy's rules", || {
+        s.cluster.a().install_kube_proxy(Mode::Iptables, &ports);
+        s.cluster.b().install_kube_proxy(Mode::Nftables, &ports);
+    })?;
+    s.put(
+        "networkpolicies",
+        policy(
+            "svcnp",
+            "default-deny-ingress",
+            json!({"podSelector": {}, "policyTypes": ["Ingress"]}),
+        ),
+    )?;
+    s.put(
+        "networkpolicies",
+        policy(
+            "svcnp",
+            "admit-cli",
+            json!({
+                "podSelector": {"matchLabels": {"app": "srv"}},
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "cli"}}}],
+                             "ports": tcp_port(ECHO_PORT)}],
+            }),
+        ),
+    )?;
+    let mut targets = Vec::new();
+    for (ns, node, ip) in SERVICES {
+        let column: &'static str = match (ns, node) {
+            ("svc", "a") => "iptables, no policy",
+            ("svcnp", "a") => "iptables, default-deny-ingress",
+            ("svc", _) => "nftables, no policy",
+            _ => "nftables, default-deny-ingress",
+        };
+        targets.push((
+            column,
+            s.netns(&format!("{ns}/cli-{node}"))?,
+            s.netns(&format!("{ns}/srv-{node}"))?,
+            s.addr(&format!("{ns}/cli-{node}"), SHUT_PORT)?,
+            SocketAddr::new(ip.parse()?, ECHO_PORT),
+            ns == "svcnp",
+        ));
+    }
+    // In force: every client reaches its ClusterIP; the server's connection to the
+    // client is refused (no listener) without policies and dropped under them.
+    wait_until(
+        "the ClusterIP pairs' policies in force",
+        IN_FORCE_DEADLINE,
+        || {
+            for (_, cli, srv, cli_addr, vip, policed) in &targets {
+                let closed = if *policed {
+                    Seen::Dropped
+                } else {
+                    Seen::Refused
+                };
+                if probe(cli, *vip, CHECK_WAIT)? != Seen::Open
+                    || probe(srv, *cli_addr, CHECK_WAIT)? != closed
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )?;
+    let mut samples: Samples = BTreeMap::new();
+    let title = "pod → ClusterIP → pod (same node), kube-proxy";
+    for rep in 0..p.repeats {
+        check_interrupt()?;
+        eprintln!("bench: policy repeat {}/{}: {title}", rep + 1, p.repeats);
+        let t = targets
+            .iter()
+            .map(|(column, cli, _, _, vip, _)| Target {
+                column,
+                client: cli.clone(),
+                ip: vip.ip().to_string(),
+                iperf_port: None,
+                echo_port: ECHO_PORT,
+            })
+            .collect();
+        data::measure_repeat(
+            "clusterip",
+            title,
+            t,
+            rep,
+            p.seconds,
+            &mut samples,
+            &mut report.notes,
+        )?;
+    }
+    for (metric, what, unit) in [
+        ("rr_tps", "request/response", "transactions/s"),
+        ("crr_cps", "connect/request/close", "connections/s"),
+    ] {
+        let Some(cols) = samples.get("clusterip").and_then(|m| m.get(metric)) else {
+            continue;
+        };
+        for mode in ["iptables", "nftables"] {
+            let (Some(none), Some(with)) = (
+                cols.get(&format!("{mode}, no policy") as &str),
+                cols.get(&format!("{mode}, default-deny-ingress") as &str),
+            ) else {
+                continue;
+            };
+            report.put(
+                &format!("policy.clusterip.{mode}.{metric}.0"),
+                SECTION,
+                &format!("pod → ClusterIP → pod {what}, kube-proxy {mode}, no policy (median)"),
+                unit,
+                true,
+                COL,
+                median(none),
+            );
+            if with.len() != none.len() {
+                report.notes.push(format!(
+                    "NetworkPolicy through a ClusterIP, {mode} {what}: {} of {} repeats measured; no ratio",
+                    with.len(),
+                    none.len()
+                ));
+                continue;
+            }
+            let ratios: Vec<f64> = with
+                .iter()
+                .zip(none)
+                .filter(|(_, b)| **b > 0.0)
+                .map(|(a, b)| a / b)
+                .collect();
+            report.put(
+                &format!("policy.clusterip.{mode}.{metric}.ratio"),
+                SECTION,
+                &format!(
+                    "pod → ClusterIP → pod {what}, kube-proxy {mode}, client under default-deny-ingress ÷ no policy"
+                ),
+                "×",
+                true,
+                COL,
+                median(&ratios),
+            );
+        }
+    }
+    details.insert("clusterIp".into(), json!({ "perRepeat": samples }));
     Ok(())
 }

@@ -423,6 +423,25 @@ impl Report {
                 "NetworkPolicy API write → enforced on both nodes, p99 ≤ 1 s (ms)",
                 Rule::MaxAbs("policy.enforce.p99", 1000.0),
             ),
+            // Through kube-proxy's DNAT, a client whose ingress policy refuses all but its
+            // replies keeps the rates of one without policies: its replies, translated back
+            // by netfilter, are recognised by the mark their verdict carries.
+            (
+                "pod → ClusterIP → pod transactions/s, client under default-deny-ingress ≥ 0.95× no policy (kube-proxy iptables)",
+                Rule::MinAbs("policy.clusterip.iptables.rr_tps.ratio", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate, client under default-deny-ingress ≥ 0.95× no policy (kube-proxy iptables)",
+                Rule::MinAbs("policy.clusterip.iptables.crr_cps.ratio", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod transactions/s, client under default-deny-ingress ≥ 0.95× no policy (kube-proxy nftables)",
+                Rule::MinAbs("policy.clusterip.nftables.rr_tps.ratio", 0.95),
+            ),
+            (
+                "pod → ClusterIP → pod connect rate, client under default-deny-ingress ≥ 0.95× no policy (kube-proxy nftables)",
+                Rule::MinAbs("policy.clusterip.nftables.crr_cps.ratio", 0.95),
+            ),
         ];
         targets
             .into_iter()
