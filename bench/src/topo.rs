@@ -669,6 +669,9 @@ pub fn ebpf_plugin(c: &EbpfConf<'_>) -> Value {
         // No socket hooks on the machine's cgroup2 root: only on a cgroup of the bench's
         // own, where the Service phase measures sockets translated at connect().
         "cgroupPath": c.cgroup.map_or(json!(""), |p| json!(p)),
+        // Pods open from the start: the policy phase's agents put its policies in force,
+        // the other phases run no agent.
+        "networkPolicy": false,
         "ipam": { "ranges": ranges, "routes": routes },
     });
     if let Some(a) = c.attach {

@@ -18,7 +18,11 @@
 //! Traffic with the node itself is never judged (the API reference: traffic to and from
 //! the node where a pod runs is always allowed): a packet from one of the node's
 //! addresses to a pod, or from a pod to one. Before the agent's first swap (generation
-//! 0) nothing is judged: a node without the agent enforces no policy.
+//! 0) on a network that enforces policy (`NodeFlags::ENFORCE_POLICY`), every pod is
+//! closed: the cluster's policy is not in force yet (a boot, a purge or a new layout made
+//! the maps since the agent last swapped), so nothing but the node's traffic reaches or
+//! leaves a pod until it is. On a network that does not enforce policy, nothing is
+//! judged.
 //!
 //! An admitted flow is recorded in `POLICY_FLOWS` with the generation it was judged
 //! under: its later packets and its replies pass on that one lookup, and a flow recorded
@@ -48,9 +52,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Addr6, EndpointInfo, PolicyCounts, PolicyEndpointKey, PolicyExactKey, PolicyFlow,
-    PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason, POLICY_DENY_SLOTS, RULESET_CLOSED,
-    RULESET_OPEN,
+    proto, Addr6, EndpointInfo, NodeFlags, PolicyCounts, PolicyEndpointKey, PolicyExactKey,
+    PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason, POLICY_DENY_SLOTS,
+    RULESET_CLOSED, RULESET_OPEN,
 };
 
 use crate::{
@@ -128,12 +132,15 @@ impl Side {
     };
 }
 
-/// The slot and generation in force, or `None` when the agent never swapped one in (nothing to
-/// judge).
+/// The slot and generation in force, or `None` when nothing is judged: the network does
+/// not enforce policy, or no policy was ever swapped in. Generation 0 on a network that
+/// enforces policy: every pod is closed ([`admits`]).
 #[inline(always)]
 pub(crate) fn enforcing() -> Option<(u32, u32)> {
     let st = POLICY_STATE.get(0)?;
-    if st.generation == 0 {
+    if st.generation == 0
+        && !node_config().is_some_and(|c| c.flags.contains(NodeFlags::ENFORCE_POLICY))
+    {
         return None;
     }
     Some((st.slot & 1, st.generation))
@@ -420,8 +427,19 @@ pub(crate) fn admits(
     let Some(s) = scratch() else {
         return false;
     };
-    let egress = ruleset(s, src, slot, true);
-    let ingress = ruleset(s, dst, slot, false);
+    let (egress, ingress) = if gen == 0 {
+        // The cluster's policy is not in force yet: every local pod is closed.
+        let closed = |side: Side| {
+            if side.ifindex == 0 {
+                RULESET_OPEN
+            } else {
+                RULESET_CLOSED
+            }
+        };
+        (closed(src), closed(dst))
+    } else {
+        (ruleset(s, src, slot, true), ruleset(s, dst, slot, false))
+    };
     // SAFETY: copied out at once.
     let recorded = unsafe { POLICY_FLOWS.get(&s.flow) }.is_some_and(|f| f.generation == gen);
     if egress == RULESET_OPEN && ingress == RULESET_OPEN {

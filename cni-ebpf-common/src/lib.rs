@@ -465,6 +465,11 @@ bitflags::bitflags! {
         /// directly, the others through the tunnel (the agent's routes decide; the
         /// programs only read it to report it).
         const CROSS_SUBNET = 4;
+        /// `networkPolicy` (the default): NetworkPolicy is enforced on this network. Until
+        /// the agent has put the cluster's policy in force since the maps were made
+        /// (`PolicyState::generation` 0: a boot, a purge, a new layout), every pod is
+        /// closed but to its node's traffic. Without it, generation 0 judges nothing.
+        const ENFORCE_POLICY = 8;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }

@@ -134,6 +134,10 @@ impl ConfBuilder {
             // No socket hooks by default: without `cgroupPath` they go on the machine's
             // cgroup2 root. Tests of the node's own sockets pass a cgroup of their own.
             "cgroupPath": "",
+            // Pods open until an agent swaps a policy in, as before the first sync on a
+            // network that does not wait for one; the tests of the fail-closed start set
+            // it (the plugin's default is `true`).
+            "networkPolicy": false,
             "ipam": self.ipam.clone().unwrap_or_else(|| json!({ "ranges": ranges, "routes": routes })),
         });
         let Value::Object(map) = &mut obj else {

@@ -772,6 +772,7 @@ pub fn standard_settings(masq: bool) -> NodeConfigSpec {
         uplink_ifindex: 2,
         ip_masq: masq,
         same_node_fast_path: true,
+        network_policy: false,
         cluster_cidrs: vec!["10.244.0.0/16".parse().unwrap()],
         node_addr6: None,
         cluster_cidrs6: Vec::new(),

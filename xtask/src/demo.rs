@@ -102,6 +102,8 @@ pub fn run(bin: &Path) -> Result<()> {
         // The socket hooks (host ports for the node's own processes) would attach to the
         // machine's cgroup2 root; the demo leaves the machine alone.
         "cgroupPath": "",
+        // No agent runs in the demo to put a NetworkPolicy in force: nothing waits for one.
+        "networkPolicy": false,
         "ipam": {
             "ranges": [[{ "subnet": "10.244.1.0/24" }], [{ "subnet": "fd00:10:244:1::/64" }]],
             "routes": [{ "dst": "0.0.0.0/0" }, { "dst": "::/0" }]

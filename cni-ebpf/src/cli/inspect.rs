@@ -306,10 +306,14 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     println!(
         "\nNETWORKPOLICY: generation {}{}",
         policy.generation,
-        if policy.generation == 0 {
-            " (no agent has put a policy in force: nothing is judged)"
-        } else {
-            ""
+        match (policy.generation, node.network_policy) {
+            (0, true) => {
+                " (not in force yet: every pod is closed but to the node's traffic until the \
+                 agent has put the cluster's policy in force)"
+            }
+            (0, false) =>
+                " (networkPolicy is off and no agent has swapped a policy in: nothing is judged)",
+            _ => "",
         }
     );
     println!(

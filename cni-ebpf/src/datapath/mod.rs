@@ -200,6 +200,7 @@ impl Datapath {
             uplink_ifindex,
             ip_masq: conf.ip_masq,
             same_node_fast_path: conf.same_node_fast_path,
+            network_policy: conf.network_policy,
             cluster_cidrs: cidrs,
             node_addr6: facts.uplink_addr6,
             cluster_cidrs6: cidrs6,

@@ -35,6 +35,9 @@ pub struct NodeConfigSpec {
     /// `sameNodeFastPath`: same-node pod → pod redirected past the stack (else through
     /// the node's netfilter).
     pub same_node_fast_path: bool,
+    /// `networkPolicy`: pods are closed until the agent's first swap of the network's
+    /// policy ([`NodeFlags::ENFORCE_POLICY`]).
+    pub network_policy: bool,
     /// IPv4 `clusterCIDRs`: the first [`MAX_CLUSTER_CIDRS`] are written (parsing the
     /// configuration refuses more, naming `clusterCIDRs`).
     pub cluster_cidrs: Vec<Ipv4Net>,
@@ -78,6 +81,15 @@ impl Datapath {
             .map_err(|e| maps::err(map_name::NODE_CONFIG, "read", e))
     }
 
+    /// Whether the network enforces NetworkPolicy (its pods closed until the agent's
+    /// first swap: `networkPolicy`).
+    pub fn enforces_policy(&self) -> Result<bool> {
+        Ok(self
+            .node_config_raw()?
+            .flags
+            .contains(NodeFlags::ENFORCE_POLICY))
+    }
+
     /// Writes the node configuration the programs use.
     pub fn configure_node(&self, s: &NodeConfigSpec) -> Result<()> {
         self.write_node_config(&self.node_config_raw()?, s)
@@ -93,6 +105,7 @@ impl Datapath {
                 let mut f = NodeFlags::empty();
                 f.set(NodeFlags::MASQ, s.ip_masq);
                 f.set(NodeFlags::POD_TRAFFIC_TO_STACK, !s.same_node_fast_path);
+                f.set(NodeFlags::ENFORCE_POLICY, s.network_policy);
                 f.set(
                     NodeFlags::CROSS_SUBNET,
                     s.tunnel.is_some_and(|t| t.cross_subnet),

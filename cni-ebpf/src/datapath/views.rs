@@ -192,6 +192,8 @@ pub struct NodeConfigView {
     /// `crossNode: crossSubnet`: the nodes of the uplink's own subnet are routed
     /// directly.
     pub cross_subnet: bool,
+    /// `networkPolicy`: NetworkPolicy enforced, pods closed until the agent's first swap.
+    pub network_policy: bool,
 }
 
 /// Everything the datapath holds for one (container ID, ifname), for GC.
@@ -478,6 +480,7 @@ impl Datapath {
             node_addrs,
             tunnel_ifindex: cfg.tunnel_ifindex,
             cross_subnet: cfg.flags.contains(NodeFlags::CROSS_SUBNET),
+            network_policy: cfg.flags.contains(NodeFlags::ENFORCE_POLICY),
         })
     }
 

@@ -180,8 +180,8 @@ fn a_pod_of_a_namespace_with_policies_starts_closed_once_the_agent_runs() {
         (RULESET_CLOSED, RULESET_CLOSED)
     );
     assert_eq!(entry.pod, cni_ebpf::datapath::policy::pod_key("x", "b"));
-    // Before the agent's first swap nothing is judged: a node without the agent
-    // enforces no policy.
+    // Before the agent's first swap nothing is judged on a network that does not
+    // enforce policy (`networkPolicy: false`, the fixture's).
     assert_eq!(fx.dp().policy_state().unwrap().generation, 0);
     assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
     // The agent's first swap, which has not opened b yet.
@@ -205,6 +205,50 @@ fn a_pod_of_a_namespace_with_policies_starts_closed_once_the_agent_runs() {
         .unwrap()
         .iter()
         .all(|(k, _)| k.ifindex != IFINDEX_B));
+}
+
+/// On a network that enforces policy (`networkPolicy`, the default), every pod is closed
+/// until the agent's first swap: the maps were made since (a boot, a purge), so the
+/// cluster's policy is not in force yet. Only the node's traffic passes. After the swap,
+/// the rule sets decide.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn before_the_agents_first_swap_every_pod_is_closed_where_policy_is_enforced() {
+    let fx = Fixture::new();
+    fx.configure_node(&cni_ebpf::datapath::NodeConfigSpec {
+        network_policy: true,
+        ..standard_settings(true)
+    });
+    fx.standard_node_addrs();
+    fx.two_pods();
+    assert_eq!(fx.dp().policy_state().unwrap().generation, 0);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT, "pod → pod");
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(5555, 80, SYN)).0,
+        SHOT,
+        "both ways"
+    );
+    let (v, _) = fx.egress(&udp_frame(POD_A, 4000, EXT, 53));
+    assert_eq!(v, SHOT, "pod → outside");
+    let to_a = |src| udp_frame(src, 4000, POD_A, 53);
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &to_a(EXT)).0,
+        SHOT,
+        "outside → pod"
+    );
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &to_a(NODE)).0,
+        PASS,
+        "the node's traffic (kubelet's probes) passes"
+    );
+    assert_eq!(
+        fx.reason(Reason::DropPolicyIngress) + fx.reason(Reason::DropPolicyEgress),
+        4
+    );
+    // The agent's first swap: no policy selects a or b.
+    fx.dp().swap_policy(&[]).unwrap();
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    assert_eq!(fx.run_on("to_pod", IFINDEX_A, &to_a(EXT)).0, PASS);
 }
 
 #[test]

@@ -58,6 +58,8 @@ struct Raw {
     #[serde(default)]
     same_node_fast_path: Option<bool>,
     #[serde(default)]
+    network_policy: Option<bool>,
+    #[serde(default)]
     cross_node: Option<String>,
     #[serde(default)]
     tunnel_port: Option<u32>,
@@ -129,6 +131,11 @@ pub struct NetConf {
     /// destination pod; `false` sends that traffic through the node's netfilter (for an
     /// add-on NetworkPolicy enforcer's FORWARD rules).
     pub same_node_fast_path: bool,
+    /// `networkPolicy` (default true): NetworkPolicy is enforced on this network, by the
+    /// node's agent; until it has put the cluster's policy in force, every pod is closed
+    /// but to its node's traffic. `false`: nothing is judged, and nothing waits for an
+    /// agent.
+    pub network_policy: bool,
     /// `crossNode`: how pods reach the pods of other nodes.
     pub cross_node: CrossNode,
     /// `tunnelPort`, `tunnelVni`: the tunnel device's UDP port and VXLAN network
@@ -382,6 +389,7 @@ impl NetConf {
             uplink: raw.uplink,
             ip_masq: raw.ip_masq.unwrap_or(false),
             same_node_fast_path: raw.same_node_fast_path.unwrap_or(true),
+            network_policy: raw.network_policy.unwrap_or(true),
             cross_node,
             tunnel,
             cluster_cidrs,
