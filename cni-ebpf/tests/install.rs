@@ -213,6 +213,7 @@ fn install_writes_the_binary_and_the_conflist_exactly() {
             "mtu": 1450,
             "uplink": "eth1",
             "ipMasq": true,
+            "networkPolicy": true,
             "clusterCIDRs": ["10.244.0.0/16", "fd00:10:244::/56"],
             "bpffsRoot": host.bpffs_root(),
             "dataDir": host.data_dir(),

@@ -931,6 +931,10 @@ impl ApiServer {
             self.sa_dir().display().to_string(),
             "--api-timeout".to_owned(),
             "5".to_owned(),
+            // The node's CNI configurations the agent compares its settings with: none of
+            // the machine's (a directory of the server's that holds no conflist).
+            "--cni-conf-dir".to_owned(),
+            self.sa_dir().display().to_string(),
         ]);
         argv
     }

@@ -1698,3 +1698,131 @@ fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() 
         "the churn's last policy is not in force: {state}"
     );
 }
+
+/// Fail closed before the first sync. On a network that enforces policy
+/// (`networkPolicy`), pods ADDed while no agent has put the cluster's policy in force —
+/// here no agent runs at all — send and receive nothing but their node's traffic, from
+/// the moment their interface exists: probed continuously from right after each ADD
+/// (a policy-free peer, the node's kubelet-like probe, the outside). Once the agent
+/// runs, they open as their policies say (b admits only a). Then a reboot, simulated:
+/// the agent stops, the pods' namespaces and the pins go (bpffs is empty after a boot),
+/// new pods are ADDed: closed again from their first moment, until the agent is back.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn pods_stay_closed_until_the_agent_has_put_the_policy_in_force_also_after_a_reboot() {
+    use std::time::{Duration, Instant};
+
+    use tests::datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
+    use tests::{ApiServer, SimNode, EXT_IP4};
+
+    let node = SimNode::new("np_closed");
+    let api = ApiServer::start(node.ext_netns(), EXT_IP4);
+    let ns = tests::netpol::namespace("x", &[("ns", "x")]);
+    api.put("namespaces", serde_json::to_value(&ns).unwrap_or_default());
+    api.put(
+        "networkpolicies",
+        policy_object(
+            "b-from-a",
+            json!({"podSelector": {"matchLabels": {"app": "b"}},
+                   "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "a"}}}]}]}),
+        ),
+    );
+    let conf = masq_conf(&node).set("networkPolicy", json!(true));
+    let ext_server = TaggedServer::start(node.ext_netns(), 8080, "ext", Mode::Greet);
+    let to_ext = format!("{EXT_IP4}:8080");
+    let log = node.dir().join("agent.log");
+    let agent_log = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    // One generation of pods a, b, c: ADDed with the agent down, b's server started, and
+    // every probe of the closed state made from the moment b exists until `open_at`.
+    let round = |gen: usize| {
+        let mut pods = Vec::new();
+        for name in ["a", "b", "c"] {
+            let pod = node.pod(&format!("{name}{gen}"));
+            let env = pod
+                .env("eth0")
+                .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
+            let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
+            let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+            let obj = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
+            api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+            pods.push((pod, ip));
+        }
+        let server = TaggedServer::start(pods[1].0.netns(), 8080, "b", Mode::Greet);
+        (pods, server)
+    };
+    // While no policy is in force: nothing from a or c reaches b, nor b or a the outside;
+    // the node reaches b. Probed for `span`, a probe every 100 ms or so.
+    let closed_for = |pods: &[(tests::Pod, String)], span: Duration| {
+        let to_b = format!("{}:8080", pods[1].1);
+        let started = Instant::now();
+        let mut probes = 0;
+        while started.elapsed() < span {
+            assert!(
+                !reaches(pods[0].0.netns(), &to_b, Duration::from_millis(100)),
+                "a reached b before any policy was in force"
+            );
+            assert!(
+                !reaches(pods[2].0.netns(), &to_b, Duration::from_millis(100)),
+                "c reached b before any policy was in force"
+            );
+            assert!(
+                !reaches(pods[0].0.netns(), &to_ext, Duration::from_millis(100)),
+                "a reached the outside before any policy was in force"
+            );
+            assert!(
+                reaches(node.netns(), &to_b, Duration::from_secs(1)),
+                "the node's own probe of b failed: the node's traffic must always pass"
+            );
+            probes += 4;
+        }
+        probes
+    };
+    let opens = |pods: &[(tests::Pod, String)]| {
+        let to_b = format!("{}:8080", pods[1].1);
+        assert!(
+            wait_until(Duration::from_secs(10), || reaches(
+                pods[0].0.netns(),
+                &to_b,
+                Duration::from_millis(300)
+            )),
+            "a never reached b once the agent ran:\n{}",
+            agent_log()
+        );
+        assert!(
+            reaches(pods[0].0.netns(), &to_ext, Duration::from_secs(1)),
+            "a (no egress policy) never reached the outside"
+        );
+        assert!(
+            !reaches(pods[2].0.netns(), &to_b, Duration::from_millis(300)),
+            "c reached b, which admits only a"
+        );
+    };
+
+    let (pods, _b) = round(1);
+    let probes = closed_for(&pods, Duration::from_secs(2));
+    let agent = start_agent(&node, &api, &log);
+    let started = Instant::now();
+    opens(&pods);
+    eprintln!(
+        "first pods: closed for {probes} probes before the agent, open as the policy says {:?} after it started",
+        started.elapsed()
+    );
+
+    // The reboot: the agent and the pods go, and bpffs is empty.
+    drop(agent);
+    drop(pods);
+    std::fs::remove_dir_all(node.pin_root().join("testnet"))
+        .unwrap_or_else(|e| panic!("wiping the pins: {e}"));
+    let (pods, _b) = round(2);
+    let probes = closed_for(&pods, Duration::from_secs(2));
+    let agent = start_agent(&node, &api, &log);
+    let started = Instant::now();
+    opens(&pods);
+    eprintln!(
+        "after the reboot: closed for {probes} probes, open as the policy says {:?} after the agent started",
+        started.elapsed()
+    );
+    drop(agent);
+    drop(ext_server);
+}

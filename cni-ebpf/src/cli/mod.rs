@@ -147,17 +147,23 @@ pub struct MetricsArgs {
     /// Address and port the metrics are served on.
     #[arg(long, env = "CNI_EBPF_METRICS_LISTEN", default_value = crate::metrics::DEFAULT_LISTEN)]
     listen: std::net::SocketAddr,
-    /// `bpffsRoot` of the networks.
-    #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+    /// `bpffsRoot` of the networks (the conflist's, which `install` writes from the same
+    /// setting).
+    #[arg(long, env = "CNI_EBPF_BPFFS_ROOT", default_value = DEFAULT_BPFFS_ROOT)]
     bpffs_root: PathBuf,
     /// `dataDir` of the networks: their IPAM stores name each endpoint's pod (the
     /// metrics' `namespace` and `pod` labels).
-    #[arg(long, default_value = crate::cni::config::DEFAULT_DATA_DIR)]
+    #[arg(long, env = "CNI_EBPF_DATA_DIR", default_value = crate::cni::config::DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// A network to report and enforce policy on (repeatable); default: every network
     /// found below `--bpffs-root`.
     #[arg(long = "network")]
     networks: Vec<String>,
+    /// The node's CNI configuration directory (as mounted): its cni-ebpf conflists must
+    /// agree with the agent's `bpffsRoot`, `dataDir` and NetworkPolicy, or the agent is
+    /// not ready and says why.
+    #[arg(long, env = "CNI_EBPF_CNI_CONF_DIR", default_value = "/etc/cni/net.d")]
+    cni_conf_dir: PathBuf,
     #[command(flatten)]
     host_gw: hostgw::HostGwArgs,
 }
@@ -168,8 +174,10 @@ pub struct AgentArgs {
     #[command(flatten)]
     metrics: MetricsArgs,
     /// Enforce NetworkPolicy (`--policy=false`: off; no policy is then put in force on
-    /// this node, and the pinned state is left as it is).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    /// this node, and the pinned state is left as it is). The conflist's
+    /// `networkPolicy`, which `install` writes from the same setting, must agree: a
+    /// network that enforces policy keeps its pods closed until an agent does.
+    #[arg(long, env = "CNI_EBPF_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     policy: bool,
     /// Where the agent writes each network's NetworkPolicy state (`<network>.json`:
     /// each pod's rule sets and the policies that select it), which `inspect` reads.
@@ -190,7 +198,16 @@ pub struct AgentArgs {
 /// (`services`: `Some(true)` keeps the Service maps, `Some(false)` empties them, `None`
 /// leaves them alone) on threads of their own, metrics on this one.
 fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: Option<bool>) -> Result<()> {
-    let readiness = Arc::new(Readiness::default());
+    let settings = crate::agent::ready::Settings {
+        conf_dir: args.cni_conf_dir.clone(),
+        bpffs_root: args.bpffs_root.clone(),
+        data_dir: args.data_dir.clone(),
+        policy: policy.is_some(),
+    };
+    for why in crate::agent::ready::conflist_disagreements(&settings) {
+        tracing::error!("{why}");
+    }
+    let readiness = Arc::new(Readiness::default().with_conflists(settings));
     start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
     match services {
         Some(true) => start_services(args, &readiness)?,

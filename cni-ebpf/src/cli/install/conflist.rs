@@ -25,6 +25,7 @@ pub(super) struct Plugin<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     uplink: Option<&'a str>,
     ip_masq: bool,
+    network_policy: bool,
     #[serde(rename = "clusterCIDRs", skip_serializing_if = "Vec::is_empty")]
     cluster_cidrs: Vec<String>,
     bpffs_root: &'a Path,
@@ -130,6 +131,7 @@ pub fn render_conflist(args: &InstallArgs) -> Result<Vec<u8>> {
             cross_node: args.cross_node.as_deref(),
             uplink: args.uplink.as_deref(),
             ip_masq: args.ip_masq,
+            network_policy: args.network_policy,
             cluster_cidrs: args.cluster_cidrs.iter().map(ToString::to_string).collect(),
             bpffs_root: &args.bpffs_root,
             data_dir: &args.data_dir,

@@ -131,6 +131,11 @@ pub struct InstallArgs {
     /// `ipMasq`: masquerade pod traffic leaving the cluster.
     #[arg(long, env = "CNI_EBPF_IP_MASQ")]
     pub ip_masq: bool,
+    /// `networkPolicy`: NetworkPolicy enforced on the network by the node's agent, pods
+    /// closed until it has put the policy in force (the agent's `--policy` reads the same
+    /// setting, `CNI_EBPF_NETWORK_POLICY`).
+    #[arg(long, env = "CNI_EBPF_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub network_policy: bool,
     /// `mtu` of both veth ends; by default none is written, and pods get the path's MTU
     /// (the uplink's, less the tunnel's headers in the tunnel modes), found on the node.
     #[arg(long, env = "CNI_EBPF_MTU")]
@@ -142,11 +147,11 @@ pub struct InstallArgs {
     /// `attach`: how programs are attached (`tc`, `tcx` or `auto`).
     #[arg(long, value_parser = ["tc", "tcx", "auto"])]
     pub attach: Option<String>,
-    /// `bpffsRoot`.
-    #[arg(long, default_value = DEFAULT_BPFFS_ROOT)]
+    /// `bpffsRoot` (the agent's `--bpffs-root` reads the same setting).
+    #[arg(long, env = "CNI_EBPF_BPFFS_ROOT", default_value = DEFAULT_BPFFS_ROOT)]
     pub bpffs_root: PathBuf,
-    /// `dataDir`.
-    #[arg(long, default_value = DEFAULT_DATA_DIR)]
+    /// `dataDir` (the agent's `--data-dir` reads the same setting).
+    #[arg(long, env = "CNI_EBPF_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
     /// `logFile` (none by default).
     #[arg(long)]
