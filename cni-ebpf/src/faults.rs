@@ -31,6 +31,8 @@ pub const POINTS: &[&str] = &[
     // claims are not removed yet
     "ipam-key-retired",
     "del-ipam-released",
+    // DEL: the host veth is retired; the pod end still carries CNI_IFNAME
+    "del-host-veth-retired",
     // GC
     "gc-ipam-released",
     // DEL and GC: an attachment's endpoint entries are tombstones, their flows not purged

@@ -464,6 +464,25 @@ impl SimNode {
         exec_plugin_in(self.netns(), &bin, cmd, &env, stdin, DEFAULT_TIMEOUT)
     }
 
+    /// DEL of `pod`'s `ifname` as a runtime sees it: returns when DEL does, while its
+    /// finishing process may still be deleting the retired pair (every other helper waits
+    /// for that: [`crate::plugin::settle`]).
+    #[track_caller]
+    pub fn del_unsettled(&self, pod: &Pod, ifname: &str, conf: &ConfBuilder) -> PluginOutput {
+        let mut env = pod.env(ifname);
+        env.path = Some(self.cni_bin_dir().to_string_lossy().into_owned());
+        let bin = self.cni_bin_dir().join("cni-ebpf");
+        let stdin = conf.plugin().to_string();
+        crate::plugin::exec_plugin_unsettled(
+            self.netns(),
+            &bin,
+            "DEL",
+            &env,
+            stdin.as_bytes(),
+            DEFAULT_TIMEOUT,
+        )
+    }
+
     /// Runs the libcni client verb (`add`, `check`, `del`, `cached`, `validate`) on
     /// `conflist` in the node namespace, with this node's `CNI_PATH` and libcni cache.
     /// `env.extra` is passed to the client, and libcni passes it on to every plugin.

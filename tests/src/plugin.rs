@@ -229,14 +229,28 @@ pub fn exec_plugin_in(
     stdin: &[u8],
     timeout: Duration,
 ) -> PluginOutput {
-    let c = plugin_command(netns, bin, cmd, env);
-    let out = PluginOutput {
-        raw: run_cmd(c, Some(stdin), timeout),
-    };
+    let out = exec_plugin_unsettled(netns, bin, cmd, env, stdin, timeout);
     if cmd == "DEL" && out.success() {
         settle(stdin);
     }
     out
+}
+
+/// [`exec_plugin_in`] as a runtime sees it: returns when the plugin does, and a DEL's
+/// finishing process may still be at work.
+#[track_caller]
+pub fn exec_plugin_unsettled(
+    netns: &Path,
+    bin: &Path,
+    cmd: &str,
+    env: &CniEnv,
+    stdin: &[u8],
+    timeout: Duration,
+) -> PluginOutput {
+    let c = plugin_command(netns, bin, cmd, env);
+    PluginOutput {
+        raw: run_cmd(c, Some(stdin), timeout),
+    }
 }
 
 /// The plugin `bin` run for `cmd` in `netns` with `env` and nothing else of ours.

@@ -4,7 +4,7 @@
 use serde_json::json;
 use tests::{
     assert_ping,
-    inspect::{host_veths, link},
+    inspect::{host_veths, link, links},
     ConfBuilder, Pod, ResultView, SimNode,
 };
 
@@ -240,4 +240,130 @@ fn check_reports_each_kind_of_damage_and_passes_after_del_add() {
         .assert_empty_success();
     node.del(&pod, "eth0", &conf);
     node.store("testnet").assert_empty("after DEL");
+}
+
+/// When DEL returns, the container holds no interface of `CNI_IFNAME`, for every
+/// cniVersion, even while the pair waits for its finishing process: another plugin's ADD of
+/// that name into the namespace (a runtime reconnecting the container to another network)
+/// succeeds at once. On the node, only the retired host veth (down, no address, no route)
+/// remains, until the finishing process deletes it within the bound tests settle by.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn when_del_returns_the_container_has_no_interface_of_that_name_in_every_version() {
+    let node = SimNode::new("del_ifname");
+    let base = node.conf();
+    node.warm_up(&base);
+    let ptp = json!({
+        "cniVersion": "1.0.0",
+        "name": "another",
+        "type": "ptp",
+        "ipam": {
+            "type": "host-local",
+            "subnet": "10.99.0.0/24",
+            "dataDir": node.dir().join("host-local"),
+        },
+    });
+    let ptp_bin = std::path::Path::new("/usr/lib/cni/ptp");
+    let mut lingered = Vec::new();
+    for version in tests::ALL_VERSIONS {
+        let conf = base.clone().version(version);
+        let pod = node.pod(&format!("v{}", version.replace('.', "")));
+        node.add(&pod, "eth0", &conf);
+        let host = cni_ebpf::link::host_veth_name(pod.container_id(), "eth0");
+        node.del_unsettled(&pod, "eth0", &conf)
+            .assert_empty_success();
+        let returned = std::time::Instant::now();
+        let in_pod: Vec<String> = links(pod.netns()).into_iter().map(|l| l.name).collect();
+        assert!(
+            !in_pod.iter().any(|n| n == "eth0"),
+            "{version}: eth0 is still in the container after DEL returned: {in_pod:?}"
+        );
+        // What may remain on the node: the retired host veth, down, without routes.
+        if let Some(l) = link(node.netns(), &host) {
+            assert!(
+                !l.up,
+                "{version}: the retired host veth {host} is up: {l:?}"
+            );
+            let routes = node.exec(&["ip", "route", "show", "dev", &host]).stdout;
+            assert!(
+                routes.trim().is_empty(),
+                "{version}: routes through the retired {host}: {routes}"
+            );
+        }
+        // Another network's plugin takes the name at once.
+        let other = tests::CniEnv::new(&format!("other-{version}"), pod.netns(), "eth0");
+        let add = node.exec_plugin_bin(ptp_bin, "ADD", &other, &ptp);
+        assert!(
+            add.success(),
+            "{version}: another plugin's ADD of eth0 right after DEL failed: {}",
+            add.raw
+        );
+        node.exec_plugin_bin(ptp_bin, "DEL", &other, &ptp)
+            .assert_empty_success();
+        // The finishing process deletes the retired pair.
+        while link(node.netns(), &host).is_some() {
+            assert!(
+                returned.elapsed() < tests::plugin::SETTLE_WAIT,
+                "{version}: the retired {host} outlived {:?}",
+                tests::plugin::SETTLE_WAIT
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        lingered.push(returned.elapsed());
+    }
+    lingered.sort();
+    eprintln!(
+        "retired host veths deleted {:?} .. {:?} after DEL returned",
+        lingered.first(),
+        lingered.last()
+    );
+    tests::plugin::settle_network(&base.plugin());
+    assert!(host_veths(node.netns()).is_empty(), "host veths left");
+    node.store("testnet").assert_empty("after every DEL");
+}
+
+/// A burst of concurrent ADDs and DELs (a rollout): when each DEL returns its container
+/// has no `eth0`; the retired pairs share the deletions of the burst, and none outlives
+/// it.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_burst_of_dels_leaves_no_interface_in_the_containers_and_no_veth_after_it() {
+    const PODS: usize = 48;
+    const THREADS: usize = 8;
+    let node = SimNode::new("del_burst");
+    let conf = node.conf();
+    node.warm_up(&conf);
+    let before = (node.snapshot(), node.pins());
+    let pods: Vec<Pod> = (0..PODS).map(|i| node.pod(&format!("b{i}"))).collect();
+    let left_in_pods = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for chunk in pods.chunks(PODS / THREADS) {
+            let (node, conf, left) = (&node, &conf, &left_in_pods);
+            s.spawn(move || {
+                for p in chunk {
+                    node.add(p, "eth0", conf);
+                }
+                for p in chunk {
+                    node.del_unsettled(p, "eth0", conf).assert_empty_success();
+                    if link(p.netns(), "eth0").is_some() {
+                        left.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(p.name().to_owned());
+                    }
+                }
+            });
+        }
+    });
+    let returned = std::time::Instant::now();
+    let left = left_in_pods.into_inner().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        left.is_empty(),
+        "eth0 still in containers after DEL returned: {left:?}"
+    );
+    tests::plugin::settle_network(&conf.plugin());
+    eprintln!(
+        "{PODS} concurrent DELs: the last retired pair gone {:?} after the last DEL returned",
+        returned.elapsed()
+    );
+    assert_gone(&node, &pods[0], &before, "after the burst");
 }

@@ -35,11 +35,12 @@ pub fn pod_mac(conf: &NetConf, env: &Env) -> Result<[u8; 6]> {
     }
 }
 
-/// Deletes the veth pair an earlier DEL retired and left to its finishing process (see
-/// `del`), when it still holds this interface of the pod (DEL then ADD into one namespace)
-/// or this attachment's host veth name (DEL then ADD of the same container). Returns
-/// whether, after that, the pod still has an interface called `ifname` and the node a
-/// link called `host_ifname`: ADD's own existence checks, each link read once.
+/// Deletes the veth pairs earlier DELs retired and left to their finishing processes (see
+/// `del`) that are in the pod's way: one whose pod end DEL moved aside in this namespace
+/// (its retired group) or that still holds this interface of the pod (DEL then ADD into
+/// one namespace), or that holds this attachment's host veth name (DEL then ADD of the
+/// same container). Returns whether, after that, the pod still has an interface called
+/// `ifname` and the node a link called `host_ifname`: ADD's own existence checks.
 async fn clear_retired(
     node: &Nl,
     ctr: &Nl,
@@ -49,6 +50,17 @@ async fn clear_retired(
 ) -> Result<(bool, bool)> {
     let retired =
         |l: &link::Link| l.group == link::retired_group(network) && link::is_pod_pair_end(l);
+    for pod_end in ctr.pair_ends_in_group(link::retired_group(network)).await? {
+        let Some(peer) = pod_end.peer_index else {
+            continue;
+        };
+        if let Some(host) = node.link_by_index(peer).await? {
+            if retired(&host) && host.peer_index == Some(pod_end.index) {
+                tracing::info!("deleting {}, retired by an earlier DEL", host.name);
+                node.del_link(host.index).await?;
+            }
+        }
+    }
     let mut pod_end_taken = false;
     if let Some(pod_end) = ctr.link_by_name(ifname).await? {
         pod_end_taken = true;

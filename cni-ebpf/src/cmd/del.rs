@@ -44,6 +44,7 @@ use crate::{
     error::{Error, Result},
     ipam,
     link::{self, Nl},
+    netns::Netns,
 };
 
 /// Runs DEL.
@@ -67,7 +68,8 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     std::thread::scope(|s| {
         // Netlink on a thread of its own (it starts in the caller's network namespace, the
         // node's) while the IPAM store and the maps are worked on here.
-        let retiring = s.spawn(|| retire_host_veth_of(&conf.name, cid, ifname, &host_ifname));
+        let (netns, host) = (env.netns.as_deref(), host_ifname.as_str());
+        let retiring = s.spawn(move || retire_host_veth_of(&conf.name, cid, ifname, host, netns));
         // 1. Release the addresses first: whatever else fails, they are not leaked.
         let mut ips = ipam::del(conf, env, stdin).unwrap_or_else(|e| {
             errors.push(e);
@@ -492,6 +494,7 @@ fn retire_host_veth_of(
     container_id: &str,
     ifname: &str,
     host_ifname: &str,
+    netns: Option<&Path>,
 ) -> Result<Option<(u32, String)>> {
     let rt = link::runtime()?;
     rt.block_on(async {
@@ -504,6 +507,21 @@ fn retire_host_veth_of(
         }
         node.retire_host_veth(l.index, link::retired_group(network))
             .await?;
+        crate::faults::point("del-host-veth-retired")?;
+        // The spec's DEL removes CNI_IFNAME from the container: the pair's deletion waits
+        // for the finishing process, so its pod end steps out of the way now. Without the
+        // pod's namespace (gone, or CNI_NETNS empty) there is no container to clear.
+        if let Some(ns) = netns
+            .filter(|p| !p.as_os_str().is_empty())
+            .and_then(|p| Netns::open(p).ok())
+        {
+            let pod = Nl::connect_in(&ns)?;
+            let (group, name) = (
+                link::retired_group(network),
+                link::retired_pod_end_name(container_id, ifname),
+            );
+            pod.retire_pod_end(&l, ifname, group, &name).await?;
+        }
         Ok(Some((l.index, l.name)))
     })
 }

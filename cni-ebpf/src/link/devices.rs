@@ -182,6 +182,57 @@ impl Nl {
         }
     }
 
+    /// On a connection inside the pod's namespace: takes the pod end of host veth `host`
+    /// out of the pod's way, down and into device group `group` (the network's retired
+    /// group, so an ADD into the namespace finds it), then renamed from `ifname` to
+    /// `name`, so that no interface of the pod's `CNI_IFNAME` is left while the pair waits
+    /// for its deletion. Only the link that is `host`'s peer (a pod pair end named
+    /// `ifname` whose peer is `host`) is touched; nothing to do (`Ok`) when there is none,
+    /// it is gone, or it was renamed before.
+    pub async fn retire_pod_end(
+        &self,
+        host: &Link,
+        ifname: &str,
+        group: u32,
+        name: &str,
+    ) -> Result<()> {
+        let Some(peer) = host.peer_index else {
+            return Ok(());
+        };
+        let Some(end) = self.link_by_index(peer).await? else {
+            return Ok(());
+        };
+        if end.name != ifname || end.peer_index != Some(host.index) || !super::is_pod_pair_end(&end)
+        {
+            return Ok(());
+        }
+        let down = LinkUnspec::new_with_index(end.index)
+            .down()
+            .link_group(group)
+            .build();
+        match self.handle.link().set(down).execute().await {
+            Ok(()) => {}
+            Err(e) if is_errno(&e, libc::ENODEV) => return Ok(()),
+            Err(e) => {
+                return Err(Error::netlink(
+                    format!("setting the pod end {ifname} of {} down", host.name),
+                    e,
+                ))
+            }
+        }
+        let rename = LinkUnspec::new_with_index(end.index)
+            .name(name.to_owned())
+            .build();
+        match self.handle.link().set(rename).execute().await {
+            // ENODEV: gone meanwhile.
+            Err(e) if !is_errno(&e, libc::ENODEV) => Err(Error::netlink(
+                format!("renaming the pod end {ifname} of {} to {name}", host.name),
+                e,
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Labels host veth `index`: its alias (`IFLA_IFALIAS`) names the owner, and its
     /// device group goes back to the default 0
     /// ([`unlabelled_group`](super::unlabelled_group)), in one request.
@@ -204,6 +255,17 @@ impl Nl {
             self.handle.link().get().execute().try_collect().await
         })
         .await
+    }
+
+    /// Pod pair ends in device group `group`.
+    pub async fn pair_ends_in_group(&self, group: u32) -> Result<Vec<Link>> {
+        Ok(self
+            .link_messages()
+            .await?
+            .iter()
+            .map(Link::from_message)
+            .filter(|l| l.group == group && super::is_pod_pair_end(l))
+            .collect())
     }
 
     /// Veths (and netkit devices) in device group `group` without an alias: host ends of

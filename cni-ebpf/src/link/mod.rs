@@ -32,7 +32,7 @@ mod routes;
 pub use devices::NewVeth;
 pub use naming::{
     alias_prefix, derived_mac, host_veth_alias, host_veth_name, is_netkit, is_pod_pair_end,
-    is_veth, retired_group, unlabelled_group, NETKIT,
+    is_veth, retired_group, retired_pod_end_name, unlabelled_group, NETKIT,
 };
 pub use routes::{NewRoute, RouteInfo};
 

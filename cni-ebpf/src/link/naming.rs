@@ -46,6 +46,18 @@ pub fn host_veth_name(container_id: &str, ifname: &str) -> String {
     )
 }
 
+/// The name DEL gives the pod end of an attachment's veth pair inside the container
+/// when it retires the pair, so that no interface of the attachment's `ifname` remains
+/// there while the pair waits for its deletion: `cebr` + 11 hex digits of a hash of
+/// (container ID, ifname), 15 bytes.
+#[must_use]
+pub fn retired_pod_end_name(container_id: &str, ifname: &str) -> String {
+    format!(
+        "cebr{:011x}",
+        fnv1a(&["retired", container_id, ifname]) & 0x7ff_ffff_ffff
+    )
+}
+
 /// The alias written on every host veth we create:
 /// `cni-ebpf/<network>/<container ID>/<ifname>` (none of these may contain `/`). DEL and GC
 /// delete a link only when its alias names the attachment they work for.
