@@ -71,7 +71,9 @@ impl Setup {
                     let args = cni_ebpf::k8s::ApiArgs {
                         api_server: Some(api.url()),
                         service_account_dir: api.sa_dir().into(),
+                        kubeconfig: None,
                         api_timeout: 10,
+                        watch_timeout: cni_ebpf::k8s::DEFAULT_WATCH_TIMEOUT_SECS,
                     };
                     let client = cni_ebpf::k8s::ApiClient::new(&args)
                         .unwrap_or_else(|e| panic!("API client: {e}"))

@@ -15,22 +15,36 @@
 //! Nothing here is reachable from the CNI verbs: only the `install` and `metrics`
 //! subcommands build a client, so ADD/DEL never initialise TLS or an HTTP stack.
 
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
-    sync::Arc,
-    time::Duration,
-};
+use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
 
 use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
 use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 use kube::{client::ConfigExt as _, Api, Client, Config};
 
+pub mod credentials;
+pub mod traffic;
+
 /// Where a pod finds its ServiceAccount's credentials.
 pub const DEFAULT_SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// Default [`ApiArgs::api_timeout`] in seconds.
 pub const DEFAULT_API_TIMEOUT_SECS: u64 = 10;
+/// Default [`ApiArgs::watch_timeout`] in seconds (client-go's and kube's, under the API
+/// server's own limit).
+pub const DEFAULT_WATCH_TIMEOUT_SECS: u32 = 290;
+/// How much longer than its watch timeout an answer may stay silent: the API server ends
+/// a watch at its timeout, so a body silent beyond it is on a dead connection. (The
+/// watcher itself ends a silent watch 5 s after its timeout; this also bounds a list
+/// whose body stalls.)
+pub const WATCH_GRACE: Duration = Duration::from_secs(10);
+/// TCP keepalive of the API connection: first probe after this much silence, then one
+/// every [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] unanswered ones end it. A peer
+/// gone without a word is noticed within 10 + 3 × 5 = 25 s.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_PROBES: u32 = 3;
 
 /// How to reach the API server (flattened into the subcommands that need it).
 #[derive(Debug, Clone, clap::Args)]
@@ -42,9 +56,36 @@ pub struct ApiArgs {
     /// The directory holding the ServiceAccount's `token`, `ca.crt` (and `namespace`).
     #[arg(long, env = "CNI_EBPF_SERVICE_ACCOUNT_DIR", default_value = DEFAULT_SERVICE_ACCOUNT_DIR)]
     pub service_account_dir: PathBuf,
+    /// A kubeconfig to reach the API server with instead of the ServiceAccount (its
+    /// current context: server, CA, and a token, token file or client certificate);
+    /// `--api-server` still overrides its server.
+    #[arg(long, env = "CNI_EBPF_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
     /// Time limit of one API request, in seconds (connecting, TLS, retries and the answer).
     #[arg(long, default_value_t = DEFAULT_API_TIMEOUT_SECS, value_parser = clap::value_parser!(u64).range(1..=300))]
     pub api_timeout: u64,
+    /// How long the API server keeps one watch open, in seconds (`timeoutSeconds`); the
+    /// watcher resumes it from its last resource version after, and starts it again when
+    /// it stays silent this long plus 5 s. Any answer silent this long plus 10 s is cut
+    /// off and retried.
+    #[arg(long, env = "CNI_EBPF_WATCH_TIMEOUT", default_value_t = DEFAULT_WATCH_TIMEOUT_SECS, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub watch_timeout: u32,
+}
+
+impl ApiArgs {
+    /// How a watcher of the agent lists and watches: the server keeps each watch open
+    /// `--watch-timeout` seconds, with bookmarks.
+    #[must_use]
+    pub fn watcher_config(&self) -> kube::runtime::watcher::Config {
+        kube::runtime::watcher::Config::default().timeout(self.watch_timeout)
+    }
+
+    /// How long an answer's body may stay silent before it is cut off: a watch's own
+    /// timeout and [`WATCH_GRACE`].
+    #[must_use]
+    pub fn idle_limit(&self) -> Duration {
+        Duration::from_secs(u64::from(self.watch_timeout)) + WATCH_GRACE
+    }
 }
 
 /// Why the API server could not tell us what we asked.
@@ -88,6 +129,15 @@ pub enum ApiError {
     Client {
         /// The API server.
         server: String,
+        /// Why.
+        reason: String,
+    },
+
+    /// A kubeconfig that cannot be used.
+    #[error("kubeconfig {path}: {reason}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
         /// Why.
         reason: String,
     },
@@ -229,42 +279,31 @@ fn bearer_header(token: &str) -> Option<http::HeaderValue> {
     Some(v)
 }
 
-fn read_file(path: &Path) -> Result<Vec<u8>, ApiError> {
-    std::fs::read(path).map_err(|source| ApiError::Credentials {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 impl ApiClient {
-    /// Builds the in-cluster client. Must be called inside a tokio runtime (the client
-    /// spawns its request buffer there). Reads nothing from the network yet.
+    /// Builds the client from the ServiceAccount (or the kubeconfig `args` names: see
+    /// [`credentials`]). Must be called inside a tokio runtime (the client spawns its
+    /// request buffer there). Reads nothing from the network yet.
     ///
     /// The HTTP stack is ours, not kube's `Client::try_from(Config)`: hyper-util's
-    /// client over hyper-rustls (ring, HTTP/1.1, the ServiceAccount's CA as the only
-    /// root), the token as a bearer header, the base URL layer. kube's own stack would
-    /// also link its kubeconfig and exec-plugin machinery, which an in-cluster client
-    /// never uses. The CA is read here; the token here and again for every request, so a
-    /// long-lived client (the agent's watches) follows its rotation.
+    /// client over hyper-rustls (ring, HTTP/1.1, the given CA as the only root), the
+    /// token as a bearer header or a client certificate, the base URL layer. kube's own
+    /// stack would also link its exec-plugin machinery, which the agent never runs. The
+    /// CA is read here; a token file here and again for every request, so a long-lived
+    /// client (the agent's watches) follows its rotation.
     pub fn new(args: &ApiArgs) -> Result<Self, ApiError> {
-        let server = server_url(args)?;
+        let creds = credentials::resolve(args)?;
+        let server = creds.server.clone();
         let uri: http::Uri = server
             .parse()
             .ok()
             .filter(|u: &http::Uri| u.scheme_str() == Some("https"))
             .ok_or_else(|| ApiError::BadServer(server.clone()))?;
-        let dir = &args.service_account_dir;
-        let (token_path, ca) = (dir.join("token"), dir.join("ca.crt"));
-        let token = String::from_utf8_lossy(&read_file(&token_path)?)
-            .trim()
-            .to_owned();
-        let ca_pem = read_file(&ca)?;
         let bad_ca = |reason: String| ApiError::BadCa {
-            path: ca.clone(),
+            path: creds.ca_source.clone(),
             reason,
         };
         let mut roots = rustls::RootCertStore::empty();
-        for p in pem::parse_many(&ca_pem).map_err(|e| bad_ca(format!("not PEM: {e}")))? {
+        for p in pem::parse_many(&creds.ca_pem).map_err(|e| bad_ca(format!("not PEM: {e}")))? {
             if p.tag() == "CERTIFICATE" {
                 roots
                     .add(p.into_contents().into())
@@ -283,12 +322,45 @@ impl ApiClient {
         ))
         .with_safe_default_protocol_versions()
         .map_err(|e| client_err(&e))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+        let tls = match &creds.auth {
+            credentials::Auth::ClientCert { chain, key } => {
+                let chain: Vec<rustls::pki_types::CertificateDer<'static>> = pem::parse_many(chain)
+                    .map_err(|e| client_err(&format!("the client certificate: {e}")))?
+                    .into_iter()
+                    .filter(|p| p.tag() == "CERTIFICATE")
+                    .map(|p| p.into_contents().into())
+                    .collect();
+                let key = pem::parse_many(key)
+                    .map_err(|e| client_err(&format!("the client key: {e}")))?
+                    .into_iter()
+                    .find_map(|p| match p.tag() {
+                        "PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Pkcs8(
+                            p.into_contents().into(),
+                        )),
+                        "RSA PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Pkcs1(
+                            p.into_contents().into(),
+                        )),
+                        "EC PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Sec1(
+                            p.into_contents().into(),
+                        )),
+                        _ => None,
+                    })
+                    .ok_or_else(|| client_err(&"the client key holds no private key"))?;
+                tls.with_client_auth_cert(chain, key)
+                    .map_err(|e| client_err(&format!("the client certificate: {e}")))?
+            }
+            credentials::Auth::Bearer { .. } => tls.with_no_client_auth(),
+        };
         let timeout = Duration::from_secs(args.api_timeout);
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false);
         tcp.set_connect_timeout(Some(timeout));
+        // A watch is silent for minutes on a quiet cluster: without keepalive, a peer that
+        // vanished (a moved address, a dropped NAT entry) would never be noticed.
+        tcp.set_keepalive(Some(KEEPALIVE_IDLE));
+        tcp.set_keepalive_interval(Some(KEEPALIVE_INTERVAL));
+        tcp.set_keepalive_retries(Some(KEEPALIVE_PROBES));
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_only()
@@ -297,25 +369,45 @@ impl ApiClient {
         let http_client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .build::<_, kube::client::Body>(https);
         let mut config = Config::new(uri);
-        if let Ok(ns) = std::fs::read_to_string(dir.join("namespace")) {
-            config.default_namespace = ns.trim().to_owned();
+        if let Some(ns) = &creds.namespace {
+            config.default_namespace.clone_from(ns);
         }
-        let bearer = bearer_header(&token).ok_or_else(|| ApiError::BadToken(token_path.clone()))?;
-        let token_file = token_path.clone();
+        let (bearer, token_file) = match &creds.auth {
+            credentials::Auth::Bearer { token, file } => {
+                let source = file
+                    .clone()
+                    .unwrap_or_else(|| args.kubeconfig.clone().unwrap_or_default());
+                let header = bearer_header(token).ok_or(ApiError::BadToken(source))?;
+                (Some(header), file.clone())
+            }
+            credentials::Auth::ClientCert { .. } => (None, None),
+        };
+        let token_path = token_file
+            .clone()
+            .or_else(|| args.kubeconfig.clone())
+            .unwrap_or_default();
+        let idle = args.idle_limit();
+        let counted = tower::service_fn(move |req| {
+            let http = http_client.clone();
+            traffic::counted(move |req| http.request(req), req, idle)
+        });
         let service = tower::ServiceBuilder::new()
             .layer(config.base_uri_layer())
             .map_request(move |mut req: http::Request<kube::client::Body>| {
                 // The kubelet rewrites a projected token well before it expires: every
                 // request (a watch lasts minutes, an agent for months) reads it anew, and
                 // keeps the last good one if the file cannot be read.
-                let value = std::fs::read(&token_file)
-                    .ok()
-                    .and_then(|t| bearer_header(String::from_utf8_lossy(&t).trim()))
-                    .unwrap_or_else(|| bearer.clone());
-                req.headers_mut().insert(http::header::AUTHORIZATION, value);
+                let fresh = token_file.as_ref().and_then(|f| {
+                    std::fs::read(f)
+                        .ok()
+                        .and_then(|t| bearer_header(String::from_utf8_lossy(&t).trim()))
+                });
+                if let Some(value) = fresh.or_else(|| bearer.clone()) {
+                    req.headers_mut().insert(http::header::AUTHORIZATION, value);
+                }
                 req
             })
-            .service(http_client);
+            .service(counted);
         let client = Client::new(service, config.default_namespace);
         Ok(Self {
             client,
@@ -516,7 +608,9 @@ mod tests {
         let args = ApiArgs {
             api_server: Some("https://127.0.0.1:6443/".into()),
             service_account_dir: PathBuf::from("/nonexistent"),
+            kubeconfig: None,
             api_timeout: 1,
+            watch_timeout: DEFAULT_WATCH_TIMEOUT_SECS,
         };
         assert_eq!(
             server_url(&args).ok().as_deref(),
