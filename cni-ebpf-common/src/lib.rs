@@ -573,8 +573,11 @@ pub struct NodeState {
     /// When userspace last listed every node address (`CLOCK_BOOTTIME` seconds, native
     /// order; 0 = never).
     pub addrs_listed_s: u32,
-    /// Padding (zero).
-    pub _pad: u32,
+    /// Until when the node's agent holds its lease on the network's NetworkPolicy
+    /// (`CLOCK_BOOTTIME` seconds, native order; 0 = never held): the agent renews it
+    /// every second; ADD closes the new pods of a network that enforces policy once it
+    /// has run out (no agent keeps the policy current).
+    pub agent_lease_s: u32,
 }
 const _: () = assert!(size_of::<NodeState>() == 8);
 

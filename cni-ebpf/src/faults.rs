@@ -7,7 +7,12 @@
 //!   the crash campaign can SIGKILL it exactly there instead of hoping a random delay
 //!   lands in a window of a few microseconds.
 //!
-//! In the binaries runtimes execute (no feature) [`point`] is an empty inline function.
+//! - `CNI_EBPF_HANG_AT=<point>` and `CNI_EBPF_HANG_WHEN=<file>`: the agent's thread that
+//!   passes the point blocks for good once the file exists ([`hang`]), so the tests prove
+//!   `/healthz` notices a wedged job.
+//!
+//! In the binaries runtimes execute (no feature) [`point`] and [`hang`] are empty inline
+//! functions.
 
 use crate::error::Result;
 
@@ -77,6 +82,34 @@ pub fn point(name: &'static str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// The agent's points where a job's thread may be made to hang (`CNI_EBPF_HANG_AT`).
+pub const HANG_POINTS: &[&str] = &[
+    "agent-policy-loop",
+    "agent-services-loop",
+    "agent-nodes-loop",
+];
+
+/// Passes the agent's hang point `name`: a no-op unless this is the test build.
+#[cfg(not(feature = "fault-injection"))]
+#[inline(always)]
+pub fn hang(_name: &'static str) {}
+
+/// Passes the agent's hang point `name`: blocks the calling thread for good when
+/// `CNI_EBPF_HANG_AT` names it and the file `CNI_EBPF_HANG_WHEN` exists.
+#[cfg(feature = "fault-injection")]
+pub fn hang(name: &'static str) {
+    debug_assert!(HANG_POINTS.contains(&name), "unlisted hang point {name}");
+    let armed = std::env::var("CNI_EBPF_HANG_AT").is_ok_and(|s| s == name)
+        && std::env::var_os("CNI_EBPF_HANG_WHEN")
+            .is_some_and(|f| std::path::Path::new(&f).exists());
+    if armed {
+        tracing::warn!("fault injection: {name}: hanging");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
 }
 
 /// A process leading a process group of its own (DEL's finishing process) is continued

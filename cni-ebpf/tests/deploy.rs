@@ -265,17 +265,52 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     };
     assert_eq!(mount("/sys/fs/bpf")["mountPropagation"], "HostToContainer");
     assert_eq!(mount("/var/lib/cni-ebpf")["readOnly"], true);
-    // The probes reach the address the ConfigMap gives the agent.
-    let listen = &kind(&docs, "ConfigMap")["data"]["CNI_EBPF_METRICS_LISTEN"];
-    let port = listen.as_str().unwrap().rsplit(':').next().unwrap();
-    for probe in ["livenessProbe", "readinessProbe"] {
-        assert_eq!(main[probe]["httpGet"]["port"].to_string(), port, "{probe}");
+    // The probes reach the agent's probe listener on the node's loopback (its default),
+    // /metrics is on the node's address the downward API gives.
+    let env = container_env(&docs, main);
+    assert!(!env.contains_key("CNI_EBPF_PROBE_LISTEN"), "{env:?}");
+    let probes: std::net::SocketAddr = cni_ebpf::metrics::DEFAULT_PROBE_LISTEN.parse().unwrap();
+    assert!(probes.ip().is_loopback());
+    for (probe, path) in [
+        ("startupProbe", "/healthz"),
+        ("livenessProbe", "/healthz"),
+        ("readinessProbe", "/ready"),
+    ] {
+        let get = &main[probe]["httpGet"];
+        assert_eq!(get["host"], probes.ip().to_string(), "{probe}");
+        assert_eq!(get["port"], probes.port(), "{probe}");
+        assert_eq!(get["path"], path, "{probe}");
     }
-    assert_eq!(main["readinessProbe"]["httpGet"]["path"], "/ready");
+    assert_eq!(
+        env.get("CNI_EBPF_METRICS_LISTEN").map(String::as_str),
+        Some("198.18.0.1:9670"),
+        "{env:?}"
+    );
+    assert_eq!(main["ports"][0]["containerPort"], 9670);
+}
+
+/// What the kubelet gives `fieldRef` environment variables on the node these tests
+/// pretend to be.
+fn downward(field: &str) -> Option<&'static str> {
+    match field {
+        "spec.nodeName" => Some("node-a"),
+        "status.hostIP" => Some("198.18.0.1"),
+        _ => None,
+    }
+}
+
+/// `value` with each `$(NAME)` of `env` expanded, as the kubelet expands dependent
+/// variables (an unknown one stays as written).
+fn expand(value: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = value.to_owned();
+    for (k, v) in env {
+        out = out.replace(&format!("$({k})"), v);
+    }
+    out
 }
 
 /// The environment a container of `docs`' DaemonSet gets: its ConfigMap's data, then its
-/// literal `env` entries.
+/// `env` entries in order (literal values with `$(NAME)` expanded, downward API fields).
 fn container_env(docs: &[Value], container: &Value) -> BTreeMap<String, String> {
     let mut env = BTreeMap::new();
     for from in container["envFrom"].as_array().into_iter().flatten() {
@@ -289,8 +324,15 @@ fn container_env(docs: &[Value], container: &Value) -> BTreeMap<String, String> 
         }
     }
     for e in container["env"].as_array().into_iter().flatten() {
+        let name = e["name"].as_str().unwrap().to_owned();
         if let Some(v) = e["value"].as_str() {
-            env.insert(e["name"].as_str().unwrap().to_owned(), v.to_owned());
+            let v = expand(v, &env);
+            env.insert(name, v);
+        } else if let Some(v) = e["valueFrom"]["fieldRef"]["fieldPath"]
+            .as_str()
+            .and_then(downward)
+        {
+            env.insert(name, v.to_owned());
         }
     }
     env
@@ -422,7 +464,7 @@ fn the_agents_host_gw_toggle_comes_from_the_config_map_and_reaches_the_binary() 
         let pod = &kind(&docs, "DaemonSet")["spec"]["template"]["spec"];
         let main = &pod["containers"][0];
         assert_node_name_from_downward_api(main["env"].as_array().unwrap());
-        let env = container_env(&docs, main);
+        let mut env = container_env(&docs, main);
         assert_eq!(
             env.get("CNI_EBPF_HOST_GW").map(String::as_str),
             Some(if *host_gw { "true" } else { "false" }),
@@ -433,6 +475,7 @@ fn the_agents_host_gw_toggle_comes_from_the_config_map_and_reaches_the_binary() 
         }
         // Switched on without a node name, the container's own arguments fail at once,
         // naming what is missing: the variable is read by `agent`, before it listens.
+        env.remove("NODE_NAME");
         let out = Command::new(env!("CARGO_BIN_EXE_cni-ebpf"))
             .args(strings(&main["args"]))
             .env_remove("CNI_COMMAND")

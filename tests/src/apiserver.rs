@@ -26,7 +26,8 @@
 //!   `resourceVersion` (+ `resourceVersionMatch`); `labelSelector` (`k=v`, `k==v`,
 //!   `k!=v`, `k`, `!k`) and `fieldSelector` (`=`, `==`, `!=` on `metadata.name`,
 //!   `metadata.namespace` and the fields the real server supports per resource, e.g. a
-//!   pod's `spec.nodeName`; another field is a 400 `field label not supported`);
+//!   pod's `spec.nodeName`; another field is a 400 `field label not supported`); a list
+//!   from the watch cache (`resourceVersion=0`) ignores `limit`, as the API server's does;
 //! - watches (`watch=true`): a chunked stream of `{"type":…,"object":…}` lines: every
 //!   change after the `resourceVersion` asked for (synthetic `ADDED` events of the current
 //!   objects for `0`, unset, or `sendInitialEvents=true` — closed by the
@@ -42,6 +43,10 @@
 //! - [`ApiServer::forbid`]: every request answered 403 with the API server's RBAC message
 //!   (`User "system:serviceaccount:…" cannot list resource "pods" …`);
 //! - [`ApiServer::set_delay`]: answers held back (for the clients' time limits);
+//!   [`ApiServer::fail_next`]: requests answered 429 (with `retryAfterSeconds`), 500 or
+//!   503; [`ApiServer::freeze_watches`]: open watches silent for good, their connections
+//!   kept; [`ApiServer::set_streaming_lists`]: `sendInitialEvents` refused with the 422 of
+//!   a server without the WatchList feature;
 //! - faults of a real cluster: [`ApiServer::compact`] (etcd compaction: old versions are
 //!   gone), [`ApiServer::drop_watches`] (every watch connection cut, as a dropped
 //!   connection looks), [`ApiServer::restart`] (connections cut and refused for a while,
@@ -310,6 +315,12 @@ struct State {
     restart_epoch: u64,
     /// Until when new connections are refused.
     down_until: Option<Instant>,
+    /// The next requests answered with this status instead ([`ApiServer::fail_next`]).
+    failing: Option<(u16, usize)>,
+    /// Bumped by [`ApiServer::freeze_watches`]: watches of an older one fall silent.
+    freeze_epoch: u64,
+    /// Watches refuse `sendInitialEvents` (a server without streaming lists).
+    no_streaming_lists: bool,
 }
 
 /// What the accept loop, the connections and the test's handle share.
@@ -1172,6 +1183,27 @@ impl ApiServer {
         self.shared.lock().forbidden = on;
     }
 
+    /// Answers the next `count` requests (of any client, any verb) with `code` instead:
+    /// 429 `TooManyRequests` (with `retryAfterSeconds`), 503, or 500 `InternalError`.
+    pub fn fail_next(&self, code: u16, count: usize) {
+        self.shared.lock().failing = (count > 0).then_some((code, count));
+    }
+
+    /// Every watch open now falls silent for good: no event, no bookmark, no end, the
+    /// connection kept open (a peer that stopped answering without closing). New watches
+    /// are served as usual.
+    pub fn freeze_watches(&self) {
+        let mut s = self.shared.lock();
+        s.freeze_epoch += 1;
+        self.shared.changed.notify_all();
+    }
+
+    /// Whether watches accept `sendInitialEvents` (streaming lists; on by default): off,
+    /// they are refused with the API server's 422 for a server without the feature.
+    pub fn set_streaming_lists(&self, on: bool) {
+        self.shared.lock().no_streaming_lists = !on;
+    }
+
     /// Holds every answer back by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.shared.lock().delay = delay;
@@ -1434,6 +1466,8 @@ fn reason_phrase(code: u16) -> &'static str {
         410 => "Gone",
         415 => "Unsupported Media Type",
         422 => "Unprocessable Entity",
+        429 => "Too Many Requests",
+        503 => "Service Unavailable",
         504 => "Gateway Timeout",
         _ => "Internal Server Error",
     }
@@ -1480,6 +1514,8 @@ struct Watch {
     expired: Option<Value>,
     /// The [`State::watch_epoch`] it started in.
     watch_epoch: u64,
+    /// The [`State::freeze_epoch`] it started in.
+    freeze_epoch: u64,
 }
 
 /// The resource, namespace and name a path names.
@@ -1599,6 +1635,27 @@ fn answer(shared: &Shared, req: &Request, query: &Query) -> Answer {
         let details = res.details(route.name.as_deref());
         return Full(403, status(403, "Forbidden", &message, Some(details)));
     }
+    if let Some((code, left)) = s.failing {
+        s.failing = (left > 1).then_some((code, left - 1));
+        let (reason, message, details) = match code {
+            429 => (
+                "TooManyRequests",
+                "the server has received too many requests and has asked us to try again later",
+                Some(json!({"retryAfterSeconds": 1})),
+            ),
+            503 => (
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request",
+                None,
+            ),
+            _ => (
+                "InternalError",
+                "Internal error occurred: injected by the test",
+                None,
+            ),
+        };
+        return Full(code, status(code, reason, message, details));
+    }
     let (code, body) = match verb {
         "get" => match s
             .objects
@@ -1635,6 +1692,13 @@ fn list(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> (u16,
             Ok(n) => n,
             Err(_) => return (400, bad_request(&format!("invalid limit: {l:?}"))),
         },
+    };
+    // A list from the watch cache (resourceVersion=0) cannot be paged there: the API
+    // server ignores `limit` and answers every item at once (KEP-4988).
+    let limit = if q.get("resourceVersion") == "0" && q.get("continue").is_empty() {
+        0
+    } else {
+        limit
     };
     let current = s.resource_version;
     let (at, start) = match q.get("continue") {
@@ -1745,6 +1809,12 @@ fn watch(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> Answ
         },
     };
     let initial_end = q.flag("sendInitialEvents");
+    if initial_end && s.no_streaming_lists {
+        // The API server's validation without the WatchList feature.
+        let message = "ListOptions.meta.k8s.io \"\" is invalid: sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled";
+        let details = json!({"group": "meta.k8s.io", "kind": "ListOptions", "causes": [{"reason": "FieldValueForbidden", "message": "Forbidden: sendInitialEvents is forbidden for watch unless the WatchList feature gate is enabled", "field": "sendInitialEvents"}]});
+        return Answer::Full(422, status(422, "Invalid", message, Some(details)));
+    }
     let mut w = Watch {
         res,
         selector,
@@ -1755,6 +1825,7 @@ fn watch(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> Answ
         timeout,
         expired: None,
         watch_epoch: s.watch_epoch,
+        freeze_epoch: s.freeze_epoch,
     };
     match q.get("resourceVersion") {
         _ if initial_end => {}
@@ -2020,6 +2091,15 @@ fn stream_watch(tls: &mut Tls, shared: &Shared, epoch: u64, w: Watch) -> bool {
                     || s.restart_epoch != epoch
                     || s.watch_epoch != w.watch_epoch
                 {
+                    return false;
+                }
+                if s.freeze_epoch != w.freeze_epoch {
+                    // Silent for good, the connection kept: as a watch behind a peer
+                    // that stopped answering looks from here.
+                    drop(s);
+                    while !shared.stop.load(Ordering::SeqCst) && !client_gone(&tls.sock) {
+                        thread::sleep(POLL);
+                    }
                     return false;
                 }
                 if from < s.compacted {

@@ -217,6 +217,17 @@ impl SimNode {
         netns_exec(self.netns(), argv)
     }
 
+    /// The policy generation in force on network `testnet` (0: no agent has swapped one
+    /// in, or nothing is pinned).
+    #[must_use]
+    pub fn policy_generation(&self) -> u32 {
+        cni_ebpf::datapath::Datapath::open_at(self.pin_root().join("testnet"))
+            .ok()
+            .flatten()
+            .and_then(|d| d.policy_state().ok())
+            .map_or(0, |s| s.generation)
+    }
+
     /// The argv of `cni-ebpf inspect` of network `testnet` on this node (its pin root and
     /// data dir), then `extra`.
     #[must_use]

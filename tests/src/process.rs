@@ -192,6 +192,14 @@ pub fn netns_exec<S: AsRef<OsStr>>(netns: &Path, argv: &[S]) -> Output {
     run_cmd(cmd, None, DEFAULT_TIMEOUT)
 }
 
+/// [`netns_exec`] with `input` on stdin (`nft -f -`, `iptables-restore`).
+#[track_caller]
+pub fn netns_exec_input<S: AsRef<OsStr>>(netns: &Path, argv: &[S], input: &[u8]) -> Output {
+    let mut cmd = command(argv);
+    in_netns(&mut cmd, netns);
+    run_cmd(cmd, Some(input), DEFAULT_TIMEOUT)
+}
+
 /// Runs `argv` inside `netns` and panics with its output unless it succeeds; returns
 /// stdout.
 #[track_caller]

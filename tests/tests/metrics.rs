@@ -170,6 +170,8 @@ impl Exporter {
             bin.to_string_lossy().into_owned(),
             "metrics".into(),
             "--listen".into(),
+            listen.clone(),
+            "--probe-listen".into(),
             listen,
             "--bpffs-root".into(),
             root,

@@ -488,65 +488,19 @@ fn an_add_on_enforcers_forward_rules_see_same_node_traffic_when_the_fast_path_is
     }
 }
 
-/// Whether `a` (in `netns`) gets the greeting of the server at `addr` within `within`.
+/// Whether a client in `netns` gets the greeting of the server at `addr` within `within`.
 fn reaches(netns: &std::path::Path, addr: &str, within: std::time::Duration) -> bool {
-    let to: std::net::SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
-    tests::net::in_netns(netns, move || {
-        std::net::TcpStream::connect_timeout(&to, within)
-            .and_then(|s| tests::datapath::read_line(&s))
-            .is_ok_and(|l| !l.is_empty())
-    })
+    tests::netpol::probe::greets(netns, addr, within)
 }
 
 /// The policy generation in force on the node's network (0: the agent never swapped).
 fn generation(node: &tests::SimNode) -> u32 {
-    let Some(pin) = find_pin(node.pin_root(), "POLICY_STATE") else {
-        return 0;
-    };
-    let out = node.exec(&[
-        "bpftool",
-        "-j",
-        "map",
-        "dump",
-        "pinned",
-        &pin.display().to_string(),
-    ]);
-    let doc: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
-    let bytes: Vec<u8> = doc[0]["value"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| b.as_str())
-        .filter_map(|b| u8::from_str_radix(b.trim_start_matches("0x"), 16).ok())
-        .collect();
-    bytes
-        .get(4..8)
-        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-}
-
-fn find_pin(dir: &std::path::Path, name: &str) -> Option<std::path::PathBuf> {
-    for e in std::fs::read_dir(dir).ok()?.filter_map(Result::ok) {
-        let p = e.path();
-        if p.file_name().is_some_and(|n| n == name) {
-            return Some(p);
-        }
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            if let Some(found) = find_pin(&p, name) {
-                return Some(found);
-            }
-        }
-    }
-    None
+    node.policy_generation()
 }
 
 /// A NetworkPolicy object of namespace `x` as the API serves it.
 fn policy_object(name: &str, spec: Value) -> Value {
-    json!({
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {"namespace": "x", "name": name},
-        "spec": spec,
-    })
+    tests::netpol::policy_object("x", name, spec)
 }
 
 /// The agent against the stand-in API server, on one node with pods of namespace `x`:
@@ -864,7 +818,15 @@ fn start_agent_as(
         AGENT_METRICS.to_string(),
         state_dir(node).display().to_string(),
     );
-    let mut args = vec!["agent", "--listen", &listen, "--state-dir", &state];
+    let mut args = vec![
+        "agent",
+        "--listen",
+        &listen,
+        "--probe-listen",
+        &listen,
+        "--state-dir",
+        &state,
+    ];
     args.extend_from_slice(extra);
     let argv = tests::process::as_agent_container(api.agent_argv(
         &tests::plugin_bin(),

@@ -11,9 +11,14 @@
 //! - [`nodes`]: the Node watcher: tunnel entries and direct routes to other nodes;
 //! - [`services`]: Services translated at the socket, without kube-proxy (opt-in);
 //! - [`ready`]: readiness (`GET /ready`): every job's first round made, every datapath
-//!   loaded.
+//!   loaded;
+//! - [`liveness`]: liveness (`GET /healthz`): every job's loop and watchers still at work;
+//! - [`datapaths`]: networks whose datapath appears on the node (a first ADD), so that
+//!   every job acts on them at once.
 
+pub mod datapaths;
 pub mod health;
+pub mod liveness;
 pub mod nodes;
 pub mod ready;
 pub mod reconcile;

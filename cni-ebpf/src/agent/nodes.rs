@@ -12,9 +12,11 @@
 //!
 //! The Nodes are listed once, then watched (kube-runtime's watcher and reflector: a
 //! dropped watch resumes, a `410 Gone` lists again, an unreachable or refusing API server
-//! is retried with backoff). Everything is reconciled after every change, and every
-//! `--host-gw-interval` against the view it has (a route someone deleted comes back; no
-//! API request for that). While the API server is away, what is in place stays.
+//! is retried with backoff). Everything is reconciled after every change, whenever a
+//! network's datapath appears on the node or goes ([`super::datapaths`]: the first ADD on
+//! a fresh node gets its tunnel entries at once), and every `--host-gw-interval` against
+//! the view it has (a route someone deleted comes back; no API request for that). While
+//! the API server is away, what is in place stays.
 
 use std::{net::IpAddr, path::Path, sync::Arc, time::Duration};
 
@@ -41,6 +43,8 @@ use crate::{
 
 /// How long a round waits after a Node change for more changes of the same burst.
 const SETTLE: Duration = Duration::from_millis(30);
+/// How often the loop shows it is alive between rounds (liveness).
+const BEAT: Duration = Duration::from_secs(10);
 
 /// A network in a tunnel mode.
 struct TunnelNetwork {
@@ -245,7 +249,13 @@ pub fn wanted(args: &HostGwArgs) -> bool {
 /// Runs the Node watcher forever on the calling thread (its own current-thread runtime),
 /// in the calling thread's network namespace; tells `readiness` when its first round is
 /// made.
-pub fn run(args: &HostGwArgs, own: &str, root: &Path, readiness: &Readiness) -> Result<()> {
+pub fn run(
+    args: &HostGwArgs,
+    own: &str,
+    root: &Path,
+    readiness: &Readiness,
+    mut datapaths: tokio::sync::watch::Receiver<u64>,
+) -> Result<()> {
     let rt = crate::link::runtime()?;
     rt.block_on(async {
         let nl = Nl::connect()?;
@@ -280,7 +290,7 @@ pub fn run(args: &HostGwArgs, own: &str, root: &Path, readiness: &Readiness) -> 
         let changed = Arc::new(Notify::new());
         {
             let changed = Arc::clone(&changed);
-            let events = watcher(Api::<Node>::all(client), watcher::Config::default())
+            let events = watcher(Api::<Node>::all(client), args.api.watcher_config())
                 .default_backoff()
                 .reflect(writer);
             tokio::spawn(async move {
@@ -310,9 +320,22 @@ pub fn run(args: &HostGwArgs, own: &str, root: &Path, readiness: &Readiness) -> 
             )
             .await;
             readiness.done(Job::Nodes);
-            tokio::select! {
-                () = changed.notified() => tokio::time::sleep(SETTLE).await,
-                () = tokio::time::sleep(Duration::from_secs(args.interval)) => {}
+            let next = tokio::time::Instant::now() + Duration::from_secs(args.interval);
+            loop {
+                tokio::select! {
+                    () = changed.notified() => {
+                        tokio::time::sleep(SETTLE).await;
+                        break;
+                    }
+                    // A network loaded (or gone) on the node: its tunnel entries now.
+                    Ok(()) = datapaths.changed() => break,
+                    () = tokio::time::sleep_until(next) => break,
+                    // Alive between rounds, however long the interval.
+                    () = tokio::time::sleep(BEAT) => {
+                        crate::faults::hang("agent-nodes-loop");
+                        readiness.beat(Job::Nodes);
+                    }
+                }
             }
         }
     })

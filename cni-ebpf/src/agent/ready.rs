@@ -19,6 +19,7 @@ use std::{
     collections::BTreeMap,
     path::{Path, PathBuf},
     sync::Mutex,
+    time::Instant,
 };
 
 use serde_json::Value;
@@ -46,11 +47,42 @@ impl Job {
     }
 }
 
-/// Which jobs the agent runs and whether each has made its first round, and the node's
-/// conflists to compare its settings with.
+impl Job {
+    /// What the job watches (as [`crate::k8s::traffic`] names the resources).
+    #[must_use]
+    pub fn watches(self) -> &'static [&'static str] {
+        match self {
+            Job::Nodes => &["nodes"],
+            Job::Policy => &["namespaces", "pods", "networking.k8s.io/networkpolicies"],
+            Job::Services => &["services", "discovery.k8s.io/endpointslices"],
+        }
+    }
+
+    /// The job's name in messages.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Job::Nodes => "the Node watcher",
+            Job::Policy => "NetworkPolicy",
+            Job::Services => "the Service watcher",
+        }
+    }
+}
+
+/// Where a job is.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct JobState {
+    /// It has made its first round.
+    pub first_round: bool,
+    /// When its loop last came round (a round, or a wake-up with nothing to do).
+    pub last_beat: Option<Instant>,
+}
+
+/// Which jobs the agent runs, whether each has made its first round and when its loop
+/// last came round, and the node's conflists to compare its settings with.
 #[derive(Debug, Default)]
 pub struct Readiness {
-    jobs: Mutex<BTreeMap<Job, bool>>,
+    jobs: Mutex<BTreeMap<Job, JobState>>,
     conflists: Option<Settings>,
 }
 
@@ -68,7 +100,7 @@ pub struct Settings {
 }
 
 impl Readiness {
-    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<Job, bool>> {
+    fn jobs(&self) -> std::sync::MutexGuard<'_, BTreeMap<Job, JobState>> {
         match self.jobs.lock() {
             Ok(g) => g,
             // A thread that panicked aborted the process (panic = "abort").
@@ -78,12 +110,29 @@ impl Readiness {
 
     /// The agent runs `job`: not ready until [`Readiness::done`] for it.
     pub fn wait_for(&self, job: Job) {
-        self.jobs().entry(job).or_insert(false);
+        self.jobs().entry(job).or_default();
     }
 
-    /// `job` has made its first round.
+    /// `job` has made a round (its first, or another); its loop came round.
     pub fn done(&self, job: Job) {
-        self.jobs().insert(job, true);
+        self.jobs().insert(
+            job,
+            JobState {
+                first_round: true,
+                last_beat: Some(Instant::now()),
+            },
+        );
+    }
+
+    /// `job`'s loop came round without a round to make (liveness: it is not stuck).
+    pub fn beat(&self, job: Job) {
+        self.jobs().entry(job).or_default().last_beat = Some(Instant::now());
+    }
+
+    /// Every job's state.
+    #[must_use]
+    pub fn jobs_now(&self) -> BTreeMap<Job, JobState> {
+        self.jobs().clone()
     }
 
     /// Also compares the node's cni-ebpf conflists with `settings` (see the module).
@@ -91,6 +140,16 @@ impl Readiness {
     pub fn with_conflists(mut self, settings: Settings) -> Self {
         self.conflists = Some(settings);
         self
+    }
+
+    /// Where the node's conflists disagree with the agent's settings (none when it was
+    /// given none to compare).
+    #[must_use]
+    pub fn conflist_disagreements(&self) -> Vec<String> {
+        self.conflists
+            .as_ref()
+            .map(conflist_disagreements)
+            .unwrap_or_default()
     }
 
     /// `Ok` when ready, else why not (every reason, one per line).
@@ -101,7 +160,7 @@ impl Readiness {
         let mut why: Vec<String> = self
             .jobs()
             .iter()
-            .filter(|(_, done)| !**done)
+            .filter(|(_, state)| !state.first_round)
             .map(|(job, _)| job.describe().to_owned())
             .collect();
         why.extend(datapaths_incomplete(root, named));

@@ -82,19 +82,18 @@ impl View {
     }
 }
 
-fn start(client: &Client, node: &str) -> (View, impl Stream<Item = bool> + Send) {
+fn start(
+    client: &Client,
+    config: &watcher::Config,
+    node: &str,
+) -> (View, impl Stream<Item = bool> + Send) {
     let (services, svc_w) = reflector::store();
     let (slices, slice_w) = reflector::store();
     let mut streams = vec![
-        watch(
-            Api::<Service>::all(client.clone()),
-            watcher::Config::default(),
-            svc_w,
-        )
-        .boxed(),
+        watch(Api::<Service>::all(client.clone()), config.clone(), svc_w).boxed(),
         watch(
             Api::<EndpointSlice>::all(client.clone()),
-            watcher::Config::default(),
+            config.clone(),
             slice_w,
         )
         .boxed(),
@@ -104,7 +103,7 @@ fn start(client: &Client, node: &str) -> (View, impl Stream<Item = bool> + Send)
         streams.push(
             watch(
                 Api::<Node>::all(client.clone()),
-                watcher::Config::default().fields(&format!("metadata.name={node}")),
+                config.clone().fields(&format!("metadata.name={node}")),
                 w,
             )
             .boxed(),
@@ -252,7 +251,7 @@ pub fn run(
     rt.block_on(async {
         let client = super::watch::client(api, "Services").await;
         let recorder = super::watch::recorder(&client);
-        let (view, events) = start(&client, node);
+        let (view, events) = start(&client, &api.watcher_config(), node);
         let changed = super::watch::wake_on(events);
         if !view.ready().await {
             return Err(Error::datapath("Services", "the watchers stopped"));
@@ -279,12 +278,15 @@ pub fn run(
             tokio::select! {
                 () = changed.notified() => tokio::time::sleep(SETTLE).await,
                 _ = tick.tick() => {
+                    crate::faults::hang("agent-services-loop");
+                    readiness.beat(Job::Services);
                     if !writers.missing(root, named) {
                         continue;
                     }
                 }
             }
             let unhandled = round(&mut writers);
+            readiness.beat(Job::Services);
             report(&recorder, &view, &mut reported, unhandled).await;
         }
     })

@@ -157,21 +157,16 @@ pub(super) fn wake_on(
     changed
 }
 
-fn start(client: &Client) -> (View, impl Stream<Item = bool> + Send) {
+fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item = bool> + Send) {
     let (namespaces, ns_w) = reflector::store();
     let (pods, pod_w) = reflector::store();
     let (policies, np_w) = reflector::store();
     let streams = select_all([
-        watch(
-            Api::<Namespace>::all(client.clone()),
-            Default::default(),
-            ns_w,
-        )
-        .boxed(),
-        watch(Api::<Pod>::all(client.clone()), Default::default(), pod_w).boxed(),
+        watch(Api::<Namespace>::all(client.clone()), config.clone(), ns_w).boxed(),
+        watch(Api::<Pod>::all(client.clone()), config.clone(), pod_w).boxed(),
         watch(
             Api::<NetworkPolicy>::all(client.clone()),
-            Default::default(),
+            config.clone(),
             np_w,
         )
         .boxed(),
@@ -234,6 +229,19 @@ struct Enforcer {
     state_dir: PathBuf,
     /// Verdict totals per policy, for the metrics.
     totals: SharedTotals,
+    /// How long each renewal of the agent's lease on a network's policy holds.
+    lease: Duration,
+}
+
+/// Renews the agent's lease on `dp`'s policy for `lease` after a round that kept it
+/// current: while it holds, ADD lets a pod of a namespace without policies start open;
+/// once it runs out (no agent, or rounds that keep failing), ADD closes new pods.
+fn renew(dp: &Datapath, network: &str, lease: Duration) {
+    let secs = u32::try_from(lease.as_secs()).unwrap_or(u32::MAX);
+    let until = crate::datapath::node::boottime_s().saturating_add(secs);
+    if let Err(e) = dp.renew_agent_lease(until) {
+        tracing::warn!("{network}: renewing the policy lease: {e}");
+    }
 }
 
 impl Enforcer {
@@ -271,6 +279,7 @@ impl Enforcer {
             let now = interfaces(dp);
             if only_if_interfaces_changed && now == *seen {
                 account(&self.totals, &name, dp, state);
+                renew(dp, &name, self.lease);
                 continue;
             }
             let cluster = view.cluster();
@@ -290,6 +299,7 @@ impl Enforcer {
                         *state = fresh_state;
                     }
                     account(&self.totals, &name, dp, state);
+                    renew(dp, &name, self.lease);
                     for (pod, why) in round.closed {
                         if self.closed.insert((pod.clone(), why.clone())) {
                             tracing::warn!("pod {pod} is closed: {why}");
@@ -361,13 +371,15 @@ async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>)
 }
 
 /// Keeps NetworkPolicy in force on the networks below `root` (all, or `named`), forever,
-/// on the calling thread; writes each network's state file below `state_dir`, keeps
-/// `totals`, and tells `readiness` when its first round is made.
+/// on the calling thread; writes each network's state file below `state_dir`, renews its
+/// lease on each network's policy for `lease` after each round, keeps `totals`, and
+/// tells `readiness` when its first round is made.
 pub fn run(
     root: &Path,
     named: &[String],
     api: &ApiArgs,
     state_dir: &Path,
+    lease: Duration,
     totals: SharedTotals,
     readiness: &Readiness,
 ) -> Result<()> {
@@ -380,10 +392,11 @@ pub fn run(
             closed: BTreeSet::new(),
             state_dir: state_dir.to_owned(),
             totals,
+            lease,
         };
         let client = client(api, "NetworkPolicy").await;
         let recorder = recorder(&client);
-        let (view, events) = start(&client);
+        let (view, events) = start(&client, &api.watcher_config());
         let changed = wake_on(events);
         if !view.ready().await {
             return Err(Error::datapath("NetworkPolicy", "the watchers stopped"));
@@ -401,6 +414,8 @@ pub fn run(
                 }
                 _ = tick.tick() => enforcer.round(&view, true),
             };
+            crate::faults::hang("agent-policy-loop");
+            readiness.beat(Job::Policy);
             report(&recorder, &view, closed).await;
         }
     })

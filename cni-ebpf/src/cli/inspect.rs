@@ -316,6 +316,19 @@ pub fn run(args: &InspectArgs) -> Result<()> {
             _ => "",
         }
     );
+    if node.network_policy {
+        println!(
+            "  agent lease: {}",
+            match policy.lease_left_s {
+                None => "never held".to_owned(),
+                Some(s) if s >= 0 => format!("held for {s} s more"),
+                Some(s) => format!(
+                    "ran out {} s ago: new pods are closed until an agent holds it",
+                    -s
+                ),
+            }
+        );
+    }
     println!(
         "  {:<8} {:<32} {:<16} {:<16}",
         "HOSTIF", "POD", "INGRESS", "EGRESS"

@@ -69,8 +69,9 @@ enum Cmd {
     /// entries and per-reason counters.
     Inspect(inspect::InspectArgs),
     /// The node agent, the DaemonSet's main container: NetworkPolicy enforced from the API
-    /// server's Namespaces, Pods and NetworkPolicies (watched), Prometheus metrics of the
-    /// pinned datapath (`GET /metrics`, `GET /healthz`), and the opt-in host-gw routes.
+    /// server's Namespaces, Pods and NetworkPolicies (watched), the tunnel entries and
+    /// opt-in host-gw routes from the Nodes, the opt-in Service translation, Prometheus
+    /// metrics (`GET /metrics`) and the probes (`GET /healthz`, `GET /ready`).
     Agent(AgentArgs),
     /// The agent without NetworkPolicy (`agent --policy=false`): metrics and the opt-in
     /// host-gw routes. Kept for manifests written before `agent`.
@@ -124,7 +125,10 @@ pub fn main() -> ExitCode {
         Cmd::Inspect(args) => inspect::run(&args),
         Cmd::Agent(args) => run_agent(
             &args.metrics,
-            args.policy.then_some(&args.state_dir),
+            args.policy.then_some(PolicyArgs {
+                state_dir: &args.state_dir,
+                lease: std::time::Duration::from_secs(args.policy_lease),
+            }),
             Some(args.kube_proxy_replacement),
         ),
         Cmd::Metrics(args) => run_agent(&args, None, None),
@@ -144,9 +148,18 @@ pub fn main() -> ExitCode {
 /// What the agent serves: metrics, and the host-gw routes when asked.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MetricsArgs {
-    /// Address and port the metrics are served on.
-    #[arg(long, env = "CNI_EBPF_METRICS_LISTEN", default_value = crate::metrics::DEFAULT_LISTEN)]
+    /// Address and port `/metrics` is served on (what it reveals: docs/operations.md).
+    #[arg(long, env = "CNI_EBPF_METRICS_LISTEN", default_value = crate::metrics::DEFAULT_LISTEN, value_parser = crate::metrics::parse_listen)]
     listen: std::net::SocketAddr,
+    /// Address and port the probes (`/healthz`, `/ready`) are served on; the same as
+    /// `--listen`: one listener serves all three.
+    #[arg(long, env = "CNI_EBPF_PROBE_LISTEN", default_value = crate::metrics::DEFAULT_PROBE_LISTEN, value_parser = crate::metrics::parse_listen)]
+    probe_listen: std::net::SocketAddr,
+    /// `/healthz` fails when a job's loop has not come round for this many seconds, or a
+    /// watched resource has seen no request, answer or byte for this long beyond
+    /// `--watch-timeout` (docs/operations.md, "Probes").
+    #[arg(long, env = "CNI_EBPF_STALL_TIMEOUT", default_value_t = crate::agent::liveness::DEFAULT_STALL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    stall_timeout: u64,
     /// `bpffsRoot` of the networks (the conflist's, which `install` writes from the same
     /// setting).
     #[arg(long, env = "CNI_EBPF_BPFFS_ROOT", default_value = DEFAULT_BPFFS_ROOT)]
@@ -183,6 +196,11 @@ pub struct AgentArgs {
     /// each pod's rule sets and the policies that select it), which `inspect` reads.
     #[arg(long, default_value = crate::agent::report::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// Seconds each renewal of the agent's lease on a network's policy holds (renewed
+    /// every second): once an agent has been gone this long, ADD closes every new pod of
+    /// a network that enforces policy until an agent is back.
+    #[arg(long, env = "CNI_EBPF_POLICY_LEASE", default_value_t = 60, value_parser = clap::value_parser!(u64).range(2..=86400))]
+    policy_lease: u64,
     /// Translate Services in place of kube-proxy: ClusterIPs at the socket, for the pods
     /// and the node's own processes (see docs/services.md). Off: the Service maps are
     /// emptied at start, and kube-proxy's rules are what translates Services.
@@ -194,10 +212,20 @@ pub struct AgentArgs {
     log_level: String,
 }
 
-/// Runs the agent: host-gw, NetworkPolicy (when given its state directory) and Services
+/// What NetworkPolicy enforcement is given.
+struct PolicyArgs<'a> {
+    state_dir: &'a Path,
+    lease: std::time::Duration,
+}
+
+/// Runs the agent: host-gw, NetworkPolicy (when given its settings) and Services
 /// (`services`: `Some(true)` keeps the Service maps, `Some(false)` empties them, `None`
 /// leaves them alone) on threads of their own, metrics on this one.
-fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: Option<bool>) -> Result<()> {
+fn run_agent(
+    args: &MetricsArgs,
+    policy: Option<PolicyArgs<'_>>,
+    services: Option<bool>,
+) -> Result<()> {
     let settings = crate::agent::ready::Settings {
         conf_dir: args.cni_conf_dir.clone(),
         bpffs_root: args.bpffs_root.clone(),
@@ -208,22 +236,34 @@ fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: Option<bool
         tracing::error!("{why}");
     }
     let readiness = Arc::new(Readiness::default().with_conflists(settings));
-    start_host_gw(&args.host_gw, &args.bpffs_root, &readiness)?;
+    let datapaths = crate::agent::datapaths::watch(&args.bpffs_root)?;
+    start_host_gw(&args.host_gw, &args.bpffs_root, &readiness, datapaths)?;
     match services {
         Some(true) => start_services(args, &readiness)?,
         Some(false) => crate::agent::services::clear(&args.bpffs_root, &args.networks),
         None => {}
     }
+    let bounds = crate::agent::liveness::Bounds::new(
+        std::time::Duration::from_secs(args.stall_timeout),
+        std::time::Duration::from_secs(u64::from(args.host_gw.api.watch_timeout)),
+    );
     let mut exporter =
         crate::metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())
             .with_readiness(Arc::clone(&readiness))
+            .with_liveness(bounds)
             .with_data_dir(args.data_dir.clone());
-    if let Some(state_dir) = policy {
+    if let Some(policy) = policy {
         let totals = crate::agent::report::SharedTotals::default();
-        start_policy(args, state_dir, Arc::clone(&totals), &readiness)?;
+        start_policy(args, &policy, Arc::clone(&totals), &readiness)?;
         exporter = exporter.with_policy(totals);
     }
-    crate::metrics::serve(args.listen, exporter)
+    crate::metrics::serve(
+        crate::metrics::Listeners {
+            metrics: args.listen,
+            probes: args.probe_listen,
+        },
+        exporter,
+    )
 }
 
 /// Starts NetworkPolicy enforcement on a thread of its own (in this thread's network
@@ -231,15 +271,16 @@ fn run_agent(args: &MetricsArgs, policy: Option<&PathBuf>, services: Option<bool
 /// force meanwhile, and a restarted agent resumes it.
 fn start_policy(
     args: &MetricsArgs,
-    state_dir: &Path,
+    policy: &PolicyArgs<'_>,
     totals: crate::agent::report::SharedTotals,
     readiness: &Arc<Readiness>,
 ) -> Result<()> {
-    let (root, networks, api, state_dir) = (
+    let (root, networks, api, state_dir, lease) = (
         args.bpffs_root.clone(),
         args.networks.clone(),
         args.host_gw.api.clone(),
-        state_dir.to_owned(),
+        policy.state_dir.to_owned(),
+        policy.lease,
     );
     readiness.wait_for(Job::Policy);
     let readiness = Arc::clone(readiness);
@@ -247,7 +288,7 @@ fn start_policy(
         .name("policy".into())
         .spawn(move || {
             let err = match crate::agent::watch::run(
-                &root, &networks, &api, &state_dir, totals, &readiness,
+                &root, &networks, &api, &state_dir, lease, totals, &readiness,
             ) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
@@ -289,7 +330,12 @@ fn start_services(args: &MetricsArgs, readiness: &Arc<Readiness>) -> Result<()> 
 /// thread of its own when `--host-gw` is given or the node's name is known. The thread is
 /// created in this thread's network namespace (the node's) and stays there. If it ever
 /// stops, the process exits: a main container without its routes must restart.
-fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path, readiness: &Arc<Readiness>) -> Result<()> {
+fn start_host_gw(
+    args: &hostgw::HostGwArgs,
+    root: &Path,
+    readiness: &Arc<Readiness>,
+    datapaths: tokio::sync::watch::Receiver<u64>,
+) -> Result<()> {
     if !crate::agent::nodes::wanted(args) {
         return Ok(());
     }
@@ -299,7 +345,7 @@ fn start_host_gw(args: &hostgw::HostGwArgs, root: &Path, readiness: &Arc<Readine
     std::thread::Builder::new()
         .name("nodes".into())
         .spawn(move || {
-            let err = match crate::agent::nodes::run(&args, &own, &root, &readiness) {
+            let err = match crate::agent::nodes::run(&args, &own, &root, &readiness, datapaths) {
                 Ok(()) => "stopped".to_owned(),
                 Err(e) => e.to_string(),
             };

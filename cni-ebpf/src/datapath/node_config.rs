@@ -172,25 +172,46 @@ impl Datapath {
             .map_err(|e| maps::err(map_name::NODE_CONFIG6, "read", e))
     }
 
-    /// When every node address was last listed (`CLOCK_BOOTTIME` seconds; 0: never).
-    pub(super) fn addrs_listed_s(&self) -> Result<u32> {
+    /// The node's bookkeeping ([`NodeState`]).
+    fn node_state(&self) -> Result<NodeState> {
         let mut m = self.maps()?;
         let arr = m.node_state()?;
         arr.get(&0, 0)
-            .map(|s| s.addrs_listed_s)
             .map_err(|e| maps::err(map_name::NODE_STATE, "read", e))
+    }
+
+    /// Changes the node's bookkeeping with `f`. ADD (the address listing) and the agent
+    /// (its lease) each change their own field: a write between this read and write
+    /// puts back the other field's value of a moment ago, which costs at most a listing
+    /// of the addresses again, or a lease a second older than it was.
+    fn change_node_state(&self, f: impl FnOnce(&mut NodeState)) -> Result<()> {
+        let mut state = self.node_state()?;
+        f(&mut state);
+        let mut m = self.maps()?;
+        let mut arr = m.node_state()?;
+        arr.set(0, state, 0)
+            .map_err(|e| maps::err(map_name::NODE_STATE, "write", e))
+    }
+
+    /// When every node address was last listed (`CLOCK_BOOTTIME` seconds; 0: never).
+    pub(super) fn addrs_listed_s(&self) -> Result<u32> {
+        Ok(self.node_state()?.addrs_listed_s)
     }
 
     /// Notes that every node address was listed at `now_s` (`CLOCK_BOOTTIME` seconds).
     pub(super) fn set_addrs_listed_s(&self, now_s: u32) -> Result<()> {
-        let mut m = self.maps()?;
-        let mut arr = m.node_state()?;
-        let state = NodeState {
-            addrs_listed_s: now_s,
-            _pad: 0,
-        };
-        arr.set(0, state, 0)
-            .map_err(|e| maps::err(map_name::NODE_STATE, "write", e))
+        self.change_node_state(|s| s.addrs_listed_s = now_s)
+    }
+
+    /// Until when the agent's lease on the network's policy runs (`CLOCK_BOOTTIME`
+    /// seconds; 0: never held).
+    pub fn agent_lease_s(&self) -> Result<u32> {
+        Ok(self.node_state()?.agent_lease_s)
+    }
+
+    /// The agent's lease: held until `until_s` (`CLOCK_BOOTTIME` seconds).
+    pub fn renew_agent_lease(&self, until_s: u32) -> Result<()> {
+        self.change_node_state(|s| s.agent_lease_s = until_s)
     }
 
     /// Replaces the set of addresses the programs treat as "this node" (host-port

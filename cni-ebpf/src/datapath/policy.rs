@@ -84,25 +84,38 @@ fn exact_key(ruleset: u32, addr: IpAddr, proto: u8, port: u16) -> PolicyExactKey
 
 impl Datapath {
     /// ADD: the entry of pod interface `ifindex` (owner `owner`) in both slots: closed
-    /// when the pod's namespace holds a policy, open otherwise (also for a pod the
-    /// runtime did not name). Written before the pod's address entries, so no packet
-    /// reaches the pod before it.
+    /// when the pod's namespace holds a policy, or when the network enforces policy and
+    /// no agent holds its lease (an agent gone for good: the policy is no longer kept
+    /// current, so nothing new starts open); open otherwise, and for a pod the runtime
+    /// did not name (no policy can select it). Written before the pod's address entries,
+    /// so no packet reaches the pod before it. The agent opens a closed pod as its
+    /// policies say once it knows the pod's object.
     pub fn put_policy_endpoint(
         &self,
         ifindex: u32,
         owner: u64,
         pod: Option<&PodRef>,
     ) -> Result<()> {
+        let unleased = pod.is_some()
+            && self.enforces_policy()?
+            && self.agent_lease_s()? < super::node::boottime_s();
+        if unleased {
+            tracing::warn!(
+                "no agent holds this network's NetworkPolicy lease: the pod is closed until \
+                 one does"
+            );
+        }
         let mut m = self.maps()?;
-        let policed = match pod {
-            Some(p) => maps::get(
-                &m.policy_namespaces()?,
-                &namespace_key(&p.namespace),
-                map_name::POLICY_NAMESPACES,
-            )?
-            .is_some(),
-            None => false,
-        };
+        let policed = unleased
+            || match pod {
+                Some(p) => maps::get(
+                    &m.policy_namespaces()?,
+                    &namespace_key(&p.namespace),
+                    map_name::POLICY_NAMESPACES,
+                )?
+                .is_some(),
+                None => false,
+            };
         let rules = if policed {
             RULESET_CLOSED
         } else {
@@ -422,6 +435,9 @@ pub struct PolicyView {
     pub generation: u32,
     /// The slot in force.
     pub slot: u32,
+    /// Seconds the agent's lease on the policy still holds (negative: ran out that long
+    /// ago; `None`: never held).
+    pub lease_left_s: Option<i64>,
     /// Each pod interface's rule sets in the slot in force.
     pub endpoints: Vec<PolicyEndpointView>,
     /// Each rule set the entries name: its tables, as text.
@@ -490,9 +506,12 @@ impl Datapath {
                 )
             })
             .collect();
+        let lease = self.agent_lease_s()?;
         Ok(PolicyView {
             generation: state.generation,
             slot,
+            lease_left_s: (lease != 0)
+                .then(|| i64::from(lease) - i64::from(super::node::boottime_s())),
             endpoints,
             rulesets,
         })

@@ -64,6 +64,21 @@ pub struct Snapshot {
     pub duration: Duration,
     /// The agent's NetworkPolicy totals (`None`: the agent does not enforce policy).
     pub policy: Option<PolicySnapshot>,
+    /// The agent's own state (`None`: no agent jobs to report).
+    pub agent: Option<AgentSnapshot>,
+}
+
+/// The agent's own state at one scrape.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AgentSnapshot {
+    /// `/ready` would answer 200.
+    pub ready: bool,
+    /// `/healthz` would answer 200.
+    pub alive: bool,
+    /// The node's cni-ebpf conflists that disagree with the agent's settings.
+    pub conflist_disagreements: u64,
+    /// Per API resource: (requests, failures, bytes received) since the agent started.
+    pub api: BTreeMap<String, (u64, u64, u64)>,
 }
 
 /// The agent's NetworkPolicy totals at one scrape (see `crate::agent::report`).
@@ -134,8 +149,10 @@ pub struct Exporter {
     errors: Mutex<Errors>,
     /// The agent's NetworkPolicy totals, when it enforces policy.
     policy: Option<SharedTotals>,
-    /// The agent's jobs, for `/ready` (none: the datapath alone decides).
+    /// The agent's jobs, for `/ready` (none: the datapath alone decides) and `/healthz`.
     readiness: Option<std::sync::Arc<crate::agent::ready::Readiness>>,
+    /// The bounds `/healthz` holds the jobs to (none: always alive).
+    liveness: Option<crate::agent::liveness::Bounds>,
     /// `dataDir` of the networks, whose IPAM stores name each endpoint's pod.
     data_dir: Option<PathBuf>,
 }
@@ -159,6 +176,7 @@ impl Exporter {
             errors: Mutex::new(Errors::default()),
             policy: None,
             readiness: None,
+            liveness: None,
             data_dir: None,
         }
     }
@@ -186,6 +204,30 @@ impl Exporter {
         match &self.readiness {
             Some(r) => r.check(&self.root, &self.networks),
             None => crate::agent::ready::Readiness::default().check(&self.root, &self.networks),
+        }
+    }
+
+    /// Also answers `/healthz` for the agent's jobs, by `bounds`.
+    #[must_use]
+    pub fn with_liveness(mut self, bounds: crate::agent::liveness::Bounds) -> Self {
+        self.liveness = Some(bounds);
+        self
+    }
+
+    /// `Ok` while the agent's jobs are alive (see [`crate::agent::liveness`]), else why
+    /// not.
+    ///
+    /// # Errors
+    /// Why the agent is starting or stuck.
+    pub fn alive(&self) -> std::result::Result<(), String> {
+        match (&self.readiness, self.liveness) {
+            (Some(r), Some(bounds)) => crate::agent::liveness::check(
+                r,
+                crate::k8s::traffic::traffic(),
+                bounds,
+                std::time::Instant::now(),
+            ),
+            _ => Ok(()),
         }
     }
 
@@ -228,6 +270,7 @@ impl Exporter {
         if discovery_failed {
             errors.discovery += 1;
         }
+        let errors_discovery = errors.discovery;
         for n in &mut networks {
             let total = errors.per_network.entry(n.name.clone()).or_default();
             *total += u64::try_from(n.failures.len()).unwrap_or(u64::MAX);
@@ -244,11 +287,23 @@ impl Exporter {
                 generation: t.generation.clone(),
             }
         });
+        drop(errors);
+        let agent = self.readiness.as_ref().map(|r| AgentSnapshot {
+            ready: self.ready().is_ok(),
+            alive: self.alive().is_ok(),
+            conflist_disagreements: r.conflist_disagreements().len() as u64,
+            api: crate::k8s::traffic::traffic()
+                .snapshot()
+                .into_iter()
+                .map(|(resource, e)| (resource, (e.requests, e.failures, e.bytes)))
+                .collect(),
+        });
         Snapshot {
             networks,
-            discovery_errors_total: self.networks.is_empty().then_some(errors.discovery),
+            discovery_errors_total: self.networks.is_empty().then_some(errors_discovery),
             duration: started.elapsed(),
             policy,
+            agent,
         }
     }
 }

@@ -12,7 +12,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use super::collect::{Exporter, NetworkSnapshot, PolicySnapshot, Snapshot};
+use super::collect::{AgentSnapshot, Exporter, NetworkSnapshot, PolicySnapshot, Snapshot};
 
 /// A sample's value.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -183,7 +183,53 @@ pub fn families(s: &Snapshot) -> Vec<Family> {
     if let Some(p) = &s.policy {
         out.extend(policy_families(p));
     }
+    if let Some(a) = &s.agent {
+        out.extend(agent_families(a));
+    }
     out
+}
+
+/// The agent's own state: its probes, its settings against the conflists, and its traffic
+/// with the API server.
+fn agent_families(a: &AgentSnapshot) -> Vec<Family> {
+    let mut ready = Family::gauge(
+        "cni_ebpf_agent_ready",
+        "1 while /ready answers 200: every job's first round made, every datapath loaded, \
+         policy in force, the conflists in agreement.",
+    );
+    ready.push(&[], a.ready);
+    let mut alive = Family::gauge(
+        "cni_ebpf_agent_alive",
+        "1 while /healthz answers 200: every job's loop and watchers at work.",
+    );
+    alive.push(&[], a.alive);
+    let mut conflists = Family::gauge(
+        "cni_ebpf_agent_conflist_disagreements",
+        "Settings of the node's cni-ebpf conflists (bpffsRoot, dataDir, networkPolicy) that \
+         disagree with the agent's: each leaves a network unserved (/ready names them).",
+    );
+    conflists.push(&[], a.conflist_disagreements);
+    let mut requests = Family::counter(
+        "cni_ebpf_agent_api_requests_total",
+        "Requests to the API server per resource (list pages, watches started or resumed, \
+         gets, Events).",
+    );
+    let mut failures = Family::counter(
+        "cni_ebpf_agent_api_failures_total",
+        "Requests to the API server that failed before an answer or were answered with an \
+         error status (403, 429, 5xx), and answers cut off (an error, or silent beyond \
+         --watch-timeout), per resource.",
+    );
+    let mut bytes = Family::counter(
+        "cni_ebpf_agent_api_received_bytes_total",
+        "Bytes of answer bodies received from the API server, per resource.",
+    );
+    for (resource, (r, f, b)) in &a.api {
+        requests.push(&[("resource", resource)], *r);
+        failures.push(&[("resource", resource)], *f);
+        bytes.push(&[("resource", resource)], *b);
+    }
+    vec![ready, alive, conflists, requests, failures, bytes]
 }
 
 /// The agent's NetworkPolicy totals.
@@ -685,6 +731,28 @@ mod tests {
                 closed_pods: [("k8s-pod-network".to_owned(), 1)].into(),
                 generation: [("k8s-pod-network".to_owned(), 12)].into(),
             }),
+            agent: Some(AgentSnapshot {
+                ready: false,
+                alive: true,
+                conflist_disagreements: 1,
+                api: [("pods".to_owned(), (3, 1, 52_000))].into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn the_agents_probes_conflists_and_api_traffic() {
+        let out = render(&sample());
+        let l = lines(&out);
+        for want in [
+            "cni_ebpf_agent_ready 0",
+            "cni_ebpf_agent_alive 1",
+            "cni_ebpf_agent_conflist_disagreements 1",
+            "cni_ebpf_agent_api_requests_total{resource=\"pods\"} 3",
+            "cni_ebpf_agent_api_failures_total{resource=\"pods\"} 1",
+            "cni_ebpf_agent_api_received_bytes_total{resource=\"pods\"} 52000",
+        ] {
+            assert!(l.contains(want), "missing {want}:\n{out}");
         }
     }
 

@@ -1,14 +1,16 @@
-//! The agent's HTTP endpoint, on hyper's HTTP/1 server: `GET /metrics`, `GET /healthz`,
-//! `GET /ready`, nothing else.
+//! The agent's HTTP endpoints, on hyper's HTTP/1 server: `GET /metrics` where the
+//! operator scrapes, and the probes (`GET /healthz`, `GET /ready`) where the kubelet
+//! probes, each on a listener of its own (by default both on the node's loopback;
+//! [`Listeners`]), or all on one when both addresses are the same.
 //!
 //! Bounded in every direction: one request per connection (no keep-alive); a request head
 //! of at most [`MAX_HEAD_BYTES`] and [`MAX_HEADERS`] headers (hyper answers 431 beyond
 //! that, and 400 to what is not HTTP/1), received within [`HEAD_DEADLINE`] in total (a
 //! client trickling bytes is cut off then, unanswered); every connection closed
 //! [`CONNECTION_DEADLINE`] after it was accepted, answered or not; at most
-//! [`MAX_CONNECTIONS`] at once (more wait in the listen backlog). Scrapes and readiness
-//! checks read maps and pins on at most [`READERS`] threads of their own, so neither a
-//! slow client nor a slow scrape holds up the others.
+//! [`MAX_CONNECTIONS`] at once per listener (more wait in the listen backlog). Scrapes
+//! and readiness checks read maps and pins on at most [`READERS`] threads of their own,
+//! so neither a slow client nor a slow scrape holds up the others.
 
 use std::{convert::Infallible, net::SocketAddr, sync::Arc, time::Duration};
 
@@ -47,13 +49,40 @@ const TEXT: &str = "text/plain; charset=utf-8";
 struct App {
     /// The exporter as `prometheus-client`'s collector.
     registry: Registry,
-    /// The same exporter, for `/ready`.
+    /// The same exporter, for `/ready` and `/healthz`.
     exporter: Arc<Exporter>,
 }
 
-/// Binds `listen` and serves until the process is killed. Fails only if it cannot start
-/// its runtime or bind.
-pub fn serve(listen: SocketAddr, exporter: Exporter) -> Result<()> {
+/// Where the endpoints listen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listeners {
+    /// `/metrics`.
+    pub metrics: SocketAddr,
+    /// `/healthz` and `/ready`.
+    pub probes: SocketAddr,
+}
+
+/// Which endpoints a listener serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Serves {
+    Metrics,
+    Probes,
+    Both,
+}
+
+impl Serves {
+    fn metrics(self) -> bool {
+        self != Serves::Probes
+    }
+
+    fn probes(self) -> bool {
+        self != Serves::Metrics
+    }
+}
+
+/// Binds `listen` (one listener when both addresses are the same) and serves until the
+/// process is killed. Fails only if it cannot start its runtime or bind.
+pub fn serve(listen: Listeners, exporter: Exporter) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .max_blocking_threads(READERS)
@@ -61,12 +90,36 @@ pub fn serve(listen: SocketAddr, exporter: Exporter) -> Result<()> {
         .build()
         .map_err(|e| Error::io("starting the metrics runtime", e))?;
     runtime.block_on(async {
-        let listener = TcpListener::bind(listen)
-            .await
-            .map_err(|e| Error::io(format!("listening on {listen}"), e))?;
-        eprintln!("cni-ebpf metrics: serving /metrics on http://{listen}");
-        run(listener, Arc::new(exporter)).await;
+        let bind = |addr: SocketAddr| async move {
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| Error::io(format!("listening on {addr}"), e))
+        };
+        let app = app(Arc::new(exporter));
+        if listen.metrics == listen.probes {
+            let listener = bind(listen.metrics).await?;
+            eprintln!(
+                "cni-ebpf agent: serving /metrics, /healthz and /ready on http://{}",
+                listen.metrics
+            );
+            run(listener, app, Serves::Both).await;
+        } else {
+            let (metrics, probes) = (bind(listen.metrics).await?, bind(listen.probes).await?);
+            eprintln!(
+                "cni-ebpf agent: serving /metrics on http://{}, /healthz and /ready on http://{}",
+                listen.metrics, listen.probes
+            );
+            tokio::spawn(run(metrics, Arc::clone(&app), Serves::Metrics));
+            run(probes, app, Serves::Probes).await;
+        }
         Err(Error::datapath("metrics", "the server stopped"))
+    })
+}
+
+fn app(exporter: Arc<Exporter>) -> Arc<App> {
+    Arc::new(App {
+        registry: render::registry(Arc::clone(&exporter)),
+        exporter,
     })
 }
 
@@ -83,13 +136,10 @@ pub fn bounded_http1() -> http1::Builder {
     http
 }
 
-/// Accepts connections on `listener` and answers them, at most [`MAX_CONNECTIONS`] at
-/// once. Returns only if its connection slots are gone (never, in practice).
-async fn run(listener: TcpListener, exporter: Arc<Exporter>) {
-    let app = Arc::new(App {
-        registry: render::registry(Arc::clone(&exporter)),
-        exporter,
-    });
+/// Accepts connections on `listener` and answers them with what it `serves`, at most
+/// [`MAX_CONNECTIONS`] at once. Returns only if its connection slots are gone (never, in
+/// practice).
+async fn run(listener: TcpListener, app: Arc<App>, serves: Serves) {
     let mut http = bounded_http1();
     http.title_case_headers(true);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
@@ -107,7 +157,7 @@ async fn run(listener: TcpListener, exporter: Arc<Exporter>) {
             }
         };
         let app = Arc::clone(&app);
-        let service = service_fn(move |req| answer(Arc::clone(&app), req));
+        let service = service_fn(move |req| answer(Arc::clone(&app), req, serves));
         let conn = http.serve_connection(TokioIo::new(stream), service);
         tokio::spawn(async move {
             match tokio::time::timeout(CONNECTION_DEADLINE, conn).await {
@@ -124,6 +174,7 @@ async fn run(listener: TcpListener, exporter: Arc<Exporter>) {
 async fn answer(
     app: Arc<App>,
     req: Request<Incoming>,
+    serves: Serves,
 ) -> std::result::Result<Response<Full<Bytes>>, Infallible> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET and HEAD\n");
@@ -132,31 +183,46 @@ async fn answer(
         return Ok(r);
     }
     Ok(match req.uri().path() {
-        "/metrics" => {
+        "/metrics" if serves.metrics() => {
             match tokio::task::spawn_blocking(move || render::text(&app.registry)).await {
                 Ok(Ok(body)) => reply(StatusCode::OK, CONTENT_TYPE, body),
                 Ok(Err(e)) => failed(&format!("encoding the metrics: {e}")),
                 Err(e) => failed(&format!("scraping: {e}")),
             }
         }
-        "/healthz" => reply(StatusCode::OK, TEXT, "ok\n"),
-        "/ready" => match tokio::task::spawn_blocking(move || app.exporter.ready()).await {
-            Ok(Ok(())) => reply(StatusCode::OK, TEXT, "ready\n"),
-            Ok(Err(why)) => reply(
-                StatusCode::SERVICE_UNAVAILABLE,
-                TEXT,
-                format!("not ready:\n{why}\n"),
-            ),
-            Err(e) => failed(&format!("checking readiness: {e}")),
+        "/healthz" if serves.probes() => match app.exporter.alive() {
+            Ok(()) => reply(StatusCode::OK, TEXT, "ok\n"),
+            Err(why) => reply(StatusCode::SERVICE_UNAVAILABLE, TEXT, format!("{why}\n")),
         },
-        "/" => reply(
-            StatusCode::OK,
-            TEXT,
-            "cni-ebpf metrics\n/metrics  Prometheus metrics of the pinned datapath\n\
-             /healthz  liveness\n/ready    readiness: first rounds made, datapaths loaded\n",
-        ),
-        _ => reply(StatusCode::NOT_FOUND, TEXT, "not found: try /metrics\n"),
+        "/ready" if serves.probes() => {
+            match tokio::task::spawn_blocking(move || app.exporter.ready()).await {
+                Ok(Ok(())) => reply(StatusCode::OK, TEXT, "ready\n"),
+                Ok(Err(why)) => reply(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    TEXT,
+                    format!("not ready:\n{why}\n"),
+                ),
+                Err(e) => failed(&format!("checking readiness: {e}")),
+            }
+        }
+        "/" => reply(StatusCode::OK, TEXT, index(serves)),
+        _ => reply(StatusCode::NOT_FOUND, TEXT, "not found: try /\n"),
     })
+}
+
+/// What `GET /` lists.
+fn index(serves: Serves) -> String {
+    let mut out = String::from("cni-ebpf agent\n");
+    if serves.metrics() {
+        out.push_str("/metrics  Prometheus metrics of the pinned datapath and the agent\n");
+    }
+    if serves.probes() {
+        out.push_str(
+            "/healthz  liveness: every job's loop and watchers at work (503 while starting)\n\
+             /ready    readiness: first rounds made, datapaths loaded, policy in force\n",
+        );
+    }
+    out
 }
 
 fn reply(
@@ -196,7 +262,7 @@ mod tests {
         let addr = listener
             .local_addr()
             .unwrap_or_else(|e| panic!("local_addr: {e}"));
-        tokio::spawn(run(listener, Arc::new(exporter)));
+        tokio::spawn(run(listener, app(Arc::new(exporter)), Serves::Both));
         addr
     }
 
@@ -267,6 +333,75 @@ mod tests {
         let post = exchange(addr, b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n").await;
         assert!(post.starts_with("HTTP/1.1 405 "), "{post}");
         assert!(post.contains("\r\nAllow: GET, HEAD\r\n"), "{post}");
+    }
+
+    /// Scrapers reach `/metrics` only, probes `/healthz` and `/ready` only.
+    #[tokio::test]
+    async fn each_listener_serves_only_its_endpoints() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let app = app(Arc::new(exporter(dir.path().into())));
+        let mut addrs = Vec::new();
+        for serves in [Serves::Metrics, Serves::Probes] {
+            let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+                .await
+                .unwrap_or_else(|e| panic!("bind: {e}"));
+            addrs.push(listener.local_addr().unwrap_or_else(|e| panic!("{e}")));
+            tokio::spawn(run(listener, Arc::clone(&app), serves));
+        }
+        let (metrics, probes) = (addrs[0], addrs[1]);
+        let status = |out: String| out.split("\r\n").next().unwrap_or_default().to_owned();
+        for (addr, path, want) in [
+            (metrics, "/metrics", "HTTP/1.1 200 OK"),
+            (metrics, "/healthz", "HTTP/1.1 404 Not Found"),
+            (metrics, "/ready", "HTTP/1.1 404 Not Found"),
+            (probes, "/healthz", "HTTP/1.1 200 OK"),
+            (probes, "/ready", "HTTP/1.1 200 OK"),
+            (probes, "/metrics", "HTTP/1.1 404 Not Found"),
+        ] {
+            let out = exchange(addr, format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes()).await;
+            assert_eq!(status(out), want, "{path} on {addr}");
+        }
+        let index = exchange(probes, b"GET / HTTP/1.1\r\n\r\n").await;
+        assert!(
+            index.contains("/healthz") && !index.contains("/metrics"),
+            "{index}"
+        );
+    }
+
+    /// `/healthz` says "starting" until the first rounds, then whether the loops still
+    /// come round.
+    #[tokio::test]
+    async fn healthz_is_503_while_starting_and_when_a_loop_is_stuck() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let readiness = Arc::new(Readiness::default());
+        readiness.wait_for(Job::Policy);
+        let bounds = crate::agent::liveness::Bounds::new(
+            Duration::from_millis(300),
+            Duration::from_secs(290),
+        );
+        let ex = exporter(dir.path().into())
+            .with_readiness(Arc::clone(&readiness))
+            .with_liveness(bounds);
+        let addr = start(ex).await;
+        let out = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
+        assert!(
+            out.ends_with("starting: NetworkPolicy has not made its first round yet\n"),
+            "{out}"
+        );
+        readiness.done(Job::Policy);
+        let out = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let out = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 503 "), "{out}");
+        assert!(
+            out.contains("NetworkPolicy: its loop has not come round"),
+            "{out}"
+        );
+        readiness.beat(Job::Policy);
+        let out = exchange(addr, b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
     }
 
     /// Only `/metrics` reads the maps: every scrape of an empty root counts one discovery

@@ -152,6 +152,17 @@ fn label_map(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A NetworkPolicy object of `namespace` as the API serves it.
+#[must_use]
+pub fn policy_object(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"namespace": namespace, "name": name},
+        "spec": spec,
+    })
+}
+
 /// A Namespace object.
 #[must_use]
 pub fn namespace(name: &str, labels: &[(&str, &str)]) -> Namespace {

@@ -4,7 +4,8 @@
 //!   namespace: TCP and UDP on ports 80 and 81 for both families (one dual-stack socket
 //!   each), answering with the pod's name; and an SCTP listener on a raw socket per
 //!   family that answers each INIT chunk it receives with an INIT ACK.
-//! - [`probe`]: one connection attempt from a pod's namespace, bounded by a timeout.
+//! - [`probe`]: one connection attempt from a pod's namespace, bounded by a timeout;
+//!   [`greets`]: one TCP connection that must bring a server's greeting.
 //! - [`ProcessProber`]: TCP and UDP attempts from a long-lived process of a pod's
 //!   namespace and a cgroup (where socket hooks translate Services), many at once.
 //!
@@ -34,6 +35,18 @@ use nix::sched::{setns, CloneFlags};
 use socket2::{Domain, Protocol as SockProtocol, SockAddr, Socket, Type};
 
 use super::{Protocol, PORTS};
+
+/// Whether a client in `netns` gets the greeting line of the server at `addr` (a
+/// [`crate::datapath::TaggedServer`] greets) within `within`.
+#[must_use]
+pub fn greets(netns: &Path, addr: &str, within: Duration) -> bool {
+    let to: SocketAddr = addr.parse().unwrap_or_else(|e| panic!("{addr}: {e}"));
+    crate::net::in_netns(netns, move || {
+        TcpStream::connect_timeout(&to, within)
+            .and_then(|s| crate::datapath::read_line(&s))
+            .is_ok_and(|l| !l.is_empty())
+    })
+}
 
 /// How long a server thread blocks before it looks at its stop flag.
 const POLL: Duration = Duration::from_millis(100);
