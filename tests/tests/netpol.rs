@@ -40,8 +40,7 @@ impl Compiled {
             broken.iter().map(|b| &b.error).collect::<Vec<_>>()
         );
         let pods = cluster
-            .pods
-            .iter()
+            .pods()
             .map(|p| {
                 let c = compile_pod(&cluster, &parsed, &broken, p);
                 (pod_string(&p.namespace, &p.name), (c.ingress, c.egress))
@@ -52,8 +51,7 @@ impl Compiled {
 
     fn pod_of(&self, ip: IpAddr) -> Option<&PodView> {
         self.cluster
-            .pods
-            .iter()
+            .pods()
             .find(|p| p.is_peer() && p.ips.contains(&ip))
     }
 

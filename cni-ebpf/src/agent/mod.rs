@@ -23,6 +23,7 @@ pub mod nodes;
 pub mod ready;
 pub mod reconcile;
 pub mod report;
+pub mod service_objects;
 pub mod service_table;
 pub mod services;
 pub mod watch;

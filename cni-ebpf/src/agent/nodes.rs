@@ -32,7 +32,10 @@ use kube::{
 };
 use tokio::sync::Notify;
 
-use super::ready::{Job, Readiness};
+use super::{
+    ready::{Job, Readiness},
+    watch::{events, Volume},
+};
 use crate::{
     cli::hostgw::{log, reconcile_routes, wanted_routes, HostGwArgs},
     datapath::{load, Datapath},
@@ -290,9 +293,13 @@ pub fn run(
         let changed = Arc::new(Notify::new());
         {
             let changed = Arc::clone(&changed);
-            let events = watcher(Api::<Node>::all(client), args.api.watcher_config())
-                .default_backoff()
-                .reflect(writer);
+            let events = events(
+                Api::<Node>::all(client),
+                args.api.watcher_config(),
+                Volume::Large,
+            )
+            .modify(k8s::slim_node)
+            .reflect(writer);
             tokio::spawn(async move {
                 let mut events = std::pin::pin!(events);
                 while let Some(event) = events.next().await {

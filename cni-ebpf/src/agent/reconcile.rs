@@ -30,7 +30,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::report::{DirectionState, PodState};
 use crate::{
-    datapath::{policy::pod_key, Datapath},
+    datapath::Datapath,
     error::Result,
     policy::{
         compile_pod, parse_all,
@@ -131,15 +131,10 @@ impl Reconciler {
             .filter(|(k, _)| k.slot == active)
             .map(|(k, v)| (k.ifindex, v))
             .collect();
-        let pods: BTreeMap<u64, _> = cluster
-            .pods
-            .iter()
-            .map(|p| (pod_key(&p.namespace, &p.name), p))
-            .collect();
 
         let mut wanted = Vec::with_capacity(current.len());
         for (ifindex, now) in &current {
-            let Some(pod) = pods.get(&now.pod) else {
+            let Some(pod) = cluster.pod_by_key(now.pod) else {
                 wanted.push((*ifindex, *now));
                 continue;
             };

@@ -24,22 +24,16 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::{
-    core::v1::Service,
-    discovery::v1::{Endpoint, EndpointSlice},
+use super::{
+    health::HealthCheck,
+    service_objects::{Endpoint, EndpointSlice, Service},
 };
-
-use super::health::HealthCheck;
 use crate::datapath::services::{
     backend, frontend_key, service_key, At, Frontend, Scope, ServiceTable,
 };
 
 /// `sessionAffinityConfig.clientIP.timeoutSeconds` when not given (kube-proxy's).
 const DEFAULT_AFFINITY_SECS: u32 = 10_800;
-/// The label that hands a Service to another proxy.
-const PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
-/// The label that ties an EndpointSlice to its Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
 /// Where this node stands, for the policies that depend on it.
 #[derive(Debug, Clone, Default)]
@@ -97,16 +91,11 @@ pub fn table(
 ) -> Rendered {
     let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for s in slices {
-        let (Some(ns), Some(svc)) = (
-            s.metadata.namespace.as_deref(),
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL)),
-        ) else {
+        let (Some(ns), Some(svc)) = (s.metadata.namespace.as_deref(), s.service_name.as_deref())
+        else {
             continue;
         };
-        by_service.entry((ns, svc.as_str())).or_default().push(s);
+        by_service.entry((ns, svc)).or_default().push(s);
     }
     let mut out = Rendered::default();
     for svc in services {
@@ -117,13 +106,7 @@ pub fn table(
         ) else {
             continue;
         };
-        if svc
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(PROXY_NAME_LABEL))
-            || spec.type_.as_deref() == Some("ExternalName")
-        {
+        if svc.other_proxy || spec.type_.as_deref() == Some("ExternalName") {
             continue;
         }
         let ips: Vec<IpAddr> = spec
@@ -301,7 +284,7 @@ fn candidates(
         };
         for e in s.endpoints.iter().flatten() {
             // kube-proxy uses an endpoint's first address.
-            let Some(addr) = e.addresses.first().and_then(|a| a.parse::<IpAddr>().ok()) else {
+            let Some(addr) = e.address else {
                 continue;
             };
             out.push(candidate(e, SocketAddr::new(addr, target), here));
@@ -378,13 +361,13 @@ mod tests {
     use crate::datapath::services::backend_addr;
 
     fn svc(name: &str, spec: Value) -> Arc<Service> {
-        Arc::new(
-            serde_json::from_value(json!({
-                "metadata": { "name": name, "namespace": "default" },
-                "spec": spec,
-            }))
-            .unwrap(),
-        )
+        let mut s: Service = serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": "default" },
+            "spec": spec,
+        }))
+        .unwrap();
+        s.slim();
+        Arc::new(s)
     }
 
     fn web(extra: Value) -> Arc<Service> {
@@ -403,22 +386,22 @@ mod tests {
     }
 
     fn slice(name: &str, family: &str, endpoints: Value) -> Arc<EndpointSlice> {
-        Arc::new(
-            serde_json::from_value(json!({
-                "metadata": {
-                    "name": name,
-                    "namespace": "default",
-                    "labels": { "kubernetes.io/service-name": "web" },
-                },
-                "addressType": family,
-                "endpoints": endpoints,
-                "ports": [
-                    { "name": "http", "protocol": "TCP", "port": 8080 },
-                    { "name": "dns", "protocol": "UDP", "port": 5353 },
-                ],
-            }))
-            .unwrap(),
-        )
+        let mut s: EndpointSlice = serde_json::from_value(json!({
+            "metadata": {
+                "name": name,
+                "namespace": "default",
+                "labels": { "kubernetes.io/service-name": "web" },
+            },
+            "addressType": family,
+            "endpoints": endpoints,
+            "ports": [
+                { "name": "http", "protocol": "TCP", "port": 8080 },
+                { "name": "dns", "protocol": "UDP", "port": 5353 },
+            ],
+        }))
+        .unwrap();
+        s.slim();
+        Arc::new(s)
     }
 
     fn ep(ip: &str, node: &str, ready: bool, terminating: bool) -> Value {
@@ -627,10 +610,14 @@ mod tests {
         let external = web(json!({ "type": "ExternalName", "externalName": "example.org" }));
         let mut other = (*web(json!({}))).clone();
         other.metadata.labels = Some(
-            [(PROXY_NAME_LABEL.to_owned(), "someone-else".to_owned())]
-                .into_iter()
-                .collect(),
+            [(
+                super::super::service_objects::PROXY_NAME_LABEL.to_owned(),
+                "someone-else".to_owned(),
+            )]
+            .into_iter()
+            .collect(),
         );
+        other.slim();
         for s in [headless, external, Arc::new(other)] {
             let Rendered { frontends: t, .. } = table(&[s], &[], &here());
             assert!(t.is_empty(), "{t:?}");

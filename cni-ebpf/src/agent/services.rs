@@ -17,10 +17,7 @@ use std::{
 };
 
 use futures::{stream::select_all, Stream, StreamExt as _};
-use k8s_openapi::api::{
-    core::v1::{Node, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::core::v1::Node;
 use kube::{
     runtime::{
         events::{Event, EventType, Recorder},
@@ -33,8 +30,9 @@ use kube::{
 use super::{
     health::HealthChecks,
     ready::{Job, Readiness},
+    service_objects::{EndpointSlice, Service},
     service_table::{table, Locality, Unhandled},
-    watch::{networks, watch},
+    watch::{networks, watch, without_apply_fields, Volume},
 };
 use crate::{
     datapath::{
@@ -90,10 +88,19 @@ fn start(
     let (services, svc_w) = reflector::store();
     let (slices, slice_w) = reflector::store();
     let mut streams = vec![
-        watch(Api::<Service>::all(client.clone()), config.clone(), svc_w).boxed(),
+        watch(
+            Api::<Service>::all(client.clone()),
+            config.clone(),
+            Volume::Large,
+            Service::slim,
+            svc_w,
+        )
+        .boxed(),
         watch(
             Api::<EndpointSlice>::all(client.clone()),
             config.clone(),
+            Volume::Large,
+            EndpointSlice::slim,
             slice_w,
         )
         .boxed(),
@@ -104,6 +111,8 @@ fn start(
             watch(
                 Api::<Node>::all(client.clone()),
                 config.clone().fields(&format!("metadata.name={node}")),
+                Volume::Small,
+                without_apply_fields,
                 w,
             )
             .boxed(),

@@ -1,22 +1,27 @@
 //! The agent's view of the cluster — Namespaces, Pods and NetworkPolicies, kept by
-//! kube-runtime watchers and reflectors, never by re-listing — and the loop that puts it
-//! in force on every network of the node ([`super::Reconciler`]).
+//! kube-runtime watchers, never by re-listing — and the loop that puts it in force on
+//! every network of the node ([`super::Reconciler`]).
 //!
 //! - Each watcher lists once, then watches from the list's resource version; a dropped
 //!   watch resumes from the last version seen, a `410 Gone` (history compacted) lists
-//!   again, an unreachable API server is retried with backoff. The reflector's store is
-//!   swapped whole when a re-list is done, so a round never sees half a list.
+//!   again, an unreachable API server is retried with backoff.
+//! - Pods and Namespaces go straight into the compact [`Cluster`] view, object by object
+//!   (a Pod object is read, reduced to what policies use and dropped): every agent keeps
+//!   every pod of the cluster, so nothing else of them is kept. A list in progress (the
+//!   first, or one after a `410`) holds the rounds back until it is complete, and what it
+//!   did not return is then removed, so a round never sees half a list.
+//!   NetworkPolicies are kept whole by a reflector (without their `managedFields`).
 //! - A round runs after a change (a short settling delay lets a burst of changes make one
 //!   round), and once a second when the node's pod interfaces changed (a pod ADDed before
-//!   its Pod object changed). Nothing runs before all three stores hold a complete list:
-//!   an empty store would read as "no policies" and open every pod.
+//!   its Pod object changed). Nothing runs before all three hold a complete list: an
+//!   empty view would read as "no policies" and open every pod.
 //! - Each network below the bpffs root (or each one named) is reconciled; a network
 //!   without pins yet is skipped until its first pod loads it.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     path::{Path, PathBuf},
-    sync::Arc,
+    sync::{Arc, Mutex, MutexGuard},
     time::Duration,
 };
 
@@ -44,7 +49,7 @@ use crate::{
     datapath::Datapath,
     error::{Error, Result},
     k8s::{ApiArgs, ApiClient},
-    policy::Cluster,
+    policy::{cluster::pod_key, Cluster},
 };
 
 /// How long a round waits after a change for more changes of the same burst.
@@ -52,27 +57,38 @@ const SETTLE: Duration = Duration::from_millis(30);
 /// How often the node's pod interfaces are looked at for new ones.
 const TICK: Duration = Duration::from_secs(1);
 
-/// The three stores the rounds read.
+/// What the Pod and Namespace watchers keep.
+#[derive(Debug)]
+struct Fed {
+    cluster: Cluster,
+    /// Watchers whose list (the first, or one after a `410`) is not complete.
+    listing: usize,
+}
+
+/// [`Fed`], shared by the watchers' tasks and the rounds.
+type SharedFed = Arc<Mutex<Fed>>;
+
+fn lock(fed: &SharedFed) -> MutexGuard<'_, Fed> {
+    match fed.lock() {
+        Ok(g) => g,
+        // A task that panicked aborted the process (panic = "abort").
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
+/// What the rounds read.
 struct View {
-    namespaces: Store<Namespace>,
-    pods: Store<Pod>,
+    fed: SharedFed,
     policies: Store<NetworkPolicy>,
 }
 
 impl View {
+    /// Waits until every watcher has completed its first list (`false`: they stopped).
     async fn ready(&self) -> bool {
-        self.namespaces.wait_until_ready().await.is_ok()
-            && self.pods.wait_until_ready().await.is_ok()
-            && self.policies.wait_until_ready().await.is_ok()
-    }
-
-    fn cluster(&self) -> Cluster {
-        let namespaces = self.namespaces.state();
-        let pods = self.pods.state();
-        Cluster::from_api(
-            namespaces.iter().map(Arc::as_ref),
-            pods.iter().map(Arc::as_ref),
-        )
+        while lock(&self.fed).listing > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.policies.wait_until_ready().await.is_ok()
     }
 
     fn policies(&self) -> Vec<NetworkPolicy> {
@@ -84,11 +100,190 @@ impl View {
     }
 }
 
-/// One watcher (list, then watch; `config` narrows it) feeding `writer`'s store, whose
-/// events (but the first pages of a list) wake the rounds.
+/// How a kind of object goes into [`Cluster`].
+trait Feed: kube::Resource + Sized {
+    /// Its key among its kind.
+    fn key(&self) -> u64;
+    fn apply(&self, c: &mut Cluster);
+    fn delete(&self, c: &mut Cluster);
+    /// Removes every object of the kind whose key is not in `seen`.
+    fn keep_only(c: &mut Cluster, seen: &HashSet<u64>);
+}
+
+impl Feed for Pod {
+    fn key(&self) -> u64 {
+        pod_key(
+            self.metadata.namespace.as_deref().unwrap_or_default(),
+            self.metadata.name.as_deref().unwrap_or_default(),
+        )
+    }
+
+    fn apply(&self, c: &mut Cluster) {
+        c.apply_pod(self);
+    }
+
+    fn delete(&self, c: &mut Cluster) {
+        if let (Some(ns), Some(name)) = (&self.metadata.namespace, &self.metadata.name) {
+            c.delete_pod(ns, name);
+        }
+    }
+
+    fn keep_only(c: &mut Cluster, seen: &HashSet<u64>) {
+        c.retain_pods(|p| seen.contains(&p.key()));
+    }
+}
+
+impl Feed for Namespace {
+    fn key(&self) -> u64 {
+        pod_key("", self.metadata.name.as_deref().unwrap_or_default())
+    }
+
+    fn apply(&self, c: &mut Cluster) {
+        c.apply_namespace(self);
+    }
+
+    fn delete(&self, c: &mut Cluster) {
+        if let Some(name) = &self.metadata.name {
+            c.delete_namespace(name);
+        }
+    }
+
+    fn keep_only(c: &mut Cluster, seen: &HashSet<u64>) {
+        c.retain_namespaces(|n| seen.contains(&pod_key("", n)));
+    }
+}
+
+/// How many objects of a kind a list may bring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Volume {
+    /// A handful per node at most (Namespaces, NetworkPolicies, Services): without
+    /// streaming lists, one list from the watch cache (`resourceVersion=0`).
+    Small,
+    /// Grows with the cluster (Pods, EndpointSlices, Nodes): without streaming lists, a
+    /// paged list of [`PAGE`] objects a page, so no answer holds the whole cluster (the
+    /// watch cache answers `resourceVersion=0` whole, whatever `limit` says).
+    Large,
+}
+
+/// Objects per page of a paged list.
+const PAGE: u32 = 500;
+
+/// Whether `e` is the API server refusing a streaming list (`sendInitialEvents`) as a
+/// server without the `WatchList` feature does (422, or 400 from older ones).
+fn refuses_streaming_lists(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(kube::Error::Api(s)) if s.code == 422 || s.code == 400)
+}
+
+/// The events of `K` as kube-runtime's watcher delivers them (with its backoff): the first
+/// list, and every one after a `410 Gone`, is a streaming list — the objects arrive one by
+/// one on the watch itself, so no answer holds them all — and where the server refuses
+/// those, a list as `volume` says, then watches from its version.
+pub(super) fn events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    volume: Volume,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    let fallback = match volume {
+        Volume::Small => config.clone().any_semantic(),
+        Volume::Large => config.clone().page_size(PAGE),
+    };
+    watcher(api.clone(), config.streaming_lists())
+        .default_backoff()
+        .take_while(move |event| {
+            let refused = matches!(event, Err(e) if refuses_streaming_lists(e));
+            if refused {
+                tracing::info!("the API server offers no streaming lists; listing {kind} instead");
+            }
+            std::future::ready(!refused)
+        })
+        .chain(watcher(api, fallback).default_backoff())
+}
+
+/// One watcher of `K` feeding `fed`, whose events (but those of a list in progress) wake
+/// the rounds. Counted in `fed.listing` from its start until its first list is complete.
+fn feed<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    volume: Volume,
+    fed: SharedFed,
+) -> impl Stream<Item = bool> + Send
+where
+    K: Feed + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
+    // The keys a list in progress returned; `None` between lists.
+    let mut seen: Option<HashSet<u64>> = None;
+    let mut listed_once = false;
+    events(api, config, volume).map(move |event| {
+        let mut f = lock(&fed);
+        match event {
+            Ok(watcher::Event::Init) => {
+                if seen.is_none() && listed_once {
+                    f.listing += 1;
+                }
+                seen = Some(HashSet::new());
+                false
+            }
+            Ok(watcher::Event::InitApply(o)) => {
+                o.apply(&mut f.cluster);
+                if let Some(s) = seen.as_mut() {
+                    s.insert(o.key());
+                }
+                false
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(s) = seen.take() {
+                    K::keep_only(&mut f.cluster, &s);
+                }
+                listed_once = true;
+                f.listing = f.listing.saturating_sub(1);
+                true
+            }
+            Ok(watcher::Event::Apply(o)) => {
+                o.apply(&mut f.cluster);
+                true
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                o.delete(&mut f.cluster);
+                true
+            }
+            Err(e) => {
+                tracing::warn!("watching {kind}: {e}; retrying");
+                false
+            }
+        }
+    })
+}
+
+/// Drops from `o` what is written by and for the API server's clients that apply:
+/// nothing the agent reads.
+pub(super) fn without_apply_fields<K: kube::Resource>(o: &mut K) {
+    o.meta_mut().managed_fields = None;
+    if let Some(a) = o.meta_mut().annotations.as_mut() {
+        a.remove("kubectl.kubernetes.io/last-applied-configuration");
+    }
+}
+
+/// One watcher (list, then watch; `config` narrows it) feeding `writer`'s store, each
+/// object reduced by `slim` before it is kept, whose events (but the first pages of a
+/// list) wake the rounds.
 pub(super) fn watch<K>(
     api: Api<K>,
     config: watcher::Config,
+    volume: Volume,
+    slim: fn(&mut K),
     writer: reflector::store::Writer<K>,
 ) -> impl Stream<Item = bool> + Send
 where
@@ -102,8 +297,8 @@ where
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    watcher(api, config)
-        .default_backoff()
+    events(api, config, volume)
+        .modify(slim)
         .reflect(writer)
         .map(move |event| match event {
             Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => false,
@@ -158,27 +353,36 @@ pub(super) fn wake_on(
 }
 
 fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item = bool> + Send) {
-    let (namespaces, ns_w) = reflector::store();
-    let (pods, pod_w) = reflector::store();
+    let fed = Arc::new(Mutex::new(Fed {
+        cluster: Cluster::default(),
+        listing: 2,
+    }));
     let (policies, np_w) = reflector::store();
     let streams = select_all([
-        watch(Api::<Namespace>::all(client.clone()), config.clone(), ns_w).boxed(),
-        watch(Api::<Pod>::all(client.clone()), config.clone(), pod_w).boxed(),
+        feed(
+            Api::<Namespace>::all(client.clone()),
+            config.clone(),
+            Volume::Small,
+            Arc::clone(&fed),
+        )
+        .boxed(),
+        feed(
+            Api::<Pod>::all(client.clone()),
+            config.clone(),
+            Volume::Large,
+            Arc::clone(&fed),
+        )
+        .boxed(),
         watch(
             Api::<NetworkPolicy>::all(client.clone()),
             config.clone(),
+            Volume::Small,
+            without_apply_fields,
             np_w,
         )
         .boxed(),
     ]);
-    (
-        View {
-            namespaces,
-            pods,
-            policies,
-        },
-        streams,
-    )
+    (View { fed, policies }, streams)
 }
 
 /// The networks to reconcile: those named, else every directory below `root`.
@@ -282,9 +486,14 @@ impl Enforcer {
                 renew(dp, &name, self.lease);
                 continue;
             }
-            let cluster = view.cluster();
+            let fed = lock(&view.fed);
+            if fed.listing > 0 {
+                // A list in progress: the last complete view stays in force.
+                renew(dp, &name, self.lease);
+                continue;
+            }
             let policies = view.policies();
-            match rec.reconcile(dp, &cluster, &policies) {
+            match rec.reconcile(dp, &fed.cluster, &policies) {
                 Ok(round) => {
                     *seen = interfaces(dp);
                     let fresh_state = NetworkState {
@@ -345,15 +554,18 @@ fn account(totals: &SharedTotals, network: &str, dp: &Datapath, state: &NetworkS
 
 /// A Warning Event on each pod in `closed` (`ns/name`, why), as `kubectl describe pod`
 /// shows it. An Event that cannot be written is logged; the pod stays closed either way.
-async fn report(recorder: &Recorder, view: &View, closed: Vec<(String, String)>) {
+async fn report(recorder: &Recorder, client: &Client, closed: Vec<(String, String)>) {
     for (pod, why) in closed {
         let Some((ns, name)) = pod.split_once('/') else {
             continue;
         };
-        let Some(object) = view.pods.state().into_iter().find(|p| {
-            p.metadata.namespace.as_deref() == Some(ns) && p.metadata.name.as_deref() == Some(name)
-        }) else {
-            continue;
+        // The view keeps no Pod objects: the Event's subject is read from the API.
+        let object = match Api::<Pod>::namespaced(client.clone(), ns).get(name).await {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!("an Event on pod {pod}: reading it: {e}");
+                continue;
+            }
         };
         let mut note = format!("closed to all traffic but its node's: {why}");
         note.truncate(1000);
@@ -404,7 +616,7 @@ pub fn run(
         tracing::info!("NetworkPolicy: namespaces, pods and policies listed; watching");
         let closed = enforcer.round(&view, false);
         readiness.done(Job::Policy);
-        report(&recorder, &view, closed).await;
+        report(&recorder, &client, closed).await;
         let mut tick = tokio::time::interval(TICK);
         loop {
             let closed = tokio::select! {
@@ -416,7 +628,7 @@ pub fn run(
             };
             crate::faults::hang("agent-policy-loop");
             readiness.beat(Job::Policy);
-            report(&recorder, &view, closed).await;
+            report(&recorder, &client, closed).await;
         }
     })
 }

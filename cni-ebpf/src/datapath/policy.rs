@@ -34,14 +34,7 @@ use crate::{
 /// `BPF_EXIST`: an update that never creates the key.
 const BPF_EXIST: u64 = 2;
 
-/// The key a pod's `namespace/name` has in [`PolicyEndpoint::pod`] (never 0).
-#[must_use]
-pub fn pod_key(namespace: &str, name: &str) -> u64 {
-    match fnv1a64(&[namespace.as_bytes(), name.as_bytes()], b'/') {
-        0 => 1,
-        h => h,
-    }
-}
+pub use crate::policy::cluster::pod_key;
 
 /// The key of a namespace in `POLICY_NAMESPACES`.
 #[must_use]

@@ -548,6 +548,33 @@ pub fn name(node: &Node) -> &str {
     node.metadata.name.as_deref().unwrap_or_default()
 }
 
+/// `node` reduced to what [`pod_cidrs`], [`internal_ips`] and [`name`] read (and the
+/// metadata a watch and an Event need): a kept Node is a few hundred bytes instead of its
+/// images, conditions and capacities, so every node of a large cluster fits.
+pub fn slim_node(node: &mut Node) {
+    let meta = &mut node.metadata;
+    meta.managed_fields = None;
+    meta.annotations = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    if let Some(spec) = node.spec.as_mut() {
+        spec.taints = None;
+        spec.config_source = None;
+        spec.provider_id = None;
+    }
+    if let Some(status) = node.status.as_mut() {
+        let addresses = status.addresses.take().map(|mut a| {
+            a.retain(|a| a.type_ == "InternalIP");
+            a
+        });
+        *status = k8s_openapi::api::core::v1::NodeStatus {
+            addresses,
+            ..Default::default()
+        };
+    }
+}
+
 #[cfg(test)]
 #[expect(clippy::panic, clippy::unwrap_used, reason = "tests")]
 mod tests {

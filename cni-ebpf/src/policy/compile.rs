@@ -147,7 +147,7 @@ impl Policy {
     /// Whether the policy selects `pod` for `dir`.
     #[must_use]
     pub fn selects(&self, pod: &PodView, dir: Dir) -> bool {
-        pod.namespace == self.namespace
+        *pod.namespace == *self.namespace
             && !pod.host_network
             && self.rules(dir).is_some()
             && self.selector.matches(&pod.labels)
@@ -335,7 +335,7 @@ pub struct BrokenPolicy {
 
 impl BrokenPolicy {
     fn selects(&self, pod: &PodView) -> bool {
-        pod.namespace == self.namespace
+        *pod.namespace == *self.namespace
             && !pod.host_network
             && self
                 .selector
@@ -393,10 +393,21 @@ fn compile_dir(
     }
 }
 
-/// The addresses a rule's peers admit, and the pods among them (for named ports).
-fn peer_set<'c>(cluster: &'c Cluster, policy: &Policy, rule: &Rule) -> (AddrSet, Vec<&'c PodView>) {
+/// The addresses a rule's peers admit, and, when `with_pods` (an egress rule with named
+/// ports, resolved on each peer pod), the pods among them. Pod selectors are looked up in
+/// the namespaces they name, not among every pod of the cluster.
+fn peer_set<'c>(
+    cluster: &'c Cluster,
+    policy: &Policy,
+    rule: &Rule,
+    with_pods: bool,
+) -> (AddrSet, Vec<&'c PodView>) {
     if rule.peers.is_empty() {
-        let pods = cluster.pods.iter().filter(|p| p.is_peer()).collect();
+        let pods = if with_pods {
+            cluster.pods().filter(|p| p.is_peer()).collect()
+        } else {
+            Vec::new()
+        };
         return (
             AddrSet {
                 blocks: vec![(Prefix::everything(), Vec::new())],
@@ -410,28 +421,35 @@ fn peer_set<'c>(cluster: &'c Cluster, policy: &Policy, rule: &Rule) -> (AddrSet,
         match peer {
             Peer::Block(set) => {
                 blocks.extend(set.blocks.iter().cloned());
-                pods.extend(cluster.pods.iter().filter(|p| {
-                    p.is_peer()
-                        && p.ips
-                            .iter()
-                            .any(|ip| set.contains_bits(super::tables::addr_bits(*ip)))
-                }));
+                if with_pods {
+                    pods.extend(cluster.pods().filter(|p| {
+                        p.is_peer()
+                            && p.ips
+                                .iter()
+                                .any(|ip| set.contains_bits(super::tables::addr_bits(*ip)))
+                    }));
+                }
             }
             Peer::Pods {
                 namespaces,
                 pods: sel,
             } => {
-                for p in cluster.pods.iter().filter(|p| p.is_peer()) {
-                    let ns_ok = match namespaces {
-                        None => p.namespace == policy.namespace,
-                        Some(ns) => cluster
-                            .namespaces
-                            .get(&p.namespace)
-                            .is_some_and(|labels| ns.matches(labels)),
-                    };
-                    if ns_ok && sel.matches(&p.labels) {
-                        blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
-                        pods.push(p);
+                let names: Vec<&str> = match namespaces {
+                    None => vec![policy.namespace.as_str()],
+                    Some(ns) => cluster
+                        .namespaces()
+                        .filter(|(_, labels)| ns.matches(*labels))
+                        .map(|(name, _)| name)
+                        .collect(),
+                };
+                for name in names {
+                    for p in cluster.pods_in(name).filter(|p| p.is_peer()) {
+                        if sel.matches(&p.labels) {
+                            blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
+                            if with_pods {
+                                pods.push(p);
+                            }
+                        }
                     }
                 }
             }
@@ -451,7 +469,8 @@ fn ruleset<'a>(
     let mut sets: Vec<(u64, AddrSet)> = Vec::new();
     let mut exact = BTreeSet::new();
     for (policy, rule) in rules {
-        let (addrs, peer_pods) = peer_set(cluster, policy, rule);
+        let named = rule.ports.iter().any(|p| matches!(p, Port::Named(..)));
+        let (addrs, peer_pods) = peer_set(cluster, policy, rule, named && dir == Dir::Egress);
         let mut numeric = BTreeSet::new();
         for port in &rule.ports {
             match port {

@@ -4,8 +4,17 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-/// Labels of an object.
-pub type Labels = BTreeMap<String, String>;
+/// Labels of an object, as a selector reads them.
+pub trait LabelSet {
+    /// The value of label `key`, if the object has it.
+    fn label(&self, key: &str) -> Option<&str>;
+}
+
+impl LabelSet for BTreeMap<String, String> {
+    fn label(&self, key: &str) -> Option<&str> {
+        self.get(key).map(String::as_str)
+    }
+}
 
 /// A label selector checked once for validity: `matchLabels` and `matchExpressions`
 /// (operators `In`, `NotIn`, `Exists`, `DoesNotExist`), all of which must hold. The empty
@@ -57,16 +66,23 @@ impl Selector {
 
     /// Whether an object with `labels` is selected.
     #[must_use]
-    pub fn matches(&self, labels: &Labels) -> bool {
-        self.labels
-            .iter()
-            .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+    pub fn matches(&self, labels: &(impl LabelSet + ?Sized)) -> bool {
+        let has = |k: &str, v: &str| labels.label(k) == Some(v);
+        self.labels.iter().all(|(k, v)| has(k, v))
             && self.expressions.iter().all(|e| match e {
-                Expression::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-                Expression::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-                Expression::Exists(k) => labels.contains_key(k),
-                Expression::DoesNotExist(k) => !labels.contains_key(k),
+                Expression::In(k, vs) => labels.label(k).is_some_and(|l| vs.iter().any(|v| v == l)),
+                Expression::NotIn(k, vs) => {
+                    labels.label(k).is_none_or(|l| !vs.iter().any(|v| v == l))
+                }
+                Expression::Exists(k) => labels.label(k).is_some(),
+                Expression::DoesNotExist(k) => labels.label(k).is_none(),
             })
+    }
+
+    /// Whether it matches every object (no labels, no expressions).
+    #[must_use]
+    pub fn is_everything(&self) -> bool {
+        self.labels.is_empty() && self.expressions.is_empty()
     }
 }
 
@@ -93,7 +109,7 @@ fn expression(r: &LabelSelectorRequirement) -> Result<Expression, String> {
 mod tests {
     use super::*;
 
-    fn labels(pairs: &[(&str, &str)]) -> Labels {
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

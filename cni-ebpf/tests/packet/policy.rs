@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use cni_ebpf::{
     datapath::Endpoint,
-    policy::{compile_pod, parse_all, Cluster, PodView, Verdicts},
+    policy::{compile_pod, parse_all, Cluster, Verdicts},
 };
 use cni_ebpf_common::{owner_id, PolicyEndpoint, Reason, RULESET_CLOSED, RULESET_OPEN};
 use serde_json::{json, Value};
@@ -17,33 +17,33 @@ use tests::packet::*;
 const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
 const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x64);
 
-fn pod(name: &str, ips: Vec<IpAddr>) -> PodView {
-    PodView {
-        namespace: "x".into(),
-        name: name.into(),
-        uid: format!("uid-{name}"),
-        labels: [("app".to_owned(), name.to_owned())].into(),
-        ips,
-        ports: vec![cni_ebpf::policy::cluster::NamedPort {
-            name: "http".into(),
-            proto: TCP,
-            port: 8080,
-        }],
-        host_network: false,
-        finished: false,
-    }
+/// Pod `x/<name>` with `ips`, label `app=<name>`, serving a named port `http` on TCP 8080.
+fn pod(name: &str, ips: &[IpAddr]) -> k8s_openapi::api::core::v1::Pod {
+    serde_json::from_value(json!({
+        "metadata": {"namespace": "x", "name": name, "labels": {"app": name}},
+        "spec": {"containers": [{"name": "c", "ports": [
+            {"name": "http", "containerPort": 8080, "protocol": "TCP"}
+        ]}]},
+        "status": {"phase": "Running", "podIPs": ips.iter().map(|ip| json!({"ip": ip.to_string()})).collect::<Vec<_>>()},
+    }))
+    .unwrap()
+}
+
+/// Namespace `x` (label `ns=x`).
+fn namespace_x() -> k8s_openapi::api::core::v1::Namespace {
+    serde_json::from_value(json!({"metadata": {"name": "x", "labels": {"ns": "x"}}})).unwrap()
 }
 
 /// Pods `x/a` and `x/b` (the fixture's pods A and B, dual-stack), each serving a named
 /// port `http` on TCP 8080.
 fn cluster() -> Cluster {
-    Cluster {
-        namespaces: [("x".to_owned(), [("ns".to_owned(), "x".to_owned())].into())].into(),
-        pods: vec![
-            pod("a", vec![POD_A.into(), POD_A6.into()]),
-            pod("b", vec![POD_B.into(), POD_B6.into()]),
+    Cluster::from_api(
+        &[namespace_x()],
+        &[
+            pod("a", &[POD_A.into(), POD_A6.into()]),
+            pod("b", &[POD_B.into(), POD_B6.into()]),
         ],
-    }
+    )
 }
 
 fn policy(name: &str, spec: Value) -> k8s_openapi::api::networking::v1::NetworkPolicy {
@@ -606,7 +606,7 @@ fn a_pod_the_agent_does_not_know_yet_stays_closed_and_is_opened_once_known() {
     fx.standard_node(true);
     let mut agent = Reconciler::resume(fx.dp()).unwrap();
     let mut cluster = cluster();
-    let b = cluster.pods.pop().unwrap();
+    cluster.delete_pod("x", "b");
     // The namespace holds a policy that does not select b; b's ADD comes before the
     // agent has seen its pod object.
     let only_a = vec![policy(
@@ -622,7 +622,7 @@ fn a_pod_the_agent_does_not_know_yet_stays_closed_and_is_opened_once_known() {
         "b is closed while its pod is unknown"
     );
     assert!(fx.reason(Reason::DropPolicyEgress) >= 1);
-    cluster.pods.push(b);
+    cluster.apply_pod(&pod("b", &[POD_B.into(), POD_B6.into()]));
     let round = agent.reconcile(fx.dp(), &cluster, &only_a).unwrap();
     assert!(round.swapped, "{round:?}");
     let to_b = udp_frame(EXT, 4000, POD_B, 53);
