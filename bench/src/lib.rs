@@ -23,7 +23,12 @@
 //!   nodes, ADD → the new pod's policy in force, policy map memory per endpoint and per
 //!   rule, and pod → pod request/response and connect rates with 0, 1, 100 and 1 000
 //!   policies selecting the pair, each ÷ the 0-policy figure of the same repeat
-//!   ([`policy`]).
+//!   ([`policy`]);
+//! - `agent-scale`: one real agent against the stand-in API server filled as a cluster of
+//!   500, 1 000 and 5 000 nodes is (150 000 Pods, 10 000 Services, 100 000 endpoints,
+//!   2 000 policies at 5 000): memory, start → policy in force, policy write → in force,
+//!   10 000 pods deleted and created at once → current, CPU per pod event, bytes
+//!   received ([`agent_scale`]).
 //!
 //! Everything runs in namespaces the bench creates (`cebb<pid>-…`, and `…-cebb-<pid>-…`
 //! for the tests crate's cluster); the machine's own network namespace is never touched,
@@ -41,6 +46,7 @@ use anyhow::{Context, Result};
 use clap::ValueEnum;
 use serde_json::json;
 
+mod agent_scale;
 mod bandwidth;
 mod chart;
 mod control;
@@ -78,6 +84,9 @@ pub enum Phase {
     Policy,
     /// Egress rates: accuracy and CPU cost against the reference `bandwidth` plugin.
     Bandwidth,
+    /// The agent against a cluster of thousands of nodes: memory, time to policy in
+    /// force, churn.
+    AgentScale,
 }
 
 /// `cargo xtask bench` options. Defaults finish in well under 20 minutes on 2 cores;
@@ -124,6 +133,16 @@ pub struct Args {
     /// Pods timed from ADD until their NetworkPolicy is in force [default: 30].
     #[arg(long)]
     pub policy_adds: Option<usize>,
+    /// Cluster sizes (nodes) of the agent-scale phase, comma-separated
+    /// [default: 500,1000,5000].
+    #[arg(long, value_delimiter = ',')]
+    pub agent_nodes: Vec<usize>,
+    /// Policy writes timed at each agent-scale size [default: 20].
+    #[arg(long)]
+    pub agent_writes: Option<usize>,
+    /// Pod objects deleted and created at once at each agent-scale size [default: 10000].
+    #[arg(long)]
+    pub agent_churn: Option<usize>,
     /// Results directory [default: results/bench-<UTC timestamp>].
     #[arg(long)]
     pub out: Option<PathBuf>,
@@ -197,6 +216,8 @@ pub struct Sizes {
     pub bandwidth: bandwidth::Params,
     /// NetworkPolicy.
     pub policy: policy::Params,
+    /// The agent at cluster scale.
+    pub agent_scale: agent_scale::Params,
 }
 
 impl Args {
@@ -215,6 +236,7 @@ impl Args {
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
+                Phase::AgentScale,
             ]
         } else {
             vec![
@@ -226,6 +248,7 @@ impl Args {
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
+                Phase::AgentScale,
             ]
         }
     }
@@ -257,6 +280,17 @@ impl Args {
                 writes: pick(self.policy_writes, 10, 40),
                 adds: pick(self.policy_adds, 10, 30),
                 endpoints: if q { 10 } else { 40 },
+            },
+            agent_scale: agent_scale::Params {
+                nodes: if !self.agent_nodes.is_empty() {
+                    self.agent_nodes.clone()
+                } else if q {
+                    vec![100]
+                } else {
+                    vec![500, 1000, 5000]
+                },
+                writes: pick(self.agent_writes, 6, 20),
+                churn: pick(self.agent_churn, 2000, 10_000),
             },
             control: control::Params {
                 pods: pick(self.pods, 20, 100),
@@ -381,6 +415,7 @@ pub fn run(args: &Args, host: &dyn Host) -> Result<()> {
                 Phase::Cross => cross::run(&ws, &sizes.cross, &mut report),
                 Phase::Bandwidth => bandwidth::run(&ws, &sizes.bandwidth, &mut report),
                 Phase::Policy => policy::run(&ws, &sizes.policy, &mut report),
+                Phase::AgentScale => agent_scale::run(&ws, &sizes.agent_scale, &mut report),
                 Phase::Ipam => Ok(()),
             };
             if let Err(e) = r {

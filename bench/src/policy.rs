@@ -111,7 +111,7 @@ pub const POD_OBJECTS: usize = 1000;
 /// matches one in this many).
 const LABELS: usize = 50;
 /// The port every server listens on and the admitting rules name.
-const ECHO_PORT: u16 = data::ECHO_PORT;
+pub(crate) const ECHO_PORT: u16 = data::ECHO_PORT;
 /// A port no server listens on and no rule admits: refused when no policy selects the
 /// server, dropped when one does.
 const SHUT_PORT: u16 = 7001;
@@ -171,7 +171,7 @@ fn rate_ns(n: usize) -> String {
 }
 
 /// A NetworkPolicy object.
-fn policy(namespace: &str, name: &str, spec: Value) -> Value {
+pub(crate) fn policy(namespace: &str, name: &str, spec: Value) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -181,7 +181,7 @@ fn policy(namespace: &str, name: &str, spec: Value) -> Value {
 }
 
 /// `[{protocol: TCP, port}]`.
-fn tcp_port(port: u16) -> Value {
+pub(crate) fn tcp_port(port: u16) -> Value {
     json!([{"protocol": "TCP", "port": port}])
 }
 
@@ -234,7 +234,7 @@ fn decoy(namespace: &str, i: usize) -> Value {
 
 /// The policy the enforcement writes rewrite: the servers admit the clients (`admit`) or
 /// no one, on the echo port.
-fn flip_policy(admit: bool) -> Value {
+pub(crate) fn flip_policy(admit: bool) -> Value {
     let from = if admit { "cli" } else { "nobody" };
     policy(
         "flip",
@@ -270,14 +270,19 @@ fn rules_policy(rules: usize) -> Value {
 }
 
 /// A Namespace object.
-fn namespace_object(name: &str, labels: &[(&str, &str)]) -> Result<Value> {
+pub(crate) fn namespace_object(name: &str, labels: &[(&str, &str)]) -> Result<Value> {
     Ok(serde_json::to_value(tests::netpol::namespace(
         name, labels,
     ))?)
 }
 
 /// A running Pod object with address `ip`.
-fn pod_object(namespace: &str, name: &str, labels: &[(&str, &str)], ip: &str) -> Result<Value> {
+pub(crate) fn pod_object(
+    namespace: &str,
+    name: &str,
+    labels: &[(&str, &str)],
+    ip: &str,
+) -> Result<Value> {
     let addr: IpAddr = ip
         .parse()
         .with_context(|| format!("{ip} is not an address"))?;
@@ -290,7 +295,7 @@ fn pod_object(namespace: &str, name: &str, labels: &[(&str, &str)], ip: &str) ->
 }
 
 /// Creates or replaces `obj` in the API.
-fn put(api: &ApiServer, resource: &str, obj: Value) -> Result<()> {
+pub(crate) fn put(api: &ApiServer, resource: &str, obj: Value) -> Result<()> {
     catch(&format!("publishing a {resource} object"), || {
         api.put(resource, obj);
     })
@@ -304,10 +309,25 @@ fn add_pod(
     namespace: &str,
     name: &str,
 ) -> Result<(tests::Pod, String)> {
+    add_pod_to(ws, node, namespace, name, false)
+}
+
+/// [`add_pod`] on a network whose `networkPolicy` is `enforcing` (a pod ADDed before
+/// the agent's first sync is closed until then).
+pub(crate) fn add_pod_to(
+    ws: &Workspace,
+    node: &ClusterNode,
+    namespace: &str,
+    name: &str,
+    enforcing: bool,
+) -> Result<(tests::Pod, String)> {
     let pod = catch(&format!("creating pod {namespace}/{name}"), || {
         node.pod(&format!("{namespace}-{name}"))
     })?;
     let mut chain = service::chain(ws, Variant::Ebpf, node);
+    for plugin in &mut chain.plugins {
+        plugin["networkPolicy"] = json!(enforcing);
+    }
     chain.cni_args = Some(format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"));
     let op = chain.exec(
         "ADD",
@@ -333,7 +353,7 @@ fn add_pod(
 
 /// What one connection attempt found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
+pub(crate) enum Seen {
     /// The handshake completed.
     Open,
     /// No answer in time: the SYN was dropped.
@@ -345,7 +365,7 @@ enum Seen {
 }
 
 /// One connection attempt to `to` from the calling thread's namespace.
-fn attempt(to: SocketAddr, wait: Duration) -> Seen {
+pub(crate) fn attempt(to: SocketAddr, wait: Duration) -> Seen {
     match TcpStream::connect_timeout(&to, wait) {
         Ok(_) => Seen::Open,
         Err(e) if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => Seen::Dropped,
@@ -355,14 +375,14 @@ fn attempt(to: SocketAddr, wait: Duration) -> Seen {
 }
 
 /// One connection attempt to `to` from `netns`.
-fn probe(netns: &Path, to: SocketAddr, wait: Duration) -> Result<Seen> {
+pub(crate) fn probe(netns: &Path, to: SocketAddr, wait: Duration) -> Result<Seen> {
     proc::join(proc::in_netns(netns, move || Ok(attempt(to, wait))))
 }
 
 /// A thread in `netns` that tries fresh connections to `to` until they show the verdict
 /// `open` (a completed handshake; or two attempts in a row without an answer) and returns
 /// when the first attempt that showed it was sent; `None` if none did by `deadline`.
-fn await_verdict(
+pub(crate) fn await_verdict(
     netns: &Path,
     to: SocketAddr,
     open: bool,
@@ -386,7 +406,7 @@ fn await_verdict(
 }
 
 /// Polls `done` every 200 ms until it holds: how long that took; an error after `bound`.
-fn wait_until(
+pub(crate) fn wait_until(
     what: &str,
     bound: Duration,
     mut done: impl FnMut() -> Result<bool>,

@@ -317,6 +317,13 @@ impl Background {
     }
 }
 
+impl Background {
+    /// Its process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
 impl Drop for Background {
     fn drop(&mut self) {
         kill_and_reap(&mut self.child, &self.what);

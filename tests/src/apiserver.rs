@@ -82,8 +82,9 @@ use crate::net::in_netns;
 /// The ServiceAccount the stand-in says the token belongs to (in RBAC messages).
 pub const SERVICE_ACCOUNT: &str = "system:serviceaccount:kube-system:cni-ebpf";
 
-/// Changes kept for watches and continued lists; older ones are compacted away.
-const HISTORY: usize = 4096;
+/// Changes kept for watches and continued lists; older ones are compacted away (etcd
+/// keeps about five minutes: a burst of ten thousand deletions is well within it).
+const HISTORY: usize = 32_768;
 /// How often every connection looks at the stop flag and the fault switches.
 const POLL: Duration = Duration::from_millis(100);
 /// Silence after which a watch that allows bookmarks gets one.
@@ -1504,8 +1505,10 @@ struct Watch {
     selector: Selector,
     /// Changes after this version are sent.
     from: u64,
-    /// Sent first as `ADDED` (the current objects, for a watch from `0` or unset).
-    initial: Vec<Value>,
+    /// Sent first as `ADDED` (the current objects, for a watch from `0` or unset), each
+    /// event already a JSON line: rendered while the store is read, so a list of a large
+    /// cluster is never a second copy of every object.
+    initial: Vec<String>,
     /// A `k8s.io/initial-events-end` bookmark after them (`sendInitialEvents`).
     initial_end: bool,
     bookmarks: bool,
@@ -1851,7 +1854,17 @@ fn watch(s: &State, res: &'static Resource, ns: Option<&str>, q: &Query) -> Answ
         .into_iter()
         .flatten()
         .filter(|(k, o)| w.selector.matches(k, o))
-        .map(|(_, o)| res.typed(o.clone()))
+        .map(|(_, o)| {
+            // Stored objects carry their kind and apiVersion ([`prepare`]).
+            if o.get("kind").is_some() && o.get("apiVersion").is_some() {
+                format!("{{\"type\":\"ADDED\",\"object\":{o}}}\n")
+            } else {
+                format!(
+                    "{}\n",
+                    json!({"type": "ADDED", "object": res.typed(o.clone())})
+                )
+            }
+        })
         .collect();
     Answer::Watch(Box::new(w))
 }
@@ -2033,9 +2046,14 @@ fn changes_since(s: &State, res: &Resource, sel: &Selector, from: u64, out: &mut
 
 /// Sends `events` as chunks of one JSON line each.
 fn send(tls: &mut Tls, events: &[Value]) -> bool {
+    let lines: Vec<String> = events.iter().map(|e| format!("{e}\n")).collect();
+    send_lines(tls, &lines)
+}
+
+/// Sends `lines` (each a JSON event and its newline) as one chunk each.
+fn send_lines(tls: &mut Tls, lines: &[String]) -> bool {
     let mut out = Vec::new();
-    for e in events {
-        let line = format!("{e}\n");
+    for line in lines {
         out.extend_from_slice(format!("{:x}\r\n", line.len()).as_bytes());
         out.extend_from_slice(line.as_bytes());
         out.extend_from_slice(b"\r\n");
@@ -2064,11 +2082,11 @@ fn stream_watch(tls: &mut Tls, shared: &Shared, epoch: u64, w: Watch) -> bool {
     }
     let res = w.res;
     let mut from = w.from;
-    let mut first: Vec<Value> = w
-        .initial
-        .into_iter()
-        .map(|o| json!({"type": "ADDED", "object": o}))
-        .collect();
+    // In batches: a streaming list of a large cluster is one event per object.
+    if w.initial.chunks(1000).any(|batch| !send_lines(tls, batch)) {
+        return false;
+    }
+    let mut first: Vec<Value> = Vec::new();
     if w.initial_end {
         first.push(bookmark(res, from, true));
     }
