@@ -423,6 +423,33 @@ impl Report {
                 "NetworkPolicy API write → enforced on both nodes, p99 ≤ 1 s (ms)",
                 Rule::MaxAbs("policy.enforce.p99", 1000.0),
             ),
+            // One agent at 5 000 nodes (150 000 pods, 10 000 Services, 2 000 policies):
+            // within the DaemonSet's memory limit, in force soon after it starts, and
+            // current within seconds of a burst of changes.
+            (
+                "agent at 5 000 nodes: resident memory after the sync ≤ 128 MiB",
+                Rule::MaxAbs("agent.5000.rss_synced", 128.0),
+            ),
+            (
+                "agent at 5 000 nodes: peak resident memory ≤ 128 MiB",
+                Rule::MaxAbs("agent.5000.rss_peak", 128.0),
+            ),
+            (
+                "agent at 5 000 nodes: start → policy in force ≤ 15 s (ms)",
+                Rule::MaxAbs("agent.5000.start", 15_000.0),
+            ),
+            (
+                "agent at 5 000 nodes: policy write → in force p50 ≤ 1 s (ms)",
+                Rule::MaxAbs("agent.5000.write.p50", 1000.0),
+            ),
+            (
+                "agent at 5 000 nodes: policy write → in force p99 ≤ 1 s (ms)",
+                Rule::MaxAbs("agent.5000.write.p99", 1000.0),
+            ),
+            (
+                "agent at 5 000 nodes: 10 000 pods deleted at once → current ≤ 5 s (ms)",
+                Rule::MaxAbs("agent.5000.delete", 5000.0),
+            ),
             // Through kube-proxy's DNAT, a client whose ingress policy refuses all but its
             // replies keeps the rates of one without policies: its replies, translated back
             // by netfilter, are recognised by the mark their verdict carries.
