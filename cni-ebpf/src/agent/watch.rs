@@ -153,6 +153,29 @@ impl Feed for Namespace {
     }
 }
 
+/// What a watcher can watch and a reflector keep.
+pub(super) trait Watched:
+    kube::Resource<DynamicType: Default + Eq + std::hash::Hash + Clone>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType: Default + Eq + std::hash::Hash + Clone>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
 /// How many objects of a kind a list may bring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Volume {
@@ -184,14 +207,7 @@ pub(super) fn events<K>(
     volume: Volume,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send
 where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K: Watched,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let fallback = match volume {
@@ -219,8 +235,7 @@ fn feed<K>(
     fed: SharedFed,
 ) -> impl Stream<Item = bool> + Send
 where
-    K: Feed + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K: Feed + Watched,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     // The keys a list in progress returned; `None` between lists.
@@ -287,14 +302,7 @@ pub(super) fn watch<K>(
     writer: reflector::store::Writer<K>,
 ) -> impl Stream<Item = bool> + Send
 where
-    K: kube::Resource
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+    K: Watched,
 {
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     events(api, config, volume)
