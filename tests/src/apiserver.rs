@@ -1211,7 +1211,8 @@ impl ApiServer {
     }
 
     /// Requests served so far: `"<method> <path> -> <status>"` (the path without its
-    /// query; `"GET <path>?watch -> <status>"` for a watch), in order.
+    /// query; `"GET <path>?watch -> <status>"` for a watch,
+    /// `"GET <path>?watch&sendInitialEvents -> <status>"` for a streaming list), in order.
     #[must_use]
     pub fn requests(&self) -> Vec<String> {
         self.shared.lock().requests.clone()
@@ -1426,7 +1427,11 @@ fn serve(tcp: TcpStream, config: Arc<rustls::ServerConfig>, shared: &Shared) {
         }
         let query = Query::parse(&req.query);
         let logged = if req.method == "GET" && query.flag("watch") {
-            format!("{}?watch", req.path)
+            if query.flag("sendInitialEvents") {
+                format!("{}?watch&sendInitialEvents", req.path)
+            } else {
+                format!("{}?watch", req.path)
+            }
         } else {
             req.path.clone()
         };

@@ -686,10 +686,17 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
         "after a 410:\n{}",
         agent_log()
     );
+    // A list, or a streaming list (a watch that sends the current objects first).
     let policy_lists = || {
         api.requests()
             .iter()
-            .filter(|r| r.starts_with("GET /apis/networking.k8s.io/v1/networkpolicies -> 200"))
+            .filter(|r| {
+                [
+                    "GET /apis/networking.k8s.io/v1/networkpolicies -> 200",
+                    "GET /apis/networking.k8s.io/v1/networkpolicies?watch&sendInitialEvents -> 200",
+                ]
+                .contains(&r.as_str())
+            })
             .count()
     };
     assert!(
