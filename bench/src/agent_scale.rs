@@ -723,7 +723,7 @@ fn measure(ws: &Workspace, p: &Params, shape: Shape) -> Result<Figures> {
             f.start_bytes / 1_048_576.0
         );
         // Policy writes.
-        let bytes0 = received_bytes(s.node().netns())?;
+        let bytes0 = f.start_bytes;
         for i in 0..p.writes {
             check_interrupt()?;
             let admit = i % 2 == 1;

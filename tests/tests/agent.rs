@@ -26,7 +26,7 @@ use serde_json::json;
 use tests::{
     datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer},
     net::http_get,
-    netpol::{policy_object, probe::greets},
+    netpol::{add_published, policy_object, probe::greets},
     process::Background,
     ApiServer, Pod, SimNode, EXT_IP4, NODE_IP4,
 };
@@ -61,13 +61,7 @@ impl World {
         let mut pods = Vec::new();
         for name in ["a", "b", "c"] {
             let pod = node.pod(name);
-            let env = pod
-                .env("eth0")
-                .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
-            let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
-            let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
-            let obj = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
-            api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+            let ip = add_published(&node, &api, &conf.plugin(), &pod, "x", name);
             pods.push((pod, ip));
         }
         api.put(

@@ -1544,8 +1544,8 @@ fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() 
         time::{Duration, Instant},
     };
 
-    use tests::datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
-    use tests::{ApiServer, SimNode, EXT_IP4};
+    use tests::datapath::{masq_conf, wait_until, Mode, TaggedServer};
+    use tests::{netpol::add_published, ApiServer, SimNode, EXT_IP4};
 
     let node = SimNode::new("np_churn");
     let api = ApiServer::start(node.ext_netns(), EXT_IP4);
@@ -1555,13 +1555,7 @@ fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() 
     let mut pods = Vec::new();
     for name in ["a", "b", "c"] {
         let pod = node.pod(name);
-        let env = pod
-            .env("eth0")
-            .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
-        let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
-        let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
-        let obj = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
-        api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+        let ip = add_published(&node, &api, &conf.plugin(), &pod, "x", name);
         pods.push((pod, ip));
     }
     let _server = TaggedServer::start(pods[1].0.netns(), 8080, "b", Mode::Greet);
@@ -1679,8 +1673,8 @@ fn verdicts_never_change_wrongly_while_the_agent_restarts_during_policy_churn() 
 fn pods_stay_closed_until_the_agent_has_put_the_policy_in_force_also_after_a_reboot() {
     use std::time::{Duration, Instant};
 
-    use tests::datapath::{masq_conf, pod_ip, wait_until, Mode, TaggedServer};
-    use tests::{ApiServer, SimNode, EXT_IP4};
+    use tests::datapath::{masq_conf, wait_until, Mode, TaggedServer};
+    use tests::{netpol::add_published, ApiServer, SimNode, EXT_IP4};
 
     let node = SimNode::new("np_closed");
     let api = ApiServer::start(node.ext_netns(), EXT_IP4);
@@ -1706,13 +1700,7 @@ fn pods_stay_closed_until_the_agent_has_put_the_policy_in_force_also_after_a_reb
         let mut pods = Vec::new();
         for name in ["a", "b", "c"] {
             let pod = node.pod(&format!("{name}{gen}"));
-            let env = pod
-                .env("eth0")
-                .with_args(&format!("K8S_POD_NAMESPACE=x;K8S_POD_NAME={name}"));
-            let ip = pod_ip(&node.exec_plugin("ADD", &env, &conf.plugin()).result());
-            let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
-            let obj = tests::netpol::pod("x", name, &[("app", name)], &[addr]);
-            api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+            let ip = add_published(&node, &api, &conf.plugin(), &pod, "x", name);
             pods.push((pod, ip));
         }
         let server = TaggedServer::start(pods[1].0.netns(), 8080, "b", Mode::Greet);

@@ -152,6 +152,28 @@ fn label_map(labels: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// ADDs `pod` on `node` with `conf` as the kubelet would (`CNI_ARGS` naming it
+/// `namespace/name`) and publishes its Pod object, labelled `app=<name>`, with the address
+/// ADD gave it: that address.
+#[track_caller]
+pub fn add_published(
+    node: &crate::SimNode,
+    api: &crate::ApiServer,
+    conf: &serde_json::Value,
+    pod: &crate::node::Pod,
+    namespace: &str,
+    name: &str,
+) -> String {
+    let env = pod.env("eth0").with_args(&format!(
+        "K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}"
+    ));
+    let ip = crate::datapath::pod_ip(&node.exec_plugin("ADD", &env, conf).result());
+    let addr: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{ip}: {e}"));
+    let obj = self::pod(namespace, name, &[("app", name)], &[addr]);
+    api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
+    ip
+}
+
 /// A NetworkPolicy object of `namespace` as the API serves it.
 #[must_use]
 pub fn policy_object(namespace: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
