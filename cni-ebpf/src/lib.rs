@@ -1,27 +1,31 @@
 //! cni-ebpf: an eBPF-accelerated CNI interface plugin.
 //!
 //! The binary runs as a CNI plugin when `CNI_COMMAND` is set and as a CLI otherwise.
-//! Layout: [`cni`] (protocol), [`ipam`] (embedded allocator), [`netns`] and [`link`]
-//! (kernel plumbing), [`datapath`] (eBPF load/pin/attach/maps), [`cmd`] (the verbs),
-//! [`cli`] (the command line), [`metrics`] (the Prometheus endpoint of `cni-ebpf metrics`), [`k8s`] (Node objects
-//! from the API server, for `install` and host-gw), [`policy`] (NetworkPolicy compiled to
-//! the datapath's tables).
+//! Layout, from the bottom up:
+//! - [`kernel`]: kernel plumbing — network namespaces, links, addresses, routes, tc and
+//!   neighbour discovery over netlink;
+//! - [`cni`] (the protocol: configuration, environment, results), [`ipam`] (the embedded
+//!   allocator), [`k8s`] (the API server client and its objects);
+//! - [`datapath`]: the eBPF programs loaded, pinned and attached, and their maps;
+//! - [`policy`]: NetworkPolicy compiled to the datapath's tables;
+//! - [`verbs`]: the CNI verbs (ADD, DEL, CHECK, GC, STATUS, VERSION);
+//! - [`agent`]: the node agent, the DaemonSet's long-running process;
+//! - [`cli`]: the command line, which parses and dispatches.
+//!
+//! Nothing imports a module above it: the verbs and the datapath never reach into the
+//! agent, and only [`cli`] sees them all.
 
 pub mod agent;
 pub mod cli;
-pub mod cmd;
 pub mod cni;
 pub mod datapath;
 pub mod error;
 pub mod faults;
 pub mod ipam;
 pub mod k8s;
+pub mod kernel;
 pub mod logging;
-pub mod metrics;
 pub mod policy;
+pub mod verbs;
 
 pub use error::{Error, Result};
-pub mod link;
-pub mod ndp;
-pub mod netns;
-pub mod tc;

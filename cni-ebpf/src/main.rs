@@ -13,7 +13,7 @@ static ALLOCATOR: dlmalloc::GlobalDlmalloc = dlmalloc::GlobalDlmalloc;
 
 fn main() -> ExitCode {
     if std::env::var_os("CNI_COMMAND").is_some() {
-        cni_ebpf::cmd::main()
+        cni_ebpf::verbs::main()
     } else {
         cni_ebpf::cli::main()
     }

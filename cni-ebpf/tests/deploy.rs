@@ -269,7 +269,7 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     // /metrics is on the node's address the downward API gives.
     let env = container_env(&docs, main);
     assert!(!env.contains_key("CNI_EBPF_PROBE_LISTEN"), "{env:?}");
-    let probes: std::net::SocketAddr = cni_ebpf::metrics::DEFAULT_PROBE_LISTEN.parse().unwrap();
+    let probes: std::net::SocketAddr = cni_ebpf::agent::http::DEFAULT_PROBE_LISTEN.parse().unwrap();
     assert!(probes.ip().is_loopback());
     for (probe, path) in [
         ("startupProbe", "/healthz"),

@@ -281,7 +281,7 @@ fn plugin_command(netns: &Path, bin: &Path, cmd: &str, env: &CniEnv) -> Command 
 }
 
 /// How long [`settle`] waits for a DEL's finishing process (the plugin's own bound).
-pub const SETTLE_WAIT: Duration = cni_ebpf::cmd::del::SETTLE_WAIT;
+pub const SETTLE_WAIT: Duration = cni_ebpf::verbs::del::SETTLE_WAIT;
 
 /// Waits until the network that `stdin` configures has no DEL's finishing process left
 /// (`cni-ebpf finish-del`, which purges the pod's flows and deletes its retired veth after
@@ -314,7 +314,7 @@ pub fn settle_network(conf: &Value) {
     if !store.join("teardowns.lock").exists() {
         return;
     }
-    match cni_ebpf::cmd::del::settled(&store, SETTLE_WAIT) {
+    match cni_ebpf::verbs::del::settled(&store, SETTLE_WAIT) {
         Ok(true) => {}
         Ok(false) => panic!(
             "a DEL's finishing process of {} still runs after {SETTLE_WAIT:?}",

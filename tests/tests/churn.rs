@@ -96,7 +96,8 @@ fn churn_under_load_leaks_nothing_and_never_breaks_running_pods() {
         node.netns(),
         &[
             bin.as_str(),
-            "metrics",
+            "agent",
+            "--policy=false",
             "--listen",
             "127.0.0.1:9465",
             "--bpffs-root",

@@ -704,7 +704,7 @@ fn kill_9_during_gc_then_gc_leaves_nothing() {
         labelled.is_empty(),
         "GC left labelled host veths: {labelled:?}"
     );
-    // GC also collected the pairs the killed ADDs never labelled (`half_made`).
+    // GC also collected the pairs the killed ADDs never labelled (`unlabelled_veths`).
     let left: Vec<_> = links(node.netns())
         .into_iter()
         .filter(|l| is_host_veth_name(&l.name))

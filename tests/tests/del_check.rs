@@ -269,7 +269,7 @@ fn when_del_returns_the_container_has_no_interface_of_that_name_in_every_version
         let conf = base.clone().version(version);
         let pod = node.pod(&format!("v{}", version.replace('.', "")));
         node.add(&pod, "eth0", &conf);
-        let host = cni_ebpf::link::host_veth_name(pod.container_id(), "eth0");
+        let host = cni_ebpf::kernel::link::host_veth_name(pod.container_id(), "eth0");
         node.del_unsettled(&pod, "eth0", &conf)
             .assert_empty_success();
         let returned = std::time::Instant::now();

@@ -78,12 +78,13 @@ fn route_to(netns: &Path, dst: &str) -> String {
     ip_json(netns, &["route", "show", dst]).to_string()
 }
 
-/// Starts `cni-ebpf metrics --host-gw` in `node`'s namespace, logging to `log`.
+/// Starts `cni-ebpf agent --policy=false --host-gw` in `node`'s namespace, logging to `log`.
 fn start_host_gw(node: &ClusterNode, api: &ApiServer, log: &Path) -> Background {
     node.start_agent(
         api,
         &[
-            "metrics",
+            "agent",
+            "--policy=false",
             "--listen",
             "127.0.0.1:0",
             "--host-gw",

@@ -3,7 +3,7 @@
 //! - **tunnel endpoints** (networks in `crossNode` `tunnel` or `crossSubnet` mode): every
 //!   other node's pod CIDRs (`spec.podCIDRs`) → its InternalIP (IPv4 when the node has
 //!   one, else IPv6), in each such network's `TUNNEL_ENDPOINTS`;
-//! - **direct routes** (`proto 207`, see `crate::cli::hostgw`): with `--host-gw`, to every
+//! - **direct routes** (`proto 207`, see `crate::agent::routes`): with `--host-gw`, to every
 //!   other node's pod CIDRs via its InternalIP; in `crossSubnet` mode, to those of the
 //!   nodes whose InternalIP is on the uplink's own subnet (more specific than the cluster
 //!   CIDRs' route to the tunnel device, so those nodes are reached without
@@ -37,11 +37,11 @@ use super::{
     watch::{events, Volume},
 };
 use crate::{
-    cli::hostgw::{log, reconcile_routes, wanted_routes, HostGwArgs},
+    agent::routes::{log, reconcile_routes, wanted_routes, HostGwArgs},
     datapath::{load, Datapath},
     error::{Error, Result},
-    k8s::{self, ApiClient},
-    link::{Nl, RTPROT_CNI_EBPF_HOST_GW},
+    k8s::{self, ApiArgs, ApiClient},
+    kernel::link::{Nl, RTPROT_CNI_EBPF_HOST_GW},
 };
 
 /// How long a round waits after a Node change for more changes of the same burst.
@@ -241,25 +241,18 @@ async fn round(
     reconcile_routes(nl, &wanted, skipped, last_skipped).await;
 }
 
-/// Whether the Node watcher has work on this node: host-gw asked for, or a network
-/// below `root` in a tunnel mode (which a later ADD may also create, so the watcher
-/// starts whenever the node's name is known).
-#[must_use]
-pub fn wanted(args: &HostGwArgs) -> bool {
-    args.enabled || args.node_name.as_deref().is_some_and(|n| !n.is_empty())
-}
-
 /// Runs the Node watcher forever on the calling thread (its own current-thread runtime),
 /// in the calling thread's network namespace; tells `readiness` when its first round is
 /// made.
 pub fn run(
     args: &HostGwArgs,
+    api: &ApiArgs,
     own: &str,
     root: &Path,
     readiness: &Readiness,
     mut datapaths: tokio::sync::watch::Receiver<u64>,
 ) -> Result<()> {
-    let rt = crate::link::runtime()?;
+    let rt = crate::kernel::link::runtime()?;
     rt.block_on(async {
         let nl = Nl::connect()?;
         let mut last_skipped = Vec::new();
@@ -275,7 +268,7 @@ pub fn run(
             args.interval
         ));
         let client = loop {
-            match ApiClient::new(&args.api) {
+            match ApiClient::new(api) {
                 Ok(c) => break c.client(),
                 Err(e) => log(&format!("{e}; retrying")),
             }
@@ -295,7 +288,7 @@ pub fn run(
             let changed = Arc::clone(&changed);
             let events = events(
                 Api::<Node>::all(client),
-                args.api.watcher_config(),
+                api.watcher_config(),
                 Volume::Large,
             )
             .modify(k8s::slim_node)

@@ -58,6 +58,16 @@ impl Job {
         }
     }
 
+    /// The job's thread, as its log lines name it.
+    #[must_use]
+    pub fn thread(self) -> &'static str {
+        match self {
+            Job::Nodes => "nodes",
+            Job::Policy => "policy",
+            Job::Services => "services",
+        }
+    }
+
     /// The job's name in messages.
     #[must_use]
     pub fn name(self) -> &'static str {

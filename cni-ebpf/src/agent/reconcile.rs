@@ -21,7 +21,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
     time::Duration,
 };
 
@@ -32,11 +31,7 @@ use super::report::{DirectionState, PodState};
 use crate::{
     datapath::Datapath,
     error::Result,
-    policy::{
-        compile_pod, parse_all,
-        tables::{canonical, PortPrefix, Prefix},
-        Cluster, Ruleset, Verdicts,
-    },
+    policy::{compile_pod, parse_all, Cluster, Ruleset, Verdicts},
 };
 
 /// How long a swapped-out slot may still be read by packets in flight. A program run
@@ -238,42 +233,5 @@ impl Reconciler {
         }
         round.rulesets = self.ids.len();
         Ok(round)
-    }
-}
-
-/// A rule set read back from the maps: the inverse of `Datapath::put_ruleset`.
-#[must_use]
-pub fn ruleset_from_entries(
-    peers: impl IntoIterator<Item = (u8, [u8; 16], u64)>,
-    ports: impl IntoIterator<Item = (u8, u8, [u8; 2], u64)>,
-    exact: impl IntoIterator<Item = ([u8; 16], u8, [u8; 2])>,
-) -> Ruleset {
-    Ruleset {
-        peers: peers
-            .into_iter()
-            .map(|(len, addr, mask)| (Prefix::new(u128::from_be_bytes(addr), len), mask))
-            .collect(),
-        ports: ports
-            .into_iter()
-            .map(|(len, proto, port, mask)| {
-                (
-                    PortPrefix::from_bits(
-                        (u32::from(proto) << 16) | u32::from(u16::from_be_bytes(port)),
-                        len,
-                    ),
-                    mask,
-                )
-            })
-            .collect(),
-        exact: exact
-            .into_iter()
-            .map(|(addr, proto, port)| {
-                (
-                    canonical(IpAddr::from(addr)),
-                    proto,
-                    u16::from_be_bytes(port),
-                )
-            })
-            .collect(),
     }
 }

@@ -25,7 +25,7 @@ use std::{
 };
 
 use super::{
-    health::HealthCheck,
+    health_check_ports::HealthCheck,
     service_objects::{Endpoint, EndpointSlice, Service},
 };
 use crate::datapath::services::{

@@ -28,7 +28,7 @@ use kube::{
 };
 
 use super::{
-    health::HealthChecks,
+    health_check_ports::HealthChecks,
     ready::{Job, Readiness},
     service_objects::{EndpointSlice, Service},
     service_table::{table, Locality, Unhandled},
@@ -256,7 +256,7 @@ pub fn run(
     node: &str,
     readiness: &Readiness,
 ) -> Result<()> {
-    let rt = crate::link::runtime()?;
+    let rt = crate::kernel::link::runtime()?;
     rt.block_on(async {
         let client = super::watch::client(api, "Services").await;
         let recorder = super::watch::recorder(&client);

@@ -450,7 +450,7 @@ struct Enforcer {
 /// once it runs out (no agent, or rounds that keep failing), ADD closes new pods.
 fn renew(dp: &Datapath, network: &str, lease: Duration) {
     let secs = u32::try_from(lease.as_secs()).unwrap_or(u32::MAX);
-    let until = crate::datapath::node::boottime_s().saturating_add(secs);
+    let until = crate::datapath::node_facts::boottime_s().saturating_add(secs);
     if let Err(e) = dp.renew_agent_lease(until) {
         tracing::warn!("{network}: renewing the policy lease: {e}");
     }
@@ -603,7 +603,7 @@ pub fn run(
     totals: SharedTotals,
     readiness: &Readiness,
 ) -> Result<()> {
-    let rt = crate::link::runtime()?;
+    let rt = crate::kernel::link::runtime()?;
     rt.block_on(async {
         let mut enforcer = Enforcer {
             root: root.to_owned(),

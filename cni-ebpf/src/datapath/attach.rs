@@ -16,7 +16,7 @@ use super::load;
 use crate::{
     cni::config::AttachPolicy,
     error::{Error, Result},
-    tc::{self as tcnl, Hook},
+    kernel::tc::{self as tcnl, Hook},
 };
 
 /// The priority of our clsact filters. 1 runs before filters other tools add with the

@@ -442,7 +442,7 @@ fn check_entry(
 /// pod's packets before the first and past the second, so its limits would silently not
 /// hold (with `attach: "tc"` its ADD already fails: our clsact qdisc owns that hook).
 fn check_no_chained_shaping(ep: &Endpoint) -> Result<()> {
-    let qdiscs = crate::tc::qdiscs(ep.host_ifindex).map_err(|e| {
+    let qdiscs = crate::kernel::tc::qdiscs(ep.host_ifindex).map_err(|e| {
         Error::io(
             format!("listing the qdiscs of host veth {}", ep.host_ifname),
             e,
@@ -450,7 +450,7 @@ fn check_no_chained_shaping(ep: &Endpoint) -> Result<()> {
     })?;
     let foreign: Vec<&str> = qdiscs
         .iter()
-        .filter(|q| q.kind == "ingress" || (q.kind == "tbf" && q.parent == crate::tc::ROOT))
+        .filter(|q| q.kind == "ingress" || (q.kind == "tbf" && q.parent == crate::kernel::tc::ROOT))
         .map(|q| q.kind.as_str())
         .collect();
     if foreign.is_empty() {

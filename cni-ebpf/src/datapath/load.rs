@@ -306,7 +306,7 @@ pub fn open_map_read_only(pins: &Pins, name: &str) -> Result<Map> {
             crate::error::chain(e),
         )
     };
-    let fd = super::sys::obj_get_read_only(&path).map_err(|e| err(&e))?;
+    let fd = super::bpf_syscall::obj_get_read_only(&path).map_err(|e| err(&e))?;
     let data = MapData::from_fd(fd).map_err(|e| err(&e))?;
     Map::from_map_data(data).map_err(|e| err(&e))
 }

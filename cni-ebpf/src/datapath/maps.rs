@@ -551,7 +551,8 @@ fn lookup_batch<K: aya::Pod, V: aya::Pod>(map: &MapData) -> Option<Vec<(K, V)>> 
         };
         // SAFETY: the kernel writes at most `count` keys and values into buffers of that
         // capacity, and a bucket token into `token_out`; `attr` outlives the call.
-        let rc = unsafe { super::sys::bpf(super::sys::BPF_MAP_LOOKUP_BATCH, &mut attr) };
+        let rc =
+            unsafe { super::bpf_syscall::bpf(super::bpf_syscall::BPF_MAP_LOOKUP_BATCH, &mut attr) };
         let errno = rc.as_ref().err().and_then(std::io::Error::raw_os_error);
         let rc = rc.unwrap_or(-1);
         if rc < 0 && errno != Some(libc::ENOENT) {

@@ -13,7 +13,7 @@ use aya::maps::{lpm_trie::LpmTrie, PerCpuHashMap};
 use cni_ebpf_common::map as map_name;
 use serde::Serialize;
 
-use super::{maps, sys, Datapath};
+use super::{bpf_syscall, maps, Datapath};
 use crate::error::{Error, Result};
 
 /// One pinned map, for `inspect --json`, `metrics` and the bench.
@@ -91,7 +91,7 @@ pub fn fdinfo(fd: BorrowedFd<'_>) -> Result<MapFdInfo> {
 
 /// fdinfo of the map pinned at `path` (opened read-only for the read).
 pub fn pinned_fdinfo(path: &Path) -> Result<MapFdInfo> {
-    let fd = sys::obj_get_read_only(path)
+    let fd = bpf_syscall::obj_get_read_only(path)
         .map_err(|e| Error::io(format!("opening pinned map {}", path.display()), e))?;
     fdinfo(fd.as_fd())
 }

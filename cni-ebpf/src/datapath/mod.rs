@@ -31,15 +31,16 @@
 //! - `pacing.rs`: egress rates (`runtimeConfig.bandwidth`) and the uplink's `fq`;
 //! - `check.rs`: CHECK's read-back of one attachment;
 //! - `status.rs`: STATUS (and whether the datapath was ever loaded);
-//! - `views.rs`: read-only views of every map for `inspect`, `metrics` and GC;
+//! - `read_only.rs`: read-only views of every map for `inspect`, the agent's metrics and GC;
 //! - `memory.rs`: each pinned map's capacity, fill and kernel memory (fdinfo).
 //!
 //! Lower layers, used by the files above: [`load`] (verify and pin), [`attach`] (clsact
-//! filters or tcx links), [`maps`] (typed map access), [`node`] (reading the node's
+//! filters or tcx links), [`maps`] (typed map access), [`node_facts`] (reading the node's
 //! uplink and addresses over netlink), [`object`] (the embedded eBPF object), [`pins`]
 //! (the bpffs layout).
 
 pub mod attach;
+mod bpf_syscall;
 mod check;
 mod endpoints;
 mod flows;
@@ -47,21 +48,20 @@ pub mod load;
 pub mod maps;
 pub mod memory;
 pub mod netkit;
-pub mod node;
 mod node_config;
+pub mod node_facts;
 pub mod object;
 pub mod pacing;
 pub mod pins;
 pub mod policy;
 mod portmaps;
+mod read_only;
 pub mod services;
 mod sockets;
 mod status;
-mod sys;
 pub mod tunnel;
 pub mod upgrade;
 mod uplink;
-mod views;
 
 use std::{
     net::{IpAddr, Ipv4Addr},
@@ -80,11 +80,11 @@ pub use self::{
     memory::MapStats,
     node_config::{snat_dest_cap, NodeConfigSpec},
     pins::Pins,
-    sockets::netns_cookie,
-    views::{
+    read_only::{
         AttachmentState, EndpointView, FlowSummary, NatView, NodeConfigView, PortMappingView,
         ReasonCount, SnatUsage,
     },
+    sockets::netns_cookie,
 };
 use crate::{
     cni::config::{AttachPolicy, NetConf},
@@ -123,15 +123,15 @@ impl Datapath {
     /// For callers outside a tokio runtime; ADD uses [`Datapath::open_or_load_with`] on the
     /// connection it already has.
     pub fn open_or_load(conf: &NetConf) -> Result<Self> {
-        crate::link::runtime()?.block_on(async {
-            let nl = crate::link::Nl::connect()?;
+        crate::kernel::link::runtime()?.block_on(async {
+            let nl = crate::kernel::link::Nl::connect()?;
             Self::open_or_load_with(conf, &nl).await
         })
     }
 
     /// [`Datapath::open_or_load`], reading the node through `nl` (a netlink connection in
     /// the node's namespace, on the caller's runtime).
-    pub async fn open_or_load_with(conf: &NetConf, nl: &crate::link::Nl) -> Result<Self> {
+    pub async fn open_or_load_with(conf: &NetConf, nl: &crate::kernel::link::Nl) -> Result<Self> {
         load::check_bpffs(&conf.bpffs_root)
             .map_err(|e| Error::datapath("checking bpffsRoot", e.to_string()))?;
         let mut dp = Self::load_carrying(&conf.pin_dir(), Some(&conf.store_dir()))?;
@@ -139,10 +139,10 @@ impl Datapath {
         // Every node address is listed at most every NODE_ADDRS_EVERY_S (a node with 1 000
         // pods has 1 000 gateway addresses on host veths: ~3 ms per listing); in between,
         // only the uplink's, and each ADD adds its own gateway address.
-        let now = node::boottime_s();
+        let now = node_facts::boottime_s();
         let old = dp.node_config_raw()?;
         let listed = dp.addrs_listed_s()?;
-        let mut all = listed == 0 || now.saturating_sub(listed) >= node::NODE_ADDRS_EVERY_S;
+        let mut all = listed == 0 || now.saturating_sub(listed) >= node_facts::NODE_ADDRS_EVERY_S;
         // A `hostIP` the datapath does not know as a node address yet: list them all now.
         for pm in &conf.runtime_config.port_mappings {
             if let Some(a) = pm.host_ip {
@@ -151,7 +151,7 @@ impl Datapath {
                 }
             }
         }
-        let facts = node::read(nl, conf.uplink.as_deref(), all).await?;
+        let facts = node_facts::read(nl, conf.uplink.as_deref(), all).await?;
         let (uplink_name, uplink_ifindex) = facts
             .uplink
             .clone()
@@ -175,9 +175,10 @@ impl Datapath {
                  disabled until it has one"
             );
         }
-        crate::link::write_sysctl("net.ipv4.ip_forward", "1")?;
+        crate::kernel::link::write_sysctl("net.ipv4.ip_forward", "1")?;
         dp.ensure_uplink(&uplink_name, uplink_ifindex)?;
-        let (pod_mtu, too_big) = node::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
+        let (pod_mtu, too_big) =
+            node_facts::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
         if let Some(w) = too_big {
             tracing::warn!("{w}");
         }
@@ -194,7 +195,7 @@ impl Datapath {
             .await?;
         dp.tunnel_ifindex = tunnel.map_or(0, |t| t.ifindex);
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
-        let snat_ports = node::snat_port_range(tunnel.map(|t| t.port));
+        let snat_ports = node_facts::snat_port_range(tunnel.map(|t| t.port));
         let settings = NodeConfigSpec {
             node_addr: facts.uplink_addr,
             uplink_ifindex,

@@ -7,7 +7,7 @@
 //! again once DEL has removed their pins.
 //!
 //! aya attaches tc programs through clsact and tcx only, so a netkit link is made with
-//! `bpf()` commands of our own (`sys.rs`): `BPF_LINK_CREATE`, `BPF_OBJ_PIN`,
+//! `bpf()` commands of our own (`bpf_syscall.rs`): `BPF_LINK_CREATE`, `BPF_OBJ_PIN`,
 //! `BPF_LINK_UPDATE` (a live upgrade swaps the program in place) and
 //! `BPF_OBJ_GET_INFO_BY_FD` (CHECK).
 
@@ -18,7 +18,7 @@ use std::{
 
 use aya::programs::{SchedClassifier, TcAttachType};
 
-use super::sys;
+use super::bpf_syscall;
 use crate::error::{Error, Result};
 
 /// Where on the pair a program runs (uapi `enum bpf_attach_type`).
@@ -117,8 +117,9 @@ pub fn attach(program: &SchedClassifier, ifindex: u32, hook: NetkitHook, pin: &P
         ..LinkCreate::default()
     };
     // SAFETY: `attr` is BPF_LINK_CREATE's layout for a netkit link, with no pointers.
-    let link = unsafe { sys::link_create(&mut attr) }.map_err(|e| Error::datapath(what(), e))?;
-    sys::obj_pin(link.as_fd(), pin).map_err(|e| {
+    let link =
+        unsafe { bpf_syscall::link_create(&mut attr) }.map_err(|e| Error::datapath(what(), e))?;
+    bpf_syscall::obj_pin(link.as_fd(), pin).map_err(|e| {
         Error::datapath(
             format!("{}: pinning the link at {}", what(), pin.display()),
             e,
@@ -132,8 +133,9 @@ pub fn attach(program: &SchedClassifier, ifindex: u32, hook: NetkitHook, pin: &P
 /// old program or the new one, never none.
 pub fn update(program: &SchedClassifier, pin: &Path) -> Result<()> {
     let what = || format!("updating the link pinned at {}", pin.display());
-    let link = sys::obj_get(pin).map_err(|e| Error::datapath(what(), e))?;
-    sys::link_update(link.as_fd(), program_fd(program)?).map_err(|e| Error::datapath(what(), e))
+    let link = bpf_syscall::obj_get(pin).map_err(|e| Error::datapath(what(), e))?;
+    bpf_syscall::link_update(link.as_fd(), program_fd(program)?)
+        .map_err(|e| Error::datapath(what(), e))
 }
 
 /// What the link pinned at `pin` is: `(ifindex, hook, program id)`, or `None` when it
@@ -144,7 +146,7 @@ pub fn pinned(pin: &Path) -> Result<Option<(u32, Option<NetkitHook>, u32)>> {
     if !pin.exists() {
         return Ok(None);
     }
-    let link = sys::obj_get(pin)
+    let link = bpf_syscall::obj_get(pin)
         .map_err(|e| Error::datapath(format!("opening link pin {}", pin.display()), e))?;
     let mut info = LinkInfo::default();
     let mut attr = GetInfo {
@@ -153,7 +155,7 @@ pub fn pinned(pin: &Path) -> Result<Option<(u32, Option<NetkitHook>, u32)>> {
         info: std::ptr::from_mut(&mut info) as u64,
     };
     // SAFETY: the kernel writes at most `info_len` bytes into `info`, alive for the call.
-    unsafe { sys::bpf(sys::BPF_OBJ_GET_INFO_BY_FD, &mut attr) }
+    unsafe { bpf_syscall::bpf(bpf_syscall::BPF_OBJ_GET_INFO_BY_FD, &mut attr) }
         .map_err(|e| Error::datapath(format!("reading link pin {}", pin.display()), e))?;
     if info.link_type != BPF_LINK_TYPE_NETKIT {
         return Ok(None);

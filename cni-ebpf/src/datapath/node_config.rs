@@ -2,7 +2,7 @@
 //! `ipMasq`, clusterCIDRs, SNAT ports; written from [`NodeConfigSpec`]), its IPv6 half
 //! `NODE_CONFIG6` (IPv6 masquerade address and clusterCIDRs), and the set of addresses
 //! the programs treat as "this node" (`NODE_ADDRS`, `NODE_ADDRS6`). Gathering the facts from
-//! the node is [`super::node`]'s job.
+//! the node is [`super::node_facts`]'s job.
 
 use std::{
     collections::BTreeMap,
@@ -251,7 +251,7 @@ impl Datapath {
     /// Adds addresses to the set the programs treat as "this node" (the uplink's, and the
     /// gateway addresses ADD puts on a new host veth), without removing any: `open_or_load`
     /// replaces the whole set from a full listing at most every
-    /// [`super::node::NODE_ADDRS_EVERY_S`].
+    /// [`super::node_facts::NODE_ADDRS_EVERY_S`].
     pub fn add_node_addrs(&self, addrs: &[(IpAddr, u32)]) -> Result<()> {
         let (v4, v6) = split_addrs(addrs);
         let mut m = self.maps()?;

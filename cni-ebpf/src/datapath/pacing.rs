@@ -11,7 +11,7 @@ use super::{maps, Datapath};
 use crate::{
     cni::config::EgressRate,
     error::{Error, Result},
-    tc,
+    kernel::tc,
 };
 
 /// The qdisc that honours departure times.

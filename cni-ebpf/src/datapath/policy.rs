@@ -91,7 +91,7 @@ impl Datapath {
     ) -> Result<()> {
         let unleased = pod.is_some()
             && self.enforces_policy()?
-            && self.agent_lease_s()? < super::node::boottime_s();
+            && self.agent_lease_s()? < super::node_facts::boottime_s();
         if unleased {
             tracing::warn!(
                 "no agent holds this network's NetworkPolicy lease: the pod is closed until \
@@ -386,12 +386,7 @@ impl Datapath {
         }
         Ok(by_id
             .into_iter()
-            .map(|(id, (peers, ports, exact))| {
-                (
-                    id,
-                    crate::agent::reconcile::ruleset_from_entries(peers, ports, exact),
-                )
-            })
+            .map(|(id, (peers, ports, exact))| (id, ruleset_from_entries(peers, ports, exact)))
             .collect())
     }
 
@@ -504,7 +499,7 @@ impl Datapath {
             generation: state.generation,
             slot,
             lease_left_s: (lease != 0)
-                .then(|| i64::from(lease) - i64::from(super::node::boottime_s())),
+                .then(|| i64::from(lease) - i64::from(super::node_facts::boottime_s())),
             endpoints,
             rulesets,
         })
@@ -620,5 +615,42 @@ fn port_text(p: &PortPrefix) -> String {
         format!("{proto}/{lo}")
     } else {
         format!("{proto}/{lo}-{hi}")
+    }
+}
+
+/// A rule set read back from the maps: the inverse of `Datapath::put_ruleset`.
+#[must_use]
+pub fn ruleset_from_entries(
+    peers: impl IntoIterator<Item = (u8, [u8; 16], u64)>,
+    ports: impl IntoIterator<Item = (u8, u8, [u8; 2], u64)>,
+    exact: impl IntoIterator<Item = ([u8; 16], u8, [u8; 2])>,
+) -> Ruleset {
+    Ruleset {
+        peers: peers
+            .into_iter()
+            .map(|(len, addr, mask)| (Prefix::new(u128::from_be_bytes(addr), len), mask))
+            .collect(),
+        ports: ports
+            .into_iter()
+            .map(|(len, proto, port, mask)| {
+                (
+                    PortPrefix::from_bits(
+                        (u32::from(proto) << 16) | u32::from(u16::from_be_bytes(port)),
+                        len,
+                    ),
+                    mask,
+                )
+            })
+            .collect(),
+        exact: exact
+            .into_iter()
+            .map(|(addr, proto, port)| {
+                (
+                    canonical(IpAddr::from(addr)),
+                    proto,
+                    u16::from_be_bytes(port),
+                )
+            })
+            .collect(),
     }
 }

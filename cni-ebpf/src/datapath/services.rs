@@ -395,7 +395,7 @@ impl Datapath {
             if known.contains(&ifindex) {
                 continue;
             }
-            let cookie = crate::netns::Netns::open(Path::new(path))
+            let cookie = crate::kernel::netns::Netns::open(Path::new(path))
                 .and_then(|ns| ns.run(super::netns_cookie));
             match cookie.and_then(|c| self.record_pod_netns(c, ifindex)) {
                 Ok(()) => done += 1,

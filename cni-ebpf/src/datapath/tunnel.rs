@@ -22,7 +22,7 @@ use super::{
 use crate::{
     cni::config::{CrossNode, NetConf},
     error::{Error, Result},
-    link::{Nl, RTPROT_CNI_EBPF_TUNNEL},
+    kernel::link::{Nl, RTPROT_CNI_EBPF_TUNNEL},
 };
 
 /// The tunnel device's name.
@@ -101,10 +101,10 @@ impl Datapath {
         // between the two steps (an external VXLAN device of our name on our port, down,
         // without an alias). Setting it up binds the port; when another device holds the
         // port, the device goes again and nothing is left changed.
-        let half_made = dev.alias.as_deref().is_none_or(str::is_empty)
+        let unlabelled_veths = dev.alias.as_deref().is_none_or(str::is_empty)
             && dev.vxlan == Some((conf.tunnel.port, true))
             && !dev.up;
-        if half_made {
+        if unlabelled_veths {
             if let Err(e) = nl.label_and_set_up(dev.index, TUNNEL_ALIAS).await {
                 nl.del_link(dev.index).await?;
                 return Err(Error::config(
@@ -170,7 +170,7 @@ impl Datapath {
         if self.node_config_raw()?.tunnel_ifindex == 0 {
             return Ok(false);
         }
-        crate::link::runtime()?.block_on(async {
+        crate::kernel::link::runtime()?.block_on(async {
             let nl = Nl::connect()?;
             match nl.link_by_name(TUNNEL_DEVICE).await? {
                 Some(dev) if dev.alias.as_deref() == Some(TUNNEL_ALIAS) => {

@@ -27,15 +27,16 @@ use cni_ebpf_common::prog;
 
 use super::{
     attach::{self, AttachMode},
+    bpf_syscall,
     load::{self, Loaded},
     netkit, object,
     pins::{Direction, Pins},
-    sys, Datapath,
+    Datapath,
 };
 use crate::{
     cni::config::AttachPolicy,
     error::{Error, Result},
-    link,
+    kernel::link,
 };
 
 /// Whether the programs pinned in `pins` were made by this binary's object.
@@ -319,7 +320,7 @@ fn pin_over(
 /// socket hooks are off on this node, nothing to swap.
 fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
     use std::os::fd::AsFd as _;
-    let link = match sys::obj_get(pin) {
+    let link = match bpf_syscall::obj_get(pin) {
         Ok(fd) => fd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(Error::io(format!("opening {}", pin.display()), e)),
@@ -327,7 +328,7 @@ fn swap_cgroup_link(new: &CgroupSockAddr, pin: &std::path::Path) -> Result<()> {
     let prog = new
         .fd()
         .map_err(|e| Error::datapath("replacing a socket program", e))?;
-    sys::link_update(link.as_fd(), prog.as_fd()).map_err(|e| {
+    bpf_syscall::link_update(link.as_fd(), prog.as_fd()).map_err(|e| {
         Error::io(
             format!("swapping the program of the cgroup link {}", pin.display()),
             e,

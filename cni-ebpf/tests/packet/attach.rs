@@ -12,7 +12,7 @@ use cni_ebpf::{
         env::Command as Verb,
     },
     datapath::{Datapath, Endpoint},
-    netns::Netns,
+    kernel::netns::Netns,
     Error,
 };
 use tests::packet::*;

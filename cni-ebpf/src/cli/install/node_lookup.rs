@@ -10,7 +10,7 @@ use crate::k8s::{self, ApiClient};
 
 /// Reads `name`'s pod CIDRs from the API server (bounded by `--api-timeout`).
 pub(super) fn pod_cidrs_from_node(args: &InstallArgs, name: &str) -> Result<Vec<IpNet>> {
-    let rt = crate::link::runtime()?;
+    let rt = crate::kernel::link::runtime()?;
     let node = rt
         .block_on(async {
             let client = ApiClient::new(&args.api)?;

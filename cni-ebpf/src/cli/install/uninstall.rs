@@ -218,11 +218,11 @@ impl<'a> Purge<'a> {
                 }
                 // DELs' finishing processes still purging flows and deleting veths end
                 // first (they are quick; one stuck holds nothing up for long).
-                if !crate::cmd::del::settled(&store_dir, crate::cmd::del::SETTLE_WAIT)? {
+                if !crate::verbs::del::settled(&store_dir, crate::verbs::del::SETTLE_WAIT)? {
                     tracing::warn!(
                         "a DEL's finishing process of {} is still running after {:?}",
                         store_dir.display(),
-                        crate::cmd::del::SETTLE_WAIT
+                        crate::verbs::del::SETTLE_WAIT
                     );
                 }
                 let opts = StoreOptions {
@@ -314,8 +314,8 @@ impl<'a> Purge<'a> {
                         crate::datapath::tunnel::TUNNEL_DEVICE
                     );
                 }
-                routes = crate::link::runtime()?.block_on(async {
-                    crate::cli::hostgw::remove_all_routes(&crate::link::Nl::connect()?).await
+                routes = crate::kernel::link::runtime()?.block_on(async {
+                    crate::agent::routes::remove_all_routes(&crate::kernel::link::Nl::connect()?).await
                 })?;
             }
             drop(self.datapath);

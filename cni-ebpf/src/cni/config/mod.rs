@@ -114,7 +114,7 @@ pub struct NetConf {
     /// `type`.
     pub plugin_type: String,
     /// `mtu` of both veth ends; `None`: the path's, found on the node
-    /// ([`crate::datapath::node::pod_mtu`]).
+    /// ([`crate::datapath::node_facts::pod_mtu`]).
     pub mtu: Option<u32>,
     /// `natFlowsPerPod`: translated flows (masquerade, host port, hairpin) one pod may
     /// hold in the NAT table at once.

@@ -1,4 +1,4 @@
-//! Cross-node routes without a cloud: `cni-ebpf metrics --host-gw` keeps, in the node's
+//! Cross-node routes without a cloud: `cni-ebpf agent --host-gw` keeps, in the node's
 //! network namespace, a route `<other node's pod CIDR> via <its InternalIP>` for every
 //! other Node object (flannel's host-gw idea: the nodes share a layer-2 segment, so each
 //! node's InternalIP is a next hop the others reach directly).
@@ -26,29 +26,24 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::{
     error::{Error, Result},
-    k8s::{self, ApiArgs},
-    link::{Nl, RouteInfo, RTPROT_CNI_EBPF_HOST_GW},
+    k8s,
+    kernel::link::{Nl, RouteInfo, RTPROT_CNI_EBPF_HOST_GW},
 };
 
 /// Default [`HostGwArgs::interval`] in seconds.
 pub const DEFAULT_INTERVAL_SECS: u64 = 30;
 
-/// The host-gw options of `cni-ebpf metrics`.
+/// The host-gw options of the agent.
 #[derive(Debug, Clone, clap::Args)]
 pub struct HostGwArgs {
     /// Keep a route to every other node's pod CIDRs via its InternalIP (host-gw), read from
     /// the Node objects. Off by default: leave it off where the cloud routes pod CIDRs.
     #[arg(long = "host-gw", env = "CNI_EBPF_HOST_GW")]
     pub enabled: bool,
-    /// This node's name (NODE_NAME from the downward API): its own pod CIDRs get no route.
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: Option<String>,
     /// Seconds between two checks of the routing table against the watched Node objects
     /// (the Nodes themselves are watched: a change is acted on at once).
     #[arg(long = "host-gw-interval", default_value_t = DEFAULT_INTERVAL_SECS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub interval: u64,
-    #[command(flatten)]
-    pub api: ApiArgs,
 }
 
 /// A route host-gw wants.
@@ -224,7 +219,7 @@ async fn main_table_routes(nl: &Nl) -> Result<Vec<RouteInfo>> {
         .routes()
         .await?
         .into_iter()
-        .filter(|r| r.table == crate::link::RT_TABLE_MAIN)
+        .filter(|r| r.table == crate::kernel::link::RT_TABLE_MAIN)
         .collect())
 }
 
@@ -235,17 +230,6 @@ pub(crate) async fn remove_all_routes(nl: &Nl) -> Result<usize> {
     match apply(nl, &changes).await.into_iter().next() {
         Some(e) => Err(e),
         None => Ok(changes.len()),
-    }
-}
-
-/// Checks the options before anything starts (a missing node name is an error at once).
-pub fn check(args: &HostGwArgs) -> Result<String> {
-    match args.node_name.as_deref() {
-        Some(n) if !n.is_empty() => Ok(n.to_owned()),
-        _ => Err(Error::config(
-            "--node-name",
-            "--host-gw needs this node's name (--node-name, or NODE_NAME from the downward API)",
-        )),
     }
 }
 
@@ -282,7 +266,7 @@ mod tests {
             dst: net(dst),
             gw: Some(ip(gw)),
             oif: Some(2),
-            table: crate::link::RT_TABLE_MAIN,
+            table: crate::kernel::link::RT_TABLE_MAIN,
             scope: 0,
             protocol,
         }

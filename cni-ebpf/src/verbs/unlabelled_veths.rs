@@ -29,7 +29,7 @@ use nix::fcntl::{Flock, FlockArg};
 use crate::{
     cni::config::NetConf,
     error::{Error, Result},
-    link::{self, Nl},
+    kernel::link::{self, Nl},
 };
 
 /// How long GC waits for ADDs to leave the unlabelled window before skipping the sweep.

@@ -17,8 +17,8 @@ use crate::{
     error::{Error, Result},
     ipam,
     ipam::record::PodRef,
-    link::{self, NewRoute, Nl},
-    netns::Netns,
+    kernel::link::{self, NewRoute, Nl},
+    kernel::netns::Netns,
 };
 
 /// The MAC ADD gives the container interface: `runtimeConfig.mac` (capability `mac`),
@@ -201,11 +201,11 @@ impl Transaction<'_> {
         self.datapath(&ipam_result, host_index)?;
         fault("port-mappings")?;
         let pod_ips: Vec<IpAddr> = ipam_result.ips.iter().map(|ip| ip.address.addr()).collect();
-        crate::ndp::wait_for_solicited_nodes(
+        crate::kernel::ndp::wait_for_solicited_nodes(
             self.netns,
             ctr_index,
             &pod_ips,
-            crate::ndp::JOIN_WAIT,
+            crate::kernel::ndp::JOIN_WAIT,
         )
         .await?;
         Ok(self.result(&ipam_result, routes))
@@ -235,9 +235,9 @@ impl Transaction<'_> {
     async fn veth(&mut self) -> Result<u32> {
         let fault = crate::faults::point;
         // While the pair is unlabelled, a shared hold on the network's veth lock tells GC
-        // that its ADD is alive (`half_made`); the creating request marks it with the
+        // that its ADD is alive (`unlabelled_veths`); the creating request marks it with the
         // network's group, which labelling clears.
-        let in_flight = super::half_made::InFlight::enter(self.conf)?;
+        let in_flight = super::unlabelled_veths::InFlight::enter(self.conf)?;
         let veth = link::NewVeth {
             host: self.host_ifname,
             host_mac: self.host_mac,
@@ -311,7 +311,7 @@ impl Transaction<'_> {
                 link::write_sysctl(&format!("net.ipv6.conf.{host_ifname}.accept_dad"), "0")?;
                 // The link-local the node solicits from, there before the carrier is (see
                 // `ndp`).
-                let ll = crate::ndp::link_local_net(self.host_mac);
+                let ll = crate::kernel::ndp::link_local_net(self.host_mac);
                 self.node.add_address(host_index, ll, true).await?;
             } else {
                 // A pod without an IPv6 address has no use for IPv6 on its host end. Off

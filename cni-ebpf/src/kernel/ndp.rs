@@ -25,7 +25,7 @@ use std::{
 
 use ipnet::{IpNet, Ipv6Net};
 
-use crate::{error::Result, netns::Netns};
+use crate::{error::Result, kernel::netns::Netns};
 
 /// How long ADD waits for the kernel to join a new pod's solicited-node groups before it
 /// goes on anyway (the pod is then reachable over IPv6 a little later, as without the

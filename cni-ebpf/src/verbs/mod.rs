@@ -23,8 +23,8 @@ pub mod add;
 pub mod check;
 pub mod del;
 pub mod gc;
-pub mod half_made;
 pub mod status;
+pub mod unlabelled_veths;
 pub mod version;
 
 /// Runs one CNI operation from the process environment and stdin.

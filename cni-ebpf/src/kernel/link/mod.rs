@@ -21,7 +21,7 @@ use rtnetlink::{sys::AsyncSocket as _, Handle};
 
 use crate::{
     error::{Error, Result},
-    netns::Netns,
+    kernel::netns::Netns,
 };
 
 mod addresses;

@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use crate::{
     error::{Error, Result},
-    link::Nl,
+    kernel::link::Nl,
 };
 
 /// What the kernel says about the node's network, gathered in one netlink session: the

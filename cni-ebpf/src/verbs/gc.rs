@@ -7,12 +7,12 @@
 use std::collections::HashSet;
 
 use crate::{
-    cmd::del::teardown,
     cni::{config::NetConf, env::Env},
     datapath::Datapath,
     error::{Error, Result},
     ipam,
-    link::{self, Nl},
+    kernel::link::{self, Nl},
+    verbs::del::teardown,
 };
 
 /// Runs GC.
@@ -97,7 +97,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     }
     // Pairs a killed ADD never labelled: no alias names their owner, so only the
     // network's group and the ADDs' lock tell them apart from an ADD still running.
-    if let Err(e) = super::half_made::sweep(conf) {
+    if let Err(e) = super::unlabelled_veths::sweep(conf) {
         errors.push(e);
     }
     // Pairs a DEL retired whose finishing process did not get to delete them (killed).

@@ -11,7 +11,7 @@ use rtnetlink::{LinkMessageBuilder, LinkNetkit, LinkUnspec, LinkVeth, LinkVxlan}
 use super::{creating, is_errno, naming::is_pod_pair_end, retry_dump, Link, Nl};
 use crate::{
     error::{Error, Result},
-    netns::Netns,
+    kernel::netns::Netns,
 };
 
 /// A device pair to create ([`Nl::create_veth`], [`Nl::create_netkit`]).

@@ -43,8 +43,8 @@ use crate::{
     datapath::Datapath,
     error::{Error, Result},
     ipam,
-    link::{self, Nl},
-    netns::Netns,
+    kernel::link::{self, Nl},
+    kernel::netns::Netns,
 };
 
 /// Runs DEL.

@@ -19,8 +19,8 @@ use crate::{
     error::{Error, Result},
     ipam,
     ipam::record::PodRef,
-    link::{self, Link, Nl},
-    netns::Netns,
+    kernel::link::{self, Link, Nl},
+    kernel::netns::Netns,
 };
 
 /// What `prevResult` says this attachment is.
@@ -52,9 +52,12 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let (c, h) = rt.block_on(async {
         let node = Nl::connect()?;
         let ctr = Nl::connect_in(&netns)?;
-        let facts = crate::datapath::node::read(&node, conf.uplink.as_deref(), false).await?;
-        let (mtu, _) =
-            crate::datapath::node::pod_mtu(conf, facts.uplink_mtu, facts.uplink_addr.is_some());
+        let facts = crate::datapath::node_facts::read(&node, conf.uplink.as_deref(), false).await?;
+        let (mtu, _) = crate::datapath::node_facts::pod_mtu(
+            conf,
+            facts.uplink_mtu,
+            facts.uplink_addr.is_some(),
+        );
         let c = validate_container_interface(&ctr, mtu, &env.ifname, &sandbox, &want).await?;
         validate_container_routes(&ctr, &prev.routes, &want.pod_ips, c.index, &sandbox).await?;
         let h = validate_host_veth(&node, conf, &host_ifname, &env.ifname, &c, want.host).await?;

@@ -82,7 +82,7 @@ pub fn derived_mac(container_id: &str, ifname: &str, role: &str) -> [u8; 6] {
 /// The device group (`IFLA_GROUP`) a host veth of `network` carries from the request that
 /// creates it until ADD labels it with its alias: the kernel takes a group, but no alias,
 /// in the creating request, so this is what marks a pair that a killed ADD left unlabelled
-/// as this network's (GC collects those: `cmd::half_made`). Never 0, the default group.
+/// as this network's (GC collects those: `cmd::unlabelled_veths`). Never 0, the default group.
 #[must_use]
 pub fn unlabelled_group(network: &str) -> u32 {
     // The low 32 bits of the hash; `| 1` keeps it off 0.

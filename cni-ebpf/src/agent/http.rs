@@ -26,8 +26,32 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::{encoding::prometheus_text::CONTENT_TYPE, registry::Registry};
 use tokio::{net::TcpListener, sync::Semaphore};
 
-use super::{collect::Exporter, render};
+use super::metrics::{collect::Exporter, render};
 use crate::error::{Error, Result};
+
+/// Default address of `/metrics`: the node's loopback. The DaemonSet's manifest serves it
+/// on the node's address (`$(NODE_IP):9670`) for Prometheus; see docs/operations.md for
+/// what it reveals.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9670";
+/// Default address of the probes (`/healthz`, `/ready`): the node's loopback, where the
+/// kubelet probes a host-network pod (`httpGet.host: 127.0.0.1`).
+pub const DEFAULT_PROBE_LISTEN: &str = "127.0.0.1:9671";
+
+/// A listen address: `<ip>:<port>`, an IPv6 address bracketed or not (`$(NODE_IP):9670`
+/// from the downward API gives `fd00::1:9670`; the last `:` separates the port).
+///
+/// # Errors
+/// What is not such an address, named.
+pub fn parse_listen(s: &str) -> Result<std::net::SocketAddr, String> {
+    if let Ok(addr) = s.parse() {
+        return Ok(addr);
+    }
+    let bad = || format!("{s:?} is not <address>:<port>");
+    let (ip, port) = s.rsplit_once(':').ok_or_else(bad)?;
+    let ip: std::net::IpAddr = ip.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    Ok(std::net::SocketAddr::new(ip, port))
+}
 
 /// Largest request head accepted (request line and headers).
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -491,5 +515,28 @@ mod tests {
             assert!(out.starts_with("HTTP/1.1 200 OK\r\n"), "{out}");
         }
         drop(stalled);
+    }
+}
+
+#[cfg(test)]
+mod listen_tests {
+    use super::parse_listen;
+
+    #[test]
+    fn listen_addresses_take_unbracketed_ipv6() {
+        assert_eq!(
+            parse_listen("127.0.0.1:9670").map(|a| a.to_string()),
+            Ok("127.0.0.1:9670".into())
+        );
+        assert_eq!(
+            parse_listen("[fd00::1]:9670").map(|a| a.to_string()),
+            Ok("[fd00::1]:9670".into())
+        );
+        assert_eq!(
+            parse_listen("fd00::1:9670").map(|a| a.to_string()),
+            Ok("[fd00::1]:9670".into())
+        );
+        assert!(parse_listen("node:9670").is_err_and(|e| e.contains("\"node:9670\"")));
+        assert!(parse_listen(":9670").is_err());
     }
 }

@@ -12,7 +12,7 @@
 //! Each port listens on every address of the node (`[::]`, IPv4 too; `0.0.0.0` where
 //! IPv6 is off), on the Service job's runtime. A port that cannot be bound (kube-proxy
 //! still holds it) is logged and tried again at the next round. Connections are bounded
-//! as the metrics endpoint's are (`crate::metrics::server`).
+//! as the metrics endpoint's are (`crate::agent::http`).
 
 use std::{
     collections::BTreeMap,
@@ -32,7 +32,7 @@ use hyper::{
 use hyper_util::rt::TokioIo;
 use tokio::{net::TcpListener, sync::Semaphore, task::JoinHandle};
 
-use crate::metrics::server::{bounded_http1, CONNECTION_DEADLINE};
+use crate::agent::http::{bounded_http1, CONNECTION_DEADLINE};
 
 /// Connections one port serves at once.
 const MAX_CONNECTIONS: usize = 16;
