@@ -11,8 +11,9 @@
 use core::mem::size_of;
 
 /// Version of the pin layout and of every map layout below. Bump it whenever a map's
-/// key/value layout, a map's name or the pin tree changes; userspace refuses to use pins
-/// of another version (see `cni-ebpf/src/datapath/pins.rs`).
+/// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
+/// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
+/// `cni-ebpf/src/datapath/pins.rs`).
 pub const LAYOUT_VERSION: u32 = 7;
 
 mod hash;

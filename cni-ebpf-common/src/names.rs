@@ -104,171 +104,153 @@ pub mod prog {
     ];
 }
 
-/// Names of the maps in the object (also their pin names).
-pub mod map {
-    /// [`crate::EndpointKey`] → [`crate::EndpointInfo`].
-    pub const ENDPOINTS: &str = "ENDPOINTS";
-    /// Host veth ifindex (`u32`) → per-CPU [`crate::EndpointStats`].
-    pub const EP_STATS: &str = "EP_STATS";
-    /// [`crate::PortKey`] → [`crate::PortTarget`].
-    pub const PORTMAPS: &str = "PORTMAPS";
-    /// [`crate::NatKey`] → [`crate::NatEntry`] (a plain hash: nothing is ever evicted;
-    /// finished flows are reclaimed by the programs, see [`crate::NatUse`]).
-    pub const NAT: &str = "NAT";
-    /// Index 0 → [`crate::NodeConfig`].
-    pub const NODE_CONFIG: &str = "NODE_CONFIG";
-    /// Node IPv4 address (`u32`, network order) → [`crate::NodeAddr`].
-    pub const NODE_ADDRS: &str = "NODE_ADDRS";
-    /// Per-CPU `u64` counters indexed by [`crate::Reason`].
-    pub const REASONS: &str = "REASONS";
-    /// Owner id (`u64`, [`crate::owner_id`]) → [`crate::Owner`]; userspace only.
-    pub const OWNERS: &str = "OWNERS";
-    /// [`crate::NatKey`] (a pod flow's tuple as the pod sends it) → [`crate::FlowEntry`]
-    /// (LRU): whether the flow may bypass the node's stack.
-    pub const FLOWS: &str = "FLOWS";
-    /// [`crate::SockKey`] (a pod's socket) → [`crate::SockPeer`] (LRU): the last peer
-    /// that socket addressed through the node's stack.
-    pub const STACK_SOCKETS: &str = "STACK_SOCKETS";
-    /// [`crate::SockRevKey`] → [`crate::SockRevValue`] (LRU): what a node socket's host-port
-    /// peer was before the socket hooks translated it.
-    pub const SOCK_REVNAT: &str = "SOCK_REVNAT";
-    /// LPM trie of [`crate::SrcAllowKey`] → `u32` (1): extra source prefixes a pod may
-    /// send from (its own addresses need no entry).
-    pub const SRC_ALLOW: &str = "SRC_ALLOW";
-    /// Host veth ifindex (`u32`, native order) → [`crate::Pacing`]: a pod's egress rate
-    /// (`runtimeConfig.bandwidth`).
-    pub const PACING: &str = "PACING";
-    /// LPM trie of [`crate::SrcAllow6Key`] → `u32` ([`crate::SRC6_OWN`] or
-    /// [`crate::SRC6_ALLOWED`]): the IPv6 sources a pod may send from, its own addresses
-    /// (/128) and its allow-list alike.
-    pub const SRC_ALLOW6: &str = "SRC_ALLOW6";
-    /// Host veth ifindex (`u32`, native order) → [`crate::NatUse`]: a pod's share of the
-    /// NAT table (key 0: the node-wide sweep clock).
-    pub const NAT_USE: &str = "NAT_USE";
-    /// [`crate::NatDestKey`] (a pod and a destination of its masqueraded flows) → `u32`:
-    /// how many SNAT ports the pod holds towards that destination (see
-    /// [`crate::NodeConfig::snat_dest_cap`]). A key goes when its count reaches zero.
-    pub const NAT_DEST_USE: &str = "NAT_DEST_USE";
-    /// [`crate::NodeState`] (index 0): userspace's node-wide bookkeeping, never read by
-    /// the programs.
-    pub const NODE_STATE: &str = "NODE_STATE";
-    /// [`crate::EndpointKey6`] → [`crate::EndpointInfo`]: local pods by IPv6 address.
-    pub const ENDPOINTS6: &str = "ENDPOINTS6";
-    /// [`crate::NatKey6`] → [`crate::NatEntry6`]: IPv6 NAT flows, as [`NAT`].
-    pub const NAT6: &str = "NAT6";
-    /// [`crate::NatDestKey6`] → `u32`: as [`NAT_DEST_USE`], for IPv6 destinations.
-    pub const NAT_DEST_USE6: &str = "NAT_DEST_USE6";
-    /// [`crate::NatKey6`] → [`crate::FlowEntry`] (LRU): as [`FLOWS`], for IPv6 flows.
-    pub const FLOWS6: &str = "FLOWS6";
-    /// [`crate::SockKey6`] → [`crate::SockPeer6`] (LRU): as [`STACK_SOCKETS`].
-    pub const STACK_SOCKETS6: &str = "STACK_SOCKETS6";
-    /// Index 0 → [`crate::NodeConfig6`].
-    pub const NODE_CONFIG6: &str = "NODE_CONFIG6";
-    /// Node IPv6 address ([`crate::Addr6`]) → [`crate::NodeAddr`].
-    pub const NODE_ADDRS6: &str = "NODE_ADDRS6";
-    /// [`crate::PortKey6`] → [`crate::PortTarget6`]: IPv6 host ports, as [`PORTMAPS`].
-    pub const PORTMAPS6: &str = "PORTMAPS6";
-    /// Program array: the IPv6 programs, tail-called by the attached ones (slots
-    /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
-    /// verifier's whole 512-byte stack to itself.
-    pub const CALLS6: &str = "CALLS6";
-    /// [`crate::SockRevKey6`] → [`crate::SockRevValue6`] (LRU): as [`SOCK_REVNAT`], for
-    /// the node's IPv6 sockets translated to a pod's IPv6 address. (An IPv6 socket sent to
-    /// an IPv4-mapped address is in [`SOCK_REVNAT`].)
-    pub const SOCK_REVNAT6: &str = "SOCK_REVNAT6";
-    /// [`crate::PolicyEndpointKey`] → [`crate::PolicyEndpoint`]: each pod interface's
-    /// rule sets, in two slots (the agent writes one while the other is in force).
-    pub const POLICY_ENDPOINTS: &str = "POLICY_ENDPOINTS";
-    /// Index 0 → [`crate::PolicyState`]: the slot in force and its generation.
-    pub const POLICY_STATE: &str = "POLICY_STATE";
-    /// LPM trie of [`crate::PolicyPeerKey`] → `u64`: the port classes each peer prefix
-    /// of a rule set may use.
-    pub const POLICY_PEERS: &str = "POLICY_PEERS";
-    /// LPM trie of [`crate::PolicyPortKey`] → `u64`: the port classes each protocol and
-    /// port prefix of a rule set belongs to.
-    pub const POLICY_PORTS: &str = "POLICY_PORTS";
-    /// [`crate::PolicyExactKey`] → `u32` (1): destinations an egress named port admits.
-    pub const POLICY_EXACT: &str = "POLICY_EXACT";
-    /// [`crate::PolicyFlowKey`] → [`crate::PolicyFlow`] (LRU): flows the policy admitted,
-    /// whose replies pass.
-    pub const POLICY_FLOWS: &str = "POLICY_FLOWS";
-    /// `u64` ([`crate::fnv1a64`] of a namespace name) → `u32` (1): the namespaces some
-    /// policy is in, kept by the agent; a pod ADD puts in one starts closed. Userspace
-    /// only.
-    pub const POLICY_NAMESPACES: &str = "POLICY_NAMESPACES";
-    /// Per-CPU array of [`crate::PolicyDeny`]: each CPU's ring of the latest packets the
-    /// policy refused ([`crate::POLICY_DENY_SLOTS`] each), read by `inspect`.
-    pub const POLICY_DENIES: &str = "POLICY_DENIES";
-    /// `u32` (a pod's host veth ifindex) → [`crate::PolicyCounts`] (per CPU, LRU): the
-    /// policy's verdicts at each pod, read by the agent's metrics.
-    pub const POLICY_COUNTS: &str = "POLICY_COUNTS";
-    /// LPM trie of [`crate::TunnelKey`] → [`crate::TunnelEndpoint`]: the node that holds
-    /// each other node's pod CIDRs, kept by the agent in the tunnel modes.
-    pub const TUNNEL_ENDPOINTS: &str = "TUNNEL_ENDPOINTS";
-    /// [`crate::TunnelKey`] (a node's underlay address) → `u32` (1): the other nodes, whose
-    /// own traffic may come out of the tunnel (kept with [`TUNNEL_ENDPOINTS`]).
-    pub const TUNNEL_NODES: &str = "TUNNEL_NODES";
-    /// [`crate::ServiceKey`] → [`crate::Service`]: the Service frontends the socket
-    /// programs translate, kept by the agent in `--kube-proxy-replacement` mode.
-    pub const SERVICES: &str = "SERVICES";
-    /// [`crate::BackendSlot`] → [`crate::Backend`]: each frontend's ready backends.
-    pub const SERVICE_BACKENDS: &str = "SERVICE_BACKENDS";
-    /// [`crate::MemberKey`] → `u32` (1): the backends of each frontend with
-    /// `sessionAffinity: ClientIP`, to check a remembered choice against.
-    pub const SERVICE_MEMBERS: &str = "SERVICE_MEMBERS";
-    /// [`crate::AffinityKey`] → [`crate::Affinity`] (LRU): each client's backend per
-    /// frontend with `sessionAffinity: ClientIP`.
-    pub const SERVICE_AFFINITY: &str = "SERVICE_AFFINITY";
-    /// Network namespace cookie (`u64`) → the pod's host ifindex (`u32`): the pods whose
-    /// sockets the Service translation applies to (besides the node's), written at ADD.
-    pub const SERVICE_NETNS: &str = "SERVICE_NETNS";
-    /// Every map.
-    pub const ALL: [&str; 43] = [
-        ENDPOINTS,
-        EP_STATS,
-        PORTMAPS,
-        NAT,
-        NODE_CONFIG,
-        NODE_ADDRS,
-        REASONS,
-        OWNERS,
-        FLOWS,
-        STACK_SOCKETS,
-        SOCK_REVNAT,
-        SRC_ALLOW,
-        PACING,
-        SRC_ALLOW6,
-        NAT_USE,
-        NAT_DEST_USE,
-        NODE_STATE,
-        ENDPOINTS6,
-        NAT6,
-        NAT_DEST_USE6,
-        FLOWS6,
-        STACK_SOCKETS6,
-        NODE_CONFIG6,
-        NODE_ADDRS6,
-        CALLS6,
-        PORTMAPS6,
-        SOCK_REVNAT6,
-        POLICY_ENDPOINTS,
-        POLICY_STATE,
-        POLICY_PEERS,
-        POLICY_PORTS,
-        POLICY_EXACT,
-        POLICY_FLOWS,
-        POLICY_NAMESPACES,
-        POLICY_DENIES,
-        POLICY_COUNTS,
-        TUNNEL_ENDPOINTS,
-        TUNNEL_NODES,
-        SERVICES,
-        SERVICE_BACKENDS,
-        SERVICE_MEMBERS,
-        SERVICE_AFFINITY,
-        SERVICE_NETNS,
-    ];
+/// The table of every map: its pin name (also its name in the object), the accessor
+/// userspace opens it with, its kind and its key and value types, in the order of
+/// [`map::ALL`]. Everything that lists the maps follows from it: the name constants of
+/// [`map`] here, and in userspace the typed accessors, the check that opens them all and
+/// the entry counts (`cni-ebpf/src/datapath/maps.rs`, which expands the table with a
+/// callback of its own). The eBPF programs declare each map under the same name
+/// (`cni-ebpf-bpf/src/maps.rs`).
+///
+/// Adding a map: one line here, its declaration in the object, its users; then
+/// [`crate::LAYOUT_VERSION`] goes up (the layout fingerprint test says so).
+#[macro_export]
+macro_rules! map_table {
+    ($callback:ident) => {
+        $callback! {
+            /// [`crate::EndpointKey`] → [`crate::EndpointInfo`].
+            ENDPOINTS endpoints: Hash<$crate::EndpointKey, $crate::EndpointInfo>;
+            /// Host veth ifindex (`u32`) → per-CPU [`crate::EndpointStats`].
+            EP_STATS ep_stats: PerCpuHash<u32, $crate::EndpointStats>;
+            /// [`crate::PortKey`] → [`crate::PortTarget`].
+            PORTMAPS portmaps: Hash<$crate::PortKey, $crate::PortTarget>;
+            /// [`crate::NatKey`] → [`crate::NatEntry`] (a plain hash: nothing is ever evicted;
+            /// finished flows are reclaimed by the programs, see [`crate::NatUse`]).
+            NAT nat: Hash<$crate::NatKey, $crate::NatEntry>;
+            /// Index 0 → [`crate::NodeConfig`].
+            NODE_CONFIG node_config: Array<$crate::NodeConfig>;
+            /// Node IPv4 address (`u32`, network order) → [`crate::NodeAddr`].
+            NODE_ADDRS node_addrs: Hash<u32, $crate::NodeAddr>;
+            /// Per-CPU `u64` counters indexed by [`crate::Reason`].
+            REASONS reasons: PerCpuArray<u64>;
+            /// Owner id (`u64`, [`crate::owner_id`]) → [`crate::Owner`]; userspace only.
+            OWNERS owners: Hash<u64, $crate::Owner>;
+            /// [`crate::NatKey`] (a pod flow's tuple as the pod sends it) → [`crate::FlowEntry`]
+            /// (LRU): whether the flow may bypass the node's stack.
+            FLOWS flows: Hash<$crate::NatKey, $crate::FlowEntry>;
+            /// [`crate::SockKey`] (a pod's socket) → [`crate::SockPeer`] (LRU): the last peer
+            /// that socket addressed through the node's stack.
+            STACK_SOCKETS stack_sockets: Hash<$crate::SockKey, $crate::SockPeer>;
+            /// [`crate::SockRevKey`] → [`crate::SockRevValue`] (LRU): what a node socket's host-port
+            /// peer was before the socket hooks translated it.
+            SOCK_REVNAT sock_revnat: Hash<$crate::SockRevKey, $crate::SockRevValue>;
+            /// LPM trie of [`crate::SrcAllowKey`] → `u32` (1): extra source prefixes a pod may
+            /// send from (its own addresses need no entry).
+            SRC_ALLOW src_allow: LpmTrie<$crate::SrcAllowKey, u32>;
+            /// Host veth ifindex (`u32`, native order) → [`crate::Pacing`]: a pod's egress rate
+            /// (`runtimeConfig.bandwidth`).
+            PACING pacing: Hash<u32, $crate::Pacing>;
+            /// LPM trie of [`crate::SrcAllow6Key`] → `u32` ([`crate::SRC6_OWN`] or
+            /// [`crate::SRC6_ALLOWED`]): the IPv6 sources a pod may send from, its own addresses
+            /// (/128) and its allow-list alike.
+            SRC_ALLOW6 src_allow6: LpmTrie<$crate::SrcAllow6Key, u32>;
+            /// Host veth ifindex (`u32`, native order) → [`crate::NatUse`]: a pod's share of the
+            /// NAT table (key 0: the node-wide sweep clock).
+            NAT_USE nat_use: Hash<u32, $crate::NatUse>;
+            /// [`crate::NatDestKey`] (a pod and a destination of its masqueraded flows) → `u32`:
+            /// how many SNAT ports the pod holds towards that destination (see
+            /// [`crate::NodeConfig::snat_dest_cap`]). A key goes when its count reaches zero.
+            NAT_DEST_USE nat_dest_use: Hash<$crate::NatDestKey, u32>;
+            /// [`crate::NodeState`] (index 0): userspace's node-wide bookkeeping, never read by
+            /// the programs.
+            NODE_STATE node_state: Array<$crate::NodeState>;
+            /// [`crate::EndpointKey6`] → [`crate::EndpointInfo`]: local pods by IPv6 address.
+            ENDPOINTS6 endpoints6: Hash<$crate::EndpointKey6, $crate::EndpointInfo>;
+            /// [`crate::NatKey6`] → [`crate::NatEntry6`]: IPv6 NAT flows, as [`NAT`].
+            NAT6 nat6: Hash<$crate::NatKey6, $crate::NatEntry6>;
+            /// [`crate::NatDestKey6`] → `u32`: as [`NAT_DEST_USE`], for IPv6 destinations.
+            NAT_DEST_USE6 nat_dest_use6: Hash<$crate::NatDestKey6, u32>;
+            /// [`crate::NatKey6`] → [`crate::FlowEntry`] (LRU): as [`FLOWS`], for IPv6 flows.
+            FLOWS6 flows6: Hash<$crate::NatKey6, $crate::FlowEntry>;
+            /// [`crate::SockKey6`] → [`crate::SockPeer6`] (LRU): as [`STACK_SOCKETS`].
+            STACK_SOCKETS6 stack_sockets6: Hash<$crate::SockKey6, $crate::SockPeer6>;
+            /// Index 0 → [`crate::NodeConfig6`].
+            NODE_CONFIG6 node_config6: Array<$crate::NodeConfig6>;
+            /// Node IPv6 address ([`crate::Addr6`]) → [`crate::NodeAddr`].
+            NODE_ADDRS6 node_addrs6: Hash<$crate::Addr6, $crate::NodeAddr>;
+            /// Program array: the IPv6 programs, tail-called by the attached ones (slots
+            /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
+            /// verifier's whole 512-byte stack to itself.
+            CALLS6 calls6: ProgramArray<>;
+            /// [`crate::PortKey6`] → [`crate::PortTarget6`]: IPv6 host ports, as [`PORTMAPS`].
+            PORTMAPS6 portmaps6: Hash<$crate::PortKey6, $crate::PortTarget6>;
+            /// [`crate::SockRevKey6`] → [`crate::SockRevValue6`] (LRU): as [`SOCK_REVNAT`], for
+            /// the node's IPv6 sockets translated to a pod's IPv6 address. (An IPv6 socket sent to
+            /// an IPv4-mapped address is in [`SOCK_REVNAT`].)
+            SOCK_REVNAT6 sock_revnat6: Hash<$crate::SockRevKey6, $crate::SockRevValue6>;
+            /// [`crate::PolicyEndpointKey`] → [`crate::PolicyEndpoint`]: each pod interface's
+            /// rule sets, in two slots (the agent writes one while the other is in force).
+            POLICY_ENDPOINTS policy_endpoints: Hash<$crate::PolicyEndpointKey, $crate::PolicyEndpoint>;
+            /// Index 0 → [`crate::PolicyState`]: the slot in force and its generation.
+            POLICY_STATE policy_state: Array<$crate::PolicyState>;
+            /// LPM trie of [`crate::PolicyPeerKey`] → `u64`: the port classes each peer prefix
+            /// of a rule set may use.
+            POLICY_PEERS policy_peers: LpmTrie<$crate::PolicyPeerKey, u64>;
+            /// LPM trie of [`crate::PolicyPortKey`] → `u64`: the port classes each protocol and
+            /// port prefix of a rule set belongs to.
+            POLICY_PORTS policy_ports: LpmTrie<$crate::PolicyPortKey, u64>;
+            /// [`crate::PolicyExactKey`] → `u32` (1): destinations an egress named port admits.
+            POLICY_EXACT policy_exact: Hash<$crate::PolicyExactKey, u32>;
+            /// [`crate::PolicyFlowKey`] → [`crate::PolicyFlow`] (LRU): flows the policy admitted,
+            /// whose replies pass.
+            POLICY_FLOWS policy_flows: Hash<$crate::PolicyFlowKey, $crate::PolicyFlow>;
+            /// `u64` ([`crate::fnv1a64`] of a namespace name) → `u32` (1): the namespaces some
+            /// policy is in, kept by the agent; a pod ADD puts in one starts closed. Userspace
+            /// only.
+            POLICY_NAMESPACES policy_namespaces: Hash<u64, u32>;
+            /// Per-CPU array of [`crate::PolicyDeny`]: each CPU's ring of the latest packets the
+            /// policy refused ([`crate::POLICY_DENY_SLOTS`] each), read by `inspect`.
+            POLICY_DENIES policy_denies: PerCpuArray<$crate::PolicyDeny>;
+            /// `u32` (a pod's host veth ifindex) → [`crate::PolicyCounts`] (per CPU, LRU): the
+            /// policy's verdicts at each pod, read by the agent's metrics.
+            POLICY_COUNTS policy_counts: PerCpuHash<u32, $crate::PolicyCounts>;
+            /// LPM trie of [`crate::TunnelKey`] → [`crate::TunnelEndpoint`]: the node that holds
+            /// each other node's pod CIDRs, kept by the agent in the tunnel modes.
+            TUNNEL_ENDPOINTS tunnel_endpoints: LpmTrie<$crate::TunnelKey, $crate::TunnelEndpoint>;
+            /// [`crate::TunnelKey`] (a node's underlay address) → `u32` (1): the other nodes, whose
+            /// own traffic may come out of the tunnel (kept with [`TUNNEL_ENDPOINTS`]).
+            TUNNEL_NODES tunnel_nodes: Hash<$crate::TunnelKey, u32>;
+            /// [`crate::ServiceKey`] → [`crate::Service`]: the Service frontends the socket
+            /// programs translate, kept by the agent in `--kube-proxy-replacement` mode.
+            SERVICES services: Hash<$crate::ServiceKey, $crate::Service>;
+            /// [`crate::BackendSlot`] → [`crate::Backend`]: each frontend's ready backends.
+            SERVICE_BACKENDS service_backends: Hash<$crate::BackendSlot, $crate::Backend>;
+            /// [`crate::MemberKey`] → `u32` (1): the backends of each frontend with
+            /// `sessionAffinity: ClientIP`, to check a remembered choice against.
+            SERVICE_MEMBERS service_members: Hash<$crate::MemberKey, u32>;
+            /// [`crate::AffinityKey`] → [`crate::Affinity`] (LRU): each client's backend per
+            /// frontend with `sessionAffinity: ClientIP`.
+            SERVICE_AFFINITY service_affinity: Hash<$crate::AffinityKey, $crate::Affinity>;
+            /// Network namespace cookie (`u64`) → the pod's host ifindex (`u32`): the pods whose
+            /// sockets the Service translation applies to (besides the node's), written at ADD.
+            SERVICE_NETNS service_netns: Hash<u64, u32>;
+        }
+    };
 }
+
+/// Writes the name constants of the maps and the list of them all.
+macro_rules! map_names {
+    ($($(#[$doc:meta])* $name:ident $accessor:ident: $kind:ident<$($ty:ty),*>;)*) => {
+        /// Names of the maps in the object (also their pin names), from [`map_table`].
+        pub mod map {
+            $($(#[$doc])* pub const $name: &str = stringify!($name);)*
+            /// Every map, in the table's order.
+            pub const ALL: &[&str] = &[$($name),*];
+        }
+    };
+}
+
+map_table!(map_names);
 
 /// Names of the object's global variables, which userspace may set at load time.
 pub mod global {
@@ -278,4 +260,32 @@ pub mod global {
     /// load the object with it to check that such packets are dropped
     /// (`drop_rewrite_failed`) and leave no NAT state.
     pub const FAULT_L4_CSUM: &str = "FAULT_L4_CSUM";
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{fnv1a64, LAYOUT_VERSION};
+
+    /// The table's names, kinds and key and value sizes, hashed.
+    macro_rules! fingerprint {
+        ($($(#[$doc:meta])* $name:ident $accessor:ident: $kind:ident<$($ty:ty),*>;)*) => {{
+            let mut h = 0_u64;
+            $(
+                h = fnv1a64(&[&h.to_le_bytes(), stringify!($name).as_bytes(), stringify!($kind).as_bytes()], b' ');
+                $(h = fnv1a64(&[&h.to_le_bytes(), &core::mem::size_of::<$ty>().to_le_bytes()], b' ');)*
+            )*
+            h
+        }};
+    }
+
+    /// A map added, removed, renamed or resized changes the layout, which pins of an older
+    /// binary must not be mistaken for: the version goes up with it.
+    #[test]
+    fn a_changed_map_table_raises_the_layout_version() {
+        assert_eq!(
+            (LAYOUT_VERSION, map_table!(fingerprint)),
+            (7, 12_827_681_956_054_206_679),
+            "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
+        );
+    }
 }

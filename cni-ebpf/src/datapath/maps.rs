@@ -1,24 +1,13 @@
 //! Typed access to the pinned maps, and the conversions between Rust types and the
 //! network-order fields of `cni-ebpf-common`.
 
-use std::net::Ipv4Addr;
+use std::{collections::BTreeMap, net::Ipv4Addr};
 
 use aya::maps::{
     lpm_trie::LpmTrie, Array, HashMap, Map, MapData, MapError, PerCpuArray, PerCpuHashMap,
     PerCpuValues,
 };
-use cni_ebpf_common::{
-    map, Addr6, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry, NatDestKey,
-    NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig, NodeConfig6,
-    NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
-    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, PolicyState, PortKey,
-    PortKey6, PortTarget, PortTarget6, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
-    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey,
-    OWNER_ID_LEN, OWNER_IFNAME_LEN,
-};
-use cni_ebpf_common::{
-    Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey,
-};
+use cni_ebpf_common::{map, Addr6, EndpointStats, Owner, OWNER_ID_LEN, OWNER_IFNAME_LEN};
 
 use super::{load, pins::Pins};
 use crate::error::{Error, Result};
@@ -55,53 +44,6 @@ impl Opener {
     }
 }
 
-/// The maps opened so far.
-#[derive(Default)]
-struct Slots {
-    endpoints: Option<Map>,
-    ep_stats: Option<Map>,
-    portmaps: Option<Map>,
-    nat: Option<Map>,
-    node_config: Option<Map>,
-    node_state: Option<Map>,
-    node_addrs: Option<Map>,
-    reasons: Option<Map>,
-    owners: Option<Map>,
-    flows: Option<Map>,
-    stack_sockets: Option<Map>,
-    sock_revnat: Option<Map>,
-    src_allow: Option<Map>,
-    pacing: Option<Map>,
-    src_allow6: Option<Map>,
-    nat_use: Option<Map>,
-    nat_dest_use: Option<Map>,
-    endpoints6: Option<Map>,
-    nat6: Option<Map>,
-    nat_dest_use6: Option<Map>,
-    flows6: Option<Map>,
-    stack_sockets6: Option<Map>,
-    node_config6: Option<Map>,
-    node_addrs6: Option<Map>,
-    portmaps6: Option<Map>,
-    policy_endpoints: Option<Map>,
-    policy_state: Option<Map>,
-    policy_peers: Option<Map>,
-    policy_ports: Option<Map>,
-    policy_exact: Option<Map>,
-    policy_flows: Option<Map>,
-    policy_namespaces: Option<Map>,
-    policy_denies: Option<Map>,
-    policy_counts: Option<Map>,
-    tunnel_endpoints: Option<Map>,
-    tunnel_nodes: Option<Map>,
-    sock_revnat6: Option<Map>,
-    services: Option<Map>,
-    service_backends: Option<Map>,
-    service_members: Option<Map>,
-    service_affinity: Option<Map>,
-    service_netns: Option<Map>,
-}
-
 fn map_err(name: &str, what: &str, e: MapError) -> Error {
     Error::datapath(format!("map {name}: {what}"), e)
 }
@@ -136,298 +78,106 @@ impl Maps {
                 pins: pins.clone(),
                 open,
             },
-            slots: Slots::default(),
+            slots: std::array::from_fn(|_| None),
         }
     }
-
-    /// Opens every map; typed views fail on a key/value size mismatch (a layout this
-    /// binary does not know).
-    fn open_all(&mut self) -> Result<()> {
-        self.endpoints()?;
-        self.ep_stats()?;
-        self.portmaps()?;
-        self.nat()?;
-        self.node_config()?;
-        self.node_state()?;
-        self.node_addrs()?;
-        self.reasons()?;
-        self.owners()?;
-        self.flows()?;
-        self.stack_sockets()?;
-        self.sock_revnat()?;
-        self.src_allow()?;
-        self.pacing()?;
-        self.src_allow6()?;
-        self.nat_use()?;
-        self.nat_dest_use()?;
-        self.endpoints6()?;
-        self.nat6()?;
-        self.nat_dest_use6()?;
-        self.flows6()?;
-        self.stack_sockets6()?;
-        self.node_config6()?;
-        self.node_addrs6()?;
-        self.portmaps6()?;
-        self.sock_revnat6()?;
-        self.policy_endpoints()?;
-        self.policy_state()?;
-        self.policy_peers()?;
-        self.policy_ports()?;
-        self.policy_exact()?;
-        self.policy_flows()?;
-        self.policy_namespaces()?;
-        self.policy_denies()?;
-        self.policy_counts()?;
-        self.tunnel_endpoints()?;
-        self.tunnel_nodes()?;
-        self.services()?;
-        self.service_backends()?;
-        self.service_members()?;
-        self.service_affinity()?;
-        self.service_netns()?;
-        Ok(())
-    }
-
-    /// [`map::ENDPOINTS`].
-    pub fn endpoints(&mut self) -> Result<HashMap<&mut MapData, EndpointKey, EndpointInfo>> {
-        self.opener.typed(&mut self.slots.endpoints, map::ENDPOINTS)
-    }
-
-    /// [`map::EP_STATS`].
-    pub fn ep_stats(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, EndpointStats>> {
-        self.opener.typed(&mut self.slots.ep_stats, map::EP_STATS)
-    }
-
-    /// [`map::PORTMAPS`].
-    pub fn portmaps(&mut self) -> Result<HashMap<&mut MapData, PortKey, PortTarget>> {
-        self.opener.typed(&mut self.slots.portmaps, map::PORTMAPS)
-    }
-
-    /// [`map::NAT`].
-    pub fn nat(&mut self) -> Result<HashMap<&mut MapData, NatKey, NatEntry>> {
-        self.opener.typed(&mut self.slots.nat, map::NAT)
-    }
-
-    /// [`map::NODE_CONFIG`].
-    pub fn node_config(&mut self) -> Result<Array<&mut MapData, NodeConfig>> {
-        self.opener
-            .typed(&mut self.slots.node_config, map::NODE_CONFIG)
-    }
-
-    /// [`map::NODE_STATE`].
-    pub fn node_state(&mut self) -> Result<Array<&mut MapData, NodeState>> {
-        self.opener
-            .typed(&mut self.slots.node_state, map::NODE_STATE)
-    }
-
-    /// [`map::NODE_ADDRS`].
-    pub fn node_addrs(&mut self) -> Result<HashMap<&mut MapData, u32, NodeAddr>> {
-        self.opener
-            .typed(&mut self.slots.node_addrs, map::NODE_ADDRS)
-    }
-
-    /// [`map::REASONS`].
-    pub fn reasons(&mut self) -> Result<PerCpuArray<&mut MapData, u64>> {
-        self.opener.typed(&mut self.slots.reasons, map::REASONS)
-    }
-
-    /// [`map::OWNERS`].
-    pub fn owners(&mut self) -> Result<HashMap<&mut MapData, u64, Owner>> {
-        self.opener.typed(&mut self.slots.owners, map::OWNERS)
-    }
-
-    /// [`map::FLOWS`].
-    pub fn flows(&mut self) -> Result<HashMap<&mut MapData, NatKey, FlowEntry>> {
-        self.opener.typed(&mut self.slots.flows, map::FLOWS)
-    }
-
-    /// [`map::STACK_SOCKETS`].
-    pub fn stack_sockets(&mut self) -> Result<HashMap<&mut MapData, SockKey, SockPeer>> {
-        self.opener
-            .typed(&mut self.slots.stack_sockets, map::STACK_SOCKETS)
-    }
-
-    /// [`map::SRC_ALLOW`].
-    pub fn src_allow(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllowKey, u32>> {
-        self.opener.typed(&mut self.slots.src_allow, map::SRC_ALLOW)
-    }
-
-    /// [`map::SRC_ALLOW6`].
-    pub fn src_allow6(&mut self) -> Result<LpmTrie<&mut MapData, SrcAllow6Key, u32>> {
-        self.opener
-            .typed(&mut self.slots.src_allow6, map::SRC_ALLOW6)
-    }
-
-    /// [`map::NAT_USE`].
-    pub fn nat_use(&mut self) -> Result<HashMap<&mut MapData, u32, NatUse>> {
-        self.opener.typed(&mut self.slots.nat_use, map::NAT_USE)
-    }
-
-    /// [`map::NAT_DEST_USE`].
-    pub fn nat_dest_use(&mut self) -> Result<HashMap<&mut MapData, NatDestKey, u32>> {
-        self.opener
-            .typed(&mut self.slots.nat_dest_use, map::NAT_DEST_USE)
-    }
-
-    /// [`map::PACING`].
-    pub fn pacing(&mut self) -> Result<HashMap<&mut MapData, u32, Pacing>> {
-        self.opener.typed(&mut self.slots.pacing, map::PACING)
-    }
-
-    /// [`map::ENDPOINTS6`].
-    pub fn endpoints6(&mut self) -> Result<HashMap<&mut MapData, EndpointKey6, EndpointInfo>> {
-        self.opener
-            .typed(&mut self.slots.endpoints6, map::ENDPOINTS6)
-    }
-
-    /// [`map::NAT6`].
-    pub fn nat6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, NatEntry6>> {
-        self.opener.typed(&mut self.slots.nat6, map::NAT6)
-    }
-
-    /// [`map::NAT_DEST_USE6`].
-    pub fn nat_dest_use6(&mut self) -> Result<HashMap<&mut MapData, NatDestKey6, u32>> {
-        self.opener
-            .typed(&mut self.slots.nat_dest_use6, map::NAT_DEST_USE6)
-    }
-
-    /// [`map::FLOWS6`].
-    pub fn flows6(&mut self) -> Result<HashMap<&mut MapData, NatKey6, FlowEntry>> {
-        self.opener.typed(&mut self.slots.flows6, map::FLOWS6)
-    }
-
-    /// [`map::STACK_SOCKETS6`].
-    pub fn stack_sockets6(&mut self) -> Result<HashMap<&mut MapData, SockKey6, SockPeer6>> {
-        self.opener
-            .typed(&mut self.slots.stack_sockets6, map::STACK_SOCKETS6)
-    }
-
-    /// [`map::NODE_CONFIG6`].
-    pub fn node_config6(&mut self) -> Result<Array<&mut MapData, NodeConfig6>> {
-        self.opener
-            .typed(&mut self.slots.node_config6, map::NODE_CONFIG6)
-    }
-
-    /// [`map::NODE_ADDRS6`].
-    pub fn node_addrs6(&mut self) -> Result<HashMap<&mut MapData, Addr6, NodeAddr>> {
-        self.opener
-            .typed(&mut self.slots.node_addrs6, map::NODE_ADDRS6)
-    }
-
-    /// [`map::PORTMAPS6`].
-    pub fn portmaps6(&mut self) -> Result<HashMap<&mut MapData, PortKey6, PortTarget6>> {
-        self.opener.typed(&mut self.slots.portmaps6, map::PORTMAPS6)
-    }
-
-    /// [`map::SOCK_REVNAT`].
-    pub fn sock_revnat(&mut self) -> Result<HashMap<&mut MapData, SockRevKey, SockRevValue>> {
-        self.opener
-            .typed(&mut self.slots.sock_revnat, map::SOCK_REVNAT)
-    }
-
-    /// [`map::SOCK_REVNAT6`].
-    pub fn sock_revnat6(&mut self) -> Result<HashMap<&mut MapData, SockRevKey6, SockRevValue6>> {
-        self.opener
-            .typed(&mut self.slots.sock_revnat6, map::SOCK_REVNAT6)
-    }
-
-    /// [`map::POLICY_ENDPOINTS`].
-    pub fn policy_endpoints(
-        &mut self,
-    ) -> Result<HashMap<&mut MapData, PolicyEndpointKey, PolicyEndpoint>> {
-        self.opener
-            .typed(&mut self.slots.policy_endpoints, map::POLICY_ENDPOINTS)
-    }
-
-    /// [`map::POLICY_STATE`].
-    pub fn policy_state(&mut self) -> Result<Array<&mut MapData, PolicyState>> {
-        self.opener
-            .typed(&mut self.slots.policy_state, map::POLICY_STATE)
-    }
-
-    /// [`map::POLICY_PEERS`].
-    pub fn policy_peers(&mut self) -> Result<LpmTrie<&mut MapData, PolicyPeerKey, u64>> {
-        self.opener
-            .typed(&mut self.slots.policy_peers, map::POLICY_PEERS)
-    }
-
-    /// [`map::POLICY_PORTS`].
-    pub fn policy_ports(&mut self) -> Result<LpmTrie<&mut MapData, PolicyPortKey, u64>> {
-        self.opener
-            .typed(&mut self.slots.policy_ports, map::POLICY_PORTS)
-    }
-
-    /// [`map::POLICY_EXACT`].
-    pub fn policy_exact(&mut self) -> Result<HashMap<&mut MapData, PolicyExactKey, u32>> {
-        self.opener
-            .typed(&mut self.slots.policy_exact, map::POLICY_EXACT)
-    }
-
-    /// [`map::POLICY_FLOWS`].
-    pub fn policy_flows(&mut self) -> Result<HashMap<&mut MapData, PolicyFlowKey, PolicyFlow>> {
-        self.opener
-            .typed(&mut self.slots.policy_flows, map::POLICY_FLOWS)
-    }
-
-    /// [`map::POLICY_NAMESPACES`].
-    pub fn policy_namespaces(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
-        self.opener
-            .typed(&mut self.slots.policy_namespaces, map::POLICY_NAMESPACES)
-    }
-
-    /// [`map::POLICY_DENIES`].
-    pub fn policy_denies(&mut self) -> Result<PerCpuArray<&mut MapData, PolicyDeny>> {
-        self.opener
-            .typed(&mut self.slots.policy_denies, map::POLICY_DENIES)
-    }
-
-    /// [`map::POLICY_COUNTS`].
-    pub fn policy_counts(&mut self) -> Result<PerCpuHashMap<&mut MapData, u32, PolicyCounts>> {
-        self.opener
-            .typed(&mut self.slots.policy_counts, map::POLICY_COUNTS)
-    }
-
-    /// [`map::TUNNEL_ENDPOINTS`].
-    pub fn tunnel_endpoints(&mut self) -> Result<LpmTrie<&mut MapData, TunnelKey, TunnelEndpoint>> {
-        self.opener
-            .typed(&mut self.slots.tunnel_endpoints, map::TUNNEL_ENDPOINTS)
-    }
-
-    /// [`map::TUNNEL_NODES`].
-    pub fn tunnel_nodes(&mut self) -> Result<HashMap<&mut MapData, TunnelKey, u32>> {
-        self.opener
-            .typed(&mut self.slots.tunnel_nodes, map::TUNNEL_NODES)
-    }
-
-    /// [`map::SERVICES`].
-    pub fn services(&mut self) -> Result<HashMap<&mut MapData, ServiceKey, Service>> {
-        self.opener.typed(&mut self.slots.services, map::SERVICES)
-    }
-
-    /// [`map::SERVICE_BACKENDS`].
-    pub fn service_backends(&mut self) -> Result<HashMap<&mut MapData, BackendSlot, Backend>> {
-        self.opener
-            .typed(&mut self.slots.service_backends, map::SERVICE_BACKENDS)
-    }
-
-    /// [`map::SERVICE_MEMBERS`].
-    pub fn service_members(&mut self) -> Result<HashMap<&mut MapData, MemberKey, u32>> {
-        self.opener
-            .typed(&mut self.slots.service_members, map::SERVICE_MEMBERS)
-    }
-
-    /// [`map::SERVICE_AFFINITY`].
-    pub fn service_affinity(&mut self) -> Result<HashMap<&mut MapData, AffinityKey, Affinity>> {
-        self.opener
-            .typed(&mut self.slots.service_affinity, map::SERVICE_AFFINITY)
-    }
-
-    /// [`map::SERVICE_NETNS`].
-    pub fn service_netns(&mut self) -> Result<HashMap<&mut MapData, u64, u32>> {
-        self.opener
-            .typed(&mut self.slots.service_netns, map::SERVICE_NETNS)
-    }
 }
+
+/// The aya type of a map of the table's kind, borrowing its descriptor.
+macro_rules! typed {
+    (Hash, $k:ty, $v:ty) => { HashMap<&'a mut MapData, $k, $v> };
+    (PerCpuHash, $k:ty, $v:ty) => { PerCpuHashMap<&'a mut MapData, $k, $v> };
+    (LpmTrie, $k:ty, $v:ty) => { LpmTrie<&'a mut MapData, $k, $v> };
+    (Array, $v:ty) => { Array<&'a mut MapData, $v> };
+    (PerCpuArray, $v:ty) => { PerCpuArray<&'a mut MapData, $v> };
+}
+
+/// The accessor of one map of the table (none for the program array, which only the
+/// loader fills).
+macro_rules! accessor {
+    (ProgramArray, $name:ident $accessor:ident) => {};
+    ($kind:ident, $name:ident $accessor:ident $($ty:ty),+) => {
+        #[doc = concat!("[`map::", stringify!($name), "`], opened on first use.")]
+        pub fn $accessor<'a>(&'a mut self) -> Result<typed!($kind, $($ty),+)> {
+            self.opener.typed(&mut self.slots[Slot::$name as usize], map::$name)
+        }
+    };
+}
+
+/// Opens one map of the table through its accessor.
+macro_rules! open {
+    (ProgramArray, $m:ident . $accessor:ident) => {};
+    ($kind:ident, $m:ident . $accessor:ident) => {
+        $m.$accessor()?;
+    };
+}
+
+/// How many entries one map of the table holds; `None` for arrays, which always hold
+/// `max_entries`.
+macro_rules! count {
+    (Hash, $m:ident . $accessor:ident) => {
+        Some(entries(&$m.$accessor()?).len())
+    };
+    (PerCpuHash, $m:ident . $accessor:ident) => {
+        Some(
+            $m.$accessor()?
+                .keys()
+                .filter_map(std::result::Result::ok)
+                .count(),
+        )
+    };
+    (LpmTrie, $m:ident . $accessor:ident) => {
+        Some(
+            $m.$accessor()?
+                .keys()
+                .filter_map(std::result::Result::ok)
+                .count(),
+        )
+    };
+    ($array:ident, $m:ident . $accessor:ident) => {
+        None::<usize>
+    };
+}
+
+/// Everything of [`Maps`] that follows from the table: a slot per map, an accessor per
+/// map, opening them all, counting their entries.
+macro_rules! maps_from_table {
+    ($($(#[$doc:meta])* $name:ident $accessor:ident: $kind:ident<$($ty:ty),*>;)*) => {
+        /// Each map's place in [`Slots`] (its place in the table).
+        #[expect(clippy::upper_case_acronyms, reason = "the maps' names")]
+        #[derive(Clone, Copy)]
+        enum Slot {
+            $($name,)*
+        }
+
+        /// The maps opened so far, one slot per map of the table.
+        type Slots = [Option<Map>; [$(Slot::$name),*].len()];
+
+        impl Maps {
+            $(accessor!($kind, $name $accessor $($ty),*);)*
+
+            /// Opens every map; typed views fail on a key/value size mismatch (a layout
+            /// this binary does not know).
+            fn open_all(&mut self) -> Result<()> {
+                $(open!($kind, self.$accessor);)*
+                Ok(())
+            }
+
+            /// Entries held by each map of the table that is not an array.
+            pub fn entry_counts(&mut self) -> Result<BTreeMap<&'static str, u64>> {
+                let mut out = BTreeMap::new();
+                $(
+                    if let Some(n) = count!($kind, self.$accessor) {
+                        out.insert(map::$name, u64::try_from(n).unwrap_or(u64::MAX));
+                    }
+                )*
+                Ok(out)
+            }
+        }
+    };
+}
+
+cni_ebpf_common::map_table!(maps_from_table);
 
 /// Whether a map error means "no such key".
 #[must_use]

@@ -4,16 +4,13 @@
 //! Read-only; for `inspect`, `metrics` and the bench.
 
 use std::{
-    collections::BTreeMap,
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
     path::Path,
 };
 
-use aya::maps::{lpm_trie::LpmTrie, PerCpuHashMap};
-use cni_ebpf_common::map as map_name;
 use serde::Serialize;
 
-use super::{bpf_syscall, maps, Datapath};
+use super::{bpf_syscall, Datapath};
 use crate::error::{Error, Result};
 
 /// One pinned map, for `inspect --json`, `metrics` and the bench.
@@ -122,7 +119,7 @@ impl Datapath {
     /// Every pinned map of the network (sorted by name) with its capacity, fill and kernel
     /// memory. Reads every entry of every hash map (in batches), NAT and FLOWS included.
     pub fn map_stats(&self) -> Result<Vec<MapStats>> {
-        let counts = self.entry_counts()?;
+        let counts = self.maps()?.entry_counts()?;
         let dir = self.pins().maps_dir();
         let mut names: Vec<String> = std::fs::read_dir(&dir)
             .map_err(|e| Error::io(format!("listing {}", dir.display()), e))?
@@ -149,133 +146,6 @@ impl Datapath {
                 memlock_bytes: info.memlock,
             });
         }
-        Ok(out)
-    }
-
-    /// Entries held by each (non-array) map this binary knows.
-    fn entry_counts(&self) -> Result<BTreeMap<&'static str, u64>> {
-        let mut m = self.maps()?;
-        let n = |len: usize| u64::try_from(len).unwrap_or(u64::MAX);
-        let mut out = BTreeMap::new();
-        out.insert(map_name::ENDPOINTS, n(maps::entries(&m.endpoints()?).len()));
-        out.insert(map_name::PORTMAPS, n(maps::entries(&m.portmaps()?).len()));
-        out.insert(map_name::NAT, n(maps::entries(&m.nat()?).len()));
-        out.insert(
-            map_name::NODE_ADDRS,
-            n(maps::entries(&m.node_addrs()?).len()),
-        );
-        out.insert(map_name::OWNERS, n(maps::entries(&m.owners()?).len()));
-        out.insert(map_name::FLOWS, n(maps::entries(&m.flows()?).len()));
-        out.insert(
-            map_name::STACK_SOCKETS,
-            n(maps::entries(&m.stack_sockets()?).len()),
-        );
-        out.insert(
-            map_name::SOCK_REVNAT,
-            n(maps::entries(&m.sock_revnat()?).len()),
-        );
-        out.insert(map_name::PACING, n(maps::entries(&m.pacing()?).len()));
-        let stats: PerCpuHashMap<_, u32, cni_ebpf_common::EndpointStats> = m.ep_stats()?;
-        out.insert(
-            map_name::EP_STATS,
-            n(stats.keys().filter_map(std::result::Result::ok).count()),
-        );
-        let allow: LpmTrie<_, cni_ebpf_common::SrcAllowKey, u32> = m.src_allow()?;
-        out.insert(
-            map_name::SRC_ALLOW,
-            n(allow.keys().filter_map(std::result::Result::ok).count()),
-        );
-        let allow6: LpmTrie<_, cni_ebpf_common::SrcAllow6Key, u32> = m.src_allow6()?;
-        out.insert(
-            map_name::SRC_ALLOW6,
-            n(allow6.keys().filter_map(std::result::Result::ok).count()),
-        );
-        out.insert(map_name::NAT_USE, n(maps::entries(&m.nat_use()?).len()));
-        out.insert(
-            map_name::NAT_DEST_USE,
-            n(maps::entries(&m.nat_dest_use()?).len()),
-        );
-        out.insert(
-            map_name::ENDPOINTS6,
-            n(maps::entries(&m.endpoints6()?).len()),
-        );
-        out.insert(map_name::NAT6, n(maps::entries(&m.nat6()?).len()));
-        out.insert(
-            map_name::NAT_DEST_USE6,
-            n(maps::entries(&m.nat_dest_use6()?).len()),
-        );
-        out.insert(map_name::FLOWS6, n(maps::entries(&m.flows6()?).len()));
-        out.insert(
-            map_name::STACK_SOCKETS6,
-            n(maps::entries(&m.stack_sockets6()?).len()),
-        );
-        out.insert(
-            map_name::NODE_ADDRS6,
-            n(maps::entries(&m.node_addrs6()?).len()),
-        );
-        out.insert(map_name::PORTMAPS6, n(maps::entries(&m.portmaps6()?).len()));
-        out.insert(
-            map_name::SOCK_REVNAT6,
-            n(maps::entries(&m.sock_revnat6()?).len()),
-        );
-        out.insert(
-            map_name::POLICY_ENDPOINTS,
-            n(maps::entries(&m.policy_endpoints()?).len()),
-        );
-        let peers: LpmTrie<_, cni_ebpf_common::PolicyPeerKey, u64> = m.policy_peers()?;
-        out.insert(
-            map_name::POLICY_PEERS,
-            n(peers.keys().filter_map(std::result::Result::ok).count()),
-        );
-        let ports: LpmTrie<_, cni_ebpf_common::PolicyPortKey, u64> = m.policy_ports()?;
-        out.insert(
-            map_name::POLICY_PORTS,
-            n(ports.keys().filter_map(std::result::Result::ok).count()),
-        );
-        out.insert(
-            map_name::POLICY_EXACT,
-            n(maps::entries(&m.policy_exact()?).len()),
-        );
-        out.insert(
-            map_name::POLICY_FLOWS,
-            n(maps::entries(&m.policy_flows()?).len()),
-        );
-        out.insert(
-            map_name::POLICY_NAMESPACES,
-            n(maps::entries(&m.policy_namespaces()?).len()),
-        );
-        let tunnel: LpmTrie<_, cni_ebpf_common::TunnelKey, cni_ebpf_common::TunnelEndpoint> =
-            m.tunnel_endpoints()?;
-        out.insert(
-            map_name::TUNNEL_ENDPOINTS,
-            n(tunnel.keys().filter_map(std::result::Result::ok).count()),
-        );
-        out.insert(
-            map_name::TUNNEL_NODES,
-            n(maps::entries(&m.tunnel_nodes()?).len()),
-        );
-        out.insert(map_name::SERVICES, n(maps::entries(&m.services()?).len()));
-        out.insert(
-            map_name::SERVICE_BACKENDS,
-            n(maps::entries(&m.service_backends()?).len()),
-        );
-        out.insert(
-            map_name::SERVICE_MEMBERS,
-            n(maps::entries(&m.service_members()?).len()),
-        );
-        out.insert(
-            map_name::SERVICE_AFFINITY,
-            n(maps::entries(&m.service_affinity()?).len()),
-        );
-        out.insert(
-            map_name::SERVICE_NETNS,
-            n(maps::entries(&m.service_netns()?).len()),
-        );
-        let counts: PerCpuHashMap<_, u32, cni_ebpf_common::PolicyCounts> = m.policy_counts()?;
-        out.insert(
-            map_name::POLICY_COUNTS,
-            n(counts.keys().filter_map(std::result::Result::ok).count()),
-        );
         Ok(out)
     }
 }

@@ -173,7 +173,7 @@ impl Pins {
     /// Every map pin present.
     #[must_use]
     pub fn maps_pinned(&self) -> bool {
-        all_present(&self.maps_dir(), &map::ALL)
+        all_present(&self.maps_dir(), map::ALL)
     }
 
     /// Fully loaded: every map and program pinned.
