@@ -92,7 +92,7 @@ fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64
 }
 
 /// Pinned maps of the cni-ebpf network: (total memlock bytes, bytes held by live entries,
-/// per map), from `cni-ebpf inspect --json`, whose `maps` are what `cni-ebpf metrics`
+/// per map), from `cni-ebpf inspect --json`, whose `maps` are what the agent's metrics
 /// serves (each map's fdinfo and entry count, read by the plugin's own code).
 fn map_memory(node: &BenchNode) -> Result<(u64, u64, Map<String, Value>)> {
     let doc = data::inspect(

@@ -1,7 +1,7 @@
 //! Churn under load. Two workers add and delete pods in a loop (one in
 //! five with a host port) while two long-lived pods keep talking — to each other over a
-//! persistent TCP connection and to the outside over a masqueraded one — and a
-//! `cni-ebpf metrics` exporter is scraped. Afterwards: no leaked link, address, route,
+//! persistent TCP connection and to the outside over a masqueraded one — and the
+//! agent's metrics endpoint is scraped. Afterwards: no leaked link, address, route,
 //! pin, map entry, reservation or store file, the exporter holds as many descriptors as
 //! before, and neither connection ever stalled or broke.
 //!

@@ -1,6 +1,6 @@
 //! Cross-node routes without a cloud. Two simulated nodes
 //! ([`Cluster::without_pod_routes`]: no static routes to each other's pod CIDR) each run
-//! `cni-ebpf metrics --host-gw`, as the DaemonSet's main container does with host-gw
+//! `cni-ebpf agent --host-gw`, as the DaemonSet's main container does with host-gw
 //! switched on, against the stand-in API server (`tests::apiserver`) listening on the
 //! `ext` namespace's 198.18.0.2, which both nodes reach over the fabric.
 //!

@@ -1,4 +1,4 @@
-//! `cni-ebpf metrics` on the simulated node. The exporter runs inside the
+//! The agent's metrics on the simulated node. The exporter runs inside the
 //! node namespace on loopback (as the DaemonSet's main container does on the node), pods
 //! are added, talk to each other and to the outside, and `/metrics` is scraped over HTTP
 //! from inside the same namespace: per-endpoint counters, reason counters, pods and host
@@ -158,7 +158,7 @@ struct Exporter {
 }
 
 impl Exporter {
-    /// Starts `cni-ebpf metrics` on `127.0.0.1:port` with `extra` arguments and waits
+    /// Starts the agent's metrics on `127.0.0.1:port` with `extra` arguments and waits
     /// (bounded) until `/healthz` answers.
     #[track_caller]
     fn start(node: &SimNode, port: u16, extra: &[&str]) -> Self {
@@ -168,7 +168,8 @@ impl Exporter {
         let listen = addr.to_string();
         let mut argv = vec![
             bin.to_string_lossy().into_owned(),
-            "metrics".into(),
+            "agent".into(),
+            "--policy=false".into(),
             "--listen".into(),
             listen.clone(),
             "--probe-listen".into(),

@@ -297,7 +297,7 @@ pub fn open_map(pins: &Pins, name: &str) -> Result<Map> {
 
 /// Opens a pinned map read-only (`BPF_OBJ_GET` with `BPF_F_RDONLY`): lookups and
 /// iteration work, every update or delete through it is refused by the kernel. For
-/// readers that must never change the datapath (`cni-ebpf metrics`).
+/// readers that must never change the datapath (the agent's metrics).
 pub fn open_map_read_only(pins: &Pins, name: &str) -> Result<Map> {
     let path = pins.map(name);
     let err = |e: &dyn std::error::Error| {

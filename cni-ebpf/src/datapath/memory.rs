@@ -1,7 +1,7 @@
 //! What each pinned map holds and what it costs the node: its type, sizes, capacity and
 //! kernel memory (the `memlock` the kernel charges for it, as `bpftool map show` reports
 //! it — both read `/proc/<pid>/fdinfo/<map fd>`), and how many entries it holds now.
-//! Read-only; for `inspect`, `metrics` and the bench.
+//! Read-only; for `inspect`, the agent's metrics and the bench.
 
 use std::{
     os::fd::{AsFd as _, AsRawFd as _, BorrowedFd},
@@ -13,7 +13,7 @@ use serde::Serialize;
 use super::{bpf_syscall, Datapath};
 use crate::error::{Error, Result};
 
-/// One pinned map, for `inspect --json`, `metrics` and the bench.
+/// One pinned map, for `inspect --json`, the agent's metrics and the bench.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MapStats {

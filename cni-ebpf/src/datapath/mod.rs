@@ -236,7 +236,7 @@ impl Datapath {
     }
 
     /// Like [`Datapath::open_at`], with read-only map descriptors: a handle for readers
-    /// that must never change the datapath (`cni-ebpf metrics`); every write through it
+    /// that must never change the datapath (the agent's metrics); every write through it
     /// fails.
     pub fn open_read_only_at(network_dir: impl AsRef<Path>) -> Result<Option<Self>> {
         Self::open_existing(network_dir.as_ref(), Maps::open_read_only)

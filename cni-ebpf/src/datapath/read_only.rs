@@ -1,4 +1,4 @@
-//! Read-only views of the maps, for `inspect`, `metrics` and GC: endpoints with their
+//! Read-only views of the maps, for `inspect`, the agent's metrics and GC: endpoints with their
 //! counters, host ports, NAT entries and SNAT port use, reason counters, the node
 //! configuration, and what the maps hold per (container ID, ifname). Nothing here writes
 //! a map.
@@ -136,7 +136,7 @@ pub struct FlowSummary {
 }
 
 /// How much of the SNAT port range masquerade (and hairpin of a pod to its own host
-/// port) holds, for `metrics`. A translated port is reserved per destination (address,
+/// port) holds, for the agent's metrics. A translated port is reserved per destination (address,
 /// port, protocol): one port serves many destinations at once, and masquerade to one
 /// destination fails (`drop_no_snat_port`) when `max_per_destination` reaches
 /// `range_size`.

@@ -1,5 +1,5 @@
 //! Reading Node objects from the Kubernetes API server, for `install`'s pod-CIDR lookup and
-//! the host-gw routes of `cni-ebpf metrics --host-gw`.
+//! the host-gw routes of `cni-ebpf agent --host-gw`.
 //!
 //! The client is the `kube` crate's typed API over a small HTTP stack of our own
 //! ([`ApiClient::new`]), configured the way an in-cluster client is: the API server at
@@ -12,7 +12,7 @@
 //! answer; nothing is retried within a request), and each way it can fail is an
 //! [`ApiError`] that says what to do about it (RBAC for 403, the node name for 404, …).
 //!
-//! Nothing here is reachable from the CNI verbs: only the `install` and `metrics`
+//! Nothing here is reachable from the CNI verbs: only `install` and the agent
 //! subcommands build a client, so ADD/DEL never initialise TLS or an HTTP stack.
 
 use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};

@@ -1,4 +1,4 @@
-//! What `cni-ebpf metrics` reads, on the packet-test fixture: SNAT port use after crafted
+//! What the agent's metrics reads, on the packet-test fixture: SNAT port use after crafted
 //! masqueraded flows (two to one destination, others elsewhere, a pod reaching itself
 //! through its host port), each map's fill and kernel memory, and the read-only handle
 //! the exporter uses — it reads what the plugin's handle reads and cannot write.

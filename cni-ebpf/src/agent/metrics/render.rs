@@ -1,4 +1,4 @@
-//! A [`Snapshot`] as metric families: every metric `cni-ebpf metrics` serves is defined
+//! A [`Snapshot`] as metric families: every metric the agent's metrics serves is defined
 //! here (and listed in docs/operations.md, "Metrics"). `prometheus-client` writes them in
 //! the Prometheus text format (0.0.4): [`Exporter`] is its [`Collector`], reading the maps
 //! anew for every scrape, so the registry holds no metric state of its own.

@@ -40,7 +40,7 @@ pub use routes::{NewRoute, RouteInfo};
 /// (`ip route` shows `proto 206`).
 pub const RTPROT_CNI_EBPF: u8 = 206;
 
-/// Routes of the host-gw mode (`cni-ebpf metrics --host-gw`: another node's pod CIDR via
+/// Routes of the host-gw mode (`cni-ebpf agent --host-gw`: another node's pod CIDR via
 /// its InternalIP) carry this protocol number (`ip route` shows `proto 207`): it tells them
 /// apart from the per-pod routes ([`RTPROT_CNI_EBPF`]) and from everyone else's, which
 /// host-gw never changes.
