@@ -6,16 +6,13 @@
 use std::net::IpAddr;
 
 use aya::programs::TcAttachType;
-use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6,
-    SRC6_OWN,
-};
+use cni_ebpf_common::{map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, SRC6_OWN};
 
 use super::{
     attach,
-    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map, port_from_map},
+    maps::{self, ipv4_from_map, ipv6_from_map, port_from_map},
     netkit::{self, NetkitHook},
-    owner_label, proto_name, v4s, v6s, Datapath, Endpoint,
+    owner_label, proto_name, Datapath, Endpoint,
 };
 use crate::{
     cni::config::{format_mac, AttachPolicy, PortMapping},
@@ -39,27 +36,11 @@ impl Datapath {
         mappings: &[PortMapping],
     ) -> Result<()> {
         let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
-        let ips = v4s(&ep.ips);
         {
             let mut m = self.maps()?;
             let mut found = Vec::new();
-            {
-                let h = m.endpoints()?;
-                for ip in &ips {
-                    let k = EndpointKey {
-                        addr: ipv4_to_map(*ip),
-                    };
-                    found.push((IpAddr::V4(*ip), maps::get(&h, &k, map_name::ENDPOINTS)?));
-                }
-            }
-            {
-                let h6 = m.endpoints6()?;
-                for ip in v6s(&ep.ips) {
-                    let k = EndpointKey6 {
-                        addr: ipv6_to_map(ip),
-                    };
-                    found.push((IpAddr::V6(ip), maps::get(&h6, &k, map_name::ENDPOINTS6)?));
-                }
+            for ip in &ep.ips {
+                found.push((*ip, m.endpoint(*ip)?));
             }
             for (ip, v) in found {
                 check_entry(&mut m, ep, owner, pod_macs, ip, v)?;

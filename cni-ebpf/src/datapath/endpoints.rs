@@ -13,17 +13,17 @@ use std::{
 
 use aya::{maps::lpm_trie::Key, programs::TcAttachType};
 use cni_ebpf_common::{
-    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6,
-    EndpointStats, NatUse, SrcAllow6Key, SrcAllowKey, SRC6_ALLOWED, SRC6_OWN,
+    map as map_name, owner_id, prog, EndpointFlags, EndpointInfo, EndpointStats, NatUse,
+    SrcAllow6Key, SrcAllowKey, SRC6_ALLOWED, SRC6_OWN,
 };
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use super::{
     attach,
     flows::FlowsLock,
-    maps::{self, ipv4_from_map, ipv4_to_map, ipv6_from_map, ipv6_to_map},
+    maps::{self, ipv4_to_map},
     netkit::{self, NetkitHook},
-    owner_label, v4s, v6s, Datapath,
+    owner_label, Datapath,
 };
 use crate::{
     cni::config::{AttachPolicy, EgressRate},
@@ -94,45 +94,17 @@ impl Datapath {
     pub fn put_endpoint_entries(&self, ep: &Endpoint) -> Result<()> {
         let owner = owner_id(ep.container_id.as_bytes(), ep.ifname.as_bytes());
         let record = maps::owner_record(&ep.container_id, &ep.ifname)?;
-        let ips = v4s(&ep.ips);
-        let ips6 = v6s(&ep.ips);
         let mut m = self.maps()?;
-        {
-            let h = m.endpoints6()?;
-            for ip in &ips6 {
-                let k = EndpointKey6 {
-                    addr: ipv6_to_map(*ip),
-                };
-                if let Some(old) = maps::get(&h, &k, map_name::ENDPOINTS6)? {
-                    if old.owner != owner && old.flags.contains(EndpointFlags::ACTIVE) {
-                        let who = owner_label(&mut m, old.owner);
-                        return Err(Error::datapath(
-                            format!("adding endpoint {ip}"),
-                            format!("the address is already attached to {who}"),
-                        ));
-                    }
-                }
-            }
-        }
-        {
-            let h = m.endpoints()?;
-            for ip in &ips {
-                if let Some(old) = maps::get(
-                    &h,
-                    &EndpointKey {
-                        addr: ipv4_to_map(*ip),
-                    },
-                    map_name::ENDPOINTS,
-                )? {
-                    // Another pod's tombstone is taken over: that pod no longer holds the
-                    // address (IPAM gave it to us), and `attach_endpoint` purged its flows.
-                    if old.owner != owner && old.flags.contains(EndpointFlags::ACTIVE) {
-                        let who = owner_label(&mut m, old.owner);
-                        return Err(Error::datapath(
-                            format!("adding endpoint {ip}"),
-                            format!("the address is already attached to {who}"),
-                        ));
-                    }
+        for ip in &ep.ips {
+            // Another pod's tombstone is taken over: that pod no longer holds the address
+            // (IPAM gave it to us), and `attach_endpoint` purged its flows.
+            if let Some(old) = m.endpoint(*ip)? {
+                if old.owner != owner && old.flags.contains(EndpointFlags::ACTIVE) {
+                    let who = owner_label(&mut m, old.owner);
+                    return Err(Error::datapath(
+                        format!("adding endpoint {ip}"),
+                        format!("the address is already attached to {who}"),
+                    ));
                 }
             }
         }
@@ -178,24 +150,8 @@ impl Datapath {
             _pad: [0; 4],
             owner,
         };
-        let mut h6 = m.endpoints6()?;
-        for ip in &ips6 {
-            let k = EndpointKey6 {
-                addr: ipv6_to_map(*ip),
-            };
-            h6.insert(k, info, 0)
-                .map_err(|e| maps::err(map_name::ENDPOINTS6, format!("insert {ip}"), e))?;
-        }
-        let mut h = m.endpoints()?;
-        for ip in &ips {
-            h.insert(
-                EndpointKey {
-                    addr: ipv4_to_map(*ip),
-                },
-                info,
-                0,
-            )
-            .map_err(|e| maps::err(map_name::ENDPOINTS, format!("insert {ip}"), e))?;
+        for ip in &ep.ips {
+            m.put_endpoint(*ip, info, "insert")?;
         }
         let mut allow = m.src_allow()?;
         for net in v4_nets(&ep.allowed_sources) {
@@ -436,57 +392,26 @@ impl Datapath {
         let mut m = self.maps()?;
         let mut gone = Vec::new();
         let mut ifindexes = BTreeSet::new();
-        {
-            let mut h6 = m.endpoints6()?;
-            let mut doomed: Vec<(EndpointKey6, EndpointInfo)> = maps::entries(&h6)
-                .into_iter()
-                .filter(|(_, v)| v.owner == owner)
-                .collect();
-            for ip in v6s(ips) {
-                let k = EndpointKey6 {
-                    addr: ipv6_to_map(ip),
-                };
-                if !doomed.iter().any(|(dk, _)| *dk == k) {
-                    if let Some(v) = maps::get(&h6, &k, map_name::ENDPOINTS6)? {
-                        if v.owner == owner {
-                            doomed.push((k, v));
-                        }
-                    }
-                }
-            }
-            for (k, mut v) in doomed {
-                ifindexes.insert(v.ifindex);
-                // A tombstone until the address's flows are purged ([`Self::purge_removed`]).
-                v.flags.remove(EndpointFlags::ACTIVE);
-                h6.insert(k, v, 0)
-                    .map_err(|e| maps::err(map_name::ENDPOINTS6, "mark as removed", e))?;
-                gone.push(IpAddr::V6(ipv6_from_map(k.addr)));
-            }
-        }
-        let mut h = m.endpoints()?;
-        let mut doomed: Vec<(EndpointKey, EndpointInfo)> = maps::entries(&h)
+        let mut doomed: Vec<(IpAddr, EndpointInfo)> = m
+            .all_endpoints()?
             .into_iter()
             .filter(|(_, v)| v.owner == owner)
             .collect();
-        for ip in v4s(ips) {
-            let k = EndpointKey {
-                addr: ipv4_to_map(ip),
-            };
-            if !doomed.iter().any(|(dk, _)| *dk == k) {
-                if let Some(v) = maps::get(&h, &k, map_name::ENDPOINTS)? {
+        for ip in ips {
+            if !doomed.iter().any(|(d, _)| d == ip) {
+                if let Some(v) = m.endpoint(*ip)? {
                     if v.owner == owner {
-                        doomed.push((k, v));
+                        doomed.push((*ip, v));
                     }
                 }
             }
         }
-        for (k, mut v) in doomed {
+        for (ip, mut v) in doomed {
             ifindexes.insert(v.ifindex);
             // A tombstone until the address's flows are purged ([`Self::purge_removed`]).
             v.flags.remove(EndpointFlags::ACTIVE);
-            h.insert(k, v, 0)
-                .map_err(|e| maps::err(map_name::ENDPOINTS, "mark as removed", e))?;
-            gone.push(IpAddr::V4(ipv4_from_map(k.addr)));
+            m.put_endpoint(ip, v, "mark as removed")?;
+            gone.push(ip);
         }
         Self::take_sources6(&mut m, ips, &mut ifindexes)?;
         let mut allow = m.src_allow()?;
@@ -570,62 +495,27 @@ impl Datapath {
     /// that left it.
     fn tombstones(&self) -> Result<Vec<(IpAddr, u64)>> {
         let mut m = self.maps()?;
-        let dead = |v: &EndpointInfo| !v.flags.contains(EndpointFlags::ACTIVE);
-        let mut out: Vec<(IpAddr, u64)> = maps::entries(&m.endpoints()?)
+        Ok(m.all_endpoints()?
             .into_iter()
-            .filter(|(_, v)| dead(v))
-            .map(|(k, v)| (IpAddr::V4(ipv4_from_map(k.addr)), v.owner))
-            .collect();
-        out.extend(
-            maps::entries(&m.endpoints6()?)
-                .into_iter()
-                .filter(|(_, v)| dead(v))
-                .map(|(k, v)| (IpAddr::V6(ipv6_from_map(k.addr)), v.owner)),
-        );
-        Ok(out)
+            .filter(|(_, v)| !v.flags.contains(EndpointFlags::ACTIVE))
+            .map(|(ip, v)| (ip, v.owner))
+            .collect())
     }
 
     /// The endpoint entry of each of `addrs` (of its family's map), if any.
     fn entries_of(&self, addrs: &[IpAddr]) -> Result<Vec<(IpAddr, Option<EndpointInfo>)>> {
         let mut m = self.maps()?;
-        let mut out = Vec::new();
-        let h = m.endpoints()?;
-        for ip in v4s(addrs) {
-            let k = EndpointKey {
-                addr: ipv4_to_map(ip),
-            };
-            out.push((IpAddr::V4(ip), maps::get(&h, &k, map_name::ENDPOINTS)?));
-        }
-        let h6 = m.endpoints6()?;
-        for ip in v6s(addrs) {
-            let k = EndpointKey6 {
-                addr: ipv6_to_map(ip),
-            };
-            out.push((IpAddr::V6(ip), maps::get(&h6, &k, map_name::ENDPOINTS6)?));
-        }
-        Ok(out)
+        addrs.iter().map(|ip| Ok((*ip, m.endpoint(*ip)?))).collect()
     }
 
     /// Removes the entries of `addrs` that are still tombstones (whoever's).
     fn clear_tombstones(&self, addrs: &[IpAddr]) -> Result<()> {
         let mut m = self.maps()?;
-        let dead = |v: &EndpointInfo| !v.flags.contains(EndpointFlags::ACTIVE);
-        let mut h = m.endpoints()?;
-        for ip in v4s(addrs) {
-            let k = EndpointKey {
-                addr: ipv4_to_map(ip),
-            };
-            if maps::get(&h, &k, map_name::ENDPOINTS)?.is_some_and(|v| dead(&v)) {
-                maps::remove(&mut h, &k, map_name::ENDPOINTS)?;
-            }
-        }
-        let mut h6 = m.endpoints6()?;
-        for ip in v6s(addrs) {
-            let k = EndpointKey6 {
-                addr: ipv6_to_map(ip),
-            };
-            if maps::get(&h6, &k, map_name::ENDPOINTS6)?.is_some_and(|v| dead(&v)) {
-                maps::remove(&mut h6, &k, map_name::ENDPOINTS6)?;
+        for ip in addrs {
+            if m.endpoint(*ip)?
+                .is_some_and(|v| !v.flags.contains(EndpointFlags::ACTIVE))
+            {
+                m.remove_endpoint(*ip)?;
             }
         }
         Ok(())
@@ -657,8 +547,7 @@ impl Datapath {
         }
         let mut m = self.maps()?;
         let mut used: HashSet<u64> = HashSet::new();
-        used.extend(maps::entries(&m.endpoints()?).iter().map(|(_, v)| v.owner));
-        used.extend(maps::entries(&m.endpoints6()?).iter().map(|(_, v)| v.owner));
+        used.extend(m.all_endpoints()?.iter().map(|(_, v)| v.owner));
         used.extend(maps::entries(&m.portmaps()?).iter().map(|(_, v)| v.owner));
         used.extend(maps::entries(&m.portmaps6()?).iter().map(|(_, v)| v.owner));
         let mut records = m.owners()?;

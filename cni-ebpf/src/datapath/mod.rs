@@ -43,6 +43,7 @@ pub mod attach;
 mod bpf_syscall;
 mod check;
 mod endpoints;
+mod family;
 mod flows;
 pub mod load;
 pub mod maps;
@@ -64,7 +65,6 @@ pub mod upgrade;
 mod uplink;
 
 use std::{
-    net::{IpAddr, Ipv4Addr},
     path::Path,
     sync::{Mutex, MutexGuard},
 };
@@ -424,24 +424,6 @@ fn owner_label(m: &mut Maps, owner: u64) -> String {
         }
         _ => format!("an unknown container (owner id {owner:#x})"),
     }
-}
-
-fn v6s(ips: &[IpAddr]) -> Vec<std::net::Ipv6Addr> {
-    ips.iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V6(v6) => Some(*v6),
-            IpAddr::V4(_) => None,
-        })
-        .collect()
-}
-
-fn v4s(ips: &[IpAddr]) -> Vec<Ipv4Addr> {
-    ips.iter()
-        .filter_map(|ip| match ip {
-            IpAddr::V4(v4) => Some(*v4),
-            IpAddr::V6(_) => None,
-        })
-        .collect()
 }
 
 fn proto_name(p: u8) -> String {
