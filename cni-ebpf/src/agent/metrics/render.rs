@@ -285,12 +285,20 @@ fn per_network<V: Into<Value>>(
     f
 }
 
-#[expect(
-    clippy::too_many_lines,
-    reason = "one flat list of every per-network metric reads best"
-)]
+/// Every per-network family, in the order of the sections below.
 fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
-    let mut out = vec![
+    let mut out = network_state(nets);
+    out.extend(endpoint_families(nets));
+    out.push(reason_family(nets));
+    out.extend(map_families(nets));
+    out.extend(snat_families(nets));
+    out.extend(flow_families(nets));
+    out
+}
+
+/// Whether each network was read, and what it holds as a whole.
+fn network_state(nets: &[NetworkSnapshot]) -> Vec<Family> {
+    vec![
         per_network(
             nets,
             Family::gauge(
@@ -335,8 +343,11 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             ),
             |n| n.host_ports,
         ),
-    ];
+    ]
+}
 
+/// Per pod interface: its counters, its egress rate and its share of the NAT table.
+fn endpoint_families(nets: &[NetworkSnapshot]) -> [Family; 7] {
     let mut tx_p = Family::counter(
         "cni_ebpf_endpoint_tx_packets_total",
         "Packets sent by the pod (seen by from_pod on its host veth).",
@@ -401,8 +412,11 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             }
         }
     }
-    out.extend([tx_p, tx_b, rx_p, rx_b, rate, nat, nat_max]);
+    [tx_p, tx_b, rx_p, rx_b, rate, nat, nat_max]
+}
 
+/// The programs' decisions, by reason.
+fn reason_family(nets: &[NetworkSnapshot]) -> Family {
     let mut reasons = Family::counter(
         "cni_ebpf_reason_packets_total",
         "Packets by the decision the eBPF programs took (reason: drop_*, pass_*, \
@@ -413,8 +427,11 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             reasons.push(&[("network", &n.name), ("reason", r.reason)], r.count);
         }
     }
-    out.push(reasons);
+    reasons
+}
 
+/// Each pinned map's fill and memory, and the network's total.
+fn map_families(nets: &[NetworkSnapshot]) -> [Family; 4] {
     let mut entries = Family::gauge(
         "cni_ebpf_map_entries",
         "Entries a pinned map holds (arrays: always their size; LRU maps evict only when \
@@ -439,8 +456,7 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             mem.push(&labels, m.memlock_bytes);
         }
     }
-    out.extend([entries, max, mem]);
-    out.push(per_network(
+    let total = per_network(
         nets,
         Family::gauge(
             "cni_ebpf_maps_memory_bytes",
@@ -448,9 +464,13 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
              cni_ebpf_map_memory_bytes).",
         ),
         |n| (!n.maps.is_empty()).then(|| n.maps.iter().map(|m| m.memlock_bytes).sum::<u64>()),
-    ));
+    );
+    [entries, max, mem, total]
+}
 
-    out.extend([
+/// The SNAT port range and its use.
+fn snat_families(nets: &[NetworkSnapshot]) -> [Family; 6] {
+    [
         per_network(
             nets,
             Family::gauge(
@@ -502,8 +522,11 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             ),
             |n| n.snat.as_ref().map(|s| s.reservations),
         ),
-    ]);
+    ]
+}
 
+/// Pod flows by state.
+fn flow_families(nets: &[NetworkSnapshot]) -> [Family; 2] {
     let mut flows = Family::gauge(
         "cni_ebpf_flows",
         "Pod flows leaving the node, by state: verified (seen leaving untranslated, fast \
@@ -515,8 +538,7 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
             flows.push(&[("network", &n.name), ("state", "pending")], f.pending);
         }
     }
-    out.push(flows);
-    out.push(per_network(
+    let inbound = per_network(
         nets,
         Family::gauge(
             "cni_ebpf_flows_inbound",
@@ -524,8 +546,8 @@ fn network_families(nets: &[NetworkSnapshot]) -> Vec<Family> {
              masqueraded).",
         ),
         |n| n.flows.as_ref().map(|f| f.inbound),
-    ));
-    out
+    );
+    [flows, inbound]
 }
 
 #[cfg(test)]
