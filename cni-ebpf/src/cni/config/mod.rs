@@ -196,107 +196,20 @@ impl NetConf {
     /// Parses stdin for `command`. Error 6 for bytes that are not JSON, 7 for invalid
     /// fields, 1 for an unsupported version or a verb the version lacks.
     pub fn parse(bytes: &[u8], command: Command) -> Result<Self> {
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Err(Error::Decode {
-                what: "network configuration".into(),
-                reason: "stdin is empty; a JSON network configuration was expected".into(),
-            });
-        }
-        let mut value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
-            what: "network configuration".into(),
-            reason: e.to_string(),
-        })?;
-        if let Some(rc) = value.get_mut("runtimeConfig") {
-            fold_go_capability_keys(rc);
-        }
-        if !value.is_object() {
-            return Err(Error::Decode {
-                what: "network configuration".into(),
-                reason: "expected a JSON object".into(),
-            });
-        }
-        // Keys no field of `Raw` takes are ignored, and listed for a warning.
-        let mut unknown_keys = Vec::new();
-        let mut note = |path: serde_ignored::Path<'_>| unknown_keys.push(path.to_string());
-        let de = serde_ignored::Deserializer::new(&value, &mut note);
-        let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            Error::config(
-                if path == "." {
-                    "(root)".to_owned()
-                } else {
-                    path
-                },
-                e.inner().to_string(),
-            )
-        })?;
+        let (mut raw, unknown_keys) = decode(bytes)?;
 
         // A missing cniVersion means 0.1.0, as libcni and the reference plugins read it.
         let version = Version::parse(raw.cni_version.as_deref().unwrap_or("0.1.0"))?;
-        match command {
-            Command::Check if version < Version::V040 => {
-                return Err(Error::IncompatibleVersion(format!(
-                    "CHECK needs cniVersion 0.4.0 or later, the configuration has {version}"
-                )))
-            }
-            Command::Status | Command::Gc if version < Version::V110 => {
-                return Err(Error::IncompatibleVersion(format!(
-                    "{} needs cniVersion 1.1.0 or later, the configuration has {version}",
-                    command.as_str()
-                )))
-            }
-            Command::Gc if raw.valid_attachments.is_none() => {
-                // Without the list every attachment would look stale; refuse rather than
-                // release everything.
-                return Err(Error::config(
-                    "cni.dev/valid-attachments",
-                    "is required for GC (an empty list releases every attachment)",
-                ));
-            }
-            _ => {}
-        }
+        check_verb(command, version, &raw)?;
 
-        let name = raw.name.unwrap_or_default();
+        let name = raw.name.take().unwrap_or_default();
         if let Some(reason) = check_identifier(&name) {
             return Err(Error::config("name", reason));
         }
 
-        let nat_flows_per_pod = raw
-            .nat_flows_per_pod
-            .unwrap_or(cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD);
-        let max_flows = cni_ebpf_common::MAX_NAT / 2;
-        if !(1..=max_flows).contains(&nat_flows_per_pod) {
-            return Err(Error::config(
-                "natFlowsPerPod",
-                format!(
-                    "{nat_flows_per_pod} is outside 1..={max_flows} (the NAT table holds {max_flows} flows)"
-                ),
-            ));
-        }
-        if let Some(n) = raw.nat_ports_per_destination {
-            if !(1..=65535).contains(&n) {
-                return Err(Error::config(
-                    "natPortsPerDestination",
-                    format!("{n} is outside 1..=65535 (a port number's range)"),
-                ));
-            }
-        }
-        let cluster_cidrs = raw.cluster_cidrs.unwrap_or_default();
-        for (family, v6) in [("IPv4", false), ("IPv6", true)] {
-            let n = cluster_cidrs
-                .iter()
-                .filter(|c| matches!(c, IpNet::V6(_)) == v6)
-                .count();
-            if n > cni_ebpf_common::MAX_CLUSTER_CIDRS {
-                return Err(Error::config(
-                    "clusterCIDRs",
-                    format!(
-                        "{n} {family} CIDRs; at most {} per family are supported",
-                        cni_ebpf_common::MAX_CLUSTER_CIDRS
-                    ),
-                ));
-            }
-        }
+        let nat_flows_per_pod = check_nat_limits(&raw)?;
+        let cluster_cidrs = raw.cluster_cidrs.take().unwrap_or_default();
+        check_cluster_cidrs(&cluster_cidrs)?;
         let cross_node = CrossNode::parse(raw.cross_node.as_deref())?;
         let tunnel = TunnelConf::parse(raw.tunnel_port, raw.tunnel_vni)?;
         let mtu = raw.mtu;
@@ -346,29 +259,7 @@ impl NetConf {
             None => None,
         };
 
-        let mut allowed_sources: Vec<IpNet> = runtime_config
-            .allowed_source_cidrs
-            .iter()
-            .map(IpNet::trunc)
-            .collect();
-        if let Some(v) = raw
-            .args
-            .as_ref()
-            .and_then(|a| a.get("cni"))
-            .and_then(|c| c.get("allowedSourceCIDRs"))
-        {
-            let list = v
-                .as_array()
-                .ok_or_else(|| Error::config("args.cni.allowedSourceCIDRs", "is not an array"))?;
-            for (i, c) in list.iter().enumerate() {
-                let field = format!("args.cni.allowedSourceCIDRs[{i}]");
-                let net: IpNet = c
-                    .as_str()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or_else(|| Error::config(&field, format!("{c} is not a CIDR")))?;
-                allowed_sources.push(net.trunc());
-            }
-        }
+        let allowed_sources = allowed_sources(&runtime_config, raw.args.as_ref())?;
 
         let ipam = with_runtime_ranges(raw.ipam.unwrap_or(Value::Null), &runtime_config)?;
 
@@ -424,6 +315,149 @@ impl NetConf {
     pub fn store_dir(&self) -> PathBuf {
         self.data_dir.join(&self.name)
     }
+}
+
+/// The configuration's JSON as [`Raw`], and the keys no field of it takes (ignored, and
+/// listed for a warning). Error 6 for what is not a JSON object, 7 for a field of the
+/// wrong type (named by its path).
+fn decode(bytes: &[u8]) -> Result<(Raw, Vec<String>)> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(Error::Decode {
+            what: "network configuration".into(),
+            reason: "stdin is empty; a JSON network configuration was expected".into(),
+        });
+    }
+    let mut value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Decode {
+        what: "network configuration".into(),
+        reason: e.to_string(),
+    })?;
+    if let Some(rc) = value.get_mut("runtimeConfig") {
+        fold_go_capability_keys(rc);
+    }
+    if !value.is_object() {
+        return Err(Error::Decode {
+            what: "network configuration".into(),
+            reason: "expected a JSON object".into(),
+        });
+    }
+    // Keys no field of `Raw` takes are ignored, and listed for a warning.
+    let mut unknown_keys = Vec::new();
+    let mut note = |path: serde_ignored::Path<'_>| unknown_keys.push(path.to_string());
+    let de = serde_ignored::Deserializer::new(&value, &mut note);
+    let raw: Raw = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        Error::config(
+            if path == "." {
+                "(root)".to_owned()
+            } else {
+                path
+            },
+            e.inner().to_string(),
+        )
+    })?;
+    Ok((raw, unknown_keys))
+}
+
+/// Whether `command` can run on a configuration of `version` (error 1 when the version
+/// lacks the verb), and GC's required list.
+fn check_verb(command: Command, version: Version, raw: &Raw) -> Result<()> {
+    match command {
+        Command::Check if version < Version::V040 => {
+            return Err(Error::IncompatibleVersion(format!(
+                "CHECK needs cniVersion 0.4.0 or later, the configuration has {version}"
+            )))
+        }
+        Command::Status | Command::Gc if version < Version::V110 => {
+            return Err(Error::IncompatibleVersion(format!(
+                "{} needs cniVersion 1.1.0 or later, the configuration has {version}",
+                command.as_str()
+            )))
+        }
+        Command::Gc if raw.valid_attachments.is_none() => {
+            // Without the list every attachment would look stale; refuse rather than
+            // release everything.
+            return Err(Error::config(
+                "cni.dev/valid-attachments",
+                "is required for GC (an empty list releases every attachment)",
+            ));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// `natFlowsPerPod` (defaulted) and `natPortsPerDestination`, each within what the NAT
+/// table can hold.
+fn check_nat_limits(raw: &Raw) -> Result<u32> {
+    let nat_flows_per_pod = raw
+        .nat_flows_per_pod
+        .unwrap_or(cni_ebpf_common::DEFAULT_NAT_FLOWS_PER_POD);
+    let max_flows = cni_ebpf_common::MAX_NAT / 2;
+    if !(1..=max_flows).contains(&nat_flows_per_pod) {
+        return Err(Error::config(
+            "natFlowsPerPod",
+            format!(
+                "{nat_flows_per_pod} is outside 1..={max_flows} (the NAT table holds {max_flows} flows)"
+            ),
+        ));
+    }
+    if let Some(n) = raw.nat_ports_per_destination {
+        if !(1..=65535).contains(&n) {
+            return Err(Error::config(
+                "natPortsPerDestination",
+                format!("{n} is outside 1..=65535 (a port number's range)"),
+            ));
+        }
+    }
+    Ok(nat_flows_per_pod)
+}
+
+/// At most [`cni_ebpf_common::MAX_CLUSTER_CIDRS`] clusterCIDRs per family.
+fn check_cluster_cidrs(cluster_cidrs: &[IpNet]) -> Result<()> {
+    for (family, v6) in [("IPv4", false), ("IPv6", true)] {
+        let n = cluster_cidrs
+            .iter()
+            .filter(|c| matches!(c, IpNet::V6(_)) == v6)
+            .count();
+        if n > cni_ebpf_common::MAX_CLUSTER_CIDRS {
+            return Err(Error::config(
+                "clusterCIDRs",
+                format!(
+                    "{n} {family} CIDRs; at most {} per family are supported",
+                    cni_ebpf_common::MAX_CLUSTER_CIDRS
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The sources a pod may send from besides its own addresses: `allowedSourceCIDRs` of the
+/// runtime, then `args.cni.allowedSourceCIDRs` of the configuration (each truncated to
+/// its prefix).
+fn allowed_sources(runtime_config: &RuntimeConfig, args: Option<&Value>) -> Result<Vec<IpNet>> {
+    let mut allowed_sources: Vec<IpNet> = runtime_config
+        .allowed_source_cidrs
+        .iter()
+        .map(IpNet::trunc)
+        .collect();
+    if let Some(v) = args
+        .and_then(|a| a.get("cni"))
+        .and_then(|c| c.get("allowedSourceCIDRs"))
+    {
+        let list = v
+            .as_array()
+            .ok_or_else(|| Error::config("args.cni.allowedSourceCIDRs", "is not an array"))?;
+        for (i, c) in list.iter().enumerate() {
+            let field = format!("args.cni.allowedSourceCIDRs[{i}]");
+            let net: IpNet = c
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .ok_or_else(|| Error::config(&field, format!("{c} is not a CIDR")))?;
+            allowed_sources.push(net.trunc());
+        }
+    }
+    Ok(allowed_sources)
 }
 
 fn absolute(field: &str, value: Option<PathBuf>, default: &str) -> Result<PathBuf> {
