@@ -26,7 +26,7 @@ use std::{
 
 use super::{
     health_check_ports::HealthCheck,
-    service_objects::{Endpoint, EndpointSlice, Service},
+    service_objects::{Endpoint, EndpointSlice, Service, ServiceSpec},
 };
 use crate::datapath::services::{
     backend, frontend_key, service_key, At, Frontend, Scope, ServiceTable,
@@ -99,17 +99,26 @@ pub fn table(
     }
     let mut out = Rendered::default();
     for svc in services {
-        let (Some(ns), Some(name), Some(spec)) = (
-            svc.metadata.namespace.as_deref(),
-            svc.metadata.name.as_deref(),
-            svc.spec.as_ref(),
-        ) else {
-            continue;
-        };
-        if svc.other_proxy || spec.type_.as_deref() == Some("ExternalName") {
-            continue;
-        }
-        let ips: Vec<IpAddr> = spec
+        service(&mut out, svc, &by_service, here);
+    }
+    out
+}
+
+/// A Service's addresses of every kind.
+struct Addresses {
+    /// `spec.clusterIPs` (or `spec.clusterIP`).
+    cluster: Vec<IpAddr>,
+    /// `spec.externalIPs`.
+    external: Vec<IpAddr>,
+    /// `status.loadBalancer.ingress[].ip`, each with whether it is translated from inside
+    /// too (not with `ipMode: Proxy`).
+    load_balancer: Vec<(IpAddr, bool)>,
+}
+
+impl Addresses {
+    /// `None` when the Service has no ClusterIP (headless, or not allocated yet).
+    fn of(svc: &Service, spec: &ServiceSpec) -> Option<Self> {
+        let cluster: Vec<IpAddr> = spec
             .cluster_ips
             .clone()
             .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
@@ -117,26 +126,16 @@ pub fn table(
             .iter()
             .filter_map(|ip| ip.parse().ok())
             .collect();
-        if ips.is_empty() {
-            continue; // headless, or not allocated yet
+        if cluster.is_empty() {
+            return None;
         }
-        let mut not_done = BTreeSet::new();
-        if !spec
-            .load_balancer_source_ranges
-            .as_deref()
-            .unwrap_or_default()
-            .is_empty()
-        {
-            not_done.insert("loadBalancerSourceRanges".to_owned());
-        }
-        let external_ips: Vec<IpAddr> = spec
+        let external = spec
             .external_ips
             .iter()
             .flatten()
             .filter_map(|ip| ip.parse().ok())
             .collect();
-        // (address, also from inside)
-        let lb_ips: Vec<(IpAddr, bool)> = svc
+        let load_balancer = svc
             .status
             .as_ref()
             .and_then(|s| s.load_balancer.as_ref())
@@ -148,100 +147,179 @@ pub fn table(
                 Some((ip, i.ip_mode.as_deref() != Some("Proxy")))
             })
             .collect();
-        let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
-        let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
-        let affinity_secs = if spec.session_affinity.as_deref() == Some("ClientIP") {
-            spec.session_affinity_config
-                .as_ref()
-                .and_then(|c| c.client_ip.as_ref())
-                .and_then(|c| c.timeout_seconds)
-                .and_then(|t| u32::try_from(t).ok())
-                .unwrap_or(DEFAULT_AFFINITY_SECS)
-        } else {
-            0
-        };
-        let slices = by_service
-            .get(&(ns, name))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let mut local_ready = 0;
-        for port in spec.ports.as_deref().unwrap_or_default() {
-            let proto = match port.protocol.as_deref().unwrap_or("TCP") {
-                "TCP" => cni_ebpf_common::proto::TCP,
-                "UDP" => cni_ebpf_common::proto::UDP,
-                other => {
-                    not_done.insert(format!("protocol {other} (port {})", port.port));
-                    continue;
-                }
-            };
-            let Ok(svc_port) = u16::try_from(port.port) else {
-                continue;
-            };
-            let node_port = port.node_port.and_then(|p| u16::try_from(p).ok());
-            let protocol = port.protocol.as_deref().unwrap_or("TCP");
-            for ip in &ips {
-                let candidates = candidates(slices, port.name.as_deref(), protocol, *ip, here);
-                local_ready =
-                    local_ready.max(candidates.iter().filter(|c| c.local && c.ready).count());
-                let set = |local_only: bool| Frontend {
-                    backends: backends(&candidates, local_only, here),
-                    affinity_secs,
-                };
-                let (cluster, external) = (set(false), set(external_local));
-                out.frontends
-                    .insert(service_key(*ip, svc_port, proto), set(internal_local));
-                let mut outside = |at: At, port: u16, inside: bool, uplink: bool| {
-                    if inside {
-                        out.frontends.insert(
-                            frontend_key(at, port, proto, Scope::Socket),
-                            cluster.clone(),
-                        );
-                    }
-                    if uplink {
-                        out.frontends.insert(
-                            frontend_key(at, port, proto, Scope::Uplink),
-                            external.clone(),
-                        );
-                    }
-                };
-                if let Some(np) = node_port {
-                    // Without a usable endpoint anywhere, flows from outside to the
-                    // NodePort go to the node's stack, where nothing listens on it: a TCP
-                    // reset or an ICMP port unreachable refuses them at once, as
-                    // kube-proxy's REJECT does. (External and load-balancer addresses
-                    // are not the node's: their flows are dropped instead.)
-                    let uplink = !cluster.backends.is_empty();
-                    outside(At::Node { ipv6: ip.is_ipv6() }, np, true, uplink);
-                }
-                for e in external_ips.iter().filter(|e| e.is_ipv6() == ip.is_ipv6()) {
-                    outside(At::Ip(*e), svc_port, true, true);
-                }
-                for (lb, inside) in lb_ips.iter().filter(|(l, _)| l.is_ipv6() == ip.is_ipv6()) {
-                    outside(At::Ip(*lb), svc_port, *inside, true);
-                }
-            }
-        }
-        if let Some(port) = spec
-            .health_check_node_port
-            .and_then(|p| u16::try_from(p).ok())
-            .filter(|_| external_local)
-        {
-            out.health.insert(
-                port,
-                HealthCheck {
-                    namespace: ns.to_owned(),
-                    name: name.to_owned(),
-                    local_endpoints: local_ready,
-                },
-            );
-        }
-        if !not_done.is_empty() {
-            let fields: Vec<String> = not_done.into_iter().collect();
-            out.unhandled
-                .push((format!("{ns}/{name}"), fields.join(", ")));
+        Some(Self {
+            cluster,
+            external,
+            load_balancer,
+        })
+    }
+}
+
+/// How a Service's frontends choose among its endpoints.
+struct Choice {
+    /// `internalTrafficPolicy: Local`: the ClusterIP's frontends use this node's only.
+    internal_local: bool,
+    /// `externalTrafficPolicy: Local`: the frontends of flows from outside do.
+    external_local: bool,
+    /// `sessionAffinity: ClientIP`'s timeout; 0 without affinity.
+    affinity_secs: u32,
+}
+
+impl Choice {
+    fn of(spec: &ServiceSpec) -> Self {
+        Self {
+            internal_local: spec.internal_traffic_policy.as_deref() == Some("Local"),
+            external_local: spec.external_traffic_policy.as_deref() == Some("Local"),
+            affinity_secs: if spec.session_affinity.as_deref() == Some("ClientIP") {
+                spec.session_affinity_config
+                    .as_ref()
+                    .and_then(|c| c.client_ip.as_ref())
+                    .and_then(|c| c.timeout_seconds)
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(DEFAULT_AFFINITY_SECS)
+            } else {
+                0
+            },
         }
     }
-    out
+}
+
+/// One Service's frontends, its health-check node port and what of it is not translated.
+fn service(
+    out: &mut Rendered,
+    svc: &Service,
+    by_service: &HashMap<(&str, &str), Vec<&EndpointSlice>>,
+    here: &Locality,
+) {
+    let (Some(ns), Some(name), Some(spec)) = (
+        svc.metadata.namespace.as_deref(),
+        svc.metadata.name.as_deref(),
+        svc.spec.as_ref(),
+    ) else {
+        return;
+    };
+    if svc.other_proxy || spec.type_.as_deref() == Some("ExternalName") {
+        return;
+    }
+    let Some(addrs) = Addresses::of(svc, spec) else {
+        return;
+    };
+    let mut not_done = BTreeSet::new();
+    if !spec
+        .load_balancer_source_ranges
+        .as_deref()
+        .unwrap_or_default()
+        .is_empty()
+    {
+        not_done.insert("loadBalancerSourceRanges".to_owned());
+    }
+    let choice = Choice::of(spec);
+    let slices = by_service
+        .get(&(ns, name))
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let mut local_ready = 0;
+    for port in spec.ports.as_deref().unwrap_or_default() {
+        match port_frontends(out, port, &addrs, &choice, slices, here) {
+            Ok(ready) => local_ready = local_ready.max(ready),
+            Err(unsupported) => {
+                not_done.insert(unsupported);
+            }
+        }
+    }
+    if let Some(port) = spec
+        .health_check_node_port
+        .and_then(|p| u16::try_from(p).ok())
+        .filter(|_| choice.external_local)
+    {
+        out.health.insert(
+            port,
+            HealthCheck {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                local_endpoints: local_ready,
+            },
+        );
+    }
+    if !not_done.is_empty() {
+        let fields: Vec<String> = not_done.into_iter().collect();
+        out.unhandled
+            .push((format!("{ns}/{name}"), fields.join(", ")));
+    }
+}
+
+/// The frontends of one port of a Service on every address of it; the most ready local
+/// endpoints any of them has, or what is not translated (a protocol other than TCP and
+/// UDP).
+fn port_frontends(
+    out: &mut Rendered,
+    port: &k8s_openapi::api::core::v1::ServicePort,
+    addrs: &Addresses,
+    choice: &Choice,
+    slices: &[&EndpointSlice],
+    here: &Locality,
+) -> Result<usize, String> {
+    let protocol = port.protocol.as_deref().unwrap_or("TCP");
+    let proto = match protocol {
+        "TCP" => cni_ebpf_common::proto::TCP,
+        "UDP" => cni_ebpf_common::proto::UDP,
+        other => return Err(format!("protocol {other} (port {})", port.port)),
+    };
+    let Ok(svc_port) = u16::try_from(port.port) else {
+        return Ok(0);
+    };
+    let node_port = port.node_port.and_then(|p| u16::try_from(p).ok());
+    let mut local_ready = 0;
+    for ip in &addrs.cluster {
+        let candidates = candidates(slices, port.name.as_deref(), protocol, *ip, here);
+        local_ready = local_ready.max(candidates.iter().filter(|c| c.local && c.ready).count());
+        let set = |local_only: bool| Frontend {
+            backends: backends(&candidates, local_only, here),
+            affinity_secs: choice.affinity_secs,
+        };
+        let (cluster, external) = (set(false), set(choice.external_local));
+        out.frontends.insert(
+            service_key(*ip, svc_port, proto),
+            set(choice.internal_local),
+        );
+        let mut outside = |at: At, port: u16, inside: bool, uplink: bool| {
+            if inside {
+                out.frontends.insert(
+                    frontend_key(at, port, proto, Scope::Socket),
+                    cluster.clone(),
+                );
+            }
+            if uplink {
+                out.frontends.insert(
+                    frontend_key(at, port, proto, Scope::Uplink),
+                    external.clone(),
+                );
+            }
+        };
+        if let Some(np) = node_port {
+            // Without a usable endpoint anywhere, flows from outside to the NodePort go to
+            // the node's stack, where nothing listens on it: a TCP reset or an ICMP port
+            // unreachable refuses them at once, as kube-proxy's REJECT does. (External and
+            // load-balancer addresses are not the node's: their flows are dropped instead.)
+            let uplink = !cluster.backends.is_empty();
+            outside(At::Node { ipv6: ip.is_ipv6() }, np, true, uplink);
+        }
+        for e in addrs
+            .external
+            .iter()
+            .filter(|e| e.is_ipv6() == ip.is_ipv6())
+        {
+            outside(At::Ip(*e), svc_port, true, true);
+        }
+        for (lb, inside) in addrs
+            .load_balancer
+            .iter()
+            .filter(|(l, _)| l.is_ipv6() == ip.is_ipv6())
+        {
+            outside(At::Ip(*lb), svc_port, *inside, true);
+        }
+    }
+    Ok(local_ready)
 }
 
 /// The backends of one frontend, sorted: the usable candidates ([`usable`]).
