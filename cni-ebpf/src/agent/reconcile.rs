@@ -31,7 +31,7 @@ use super::report::{DirectionState, PodState};
 use crate::{
     datapath::Datapath,
     error::Result,
-    policy::{compile_pod, parse_all, Cluster, Ruleset, Verdicts},
+    policy::{compile_pod, parse_all, Cluster, Dir, Ruleset, Verdicts},
 };
 
 /// How long a swapped-out slot may still be read by packets in flight. A program run
@@ -97,6 +97,50 @@ impl Reconciler {
         }
     }
 
+    /// The id a pod's verdicts for `dir` are put in force under: open, closed, or a rule
+    /// set's — the one it already has, or one written now under a fresh id. A rule set
+    /// the maps cannot hold closes the pod; the reason a pod is closed is returned and
+    /// recorded in `round`.
+    fn ruleset_id(
+        &mut self,
+        dp: &Datapath,
+        verdicts: Verdicts,
+        dir: Dir,
+        pod: &str,
+        round: &mut Round,
+    ) -> Result<(u32, Option<String>)> {
+        let mut close = |reason: String| {
+            round
+                .closed
+                .push((pod.to_owned(), format!("{}: {reason}", dir.as_str())));
+            Ok((RULESET_CLOSED, Some(reason)))
+        };
+        match verdicts {
+            Verdicts::Open => Ok((RULESET_OPEN, None)),
+            Verdicts::Closed(reason) => close(reason),
+            // Rules that admit nothing (a policy type without rules): no tables, the
+            // closed entry says the same.
+            Verdicts::Enforced(rs) if rs.entries() == 0 => Ok((RULESET_CLOSED, None)),
+            Verdicts::Enforced(rs) => {
+                if let Some(id) = self.ids.get(&rs) {
+                    return Ok((*id, None));
+                }
+                let id = self.fresh_id();
+                match dp.put_ruleset(id, &rs) {
+                    Ok(()) => {
+                        self.ids.insert(rs, id);
+                        Ok((id, None))
+                    }
+                    Err(e) => {
+                        // What was written of it goes again; the pod is closed.
+                        dp.remove_ruleset(id, &rs)?;
+                        close(format!("rule set not held: {e}"))
+                    }
+                }
+            }
+        }
+    }
+
     /// One round (see the module comment).
     pub fn reconcile(
         &mut self,
@@ -135,47 +179,10 @@ impl Reconciler {
             };
             let compiled = compile_pod(cluster, &parsed, &broken, pod);
             let name = format!("{}/{}", pod.namespace, pod.name);
-            let mut closed = [None, None];
-            let mut id_of = |v: Verdicts, dir: &str| -> Result<u32> {
-                let why = &mut closed[usize::from(dir == "egress")];
-                match v {
-                    Verdicts::Open => Ok(RULESET_OPEN),
-                    Verdicts::Closed(reason) => {
-                        *why = Some(reason.clone());
-                        round
-                            .closed
-                            .push((name.clone(), format!("{dir}: {reason}")));
-                        Ok(RULESET_CLOSED)
-                    }
-                    // Rules that admit nothing (a policy type without rules): no
-                    // tables, the closed entry says the same.
-                    Verdicts::Enforced(rs) if rs.entries() == 0 => Ok(RULESET_CLOSED),
-                    Verdicts::Enforced(rs) => {
-                        if let Some(id) = self.ids.get(&rs) {
-                            return Ok(*id);
-                        }
-                        let id = self.fresh_id();
-                        match dp.put_ruleset(id, &rs) {
-                            Ok(()) => {
-                                self.ids.insert(rs, id);
-                                Ok(id)
-                            }
-                            Err(e) => {
-                                // What was written of it goes again; the pod is closed.
-                                dp.remove_ruleset(id, &rs)?;
-                                *why = Some(format!("rule set not held: {e}"));
-                                round
-                                    .closed
-                                    .push((name.clone(), format!("{dir}: rule set not held: {e}")));
-                                Ok(RULESET_CLOSED)
-                            }
-                        }
-                    }
-                }
-            };
-            let ingress = id_of(compiled.ingress, "ingress")?;
-            let egress = id_of(compiled.egress, "egress")?;
-            let [ingress_closed, egress_closed] = closed;
+            let (ingress, ingress_closed) =
+                self.ruleset_id(dp, compiled.ingress, Dir::Ingress, &name, &mut round)?;
+            let (egress, egress_closed) =
+                self.ruleset_id(dp, compiled.egress, Dir::Egress, &name, &mut round)?;
             round.pods.push(PodState {
                 ifindex: *ifindex,
                 pod: name,

@@ -45,6 +45,17 @@ pub enum Dir {
     Egress,
 }
 
+impl Dir {
+    /// `ingress` or `egress`.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dir::Ingress => "ingress",
+            Dir::Egress => "egress",
+        }
+    }
+}
+
 /// A policy, parsed and checked.
 #[derive(Debug, Clone)]
 pub struct Policy {
