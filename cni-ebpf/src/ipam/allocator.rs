@@ -427,36 +427,14 @@ impl<'a> Allocator<'a> {
         format!("container {container_id} interface {ifname}")
     }
 
-    /// Reserves one address in every range set for `(container_id, ifname)`:
-    /// `requested[i]` (if any) in set `i`, else the next free one round-robin. All or
-    /// nothing: on any error no address stays reserved. A key that already holds a
-    /// reservation is refused and its reservation left intact.
-    pub fn allocate(
+    /// One address per range set: the requested one (`requested[s]`, checked free and in
+    /// the set) or the next free one; as (range set, range, address). Nothing is reserved
+    /// yet; `who` names the caller in errors.
+    fn choose(
         &mut self,
-        container_id: &str,
-        ifname: &str,
-        requester: Requester,
         requested: &[Option<IpAddr>],
-    ) -> Result<Vec<IpConfig>> {
-        let key = key_name(container_id, ifname)?;
-        let who = Self::describe_key(container_id, ifname);
-        if let Some((record, _)) = self.store.read_key(&key)? {
-            let held = record
-                .map(|r| {
-                    r.addresses
-                        .iter()
-                        .map(ToString::to_string)
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                })
-                .unwrap_or_else(|| "an unreadable reservation".into());
-            return Err(Error::Ipam(format!(
-                "{who} already holds {held} in network {}; a second ADD for the same \
-                 container and interface is refused (DEL it first)",
-                self.network
-            )));
-        }
-
+        who: &str,
+    ) -> Result<Vec<(usize, usize, IpAddr)>> {
         let mut chosen: Vec<(usize, usize, IpAddr)> = Vec::new();
         for s in 0..self.cfg.range_sets.len() {
             let want = requested.get(s).copied().flatten();
@@ -491,6 +469,40 @@ impl<'a> Allocator<'a> {
                 chosen.push((s, r, ip));
             }
         }
+        Ok(chosen)
+    }
+
+    /// Reserves one address in every range set for `(container_id, ifname)`:
+    /// `requested[i]` (if any) in set `i`, else the next free one round-robin. All or
+    /// nothing: on any error no address stays reserved. A key that already holds a
+    /// reservation is refused and its reservation left intact.
+    pub fn allocate(
+        &mut self,
+        container_id: &str,
+        ifname: &str,
+        requester: Requester,
+        requested: &[Option<IpAddr>],
+    ) -> Result<Vec<IpConfig>> {
+        let key = key_name(container_id, ifname)?;
+        let who = Self::describe_key(container_id, ifname);
+        if let Some((record, _)) = self.store.read_key(&key)? {
+            let held = record
+                .map(|r| {
+                    r.addresses
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_else(|| "an unreadable reservation".into());
+            return Err(Error::Ipam(format!(
+                "{who} already holds {held} in network {}; a second ADD for the same \
+                 container and interface is refused (DEL it first)",
+                self.network
+            )));
+        }
+
+        let chosen = self.choose(requested, &who)?;
 
         let configs: Vec<IpConfig> = chosen
             .iter()
