@@ -115,24 +115,39 @@ fn from_kubeconfig(path: &Path, server_flag: Option<&str>) -> Result<Credentials
         .find(|c| c.name == current)
         .and_then(|c| c.context.clone())
         .ok_or_else(|| bad(path, format!("context {current:?} is not defined")))?;
+    let (server, ca_pem, ca_source) = server_and_ca(path, &kc, &context.cluster, server_flag)?;
+    let user_name = context.user.clone().unwrap_or_default();
+    let auth = user_auth(path, &kc, &user_name)?;
+    Ok(Credentials {
+        server,
+        ca_pem,
+        ca_source,
+        auth,
+        namespace: context.namespace,
+    })
+}
+
+/// The API server's address (`--api-server` over the kubeconfig's) and the CA that
+/// verifies it, with where the CA was read, for the kubeconfig's `cluster`.
+fn server_and_ca(
+    path: &Path,
+    kc: &Kubeconfig,
+    cluster_name: &str,
+    server_flag: Option<&str>,
+) -> Result<(String, Vec<u8>, PathBuf), ApiError> {
     let cluster = kc
         .clusters
         .iter()
-        .find(|c| c.name == context.cluster)
+        .find(|c| c.name == cluster_name)
         .and_then(|c| c.cluster.clone())
-        .ok_or_else(|| {
-            bad(
-                path,
-                format!("cluster {:?} is not defined", context.cluster),
-            )
-        })?;
+        .ok_or_else(|| bad(path, format!("cluster {:?} is not defined", cluster_name)))?;
     let server = match server_flag.filter(|s| !s.is_empty()) {
         Some(s) => s.trim_end_matches('/').to_owned(),
         None => cluster
             .server
             .clone()
             .map(|s| s.trim_end_matches('/').to_owned())
-            .ok_or_else(|| bad(path, format!("cluster {:?} has no server", context.cluster)))?,
+            .ok_or_else(|| bad(path, format!("cluster {:?} has no server", cluster_name)))?,
     };
     if cluster.insecure_skip_tls_verify == Some(true) {
         return Err(bad(
@@ -140,7 +155,7 @@ fn from_kubeconfig(path: &Path, server_flag: Option<&str>) -> Result<Credentials
             format!(
                 "cluster {:?} sets insecure-skip-tls-verify: the agent verifies the API \
                  server; give its CA (certificate-authority-data)",
-                context.cluster
+                cluster_name
             ),
         ));
     }
@@ -159,14 +174,16 @@ fn from_kubeconfig(path: &Path, server_flag: Option<&str>) -> Result<Credentials
         (None, None) => {
             return Err(bad(
                 path,
-                format!(
-                    "cluster {:?} names no certificate authority",
-                    context.cluster
-                ),
+                format!("cluster {:?} names no certificate authority", cluster_name),
             ))
         }
     };
-    let user_name = context.user.clone().unwrap_or_default();
+    Ok((server, ca_pem, ca_source))
+}
+
+/// How the kubeconfig's user `user_name` authenticates: a token, a token file, or a client
+/// certificate with its key (an exec plugin or auth provider is refused).
+fn user_auth(path: &Path, kc: &Kubeconfig, user_name: &str) -> Result<Auth, ApiError> {
     let user = kc
         .auth_infos
         .iter()
@@ -226,13 +243,7 @@ fn from_kubeconfig(path: &Path, server_flag: Option<&str>) -> Result<Credentials
             ))
         }
     };
-    Ok(Credentials {
-        server,
-        ca_pem,
-        ca_source,
-        auth,
-        namespace: context.namespace,
-    })
+    Ok(auth)
 }
 
 #[cfg(test)]
