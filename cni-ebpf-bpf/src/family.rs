@@ -17,7 +17,7 @@ use cni_ebpf_common::{
 };
 
 use crate::{
-    forward::{deliver, deliver6, route_out, route_out6, to_uplink, to_uplink6, Handover},
+    forward::{deliver, deliver6, route_out, route_out6, to_uplink, to_uplink6, PodDelivery},
     icmp, icmp6,
     maps::{
         in_cluster, is_node_addr, local_endpoint, port_mapping, port_mapping6, ENDPOINTS6, FLOWS,
@@ -65,7 +65,7 @@ pub(crate) trait Family: Copy + PartialEq + Default + 'static {
     /// The pod address and port behind host port `self:port` of `proto_`, if there is one.
     fn host_port_target(self, port: u16, proto_: u8) -> Option<(Self, u16)>;
     /// Delivers the packet into local pod `ep` (past the node's stack), as `how` can.
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32;
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i32;
 
     /// Rewrites packet `p`'s tuple into `n`'s in place, with every checksum the family
     /// has. `Err` when a step failed (see `rewrite::apply`).
@@ -152,7 +152,7 @@ impl Family for Addr4 {
     }
 
     #[inline(always)]
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i32 {
         deliver(ctx, ep, how)
     }
 
@@ -283,7 +283,7 @@ impl Family for Addr6 {
     }
 
     #[inline(always)]
-    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+    fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i32 {
         deliver6(ctx, ep, how)
     }
 

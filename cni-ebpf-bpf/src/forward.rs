@@ -86,7 +86,7 @@ pub(crate) fn route_hop_slow(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> b
 
 /// Where the program handing a packet into a local pod runs, which decides how it can.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Handover {
+pub(crate) enum PodDelivery {
     /// At a tc ingress hook (a host veth's, the uplink's, the tunnel device's):
     /// `bpf_redirect_peer` puts the packet straight into the pod's namespace.
     Peer,
@@ -98,12 +98,12 @@ pub(crate) enum Handover {
 
 /// Redirects the packet to pod `ep` as `how` can.
 #[inline(always)]
-fn redirect_into(ep: &EndpointInfo, how: Handover) -> i32 {
+fn redirect_into(ep: &EndpointInfo, how: PodDelivery) -> i32 {
     // SAFETY: plain helper calls.
     unsafe {
         match how {
-            Handover::Peer => bpf_redirect_peer(ep.ifindex, 0) as i32,
-            Handover::Transmit => bpf_redirect(ep.ifindex, 0) as i32,
+            PodDelivery::Peer => bpf_redirect_peer(ep.ifindex, 0) as i32,
+            PodDelivery::Transmit => bpf_redirect(ep.ifindex, 0) as i32,
         }
     }
 }
@@ -112,7 +112,7 @@ fn redirect_into(ep: &EndpointInfo, how: Handover) -> i32 {
 /// one routed hop, then a redirect as `how` can. TTL expiry goes to the stack. A packet
 /// the node's NetworkPolicy refuses is dropped (see [`policy::admits_delivery`]).
 #[inline(always)]
-pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i32 {
     if !policy::admits_delivery(ctx, ep.ifindex, ep.owner, false) {
         return TC_ACT_SHOT as i32;
     }
@@ -136,7 +136,7 @@ pub(crate) fn deliver_verified<A: Family>(
         return None;
     }
     count(Reason::RedirectFromUplink);
-    Some(A::deliver(ctx, ep, Handover::Peer))
+    Some(A::deliver(ctx, ep, PodDelivery::Peer))
 }
 
 /// [`route_hop`] for IPv6: the hop limit decremented (IPv6 has no header checksum).
@@ -157,7 +157,7 @@ pub(crate) fn route_hop6(ctx: &TcContext, dst: &[u8; 6], src: &[u8; 6]) -> bool 
 
 /// [`deliver`] for IPv6 (its NetworkPolicy judgement: [`policy::judge_delivery6`]).
 #[inline(always)]
-pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo, how: Handover) -> i32 {
+pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i32 {
     if !route_hop6(ctx, &ep.pod_mac, &ep.host_mac) {
         return TC_ACT_OK as i32;
     }

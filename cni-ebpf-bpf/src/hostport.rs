@@ -10,7 +10,7 @@ use cni_ebpf_common::{proto, NatHook, NatKeyOf, NatKind, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::Handover,
+    forward::PodDelivery,
     maps::{count, node_config},
     nat::{alloc_port, entry, forget_new_flow, nat_add, nat_remove, rev_key, room_for_flow},
     parse::Pkt,
@@ -89,7 +89,7 @@ pub(crate) fn hairpin_finish<A: Family>(
     ctx: &TcContext,
     p: &Pkt<A>,
     g: &HairpinGrant<A>,
-    how: Handover,
+    how: PodDelivery,
 ) -> i32 {
     let fwd = entry(
         g.saddr,
@@ -116,7 +116,7 @@ pub(crate) fn hairpin_finish<A: Family>(
 /// Into local pod `daddr` past the stack (as `how` can), else (not local any more) to
 /// the stack.
 #[inline(always)]
-pub(crate) fn deliver_local<A: Family>(ctx: &TcContext, daddr: A, how: Handover) -> i32 {
+pub(crate) fn deliver_local<A: Family>(ctx: &TcContext, daddr: A, how: PodDelivery) -> i32 {
     match daddr.local_endpoint() {
         Some(ep) => A::deliver(ctx, &ep, how),
         None => {
@@ -183,5 +183,5 @@ pub(crate) fn dnat_to<A: Family>(ctx: &TcContext, p: &Pkt<A>, b: A, bp: u16, new
     // flow state.
     flows::note_own_inbound(&rev_key);
     count(new);
-    deliver_local(ctx, b, Handover::Peer)
+    deliver_local(ctx, b, PodDelivery::Peer)
 }

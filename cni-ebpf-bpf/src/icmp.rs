@@ -4,7 +4,7 @@ use aya_ebpf::{bindings::TC_ACT_OK, programs::TcContext};
 use cni_ebpf_common::{proto, NatDeliver, NatEntry, NatHook, NatKey, Reason};
 
 use crate::{
-    forward::Handover,
+    forward::PodDelivery,
     hostport::deliver_local,
     maps::{count, NAT},
     parse::{
@@ -49,7 +49,7 @@ pub(crate) fn icmp_error_in(ctx: &TcContext, p: &Pkt) -> i32 {
     if q.entry.deliver == NatDeliver::STACK {
         return TC_ACT_OK as i32;
     }
-    deliver_local(ctx, q.entry.daddr, Handover::Peer)
+    deliver_local(ctx, q.entry.daddr, PodDelivery::Peer)
 }
 
 /// What an ICMP error quotes of a packet we translated, and that flow's reverse entry.

@@ -19,7 +19,7 @@
 //!   forwarding); `to_pod` (egress) judges what the kernel delivers by NetworkPolicy;
 //! - a netkit pod's pair: `from_netkit` (the pod's transmit path) and `to_netkit` (the
 //!   host device's) do the same work, handing packets into other pods by `bpf_redirect`
-//!   ([`forward::Handover`]);
+//!   ([`forward::PodDelivery`]);
 //! - the uplink ([`uplink`]): `uplink_ingress` translates back replies of masqueraded
 //!   flows and ICMP errors about them, DNATs nodeIP:hostPort to the pod keeping the
 //!   client's source address, sends new flows to a Service's NodePort, external IP or
@@ -85,7 +85,7 @@ use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext}
 use cni_ebpf_common::{prog, Addr4, Addr6, Reason};
 
 use crate::{
-    forward::Handover,
+    forward::PodDelivery,
     maps::{add_stats, count},
 };
 
@@ -100,7 +100,7 @@ pub(crate) const PASS: i32 = TC_ACT_UNSPEC;
 /// (both families), then the stages of [`pod`].
 #[classifier]
 pub fn from_pod(ctx: TcContext) -> i32 {
-    leaving_pod(&ctx, Handover::Peer)
+    leaving_pod(&ctx, PodDelivery::Peer)
 }
 
 /// A netkit pod's transmit path (the netkit peer's program): traffic leaving the pod,
@@ -108,13 +108,13 @@ pub fn from_pod(ctx: TcContext) -> i32 {
 /// packet its host device's, whose ifindex it carries.
 #[classifier]
 pub fn from_netkit(ctx: TcContext) -> i32 {
-    leaving_pod(&ctx, Handover::Transmit)
+    leaving_pod(&ctx, PodDelivery::Transmit)
 }
 
 /// [`from_pod`] and [`from_netkit`]: the pod's packet, where it runs handing packets
 /// into other pods as `how` can.
 #[inline(always)]
-fn leaving_pod(ctx: &TcContext, how: Handover) -> i32 {
+fn leaving_pod(ctx: &TcContext, how: PodDelivery) -> i32 {
     count(Reason::Seen);
     // SAFETY: reading a field of the context.
     let ifindex = unsafe { (*ctx.skb.skb).ifindex };

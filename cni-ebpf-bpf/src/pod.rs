@@ -20,7 +20,7 @@ use cni_ebpf_common::{NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::Handover,
+    forward::PodDelivery,
     guard::{check_source, Verdict},
     hostport::{self, HairpinGrant},
     maps::{count, pod_traffic_to_stack, Source},
@@ -40,7 +40,7 @@ pub(crate) struct Sender {
     pub(crate) host_ports: bool,
     /// How a packet of this pod's is handed into another local pod: from a veth's tc
     /// ingress, or from a netkit pod's transmit path.
-    pub(crate) handover: Handover,
+    pub(crate) handover: PodDelivery,
 }
 
 /// Who sent the packet, for every family: a pod speaks only as itself, and a pod with an
@@ -53,7 +53,7 @@ pub(crate) struct Sender {
 /// and nothing needs to look it up again. Its own BPF function: the stages run under the
 /// program's frame, not under this one.
 #[inline(never)]
-pub(crate) fn sender(ctx: &TcContext, ifindex: u32, handover: Handover) -> Result<Sender, i32> {
+pub(crate) fn sender(ctx: &TcContext, ifindex: u32, handover: PodDelivery) -> Result<Sender, i32> {
     let source = match check_source(ctx, ifindex) {
         Verdict::Allowed(s) => s,
         Verdict::Spoofed => {
@@ -163,7 +163,7 @@ fn hairpin_grant<A: Family>(ctx: &TcContext, g: &mut HairpinGrant<A>) -> Option<
 
 /// A granted hairpin flow: its forward entry, rewrite and delivery.
 #[inline(never)]
-fn hairpin_finish<A: Family>(ctx: &TcContext, g: &HairpinGrant<A>, how: Handover) -> i32 {
+fn hairpin_finish<A: Family>(ctx: &TcContext, g: &HairpinGrant<A>, how: PodDelivery) -> i32 {
     match A::parse(ctx) {
         Ok(p) => hostport::hairpin_finish(ctx, &p, g, how),
         // The same bytes parsed a moment ago: not reached; the reverse entry goes.

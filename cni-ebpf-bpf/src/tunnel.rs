@@ -50,7 +50,7 @@ use crate::{
     family::Family,
     flows,
     forward::{
-        self, deliver_verified, Handover, UnderlayHop, BPF_MTU_CHK_RET_SUCCESS, BPF_MTU_CHK_SEGS,
+        self, deliver_verified, PodDelivery, UnderlayHop, BPF_MTU_CHK_RET_SUCCESS, BPF_MTU_CHK_SEGS,
     },
     maps::{count, node_config, TUNNEL_ENDPOINTS, TUNNEL_NODES},
     parse::{
@@ -58,7 +58,7 @@ use crate::{
         IP6_SADDR, IP_DADDR, IP_HLEN, IP_OFF, IP_SADDR, IP_TOS, TCP_FLAGS,
     },
     policy,
-    uplink::{self, Known},
+    uplink::{self, FlowMatch},
     v6,
 };
 
@@ -450,7 +450,7 @@ fn decap4_into_pod(ctx: &TcContext) -> Option<i32> {
     }
     count(Reason::TunnelDecap);
     count(Reason::RedirectFromUplink);
-    Some(forward::deliver(ctx, &ep, Handover::Peer))
+    Some(forward::deliver(ctx, &ep, PodDelivery::Peer))
 }
 
 /// [`flows::seen_leaving`] for the packet `to_tunnel` sends, of either family. A
@@ -520,10 +520,10 @@ pub(crate) fn from_tunnel(ctx: &TcContext) -> i32 {
         uplink::tunnel_service_reply::<cni_ebpf_common::Addr4>(ctx)
     };
     match reply {
-        Known::Verdict(v) => return v,
-        Known::Route if ipv6 => return uplink::route_out::<Addr6>(ctx),
-        Known::Route => return uplink::route_out::<cni_ebpf_common::Addr4>(ctx),
-        Known::IcmpError | Known::Underlay | Known::No => {}
+        FlowMatch::Verdict(v) => return v,
+        FlowMatch::Route if ipv6 => return uplink::route_out::<Addr6>(ctx),
+        FlowMatch::Route => return uplink::route_out::<cni_ebpf_common::Addr4>(ctx),
+        FlowMatch::IcmpError | FlowMatch::Underlay | FlowMatch::No => {}
     }
     // For a local pod, in a flow whose packets from the pod were seen leaving
     // untranslated: straight into the pod, judged by its NetworkPolicy on the way.

@@ -29,7 +29,7 @@ use cni_ebpf_common::{FlowFlags, NatDeliver, NatHook, Reason};
 use crate::{
     family::Family,
     flows,
-    forward::{self, deliver_verified, Handover},
+    forward::{self, deliver_verified, PodDelivery},
     hostport,
     maps::{count, node_config},
     masq::{self, Granted},
@@ -46,12 +46,12 @@ pub(crate) fn ingress<A: Family>(ctx: &TcContext) -> i32 {
         sweep_if_requested::<A>();
     }
     match ingress_known::<A>(ctx) {
-        Known::Verdict(v) => return v,
-        Known::Underlay if A::IPV6 => return PASS,
-        Known::Underlay => return tunnel::decap4(ctx),
-        Known::IcmpError => return ingress_icmp_error::<A>(ctx),
-        Known::Route => return route_out::<A>(ctx),
-        Known::No => {}
+        FlowMatch::Verdict(v) => return v,
+        FlowMatch::Underlay if A::IPV6 => return PASS,
+        FlowMatch::Underlay => return tunnel::decap4(ctx),
+        FlowMatch::IcmpError => return ingress_icmp_error::<A>(ctx),
+        FlowMatch::Route => return route_out::<A>(ctx),
+        FlowMatch::No => {}
     }
     if let Some(v) = ingress_dnat::<A>(ctx) {
         return v;
@@ -87,7 +87,7 @@ fn ingress_service_remote<A: Family>(ctx: &TcContext, chosen: &nodeport::Chosen<
 }
 
 /// What [`ingress_known`] (or [`tunnel_service_reply`]) found.
-pub(crate) enum Known {
+pub(crate) enum FlowMatch {
     /// A packet of a translated flow, or one that cannot be parsed: its verdict.
     Verdict(i32),
     /// An ICMP error: [`ingress_icmp_error`]'s.
@@ -104,36 +104,36 @@ pub(crate) enum Known {
 /// A packet of a translated flow, translated back and delivered (into the pod past the
 /// stack, unless netfilter saw the flow's other direction).
 #[inline(never)]
-fn ingress_known<A: Family>(ctx: &TcContext) -> Known {
+fn ingress_known<A: Family>(ctx: &TcContext) -> FlowMatch {
     let p = match A::parse(ctx) {
         Ok(p) => p,
         Err(r) => {
             count(r);
-            return Known::Verdict(PASS);
+            return FlowMatch::Verdict(PASS);
         }
     };
     if tunnel::is_underlay(&p, p.daddr) {
-        return Known::Underlay;
+        return FlowMatch::Underlay;
     }
     if A::is_icmp_error(&p) {
-        return Known::IcmpError;
+        return FlowMatch::IcmpError;
     }
     let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) else {
-        return Known::No;
+        return FlowMatch::No;
     };
     if !apply(ctx, &p, &n) {
-        return Known::Verdict(rewrite_failed());
+        return FlowMatch::Verdict(rewrite_failed());
     }
     if n.deliver == NatDeliver::ROUTE {
-        return Known::Route;
+        return FlowMatch::Route;
     }
     if n.deliver == NatDeliver::STACK {
         count(Reason::SnatReplyToStack);
         policy::note_to_stack();
-        return Known::Verdict(TC_ACT_OK as i32);
+        return FlowMatch::Verdict(TC_ACT_OK as i32);
     }
     count_translated(n.kind);
-    Known::Verdict(hostport::deliver_local(ctx, n.daddr, Handover::Peer))
+    FlowMatch::Verdict(hostport::deliver_local(ctx, n.daddr, PodDelivery::Peer))
 }
 
 /// An ICMP error, about a translated flow or not ([`Family::icmp_error_in`]). Its own
@@ -211,27 +211,27 @@ pub(crate) fn route_out<A: Family>(ctx: &TcContext) -> i32 {
 }
 
 /// A reply of a Service flow sent on to a backend on another node, come out of the
-/// tunnel (`tunnel::from_tunnel`): translated back, [`Known::Route`] (the caller routes
+/// tunnel (`tunnel::from_tunnel`): translated back, [`FlowMatch::Route`] (the caller routes
 /// it out to the client, [`route_out`]: not from here, whose frame would add to it).
-/// [`Known::No`] when the packet is not one.
+/// [`FlowMatch::No`] when the packet is not one.
 #[inline(never)]
-pub(crate) fn tunnel_service_reply<A: Family>(ctx: &TcContext) -> Known {
+pub(crate) fn tunnel_service_reply<A: Family>(ctx: &TcContext) -> FlowMatch {
     let Ok(p) = A::parse(ctx) else {
-        return Known::No;
+        return FlowMatch::No;
     };
     if !p.daddr.is_node_addr() {
-        return Known::No;
+        return FlowMatch::No;
     }
     let Some(n) = nat_lookup(&p, NatHook::UPLINK_IN) else {
-        return Known::No;
+        return FlowMatch::No;
     };
     if n.deliver != NatDeliver::ROUTE {
-        return Known::No;
+        return FlowMatch::No;
     }
     if !apply(ctx, &p, &n) {
-        return Known::Verdict(rewrite_failed());
+        return FlowMatch::Verdict(rewrite_failed());
     }
-    Known::Route
+    FlowMatch::Route
 }
 
 /// Anything else for a local pod: straight in when its flow is verified both ways, else

@@ -14,7 +14,7 @@ use aya_ebpf::programs::TcContext;
 use cni_ebpf_common::{prog, Reason};
 
 use crate::{
-    forward::Handover,
+    forward::PodDelivery,
     maps::{count, CALLS6},
     parse::{read, ETH_P_IPV6, ETH_TYPE_OFF},
     pod::Sender,
@@ -26,7 +26,7 @@ use crate::{
 const CB_OWN_SOURCE: u32 = 1;
 /// ... and the pod holds host ports (see [`Sender`])...
 const CB_HOST_PORTS: u32 = 2;
-/// ... and the program runs in a netkit pod's transmit path ([`Handover::Transmit`]).
+/// ... and the program runs in a netkit pod's transmit path ([`PodDelivery::Transmit`]).
 const CB_TRANSMIT: u32 = 4;
 
 /// Whether the frame is IPv6.
@@ -56,7 +56,7 @@ pub(crate) fn call_from_pod6(ctx: &TcContext, sender: Sender) -> i32 {
     if sender.host_ports {
         cb |= CB_HOST_PORTS;
     }
-    if sender.handover == Handover::Transmit {
+    if sender.handover == PodDelivery::Transmit {
         cb |= CB_TRANSMIT;
     }
     // SAFETY: `cb` is the tc control block, ours while the packet is in tc.
@@ -73,9 +73,9 @@ pub(crate) fn sender(ctx: &TcContext) -> Sender {
         own_source: cb & CB_OWN_SOURCE != 0,
         host_ports: cb & CB_HOST_PORTS != 0,
         handover: if cb & CB_TRANSMIT != 0 {
-            Handover::Transmit
+            PodDelivery::Transmit
         } else {
-            Handover::Peer
+            PodDelivery::Peer
         },
     }
 }

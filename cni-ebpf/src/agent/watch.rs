@@ -425,9 +425,15 @@ fn interfaces(dp: &Datapath) -> Vec<(u32, u64, u64)> {
     v
 }
 
-/// One network: its datapath, its reconciler, the interfaces of its last round and the
-/// state that round left.
-type Network = (Datapath, Reconciler, Vec<(u32, u64, u64)>, NetworkState);
+/// One network the agent enforces policy on.
+struct Network {
+    dp: Datapath,
+    reconciler: Reconciler,
+    /// The pod interfaces of its last round (ifindex, owner, pod key).
+    seen: Vec<(u32, u64, u64)>,
+    /// The state that round left (what the state file holds).
+    state: NetworkState,
+}
 
 /// Every network the agent enforces policy on.
 struct Enforcer {
@@ -465,9 +471,14 @@ impl Enforcer {
             if !self.networks.contains_key(&dir) {
                 match Datapath::open_at(&dir) {
                     Ok(Some(dp)) => match Reconciler::resume(&dp) {
-                        Ok(r) => {
-                            self.networks
-                                .insert(dir.clone(), (dp, r, Vec::new(), NetworkState::default()));
+                        Ok(reconciler) => {
+                            let network = Network {
+                                dp,
+                                reconciler,
+                                seen: Vec::new(),
+                                state: NetworkState::default(),
+                            };
+                            self.networks.insert(dir.clone(), network);
                         }
                         Err(e) => {
                             tracing::warn!("{}: reading the policy maps: {e}", dir.display());
@@ -485,7 +496,13 @@ impl Enforcer {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let Some((dp, rec, seen, state)) = self.networks.get_mut(&dir) else {
+            let Some(Network {
+                dp,
+                reconciler,
+                seen,
+                state,
+            }) = self.networks.get_mut(&dir)
+            else {
                 continue;
             };
             let now = interfaces(dp);
@@ -501,7 +518,7 @@ impl Enforcer {
                 continue;
             }
             let policies = view.policies();
-            match rec.reconcile(dp, &fed.cluster, &policies) {
+            match reconciler.reconcile(dp, &fed.cluster, &policies) {
                 Ok(round) => {
                     *seen = interfaces(dp);
                     let fresh_state = NetworkState {

@@ -120,7 +120,7 @@ pub fn main() -> ExitCode {
         Cmd::Agent(args) => crate::agent::run(&args),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
-        Cmd::FinishDel { job } => crate::verbs::del::Unfinished::run_job(&job),
+        Cmd::FinishDel { job } => crate::verbs::del::FinishJob::run(&job),
     };
     match out {
         Ok(()) => ExitCode::SUCCESS,

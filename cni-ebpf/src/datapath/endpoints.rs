@@ -80,7 +80,7 @@ pub(super) struct PodProgram {
 
 /// What [`Datapath::take_pod`] took of a pod.
 #[derive(Debug, Default)]
-pub struct Taken {
+pub struct RemovedEntries {
     /// The addresses whose entries became tombstones (and those of its host ports).
     pub addrs: Vec<IpAddr>,
     /// The host interfaces its endpoint entries named.
@@ -337,9 +337,9 @@ impl Datapath {
         host_ifname: &str,
         ips: &[IpAddr],
         errors: &mut Vec<Error>,
-    ) -> Taken {
+    ) -> RemovedEntries {
         let owner = owner_id(container_id.as_bytes(), ifname.as_bytes());
-        let mut taken = Taken::default();
+        let mut taken = RemovedEntries::default();
         match self.take_port_mappings(owner) {
             Ok(a) => taken.addrs.extend(a),
             Err(e) => errors.push(e),

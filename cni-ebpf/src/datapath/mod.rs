@@ -76,7 +76,7 @@ use ipnet::IpNet;
 use self::maps::Maps;
 pub use self::{
     attach::AttachMode,
-    endpoints::{Endpoint, Taken},
+    endpoints::{Endpoint, RemovedEntries},
     memory::MapStats,
     node_config::{snat_dest_cap, NodeConfigSpec},
     pins::Pins,

@@ -3,7 +3,7 @@
 //! failure at the end. Touches only state that names this (container ID, ifname).
 //!
 //! DEL returns once the pod is gone for everyone else, and leaves the slow rest to a
-//! process of its own ([`Unfinished`], run as `cni-ebpf finish-del`):
+//! process of its own ([`FinishJob`], run as `cni-ebpf finish-del`):
 //! - before it returns: the addresses are released; the pod's endpoint entries are
 //!   tombstones, its host ports and counters are gone, so no packet reaches it or leaves
 //!   it through the datapath; and its host veth is *retired*: down, which removes the
@@ -52,7 +52,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
     let mut errors = Vec::new();
     let (cid, ifname) = (env.container_id.as_str(), env.ifname.as_str());
     let host_ifname = link::host_veth_name(cid, ifname);
-    let mut rest = Unfinished {
+    let mut rest = FinishJob {
         network: conf.name.clone(),
         network_dir: conf.pin_dir(),
         store_dir: conf.store_dir(),
@@ -117,7 +117,7 @@ pub fn run(env: &Env, conf: &NetConf, stdin: &[u8]) -> Result<()> {
 /// What DEL leaves to its finishing process: the flow state of the pod's addresses and
 /// its owner record (when the datapath is loaded), and its retired host veth.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Unfinished {
+pub struct FinishJob {
     /// The network's name.
     pub network: String,
     /// The network's pin directory (`<bpffsRoot>/<network>`).
@@ -150,7 +150,7 @@ const FINISH_NICE: libc::c_int = 10;
 /// How long [`settled`] waits for finishing processes.
 pub const SETTLE_WAIT: Duration = Duration::from_secs(10);
 
-impl Unfinished {
+impl FinishJob {
     /// Starts `cni-ebpf finish-del` on this, not waited for, holding a shared lock on the
     /// network's `teardowns.lock` (below `store_dir`) until it exits. Where it cannot be
     /// started, does the rest here.
@@ -222,7 +222,7 @@ impl Unfinished {
     }
 
     /// `cni-ebpf finish-del <job>`: the finishing process.
-    pub fn run_job(job: &str) -> Result<()> {
+    pub fn run(job: &str) -> Result<()> {
         let this: Self = serde_json::from_str(job)
             .map_err(|e| Error::io("reading the rest of DEL", std::io::Error::other(e)))?;
         // No rotation here: the next verb rotates, never two processes at once.
@@ -287,7 +287,7 @@ enum Batch {
 /// pair; DEL removed those on the interfaces its address entries named). An interface
 /// that exists may be a new ADD's of the same attachment, whose entries are written before
 /// its addresses': those stay.
-fn release_what_is_left(dp: &Datapath, job: &Unfinished) -> Result<()> {
+fn release_what_is_left(dp: &Datapath, job: &FinishJob) -> Result<()> {
     dp.forget_pod_netns(&job.ifindexes)?;
     let owner = cni_ebpf_common::owner_id(job.container_id.as_bytes(), job.ifname.as_bytes());
     let left = dp.policy_interfaces_of(owner)?;
@@ -331,7 +331,7 @@ const VETH_DELAY: Duration = Duration::from_millis(100);
 /// A retired veth is down, carries no route and belongs to no pod, so the wait keeps every
 /// guarantee; killed -9 while waiting, the finishing process leaves the retired veths to
 /// the next DEL's deletion, an ADD into the same namespace, or GC.
-fn delete_retired_veths(job: &Unfinished, batch: Batch) -> Result<()> {
+fn delete_retired_veths(job: &FinishJob, batch: Batch) -> Result<()> {
     let record = job.store_dir.join("veths-delete");
     let in_burst = std::fs::metadata(&record)
         .and_then(|m| m.modified())
@@ -381,7 +381,7 @@ const PURGE_DELAY: Duration = Duration::from_secs(1);
 /// Meanwhile the tombstones keep every guarantee (`flows.rs`): nothing opens a flow for
 /// their addresses, and an ADD given one of them purges its flows first. A kill -9 of the
 /// waiting process leaves them to the next DEL's purge, an ADD of the address, or GC.
-fn purge_flows(dp: &Datapath, job: &Unfinished, batch: Batch) -> Result<()> {
+fn purge_flows(dp: &Datapath, job: &FinishJob, batch: Batch) -> Result<()> {
     let record = job.store_dir.join("flows-purge");
     if batch == Batch::MayWait
         && walk_is_costly(dp, &record)?
