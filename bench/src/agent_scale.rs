@@ -47,7 +47,7 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Map, Value};
-use tests::{ApiServer, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4};
+use testbed::{ApiServer, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4};
 
 use super::{
     policy::{add_pod_to, await_verdict, flip_policy, pod_object, probe, put, Seen, ECHO_PORT},
@@ -318,7 +318,7 @@ fn service_objects(shape: Shape, s: usize) -> (Value, Value) {
 /// Namespace `k`'s policy: its pods of one app admit the `web` pods of one team's
 /// namespaces on the app's named port.
 fn policy_object(k: usize) -> Value {
-    tests::netpol::policy_object(
+    testbed::netpol::policy_object(
         &namespace_name(k),
         "admit-web",
         json!({
@@ -607,8 +607,8 @@ fn put_rows(
 struct Setup {
     agent: Option<proc::Background>,
     _server: EchoServer,
-    cli: tests::Pod,
-    _srv: tests::Pod,
+    cli: testbed::Pod,
+    _srv: testbed::Pod,
     srv_addr: SocketAddr,
     api: ApiServer,
     cluster: Cluster,
@@ -650,7 +650,7 @@ fn measure(ws: &Workspace, p: &Params, shape: Shape) -> Result<Figures> {
     put(
         &api,
         "namespaces",
-        serde_json::to_value(tests::netpol::namespace("flip", &[("team", "flip")]))?,
+        serde_json::to_value(testbed::netpol::namespace("flip", &[("team", "flip")]))?,
     )?;
     let (srv, srv_ip) = add_pod_to(ws, node, "flip", "srv", true)?;
     let (cli, cli_ip) = add_pod_to(ws, node, "flip", "cli", true)?;

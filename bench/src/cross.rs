@@ -21,7 +21,7 @@ use std::{collections::BTreeMap, path::Path, time::Duration};
 
 use anyhow::Result;
 use serde_json::{json, Map, Value};
-use tests::{
+use testbed::{
     apiserver::ApiServer, cluster::Underlay, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4,
 };
 
@@ -73,10 +73,10 @@ fn sh(netns: &Path, cmd: &str) -> Result<()> {
 struct Side {
     column: &'static str,
     _servers: (Background, EchoServer),
-    _agents: Vec<tests::Background>,
+    _agents: Vec<testbed::Background>,
     _api: Option<ApiServer>,
-    client: tests::Pod,
-    _server: tests::Pod,
+    client: testbed::Pod,
+    _server: testbed::Pod,
     server_ip: String,
     cluster: Cluster,
 }
@@ -95,9 +95,9 @@ impl Side {
     fn serve(
         column: &'static str,
         cluster: Cluster,
-        client: tests::Pod,
-        server: (tests::Pod, String),
-        agents: Vec<tests::Background>,
+        client: testbed::Pod,
+        server: (testbed::Pod, String),
+        agents: Vec<testbed::Background>,
         api: Option<ApiServer>,
     ) -> Result<Self> {
         let netns = server.0.netns().to_path_buf();
@@ -196,7 +196,7 @@ impl Side {
 /// A pod on `node` wired by hand: a veth pair of MTU `mtu`, the pod at `10.244.<i>.200`,
 /// the node side owning `10.244.<i>.254` (the pod's gateway) and routing the pod's
 /// address to it, the node forwarding.
-fn bare_pod(node: &ClusterNode, name: &str, i: u8, mtu: u32) -> Result<tests::Pod> {
+fn bare_pod(node: &ClusterNode, name: &str, i: u8, mtu: u32) -> Result<testbed::Pod> {
     let pod = catch(&format!("creating pod {name}"), || node.pod(name))?;
     let (ip, gw) = (format!("10.244.{i}.200"), format!("10.244.{i}.254"));
     sh(

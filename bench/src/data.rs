@@ -33,7 +33,7 @@ use super::{
     },
     transact::{self, Kind},
 };
-use tests::{EchoServer, NetNs, Serving};
+use testbed::{EchoServer, NetNs, Serving};
 
 /// Sizes of the data-plane phase.
 #[derive(Debug, Clone)]
@@ -509,7 +509,7 @@ pub fn reason_counters(plugin: &Path, network: &str, pins: &Path, netns: &Path) 
 
 /// The non-zero packet counters of the ebpf variant's network on `node` (which path the
 /// packets took), by reason name.
-pub fn nonzero_reasons(plugin: &Path, node: &tests::ClusterNode) -> Option<Map<String, Value>> {
+pub fn nonzero_reasons(plugin: &Path, node: &testbed::ClusterNode) -> Option<Map<String, Value>> {
     let reasons = reason_counters(
         plugin,
         Variant::Ebpf.network(),

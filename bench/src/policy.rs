@@ -69,7 +69,7 @@ use std::{
 use anyhow::{anyhow, bail, Context, Result};
 use cni_ebpf_common::{map, PolicyState};
 use serde_json::{json, Map, Value};
-use tests::{ApiServer, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4};
+use testbed::{ApiServer, Cluster, ClusterNode, EchoServer, Serving, EXT_IP4};
 
 use super::{
     data::{self, Samples, Target},
@@ -143,7 +143,7 @@ fn ms(d: Duration) -> f64 {
 
 /// A pod the bench ADDed: its namespace (removed on drop) and its address.
 struct Real {
-    pod: tests::Pod,
+    pod: testbed::Pod,
     ip: String,
 }
 
@@ -271,7 +271,7 @@ fn rules_policy(rules: usize) -> Value {
 
 /// A Namespace object.
 pub(crate) fn namespace_object(name: &str, labels: &[(&str, &str)]) -> Result<Value> {
-    Ok(serde_json::to_value(tests::netpol::namespace(
+    Ok(serde_json::to_value(testbed::netpol::namespace(
         name, labels,
     ))?)
 }
@@ -286,7 +286,7 @@ pub(crate) fn pod_object(
     let addr: IpAddr = ip
         .parse()
         .with_context(|| format!("{ip} is not an address"))?;
-    Ok(serde_json::to_value(tests::netpol::pod(
+    Ok(serde_json::to_value(testbed::netpol::pod(
         namespace,
         name,
         labels,
@@ -308,7 +308,7 @@ fn add_pod(
     node: &ClusterNode,
     namespace: &str,
     name: &str,
-) -> Result<(tests::Pod, String)> {
+) -> Result<(testbed::Pod, String)> {
     add_pod_to(ws, node, namespace, name, false)
 }
 
@@ -320,7 +320,7 @@ pub(crate) fn add_pod_to(
     namespace: &str,
     name: &str,
     enforcing: bool,
-) -> Result<(tests::Pod, String)> {
+) -> Result<(testbed::Pod, String)> {
     let pod = catch(&format!("creating pod {namespace}/{name}"), || {
         node.pod(&format!("{namespace}-{name}"))
     })?;
@@ -1289,7 +1289,7 @@ fn through_cluster_ip(
     report: &mut Report,
     details: &mut Map<String, Value>,
 ) -> Result<()> {
-    use tests::kubeproxy::{Mode, Protocol, ServicePort};
+    use testbed::kubeproxy::{Mode, Protocol, ServicePort};
 
     let mut ports = Vec::new();
     for (ns, node, ip) in SERVICES {

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use ::tests::{EchoServer, Serving};
+use ::testbed::{EchoServer, Serving};
 use anyhow::{Context, Result};
 use cni_ebpf_common::map;
 use serde_json::{json, Map, Value};
@@ -66,7 +66,7 @@ fn probe_port(j: usize) -> PortMap {
 /// `n` connect/request/close from `netns` to `to`: (connect µs, whole transaction µs).
 fn connects(netns: &Path, to: SocketAddr, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     proc::join(proc::in_netns(netns, move || {
-        ::tests::servers::pin_to_last_cpu();
+        ::testbed::servers::pin_to_last_cpu();
         let mut conn = Vec::with_capacity(n);
         let mut total = Vec::with_capacity(n);
         let req = [7u8; 64];

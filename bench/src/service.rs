@@ -5,10 +5,10 @@
 //! Services), with the data phase's interleaved repeats and medians
 //! ([`data::measure_repeat`]).
 //!
-//! The nodes are the tests crate's two-node [`tests::Cluster`] (node A 198.18.0.1 with pods
+//! The nodes are the tests crate's two-node [`testbed::Cluster`] (node A 198.18.0.1 with pods
 //! in 10.244.1.0/24, node B 198.18.0.3 with 10.244.2.0/24, a fabric bridge, `ext`, static
 //! routes to each other's pod CIDR), and kube-proxy's rules are its renderer's
-//! ([`tests::kubeproxy`]): the same topology and rules the end-to-end tests prove correct,
+//! ([`testbed::kubeproxy`]): the same topology and rules the end-to-end tests prove correct,
 //! not a third copy. One cluster per variant, both nodes running the variant's
 //! configuration of the other phases ([`topo::ebpf_plugin`], [`topo::reference_plugins`])
 //! on the node's own pod CIDR, so the reference's bridge gateway (`.1`) and its pods sit in
@@ -35,7 +35,7 @@ use std::{
 
 use anyhow::{anyhow, bail, Result};
 use serde_json::{json, Map, Value};
-use tests::{
+use testbed::{
     cluster::CLUSTER_CIDR4,
     kubeproxy::{Mode, Protocol, ServicePort},
     Cluster, ClusterNode, EchoServer, Serving, TestCgroup, WhoAmIServer,
@@ -102,7 +102,7 @@ pub(super) fn catch<T>(what: &str, f: impl FnOnce() -> T) -> Result<T> {
 
 /// A running pod of the cluster and its address.
 struct Running {
-    pod: tests::Pod,
+    pod: testbed::Pod,
     ip: String,
 }
 
@@ -175,7 +175,7 @@ pub(super) fn add_pod_with(
     variant: Variant,
     node: &ClusterNode,
     name: &str,
-) -> Result<(tests::Pod, String)> {
+) -> Result<(testbed::Pod, String)> {
     let pod = catch(&format!("creating pod {name}"), || node.pod(name))?;
     let op = chain.exec(
         "ADD",
@@ -267,9 +267,9 @@ impl SvcCluster {
         &self,
         ws: &Workspace,
         services: &[ServicePort],
-    ) -> Result<(tests::ApiServer, [tests::process::Background; 2])> {
+    ) -> Result<(testbed::ApiServer, [testbed::process::Background; 2])> {
         let api = catch("starting the API server", || {
-            tests::ApiServer::start(self.cluster.ext_netns(), tests::EXT_IP4)
+            testbed::ApiServer::start(self.cluster.ext_netns(), testbed::EXT_IP4)
         })?;
         let logs = self.cluster.a().dir().to_path_buf();
         let agents = catch("starting the agents", || {
@@ -312,7 +312,7 @@ impl SvcCluster {
         let client = self.client(cross).pod.netns().to_path_buf();
         let addr = format!("{CLUSTER_IP}:{WHOAMI_SERVICE_PORT}");
         let answer = catch("the who-am-I request", || {
-            tests::tcp_request(&client, &addr, b"bench", CHECK_TIMEOUT)
+            testbed::tcp_request(&client, &addr, b"bench", CHECK_TIMEOUT)
         })?
         .map_err(|e| anyhow!("no answer through {addr}: {e}"))?;
         let peer = answer.lines().next().unwrap_or_default().trim();
@@ -650,7 +650,7 @@ mod replacement {
 /// The replacement at scale, against kube-proxy's sync of the same cluster.
 mod scale {
     use super::*;
-    use tests::kubeproxy::Iptables;
+    use testbed::kubeproxy::Iptables;
 
     /// Services written to the API server.
     pub(super) const SERVICES: usize = 10_000;
@@ -706,7 +706,7 @@ mod scale {
         let all = services(0);
         eprintln!("bench: services at scale: writing {SERVICES} Services to the API");
         let started = Instant::now();
-        for (resource, obj) in tests::service_objects::objects(&all) {
+        for (resource, obj) in testbed::service_objects::objects(&all) {
             api.put(resource, obj);
         }
         let network = c.variant.network();
@@ -757,7 +757,7 @@ mod scale {
                 scope: cni_ebpf_common::SCOPE_SOCKET,
             };
             let written = Instant::now();
-            for (resource, obj) in tests::service_objects::objects(&[moved]) {
+            for (resource, obj) in testbed::service_objects::objects(&[moved]) {
                 if resource == "endpointslices" {
                     api.put(resource, obj);
                 }
@@ -838,11 +838,11 @@ mod scale {
         for version in [0, 1] {
             check_interrupt()?;
             let rules =
-                tests::kubeproxy::render(Mode::Iptables, &node.proxy_node(), &services(version));
+                testbed::kubeproxy::render(Mode::Iptables, &node.proxy_node(), &services(version));
             let t = Instant::now();
             catch(
                 &format!("loading kube-proxy's iptables rules for {SERVICES} Services"),
-                || tests::kubeproxy::load_with(node.netns(), &rules, Iptables::Legacy),
+                || testbed::kubeproxy::load_with(node.netns(), &rules, Iptables::Legacy),
             )?;
             kube_proxy_ms.push(t.elapsed().as_secs_f64() * 1e3);
         }

@@ -1,5 +1,5 @@
 //! The bench's simulated nodes: a `node` namespace (where the plugins run) joined to an
-//! `ext` namespace (the outside world, 198.18.0.0/24) by `tests::NodeNamespaces` (the tests' node plan), with its own pin
+//! `ext` namespace (the outside world, 198.18.0.0/24) by `testbed::NodeNamespaces` (the tests' node plan), with its own pin
 //! root, IPAM/data dir, libcni cache and `CNI_PATH` directory, and pod namespaces. Two
 //! flavours of node run the same operations:
 //!
@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
 use super::proc::{self, Exec, Session, Spec};
-use tests::{NetNs, NodeNamespaces};
+use testbed::{NetNs, NodeNamespaces};
 
 /// The pod subnet (both variants; a /16 so that 1 000+ pods fit).
 pub const POD_SUBNET: &str = "10.244.0.0/16";
@@ -39,13 +39,13 @@ pub const POD_SUBNET6: &str = "fd00:10:244:1::/64";
 /// The IPv6 cluster CIDR of dual-stack nodes.
 pub const CLUSTER_CIDR6: &str = "fd00:10:244::/48";
 /// The node's IPv6 address on its uplink.
-pub const NODE_IP6: &str = tests::NODE_IP6;
+pub const NODE_IP6: &str = testbed::NODE_IP6;
 /// The `ext` namespace's IPv6 address.
-pub const EXT_IP6: &str = tests::EXT_IP6;
+pub const EXT_IP6: &str = testbed::EXT_IP6;
 /// The node's address on its uplink (the tests' node plan).
-pub const NODE_IP: &str = tests::NODE_IP4;
+pub const NODE_IP: &str = testbed::NODE_IP4;
 /// The `ext` namespace's address.
-pub const EXT_IP: &str = tests::EXT_IP4;
+pub const EXT_IP: &str = testbed::EXT_IP4;
 /// Bound for one plugin or client invocation.
 pub const OP_TIMEOUT: Duration = Duration::from_secs(60);
 

@@ -142,7 +142,7 @@ impl Client {
         let (turns, turn_rx) = channel::<Turn>();
         let (report_tx, reports) = channel::<Report>();
         let thread = proc::in_netns(netns, move || {
-            tests::servers::pin_to_last_cpu();
+            testbed::servers::pin_to_last_cpu();
             let mut runner = match Runner::start(kind, to) {
                 Ok(r) => r,
                 Err(e) => {

@@ -250,7 +250,7 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     assert_eq!(strings(&main["args"])[0], "agent");
     assert_eq!(
         strings(&main["securityContext"]["capabilities"]["add"]),
-        // The ones tests/src/process.rs runs the agent with in the NetworkPolicy and
+        // The ones testbed/src/process.rs runs the agent with in the NetworkPolicy and
         // metrics suites (AGENT_CAPABILITIES).
         ["NET_ADMIN", "BPF"]
     );
@@ -380,7 +380,7 @@ fn run_install(docs: &[Value], root: &Path) -> NetConf {
     let args = args_in_root(pod, init, root);
     assert_eq!(args[0], "install");
     // The pod CIDRs come from the Node named by the downward API (the lookup itself runs
-    // against the stand-in API server in tests/tests/node_lookup.rs). No API server here:
+    // against the stand-in API server in testbed/tests/e2e/node_lookup.rs). No API server here:
     // this run gives the CIDR as the documented override, CNI_EBPF_POD_CIDR.
     assert_node_name_from_downward_api(init["env"].as_array().unwrap());
     let env = container_env(docs, init);

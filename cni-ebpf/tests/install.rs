@@ -728,7 +728,7 @@ fn purge_removes_pins_and_filters_only_when_no_pod_is_left() {
         attach::{uplink_handle, TC_HANDLE},
         Pins,
     };
-    use tests::packet::{Fixture, POD_A, POD_B};
+    use testbed::packet::{Fixture, POD_A, POD_B};
 
     let fx = Fixture::with_two_pods();
     let net_dir = fx.network_dir();

@@ -10,7 +10,7 @@ use std::{io::Write, path::Path, process::Stdio};
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 
-use tests::{NetNs, NodeNamespaces, EXT_IP4, NODE_IP4};
+use testbed::{NetNs, NodeNamespaces, EXT_IP4, NODE_IP4};
 
 /// Pin and data directories of the demo, removed on drop.
 struct Dirs {

@@ -363,7 +363,7 @@ pub fn run_image(args: &Args) -> Result<()> {
 
 /// The image index of `images` as `cargo xtask image --oci-archive` writes it, built in
 /// buildah storage of its own (removed afterwards, with root's blob-info cache in
-/// `/var/lib/containers` when this created it), for `tests/tests/image.rs` to take apart.
+/// `/var/lib/containers` when this created it), for `testbed/tests/e2e/image.rs` to take apart.
 /// Returns the archive's path.
 pub fn test_archive(images: &[(Arch, PathBuf)]) -> Result<PathBuf> {
     const SYSTEM_CACHE: &str = "/var/lib/containers";

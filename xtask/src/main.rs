@@ -301,7 +301,7 @@ fn test(args: &[String]) -> Result<()> {
     // The plugin under test is the static binary the image ships.
     let static_bin = timed("the static binary", image::build_static)?;
     // The image's other architectures: their static binaries, and the image index of all
-    // (tests/tests/image.rs takes its OCI archive apart).
+    // (testbed/tests/e2e/image.rs takes its OCI archive apart).
     let mut statics = vec![(image::Arch::host()?, static_bin.clone())];
     for arch in image::foreign_arches() {
         let built = timed(&format!("the {} static binary", arch.name), || {
@@ -325,7 +325,7 @@ fn test(args: &[String]) -> Result<()> {
         "cni-ebpf-bpf",
         // The containerd tests: their CRI client needs protoc, which setup installed.
         "--features",
-        "tests/cri",
+        "testbed/cri",
         "--target-dir",
         &target_dir,
     ];
@@ -378,13 +378,13 @@ fn test(args: &[String]) -> Result<()> {
 
 /// The tests that depend on the kernel's features beyond this machine's: egress rates
 /// with `fq` (the bandwidth tests end to end, the pacing packet tests), netkit pods and
-/// kube-proxy's IPVS mode: each test binary with the filter that picks them (empty: all
-/// of it).
-const SECOND_KERNEL_TESTS: &[(&str, &str)] = &[
-    ("bandwidth", ""),
-    ("packet", "pacing::"),
-    ("netkit", ""),
-    ("kubernetes", "kube_proxy_ipvs"),
+/// kube-proxy's IPVS mode: each test binary with the filters that pick them.
+const SECOND_KERNEL_TESTS: &[(&str, &[&str])] = &[
+    (
+        "e2e",
+        &["bandwidth::", "netkit::", "kubernetes::kube_proxy_ipvs"],
+    ),
+    ("packet", &["pacing::"]),
 ];
 
 /// Runs [`SECOND_KERNEL_TESTS`] under Debian's 6.12 kernel in qemu (see `vm.rs`); with
@@ -401,8 +401,7 @@ fn second_kernel(cargo_test: &[&str], env: &[(&str, &OsStr)], args: &[String]) -
         }
         Some(match (all, name) {
             (true, "packet") => vec!["--skip".to_owned(), "guard_cost::".to_owned()],
-            _ if wanted.is_empty() => Vec::new(),
-            _ => vec![(*wanted).to_owned()],
+            _ => wanted.iter().map(|w| (*w).to_owned()).collect(),
         })
     };
     let tests: Vec<vm::GuestTest> = vm::test_executables(cargo_test)?

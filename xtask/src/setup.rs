@@ -47,11 +47,11 @@ const TEST_PACKAGES: &[&str] = &[
     "bpftool",
     "iptables",
     "nftables",
-    // kube-proxy's IPVS mode (tests/tests/kubernetes.rs, under the second kernel).
+    // kube-proxy's IPVS mode (testbed/tests/e2e/kubernetes.rs, under the second kernel).
     "ipvsadm",
     "ipset",
     "socat",
-    // containerd's CRI path (tests/tests/cri.rs): containerd 1.6 with the CRI plugin built
+    // containerd's CRI path (testbed/tests/e2e/cri.rs): containerd 1.6 with the CRI plugin built
     // in, runc (above), the images' busybox, and protoc for the k8s-cri crate's bindings.
     // The tests run a containerd of their own; the package's service is never used (on a
     // machine whose systemd starts services, the install starts it; here nothing does).

@@ -1,5 +1,5 @@
 //! What `load` and `test` need around the simulated node (the node itself is the tests
-//! crate's [`tests::NodeNamespaces`], shared with the demo and the bench): the throwaway
+//! crate's [`testbed::NodeNamespaces`], shared with the demo and the bench): the throwaway
 //! node of `cargo xtask load`, and the libcni test client build.
 
 use std::{
@@ -15,7 +15,7 @@ use crate::{run, workspace_root};
 pub fn build_libcni_client() -> Result<PathBuf> {
     let root = workspace_root();
     let out = root.join("target/libcni-client");
-    let script = root.join("tests/libcni-client/build.sh");
+    let script = root.join("testbed/libcni-client/build.sh");
     if !script.exists() {
         bail!("{} is missing", script.display());
     }
@@ -25,7 +25,7 @@ pub fn build_libcni_client() -> Result<PathBuf> {
 
 /// `cargo xtask load`: load and pin into a throwaway node, print the pins, clean up.
 pub fn load(bin: &Path) -> Result<()> {
-    let node = tests::NodeNamespaces::create("xtask-load")?;
+    let node = testbed::NodeNamespaces::create("xtask-load")?;
     let pins = format!("/sys/fs/bpf/cni-ebpf-xtask-load-{}", std::process::id());
     let out = node.node.sh(&[
         bin.to_string_lossy().as_ref(),

@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 /// Name of the version directory this binary uses.
 #[must_use]
 pub fn version_dir_name() -> String {
-    // The test build can play a binary of another layout (`tests/tests/upgrade.rs`).
+    // The test build can play a binary of another layout (`testbed/tests/e2e/upgrade.rs`).
     #[cfg(feature = "fault-injection")]
     if let Ok(v) = std::env::var("CNI_EBPF_LAYOUT_VERSION") {
         return format!("v{v}");

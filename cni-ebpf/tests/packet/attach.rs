@@ -15,7 +15,7 @@ use cni_ebpf::{
     kernel::netns::Netns,
     Error,
 };
-use tests::packet::*;
+use testbed::packet::*;
 
 /// A network namespace created with `ip netns add`, deleted on drop.
 struct TestNs {

@@ -10,7 +10,7 @@
 use std::net::{Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf_common::{FlowFlags, Reason};
-use tests::packet::*;
+use testbed::packet::*;
 
 use crate::frames6::*;
 

@@ -15,7 +15,7 @@ use std::net::Ipv6Addr;
 use cni_ebpf::datapath::{Endpoint, NodeConfigSpec};
 use cni_ebpf_common::{FlowFlags, NatKey6};
 
-use tests::packet::*;
+use testbed::packet::*;
 
 pub(crate) const NODE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
 pub(crate) const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);

@@ -14,7 +14,7 @@
 
 use std::net::Ipv4Addr;
 
-use tests::packet::*;
+use testbed::packet::*;
 
 /// TEST-NET-3: addresses nothing in the fixture's node knows.
 fn foreign(r: &mut Rng) -> Ipv4Addr {

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{NatEntry, NatKey, Reason, MAX_NAT, NAT_SWEEP_BUDGET};
-use tests::packet::*;
+use testbed::packet::*;
 
 const REPEAT: u32 = 200_000;
 

@@ -6,7 +6,7 @@
 
 use cni_ebpf::datapath::{load::Faults, Endpoint};
 use cni_ebpf_common::Reason;
-use tests::packet::*;
+use testbed::packet::*;
 
 use crate::frames6::*;
 

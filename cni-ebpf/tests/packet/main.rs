@@ -2,7 +2,7 @@
 //! the verdict and the rewritten bytes asserted, checksums verified by an independent
 //! userspace implementation. One module per feature, its IPv4 and IPv6 cases together;
 //! the fixture (the real object loaded into a private bpffs and network namespace) and the
-//! IPv4 frames are the test-support crate's (`tests::packet`), the IPv6 frames `frames6`.
+//! IPv4 frames are the test-support crate's (`testbed::packet`), the IPv6 frames `frames6`.
 //!
 //! Root and the eBPF object are needed: run through `cargo xtask test`.
 

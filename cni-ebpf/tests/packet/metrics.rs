@@ -6,7 +6,7 @@
 
 use cni_ebpf::datapath::Datapath;
 use cni_ebpf_common::{map, MAX_NAT, REASON_SLOTS};
-use tests::packet::*;
+use testbed::packet::*;
 
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

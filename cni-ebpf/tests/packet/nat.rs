@@ -7,7 +7,7 @@ use std::net::Ipv6Addr;
 
 use cni_ebpf::datapath::load::Faults;
 use cni_ebpf_common::{NatKey6, Reason};
-use tests::packet::*;
+use testbed::packet::*;
 
 use crate::frames6::*;
 

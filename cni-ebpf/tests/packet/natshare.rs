@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{NatDestKey, NatUse, Reason};
-use tests::packet::*;
+use testbed::packet::*;
 
 const FIN: u8 = 0x01;
 const RST: u8 = 0x04;

@@ -5,7 +5,7 @@
 
 use cni_ebpf::{cni::config::EgressRate, datapath::Endpoint};
 use cni_ebpf_common::{Pacing, PacingMode, Reason};
-use tests::packet::*;
+use testbed::packet::*;
 
 use crate::frames6::*;
 
@@ -105,7 +105,7 @@ fn a_paced_pod_is_held_to_its_rate_and_an_unpaced_one_is_not() {
 /// than the limit (25 ms in the plugin, longer here) is dropped. A packet that stays on the
 /// node (for pod B) passes no fq: it gets no departure time and is policed with the longer
 /// limit of a kernel without fq. The entry is written in fq mode by hand; fq itself, which
-/// honours the times, is the kernel's part (tests/tests/bandwidth.rs runs it on a kernel
+/// honours the times, is the kernel's part (testbed/tests/e2e/bandwidth.rs runs it on a kernel
 /// with fq: `cargo xtask test` boots one).
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]

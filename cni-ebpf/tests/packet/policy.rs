@@ -12,7 +12,7 @@ use cni_ebpf::{
 };
 use cni_ebpf_common::{owner_id, PolicyEndpoint, Reason, RULESET_CLOSED, RULESET_OPEN};
 use serde_json::{json, Value};
-use tests::packet::*;
+use testbed::packet::*;
 
 const POD_B6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 3);
 const EXT6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x64);

@@ -5,7 +5,7 @@ use std::net::Ipv6Addr;
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::{FlowFlags, NatKey6, Reason};
-use tests::packet::*;
+use testbed::packet::*;
 
 use crate::frames6::*;
 

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use cni_ebpf::datapath::Endpoint;
 use cni_ebpf_common::Reason;
-use tests::packet::*;
+use testbed::packet::*;
 
 fn node() -> Fixture {
     Fixture::with_two_pods()
