@@ -153,9 +153,8 @@ impl Datapath {
 
     /// Deletes the NAT entries (both families) charged to a pod that has no share any
     /// more: a removal took the pod's entries and share and then stopped before its purge,
-    /// without leaving a tombstone (one by an earlier version of this plugin, which dropped
-    /// the endpoint entries first). Only GC runs it: it walks the whole tables. Returns how
-    /// many went.
+    /// without leaving a tombstone (maps written by another binary, or by hand). Only GC
+    /// runs it: it walks the whole tables. Returns how many went.
     pub fn purge_orphan_flows(&self) -> Result<usize> {
         let shares: HashSet<u32> = {
             let mut m = self.maps()?;

@@ -475,8 +475,8 @@ impl IpamConfig {
     /// IPv4 route would be an `RTA_VIA` route that CHECK does not read back; the Result must
     /// never report a route that was not installed as asked.
     ///
-    /// ADD's check, not the parser's: DEL and GC still parse such a configuration, so
-    /// they can release pods that an earlier version added with it.
+    /// ADD's check, not the parser's: DEL and GC still parse such a configuration, so a
+    /// pod is released whatever its configuration's routes say.
     pub fn check_routes(&self) -> Result<()> {
         let family = |ip: IpAddr| if ip.is_ipv6() { "IPv6" } else { "IPv4" };
         for (i, r) in self.routes.iter().enumerate() {

@@ -399,9 +399,9 @@ fn mixed_families_in_one_set() {
 
 #[test]
 fn route_gateway_of_the_other_family() {
-    // A `gw` of the other family than `dst` was once installed without its gateway and
-    // reported with it. ADD refuses it; the parser (DEL, GC) still accepts it, so pods
-    // added by an earlier version with such a route can be released.
+    // A `gw` of the other family than `dst` cannot be installed as asked. ADD refuses it;
+    // the parser (DEL, GC) still accepts it, so a pod whose configuration has such a
+    // route is always released.
     let dual = |routes: Value| {
         json!({"ranges": [[{"subnet": "10.1.0.0/24"}], [{"subnet": "fd00:1::/64"}]],
                "routes": routes})

@@ -334,7 +334,7 @@ fn stale_release_never_frees_another_keys_address() {
     // A late DEL for the old container.
     del(&conf, "old");
     // Worse: a stale record of the old key that still lists the address (as a store
-    // from an older version or a hand edit could have).
+    // edited by hand or written by another program could have).
     let store = conf.store_dir();
     std::fs::write(
         store.join("keys/old:eth0"),
