@@ -16,14 +16,15 @@ use cni_ebpf_common::{
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
     NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint,
     PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey,
-    PolicyState, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer,
-    SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey,
-    TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS,
-    MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6,
-    MAX_OWNERS, MAX_POLICY_COUNTS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS,
-    MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS, MAX_PORTMAPS, MAX_SOCK_REVNAT,
-    MAX_SRC_ALLOW, MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS,
-    MAX_TUNNEL_NODES, POLICY_DENY_SLOTS, REASON_SLOTS,
+    PolicyState, PolicyTiers, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey,
+    SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
+    SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS,
+    MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE,
+    MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS, MAX_POLICY_ENDPOINTS,
+    MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
+    MAX_POLICY_TIERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
+    MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS, MAX_TUNNEL_NODES,
+    POLICY_DENY_SLOTS, REASON_SLOTS,
 };
 use cni_ebpf_common::{
     Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_SERVICES,
@@ -177,10 +178,14 @@ pub(crate) static POLICY_PEERS: LpmTrie<PolicyPeerKey, u64> = LpmTrie::pinned(MA
 /// `proto · port` prefixes of every rule set → port classes.
 #[map]
 pub(crate) static POLICY_PORTS: LpmTrie<PolicyPortKey, u64> = LpmTrie::pinned(MAX_POLICY_PORTS, 0);
-/// Destinations egress named ports admit.
+/// Destinations egress named ports name → the classes of their rules.
 #[map]
-pub(crate) static POLICY_EXACT: HashMap<PolicyExactKey, u32> =
+pub(crate) static POLICY_EXACT: HashMap<PolicyExactKey, u64> =
     HashMap::pinned(MAX_POLICY_EXACT, BPF_F_NO_PREALLOC);
+/// How the classes of a rule set that cluster policies take part in decide, by tier.
+#[map]
+pub(crate) static POLICY_TIERS: HashMap<u32, PolicyTiers> =
+    HashMap::pinned(MAX_POLICY_TIERS, BPF_F_NO_PREALLOC);
 /// Flows the policy admitted, with the generation they were judged under.
 #[map]
 pub(crate) static POLICY_FLOWS: LruHashMap<PolicyFlowKey, PolicyFlow> =

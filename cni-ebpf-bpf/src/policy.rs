@@ -3,9 +3,12 @@
 //! Each pod interface has a rule set per direction in `POLICY_ENDPOINTS` (open, closed,
 //! or an id of the rule tables), in two slots: the agent writes the slot not in force and
 //! then swaps `POLICY_STATE`, so a packet sees one whole policy, the old or the new. A
-//! rule set admits a peer on a port when `POLICY_PEERS(peer) & POLICY_PORTS(proto ·
-//! port)` has a class bit in common, or `POLICY_EXACT` holds (peer, port, proto): three
-//! lookups whatever the number of policies (`cni-ebpf/src/policy/tables.rs` builds them).
+//! rule set matches a packet on the classes `POLICY_PEERS(peer) & POLICY_PORTS(proto ·
+//! port)` and `POLICY_EXACT(peer, port, proto)` give; with NetworkPolicy alone, any class
+//! admits; a rule set that cluster policies take part in has a `POLICY_TIERS` entry that
+//! ranks its classes, tier by tier (`cni_ebpf_common::tiers_admit`). Four lookups
+//! whatever the number of policies and tiers (`cni-ebpf/src/policy/tables.rs` builds
+//! them).
 //!
 //! Where the node judges:
 //! - **delivery into a local pod** (`forward::deliver`, every redirect into a pod, and
@@ -52,9 +55,9 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, Addr6, EndpointInfo, NodeFlags, PolicyCounts, PolicyEndpointKey, PolicyExactKey,
-    PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason, POLICY_DENY_SLOTS,
-    RULESET_CLOSED, RULESET_OPEN,
+    proto, tiers_admit, Addr6, EndpointInfo, NodeFlags, PolicyCounts, PolicyEndpointKey,
+    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason,
+    POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
 };
 
 use crate::{
@@ -62,7 +65,7 @@ use crate::{
     icmp,
     maps::{
         count, node_config, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT,
-        POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
+        POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE, POLICY_TIERS,
     },
     parse::{
         byte_or_zero, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH,
@@ -348,9 +351,10 @@ enum PeerOf {
 }
 
 /// Whether rule set `rs` admits the peer `which` names on its tuple's protocol and
-/// destination port. The keys are built in the scratch area field by field: this runs
-/// under the IPv6 programs' deepest frames, where the verifier's 512 bytes are nearly
-/// spent.
+/// destination port: the classes it matches, ranked by the rule set's tiers when cluster
+/// policies take part in it. The keys are built in the scratch area field by field: this
+/// runs under the IPv6 programs' deepest frames, where the verifier's 512 bytes are
+/// nearly spent.
 #[inline(always)]
 fn rules_admit(s: &mut Scratch, rs: u32, which: PeerOf) -> bool {
     let (t, dst) = match which {
@@ -365,23 +369,26 @@ fn rules_admit(s: &mut Scratch, rs: u32, which: PeerOf) -> bool {
     s.peer.data.ruleset = rs;
     s.peer.data.addr = if dst { t.daddr } else { t.saddr };
     s.exact.addr = s.peer.data.addr;
-    let classes = POLICY_PEERS.get(&s.peer).copied().unwrap_or(0);
+    let mut classes = POLICY_PEERS.get(&s.peer).copied().unwrap_or(0);
     if classes != 0 {
         s.port.prefix_len = 32 + 24;
         s.port.data.ruleset = rs;
         s.port.data.proto = proto_;
         s.port.data.port = port;
         s.port.data._pad = 0;
-        if classes & POLICY_PORTS.get(&s.port).copied().unwrap_or(0) != 0 {
-            return true;
-        }
+        classes &= POLICY_PORTS.get(&s.port).copied().unwrap_or(0);
     }
     s.exact.ruleset = rs;
     s.exact.port = port;
     s.exact.proto = proto_;
     s.exact._pad = 0;
-    // SAFETY: presence only.
-    unsafe { POLICY_EXACT.get(&s.exact) }.is_some()
+    // SAFETY: copied out at once.
+    classes |= unsafe { POLICY_EXACT.get(&s.exact) }.copied().unwrap_or(0);
+    // SAFETY: read at once.
+    match unsafe { POLICY_TIERS.get(&rs) } {
+        None => classes != 0,
+        Some(tiers) => tiers_admit(classes, tiers),
+    }
 }
 
 /// Why a flow is refused, or `Ok` when both rule sets admit it (`reversed`: the tuple

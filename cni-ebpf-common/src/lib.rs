@@ -14,7 +14,7 @@ use core::mem::size_of;
 /// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
 /// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
 /// `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 mod hash;
 mod names;
@@ -624,6 +624,7 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyExactKey {}
     unsafe impl aya::Pod for super::PolicyFlowKey {}
     unsafe impl aya::Pod for super::PolicyFlow {}
+    unsafe impl aya::Pod for super::PolicyTiers {}
     unsafe impl aya::Pod for super::PolicyDeny {}
     unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::TunnelKey {}

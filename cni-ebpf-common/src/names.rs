@@ -199,8 +199,9 @@ macro_rules! map_table {
             /// LPM trie of [`crate::PolicyPortKey`] → `u64`: the port classes each protocol and
             /// port prefix of a rule set belongs to.
             POLICY_PORTS policy_ports: LpmTrie<$crate::PolicyPortKey, u64>;
-            /// [`crate::PolicyExactKey`] → `u32` (1): destinations an egress named port admits.
-            POLICY_EXACT policy_exact: Hash<$crate::PolicyExactKey, u32>;
+            /// [`crate::PolicyExactKey`] → `u64`: the classes whose egress rules' named ports
+            /// name a destination.
+            POLICY_EXACT policy_exact: Hash<$crate::PolicyExactKey, u64>;
             /// [`crate::PolicyFlowKey`] → [`crate::PolicyFlow`] (LRU): flows the policy admitted,
             /// whose replies pass.
             POLICY_FLOWS policy_flows: Hash<$crate::PolicyFlowKey, $crate::PolicyFlow>;
@@ -234,6 +235,9 @@ macro_rules! map_table {
             /// Network namespace cookie (`u64`) → the pod's host ifindex (`u32`): the pods whose
             /// sockets the Service translation applies to (besides the node's), written at ADD.
             SERVICE_NETNS service_netns: Hash<u64, u32>;
+            /// Rule set id (`u32`) → [`crate::PolicyTiers`]: how the classes of a rule set
+            /// that cluster policies take part in decide.
+            POLICY_TIERS policy_tiers: Hash<u32, $crate::PolicyTiers>;
         }
     };
 }
@@ -284,7 +288,7 @@ mod tests {
     fn a_changed_map_table_raises_the_layout_version() {
         assert_eq!(
             (LAYOUT_VERSION, map_table!(fingerprint)),
-            (7, 12_827_681_956_054_206_679),
+            (8, 7_204_788_626_383_753_229),
             "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
         );
     }

@@ -15,6 +15,9 @@ pub const MAX_POLICY_EXACT: u32 = 65_536;
 pub const MAX_POLICY_NAMESPACES: u32 = 16_384;
 /// Capacity of [`crate::map::POLICY_FLOWS`] (an LRU of admitted flows).
 pub const MAX_POLICY_FLOWS: u32 = 131_072;
+/// Capacity of [`crate::map::POLICY_TIERS`] (one entry per rule set that cluster
+/// policies take part in).
+pub const MAX_POLICY_TIERS: u32 = 65_536;
 
 /// [`PolicyEndpoint::ingress`] / [`PolicyEndpoint::egress`]: no policy selects the pod
 /// for that direction, so everything passes.
@@ -94,8 +97,8 @@ pub struct PolicyPortKey {
 }
 const _: () = assert!(size_of::<PolicyPortKey>() == 8);
 
-/// Key of [`crate::map::POLICY_EXACT`]: a destination admitted by an egress rule's named
-/// port.
+/// Key of [`crate::map::POLICY_EXACT`]: a destination an egress rule's named port names
+/// (the value: the classes of the rules that name it).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PolicyExactKey {
@@ -142,6 +145,66 @@ pub struct PolicyFlow {
     pub _pad: u32,
 }
 const _: () = assert!(size_of::<PolicyFlow>() == 8);
+
+/// Value of [`crate::map::POLICY_TIERS`], keyed by rule set id: how the classes of a rule
+/// set that cluster policies (`ClusterNetworkPolicy`) take part in decide, tier by tier.
+/// The classes are numbered in the order of evaluation: the Admin tier's rules first (by
+/// priority, then as written), then NetworkPolicy's, then the Baseline tier's, so the
+/// lowest class a packet matches within a tier is the rule that decides there. A rule set
+/// without an entry is NetworkPolicy's alone: any class admits.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyTiers {
+    /// The Admin tier's classes, native order.
+    pub admin: u64,
+    /// NetworkPolicy's classes (they all accept).
+    pub network_policy: u64,
+    /// The Baseline tier's classes.
+    pub baseline: u64,
+    /// The classes whose rules accept (of the Admin and Baseline tiers; a class of either
+    /// tier in neither `accept` nor `deny` passes to the next tier).
+    pub accept: u64,
+    /// The classes whose rules deny.
+    pub deny: u64,
+    /// [`TIERS_NETWORK_POLICY`]: a NetworkPolicy selects the pod in this direction, so
+    /// its tier decides whatever reaches it.
+    pub flags: u32,
+    /// Explicit padding, always zero.
+    pub _pad: u32,
+}
+const _: () = assert!(size_of::<PolicyTiers>() == 48);
+
+/// [`PolicyTiers::flags`]: a NetworkPolicy selects the pod in the rule set's direction.
+pub const TIERS_NETWORK_POLICY: u32 = 1;
+
+/// Whether a packet matching `classes` of a rule set is admitted, as `tiers` ranks them
+/// (see [`PolicyTiers`]): the Admin tier's first matching rule accepts or denies, or
+/// passes; then NetworkPolicy decides if one selects the pod (admitted when one of its
+/// classes matches); then the Baseline tier's first matching rule; then the packet is
+/// admitted. The datapath and userspace both decide with this.
+#[must_use]
+#[inline(always)]
+pub fn tiers_admit(classes: u64, tiers: &PolicyTiers) -> bool {
+    let admin = classes & tiers.admin;
+    if admin != 0 {
+        let first = admin & admin.wrapping_neg();
+        if first & tiers.accept != 0 {
+            return true;
+        }
+        if first & tiers.deny != 0 {
+            return false;
+        }
+    }
+    if tiers.flags & TIERS_NETWORK_POLICY != 0 {
+        return classes & tiers.network_policy != 0;
+    }
+    let baseline = classes & tiers.baseline;
+    if baseline != 0 {
+        let first = baseline & baseline.wrapping_neg();
+        return first & tiers.deny == 0;
+    }
+    true
+}
 
 /// Slots of each CPU's ring in [`crate::map::POLICY_DENIES`]: the latest refused packets
 /// a CPU judged, the oldest overwritten first.

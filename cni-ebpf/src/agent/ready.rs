@@ -53,7 +53,13 @@ impl Job {
     pub fn watches(self) -> &'static [&'static str] {
         match self {
             Job::Nodes => &["nodes"],
-            Job::Policy => &["namespaces", "pods", "networking.k8s.io/networkpolicies"],
+            Job::Policy => &[
+                "namespaces",
+                "pods",
+                "nodes",
+                "networking.k8s.io/networkpolicies",
+                "policy.networking.k8s.io/clusternetworkpolicies",
+            ],
             Job::Services => &["services", "discovery.k8s.io/endpointslices"],
         }
     }

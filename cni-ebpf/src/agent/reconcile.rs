@@ -31,8 +31,36 @@ use super::report::{DirectionState, PodState};
 use crate::{
     datapath::Datapath,
     error::Result,
-    policy::{compile_pod, parse_all, Cluster, Dir, Ruleset, Verdicts},
+    policy::{
+        cluster_network_policy::{self, ClusterNetworkPolicy},
+        compile, parse_all, Cluster, Dir, Policies, Ruleset, Verdicts,
+    },
 };
+
+/// The namespaces whose new pods ADD starts closed: those that hold a NetworkPolicy, and
+/// those a cluster policy's subject selects (every one, for a policy whose subject cannot
+/// be read).
+fn closed_namespaces(
+    cluster: &Cluster,
+    policies: &[NetworkPolicy],
+    all: &Policies<'_>,
+) -> BTreeSet<String> {
+    let mut out: BTreeSet<String> = policies
+        .iter()
+        .filter_map(|p| p.metadata.namespace.clone())
+        .collect();
+    for (name, labels) in cluster.namespaces() {
+        let selected = all.cluster.iter().any(|p| p.namespaces.matches(labels))
+            || all
+                .broken_cluster
+                .iter()
+                .any(|b| b.subject.as_ref().is_none_or(|(ns, _)| ns.matches(labels)));
+        if selected {
+            out.insert(name.to_owned());
+        }
+    }
+    out
+}
 
 /// How long a swapped-out slot may still be read by packets in flight. A program run
 /// takes microseconds; this leaves a wide margin before their rule sets go.
@@ -141,26 +169,45 @@ impl Reconciler {
         }
     }
 
-    /// One round (see the module comment).
+    /// One round with NetworkPolicies alone (see the module comment).
     pub fn reconcile(
         &mut self,
         dp: &Datapath,
         cluster: &Cluster,
         policies: &[NetworkPolicy],
     ) -> Result<Round> {
+        self.reconcile_all(dp, cluster, policies, &[])
+    }
+
+    /// One round (see the module comment) with NetworkPolicies and cluster policies.
+    pub fn reconcile_all(
+        &mut self,
+        dp: &Datapath,
+        cluster: &Cluster,
+        policies: &[NetworkPolicy],
+        cluster_policies: &[ClusterNetworkPolicy],
+    ) -> Result<Round> {
         let (parsed, broken) = parse_all(policies);
+        let (tiered, broken_tiered) = cluster_network_policy::parse_all(cluster_policies);
         let mut round = Round {
             broken: broken
                 .iter()
                 .map(|b| (format!("{}/{}", b.namespace, b.name), b.error.clone()))
+                .chain(
+                    broken_tiered
+                        .iter()
+                        .map(|b| (format!("clusternetworkpolicy/{}", b.name), b.error.clone())),
+                )
                 .collect(),
             ..Round::default()
         };
-        let namespaces: BTreeSet<String> = policies
-            .iter()
-            .filter_map(|p| p.metadata.namespace.clone())
-            .collect();
-        dp.set_policy_namespaces(&namespaces)?;
+        let all = Policies {
+            network: &parsed,
+            broken: &broken,
+            cluster: &tiered,
+            broken_cluster: &broken_tiered,
+        };
+        dp.set_policy_namespaces(&closed_namespaces(cluster, policies, &all))?;
 
         let state = dp.policy_state()?;
         let active = state.slot & 1;
@@ -177,7 +224,7 @@ impl Reconciler {
                 wanted.push((*ifindex, *now));
                 continue;
             };
-            let compiled = compile_pod(cluster, &parsed, &broken, pod);
+            let compiled = compile(cluster, &all, pod);
             let name = format!("{}/{}", pod.namespace, pod.name);
             let (ingress, ingress_closed) =
                 self.ruleset_id(dp, compiled.ingress, Dir::Ingress, &name, &mut round)?;

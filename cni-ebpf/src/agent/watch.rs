@@ -1,6 +1,6 @@
-//! The agent's view of the cluster — Namespaces, Pods and NetworkPolicies, kept by
-//! kube-runtime watchers, never by re-listing — and the loop that puts it in force on
-//! every network of the node ([`super::Reconciler`]).
+//! The agent's view of the cluster — Namespaces, Pods, Nodes, NetworkPolicies and
+//! ClusterNetworkPolicies, kept by kube-runtime watchers, never by re-listing — and the
+//! loop that puts it in force on every network of the node ([`super::Reconciler`]).
 //!
 //! - Each watcher lists once, then watches from the list's resource version; a dropped
 //!   watch resumes from the last version seen, a `410 Gone` (history compacted) lists
@@ -10,7 +10,12 @@
 //!   every pod of the cluster, so nothing else of them is kept. A list in progress (the
 //!   first, or one after a `410`) holds the rounds back until it is complete, and what it
 //!   did not return is then removed, so a round never sees half a list.
-//!   NetworkPolicies are kept whole by a reflector (without their `managedFields`).
+//!   Nodes too (their labels and addresses: cluster policies' node peers). NetworkPolicies
+//!   and ClusterNetworkPolicies are kept whole by reflectors (without their
+//!   `managedFields`).
+//! - ClusterNetworkPolicy is a CRD the operator installs: while the API server does not
+//!   serve it (404), the agent says so once, enforces none, and looks again every
+//!   [`CRD_RECHECK`]; once it is served, it is watched as the others are.
 //! - A round runs after a change (a short settling delay lets a burst of changes make one
 //!   round), and once a second when the node's pod interfaces changed (a pod ADDed before
 //!   its Pod object changed). Nothing runs before all three hold a complete list: an
@@ -27,7 +32,7 @@ use std::{
 
 use futures::{stream::select_all, Stream, StreamExt as _};
 use k8s_openapi::api::{
-    core::v1::{Namespace, Pod},
+    core::v1::{Namespace, Node, Pod},
     networking::v1::NetworkPolicy,
 };
 use kube::{
@@ -49,8 +54,12 @@ use crate::{
     datapath::Datapath,
     error::{Error, Result},
     k8s::{ApiArgs, ApiClient},
-    policy::{cluster::pod_key, Cluster},
+    policy::{cluster::pod_key, cluster_network_policy::ClusterNetworkPolicy, Cluster},
 };
+
+/// How often the agent looks again for the ClusterNetworkPolicy CRD while it is not
+/// served.
+const CRD_RECHECK: Duration = Duration::from_secs(30);
 
 /// How long a round waits after a change for more changes of the same burst.
 const SETTLE: Duration = Duration::from_millis(30);
@@ -80,6 +89,7 @@ fn lock(fed: &SharedFed) -> MutexGuard<'_, Fed> {
 struct View {
     fed: SharedFed,
     policies: Store<NetworkPolicy>,
+    cluster_policies: Store<ClusterNetworkPolicy>,
 }
 
 impl View {
@@ -89,6 +99,7 @@ impl View {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         self.policies.wait_until_ready().await.is_ok()
+            && self.cluster_policies.wait_until_ready().await.is_ok()
     }
 
     fn policies(&self) -> Vec<NetworkPolicy> {
@@ -96,6 +107,14 @@ impl View {
             .state()
             .iter()
             .map(|p| NetworkPolicy::clone(p))
+            .collect()
+    }
+
+    fn cluster_policies(&self) -> Vec<ClusterNetworkPolicy> {
+        self.cluster_policies
+            .state()
+            .iter()
+            .map(|p| ClusterNetworkPolicy::clone(p))
             .collect()
     }
 }
@@ -150,6 +169,26 @@ impl Feed for Namespace {
 
     fn keep_only(c: &mut Cluster, seen: &HashSet<u64>) {
         c.retain_namespaces(|n| seen.contains(&pod_key("", n)));
+    }
+}
+
+impl Feed for Node {
+    fn key(&self) -> u64 {
+        pod_key("", self.metadata.name.as_deref().unwrap_or_default())
+    }
+
+    fn apply(&self, c: &mut Cluster) {
+        c.apply_node(self);
+    }
+
+    fn delete(&self, c: &mut Cluster) {
+        if let Some(name) = &self.metadata.name {
+            c.delete_node(name);
+        }
+    }
+
+    fn keep_only(c: &mut Cluster, seen: &HashSet<u64>) {
+        c.retain_nodes(|n| seen.contains(&pod_key("", n)));
     }
 }
 
@@ -363,9 +402,10 @@ pub(super) fn wake_on(
 fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item = bool> + Send) {
     let fed = Arc::new(Mutex::new(Fed {
         cluster: Cluster::default(),
-        listing: 2,
+        listing: 3,
     }));
     let (policies, np_w) = reflector::store();
+    let (cluster_policies, cnp_w) = reflector::store();
     let streams = select_all([
         feed(
             Api::<Namespace>::all(client.clone()),
@@ -381,6 +421,13 @@ fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item =
             Arc::clone(&fed),
         )
         .boxed(),
+        feed(
+            Api::<Node>::all(client.clone()),
+            config.clone(),
+            Volume::Large,
+            Arc::clone(&fed),
+        )
+        .boxed(),
         watch(
             Api::<NetworkPolicy>::all(client.clone()),
             config.clone(),
@@ -389,8 +436,79 @@ fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item =
             np_w,
         )
         .boxed(),
+        watch_crd(
+            Api::<ClusterNetworkPolicy>::all(client.clone()),
+            config.clone(),
+            cnp_w,
+        )
+        .boxed(),
     ]);
-    (View { fed, policies }, streams)
+    (
+        View {
+            fed,
+            policies,
+            cluster_policies,
+        },
+        streams,
+    )
+}
+
+/// Whether the API server serves `K` (a CRD's resource): `Some(false)` for a 404, `None`
+/// when it cannot tell (unreachable, forbidden: asked again).
+async fn served<K: Watched>(api: &Api<K>) -> Option<bool> {
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Ok(_) => Some(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Some(false),
+        Err(e) => {
+            tracing::warn!(
+                "looking for {}: {e}; retrying",
+                K::plural(&K::DynamicType::default())
+            );
+            None
+        }
+    }
+}
+
+/// [`watch`] of a CRD's resource once the API server serves it. Until then `writer`'s
+/// store is complete and empty (the agent says so once), and the API server is asked
+/// again every [`CRD_RECHECK`].
+fn watch_crd<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    mut writer: reflector::store::Writer<K>,
+) -> impl Stream<Item = bool> + Send
+where
+    K: Watched,
+{
+    futures::stream::once(async move {
+        let kind = K::kind(&K::DynamicType::default()).into_owned();
+        let mut said = false;
+        loop {
+            match served(&api).await {
+                Some(true) => break,
+                Some(false) => {
+                    if !said {
+                        tracing::warn!(
+                            "the API server does not serve {kind} (its CRD is not installed): \
+                             no cluster policy is enforced; looking again every {} s",
+                            CRD_RECHECK.as_secs()
+                        );
+                        // The rounds may run meanwhile: none is the complete list.
+                        writer.apply_watcher_event(&watcher::Event::Init);
+                        writer.apply_watcher_event(&watcher::Event::InitDone);
+                        said = true;
+                    }
+                    tokio::time::sleep(CRD_RECHECK).await;
+                }
+                None => tokio::time::sleep(Duration::from_secs(2)).await,
+            }
+        }
+        if said {
+            tracing::info!("the API server serves {kind} now; watching it");
+        }
+        watch(api, config, Volume::Small, without_apply_fields, writer)
+    })
+    .flatten()
 }
 
 /// The networks to reconcile: those named, else every directory below `root`.
@@ -518,7 +636,8 @@ impl Enforcer {
                 continue;
             }
             let policies = view.policies();
-            match reconciler.reconcile(dp, &fed.cluster, &policies) {
+            let cluster_policies = view.cluster_policies();
+            match reconciler.reconcile_all(dp, &fed.cluster, &policies, &cluster_policies) {
                 Ok(round) => {
                     *seen = interfaces(dp);
                     let fresh_state = NetworkState {
@@ -638,7 +757,7 @@ pub fn run(
         if !view.ready().await {
             return Err(Error::datapath("NetworkPolicy", "the watchers stopped"));
         }
-        tracing::info!("NetworkPolicy: namespaces, pods and policies listed; watching");
+        tracing::info!("NetworkPolicy: namespaces, pods, nodes and policies listed; watching");
         let closed = enforcer.round(&view, false);
         readiness.done(Job::Policy);
         report(&recorder, &client, closed).await;

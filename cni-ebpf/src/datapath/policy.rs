@@ -17,8 +17,8 @@ use std::{
 use aya::maps::lpm_trie::Key;
 use cni_ebpf_common::{
     fnv1a64, map as map_name, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
-    PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, POLICY_DENY_SLOTS, RULESET_CLOSED,
-    RULESET_OPEN,
+    PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers, POLICY_DENY_SLOTS,
+    RULESET_CLOSED, RULESET_OPEN, TIERS_NETWORK_POLICY,
 };
 
 use super::{maps, Datapath};
@@ -266,10 +266,15 @@ impl Datapath {
                 .map_err(|e| maps::err(map_name::POLICY_PORTS, "insert", e))?;
         }
         let mut exact = m.policy_exact()?;
-        for (addr, proto, port) in &rs.exact {
+        for ((addr, proto, port), mask) in &rs.exact {
             exact
-                .insert(exact_key(id, *addr, *proto, *port), 1, 0)
+                .insert(exact_key(id, *addr, *proto, *port), mask, 0)
                 .map_err(|e| maps::err(map_name::POLICY_EXACT, "insert", e))?;
+        }
+        if let Some(tiers) = &rs.tiers {
+            m.policy_tiers()?
+                .insert(id, tiers, 0)
+                .map_err(|e| maps::err(map_name::POLICY_TIERS, "insert", e))?;
         }
         Ok(())
     }
@@ -294,13 +299,14 @@ impl Datapath {
             }
         }
         let mut exact = m.policy_exact()?;
-        for (addr, proto, port) in &rs.exact {
+        for (addr, proto, port) in rs.exact.keys() {
             maps::remove(
                 &mut exact,
                 &exact_key(id, *addr, *proto, *port),
                 map_name::POLICY_EXACT,
             )?;
         }
+        maps::remove(&mut m.policy_tiers()?, &id, map_name::POLICY_TIERS)?;
         Ok(())
     }
 
@@ -352,9 +358,9 @@ impl Datapath {
     pub fn policy_rulesets(&self) -> Result<BTreeMap<u32, Ruleset>> {
         type Peers = Vec<(u8, [u8; 16], u64)>;
         type Ports = Vec<(u8, u8, [u8; 2], u64)>;
-        type Exact = Vec<([u8; 16], u8, [u8; 2])>;
+        type Exact = Vec<([u8; 16], u8, [u8; 2], u64)>;
         let mut m = self.maps()?;
-        let mut by_id: BTreeMap<u32, (Peers, Ports, Exact)> = BTreeMap::new();
+        let mut by_id: BTreeMap<u32, (Peers, Ports, Exact, Option<PolicyTiers>)> = BTreeMap::new();
         let peers = m.policy_peers()?;
         for k in peers.keys().filter_map(std::result::Result::ok) {
             let d = k.data();
@@ -377,16 +383,21 @@ impl Datapath {
                 .1
                 .push((len, d.proto, d.port, mask));
         }
-        for (k, _) in maps::entries(&m.policy_exact()?) {
+        for (k, mask) in maps::entries(&m.policy_exact()?) {
             by_id
                 .entry(k.ruleset)
                 .or_default()
                 .2
-                .push((k.addr, k.proto, k.port));
+                .push((k.addr, k.proto, k.port, mask));
+        }
+        for (id, tiers) in maps::entries(&m.policy_tiers()?) {
+            by_id.entry(id).or_default().3 = Some(tiers);
         }
         Ok(by_id
             .into_iter()
-            .map(|(id, (peers, ports, exact))| (id, ruleset_from_entries(peers, ports, exact)))
+            .map(|(id, (peers, ports, exact, tiers))| {
+                (id, ruleset_from_entries(peers, ports, exact, tiers))
+            })
             .collect())
     }
 
@@ -482,7 +493,8 @@ impl Datapath {
                 let named = rs
                     .exact
                     .iter()
-                    .map(|(a, proto, port)| format!("{a} {proto}/{port}"))
+                    .map(|((a, proto, port), m)| format!("{a} {proto}/{port} classes {m:#x}"))
+                    .chain(rs.tiers.iter().map(tiers_text))
                     .collect();
                 (
                     id,
@@ -601,6 +613,23 @@ fn prefix_text(p: &Prefix) -> String {
     }
 }
 
+/// How a rule set's classes rank, as `inspect` shows it.
+fn tiers_text(t: &PolicyTiers) -> String {
+    format!(
+        "tiers: admin {:#x}, networkPolicy {:#x}{}, baseline {:#x}; accept {:#x}, deny {:#x}",
+        t.admin,
+        t.network_policy,
+        if t.flags & TIERS_NETWORK_POLICY != 0 {
+            " (selects the pod)"
+        } else {
+            ""
+        },
+        t.baseline,
+        t.accept,
+        t.deny
+    )
+}
+
 fn port_text(p: &PortPrefix) -> String {
     if p.len == 0 {
         return "any protocol".to_owned();
@@ -623,7 +652,8 @@ fn port_text(p: &PortPrefix) -> String {
 pub fn ruleset_from_entries(
     peers: impl IntoIterator<Item = (u8, [u8; 16], u64)>,
     ports: impl IntoIterator<Item = (u8, u8, [u8; 2], u64)>,
-    exact: impl IntoIterator<Item = ([u8; 16], u8, [u8; 2])>,
+    exact: impl IntoIterator<Item = ([u8; 16], u8, [u8; 2], u64)>,
+    tiers: Option<PolicyTiers>,
 ) -> Ruleset {
     Ruleset {
         peers: peers
@@ -644,13 +674,17 @@ pub fn ruleset_from_entries(
             .collect(),
         exact: exact
             .into_iter()
-            .map(|(addr, proto, port)| {
+            .map(|(addr, proto, port, mask)| {
                 (
-                    canonical(IpAddr::from(addr)),
-                    proto,
-                    u16::from_be_bytes(port),
+                    (
+                        canonical(IpAddr::from(addr)),
+                        proto,
+                        u16::from_be_bytes(port),
+                    ),
+                    mask,
                 )
             })
             .collect(),
+        tiers,
     }
 }

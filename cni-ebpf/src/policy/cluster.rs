@@ -1,5 +1,6 @@
 //! The agent's view of the cluster that policies are compiled against: namespaces with
-//! their labels, and pods with their labels, addresses and named container ports.
+//! their labels, pods with their labels, addresses and named container ports, and nodes
+//! with their labels and addresses (cluster policies' node peers).
 //!
 //! It is kept for the whole cluster on every node (a policy on this node's pods may name
 //! any pod as a peer), so it holds only what policies read, compactly: a pod is its
@@ -15,7 +16,7 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
 use super::selector::LabelSet;
 
@@ -271,7 +272,17 @@ pub struct Cluster {
     pods: BTreeMap<u64, PodView>,
     /// Namespace name → the keys of its pods.
     by_namespace: BTreeMap<Arc<str>, BTreeSet<u64>>,
+    /// Node name → its labels and addresses.
+    nodes: BTreeMap<Box<str>, NodeView>,
     strings: Strings,
+}
+
+/// What cluster policies need to know of a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub labels: Labels,
+    /// Its addresses (`status.addresses` that are IPs: InternalIP, ExternalIP).
+    pub ips: Box<[IpAddr]>,
 }
 
 impl Cluster {
@@ -299,6 +310,39 @@ impl Cluster {
         let name = self.strings.get(name);
         let labels = Labels::new(ns.metadata.labels.iter().flatten(), &mut self.strings);
         self.namespaces.insert(name, labels);
+    }
+
+    /// A Node created or changed.
+    pub fn apply_node(&mut self, node: &Node) {
+        let Some(name) = node.metadata.name.as_deref() else {
+            return;
+        };
+        let ips = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.as_ref())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.address.parse::<IpAddr>().ok())
+            .collect::<Vec<_>>()
+            .into_boxed_slice();
+        let labels = Labels::new(node.metadata.labels.iter().flatten(), &mut self.strings);
+        self.nodes.insert(name.into(), NodeView { labels, ips });
+    }
+
+    /// The Node `name` deleted.
+    pub fn delete_node(&mut self, name: &str) {
+        self.nodes.remove(name);
+    }
+
+    /// Removes every Node for which `keep` does not hold.
+    pub fn retain_nodes(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.nodes.retain(|name, _| keep(name));
+    }
+
+    /// Every node, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = (&str, &NodeView)> {
+        self.nodes.iter().map(|(n, v)| (&**n, v))
     }
 
     /// The Namespace `name` deleted (its pods go with their own deletions).

@@ -19,10 +19,7 @@
 //! than a rule set holds) closes the pods it selects in its directions: security fails
 //! closed.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    net::IpAddr,
-};
+use std::collections::BTreeSet;
 
 use ipnet::IpNet;
 use k8s_openapi::{
@@ -31,9 +28,13 @@ use k8s_openapi::{
 };
 
 use super::{
+    classes::{Builder, FlatRule, RunKind},
     cluster::{protocol_number, Cluster, PodView},
+    cluster_network_policy::{
+        Action, BrokenClusterPolicy, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Tier,
+    },
     selector::Selector,
-    tables::{peer_table, port_table, AddrSet, PortPrefix, Prefix, Ruleset, MAX_CLASSES},
+    tables::{AddrSet, Prefix, Ruleset},
 };
 
 /// A direction of traffic as seen from the pod a policy selects.
@@ -87,7 +88,7 @@ enum Peer {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Port {
+pub enum Port {
     /// Every port of the protocol.
     All(u8),
     /// `lo..=hi` of the protocol.
@@ -221,7 +222,7 @@ fn parse_peer(p: &NetworkPolicyPeer) -> Result<Peer, String> {
             })
             .collect::<Result<_, _>>()?;
         return Ok(Peer::Block(AddrSet {
-            blocks: ipv6_block_without_ipv4(cidr, except).into_iter().collect(),
+            blocks: block_of(cidr, except).into_iter().collect(),
         }));
     }
     let namespaces = p
@@ -242,7 +243,7 @@ fn parse_peer(p: &NetworkPolicyPeer) -> Result<Peer, String> {
 /// IPv4-mapped, so an IPv6 block that covers the mapped range (`::/0`, `::/64`, …) is
 /// kept without it (an IPv6 block never admits an IPv4 peer), and one inside it admits
 /// nothing.
-fn ipv6_block_without_ipv4(cidr: IpNet, mut except: Vec<Prefix>) -> Option<(Prefix, Vec<Prefix>)> {
+pub(super) fn block_of(cidr: IpNet, mut except: Vec<Prefix>) -> Option<(Prefix, Vec<Prefix>)> {
     let block = Prefix::of_net(&cidr);
     if let IpNet::V6(_) = cidr {
         let mapped = Prefix::ipv4_mapped();
@@ -355,7 +356,18 @@ impl BrokenPolicy {
     }
 }
 
-/// Compiles the policy of `pod` for both directions.
+/// Every policy that can apply to a pod: NetworkPolicies and cluster policies, checked,
+/// and those that could not be (which close the pods they would select).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Policies<'a> {
+    pub network: &'a [Policy],
+    pub broken: &'a [BrokenPolicy],
+    /// In evaluation order ([`super::cluster_network_policy::parse_all`]).
+    pub cluster: &'a [ClusterPolicy],
+    pub broken_cluster: &'a [BrokenClusterPolicy],
+}
+
+/// Compiles the NetworkPolicy of `pod` for both directions.
 #[must_use]
 pub fn compile_pod(
     cluster: &Cluster,
@@ -363,8 +375,23 @@ pub fn compile_pod(
     broken: &[BrokenPolicy],
     pod: &PodView,
 ) -> PodPolicy {
-    let (ingress, ingress_policies) = compile_dir(cluster, policies, broken, pod, Dir::Ingress);
-    let (egress, egress_policies) = compile_dir(cluster, policies, broken, pod, Dir::Egress);
+    compile(
+        cluster,
+        &Policies {
+            network: policies,
+            broken,
+            ..Policies::default()
+        },
+        pod,
+    )
+}
+
+/// Compiles every policy of `pod` (cluster policies' tiers and NetworkPolicy) for both
+/// directions.
+#[must_use]
+pub fn compile(cluster: &Cluster, policies: &Policies<'_>, pod: &PodView) -> PodPolicy {
+    let (ingress, ingress_policies) = compile_dir(cluster, policies, pod, Dir::Ingress);
+    let (egress, egress_policies) = compile_dir(cluster, policies, pod, Dir::Egress);
     PodPolicy {
         ingress,
         egress,
@@ -375,32 +402,231 @@ pub fn compile_pod(
 
 fn compile_dir(
     cluster: &Cluster,
-    policies: &[Policy],
-    broken: &[BrokenPolicy],
+    policies: &Policies<'_>,
     pod: &PodView,
     dir: Dir,
 ) -> (Verdicts, Vec<String>) {
-    let selecting: Vec<&Policy> = policies.iter().filter(|p| p.selects(pod, dir)).collect();
-    let mut names: Vec<String> = selecting
+    let selecting: Vec<&Policy> = policies
+        .network
         .iter()
-        .map(|p| format!("{}/{}", p.namespace, p.name))
+        .filter(|p| p.selects(pod, dir))
         .collect();
-    if let Some(b) = broken.iter().find(|b| b.selects(pod)) {
+    let tiered: Vec<&ClusterPolicy> = policies
+        .cluster
+        .iter()
+        .filter(|p| p.selects(cluster, pod) && !p.rules(dir).is_empty())
+        .collect();
+    let mut names: Vec<String> = tiered
+        .iter()
+        .map(|p| format!("clusternetworkpolicy/{}", p.name))
+        .chain(
+            selecting
+                .iter()
+                .map(|p| format!("{}/{}", p.namespace, p.name)),
+        )
+        .collect();
+    if let Some(b) = policies
+        .broken_cluster
+        .iter()
+        .find(|b| b.selects(cluster, pod, dir))
+    {
+        names.push(format!("clusternetworkpolicy/{}", b.name));
+        return (
+            Verdicts::Closed(format!("cluster policy {}: {}", b.name, b.error)),
+            names,
+        );
+    }
+    if let Some(b) = policies.broken.iter().find(|b| b.selects(pod)) {
         names.push(format!("{}/{}", b.namespace, b.name));
         return (
             Verdicts::Closed(format!("policy {}/{}: {}", b.namespace, b.name, b.error)),
             names,
         );
     }
-    if selecting.is_empty() {
+    if selecting.is_empty() && tiered.is_empty() {
         return (Verdicts::Open, names);
     }
-    let rules = selecting
-        .iter()
-        .flat_map(|p| p.rules(dir).into_iter().flatten().map(move |r| (*p, r)));
-    match ruleset(cluster, pod, dir, rules) {
+    match ruleset(cluster, pod, dir, &selecting, &tiered) {
         Ok(rs) => (Verdicts::Enforced(rs), names),
         Err(e) => (Verdicts::Closed(e), names),
+    }
+}
+
+/// The rule set of `pod` for `dir`: the Admin tier's runs, NetworkPolicy's, the Baseline
+/// tier's.
+fn ruleset(
+    cluster: &Cluster,
+    pod: &PodView,
+    dir: Dir,
+    network: &[&Policy],
+    tiered: &[&ClusterPolicy],
+) -> Result<Ruleset, String> {
+    let mut b = Builder::new(pod, dir);
+    tier_runs(&mut b, cluster, dir, tiered, Tier::Admin)?;
+    if !network.is_empty() {
+        let rules = network
+            .iter()
+            .flat_map(|p| p.rules(dir).into_iter().flatten().map(move |r| (*p, r)))
+            .map(|(p, r)| {
+                let label = format!("{}/{}", p.namespace, p.name);
+                (label, network_rule(cluster, p, r, dir))
+            })
+            .collect();
+        b.run(RunKind::NetworkPolicy, rules)?;
+    }
+    tier_runs(&mut b, cluster, dir, tiered, Tier::Baseline)?;
+    Ok(b.finish(!tiered.is_empty()).0)
+}
+
+/// The runs of one tier's rules that apply to the pod: consecutive rules with one action.
+fn tier_runs<'c>(
+    b: &mut Builder<'c>,
+    cluster: &'c Cluster,
+    dir: Dir,
+    tiered: &[&'c ClusterPolicy],
+    tier: Tier,
+) -> Result<(), String> {
+    let mut run: Vec<(String, FlatRule<'c>)> = Vec::new();
+    let mut action = None;
+    for p in tiered.iter().filter(|p| p.tier == tier) {
+        for r in p.rules(dir) {
+            let Some((a, rule)) = cluster_rule(cluster, r, dir) else {
+                continue;
+            };
+            if action.is_some_and(|x| x != a) {
+                b.run(
+                    RunKind::Tier(tier, action.unwrap_or(a)),
+                    std::mem::take(&mut run),
+                )?;
+            }
+            action = Some(a);
+            let label = if r.name.is_empty() {
+                p.name.clone()
+            } else {
+                format!("{}/{}", p.name, r.name)
+            };
+            run.push((label, rule));
+        }
+    }
+    if let Some(a) = action {
+        b.run(RunKind::Tier(tier, a), run)?;
+    }
+    Ok(())
+}
+
+/// One cluster policy rule with its peers resolved, and the action it takes; `None` for
+/// an `Accept` rule that fails closed (it matches nothing). A `Deny` or `Pass` rule that
+/// fails closed denies everything.
+fn cluster_rule<'c>(
+    cluster: &'c Cluster,
+    r: &ClusterRule,
+    dir: Dir,
+) -> Option<(Action, FlatRule<'c>)> {
+    if r.fails_closed() {
+        return match r.action {
+            Action::Accept => None,
+            Action::Deny | Action::Pass => Some((
+                Action::Deny,
+                FlatRule {
+                    addrs: AddrSet {
+                        blocks: vec![(Prefix::everything(), Vec::new())],
+                    },
+                    pods: Vec::new(),
+                    all_ports: true,
+                    numeric: BTreeSet::new(),
+                    named: Vec::new(),
+                },
+            )),
+        };
+    }
+    let named: Vec<(Option<u8>, String)> = r
+        .ports
+        .iter()
+        .filter_map(|p| match p {
+            ClusterPort::Named(n) => Some((None, n.clone())),
+            _ => None,
+        })
+        .collect();
+    let with_pods = !named.is_empty() && dir == Dir::Egress;
+    let mut blocks = Vec::new();
+    let mut pods: Vec<&PodView> = Vec::new();
+    for peer in &r.peers {
+        match peer {
+            ClusterPeer::Pods {
+                namespaces,
+                pods: sel,
+            } => {
+                for (ns, _) in cluster
+                    .namespaces()
+                    .filter(|(_, labels)| namespaces.matches(*labels))
+                {
+                    for p in cluster.pods_in(ns).filter(|p| p.is_peer()) {
+                        if sel.matches(&p.labels) {
+                            blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
+                            if with_pods {
+                                pods.push(p);
+                            }
+                        }
+                    }
+                }
+            }
+            ClusterPeer::Nodes(sel) => {
+                for (_, node) in cluster.nodes().filter(|(_, n)| sel.matches(&n.labels)) {
+                    blocks.extend(node.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
+                }
+            }
+            ClusterPeer::Networks(set) => blocks.extend(set.blocks.iter().cloned()),
+            // Addresses learned from DNS answers are not compiled in.
+            ClusterPeer::DomainNames(_) | ClusterPeer::Unknown => {}
+        }
+    }
+    let numeric: BTreeSet<Port> = r
+        .ports
+        .iter()
+        .filter_map(|p| match p {
+            ClusterPort::Numeric(n) => Some(n.clone()),
+            _ => None,
+        })
+        .collect();
+    Some((
+        r.action,
+        FlatRule {
+            addrs: AddrSet { blocks },
+            pods,
+            all_ports: r.ports.is_empty(),
+            numeric,
+            named,
+        },
+    ))
+}
+
+/// One NetworkPolicy rule with its peers resolved.
+fn network_rule<'c>(cluster: &'c Cluster, policy: &Policy, rule: &Rule, dir: Dir) -> FlatRule<'c> {
+    let named: Vec<(Option<u8>, String)> = rule
+        .ports
+        .iter()
+        .filter_map(|p| match p {
+            Port::Named(proto, name) => Some((Some(*proto), name.clone())),
+            _ => None,
+        })
+        .collect();
+    let (addrs, pods) = peer_set(
+        cluster,
+        policy,
+        rule,
+        !named.is_empty() && dir == Dir::Egress,
+    );
+    FlatRule {
+        addrs,
+        pods,
+        all_ports: rule.ports.is_empty(),
+        numeric: rule
+            .ports
+            .iter()
+            .filter(|p| !matches!(p, Port::Named(..)))
+            .cloned()
+            .collect(),
+        named,
     }
 }
 
@@ -467,91 +693,4 @@ fn peer_set<'c>(
         }
     }
     (AddrSet { blocks }, pods)
-}
-
-fn ruleset<'a>(
-    cluster: &Cluster,
-    pod: &PodView,
-    dir: Dir,
-    rules: impl Iterator<Item = (&'a Policy, &'a Rule)>,
-) -> Result<Ruleset, String> {
-    // Port sets (numeric, resolved) → class bit.
-    let mut classes: BTreeMap<BTreeSet<Port>, u64> = BTreeMap::new();
-    let mut sets: Vec<(u64, AddrSet)> = Vec::new();
-    let mut exact = BTreeSet::new();
-    for (policy, rule) in rules {
-        let named = rule.ports.iter().any(|p| matches!(p, Port::Named(..)));
-        let (addrs, peer_pods) = peer_set(cluster, policy, rule, named && dir == Dir::Egress);
-        let mut numeric = BTreeSet::new();
-        for port in &rule.ports {
-            match port {
-                Port::Named(proto, name) => match dir {
-                    // The destination is the pod itself.
-                    Dir::Ingress => {
-                        if let Some(n) = pod.named_port(name, *proto) {
-                            numeric.insert(Port::Range(*proto, n, n));
-                        }
-                    }
-                    // The destination is each peer pod: one entry per pod address.
-                    Dir::Egress => {
-                        for peer in &peer_pods {
-                            if let Some(n) = peer.named_port(name, *proto) {
-                                for ip in &peer.ips {
-                                    if addrs.contains_bits(super::tables::addr_bits(*ip)) {
-                                        exact.insert((*ip, *proto, n));
-                                    }
-                                }
-                            }
-                        }
-                    }
-                },
-                other => {
-                    numeric.insert(other.clone());
-                }
-            }
-        }
-        if rule.ports.is_empty() {
-            // Every port of every protocol: the class of the empty set stands for it.
-            numeric.clear();
-        } else if numeric.is_empty() {
-            // Only named ports, resolved above (or to nothing).
-            continue;
-        }
-        let next = 1u64.checked_shl(classes.len() as u32).unwrap_or(0);
-        let class = *classes.entry(numeric).or_insert(next);
-        if class == 0 || classes.len() > MAX_CLASSES {
-            return Err(format!(
-                "the policies that select {}/{} for {dir:?} have more than {MAX_CLASSES} \
-                 different port sets",
-                pod.namespace, pod.name
-            ));
-        }
-        sets.push((class, addrs));
-    }
-    let mut ports = Vec::new();
-    for (set, class) in &classes {
-        if set.is_empty() {
-            ports.push((*class, PortPrefix::everything()));
-        }
-        for port in set {
-            match port {
-                Port::All(proto) => ports.push((*class, PortPrefix::protocol(*proto))),
-                Port::Range(proto, lo, hi) => ports.extend(
-                    PortPrefix::range(*proto, *lo, *hi)
-                        .into_iter()
-                        .map(|p| (*class, p)),
-                ),
-                Port::Named(..) => {}
-            }
-        }
-    }
-    let refs: Vec<(u64, &AddrSet)> = sets.iter().map(|(c, s)| (*c, s)).collect();
-    Ok(Ruleset {
-        peers: peer_table(&refs),
-        ports: port_table(&ports),
-        exact: exact
-            .into_iter()
-            .map(|(ip, proto, port): (IpAddr, u8, u16)| (super::tables::canonical(ip), proto, port))
-            .collect(),
-    })
 }

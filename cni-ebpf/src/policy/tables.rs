@@ -11,19 +11,21 @@
 //! - **ports**: prefixes of the 24-bit string `protocol · port` → the classes that admit
 //!   them (all protocols: length 0; one protocol, every port: 8; one port: 24; an
 //!   `endPort` range: the aligned blocks that cover it).
-//! - **exact**: (address, protocol, port) admitted whatever the classes: an egress rule's
-//!   named port, which means a different number on each destination pod.
+//! - **exact**: (address, protocol, port) → the classes whose egress rules' named ports
+//!   name it (a named port means a different number on each destination pod).
 //!
-//! A packet is admitted when `peers(addr) & ports(proto, port) != 0`, or the exact table
-//! holds it: three lookups, however many policies and rules there are. IPv4 addresses are
-//! kept as IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`), so one table serves both
-//! families.
+//! A packet matches the classes `peers(addr) & ports(proto, port) | exact(addr, proto,
+//! port)`. With NetworkPolicy alone any class admits it; when cluster policies take part,
+//! the rule set's **tiers** ([`PolicyTiers`]) rank the classes (`tiers_admit`): four
+//! lookups, however many policies, rules and tiers there are. IPv4 addresses are kept as
+//! IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`), so one table serves both families.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
 };
 
+use cni_ebpf_common::{tiers_admit, PolicyTiers};
 use ipnet::IpNet;
 
 /// How many port classes one rule set can hold (the bits of a class mask).
@@ -192,15 +194,28 @@ pub struct Ruleset {
     pub peers: BTreeMap<Prefix, u64>,
     /// Longest-prefix-match table of `protocol · port` → class mask.
     pub ports: BTreeMap<PortPrefix, u64>,
-    /// (peer address, protocol, port) admitted whatever the classes.
-    pub exact: BTreeSet<(IpAddr, u8, u16)>,
+    /// (peer address, protocol, port) → the classes whose named ports name it.
+    pub exact: BTreeMap<(IpAddr, u8, u16), u64>,
+    /// How the classes decide when cluster policies take part (`None`: any class
+    /// admits).
+    pub tiers: Option<PolicyTiers>,
 }
 
 impl Ruleset {
     /// Whether a packet with peer `addr`, `proto` and (destination) `port` is admitted:
-    /// the datapath's three lookups.
+    /// the datapath's lookups.
     #[must_use]
     pub fn admits(&self, addr: IpAddr, proto: u8, port: u16) -> bool {
+        let classes = self.classes(addr, proto, port);
+        match &self.tiers {
+            None => classes != 0,
+            Some(tiers) => tiers_admit(classes, tiers),
+        }
+    }
+
+    /// The classes a packet with peer `addr`, `proto` and (destination) `port` matches.
+    #[must_use]
+    pub fn classes(&self, addr: IpAddr, proto: u8, port: u16) -> u64 {
         let bits = addr_bits(addr);
         let peer = self
             .peers
@@ -215,13 +230,18 @@ impl Ruleset {
             .filter(|(p, _)| p.contains_bits(key))
             .max_by_key(|(p, _)| p.len)
             .map_or(0, |(_, m)| *m);
-        peer & ports != 0 || self.exact.contains(&(canonical(addr), proto, port))
+        peer & ports
+            | self
+                .exact
+                .get(&(canonical(addr), proto, port))
+                .copied()
+                .unwrap_or(0)
     }
 
     /// Entries in all three tables.
     #[must_use]
     pub fn entries(&self) -> usize {
-        self.peers.len() + self.ports.len() + self.exact.len()
+        self.peers.len() + self.ports.len() + self.exact.len() + usize::from(self.tiers.is_some())
     }
 }
 
@@ -352,7 +372,8 @@ mod tests {
         let rs = Ruleset {
             peers: table,
             ports: port_table(&[(1, PortPrefix::everything()), (2, PortPrefix::everything())]),
-            exact: BTreeSet::new(),
+            exact: BTreeMap::new(),
+            tiers: None,
         };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         assert!(rs.admits(ip("10.2.0.1"), 6, 80));
