@@ -16,8 +16,10 @@
 //!   objects carry `metadata.resourceVersion`, and a `uid` and `creationTimestamp` from
 //!   their creation). Resources: `nodes`, `namespaces` (cluster-scoped), `pods`,
 //!   `services`, `events` (core v1), `networkpolicies` (networking.k8s.io/v1),
-//!   `endpointslices` (discovery.k8s.io/v1) and `events` (events.k8s.io/v1, the same
-//!   store as the core ones);
+//!   `endpointslices` (discovery.k8s.io/v1), `events` (events.k8s.io/v1, the same
+//!   store as the core ones) and, once its CRD is installed
+//!   ([`ApiServer::install_crd`]; before that, a 404 as for any resource the server does
+//!   not serve), `clusternetworkpolicies` (policy.networking.k8s.io/v1alpha2);
 //! - `GET` of one object (`…/{name}`), or a 404 Status shaped like the API server's
 //!   (`nodes "x" not found`, reason `NotFound`, details);
 //! - lists (`GET` of a collection, all namespaces or one): `<Kind>List` with
@@ -113,6 +115,8 @@ struct Resource {
     namespaced: bool,
     /// The field selectors supported beyond `metadata.name` and `metadata.namespace`.
     fields: &'static [&'static str],
+    /// A custom resource: served only once its CRD is installed.
+    crd: bool,
 }
 
 const POD_FIELDS: &[&str] = &[
@@ -152,6 +156,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/api/v1",
         namespaced: false,
         fields: &["spec.unschedulable"],
+        crd: false,
     },
     Resource {
         plural: "namespaces",
@@ -161,6 +166,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/api/v1",
         namespaced: false,
         fields: &["status.phase"],
+        crd: false,
     },
     Resource {
         plural: "pods",
@@ -170,6 +176,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/api/v1",
         namespaced: true,
         fields: POD_FIELDS,
+        crd: false,
     },
     Resource {
         plural: "services",
@@ -179,6 +186,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/api/v1",
         namespaced: true,
         fields: &["spec.clusterIP", "spec.type"],
+        crd: false,
     },
     Resource {
         plural: "events",
@@ -188,6 +196,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/api/v1",
         namespaced: true,
         fields: EVENT_FIELDS,
+        crd: false,
     },
     Resource {
         plural: "networkpolicies",
@@ -197,6 +206,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/apis/networking.k8s.io/v1",
         namespaced: true,
         fields: &[],
+        crd: false,
     },
     Resource {
         plural: "endpointslices",
@@ -206,6 +216,7 @@ const RESOURCES: &[Resource] = &[
         prefix: "/apis/discovery.k8s.io/v1",
         namespaced: true,
         fields: &[],
+        crd: false,
     },
     Resource {
         plural: "events",
@@ -223,6 +234,17 @@ const RESOURCES: &[Resource] = &[
             "reportingController",
             "type",
         ],
+        crd: false,
+    },
+    Resource {
+        plural: "clusternetworkpolicies",
+        kind: "ClusterNetworkPolicy",
+        group: "policy.networking.k8s.io",
+        api_version: "policy.networking.k8s.io/v1alpha2",
+        prefix: "/apis/policy.networking.k8s.io/v1alpha2",
+        namespaced: false,
+        fields: &[],
+        crd: true,
     },
 ];
 
@@ -322,6 +344,8 @@ struct State {
     freeze_epoch: u64,
     /// Watches refuse `sendInitialEvents` (a server without streaming lists).
     no_streaming_lists: bool,
+    /// The custom resources whose CRD is installed, by plural name.
+    crds: BTreeSet<&'static str>,
 }
 
 /// What the accept loop, the connections and the test's handle share.
@@ -1199,6 +1223,15 @@ impl ApiServer {
         self.shared.changed.notify_all();
     }
 
+    /// Installs the CRD of custom resource `plural`: it is served from now on.
+    #[track_caller]
+    pub fn install_crd(&self, plural: &str) {
+        let res = Resource::named(plural);
+        assert!(res.crd, "{plural} is not a custom resource");
+        self.shared.lock().crds.insert(res.plural);
+        self.shared.changed.notify_all();
+    }
+
     /// Whether watches accept `sendInitialEvents` (streaming lists; on by default): off,
     /// they are refused with the API server's 422 for a server without the feature.
     pub fn set_streaming_lists(&self, on: bool) {
@@ -1591,7 +1624,9 @@ fn answer(shared: &Shared, req: &Request, query: &Query) -> Answer {
     if req.auth.as_deref() != Some(format!("Bearer {token}").as_str()) {
         return Full(401, status(401, "Unauthorized", "Unauthorized", None));
     }
-    let Some(route) = route(&req.path) else {
+    let Some(route) =
+        route(&req.path).filter(|r| !r.res.crd || shared.lock().crds.contains(r.res.plural))
+    else {
         return Full(
             404,
             status(

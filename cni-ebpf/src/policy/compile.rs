@@ -34,7 +34,7 @@ use super::{
         Action, BrokenClusterPolicy, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Tier,
     },
     selector::Selector,
-    tables::{AddrSet, Prefix, Ruleset},
+    tables::{addr_bits, AddrSet, Prefix, Ruleset},
 };
 
 /// A direction of traffic as seen from the pod a policy selects.
@@ -575,7 +575,15 @@ fn cluster_rule<'c>(
                     blocks.extend(node.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
                 }
             }
-            ClusterPeer::Networks(set) => blocks.extend(set.blocks.iter().cloned()),
+            ClusterPeer::Networks(set) => {
+                blocks.extend(set.blocks.iter().cloned());
+                // A named port is the destination pod's, whichever peer names the pod.
+                if with_pods {
+                    pods.extend(cluster.pods().filter(|p| {
+                        p.is_peer() && p.ips.iter().any(|ip| set.contains_bits(addr_bits(*ip)))
+                    }));
+                }
+            }
             // Addresses learned from DNS answers are not compiled in.
             ClusterPeer::DomainNames(_) | ClusterPeer::Unknown => {}
         }

@@ -8,7 +8,10 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use cni_ebpf::{
     datapath::Endpoint,
-    policy::{compile_pod, parse_all, Cluster, Verdicts},
+    policy::{
+        cluster_network_policy::{self, ClusterNetworkPolicy},
+        compile, parse_all, Cluster, Policies, Verdicts,
+    },
 };
 use cni_ebpf_common::{owner_id, PolicyEndpoint, Reason, RULESET_CLOSED, RULESET_OPEN};
 use serde_json::{json, Value};
@@ -78,6 +81,16 @@ fn enforce(
     policies: &[k8s_openapi::api::networking::v1::NetworkPolicy],
     first_id: u32,
 ) {
+    enforce_all(fx, policies, &[], first_id);
+}
+
+/// [`enforce`] with cluster policies too.
+fn enforce_all(
+    fx: &Fixture,
+    policies: &[k8s_openapi::api::networking::v1::NetworkPolicy],
+    cluster_policies: &[ClusterNetworkPolicy],
+    first_id: u32,
+) {
     let cluster = cluster();
     let (parsed, broken) = parse_all(policies);
     assert!(
@@ -85,6 +98,14 @@ fn enforce(
         "{:?}",
         broken.iter().map(|b| &b.error).collect::<Vec<_>>()
     );
+    let (tiered, broken_tiered) = cluster_network_policy::parse_all(cluster_policies);
+    assert!(broken_tiered.is_empty(), "{broken_tiered:?}");
+    let all = Policies {
+        network: &parsed,
+        broken: &broken,
+        cluster: &tiered,
+        broken_cluster: &broken_tiered,
+    };
     let mut next = first_id;
     let mut put = |v: &Verdicts| match v {
         Verdicts::Open => RULESET_OPEN,
@@ -97,7 +118,7 @@ fn enforce(
     };
     let mut entries = Vec::new();
     for (name, ifindex, ctr) in [("a", IFINDEX_A, "ctr-a"), ("b", IFINDEX_B, "ctr-b")] {
-        let p = compile_pod(&cluster, &parsed, &broken, cluster.pod("x", name).unwrap());
+        let p = compile(&cluster, &all, cluster.pod("x", name).unwrap());
         entries.push((
             ifindex,
             PolicyEndpoint {
@@ -276,6 +297,84 @@ fn same_node_traffic_is_judged_by_ingress_and_egress_and_replies_pass() {
         "b opening a flow of its own is refused by its egress"
     );
     assert_eq!(fx.reason(Reason::DropPolicyEgress), 1);
+}
+
+/// A cluster policy of `tier` whose subject is pod `b`, with `ingress` rules.
+fn cnp_on_b(name: &str, tier: &str, priority: i32, ingress: Value) -> ClusterNetworkPolicy {
+    serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {
+            "tier": tier,
+            "priority": priority,
+            "subject": {"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "b"}}}},
+            "ingress": ingress,
+        },
+    }))
+    .unwrap()
+}
+
+/// The programs rank a rule set's classes by tier: the Admin tier's first matching rule,
+/// then NetworkPolicy where one selects the pod, then the Baseline tier's, then admitted;
+/// with a fresh verdict after each swap.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn cluster_policy_tiers_decide_before_and_after_network_policy() {
+    let fx = Fixture::with_two_pods();
+    let from_a = |action: &str, port: Option<u16>| {
+        let mut rule = json!({"action": action,
+            "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]});
+        if let Some(p) = port {
+            rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": p}}}]);
+        }
+        rule
+    };
+    let verdict = |port: u16| fx.run("from_pod", &a_to_b(port, SYN)).0;
+    // NetworkPolicy admits a → b:80 only; an Admin Deny of port 80 overrides it.
+    let deny_80 = cnp_on_b("deny-80", "Admin", 10, json!([from_a("Deny", Some(80))]));
+    enforce_all(&fx, &b_admits_a_on_80(), std::slice::from_ref(&deny_80), 1);
+    assert_eq!(
+        verdict(80),
+        SHOT,
+        "the Admin tier denies before NetworkPolicy"
+    );
+    assert!(fx.reason(Reason::DropPolicyIngress) > 0);
+    // An Admin Accept of higher precedence wins over the Deny, and admits port 81
+    // NetworkPolicy would not.
+    let accept = cnp_on_b("accept", "Admin", 5, json!([from_a("Accept", None)]));
+    enforce_all(&fx, &b_admits_a_on_80(), &[deny_80.clone(), accept], 10);
+    assert_eq!(verdict(80), REDIRECT);
+    assert_eq!(
+        verdict(81),
+        REDIRECT,
+        "Accept is final: NetworkPolicy is not asked"
+    );
+    // Pass: on to NetworkPolicy, which admits 80 and not 81.
+    let pass = cnp_on_b("pass", "Admin", 5, json!([from_a("Pass", None)]));
+    enforce_all(&fx, &b_admits_a_on_80(), &[deny_80, pass], 20);
+    assert_eq!(
+        verdict(80),
+        REDIRECT,
+        "passed to NetworkPolicy, which admits"
+    );
+    assert_eq!(verdict(81), SHOT);
+    // The Baseline tier decides where no NetworkPolicy selects the pod, and not where
+    // one does.
+    let baseline = cnp_on_b("baseline", "Baseline", 0, json!([from_a("Deny", Some(81))]));
+    enforce_all(&fx, &[], std::slice::from_ref(&baseline), 30);
+    assert_eq!(verdict(80), REDIRECT, "nothing matches: admitted");
+    assert_eq!(verdict(81), SHOT, "the Baseline tier denies");
+    let allow_81 = policy(
+        "b-81",
+        json!({"podSelector": {"matchLabels": {"app": "b"}},
+               "ingress": [{"ports": [{"port": 81}]}]}),
+    );
+    enforce_all(&fx, &[allow_81], &[baseline], 40);
+    assert_eq!(
+        verdict(81),
+        REDIRECT,
+        "NetworkPolicy overrides the Baseline tier"
+    );
+    assert_eq!(verdict(80), SHOT, "and isolates the pod");
 }
 
 #[test]

@@ -433,6 +433,212 @@ fn policy_namespace(policy: &NetworkPolicy) -> &str {
     policy.metadata.namespace.as_deref().unwrap_or("default")
 }
 
+/// Whether a connection is allowed by `cluster_policies` (`ClusterNetworkPolicy` objects,
+/// `policy.networking.k8s.io/v1alpha2`, as JSON) and `policies` together. Written from the
+/// API's text (`apis/v1alpha2/clusternetworkpolicy_types.go`) alone:
+///
+/// - each direction is decided at its pod as NetworkPolicy's is (the source's egress, the
+///   destination's ingress; an outside end decides nothing);
+/// - tiers in order: Admin, NetworkPolicy, Baseline, then allowed. Within a tier, the
+///   policies whose `subject` selects the pod, by `priority` (lower first; equal ones by
+///   name, one of the orders the API leaves free), each one's rules of the direction in
+///   written order; the first rule that matches decides: `Accept` allows, `Deny` denies,
+///   `Pass` ends the tier. The NetworkPolicy tier decides whenever a NetworkPolicy
+///   isolates the pod in the direction;
+/// - a subject: `namespaces` = every pod of the namespaces the selector matches; `pods`
+///   = the pods `podSelector` matches in the namespaces `namespaceSelector` matches;
+///   host-network pods never;
+/// - a rule matches when a peer matches and (`protocols` absent) any port, or a protocol
+///   entry matches: `tcp`/`udp`/`sctp` with no `destinationPort` = every port of it, a
+///   `number`, or a `range` `start..=end`; `destinationNamedPort` = the destination
+///   pod's container port of that name (any protocol);
+/// - peers: `namespaces`, `pods` as for subjects (pods only); `nodes` = a Node's
+///   addresses (the universe has none); `networks` = addresses in one of the CIDRs, of
+///   the same family; `domainNames` = what a DNS answer taught (none here). Ingress peers
+///   have only `namespaces` and `pods`;
+/// - a peer none of whose fields is known fails closed: an `Accept` rule with one matches
+///   nothing, a `Deny` or `Pass` rule with one denies everything.
+#[must_use]
+pub fn allowed_with_cluster_policies(
+    universe: &Universe,
+    policies: &[NetworkPolicy],
+    cluster_policies: &[serde_json::Value],
+    src: IpAddr,
+    dst: IpAddr,
+    protocol: Protocol,
+    port: u16,
+) -> bool {
+    let conn = Connection {
+        src,
+        dst,
+        src_pod: pod_with_address(universe, src),
+        dst_pod: pod_with_address(universe, dst),
+        protocol,
+        port,
+    };
+    let decide = |pod: &Pod, direction: Direction| {
+        let tier =
+            |name: &str| tier_decides(universe, cluster_policies, name, pod, direction, &conn);
+        if let Some(verdict) = tier("Admin") {
+            return verdict;
+        }
+        if isolated(policies, pod, direction == Direction::Egress) {
+            return direction_allows(universe, policies, pod, direction, &conn);
+        }
+        tier("Baseline").unwrap_or(true)
+    };
+    conn.src_pod.is_none_or(|p| decide(p, Direction::Egress))
+        && conn.dst_pod.is_none_or(|p| decide(p, Direction::Ingress))
+}
+
+/// The verdict of tier `tier` for `pod`'s `direction`: `Some` when an `Accept` or `Deny`
+/// rule decides, `None` when none matches or a `Pass` does.
+fn tier_decides(
+    universe: &Universe,
+    cluster_policies: &[serde_json::Value],
+    tier: &str,
+    pod: &Pod,
+    direction: Direction,
+    conn: &Connection<'_>,
+) -> Option<bool> {
+    let mut applying: Vec<&serde_json::Value> = cluster_policies
+        .iter()
+        .filter(|p| {
+            p["spec"]["tier"] == tier && subject_selects(universe, &p["spec"]["subject"], pod)
+        })
+        .collect();
+    applying.sort_by_key(|p| {
+        (
+            p["spec"]["priority"].as_i64().unwrap_or(0),
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    });
+    let key = match direction {
+        Direction::Ingress => "ingress",
+        Direction::Egress => "egress",
+    };
+    for policy in applying {
+        for rule in policy["spec"][key].as_array().into_iter().flatten() {
+            let action = rule["action"].as_str().unwrap_or_default();
+            if fails_closed(rule, direction) {
+                // An Accept rule then matches nothing; a Deny or a Pass denies all.
+                if action == "Accept" {
+                    continue;
+                }
+                return Some(false);
+            }
+            if cluster_rule_matches(universe, rule, direction, conn) {
+                return match action {
+                    "Accept" => Some(true),
+                    "Deny" => Some(false),
+                    _ => None,
+                };
+            }
+        }
+    }
+    None
+}
+
+fn label_selector(v: &serde_json::Value) -> Option<LabelSelector> {
+    serde_json::from_value(v.clone()).ok()
+}
+
+/// Whether a subject (or a `pods`/`namespaces` peer) takes `pod`.
+fn subject_selects(universe: &Universe, subject: &serde_json::Value, pod: &Pod) -> bool {
+    if !is_target(pod) {
+        return false;
+    }
+    let ns_labels = namespace_of(universe, pod).and_then(|ns| ns.metadata.labels.as_ref());
+    let labels = pod.metadata.labels.as_ref();
+    if let Some(sel) = subject.get("namespaces").and_then(label_selector) {
+        return selector_matches(&sel, ns_labels);
+    }
+    if let Some(pods) = subject.get("pods") {
+        let ns_sel = label_selector(&pods["namespaceSelector"]).unwrap_or_default();
+        let pod_sel = label_selector(&pods["podSelector"]).unwrap_or_default();
+        return selector_matches(&ns_sel, ns_labels) && selector_matches(&pod_sel, labels);
+    }
+    false
+}
+
+/// Whether a rule has a peer none of whose fields the API defines for its direction.
+fn fails_closed(rule: &serde_json::Value, direction: Direction) -> bool {
+    let (peers, fields): (&serde_json::Value, &[&str]) = match direction {
+        Direction::Ingress => (&rule["from"], &["namespaces", "pods"]),
+        Direction::Egress => (
+            &rule["to"],
+            &["namespaces", "pods", "nodes", "networks", "domainNames"],
+        ),
+    };
+    peers
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|peer| !fields.iter().any(|f| peer.get(*f).is_some()))
+}
+
+fn cluster_rule_matches(
+    universe: &Universe,
+    rule: &serde_json::Value,
+    direction: Direction,
+    conn: &Connection<'_>,
+) -> bool {
+    let (peers, peer_addr, peer_pod) = match direction {
+        Direction::Ingress => (&rule["from"], conn.src, conn.src_pod),
+        Direction::Egress => (&rule["to"], conn.dst, conn.dst_pod),
+    };
+    let peer_ok = peers.as_array().into_iter().flatten().any(|peer| {
+        if peer.get("namespaces").is_some() || peer.get("pods").is_some() {
+            return peer_pod.is_some_and(|p| subject_selects(universe, peer, p));
+        }
+        if let Some(networks) = peer.get("networks").and_then(|n| n.as_array()) {
+            return networks
+                .iter()
+                .filter_map(|n| n.as_str()?.parse::<IpNet>().ok())
+                .any(|net| cidr_contains(net, peer_addr));
+        }
+        false
+    });
+    let port_ok = match rule.get("protocols").and_then(|p| p.as_array()) {
+        None => true,
+        Some(protocols) => protocols.iter().any(|p| {
+            if let Some(name) = p["destinationNamedPort"].as_str() {
+                return conn.dst_pod.is_some_and(|pod| {
+                    PROTOCOLS_ALL.iter().any(|proto| {
+                        *proto == conn.protocol && has_named_port(pod, name, *proto, conn.port)
+                    })
+                });
+            }
+            let Some(m) = p.get(match conn.protocol {
+                Protocol::Tcp => "tcp",
+                Protocol::Udp => "udp",
+                Protocol::Sctp => "sctp",
+            }) else {
+                return false;
+            };
+            let dport = &m["destinationPort"];
+            if dport.is_null() {
+                return true;
+            }
+            if let Some(n) = dport["number"].as_i64() {
+                return n == i64::from(conn.port);
+            }
+            let (start, end) = (
+                dport["range"]["start"].as_i64(),
+                dport["range"]["end"].as_i64(),
+            );
+            matches!((start, end), (Some(s), Some(e)) if (s..=e).contains(&i64::from(conn.port)))
+        }),
+    };
+    peer_ok && port_ok
+}
+
+/// Every protocol a port can be over.
+const PROTOCOLS_ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
+
 #[cfg(test)]
 mod tests {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

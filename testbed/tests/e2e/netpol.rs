@@ -9,13 +9,19 @@
 //!   and named ports, policy types, several policies per pod): the compiled rule sets
 //!   must agree with the model on every pod pair, port, protocol and family, and on
 //!   addresses outside the cluster.
+//! - Generated scenarios of cluster policies (Admin and Baseline tiers, priorities,
+//!   Accept/Deny/Pass, namespace, pod and network peers, ports, ranges and destination
+//!   named ports, peers that fail closed) mixed with NetworkPolicies, the same way.
 
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
-use cni_ebpf::policy::{compile_pod, parse_all, Cluster, PodView, Verdicts};
+use cni_ebpf::policy::{
+    cluster_network_policy::{self, ClusterNetworkPolicy},
+    compile, compile_pod, parse_all, Cluster, PodView, Policies, Verdicts,
+};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{json, Value};
 use testbed::netpol::{
@@ -42,6 +48,37 @@ impl Compiled {
             .pods()
             .map(|p| {
                 let c = compile_pod(&cluster, &parsed, &broken, p);
+                (pod_string(&p.namespace, &p.name), (c.ingress, c.egress))
+            })
+            .collect();
+        Self { cluster, pods }
+    }
+
+    /// [`Self::new`] with cluster policies too.
+    fn with_cluster_policies(
+        universe: &Universe,
+        policies: &[NetworkPolicy],
+        cluster_policies: &[ClusterNetworkPolicy],
+    ) -> Self {
+        let cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        let (parsed, broken) = parse_all(policies);
+        let (tiered, broken_tiered) = cluster_network_policy::parse_all(cluster_policies);
+        assert!(
+            broken.is_empty() && broken_tiered.is_empty(),
+            "policies the compiler refused: {:?} {:?}",
+            broken.iter().map(|b| &b.error).collect::<Vec<_>>(),
+            broken_tiered.iter().map(|b| &b.error).collect::<Vec<_>>()
+        );
+        let all = Policies {
+            network: &parsed,
+            broken: &broken,
+            cluster: &tiered,
+            broken_cluster: &broken_tiered,
+        };
+        let pods = cluster
+            .pods()
+            .map(|p| {
+                let c = compile(&cluster, &all, p);
                 (pod_string(&p.namespace, &p.name), (c.ingress, c.egress))
             })
             .collect();
@@ -422,6 +459,152 @@ fn generated_policies_compile_to_what_the_model_allows() {
     }
     assert!(total_policies >= 200, "only {total_policies} policies");
     // The scenarios must exercise both outcomes substantially.
+    assert!(
+        denied * 10 > checked && denied * 10 < checked * 9,
+        "{denied} of {checked} denied"
+    );
+}
+
+fn cluster_peer(rng: &mut Rng, egress: bool) -> Value {
+    match rng.below(if egress { 6 } else { 4 }) {
+        0 => json!({"namespaces": selector(rng, "ns", &NAMESPACES)}),
+        1 | 2 => json!({"pods": {"namespaceSelector": selector(rng, "ns", &NAMESPACES),
+            "podSelector": selector(rng, "pod", &PODS)}}),
+        3 if rng.chance(15) => json!({"someFutureField": {}}),
+        3 => json!({"pods": {"namespaceSelector": {}, "podSelector": selector(rng, "pod", &PODS)}}),
+        _ => {
+            let nets: &[&str] = rng.pick(&[
+                &["10.244.0.0/16"][..],
+                &["10.244.1.0/28", "fd00:10:244:1::10/124"],
+                &["0.0.0.0/0"],
+                &["::/0", "192.0.2.0/24"],
+            ]);
+            json!({"networks": nets})
+        }
+    }
+}
+
+fn cluster_protocol(rng: &mut Rng) -> Value {
+    let key = rng.pick(&["tcp", "udp", "sctp"]);
+    match rng.below(5) {
+        0 => json!({key: {}}),
+        1 => json!({key: {"destinationPort": {"number": rng.pick(&[80, 81, 82])}}}),
+        2 => {
+            json!({key: {"destinationPort": {"range": {"start": 79, "end": rng.pick(&[80, 81, 1000])}}}})
+        }
+        _ => json!({"destinationNamedPort": port_name(rng.pick(&[80, 81]), rng.pick(&PROTOCOLS))}),
+    }
+}
+
+fn cluster_rules(rng: &mut Rng, egress: bool) -> Value {
+    let n = rng.below(4);
+    (0..n)
+        .map(|_| {
+            let mut rule = serde_json::Map::new();
+            rule.insert("name".to_owned(), json!(format!("r{}", rng.below(100))));
+            rule.insert(
+                "action".to_owned(),
+                json!(rng.pick(&["Accept", "Deny", "Pass"])),
+            );
+            let peers: Vec<Value> = (0..1 + rng.below(2))
+                .map(|_| cluster_peer(rng, egress))
+                .collect();
+            rule.insert(
+                (if egress { "to" } else { "from" }).to_owned(),
+                Value::Array(peers),
+            );
+            if rng.chance(60) {
+                let protocols: Vec<Value> = (0..1 + rng.below(2))
+                    .map(|_| cluster_protocol(rng))
+                    .collect();
+                rule.insert("protocols".to_owned(), Value::Array(protocols));
+            }
+            Value::Object(rule)
+        })
+        .collect()
+}
+
+fn cluster_policy(rng: &mut Rng, i: usize) -> Value {
+    let subject = if rng.chance(50) {
+        json!({"namespaces": selector(rng, "ns", &NAMESPACES)})
+    } else {
+        json!({"pods": {"namespaceSelector": selector(rng, "ns", &NAMESPACES),
+            "podSelector": selector(rng, "pod", &PODS)}})
+    };
+    let mut spec = serde_json::Map::new();
+    spec.insert("tier".to_owned(), json!(rng.pick(&["Admin", "Baseline"])));
+    // Few distinct priorities, so that equal ones (ordered by name) come up.
+    spec.insert("priority".to_owned(), json!(rng.pick(&[0, 10, 10, 500])));
+    spec.insert("subject".to_owned(), subject);
+    if rng.chance(80) {
+        spec.insert("ingress".to_owned(), cluster_rules(rng, false));
+    }
+    if rng.chance(60) {
+        spec.insert("egress".to_owned(), cluster_rules(rng, true));
+    }
+    json!({"metadata": {"name": format!("c{i}")}, "spec": spec})
+}
+
+/// Generated scenarios of cluster policies mixed with NetworkPolicies.
+const CLUSTER_ROUNDS: usize = 60;
+
+#[test]
+fn generated_cluster_policies_compile_to_what_the_model_allows() {
+    let outside: [IpAddr; 2] = [
+        IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7)),
+        IpAddr::V6(Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 7)),
+    ];
+    let mut rng = Rng(GENERATED_SEED ^ 0xc1u64);
+    let (mut total, mut checked, mut denied) = (0, 0u64, 0u64);
+    for round in 0..CLUSTER_ROUNDS {
+        let (universe, mut policies) = scenario(&mut rng, &Universe::upstream());
+        policies.truncate(rng.below(3));
+        let raw: Vec<Value> = (0..1 + rng.below(6))
+            .map(|i| cluster_policy(&mut rng, i))
+            .collect();
+        total += policies.len() + raw.len();
+        let cnps: Vec<ClusterNetworkPolicy> = raw
+            .iter()
+            .map(|v| serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}")))
+            .collect();
+        let compiled = Compiled::with_cluster_policies(&universe, &policies, &cnps);
+        let mut ends: Vec<IpAddr> = Vec::new();
+        for ns in NAMESPACES {
+            for pod in PODS {
+                ends.push(pod_ip(&universe, &pod_string(ns, pod), false));
+                ends.push(pod_ip(&universe, &pod_string(ns, pod), true));
+            }
+        }
+        ends.extend(outside);
+        for src in &ends {
+            for dst in &ends {
+                if src == dst || src.is_ipv6() != dst.is_ipv6() {
+                    continue;
+                }
+                for proto in PROTOCOLS {
+                    for port in [80, 81, 82] {
+                        let want = model::allowed_with_cluster_policies(
+                            &universe, &policies, &raw, *src, *dst, proto, port,
+                        );
+                        let got = compiled.allowed(*src, *dst, proto, port);
+                        checked += 1;
+                        denied += u64::from(!want);
+                        assert_eq!(
+                            got,
+                            want,
+                            "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
+                             compiled: {}\ncluster policies: {}\npolicies: {}",
+                            proto.api_name(),
+                            compiled.explain(*src, *dst),
+                            serde_json::to_string(&raw).unwrap_or_default(),
+                            serde_json::to_string(&policies).unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(total >= 200, "only {total} policies");
     assert!(
         denied * 10 > checked && denied * 10 < checked * 9,
         "{denied} of {checked} denied"
