@@ -141,12 +141,14 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(
         rules.len(),
-        5,
+        7,
         "read access to what install, host-gw, policy and the Service watcher read; Events"
     );
-    let read: [(&str, &[&str]); 4] = [
+    let read: [(&str, &[&str]); 6] = [
         ("", &["nodes", "namespaces", "pods"]),
         ("networking.k8s.io", &["networkpolicies"]),
+        ("policy.networking.k8s.io", &["clusternetworkpolicies"]),
+        ("apiextensions.k8s.io", &["customresourcedefinitions"]),
         ("", &["services"]),
         ("discovery.k8s.io", &["endpointslices"]),
     ];
@@ -155,10 +157,10 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         assert_eq!(strings(&r["resources"]), resources);
         assert_eq!(strings(&r["verbs"]), ["get", "list", "watch"], "read only");
     }
-    assert_eq!(strings(&rules[4]["apiGroups"]), ["events.k8s.io"]);
-    assert_eq!(strings(&rules[4]["resources"]), ["events"]);
+    assert_eq!(strings(&rules[6]["apiGroups"]), ["events.k8s.io"]);
+    assert_eq!(strings(&rules[6]["resources"]), ["events"]);
     assert_eq!(
-        strings(&rules[4]["verbs"]),
+        strings(&rules[6]["verbs"]),
         ["create", "patch"],
         "Events only"
     );

@@ -19,7 +19,8 @@
 //!   `endpointslices` (discovery.k8s.io/v1), `events` (events.k8s.io/v1, the same
 //!   store as the core ones) and, once its CRD is installed
 //!   ([`ApiServer::install_crd`]; before that, a 404 as for any resource the server does
-//!   not serve), `clusternetworkpolicies` (policy.networking.k8s.io/v1alpha2);
+//!   not serve), `clusternetworkpolicies` (policy.networking.k8s.io/v1alpha2), and the
+//!   `customresourcedefinitions` (apiextensions.k8s.io/v1) installed;
 //! - `GET` of one object (`…/{name}`), or a 404 Status shaped like the API server's
 //!   (`nodes "x" not found`, reason `NotFound`, details);
 //! - lists (`GET` of a collection, all namespaces or one): `<Kind>List` with
@@ -245,6 +246,16 @@ const RESOURCES: &[Resource] = &[
         namespaced: false,
         fields: &[],
         crd: true,
+    },
+    Resource {
+        plural: "customresourcedefinitions",
+        kind: "CustomResourceDefinition",
+        group: "apiextensions.k8s.io",
+        api_version: "apiextensions.k8s.io/v1",
+        prefix: "/apis/apiextensions.k8s.io/v1",
+        namespaced: false,
+        fields: &[],
+        crd: false,
     },
 ];
 
@@ -1223,13 +1234,28 @@ impl ApiServer {
         self.shared.changed.notify_all();
     }
 
-    /// Installs the CRD of custom resource `plural`: it is served from now on.
+    /// Installs the CRD of custom resource `plural`: it is served from now on, and its
+    /// CustomResourceDefinition object is created (as `kubectl apply` of the CRD does).
     #[track_caller]
     pub fn install_crd(&self, plural: &str) {
         let res = Resource::named(plural);
         assert!(res.crd, "{plural} is not a custom resource");
         self.shared.lock().crds.insert(res.plural);
-        self.shared.changed.notify_all();
+        let version = res.api_version.rsplit('/').next().unwrap_or_default();
+        self.put(
+            "customresourcedefinitions",
+            json!({
+                "apiVersion": "apiextensions.k8s.io/v1",
+                "kind": "CustomResourceDefinition",
+                "metadata": {"name": format!("{}.{}", res.plural, res.group)},
+                "spec": {
+                    "group": res.group,
+                    "names": {"plural": res.plural, "kind": res.kind},
+                    "scope": if res.namespaced { "Namespaced" } else { "Cluster" },
+                    "versions": [{"name": version, "served": true, "storage": true}],
+                },
+            }),
+        );
     }
 
     /// Whether watches accept `sendInitialEvents` (streaming lists; on by default): off,

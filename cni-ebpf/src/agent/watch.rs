@@ -14,8 +14,9 @@
 //!   and ClusterNetworkPolicies are kept whole by reflectors (without their
 //!   `managedFields`).
 //! - ClusterNetworkPolicy is a CRD the operator installs: while the API server does not
-//!   serve it (404), the agent says so once, enforces none, and looks again every
-//!   [`CRD_RECHECK`]; once it is served, it is watched as the others are.
+//!   serve it (404), the agent says so once, enforces none, and watches for the CRD
+//!   (looking again at least every [`CRD_RECHECK`]); once it is served, it is watched as
+//!   the others are.
 //! - A round runs after a change (a short settling delay lets a burst of changes make one
 //!   round), and once a second when the node's pod interfaces changed (a pod ADDed before
 //!   its Pod object changed). Nothing runs before all three hold a complete list: an
@@ -57,8 +58,8 @@ use crate::{
     policy::{cluster::pod_key, cluster_network_policy::ClusterNetworkPolicy, Cluster},
 };
 
-/// How often the agent looks again for the ClusterNetworkPolicy CRD while it is not
-/// served.
+/// The longest the agent waits before it looks again for the ClusterNetworkPolicy CRD
+/// while it is not served (it watches for the CRD meanwhile, where RBAC lets it).
 const CRD_RECHECK: Duration = Duration::from_secs(30);
 
 /// How long a round waits after a change for more changes of the same burst.
@@ -438,6 +439,7 @@ fn start(client: &Client, config: &watcher::Config) -> (View, impl Stream<Item =
         .boxed(),
         watch_crd(
             Api::<ClusterNetworkPolicy>::all(client.clone()),
+            client.clone(),
             config.clone(),
             cnp_w,
         )
@@ -469,11 +471,41 @@ async fn served<K: Watched>(api: &Api<K>) -> Option<bool> {
     }
 }
 
+/// The name of the CRD that defines `K`.
+fn crd_name<K: Watched>() -> String {
+    let dt = K::DynamicType::default();
+    format!("{}.{}", K::plural(&dt), K::group(&dt))
+}
+
+/// Returns once the CRD `name` is there (a watch of CustomResourceDefinitions narrowed to
+/// it), or after [`CRD_RECHECK`] (also at once when the CRDs cannot be watched: no RBAC
+/// for them, in which case the caller just asks again after that long).
+async fn crd_appears(client: &Client, name: &str) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher(api, config));
+    let arrived = async {
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::InitApply(_) | watcher::Event::Apply(_)) => return,
+                Ok(_) => {}
+                Err(_) => {
+                    tokio::time::sleep(CRD_RECHECK).await;
+                    return;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(CRD_RECHECK, arrived).await;
+}
+
 /// [`watch`] of a CRD's resource once the API server serves it. Until then `writer`'s
-/// store is complete and empty (the agent says so once), and the API server is asked
-/// again every [`CRD_RECHECK`].
+/// store is complete and empty (the agent says so once), and the agent waits for the CRD
+/// to appear ([`crd_appears`]) before it asks again.
 fn watch_crd<K>(
     api: Api<K>,
+    client: Client,
     config: watcher::Config,
     mut writer: reflector::store::Writer<K>,
 ) -> impl Stream<Item = bool> + Send
@@ -482,6 +514,7 @@ where
 {
     futures::stream::once(async move {
         let kind = K::kind(&K::DynamicType::default()).into_owned();
+        let crd = crd_name::<K>();
         let mut said = false;
         loop {
             match served(&api).await {
@@ -489,16 +522,15 @@ where
                 Some(false) => {
                     if !said {
                         tracing::warn!(
-                            "the API server does not serve {kind} (its CRD is not installed): \
-                             no cluster policy is enforced; looking again every {} s",
-                            CRD_RECHECK.as_secs()
+                            "the API server does not serve {kind} (its CRD {crd} is not \
+                             installed): no cluster policy is enforced until it is"
                         );
                         // The rounds may run meanwhile: none is the complete list.
                         writer.apply_watcher_event(&watcher::Event::Init);
                         writer.apply_watcher_event(&watcher::Event::InitDone);
                         said = true;
                     }
-                    tokio::time::sleep(CRD_RECHECK).await;
+                    crd_appears(&client, &crd).await;
                 }
                 None => tokio::time::sleep(Duration::from_secs(2)).await,
             }

@@ -611,6 +611,127 @@ fn generated_cluster_policies_compile_to_what_the_model_allows() {
     );
 }
 
+/// Generated scenarios of cluster policies mixed with NetworkPolicies whose end-to-end
+/// probes run on two nodes with the real agents.
+const CLUSTER_E2E_ROUNDS: usize = 8;
+
+/// Cluster policies end to end on two nodes: the agents run before the CRD exists (they
+/// say so once each, and enforce NetworkPolicy meanwhile), then it is installed, and for
+/// generated scenarios of cluster policies and NetworkPolicies put through the API, every
+/// pod probes every other on both ports, all three protocols and both families, and each
+/// probe must find what the model says.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn generated_cluster_policies_hold_end_to_end_on_two_nodes() {
+    use testbed::datapath::wait_until;
+    let mut world = MatrixWorld::new("cnp_gen", false, MatrixProxy::None);
+    let said = |world: &MatrixWorld| {
+        world
+            .cluster
+            .nodes()
+            .iter()
+            .map(|n| {
+                std::fs::read_to_string(n.dir().join("agent.log"))
+                    .unwrap_or_default()
+                    .matches("does not serve ClusterNetworkPolicy")
+                    .count()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        wait_until(std::time::Duration::from_secs(5), || said(&world) == [1, 1]),
+        "each agent says once that the CRD is missing: {:?}\n{}",
+        said(&world),
+        world.agent_logs()
+    );
+    // Meanwhile NetworkPolicy holds.
+    let mut universe = world.initial.clone();
+    let mut policies = Vec::new();
+    let deny_x = Change::Apply(
+        serde_json::from_value(json!({"metadata": {"namespace": "x", "name": "deny"},
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}}))
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
+    let mut wrong = world.step(
+        "without the CRD",
+        &mut universe,
+        &mut policies,
+        &[deny_x],
+        &BTreeMap::new(),
+    );
+    world.reset(&policies);
+    world.api.install_crd("clusternetworkpolicies");
+    let started = std::time::Instant::now();
+    let mut rng = Rng(GENERATED_SEED ^ 0xe2e);
+    let mut total = 0;
+    for round in 0..CLUSTER_E2E_ROUNDS {
+        let (labelled, mut generated) = scenario(&mut rng, &world.initial);
+        generated.truncate(rng.below(3));
+        let raw: Vec<Value> = (0..1 + rng.below(6))
+            .map(|i| cluster_policy(&mut rng, i))
+            .collect();
+        total += generated.len() + raw.len();
+        let mut changes: Vec<Change> = Vec::new();
+        for ns in &labelled.namespaces {
+            changes.push(Change::NamespaceLabels {
+                namespace: ns.metadata.name.clone().unwrap_or_default(),
+                labels: ns
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            });
+        }
+        for p in &labelled.pods {
+            changes.push(Change::PodLabels {
+                namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                pod: p.metadata.name.clone().unwrap_or_default(),
+                labels: p
+                    .metadata
+                    .labels
+                    .clone()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect(),
+            });
+        }
+        changes.extend(generated.into_iter().map(Change::Apply));
+        world.set_cluster_policies(raw);
+        let mut universe = world.initial.clone();
+        let mut policies = Vec::new();
+        let found = world.step(
+            &format!("round {round}"),
+            &mut universe,
+            &mut policies,
+            &changes,
+            &BTreeMap::new(),
+        );
+        if !found.is_empty() {
+            wrong.push(format!(
+                "{}\ncluster policies: {}\npolicies: {}",
+                found.join("\n"),
+                serde_json::to_string(&world.cluster_policies).unwrap_or_default(),
+                serde_json::to_string(&policies).unwrap_or_default()
+            ));
+        }
+        world.reset(&policies);
+    }
+    eprintln!(
+        "{CLUSTER_E2E_ROUNDS} scenarios, {total} policies, {} probes ({} retried) in {:?}",
+        world.probes,
+        world.retried,
+        started.elapsed()
+    );
+    assert!(
+        wrong.is_empty(),
+        "probes that disagree with the model:\n{}\n{}",
+        wrong.join("\n"),
+        world.agent_logs()
+    );
+}
+
 /// With `sameNodeFastPath: false`, same-node pod → pod goes through the node's netfilter,
 /// so an add-on enforcer's FORWARD rule that drops one pod pair holds; with the fast path
 /// on (the default), the same rule never sees that traffic (the datapath's own
@@ -1237,6 +1358,9 @@ struct MatrixWorld {
     cluster: testbed::Cluster,
     proxy: MatrixProxy,
     initial: Universe,
+    /// The cluster policies in force (as the API holds them), which the model's
+    /// expectations take in.
+    cluster_policies: Vec<Value>,
     probes: usize,
     retried: usize,
 }
@@ -1357,6 +1481,7 @@ impl MatrixWorld {
             _cgroup: cgroup,
             proxy,
             initial,
+            cluster_policies: Vec::new(),
             pods,
             _agents: agents,
             probes: 0,
@@ -1437,9 +1562,10 @@ impl MatrixWorld {
                                 .filter(|_| !v6)
                                 .copied()
                                 .unwrap_or_else(|| {
-                                    model::allowed(
+                                    model::allowed_with_cluster_policies(
                                         universe,
                                         policies,
+                                        &self.cluster_policies,
                                         pod_ip(universe, &self.pods[from].name, v6),
                                         pod_ip(universe, &self.pods[to].name, v6),
                                         protocol,
@@ -1496,6 +1622,22 @@ impl MatrixWorld {
                 )
             })
             .collect()
+    }
+
+    /// Makes `cluster_policies` the ClusterNetworkPolicies in force: those of the last
+    /// call deleted, these put, through the API.
+    fn set_cluster_policies(&mut self, cluster_policies: Vec<Value>) {
+        for old in &self.cluster_policies {
+            self.api.delete(
+                "clusternetworkpolicies",
+                None,
+                old["metadata"]["name"].as_str().unwrap_or_default(),
+            );
+        }
+        for p in &cluster_policies {
+            self.api.put("clusternetworkpolicies", p.clone());
+        }
+        self.cluster_policies = cluster_policies;
     }
 
     /// The (IPv6, through the Service) combinations each step probes.
