@@ -237,11 +237,13 @@ impl Reconciler {
                     ruleset: ingress,
                     policies: compiled.ingress_policies,
                     closed: ingress_closed,
+                    classes: compiled.ingress_classes,
                 },
                 egress: DirectionState {
                     ruleset: egress,
                     policies: compiled.egress_policies,
                     closed: egress_closed,
+                    classes: compiled.egress_classes,
                 },
             });
             wanted.push((

@@ -39,6 +39,10 @@ pub struct DirectionState {
     /// Why the pod is closed in this direction, when a policy cannot be held.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub closed: Option<String>,
+    /// What each class of the rule set stands for (the tier, the action and the rules),
+    /// by class number.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<crate::policy::classes::ClassOrigin>,
 }
 
 fn ruleset_text<S: serde::Serializer>(id: &u32, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -201,6 +205,7 @@ mod tests {
             ruleset: 7,
             policies: p.iter().map(|s| (*s).to_owned()).collect(),
             closed: None,
+            classes: Vec::new(),
         };
         PodState {
             ifindex,

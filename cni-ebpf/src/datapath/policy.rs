@@ -553,6 +553,16 @@ pub struct DenyView {
     /// Ports (ICMP echo: the identifier on the requester's side).
     pub source_port: u16,
     pub destination_port: u16,
+    /// The IP protocol number.
+    #[serde(skip)]
+    pub proto: u8,
+    /// The id behind `ruleset`.
+    #[serde(skip)]
+    pub ruleset_id: u32,
+    /// What decided, when `inspect` could tell from the agent's state: the tier and the
+    /// rules that refused it, or that no rule admits it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
 }
 
 impl DenyView {
@@ -580,6 +590,9 @@ impl DenyView {
             destination: addr(d.flow.daddr),
             source_port: u16::from_be(d.flow.sport),
             destination_port: u16::from_be(d.flow.dport),
+            proto: d.flow.proto,
+            ruleset_id: d.ruleset,
+            decided_by: None,
         }
     }
 }
@@ -601,7 +614,11 @@ impl std::fmt::Display for DenyView {
             self.direction,
             self.host_ifindex,
             self.ruleset
-        )
+        )?;
+        match &self.decided_by {
+            Some(why) => write!(f, ": {why}"),
+            None => Ok(()),
+        }
     }
 }
 

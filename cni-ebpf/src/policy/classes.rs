@@ -49,14 +49,54 @@ pub(super) enum RunKind {
 }
 
 /// What a class stands for, for `inspect` and the deny log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ClassOrigin {
     /// `Admin`, `NetworkPolicy` or `Baseline`.
-    pub tier: &'static str,
+    pub tier: String,
     /// `Accept`, `Deny`, `Pass` (NetworkPolicy's: `Accept`).
-    pub action: &'static str,
+    pub action: String,
     /// The rules it stands for (`policy` or `policy/rule name`).
     pub rules: Vec<String>,
+}
+
+/// Why rule set `rs` refuses a packet with peer `peer`, `proto` and destination `port`,
+/// naming the tier and the rules that decided from `origins` (what each of its classes
+/// stands for); `None` if it admits it.
+#[must_use]
+pub fn refusal(
+    rs: &Ruleset,
+    origins: &[ClassOrigin],
+    peer: std::net::IpAddr,
+    proto: u8,
+    port: u16,
+) -> Option<String> {
+    if rs.admits(peer, proto, port) {
+        return None;
+    }
+    let classes = rs.classes(peer, proto, port);
+    let named = |bits: u64| {
+        let i = bits.trailing_zeros() as usize;
+        origins.get(i).map_or_else(
+            || format!("class {i}"),
+            |o| format!("{} tier: {} by {}", o.tier, o.action, o.rules.join(", ")),
+        )
+    };
+    let Some(tiers) = rs.tiers else {
+        return Some("no NetworkPolicy rule admits it".to_owned());
+    };
+    let admin = classes & tiers.admin;
+    if admin != 0 && admin & admin.wrapping_neg() & tiers.deny != 0 {
+        return Some(named(admin));
+    }
+    if tiers.flags & TIERS_NETWORK_POLICY != 0 {
+        return Some("NetworkPolicy: no rule admits it".to_owned());
+    }
+    let baseline = classes & tiers.baseline;
+    Some(if baseline == 0 {
+        "no rule admits it".to_owned()
+    } else {
+        named(baseline)
+    })
 }
 
 /// A rule set being built, run by run.
@@ -124,8 +164,8 @@ impl<'c> Builder<'c> {
             }
         };
         self.origins.push(ClassOrigin {
-            tier,
-            action,
+            tier: tier.to_owned(),
+            action: action.to_owned(),
             rules: Vec::new(),
         });
         Ok(bit)

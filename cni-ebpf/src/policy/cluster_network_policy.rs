@@ -845,6 +845,55 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_names_the_tier_and_the_rule_that_decided() {
+        let c = cluster();
+        let raw = [
+            cnp(
+                "deny-y",
+                "Admin",
+                10,
+                all_of_x(),
+                json!([
+                    {"name": "no-y", "action": "Deny", "from": [{"namespaces": {"matchLabels": {"ns": "y"}}}]}
+                ]),
+            ),
+            cnp(
+                "base",
+                "Baseline",
+                0,
+                all_of_x(),
+                json!([from_ns("x", "Deny")]),
+            ),
+        ];
+        let (tiered, broken) = parse_all(&raw);
+        assert!(broken.is_empty());
+        let all = Policies {
+            cluster: &tiered,
+            ..Policies::default()
+        };
+        let compiled = compile(&c, &all, c.pod("x", "a").unwrap());
+        let Verdicts::Enforced(rs) = &compiled.ingress else {
+            panic!("{:?}", compiled.ingress)
+        };
+        let why = |from: &str| {
+            crate::policy::classes::refusal(
+                rs,
+                &compiled.ingress_classes,
+                from.parse().unwrap(),
+                proto::TCP,
+                80,
+            )
+        };
+        assert_eq!(why(C).as_deref(), Some("Admin tier: Deny by deny-y/no-y"));
+        assert_eq!(why(B).as_deref(), Some("Baseline tier: Deny by base"));
+        assert_eq!(why("192.0.2.1"), None, "admitted");
+        assert_eq!(
+            compiled.ingress_policies,
+            ["clusternetworkpolicy/deny-y", "clusternetworkpolicy/base"]
+        );
+    }
+
+    #[test]
     fn what_the_api_refuses_is_an_error_naming_the_field() {
         let bad = |spec: Value| {
             parse(

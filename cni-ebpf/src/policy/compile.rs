@@ -28,7 +28,7 @@ use k8s_openapi::{
 };
 
 use super::{
-    classes::{Builder, FlatRule, RunKind},
+    classes::{Builder, ClassOrigin, FlatRule, RunKind},
     cluster::{protocol_number, Cluster, PodView},
     cluster_network_policy::{
         Action, BrokenClusterPolicy, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Tier,
@@ -306,6 +306,9 @@ pub struct PodPolicy {
     /// The policies that select it (`namespace/name`), per direction.
     pub ingress_policies: Vec<String>,
     pub egress_policies: Vec<String>,
+    /// What each class of its rule sets stands for, per direction.
+    pub ingress_classes: Vec<ClassOrigin>,
+    pub egress_classes: Vec<ClassOrigin>,
 }
 
 /// Parses every policy; the ones that fail come back with their error, so that the pods
@@ -390,13 +393,17 @@ pub fn compile_pod(
 /// directions.
 #[must_use]
 pub fn compile(cluster: &Cluster, policies: &Policies<'_>, pod: &PodView) -> PodPolicy {
-    let (ingress, ingress_policies) = compile_dir(cluster, policies, pod, Dir::Ingress);
-    let (egress, egress_policies) = compile_dir(cluster, policies, pod, Dir::Egress);
+    let (ingress, ingress_policies, ingress_classes) =
+        compile_dir(cluster, policies, pod, Dir::Ingress);
+    let (egress, egress_policies, egress_classes) =
+        compile_dir(cluster, policies, pod, Dir::Egress);
     PodPolicy {
         ingress,
         egress,
         ingress_policies,
         egress_policies,
+        ingress_classes,
+        egress_classes,
     }
 }
 
@@ -405,7 +412,7 @@ fn compile_dir(
     policies: &Policies<'_>,
     pod: &PodView,
     dir: Dir,
-) -> (Verdicts, Vec<String>) {
+) -> (Verdicts, Vec<String>, Vec<ClassOrigin>) {
     let selecting: Vec<&Policy> = policies
         .network
         .iter()
@@ -434,6 +441,7 @@ fn compile_dir(
         return (
             Verdicts::Closed(format!("cluster policy {}: {}", b.name, b.error)),
             names,
+            Vec::new(),
         );
     }
     if let Some(b) = policies.broken.iter().find(|b| b.selects(pod)) {
@@ -441,14 +449,15 @@ fn compile_dir(
         return (
             Verdicts::Closed(format!("policy {}/{}: {}", b.namespace, b.name, b.error)),
             names,
+            Vec::new(),
         );
     }
     if selecting.is_empty() && tiered.is_empty() {
-        return (Verdicts::Open, names);
+        return (Verdicts::Open, names, Vec::new());
     }
     match ruleset(cluster, pod, dir, &selecting, &tiered) {
-        Ok(rs) => (Verdicts::Enforced(rs), names),
-        Err(e) => (Verdicts::Closed(e), names),
+        Ok((rs, origins)) => (Verdicts::Enforced(rs), names, origins),
+        Err(e) => (Verdicts::Closed(e), names, Vec::new()),
     }
 }
 
@@ -460,7 +469,7 @@ fn ruleset(
     dir: Dir,
     network: &[&Policy],
     tiered: &[&ClusterPolicy],
-) -> Result<Ruleset, String> {
+) -> Result<(Ruleset, Vec<ClassOrigin>), String> {
     let mut b = Builder::new(pod, dir);
     tier_runs(&mut b, cluster, dir, tiered, Tier::Admin)?;
     if !network.is_empty() {
@@ -475,7 +484,7 @@ fn ruleset(
         b.run(RunKind::NetworkPolicy, rules)?;
     }
     tier_runs(&mut b, cluster, dir, tiered, Tier::Baseline)?;
-    Ok(b.finish(!tiered.is_empty()).0)
+    Ok(b.finish(!tiered.is_empty()))
 }
 
 /// The runs of one tier's rules that apply to the pod: consecutive rules with one action.

@@ -16,6 +16,7 @@ use std::{collections::HashSet, fmt, path::PathBuf};
 use self::report::{Report, Shown};
 use super::NetworkArgs;
 use crate::{
+    agent::report::read_state,
     cni::config::DEFAULT_DATA_DIR,
     datapath::{policy::DenyView, Datapath},
     error::{Error, Result},
@@ -108,7 +109,14 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     })?;
     let shown = Shown::select(&dp, args)?;
     if args.follow {
-        return follow(&dp, &|d| shown.concerns(d), args.json);
+        let explain = |d: &mut DenyView| {
+            if let Some(state) = read_state(&args.state_dir, &args.net.network) {
+                if let Ok(rulesets) = dp.policy_rulesets() {
+                    d.decided_by = report::decided_by(d, &state, &rulesets);
+                }
+            }
+        };
+        return follow(&dp, &|d| shown.concerns(d), &explain, args.json);
     }
     let report = Report::gather(&dp, args, shown)?;
     if args.json {
@@ -127,7 +135,12 @@ const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// `--follow`: every deny event `concerns` keeps, the ones in the rings now and then each
 /// new one, in time order, until the process is interrupted.
-fn follow(dp: &Datapath, concerns: &dyn Fn(&DenyView) -> bool, json: bool) -> Result<()> {
+fn follow(
+    dp: &Datapath,
+    concerns: &dyn Fn(&DenyView) -> bool,
+    explain: &dyn Fn(&mut DenyView),
+    json: bool,
+) -> Result<()> {
     use std::io::Write as _;
     let mut seen: HashSet<(usize, u64, u64)> = HashSet::new();
     loop {
@@ -139,8 +152,10 @@ fn follow(dp: &Datapath, concerns: &dyn Fn(&DenyView) -> bool, json: bool) -> Re
             .iter()
             .filter(|d| !seen.contains(&(d.cpu, d.seq, d.time_ns)) && concerns(d))
         {
+            let mut d = d.clone();
+            explain(&mut d);
             let line = if json {
-                serde_json::to_string(d).unwrap_or_default()
+                serde_json::to_string(&d).unwrap_or_default()
             } else {
                 d.to_string()
             };

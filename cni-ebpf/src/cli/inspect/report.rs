@@ -2,7 +2,7 @@
 //! agent's state file, then rendered as JSON here or as text (`text.rs`).
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::{BTreeMap, HashMap, HashSet},
     net::IpAddr,
     path::PathBuf,
 };
@@ -20,6 +20,7 @@ use crate::{
     },
     error::{Error, Result},
     ipam::{record, PodRef},
+    policy::{classes::refusal, Ruleset},
 };
 
 /// At most this many deny events are listed (the newest).
@@ -108,6 +109,30 @@ impl Shown {
     }
 }
 
+/// What decided a refusal, from the agent's state of the pod whose rules refused it:
+/// why it is closed, or the tier and rules of the class that refused (when the rule set is
+/// still the one the state names).
+pub(super) fn decided_by(
+    d: &DenyView,
+    state: &NetworkState,
+    rulesets: &BTreeMap<u32, Ruleset>,
+) -> Option<String> {
+    let pod = state.pods.iter().find(|p| p.ifindex == d.host_ifindex)?;
+    let (side, peer) = if d.direction == "egress" {
+        (&pod.egress, d.destination)
+    } else {
+        (&pod.ingress, d.source)
+    };
+    if side.ruleset != d.ruleset_id {
+        return None;
+    }
+    if let Some(why) = &side.closed {
+        return Some(format!("closed: {why}"));
+    }
+    let rs = rulesets.get(&d.ruleset_id)?;
+    refusal(rs, &side.classes, peer, d.proto, d.destination_port)
+}
+
 /// Everything `inspect` shows.
 pub(super) struct Report {
     pub node: NodeConfigView,
@@ -143,12 +168,19 @@ impl Report {
             .retain(|id, _| named.contains(&describe_ruleset(*id)));
         let mut denies = dp.policy_denies()?;
         denies.retain(|d| shown.concerns(d));
-        let denies = denies.split_off(denies.len().saturating_sub(SHOWN_DENIES));
+        let mut denies = denies.split_off(denies.len().saturating_sub(SHOWN_DENIES));
+        let agent = read_state(&args.state_dir, &args.net.network);
+        if let Some(state) = &agent {
+            let rulesets = dp.policy_rulesets()?;
+            for d in &mut denies {
+                d.decided_by = decided_by(d, state, &rulesets);
+            }
+        }
         Ok(Self {
             node: dp.node_config_view()?,
             flows: dp.flow_summary()?,
             policy,
-            agent: read_state(&args.state_dir, &args.net.network),
+            agent,
             state_dir: args.state_dir.clone(),
             denies,
             services: dp.service_views()?,
