@@ -894,10 +894,10 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
     );
     let refused = format!("ingress tcp {ipa}:");
     assert!(
-        shown
-            .lines()
-            .any(|l| l.contains(&refused) && l.contains(&format!("-> {ipb}:8080"))),
-        "inspect lists a's refused connection:\n{shown}"
+        shown.lines().any(|l| l.contains(&refused)
+            && l.contains(&format!("-> {ipb}:8080"))
+            && l.ends_with(": no NetworkPolicy rule admits it")),
+        "inspect lists a's refused connection and what decided:\n{shown}"
     );
     let doc: Value = serde_json::from_str(&node.exec(&inspect(&["--pod", "x/b", "--json"])).stdout)
         .unwrap_or(Value::Null);
