@@ -98,12 +98,59 @@ pub struct Params {
 const SECTION: &str = "NetworkPolicy (the agent on two nodes, a stand-in API server)";
 /// The one column the rows fill.
 const COL: &str = "cni-ebpf";
-/// Policies selecting each measured pair, and the pair's column in the samples.
-const COUNTS: [(usize, &str); 4] = [
-    (0, "0 policies"),
-    (1, "1 policy"),
-    (100, "100 policies"),
-    (1000, "1000 policies"),
+/// A measured pair (a client and a server pod in a namespace of their own) and the
+/// policies that select both of its pods.
+struct Pair {
+    /// Its namespace.
+    ns: &'static str,
+    /// NetworkPolicies selecting both pods (one admits the pair, the rest are decoys).
+    policies: usize,
+    /// ClusterNetworkPolicies selecting both pods (decoys in both tiers, and an Admin
+    /// rule that passes the pair's traffic on to NetworkPolicy).
+    cluster: usize,
+    /// Its column in the samples.
+    column: &'static str,
+    /// Its key in the report's ratios.
+    key: &'static str,
+}
+
+/// The measured pairs; the first has no policy and is the reference.
+const PAIRS: [Pair; 5] = [
+    Pair {
+        ns: "np0",
+        policies: 0,
+        cluster: 0,
+        column: "0 policies",
+        key: "0",
+    },
+    Pair {
+        ns: "np1",
+        policies: 1,
+        cluster: 0,
+        column: "1 policy",
+        key: "1",
+    },
+    Pair {
+        ns: "np100",
+        policies: 100,
+        cluster: 0,
+        column: "100 policies",
+        key: "100",
+    },
+    Pair {
+        ns: "np1000",
+        policies: 1000,
+        cluster: 0,
+        column: "1000 policies",
+        key: "1000",
+    },
+    Pair {
+        ns: "cnp100",
+        policies: 100,
+        cluster: 100,
+        column: "100 cluster policies + 100 policies",
+        key: "100c",
+    },
 ];
 /// Pod objects in the API while writes are timed (real pods first, the rest made up).
 pub const POD_OBJECTS: usize = 1000;
@@ -163,11 +210,6 @@ struct Setup {
 enum On {
     A,
     B,
-}
-
-/// The namespace of the pair selected by `n` policies.
-fn rate_ns(n: usize) -> String {
-    format!("np{n}")
 }
 
 /// A NetworkPolicy object.
@@ -230,6 +272,59 @@ fn decoy(namespace: &str, i: usize) -> Value {
             "egress": [{"to": [peer], "ports": tcp_port(port)}],
         }),
     )
+}
+
+/// Cluster policy `i` of a rate pair's namespace: selects both pods (by namespace, or by
+/// namespace and an expression on `app`), in the Admin tier for even `i` and the Baseline
+/// tier for odd; decoy rules in both directions with every action for peers that are
+/// neither pod (a label of its own namespace, made-up pods of `bulk`, an address block)
+/// on one of [`DECOY_PORTS`] other ports; and, in the Admin tier's first policy, a rule
+/// that passes the pair's traffic on to NetworkPolicy.
+fn cluster_decoy(namespace: &str, i: usize) -> Value {
+    let label = format!("other-{}", i % LABELS);
+    let port = DECOY_PORT + u16::try_from(i % DECOY_PORTS).unwrap_or(0);
+    let protocols = json!([{"tcp": {"destinationPort": {"number": port}}}]);
+    let pods = |ns: Value| json!({"pods": {"namespaceSelector": ns, "podSelector": {"matchLabels": {"app": label}}}});
+    let own = json!({"matchLabels": {"ns": namespace}});
+    let (from, to) = match i % 3 {
+        0 => (pods(own.clone()), pods(own.clone())),
+        1 => (
+            pods(json!({"matchLabels": {"team": "bulk"}})),
+            json!({"networks": [format!("100.64.{}.{}/32", (i / 256) % 256, i % 256)]}),
+        ),
+        _ => (
+            json!({"namespaces": {"matchLabels": {"team": "bulk"}}}),
+            pods(json!({"matchLabels": {"team": "bulk"}})),
+        ),
+    };
+    let action = ["Accept", "Deny", "Pass"][i % 3];
+    let mut ingress =
+        vec![json!({"name": "decoy", "action": action, "from": [from], "protocols": protocols})];
+    let egress =
+        vec![json!({"name": "decoy", "action": action, "to": [to], "protocols": protocols})];
+    if i == 0 {
+        ingress.insert(0, json!({"name": "to-networkpolicy", "action": "Pass",
+            "from": [{"pods": {"namespaceSelector": own, "podSelector": {"matchLabels": {"app": "cli"}}}}],
+            "protocols": [{"tcp": {"destinationPort": {"number": ECHO_PORT}}}]}));
+    }
+    let subject = if i.is_multiple_of(2) {
+        json!({"namespaces": own})
+    } else {
+        json!({"pods": {"namespaceSelector": own,
+            "podSelector": {"matchExpressions": [{"key": "app", "operator": "In", "values": ["srv", "cli"]}]}}})
+    };
+    json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": format!("{namespace}-{i}")},
+        "spec": {
+            "tier": if i.is_multiple_of(2) { "Admin" } else { "Baseline" },
+            "priority": i % 1000,
+            "subject": subject,
+            "ingress": ingress,
+            "egress": egress,
+        },
+    })
 }
 
 /// The policy the enforcement writes rewrite: the servers admit the clients (`admit`) or
@@ -556,7 +651,9 @@ impl Setup {
             topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
         }
         let api = catch("starting the stand-in API server", || {
-            ApiServer::start(cluster.ext_netns(), EXT_IP4)
+            let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+            api.install_crd("clusternetworkpolicies");
+            api
         })?;
         let mut s = Self {
             servers: Vec::new(),
@@ -565,9 +662,9 @@ impl Setup {
             api,
             cluster,
         };
-        let mut namespaces: Vec<(String, Vec<(&str, String)>)> = COUNTS
+        let mut namespaces: Vec<(String, Vec<(&str, String)>)> = PAIRS
             .iter()
-            .map(|(n, _)| (rate_ns(*n), vec![("ns", rate_ns(*n))]))
+            .map(|p| (p.ns.to_owned(), vec![("ns", p.ns.to_owned())]))
             .collect();
         for ns in ["flip", "newpods", "mem", "svc", "svcnp"] {
             namespaces.push((ns.to_owned(), vec![("ns", ns.to_owned())]));
@@ -577,10 +674,9 @@ impl Setup {
             let labels: Vec<(&str, &str)> = labels.iter().map(|(k, v)| (*k, v.as_str())).collect();
             put(&s.api, "namespaces", namespace_object(ns, &labels)?)?;
         }
-        for (n, _) in COUNTS {
-            let ns = rate_ns(n);
-            s.add(ws, On::A, &ns, "srv", &[("app", "srv")])?;
-            s.add(ws, On::A, &ns, "cli", &[("app", "cli")])?;
+        for p in &PAIRS {
+            s.add(ws, On::A, p.ns, "srv", &[("app", "srv")])?;
+            s.add(ws, On::A, p.ns, "cli", &[("app", "cli")])?;
         }
         s.add(ws, On::A, "flip", "srv-a", &[("app", "srv")])?;
         s.add(ws, On::A, "flip", "cli-a", &[("app", "cli")])?;
@@ -599,9 +695,9 @@ impl Setup {
             let obj = pod_object("bulk", &format!("other-{k}"), &[("app", &label)], &ip)?;
             put(&s.api, "pods", obj)?;
         }
-        for (key, serving) in COUNTS
+        for (key, serving) in PAIRS
             .iter()
-            .map(|(n, _)| (format!("{}/srv", rate_ns(*n)), Serving::OneAtATimePinned))
+            .map(|p| (format!("{}/srv", p.ns), Serving::OneAtATimePinned))
             .chain(
                 ["flip/srv-a", "flip/srv-b", "newpods/peer"]
                     .map(|k| (k.to_owned(), Serving::Concurrently)),
@@ -865,7 +961,7 @@ fn add_to_open(
     // In force when a pod of another namespace (no policy selects it) no longer reaches
     // the peer.
     let peer = s.addr("newpods/peer", ECHO_PORT)?;
-    let outsider = s.netns(&format!("{}/cli", rate_ns(0)))?;
+    let outsider = s.netns(&format!("{}/cli", PAIRS[0].ns))?;
     wait_until("the default deny in force", IN_FORCE_DEADLINE, || {
         Ok(probe(&outsider, peer, CHECK_WAIT)? == Seen::Dropped)
     })?;
@@ -1129,26 +1225,27 @@ fn rates(
     report: &mut Report,
     details: &mut Map<String, Value>,
 ) -> Result<()> {
-    let total: usize = COUNTS.iter().map(|(n, _)| n).sum();
+    let total: usize = PAIRS.iter().map(|p| p.policies + p.cluster).sum();
     eprintln!("bench: policy: publishing {total} policies for the data-path figures");
     let published = Instant::now();
-    for (n, _) in COUNTS {
-        let ns = rate_ns(n);
-        if n > 0 {
-            s.put("networkpolicies", admitting(&ns))?;
+    for pair in &PAIRS {
+        if pair.policies > 0 {
+            s.put("networkpolicies", admitting(pair.ns))?;
         }
-        for i in 1..n {
-            s.put("networkpolicies", decoy(&ns, i))?;
+        for i in 1..pair.policies {
+            s.put("networkpolicies", decoy(pair.ns, i))?;
+        }
+        for i in 0..pair.cluster {
+            s.put("clusternetworkpolicies", cluster_decoy(pair.ns, i))?;
         }
     }
     let mut pairs = Vec::new();
-    for (n, column) in COUNTS {
-        let ns = rate_ns(n);
-        let srv = format!("{ns}/srv");
+    for pair in &PAIRS {
+        let srv = format!("{}/srv", pair.ns);
         pairs.push((
-            n,
-            column,
-            s.netns(&format!("{ns}/cli"))?,
+            pair.policies + pair.cluster,
+            pair.column,
+            s.netns(&format!("{}/cli", pair.ns))?,
             s.addr(&srv, ECHO_PORT)?,
             s.addr(&srv, SHUT_PORT)?,
             s.real(&srv)?.ip.clone(),
@@ -1219,7 +1316,7 @@ fn rates(
         let Some(cols) = samples.get("pod2pod").and_then(|m| m.get(metric)) else {
             continue;
         };
-        let Some(none) = cols.get(COUNTS[0].1) else {
+        let Some(none) = cols.get(PAIRS[0].column) else {
             continue;
         };
         report.put(
@@ -1234,7 +1331,7 @@ fn rates(
             COL,
             median(none),
         );
-        for (n, column) in &COUNTS[1..] {
+        for Pair { column, key, .. } in &PAIRS[1..] {
             let Some(with) = cols.get(*column) else {
                 continue;
             };
@@ -1253,7 +1350,7 @@ fn rates(
                 .map(|(a, b)| a / b)
                 .collect();
             report.put(
-                &format!("policy.{metric}.ratio.{n}"),
+                &format!("policy.{metric}.ratio.{key}"),
                 SECTION,
                 &format!("{what} with {column} selecting both pods ÷ with none"),
                 "×",

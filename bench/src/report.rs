@@ -420,6 +420,14 @@ impl Report {
                 Rule::MinAbs("policy.crr_cps.ratio.1000", 0.95),
             ),
             (
+                "pod → pod transactions/s with 100 cluster policies + 100 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.rr_tps.ratio.100c", 0.95),
+            ),
+            (
+                "pod → pod connect rate with 100 cluster policies + 100 NetworkPolicies ≥ 0.95× with none",
+                Rule::MinAbs("policy.crr_cps.ratio.100c", 0.95),
+            ),
+            (
                 "NetworkPolicy API write → enforced on both nodes, p99 ≤ 1 s (ms)",
                 Rule::MaxAbs("policy.enforce.p99", 1000.0),
             ),
