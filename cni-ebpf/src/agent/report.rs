@@ -173,7 +173,13 @@ impl Totals {
                     delta(now.egress_denied, then.egress_denied),
                 ),
             ] {
-                for policy in &side.policies {
+                // NetworkPolicies only: a cluster policy's rules are ranked, not a
+                // union, so crediting it with every verdict at its pods would be wrong.
+                for policy in side
+                    .policies
+                    .iter()
+                    .filter(|p| !p.starts_with("clusternetworkpolicy/"))
+                {
                     let (ns, name) = policy.split_once('/').unwrap_or(("", policy));
                     for (verdict, n) in [("admitted", admitted), ("denied", denied)] {
                         let key = (
