@@ -62,14 +62,7 @@ pub fn allowed(
     protocol: Protocol,
     port: u16,
 ) -> bool {
-    let conn = Connection {
-        src,
-        dst,
-        src_pod: pod_with_address(universe, src),
-        dst_pod: pod_with_address(universe, dst),
-        protocol,
-        port,
-    };
+    let conn = Connection::new(universe, src, dst, protocol, port);
     let egress_allowed = match conn.src_pod {
         Some(pod) => direction_allows(universe, policies, pod, Direction::Egress, &conn),
         None => true,
@@ -140,6 +133,25 @@ struct Connection<'a> {
     dst_pod: Option<&'a Pod>,
     protocol: Protocol,
     port: u16,
+}
+
+impl<'a> Connection<'a> {
+    fn new(
+        universe: &'a Universe,
+        src: IpAddr,
+        dst: IpAddr,
+        protocol: Protocol,
+        port: u16,
+    ) -> Self {
+        Self {
+            src,
+            dst,
+            src_pod: pod_with_address(universe, src),
+            dst_pod: pod_with_address(universe, dst),
+            protocol,
+            port,
+        }
+    }
 }
 
 /// One rule of either direction: its peers (`from` or `to`) and its ports.
@@ -468,14 +480,7 @@ pub fn allowed_with_cluster_policies(
     protocol: Protocol,
     port: u16,
 ) -> bool {
-    let conn = Connection {
-        src,
-        dst,
-        src_pod: pod_with_address(universe, src),
-        dst_pod: pod_with_address(universe, dst),
-        protocol,
-        port,
-    };
+    let conn = Connection::new(universe, src, dst, protocol, port);
     let decide = |pod: &Pod, direction: Direction| {
         let tier =
             |name: &str| tier_decides(universe, cluster_policies, name, pod, direction, &conn);

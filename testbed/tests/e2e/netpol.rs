@@ -611,6 +611,26 @@ fn generated_cluster_policies_compile_to_what_the_model_allows() {
     );
 }
 
+/// The changes that give the initial universe `labelled`'s labels.
+fn label_changes(labelled: &Universe) -> Vec<Change> {
+    let labels =
+        |l: &Option<BTreeMap<String, String>>| l.clone().unwrap_or_default().into_iter().collect();
+    let mut changes: Vec<Change> = labelled
+        .namespaces
+        .iter()
+        .map(|ns| Change::NamespaceLabels {
+            namespace: ns.metadata.name.clone().unwrap_or_default(),
+            labels: labels(&ns.metadata.labels),
+        })
+        .collect();
+    changes.extend(labelled.pods.iter().map(|p| Change::PodLabels {
+        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+        pod: p.metadata.name.clone().unwrap_or_default(),
+        labels: labels(&p.metadata.labels),
+    }));
+    changes
+}
+
 /// Generated scenarios of cluster policies mixed with NetworkPolicies whose end-to-end
 /// probes run on two nodes with the real agents.
 const CLUSTER_E2E_ROUNDS: usize = 8;
@@ -671,32 +691,7 @@ fn generated_cluster_policies_hold_end_to_end_on_two_nodes() {
             .map(|i| cluster_policy(&mut rng, i))
             .collect();
         total += generated.len() + raw.len();
-        let mut changes: Vec<Change> = Vec::new();
-        for ns in &labelled.namespaces {
-            changes.push(Change::NamespaceLabels {
-                namespace: ns.metadata.name.clone().unwrap_or_default(),
-                labels: ns
-                    .metadata
-                    .labels
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect(),
-            });
-        }
-        for p in &labelled.pods {
-            changes.push(Change::PodLabels {
-                namespace: p.metadata.namespace.clone().unwrap_or_default(),
-                pod: p.metadata.name.clone().unwrap_or_default(),
-                labels: p
-                    .metadata
-                    .labels
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect(),
-            });
-        }
+        let mut changes = label_changes(&labelled);
         changes.extend(generated.into_iter().map(Change::Apply));
         world.set_cluster_policies(raw);
         let mut universe = world.initial.clone();
@@ -1768,33 +1763,7 @@ fn generated_policies_hold_end_to_end_on_two_nodes() {
     for round in 0..GENERATED_ROUNDS {
         let (labelled, generated) = scenario(&mut rng, &world.initial);
         total_policies += generated.len();
-        let mut changes: Vec<Change> = Vec::new();
-        for ns in &labelled.namespaces {
-            let name = ns.metadata.name.clone().unwrap_or_default();
-            changes.push(Change::NamespaceLabels {
-                namespace: name,
-                labels: ns
-                    .metadata
-                    .labels
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect(),
-            });
-        }
-        for p in &labelled.pods {
-            changes.push(Change::PodLabels {
-                namespace: p.metadata.namespace.clone().unwrap_or_default(),
-                pod: p.metadata.name.clone().unwrap_or_default(),
-                labels: p
-                    .metadata
-                    .labels
-                    .clone()
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect(),
-            });
-        }
+        let mut changes = label_changes(&labelled);
         changes.extend(generated.into_iter().map(Change::Apply));
         let mut universe = world.initial.clone();
         let mut policies = Vec::new();
