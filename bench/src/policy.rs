@@ -276,11 +276,11 @@ fn decoy(namespace: &str, i: usize) -> Value {
 
 /// Cluster policy `i` of a rate pair's namespace: selects both pods (by namespace, or by
 /// namespace and an expression on `app`), in the Admin tier for even `i` and the Baseline
-/// tier for odd; decoy rules in both directions with every action for peers that are
-/// neither pod (a label of its own namespace, made-up pods of `bulk`, an address block)
+/// tier for odd (of `count`); decoy rules in both directions with every action for peers
+/// that are neither pod (a label of its own namespace, made-up pods of `bulk`, an address block)
 /// on one of [`DECOY_PORTS`] other ports; and, in the Admin tier's first policy, a rule
 /// that passes the pair's traffic on to NetworkPolicy.
-fn cluster_decoy(namespace: &str, i: usize) -> Value {
+fn cluster_decoy(namespace: &str, i: usize, count: usize) -> Value {
     let label = format!("other-{}", i % LABELS);
     let port = DECOY_PORT + u16::try_from(i % DECOY_PORTS).unwrap_or(0);
     let protocols = json!([{"tcp": {"destinationPort": {"number": port}}}]);
@@ -297,7 +297,10 @@ fn cluster_decoy(namespace: &str, i: usize) -> Value {
             pods(json!({"matchLabels": {"team": "bulk"}})),
         ),
     };
-    let action = ["Accept", "Deny", "Pass"][i % 3];
+    // Grouped by priority, as a platform team's tiers are: the first third of each tier
+    // deny, the next accepts, the last passes (consecutive rules with one action share
+    // classes; a rule set holds 64).
+    let action = ["Deny", "Accept", "Pass"][(i * 3 / count).min(2)];
     let mut ingress =
         vec![json!({"name": "decoy", "action": action, "from": [from], "protocols": protocols})];
     let egress =
@@ -1236,7 +1239,10 @@ fn rates(
             s.put("networkpolicies", decoy(pair.ns, i))?;
         }
         for i in 0..pair.cluster {
-            s.put("clusternetworkpolicies", cluster_decoy(pair.ns, i))?;
+            s.put(
+                "clusternetworkpolicies",
+                cluster_decoy(pair.ns, i, pair.cluster),
+            )?;
         }
     }
     let mut pairs = Vec::new();
