@@ -109,11 +109,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     })?;
     let shown = Shown::select(&dp, args)?;
     if args.follow {
-        let explain = |d: &mut DenyView| {
+        // The agent's state and the rule sets are read once per batch of new refusals.
+        let explain = |denies: &mut [DenyView]| {
             if let Some(state) = read_state(&args.state_dir, &args.net.network) {
-                if let Ok(rulesets) = dp.policy_rulesets() {
-                    d.decided_by = report::decided_by(d, &state, &rulesets);
-                }
+                let _ = report::explain(&dp, &state, denies);
             }
         };
         return follow(&dp, &|d| shown.concerns(d), &explain, args.json);
@@ -138,7 +137,7 @@ const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 fn follow(
     dp: &Datapath,
     concerns: &dyn Fn(&DenyView) -> bool,
-    explain: &dyn Fn(&mut DenyView),
+    explain: &dyn Fn(&mut [DenyView]),
     json: bool,
 ) -> Result<()> {
     use std::io::Write as _;
@@ -148,14 +147,15 @@ fn follow(
         let mut out = std::io::stdout().lock();
         let now: HashSet<(usize, u64, u64)> =
             denies.iter().map(|d| (d.cpu, d.seq, d.time_ns)).collect();
-        for d in denies
+        let mut new: Vec<DenyView> = denies
             .iter()
             .filter(|d| !seen.contains(&(d.cpu, d.seq, d.time_ns)) && concerns(d))
-        {
-            let mut d = d.clone();
-            explain(&mut d);
+            .cloned()
+            .collect();
+        explain(&mut new);
+        for d in &new {
             let line = if json {
-                serde_json::to_string(&d).unwrap_or_default()
+                serde_json::to_string(d).unwrap_or_default()
             } else {
                 d.to_string()
             };

@@ -109,10 +109,23 @@ impl Shown {
     }
 }
 
+/// Fills in what decided each of `denies` from the agent's `state` and the rule sets in
+/// the maps (read once for all of them).
+pub(super) fn explain(dp: &Datapath, state: &NetworkState, denies: &mut [DenyView]) -> Result<()> {
+    if denies.is_empty() {
+        return Ok(());
+    }
+    let rulesets = dp.policy_rulesets()?;
+    for d in denies {
+        d.decided_by = decided_by(d, state, &rulesets);
+    }
+    Ok(())
+}
+
 /// What decided a refusal, from the agent's state of the pod whose rules refused it:
 /// why it is closed, or the tier and rules of the class that refused (when the rule set is
 /// still the one the state names).
-pub(super) fn decided_by(
+fn decided_by(
     d: &DenyView,
     state: &NetworkState,
     rulesets: &BTreeMap<u32, Ruleset>,
@@ -171,10 +184,7 @@ impl Report {
         let mut denies = denies.split_off(denies.len().saturating_sub(SHOWN_DENIES));
         let agent = read_state(&args.state_dir, &args.net.network);
         if let Some(state) = &agent {
-            let rulesets = dp.policy_rulesets()?;
-            for d in &mut denies {
-                d.decided_by = decided_by(d, state, &rulesets);
-            }
+            explain(dp, state, &mut denies)?;
         }
         Ok(Self {
             node: dp.node_config_view()?,
