@@ -20,7 +20,7 @@ use std::{
 
 use cni_ebpf::policy::{
     cluster_network_policy::{self, ClusterNetworkPolicy},
-    compile, compile_pod, parse_all, Cluster, PodView, Policies, Verdicts,
+    compile, parse_all, Cluster, PodView, Policies, Verdicts,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use serde_json::{json, Value};
@@ -37,21 +37,7 @@ struct Compiled {
 
 impl Compiled {
     fn new(universe: &Universe, policies: &[NetworkPolicy]) -> Self {
-        let cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
-        let (parsed, broken) = parse_all(policies);
-        assert!(
-            broken.is_empty(),
-            "policies the compiler refused: {:?}",
-            broken.iter().map(|b| &b.error).collect::<Vec<_>>()
-        );
-        let pods = cluster
-            .pods()
-            .map(|p| {
-                let c = compile_pod(&cluster, &parsed, &broken, p);
-                (pod_string(&p.namespace, &p.name), (c.ingress, c.egress))
-            })
-            .collect();
-        Self { cluster, pods }
+        Self::with_cluster_policies(universe, policies, &[])
     }
 
     /// [`Self::new`] with cluster policies too.
@@ -254,6 +240,28 @@ fn upstream_cases_compile_to_what_they_expect() {
     );
 }
 
+/// Every ordered pair of distinct addresses of one family among the pods' of `universe`
+/// (both families) and `outside`.
+fn end_pairs(universe: &Universe, outside: &[IpAddr]) -> Vec<(IpAddr, IpAddr)> {
+    let mut ends: Vec<IpAddr> = Vec::new();
+    for ns in NAMESPACES {
+        for pod in PODS {
+            ends.push(pod_ip(universe, &pod_string(ns, pod), false));
+            ends.push(pod_ip(universe, &pod_string(ns, pod), true));
+        }
+    }
+    ends.extend(outside);
+    let mut pairs = Vec::new();
+    for src in &ends {
+        for dst in &ends {
+            if src != dst && src.is_ipv6() == dst.is_ipv6() {
+                pairs.push((*src, *dst));
+            }
+        }
+    }
+    pairs
+}
+
 /// A small deterministic generator (xorshift64*), so a failing scenario can be replayed.
 struct Rng(u64);
 
@@ -424,35 +432,22 @@ fn generated_policies_compile_to_what_the_model_allows() {
         let (universe, policies) = scenario(&mut rng, &Universe::upstream());
         total_policies += policies.len();
         let compiled = Compiled::new(&universe, &policies);
-        let mut ends: Vec<IpAddr> = Vec::new();
-        for ns in NAMESPACES {
-            for pod in PODS {
-                ends.push(pod_ip(&universe, &pod_string(ns, pod), false));
-                ends.push(pod_ip(&universe, &pod_string(ns, pod), true));
-            }
-        }
-        ends.extend(outside);
-        for src in &ends {
-            for dst in &ends {
-                if src == dst || src.is_ipv6() != dst.is_ipv6() {
-                    continue;
-                }
-                for proto in PROTOCOLS {
-                    for port in [79, 80, 81, 82] {
-                        let want = model::allowed(&universe, &policies, *src, *dst, proto, port);
-                        let got = compiled.allowed(*src, *dst, proto, port);
-                        checked += 1;
-                        denied += u64::from(!want);
-                        assert_eq!(
-                            got,
-                            want,
-                            "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
+        for (src, dst) in &end_pairs(&universe, &outside) {
+            for proto in PROTOCOLS {
+                for port in [79, 80, 81, 82] {
+                    let want = model::allowed(&universe, &policies, *src, *dst, proto, port);
+                    let got = compiled.allowed(*src, *dst, proto, port);
+                    checked += 1;
+                    denied += u64::from(!want);
+                    assert_eq!(
+                        got,
+                        want,
+                        "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
                              compiled: {}\npolicies: {}",
-                            proto.api_name(),
-                            compiled.explain(*src, *dst),
-                            serde_json::to_string(&policies).unwrap_or_default()
-                        );
-                    }
+                        proto.api_name(),
+                        compiled.explain(*src, *dst),
+                        serde_json::to_string(&policies).unwrap_or_default()
+                    );
                 }
             }
         }
@@ -568,38 +563,25 @@ fn generated_cluster_policies_compile_to_what_the_model_allows() {
             .map(|v| serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{e}")))
             .collect();
         let compiled = Compiled::with_cluster_policies(&universe, &policies, &cnps);
-        let mut ends: Vec<IpAddr> = Vec::new();
-        for ns in NAMESPACES {
-            for pod in PODS {
-                ends.push(pod_ip(&universe, &pod_string(ns, pod), false));
-                ends.push(pod_ip(&universe, &pod_string(ns, pod), true));
-            }
-        }
-        ends.extend(outside);
-        for src in &ends {
-            for dst in &ends {
-                if src == dst || src.is_ipv6() != dst.is_ipv6() {
-                    continue;
-                }
-                for proto in PROTOCOLS {
-                    for port in [80, 81, 82] {
-                        let want = model::allowed_with_cluster_policies(
-                            &universe, &policies, &raw, *src, *dst, proto, port,
-                        );
-                        let got = compiled.allowed(*src, *dst, proto, port);
-                        checked += 1;
-                        denied += u64::from(!want);
-                        assert_eq!(
-                            got,
-                            want,
-                            "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
+        for (src, dst) in &end_pairs(&universe, &outside) {
+            for proto in PROTOCOLS {
+                for port in [80, 81, 82] {
+                    let want = model::allowed_with_cluster_policies(
+                        &universe, &policies, &raw, *src, *dst, proto, port,
+                    );
+                    let got = compiled.allowed(*src, *dst, proto, port);
+                    checked += 1;
+                    denied += u64::from(!want);
+                    assert_eq!(
+                        got,
+                        want,
+                        "round {round}: {src} -> {dst} {}/{port}: model says {want}\n\
                              compiled: {}\ncluster policies: {}\npolicies: {}",
-                            proto.api_name(),
-                            compiled.explain(*src, *dst),
-                            serde_json::to_string(&raw).unwrap_or_default(),
-                            serde_json::to_string(&policies).unwrap_or_default()
-                        );
-                    }
+                        proto.api_name(),
+                        compiled.explain(*src, *dst),
+                        serde_json::to_string(&raw).unwrap_or_default(),
+                        serde_json::to_string(&policies).unwrap_or_default()
+                    );
                 }
             }
         }
