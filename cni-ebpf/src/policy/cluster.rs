@@ -18,7 +18,10 @@ use std::{
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 
-use super::selector::LabelSet;
+use super::{
+    selector::{LabelSet, Selector},
+    tables::{addr_bits, AddrSet},
+};
 
 /// IP protocol numbers of the protocols a NetworkPolicy port can name.
 pub mod proto {
@@ -338,6 +341,38 @@ impl Cluster {
     /// Removes every Node for which `keep` does not hold.
     pub fn retain_nodes(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.nodes.retain(|name, _| keep(name));
+    }
+
+    /// The names of the namespaces whose labels `selector` matches.
+    pub fn namespaces_matching<'a: 's, 's>(
+        &'a self,
+        selector: &'s Selector,
+    ) -> impl Iterator<Item = &'a str> + 's {
+        self.namespaces()
+            .filter(|(_, labels)| selector.matches(*labels))
+            .map(|(name, _)| name)
+    }
+
+    /// The pods that stand for their addresses as peers ([`PodView::is_peer`]) in
+    /// `namespaces` whose labels `pods` matches.
+    pub fn peers_matching<'a: 's, 's>(
+        &'a self,
+        namespaces: impl IntoIterator<Item = &'s str> + 's,
+        pods: &'s Selector,
+    ) -> impl Iterator<Item = &'a PodView> + 's {
+        namespaces.into_iter().flat_map(move |ns| {
+            self.pods_in(ns)
+                .filter(move |p| p.is_peer() && pods.matches(&p.labels))
+        })
+    }
+
+    /// The pods that stand for their addresses as peers with an address in `set`.
+    pub fn peers_in<'a: 's, 's>(
+        &'a self,
+        set: &'s AddrSet,
+    ) -> impl Iterator<Item = &'a PodView> + 's {
+        self.pods()
+            .filter(|p| p.is_peer() && p.ips.iter().any(|ip| set.contains_bits(addr_bits(*ip))))
     }
 
     /// Every node, by name.

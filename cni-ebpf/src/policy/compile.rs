@@ -34,7 +34,7 @@ use super::{
         Action, BrokenClusterPolicy, ClusterPeer, ClusterPolicy, ClusterPort, ClusterRule, Tier,
     },
     selector::Selector,
-    tables::{addr_bits, AddrSet, Prefix, Ruleset},
+    tables::{AddrSet, Prefix, Ruleset},
 };
 
 /// A direction of traffic as seen from the pod a policy selects.
@@ -565,17 +565,10 @@ fn cluster_rule<'c>(
                 namespaces,
                 pods: sel,
             } => {
-                for (ns, _) in cluster
-                    .namespaces()
-                    .filter(|(_, labels)| namespaces.matches(*labels))
-                {
-                    for p in cluster.pods_in(ns).filter(|p| p.is_peer()) {
-                        if sel.matches(&p.labels) {
-                            blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
-                            if with_pods {
-                                pods.push(p);
-                            }
-                        }
+                for p in cluster.peers_matching(cluster.namespaces_matching(namespaces), sel) {
+                    blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
+                    if with_pods {
+                        pods.push(p);
                     }
                 }
             }
@@ -588,9 +581,7 @@ fn cluster_rule<'c>(
                 blocks.extend(set.blocks.iter().cloned());
                 // A named port is the destination pod's, whichever peer names the pod.
                 if with_pods {
-                    pods.extend(cluster.pods().filter(|p| {
-                        p.is_peer() && p.ips.iter().any(|ip| set.contains_bits(addr_bits(*ip)))
-                    }));
+                    pods.extend(cluster.peers_in(set));
                 }
             }
             // Addresses learned from DNS answers are not compiled in.
@@ -676,12 +667,7 @@ fn peer_set<'c>(
             Peer::Block(set) => {
                 blocks.extend(set.blocks.iter().cloned());
                 if with_pods {
-                    pods.extend(cluster.pods().filter(|p| {
-                        p.is_peer()
-                            && p.ips
-                                .iter()
-                                .any(|ip| set.contains_bits(super::tables::addr_bits(*ip)))
-                    }));
+                    pods.extend(cluster.peers_in(set));
                 }
             }
             Peer::Pods {
@@ -690,20 +676,12 @@ fn peer_set<'c>(
             } => {
                 let names: Vec<&str> = match namespaces {
                     None => vec![policy.namespace.as_str()],
-                    Some(ns) => cluster
-                        .namespaces()
-                        .filter(|(_, labels)| ns.matches(*labels))
-                        .map(|(name, _)| name)
-                        .collect(),
+                    Some(ns) => cluster.namespaces_matching(ns).collect(),
                 };
-                for name in names {
-                    for p in cluster.pods_in(name).filter(|p| p.is_peer()) {
-                        if sel.matches(&p.labels) {
-                            blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
-                            if with_pods {
-                                pods.push(p);
-                            }
-                        }
+                for p in cluster.peers_matching(names, sel) {
+                    blocks.extend(p.ips.iter().map(|ip| (Prefix::host(*ip), Vec::new())));
+                    if with_pods {
+                        pods.push(p);
                     }
                 }
             }
