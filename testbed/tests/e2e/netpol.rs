@@ -620,13 +620,15 @@ const CLUSTER_E2E_ROUNDS: usize = 8;
 /// Cluster policies end to end on two nodes: the agents run before the CRD exists (they
 /// say so once each, and enforce NetworkPolicy meanwhile), then it is installed, and for
 /// generated scenarios of cluster policies and NetworkPolicies put through the API, every
-/// pod probes every other on both ports, all three protocols and both families, and each
-/// probe must find what the model says.
+/// pod probes every other on both ports, all three protocols and both families, by the
+/// pod's address and through its Service (kube-proxy's nftables rules), and each probe
+/// must find what the model says.
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn generated_cluster_policies_hold_end_to_end_on_two_nodes() {
     use testbed::datapath::wait_until;
-    let mut world = MatrixWorld::new("cnp_gen", false, MatrixProxy::None);
+    use testbed::kubeproxy::Mode;
+    let mut world = MatrixWorld::new("cnp_gen", false, MatrixProxy::KubeProxy(Mode::Nftables));
     let said = |world: &MatrixWorld| {
         world
             .cluster
