@@ -120,7 +120,19 @@ pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
-    redirect_into(ep, how)
+    redirect_into(ep, through_to_pod(ctx, ep, how, false))
+}
+
+/// `how`, or [`PodDelivery::Transmit`] (through the pod's host veth, whose `to_pod`
+/// reads it) for a DNS answer the pod's egress rules want read
+/// ([`crate::dns::wants_reading`]).
+#[inline(always)]
+fn through_to_pod(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery, ipv6: bool) -> PodDelivery {
+    if crate::dns::wants_reading(ctx, ep.ifindex, ipv6) {
+        PodDelivery::Transmit
+    } else {
+        how
+    }
 }
 
 /// A packet for local pod `ep` (from the uplink or out of the tunnel) in a flow whose
@@ -165,7 +177,7 @@ pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> 
     // Judged by NetworkPolicy once the IPv6 program's stages are done (their frames
     // leave no room for it here).
     policy::note_delivery(ep);
-    redirect_into(ep, how)
+    redirect_into(ep, through_to_pod(ctx, ep, how, true))
 }
 
 /// `struct bpf_fib_lookup`. Addresses and ports network order.

@@ -57,8 +57,10 @@
 //! - [`hostport`]: host-port DNAT and hairpin;
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
 //! - [`icmp`], [`icmp6`]: ICMP and ICMPv6 errors about translated flows;
-//! - [`policy`]: NetworkPolicy verdicts.
+//! - [`policy`]: NetworkPolicy verdicts; [`dns`]: the addresses pods learn from DNS
+//!   answers, for rules that name domains.
 
+mod dns;
 mod family;
 mod flows;
 mod forward;
@@ -155,6 +157,15 @@ pub fn to_pod(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn to_netkit(ctx: TcContext) -> i32 {
     policy::to_pod(&ctx, policy::PodBy::Destination)
+}
+
+/// The reader of a DNS answer `to_pod` or `to_netkit` lets into a pod whose egress rules
+/// name domains (tail-called by them; see [`dns`]): learns what it teaches, then passes
+/// it as they would have.
+#[classifier]
+pub fn dns_answer(ctx: TcContext) -> i32 {
+    dns::answer(&ctx);
+    PASS
 }
 
 // The uplink.

@@ -14,14 +14,15 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyEndpoint,
-    PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey,
-    PolicyState, PolicyTiers, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey,
-    SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
-    SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS,
-    MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE,
-    MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS, MAX_POLICY_ENDPOINTS,
-    MAX_POLICY_EXACT, MAX_POLICY_FLOWS, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
+    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyDomainKey,
+    PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearned,
+    PolicyLearnedKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers, PortKey, PortKey6,
+    PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
+    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey,
+    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
+    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS,
+    MAX_POLICY_DOMAINS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS,
+    MAX_POLICY_LEARNED, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
     MAX_POLICY_TIERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
     MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS, MAX_TUNNEL_NODES,
     POLICY_DENY_SLOTS, REASON_SLOTS,
@@ -151,10 +152,11 @@ pub(crate) fn port_mapping6(daddr: Addr6, dport: u16, proto_: u8) -> Option<Port
     unsafe { PORTMAPS6.get(&key) }.copied()
 }
 
-/// The IPv6 programs, tail-called by the attached ones (slots `prog::CALLS6`): each
-/// family's path is its own program, with the verifier's 512-byte stack to itself.
+/// The IPv6 programs and the DNS answer reader, tail-called by the attached ones (slots
+/// `prog::CALLS6`): each family's path is its own program, with the verifier's 512-byte
+/// stack to itself.
 #[map]
-pub(crate) static CALLS6: ProgramArray = ProgramArray::pinned(3, 0);
+pub(crate) static CALLS6: ProgramArray = ProgramArray::pinned(4, 0);
 
 /// Per-CPU counters indexed by [`Reason`].
 #[map]
@@ -190,6 +192,14 @@ pub(crate) static POLICY_TIERS: HashMap<u32, PolicyTiers> =
 #[map]
 pub(crate) static POLICY_FLOWS: LruHashMap<PolicyFlowKey, PolicyFlow> =
     LruHashMap::pinned(MAX_POLICY_FLOWS, 0);
+/// Domain names of every rule set (exact, or after `*.`) → the classes of their rules.
+#[map]
+pub(crate) static POLICY_DOMAINS: HashMap<PolicyDomainKey, u64> =
+    HashMap::pinned(MAX_POLICY_DOMAINS, BPF_F_NO_PREALLOC);
+/// The addresses each pod learned from DNS answers, under which names, until when.
+#[map]
+pub(crate) static POLICY_LEARNED: LruHashMap<PolicyLearnedKey, PolicyLearned> =
+    LruHashMap::pinned(MAX_POLICY_LEARNED, 0);
 /// Namespaces that hold a policy (userspace only; pinned with the rest).
 #[map]
 pub(crate) static POLICY_NAMESPACES: HashMap<u64, u32> =

@@ -56,8 +56,8 @@ use aya_ebpf::{
 };
 use cni_ebpf_common::{
     proto, tiers_admit, Addr6, EndpointInfo, NodeFlags, PolicyCounts, PolicyEndpointKey,
-    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyPeerKey, PolicyPortKey, Reason,
-    POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
+    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearnedKey, PolicyPeerKey, PolicyPortKey,
+    Reason, POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
 };
 
 use crate::{
@@ -99,6 +99,9 @@ pub(crate) struct Scratch {
     port: Key<PolicyPortKey>,
     exact: PolicyExactKey,
     endpoint: PolicyEndpointKey,
+    /// The pod of the egress rule set [`ruleset`] found last, and the address an egress
+    /// judgement asks about: the key of what the pod learned from DNS answers.
+    pub(crate) learned: PolicyLearnedKey,
     admitted: PolicyFlow,
     /// The pod an IPv6 program's stage armed a redirect into ([`note_delivery`]): its
     /// host veth (0: none) and owner.
@@ -314,7 +317,7 @@ pub(crate) fn load_tuple6(ctx: &TcContext) -> Option<()> {
 }
 
 #[inline(always)]
-fn scratch() -> Option<&'static mut Scratch> {
+pub(crate) fn scratch() -> Option<&'static mut Scratch> {
     let p = POLICY_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: a per-CPU slot; a program runs to its end on one CPU.
     Some(unsafe { &mut *p })
@@ -332,7 +335,10 @@ fn ruleset(s: &mut Scratch, side: Side, slot: u32, egress: bool) -> u32 {
     match unsafe { POLICY_ENDPOINTS.get(&s.endpoint) } {
         None => RULESET_OPEN,
         Some(e) if side.owner != 0 && e.owner != side.owner => RULESET_CLOSED,
-        Some(e) if egress => e.egress,
+        Some(e) if egress => {
+            s.learned.pod = e.pod;
+            e.egress
+        }
         Some(e) => e.ingress,
     }
 }
@@ -369,7 +375,15 @@ fn rules_admit(s: &mut Scratch, rs: u32, which: PeerOf) -> bool {
     s.peer.data.ruleset = rs;
     s.peer.data.addr = if dst { t.daddr } else { t.saddr };
     s.exact.addr = s.peer.data.addr;
-    let mut classes = POLICY_PEERS.get(&s.peer).copied().unwrap_or(0);
+    // An egress peer may be an address the pod learned from a DNS answer, for a name its
+    // rules name.
+    let mut classes = if dst {
+        s.learned.addr = s.peer.data.addr;
+        crate::dns::learned_classes(rs)
+    } else {
+        0
+    };
+    classes |= POLICY_PEERS.get(&s.peer).copied().unwrap_or(0);
     if classes != 0 {
         s.port.prefix_len = 32 + 24;
         s.port.data.ruleset = rs;
@@ -859,11 +873,55 @@ fn pod_by<A: Family + Copy>(
 /// addresses (recorded as a flow the node opened, [`note_node_flow`]), and IPv6
 /// link-local or multicast (neighbour discovery). Found by destination (`pod`), a packet
 /// for no pod's address is dropped while policy is enforced.
+///
+/// A DNS answer it lets in is read first ([`crate::dns::read_delivered`]).
 #[inline(always)]
 pub(crate) fn to_pod(ctx: &TcContext, pod: PodBy) -> i32 {
     let Some((slot, gen)) = enforcing() else {
         return PASS;
     };
+    let verdict = judge_to_pod(ctx, pod, slot, gen);
+    if verdict == PASS {
+        learn_delivered(ctx, pod, slot);
+    }
+    verdict
+}
+
+/// [`crate::dns::read_delivered`] for a packet `to_pod` lets in, if it is from port 53:
+/// the pod is the device's, or the one of the destination address (`pod`).
+#[inline(always)]
+fn learn_delivered(ctx: &TcContext, pod: PodBy, slot: u32) {
+    let Ok(ethertype) = read::<u16>(ctx, ETH_TYPE_OFF) else {
+        return;
+    };
+    let ipv6 = if ethertype == ETH_P_IP.to_be() {
+        false
+    } else if ethertype == ETH_P_IPV6.to_be() {
+        true
+    } else {
+        return;
+    };
+    if !crate::dns::from_dns_port(ctx, ipv6) {
+        return;
+    }
+    let ifindex = match pod {
+        // SAFETY: reading a field of the context (the host veth: this is its egress).
+        PodBy::Ifindex => unsafe { (*ctx.skb.skb).ifindex },
+        PodBy::Destination if ipv6 => match pod_by::<Addr6>(ctx, pod, IP_OFF + IP6_DADDR) {
+            Ok(Some(ep)) => ep.ifindex,
+            _ => return,
+        },
+        PodBy::Destination => match pod_by::<u32>(ctx, pod, IP_OFF + IP_DADDR) {
+            Ok(Some(ep)) => ep.ifindex,
+            _ => return,
+        },
+    };
+    crate::dns::read_delivered(ctx, ifindex, slot, ipv6);
+}
+
+/// `to_pod`'s verdict under the slot and generation in force.
+#[inline(always)]
+fn judge_to_pod(ctx: &TcContext, pod: PodBy, slot: u32, gen: u32) -> i32 {
     // SAFETY: reading a field of the context.
     let mark = unsafe { (*ctx.skb.skb).mark };
     if mark & REPLY_MARK != 0 {

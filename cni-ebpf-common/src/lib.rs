@@ -14,8 +14,9 @@ use core::mem::size_of;
 /// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
 /// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
 /// `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 
+mod dns;
 mod hash;
 mod names;
 mod nat;
@@ -24,6 +25,7 @@ mod reason;
 mod service;
 mod tunnel;
 
+pub use dns::*;
 pub use hash::{fnv1a64, owner_id};
 pub use names::{global, map, prog};
 pub use nat::*;
@@ -625,6 +627,9 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyFlowKey {}
     unsafe impl aya::Pod for super::PolicyFlow {}
     unsafe impl aya::Pod for super::PolicyTiers {}
+    unsafe impl aya::Pod for super::PolicyDomainKey {}
+    unsafe impl aya::Pod for super::PolicyLearnedKey {}
+    unsafe impl aya::Pod for super::PolicyLearned {}
     unsafe impl aya::Pod for super::PolicyDeny {}
     unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::TunnelKey {}

@@ -73,18 +73,27 @@ pub mod prog {
     pub const CALL6_UPLINK_INGRESS: u32 = 1;
     /// Slot of [`UPLINK_EGRESS6`].
     pub const CALL6_UPLINK_EGRESS: u32 = 2;
-    /// The IPv6 programs, each at its slot of the `CALLS6` program array.
-    pub const CALLS6: [(&str, u32); 3] = [
+    /// The reader of DNS answers delivered to a pod whose egress rules name domains: a
+    /// tail call of `to_pod` and `to_netkit` (slot [`CALL_DNS_ANSWER`]), never attached
+    /// itself; its loops are verified once, apart from the programs that call it.
+    pub const DNS_ANSWER: &str = "dns_answer";
+    /// Slot of [`DNS_ANSWER`] in the `CALLS6` program array.
+    pub const CALL_DNS_ANSWER: u32 = 3;
+    /// The tail-called programs (the IPv6 twins and the DNS answer reader), each at its
+    /// slot of the `CALLS6` program array.
+    pub const CALLS6: [(&str, u32); 4] = [
         (FROM_POD6, CALL6_FROM_POD),
         (UPLINK_INGRESS6, CALL6_UPLINK_INGRESS),
         (UPLINK_EGRESS6, CALL6_UPLINK_EGRESS),
+        (DNS_ANSWER, CALL_DNS_ANSWER),
     ];
     /// Every program, in load order (the tail-called IPv6 programs first: a program that
     /// calls them finds them in place from its first packet).
-    pub const ALL: [&str; 19] = [
+    pub const ALL: [&str; 20] = [
         FROM_POD6,
         UPLINK_INGRESS6,
         UPLINK_EGRESS6,
+        DNS_ANSWER,
         FROM_POD,
         UPLINK_INGRESS,
         UPLINK_EGRESS,
@@ -178,9 +187,9 @@ macro_rules! map_table {
             NODE_CONFIG6 node_config6: Array<$crate::NodeConfig6>;
             /// Node IPv6 address ([`crate::Addr6`]) → [`crate::NodeAddr`].
             NODE_ADDRS6 node_addrs6: Hash<$crate::Addr6, $crate::NodeAddr>;
-            /// Program array: the IPv6 programs, tail-called by the attached ones (slots
-            /// [`crate::prog::CALLS6`]). Each family's path is then its own program, with the
-            /// verifier's whole 512-byte stack to itself.
+            /// Program array: the IPv6 programs and the DNS answer reader, tail-called by the
+            /// attached ones (slots [`crate::prog::CALLS6`]). Each family's path is then its
+            /// own program, with the verifier's whole 512-byte stack to itself.
             CALLS6 calls6: ProgramArray<>;
             /// [`crate::PortKey6`] → [`crate::PortTarget6`]: IPv6 host ports, as [`PORTMAPS`].
             PORTMAPS6 portmaps6: Hash<$crate::PortKey6, $crate::PortTarget6>;
@@ -238,6 +247,12 @@ macro_rules! map_table {
             /// Rule set id (`u32`) → [`crate::PolicyTiers`]: how the classes of a rule set
             /// that cluster policies take part in decide.
             POLICY_TIERS policy_tiers: Hash<u32, $crate::PolicyTiers>;
+            /// [`crate::PolicyDomainKey`] → `u64`: the classes whose egress rules name a
+            /// domain (exact, or the part after `*.`).
+            POLICY_DOMAINS policy_domains: Hash<$crate::PolicyDomainKey, u64>;
+            /// [`crate::PolicyLearnedKey`] → [`crate::PolicyLearned`] (LRU): the addresses each
+            /// pod learned from DNS answers, under which rule names, until when.
+            POLICY_LEARNED policy_learned: Hash<$crate::PolicyLearnedKey, $crate::PolicyLearned>;
         }
     };
 }
@@ -288,7 +303,7 @@ mod tests {
     fn a_changed_map_table_raises_the_layout_version() {
         assert_eq!(
             (LAYOUT_VERSION, map_table!(fingerprint)),
-            (8, 7_204_788_626_383_753_229),
+            (9, 1_893_316_010_500_763_160),
             "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
         );
     }

@@ -167,15 +167,20 @@ pub struct PolicyTiers {
     /// The classes whose rules deny.
     pub deny: u64,
     /// [`TIERS_NETWORK_POLICY`]: a NetworkPolicy selects the pod in this direction, so
-    /// its tier decides whatever reaches it.
+    /// its tier decides whatever reaches it. [`TIERS_DOMAINS`]: rules name domains.
     pub flags: u32,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// With [`TIERS_DOMAINS`]: the floor of a learned address's lifetime, seconds
+    /// (native order); else zero.
+    pub dns_min_ttl_s: u32,
 }
 const _: () = assert!(size_of::<PolicyTiers>() == 48);
 
 /// [`PolicyTiers::flags`]: a NetworkPolicy selects the pod in the rule set's direction.
 pub const TIERS_NETWORK_POLICY: u32 = 1;
+/// [`PolicyTiers::flags`]: egress rules of the rule set name domains
+/// ([`crate::map::POLICY_DOMAINS`]): the DNS answers its pod receives are read, and the
+/// addresses it learned from them ([`crate::map::POLICY_LEARNED`]) are its peers too.
+pub const TIERS_DOMAINS: u32 = 2;
 
 /// Whether a packet matching `classes` of a rule set is admitted, as `tiers` ranks them
 /// (see [`PolicyTiers`]): the Admin tier's first matching rule accepts or denies, or

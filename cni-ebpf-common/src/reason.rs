@@ -2,7 +2,7 @@
 
 /// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
 /// The map has [`REASON_SLOTS`] slots: the datapath's reasons take 16..64, the Service
-/// translations' and the NetworkPolicy replies' 1..16; slot 0 is unused.
+/// translations' and the NetworkPolicy replies' and DNS answers' 1..16; slot 0 is unused.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -33,6 +33,13 @@ pub enum Reason {
     /// A packet `to_pod` let into its pod because it was marked as the reply of an
     /// admitted flow before the stack translated it.
     PolicyReplyPassed = 9,
+    /// An address a pod learned from a DNS answer it received, for a name its egress
+    /// rules name (one per address record).
+    PolicyDnsLearned = 10,
+    /// A DNS answer for a pod whose egress rules name domains that taught nothing: not
+    /// readable (malformed, truncated, a TCP message not whole in one segment, a name of
+    /// more labels than are read) or an error answer.
+    PolicyDnsUnread = 11,
     /// Packet seen by one of our programs.
     Seen = 16,
     /// Passed unchanged: not IPv4 (ARP, IPv6, …).
@@ -166,7 +173,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 57] = [
+    pub const ALL: [Reason; 59] = [
         Reason::ServiceNew,
         Reason::ServiceNewRouted,
         Reason::ServiceRouted,
@@ -176,6 +183,8 @@ impl Reason {
         Reason::SockServiceRefused,
         Reason::PolicyReplyMarked,
         Reason::PolicyReplyPassed,
+        Reason::PolicyDnsLearned,
+        Reason::PolicyDnsUnread,
         Reason::Seen,
         Reason::PassNotIpv4,
         Reason::PassMalformed,
@@ -239,6 +248,8 @@ impl Reason {
             Reason::SockServiceRefused => "sock_service_refused",
             Reason::PolicyReplyMarked => "policy_reply_marked",
             Reason::PolicyReplyPassed => "policy_reply_passed",
+            Reason::PolicyDnsLearned => "policy_dns_learned",
+            Reason::PolicyDnsUnread => "policy_dns_unread",
             Reason::Seen => "seen",
             Reason::PassNotIpv4 => "pass_not_ipv4",
             Reason::PassMalformed => "pass_malformed",

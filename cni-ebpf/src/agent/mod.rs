@@ -102,6 +102,11 @@ pub struct AgentArgs {
     /// a network that enforces policy until an agent is back.
     #[arg(long, env = "CNI_EBPF_POLICY_LEASE", default_value_t = 60, value_parser = clap::value_parser!(u64).range(2..=86400))]
     policy_lease: u64,
+    /// The least time, in seconds, an address a pod learned from a DNS answer stays its
+    /// peer for the cluster policy rules that name its domain, whatever shorter TTL the
+    /// answer gave (resolvers and runtimes cache answers past their TTL). At most a day.
+    #[arg(long, env = "CNI_EBPF_DNS_MIN_TTL", default_value_t = cni_ebpf_common::DEFAULT_DNS_MIN_TTL_S, value_parser = clap::value_parser!(u32).range(0..=86400))]
+    dns_min_ttl: u32,
     /// Translate Services in place of kube-proxy: ClusterIPs at the socket, for the pods
     /// and the node's own processes (see docs/services.md). Off: the Service maps are
     /// emptied at start, and kube-proxy's rules are what translates Services.
@@ -185,13 +190,16 @@ pub fn run(args: &AgentArgs) -> Result<()> {
         exporter = exporter.with_policy(totals.clone());
         let args = args.clone();
         spawn(Job::Policy, &readiness, move |readiness| {
-            let lease = Duration::from_secs(args.policy_lease);
+            let holds = watch::Holds {
+                lease: Duration::from_secs(args.policy_lease),
+                dns_min_ttl_s: args.dns_min_ttl,
+            };
             watch::run(
                 &args.bpffs_root,
                 &args.networks,
                 &args.api,
                 &args.state_dir,
-                lease,
+                holds,
                 totals,
                 readiness,
             )

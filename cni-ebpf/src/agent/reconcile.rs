@@ -24,7 +24,7 @@ use std::{
     time::Duration,
 };
 
-use cni_ebpf_common::{PolicyEndpoint, RULESET_CLOSED, RULESET_OPEN};
+use cni_ebpf_common::{PolicyEndpoint, RULESET_CLOSED, RULESET_OPEN, TIERS_DOMAINS};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::report::{DirectionState, PodState};
@@ -71,6 +71,8 @@ const GRACE: Duration = Duration::from_millis(20);
 pub struct Reconciler {
     ids: BTreeMap<Ruleset, u32>,
     next_id: u32,
+    /// The floor of a learned address's lifetime its rule sets with domain names carry.
+    dns_min_ttl_s: u32,
 }
 
 /// What one round found and did.
@@ -94,8 +96,10 @@ pub struct Round {
 }
 
 impl Reconciler {
-    /// The rule sets the maps hold now (after a restart, or a first start).
-    pub fn resume(dp: &Datapath) -> Result<Self> {
+    /// The rule sets the maps hold now (after a restart, or a first start); rule sets
+    /// written from now on that name domains keep their learned addresses at least
+    /// `dns_min_ttl_s` seconds.
+    pub fn resume(dp: &Datapath, dns_min_ttl_s: u32) -> Result<Self> {
         let ids: BTreeMap<Ruleset, u32> = dp
             .policy_rulesets()?
             .into_iter()
@@ -108,7 +112,11 @@ impl Reconciler {
             .unwrap_or(0)
             .saturating_add(1)
             .max(1);
-        Ok(Self { ids, next_id })
+        Ok(Self {
+            ids,
+            next_id,
+            dns_min_ttl_s,
+        })
     }
 
     fn fresh_id(&mut self) -> u32 {
@@ -149,7 +157,10 @@ impl Reconciler {
             // Rules that admit nothing (a policy type without rules): no tables, the
             // closed entry says the same.
             Verdicts::Enforced(rs) if rs.entries() == 0 => Ok((RULESET_CLOSED, None)),
-            Verdicts::Enforced(rs) => {
+            Verdicts::Enforced(mut rs) => {
+                if let Some(t) = rs.tiers.as_mut().filter(|t| t.flags & TIERS_DOMAINS != 0) {
+                    t.dns_min_ttl_s = self.dns_min_ttl_s;
+                }
                 if let Some(id) = self.ids.get(&rs) {
                     return Ok((*id, None));
                 }

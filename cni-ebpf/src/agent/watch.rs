@@ -597,8 +597,17 @@ struct Enforcer {
     state_dir: PathBuf,
     /// Verdict totals per policy, for the metrics.
     totals: SharedTotals,
-    /// How long each renewal of the agent's lease on a network's policy holds.
-    lease: Duration,
+    /// How long leases and learned addresses hold.
+    holds: Holds,
+}
+
+/// How long what the policy job writes holds.
+#[derive(Debug, Clone, Copy)]
+pub struct Holds {
+    /// Each renewal of the agent's lease on a network's policy.
+    pub lease: Duration,
+    /// The floor of an address a pod learned from a DNS answer (seconds).
+    pub dns_min_ttl_s: u32,
 }
 
 /// Renews the agent's lease on `dp`'s policy for `lease` after a round that kept it
@@ -620,7 +629,7 @@ impl Enforcer {
         for dir in networks(&self.root, &self.named) {
             if !self.networks.contains_key(&dir) {
                 match Datapath::open_at(&dir) {
-                    Ok(Some(dp)) => match Reconciler::resume(&dp) {
+                    Ok(Some(dp)) => match Reconciler::resume(&dp, self.holds.dns_min_ttl_s) {
                         Ok(reconciler) => {
                             let network = Network {
                                 dp,
@@ -658,13 +667,13 @@ impl Enforcer {
             let now = interfaces(dp);
             if only_if_interfaces_changed && now == *seen {
                 account(&self.totals, &name, dp, state);
-                renew(dp, &name, self.lease);
+                renew(dp, &name, self.holds.lease);
                 continue;
             }
             let fed = lock(&view.fed);
             if fed.listing > 0 {
                 // A list in progress: the last complete view stays in force.
-                renew(dp, &name, self.lease);
+                renew(dp, &name, self.holds.lease);
                 continue;
             }
             let policies = view.policies();
@@ -684,7 +693,7 @@ impl Enforcer {
                         *state = fresh_state;
                     }
                     account(&self.totals, &name, dp, state);
-                    renew(dp, &name, self.lease);
+                    renew(dp, &name, self.holds.lease);
                     for (pod, why) in round.closed {
                         if self.closed.insert((pod.clone(), why.clone())) {
                             tracing::warn!("pod {pod} is closed: {why}");
@@ -760,14 +769,14 @@ async fn report(recorder: &Recorder, client: &Client, closed: Vec<(String, Strin
 
 /// Keeps NetworkPolicy in force on the networks below `root` (all, or `named`), forever,
 /// on the calling thread; writes each network's state file below `state_dir`, renews its
-/// lease on each network's policy for `lease` after each round, keeps `totals`, and
+/// lease on each network's policy for `holds.lease` after each round, keeps `totals`, and
 /// tells `readiness` when its first round is made.
 pub fn run(
     root: &Path,
     named: &[String],
     api: &ApiArgs,
     state_dir: &Path,
-    lease: Duration,
+    holds: Holds,
     totals: SharedTotals,
     readiness: &Readiness,
 ) -> Result<()> {
@@ -780,7 +789,7 @@ pub fn run(
             closed: BTreeSet::new(),
             state_dir: state_dir.to_owned(),
             totals,
-            lease,
+            holds,
         };
         let client = client(api, "NetworkPolicy").await;
         let recorder = recorder(&client);

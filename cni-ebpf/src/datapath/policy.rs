@@ -16,9 +16,9 @@ use std::{
 
 use aya::maps::lpm_trie::Key;
 use cni_ebpf_common::{
-    fnv1a64, map as map_name, PolicyCounts, PolicyDeny, PolicyEndpoint, PolicyEndpointKey,
-    PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers, POLICY_DENY_SLOTS,
-    RULESET_CLOSED, RULESET_OPEN, TIERS_NETWORK_POLICY,
+    fnv1a64, map as map_name, PolicyCounts, PolicyDeny, PolicyDomainKey, PolicyEndpoint,
+    PolicyEndpointKey, PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers,
+    POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN, TIERS_NETWORK_POLICY,
 };
 
 use super::{maps, Datapath};
@@ -26,7 +26,7 @@ use crate::{
     error::{Error, Result},
     ipam::record::PodRef,
     policy::{
-        tables::{addr_bits, canonical, PortPrefix, Prefix},
+        tables::{addr_bits, canonical, DomainPattern, PortPrefix, Prefix},
         Ruleset,
     },
 };
@@ -63,6 +63,14 @@ fn port_key(ruleset: u32, p: &PortPrefix) -> Key<PolicyPortKey> {
             _pad: 0,
         },
     )
+}
+
+fn domain_key(ruleset: u32, p: &DomainPattern) -> PolicyDomainKey {
+    PolicyDomainKey {
+        ruleset,
+        kind: p.kind,
+        hash: p.hash,
+    }
 }
 
 fn exact_key(ruleset: u32, addr: IpAddr, proto: u8, port: u16) -> PolicyExactKey {
@@ -271,6 +279,13 @@ impl Datapath {
                 .insert(exact_key(id, *addr, *proto, *port), mask, 0)
                 .map_err(|e| maps::err(map_name::POLICY_EXACT, "insert", e))?;
         }
+        let mut domains = m.policy_domains()?;
+        for (pattern, mask) in &rs.domains {
+            domains
+                .insert(domain_key(id, pattern), mask, 0)
+                .map_err(|e| maps::err(map_name::POLICY_DOMAINS, "insert", e))?;
+        }
+        // The tiers last: the datapath reads a rule set's names once its tiers say so.
         if let Some(tiers) = &rs.tiers {
             m.policy_tiers()?
                 .insert(id, tiers, 0)
@@ -304,6 +319,14 @@ impl Datapath {
                 &mut exact,
                 &exact_key(id, *addr, *proto, *port),
                 map_name::POLICY_EXACT,
+            )?;
+        }
+        let mut domains = m.policy_domains()?;
+        for pattern in rs.domains.keys() {
+            maps::remove(
+                &mut domains,
+                &domain_key(id, pattern),
+                map_name::POLICY_DOMAINS,
             )?;
         }
         maps::remove(&mut m.policy_tiers()?, &id, map_name::POLICY_TIERS)?;
@@ -356,11 +379,17 @@ impl Datapath {
 
     /// Every rule set the tables hold, by id (read back as the agent wrote them).
     pub fn policy_rulesets(&self) -> Result<BTreeMap<u32, Ruleset>> {
-        type Peers = Vec<(u8, [u8; 16], u64)>;
-        type Ports = Vec<(u8, u8, [u8; 2], u64)>;
-        type Exact = Vec<([u8; 16], u8, [u8; 2], u64)>;
+        /// One rule set's entries, as the tables hold them.
+        #[derive(Default)]
+        struct Entries {
+            peers: Vec<(u8, [u8; 16], u64)>,
+            ports: Vec<(u8, u8, [u8; 2], u64)>,
+            exact: Vec<([u8; 16], u8, [u8; 2], u64)>,
+            domains: BTreeMap<DomainPattern, u64>,
+            tiers: Option<PolicyTiers>,
+        }
         let mut m = self.maps()?;
-        let mut by_id: BTreeMap<u32, (Peers, Ports, Exact, Option<PolicyTiers>)> = BTreeMap::new();
+        let mut by_id: BTreeMap<u32, Entries> = BTreeMap::new();
         let peers = m.policy_peers()?;
         for k in peers.keys().filter_map(std::result::Result::ok) {
             let d = k.data();
@@ -369,7 +398,7 @@ impl Datapath {
             by_id
                 .entry(d.ruleset)
                 .or_default()
-                .0
+                .peers
                 .push((len, d.addr, mask));
         }
         let ports = m.policy_ports()?;
@@ -380,23 +409,61 @@ impl Datapath {
             by_id
                 .entry(d.ruleset)
                 .or_default()
-                .1
+                .ports
                 .push((len, d.proto, d.port, mask));
         }
         for (k, mask) in maps::entries(&m.policy_exact()?) {
             by_id
                 .entry(k.ruleset)
                 .or_default()
-                .2
+                .exact
                 .push((k.addr, k.proto, k.port, mask));
         }
+        for (k, mask) in maps::entries(&m.policy_domains()?) {
+            by_id.entry(k.ruleset).or_default().domains.insert(
+                DomainPattern {
+                    kind: k.kind,
+                    hash: k.hash,
+                },
+                mask,
+            );
+        }
         for (id, tiers) in maps::entries(&m.policy_tiers()?) {
-            by_id.entry(id).or_default().3 = Some(tiers);
+            by_id.entry(id).or_default().tiers = Some(tiers);
         }
         Ok(by_id
             .into_iter()
-            .map(|(id, (peers, ports, exact, tiers))| {
-                (id, ruleset_from_entries(peers, ports, exact, tiers))
+            .map(|(id, e)| {
+                let mut rs = ruleset_from_entries(e.peers, e.ports, e.exact, e.tiers);
+                rs.domains = e.domains;
+                (id, rs)
+            })
+            .collect())
+    }
+
+    /// What pods learned from DNS answers: (pod key, address, the names' (kind, hash,
+    /// expiry in `CLOCK_MONOTONIC` ns) still in the entry), in no particular order.
+    pub fn policy_learned(&self) -> Result<Vec<LearnedView>> {
+        let mut m = self.maps()?;
+        Ok(maps::entries(&m.policy_learned()?)
+            .into_iter()
+            .map(|(k, v)| LearnedView {
+                pod: k.pod,
+                addr: canonical(IpAddr::from(k.addr)),
+                names: v
+                    .names
+                    .iter()
+                    .filter(|n| n.hash != 0)
+                    .map(|n| {
+                        (
+                            DomainPattern {
+                                kind: n.kind,
+                                hash: n.hash,
+                            },
+                            n.expires_ns,
+                        )
+                    })
+                    .collect(),
             })
             .collect())
     }
@@ -414,6 +481,16 @@ impl Datapath {
             !want.contains(k)
         })
     }
+}
+
+/// An address a pod learned from DNS answers ([`Datapath::policy_learned`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LearnedView {
+    /// The pod ([`pod_key`]).
+    pub pod: u64,
+    pub addr: IpAddr,
+    /// The rule names it was learned under, each with its expiry (`CLOCK_MONOTONIC` ns).
+    pub names: Vec<(DomainPattern, u64)>,
 }
 
 /// What one direction of a pod interface's entry says, for `inspect`.
@@ -702,6 +779,7 @@ pub fn ruleset_from_entries(
                 )
             })
             .collect(),
+        domains: BTreeMap::new(),
         tiers,
     }
 }

@@ -13,14 +13,15 @@ use std::{
     net::IpAddr,
 };
 
-use cni_ebpf_common::{PolicyTiers, TIERS_NETWORK_POLICY};
+use cni_ebpf_common::{PolicyTiers, TIERS_DOMAINS, TIERS_NETWORK_POLICY};
 
 use super::{
     cluster::{proto, PodView},
     cluster_network_policy::{Action, Tier},
     compile::{Dir, Port},
     tables::{
-        addr_bits, canonical, peer_table, port_table, AddrSet, PortPrefix, Ruleset, MAX_CLASSES,
+        addr_bits, canonical, peer_table, port_table, AddrSet, DomainPattern, PortPrefix, Ruleset,
+        MAX_CLASSES,
     },
 };
 
@@ -30,6 +31,9 @@ pub(super) struct FlatRule<'c> {
     pub addrs: AddrSet,
     /// Its peers that are pods (for egress named ports, resolved on each).
     pub pods: Vec<&'c PodView>,
+    /// The domain names its egress peers name (`example.com`, `*.example.com`; lower
+    /// case), whose addresses the pod learns from DNS answers.
+    pub domains: Vec<String>,
     /// Every port of every protocol (no port listed).
     pub all_ports: bool,
     /// Numeric ports (`Port::All` and `Port::Range`).
@@ -107,6 +111,7 @@ pub(super) struct Builder<'c> {
     sets: Vec<(u64, AddrSet)>,
     ports: Vec<(u64, PortPrefix)>,
     exact: BTreeMap<(IpAddr, u8, u16), u64>,
+    domains: BTreeMap<DomainPattern, u64>,
     tiers: PolicyTiers,
     origins: Vec<ClassOrigin>,
 }
@@ -120,6 +125,7 @@ impl<'c> Builder<'c> {
             sets: Vec::new(),
             ports: Vec::new(),
             exact: BTreeMap::new(),
+            domains: BTreeMap::new(),
             tiers: PolicyTiers::default(),
             origins: Vec::new(),
         }
@@ -238,6 +244,11 @@ impl<'c> Builder<'c> {
                 }
             };
             self.note(bit, &label);
+            for name in &rule.domains {
+                if let Some(pattern) = DomainPattern::of(name) {
+                    *self.domains.entry(pattern).or_default() |= bit;
+                }
+            }
             self.sets.push((bit, rule.addrs));
         }
         for (set, class) in by_ports {
@@ -268,13 +279,17 @@ impl<'c> Builder<'c> {
 
     /// The rule set, with its tiers when cluster policies took part (`tiered`), and what
     /// each class stands for.
-    pub fn finish(self, tiered: bool) -> (Ruleset, Vec<ClassOrigin>) {
+    pub fn finish(mut self, tiered: bool) -> (Ruleset, Vec<ClassOrigin>) {
         let refs: Vec<(u64, &AddrSet)> = self.sets.iter().map(|(c, s)| (*c, s)).collect();
+        if !self.domains.is_empty() {
+            self.tiers.flags |= TIERS_DOMAINS;
+        }
         (
             Ruleset {
                 peers: peer_table(&refs),
                 ports: port_table(&self.ports),
                 exact: self.exact,
+                domains: self.domains,
                 tiers: tiered.then_some(self.tiers),
             },
             self.origins,

@@ -541,6 +541,7 @@ fn cluster_rule<'c>(
                         blocks: vec![(Prefix::everything(), Vec::new())],
                     },
                     pods: Vec::new(),
+                    domains: Vec::new(),
                     all_ports: true,
                     numeric: BTreeSet::new(),
                     named: Vec::new(),
@@ -559,6 +560,7 @@ fn cluster_rule<'c>(
     let with_pods = !named.is_empty() && dir == Dir::Egress;
     let mut blocks = Vec::new();
     let mut pods: Vec<&PodView> = Vec::new();
+    let mut domains = Vec::new();
     for peer in &r.peers {
         match peer {
             ClusterPeer::Pods {
@@ -584,8 +586,9 @@ fn cluster_rule<'c>(
                     pods.extend(cluster.peers_in(set));
                 }
             }
-            // Addresses learned from DNS answers are not compiled in.
-            ClusterPeer::DomainNames(_) | ClusterPeer::Unknown => {}
+            // The addresses are learned from the DNS answers the pod receives.
+            ClusterPeer::DomainNames(names) => domains.extend(names.iter().cloned()),
+            ClusterPeer::Unknown => {}
         }
     }
     let numeric: BTreeSet<Port> = r
@@ -601,6 +604,7 @@ fn cluster_rule<'c>(
         FlatRule {
             addrs: AddrSet { blocks },
             pods,
+            domains,
             all_ports: r.ports.is_empty(),
             numeric,
             named,
@@ -627,6 +631,7 @@ fn network_rule<'c>(cluster: &'c Cluster, policy: &Policy, rule: &Rule, dir: Dir
     FlatRule {
         addrs,
         pods,
+        domains: Vec::new(),
         all_ports: rule.ports.is_empty(),
         numeric: rule
             .ports

@@ -13,11 +13,15 @@
 //!   `endPort` range: the aligned blocks that cover it).
 //! - **exact**: (address, protocol, port) → the classes whose egress rules' named ports
 //!   name it (a named port means a different number on each destination pod).
+//! - **domains**: domain names egress rules name → their classes; an address the pod
+//!   learned from a DNS answer for such a name (in the datapath) is a peer of them.
 //!
-//! A packet matches the classes `peers(addr) & ports(proto, port) | exact(addr, proto,
-//! port)`. With NetworkPolicy alone any class admits it; when cluster policies take part,
+//! A packet matches the classes `(peers(addr) | learned(pod, addr)) & ports(proto, port)
+//! | exact(addr, proto, port)`. With NetworkPolicy alone any class admits it; when cluster policies take part,
 //! the rule set's **tiers** ([`PolicyTiers`]) rank the classes (`tiers_admit`): four
-//! lookups, however many policies, rules and tiers there are. IPv4 addresses are kept as
+//! lookups, however many policies, rules and tiers there are (with domain names, an
+//! egress judgement adds one for the learned address and one per name it was learned
+//! under, at most `LEARNED_NAMES`). IPv4 addresses are kept as
 //! IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`), so one table serves both families.
 
 use std::{
@@ -25,7 +29,7 @@ use std::{
     net::IpAddr,
 };
 
-use cni_ebpf_common::{tiers_admit, PolicyTiers};
+use cni_ebpf_common::{name_hash, tiers_admit, PolicyTiers, DOMAIN_EXACT, DOMAIN_WILDCARD};
 use ipnet::IpNet;
 
 /// How many port classes one rule set can hold (the bits of a class mask).
@@ -196,6 +200,9 @@ pub struct Ruleset {
     pub ports: BTreeMap<PortPrefix, u64>,
     /// (peer address, protocol, port) → the classes whose named ports name it.
     pub exact: BTreeMap<(IpAddr, u8, u16), u64>,
+    /// Domain names egress rules name → their classes (the addresses are learned in the
+    /// datapath from the DNS answers the pod receives).
+    pub domains: BTreeMap<DomainPattern, u64>,
     /// How the classes decide when cluster policies take part (`None`: any class
     /// admits).
     pub tiers: Option<PolicyTiers>,
@@ -241,7 +248,37 @@ impl Ruleset {
     /// Entries in all three tables.
     #[must_use]
     pub fn entries(&self) -> usize {
-        self.peers.len() + self.ports.len() + self.exact.len() + usize::from(self.tiers.is_some())
+        self.peers.len()
+            + self.ports.len()
+            + self.exact.len()
+            + self.domains.len()
+            + usize::from(self.tiers.is_some())
+    }
+}
+
+/// A domain name of an egress rule as the datapath matches it: the hash of the name, or of
+/// the part after `*.` (`cni_ebpf_common::dns`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DomainPattern {
+    /// `DOMAIN_EXACT` or `DOMAIN_WILDCARD`.
+    pub kind: u32,
+    /// `name_hash` of the name (of a wildcard: of the part after `*.`).
+    pub hash: u64,
+}
+
+impl DomainPattern {
+    /// The pattern of a name as `cluster_network_policy::domain_name` gives it;
+    /// `None` for a name that is not one.
+    #[must_use]
+    pub fn of(name: &str) -> Option<Self> {
+        let (kind, body) = match name.strip_prefix("*.") {
+            Some(rest) => (DOMAIN_WILDCARD, rest),
+            None => (DOMAIN_EXACT, name),
+        };
+        Some(Self {
+            kind,
+            hash: name_hash(body)?,
+        })
     }
 }
 
@@ -373,6 +410,7 @@ mod tests {
             peers: table,
             ports: port_table(&[(1, PortPrefix::everything()), (2, PortPrefix::everything())]),
             exact: BTreeMap::new(),
+            domains: BTreeMap::new(),
             tiers: None,
         };
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();

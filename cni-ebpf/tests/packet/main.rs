@@ -16,6 +16,7 @@
 mod frames6;
 
 mod attach;
+mod dns;
 mod flows;
 mod fuzz;
 mod guard_cost;

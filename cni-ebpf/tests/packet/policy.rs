@@ -39,7 +39,7 @@ fn namespace_x() -> k8s_openapi::api::core::v1::Namespace {
 
 /// Pods `x/a` and `x/b` (the fixture's pods A and B, dual-stack), each serving a named
 /// port `http` on TCP 8080.
-fn cluster() -> Cluster {
+pub(crate) fn cluster() -> Cluster {
     Cluster::from_api(
         &[namespace_x()],
         &[
@@ -58,7 +58,7 @@ fn policy(name: &str, spec: Value) -> k8s_openapi::api::networking::v1::NetworkP
 }
 
 /// The fixture's pods with both families' addresses.
-fn dual_stack_pods(fx: &Fixture) {
+pub(crate) fn dual_stack_pods(fx: &Fixture) {
     fx.dp()
         .put_endpoint_entries(&Endpoint {
             ips: vec![POD_A.into(), POD_A6.into()],
@@ -85,7 +85,7 @@ fn enforce(
 }
 
 /// [`enforce`] with cluster policies too.
-fn enforce_all(
+pub(crate) fn enforce_all(
     fx: &Fixture,
     policies: &[k8s_openapi::api::networking::v1::NetworkPolicy],
     cluster_policies: &[ClusterNetworkPolicy],
@@ -125,7 +125,7 @@ fn enforce_all(
                 ingress: put(&p.ingress),
                 egress: put(&p.egress),
                 owner: owner_id(ctr.as_bytes(), b"eth0"),
-                pod: 0,
+                pod: cni_ebpf::datapath::policy::pod_key("x", name),
             },
         ));
     }
@@ -627,7 +627,7 @@ fn the_agent_changes_only_what_differs_also_after_a_restart() {
     fx.standard_node(true);
     named_pods(&fx);
     let cluster = cluster();
-    let mut agent = Reconciler::resume(fx.dp()).unwrap();
+    let mut agent = Reconciler::resume(fx.dp(), cni_ebpf_common::DEFAULT_DNS_MIN_TTL_S).unwrap();
     let round = agent
         .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())
         .unwrap();
@@ -672,7 +672,8 @@ fn the_agent_changes_only_what_differs_also_after_a_restart() {
     assert!(!again.swapped, "nothing changed: {again:?}");
 
     // A new agent process: it reads the rule sets back and changes nothing.
-    let mut restarted = Reconciler::resume(fx.dp()).unwrap();
+    let mut restarted =
+        Reconciler::resume(fx.dp(), cni_ebpf_common::DEFAULT_DNS_MIN_TTL_S).unwrap();
     let round = restarted
         .reconcile(fx.dp(), &cluster, &b_admits_a_on_80())
         .unwrap();
@@ -703,7 +704,7 @@ fn a_pod_the_agent_does_not_know_yet_stays_closed_and_is_opened_once_known() {
     use cni_ebpf::agent::Reconciler;
     let fx = Fixture::new();
     fx.standard_node(true);
-    let mut agent = Reconciler::resume(fx.dp()).unwrap();
+    let mut agent = Reconciler::resume(fx.dp(), cni_ebpf_common::DEFAULT_DNS_MIN_TTL_S).unwrap();
     let mut cluster = cluster();
     cluster.delete_pod("x", "b");
     // The namespace holds a policy that does not select b; b's ADD comes before the

@@ -19,6 +19,7 @@ mod crash;
 mod cri;
 mod datapath;
 mod del_check;
+mod domain_names;
 mod faults;
 mod harness;
 mod host_gw;
