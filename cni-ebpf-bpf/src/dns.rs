@@ -3,7 +3,8 @@
 //!
 //! A rule set whose egress rules name domains has [`TIERS_DOMAINS`] in its tiers, and its
 //! names in `POLICY_DOMAINS` (see `cni_ebpf_common::dns` for the hash). Every packet
-//! delivered to a pod from port 53 (UDP, or TCP with one whole message in the segment)
+//! delivered to a pod from port 53 (UDP, or TCP with one whole message in the segment,
+//! after its length or alone)
 //! whose egress rule set has that flag is read here, after the node's policy admitted it
 //! and before it reaches the pod, so an address is in force before the application reads
 //! the answer. The reading is a program of its own, `dns_answer`, tail-called by `to_pod`
@@ -193,14 +194,18 @@ fn message(ctx: &TcContext, ipv6: bool) -> Result<(u32, u32), ()> {
             Err(())
         };
     }
-    // TCP: one whole message (its 2-byte length, then the message) in this segment.
+    // TCP: one whole message in this segment, after its 2-byte length, or alone (a
+    // server that writes the length apart sends it in the segment before).
     let doff = u32::from(read::<u8>(ctx, l4 as usize + 12)? >> 4) * 4;
     let start = l4 + doff;
-    let len = u16::from_be(read::<u16>(ctx, start as usize)?);
-    if doff < 20 || start + 2 + u32::from(len) != ip_end {
+    if doff < 20 || start + HEADER_LEN > ip_end {
         return Err(());
     }
-    Ok((start + 2, ip_end))
+    let len = u16::from_be(read::<u16>(ctx, start as usize)?);
+    if start + 2 + u32::from(len) == ip_end {
+        return Ok((start + 2, ip_end));
+    }
+    Ok((start, ip_end))
 }
 
 /// Reads the answer (see [`learn`]) for the pod `pod` whose egress rule set is `rs`.

@@ -114,13 +114,18 @@ fn udp_to_a(message: &[u8]) -> Vec<u8> {
 fn tcp_to_a(message: &[u8]) -> Vec<u8> {
     let mut data = (message.len() as u16).to_be_bytes().to_vec();
     data.extend_from_slice(message);
+    tcp_segment_to_a(&data)
+}
+
+/// A TCP segment from the resolver's port 53 to pod a carrying `data`.
+fn tcp_segment_to_a(data: &[u8]) -> Vec<u8> {
     frame(
         HOST_MAC_A,
         UPLINK_MAC,
         RESOLVER,
         POD_A,
         TCP,
-        &tcp(RESOLVER, POD_A, 53, 33000, ACK, &data),
+        &tcp(RESOLVER, POD_A, 53, 33000, ACK, data),
     )
 }
 
@@ -257,6 +262,18 @@ fn a_pod_learns_the_addresses_of_its_rules_names_from_the_answers_it_receives() 
     let over_tcp = response("example.com", TYPE_A, 0, &[a(None, a_ip(40), 300)]);
     assert_eq!(fx.run_on("to_pod", IFINDEX_A, &tcp_to_a(&over_tcp)).0, PASS);
     assert!(leaves(&fx, a_ip(40), 443), "learned over TCP");
+    // From a server that writes the length in a segment of its own, then the message.
+    let alone = response("example.com", TYPE_A, 0, &[a(None, a_ip(41), 300)]);
+    let length = (alone.len() as u16).to_be_bytes();
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &tcp_segment_to_a(&length)).0,
+        PASS
+    );
+    assert_eq!(
+        fx.run_on("to_pod", IFINDEX_A, &tcp_segment_to_a(&alone)).0,
+        PASS
+    );
+    assert!(leaves(&fx, a_ip(41), 443), "learned from the message alone");
     // An error answer teaches nothing, whatever records it carries.
     let unread = fx.reason(Reason::PolicyDnsUnread);
     let nxdomain = response("example.com", TYPE_A, 3, &[a(None, a_ip(50), 300)]);

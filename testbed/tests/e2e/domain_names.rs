@@ -64,13 +64,16 @@ fn client_policy() -> serde_json::Value {
 }
 
 /// Resolver configurations naming the `kube-dns` Service: over UDP (`udp4.conf`,
-/// `udp6.conf`) and over TCP (`tcp4.conf`: `use-vc`).
-fn resolver_configs() -> tempfile::TempDir {
+/// `udp6.conf`) and over TCP (`tcp4.conf`: `use-vc`); and naming the DNS server pod at
+/// `local` directly (`local4.conf`).
+fn resolver_configs(local: &IpAddr) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("a resolver directory: {e}"));
+    let local = local.to_string();
     for (file, server, extra) in [
         ("udp4.conf", DNS_IPS[0], ""),
         ("udp6.conf", DNS_IPS[1], ""),
         ("tcp4.conf", DNS_IPS[0], " use-vc"),
+        ("local4.conf", local.as_str(), ""),
     ] {
         let text = format!("nameserver {server}\noptions timeout:1 attempts:2{extra}\n");
         std::fs::write(dir.path().join(file), text).unwrap_or_else(|e| panic!("{file}: {e}"));
@@ -147,7 +150,23 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
     };
     let (client, _) = add(cluster.a(), "client");
     let (dns_pod, dns_ips) = add(cluster.b(), "dns");
-    let dns = DnsServer::start(dns_pod.netns());
+    // A second DNS server pod on the client's node, asked by its address: its answers
+    // take the same-node path straight between the pods.
+    let (local_pod, local_ips) = add(cluster.a(), "dns-local");
+    api.put(
+        "pods",
+        serde_json::to_value(pod("x", "dns-local", &[("app", "dns")], &local_ips))
+            .unwrap_or_default(),
+    );
+    let servers = [
+        DnsServer::start(dns_pod.netns()),
+        DnsServer::start(local_pod.netns()),
+    ];
+    let set = |name: &str, records: Vec<Record>| {
+        for s in &servers {
+            s.set(name, records.clone());
+        }
+    };
     let mut services = Vec::new();
     for (cluster_ip, backend) in DNS_IPS.iter().zip(&dns_ips) {
         let ep = std::net::SocketAddr::new(*backend, 53).to_string();
@@ -196,19 +215,19 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
             .collect::<Vec<_>>()
             .join("\n--- node b ---\n")
     };
-    let resolv = resolver_configs();
+    let resolv = resolver_configs(&local_ips[0]);
     let conf = |f: &str| resolv.path().join(f);
     let netns = client.netns();
-    dns.set("site.example.com", vec![addr(SITES4[0], 4)]);
-    dns.set(
+    set("site.example.com", vec![addr(SITES4[0], 4)]);
+    set(
         "*.apps.example.org",
         vec![Record::Cname("edge.cdn.test".to_owned(), 30)],
     );
-    dns.set(
+    set(
         "edge.cdn.test",
         vec![addr(SITES4[2], 30), addr(SITES6[1], 30)],
     );
-    dns.set("other.example.net", vec![addr(SITES4[3], 30)]);
+    set("other.example.net", vec![addr(SITES4[3], 30)]);
     // Before the policy: everything outside answers.
     assert!(
         wait_until(Duration::from_secs(10), || reaches(netns, SITES4[0])),
@@ -259,11 +278,30 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
         reaches(netns, SITES6[1]),
     );
     check("the other IPv6 site is refused", !reaches(netns, SITES6[0]));
+    // Asked of the DNS server pod on the client's node.
+    let got = resolve(netns, &conf("local4.conf"), "other.example.net");
+    check(
+        &format!("the local server answers (got {got:?})"),
+        !got.is_empty(),
+    );
+    check(
+        "a name no rule names stays refused, whoever answers",
+        !reaches(netns, SITES4[3]),
+    );
+    set("other.example.net", vec![]);
+    // `site.example.com` asked of the local server, moved to the fourth site there.
+    servers[1].set("site.example.com", vec![addr(SITES4[3], 30)]);
+    let _ = resolve(netns, &conf("local4.conf"), "site.example.com");
+    check(
+        "an answer from a pod on the same node is read too",
+        reaches(netns, SITES4[3]),
+    );
+    servers[1].set("site.example.com", vec![addr(SITES4[0], 4)]);
     // The name moves: the new address opens at once, the old one closes with its TTL
     // (4 s, renewed by a lookup just before the move), not before.
     let _ = resolve(netns, &conf("udp4.conf"), "site.example.com");
     let renewed = Instant::now();
-    dns.set("site.example.com", vec![addr(SITES4[1], 4)]);
+    set("site.example.com", vec![addr(SITES4[1], 4)]);
     let _ = resolve(netns, &conf("udp6.conf"), "site.example.com");
     check("the new address answers", reaches(netns, SITES4[1]));
     check(
@@ -281,9 +319,10 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
     drop(agents);
     assert!(
         wrong.is_empty(),
-        "{}\nDNS questions: {:?}\n{}",
+        "{}\nDNS questions: {:?} {:?}\n{}",
         wrong.join("\n"),
-        dns.questions(),
+        servers[0].questions(),
+        servers[1].questions(),
         agent_logs()
     );
 }
