@@ -18,7 +18,7 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus},
+    api::core::v1::{Container, ContainerPort, Namespace, Node, Pod, PodIP, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
@@ -77,17 +77,19 @@ pub fn pod_string(namespace: &str, pod: &str) -> String {
     format!("{namespace}/{pod}")
 }
 
-/// The objects of a cluster: namespaces and pods, with their labels.
+/// The objects of a cluster: namespaces and pods, with their labels, and the Nodes (whose
+/// labels and addresses cluster policies' node peers pick).
 #[derive(Debug, Clone)]
 pub struct Universe {
     pub namespaces: Vec<Namespace>,
     pub pods: Vec<Pod>,
+    pub nodes: Vec<Node>,
 }
 
 impl Universe {
     /// Upstream's cluster: namespaces labelled `ns=<name>`, pods labelled `pod=<name>`,
     /// each pod with one IPv4 address in 10.244.0.0/16 and one IPv6 address in
-    /// fd00:10:244::/48.
+    /// fd00:10:244::/48; no Nodes.
     #[must_use]
     pub fn upstream() -> Self {
         let mut namespaces = Vec::new();
@@ -101,7 +103,11 @@ impl Universe {
                 pods.push(pod(ns, name, &[("pod", name)], &[v4, v6]));
             }
         }
-        Self { namespaces, pods }
+        Self {
+            namespaces,
+            pods,
+            nodes: Vec::new(),
+        }
     }
 
     /// The namespace called `name`.

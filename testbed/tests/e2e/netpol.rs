@@ -40,13 +40,17 @@ impl Compiled {
         Self::with_cluster_policies(universe, policies, &[])
     }
 
-    /// [`Self::new`] with cluster policies too.
-    fn with_cluster_policies(
+    /// [`Self::new`] with cluster policies too (and the universe's Nodes, which node
+    /// peers pick).
+    pub(crate) fn with_cluster_policies(
         universe: &Universe,
         policies: &[NetworkPolicy],
         cluster_policies: &[ClusterNetworkPolicy],
     ) -> Self {
-        let cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        let mut cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        for node in &universe.nodes {
+            cluster.apply_node(node);
+        }
         let (parsed, broken) = parse_all(policies);
         let (tiered, broken_tiered) = cluster_network_policy::parse_all(cluster_policies);
         assert!(
@@ -1387,6 +1391,7 @@ impl MatrixWorld {
         let mut initial = Universe {
             namespaces: Vec::new(),
             pods: Vec::new(),
+            nodes: Vec::new(),
         };
         for ns in NAMESPACES {
             let obj = namespace(ns, &[("ns", ns)]);
