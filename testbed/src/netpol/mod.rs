@@ -8,6 +8,10 @@
 //! - [`cases`]: the cases of kubernetes `test/e2e/network/netpol/network_policy.go`,
 //!   re-expressed as data: the policies (as the API takes them), label changes, and the
 //!   reachability each probe expects.
+//! - [`cluster_cases`]: the cases of the network-policy-api conformance suite for
+//!   ClusterNetworkPolicy, re-expressed as data over a four-namespace universe with two
+//!   Nodes: the policies in force at each step, label changes, and the connections
+//!   upstream pokes with what each must find.
 //! - [`model`]: which connections the API reference says a set of policies allows,
 //!   written from the reference alone (it shares no code with the plugin's compiler), so
 //!   that the compiler and the datapath can be checked against it.
@@ -23,6 +27,7 @@ use k8s_openapi::{
 };
 
 pub mod cases;
+pub mod cluster_cases;
 pub mod model;
 pub mod probe;
 
