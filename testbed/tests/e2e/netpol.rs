@@ -30,7 +30,7 @@ use testbed::netpol::{
 };
 
 /// The compiled policies of a cluster, looked up as the datapath does.
-struct Compiled {
+pub(crate) struct Compiled {
     cluster: Cluster,
     pods: BTreeMap<String, (Verdicts, Verdicts)>,
 }
@@ -82,7 +82,7 @@ impl Compiled {
     }
 
     /// The compiled verdicts of the pods at `src` (egress) and `dst` (ingress).
-    fn explain(&self, src: IpAddr, dst: IpAddr) -> String {
+    pub(crate) fn explain(&self, src: IpAddr, dst: IpAddr) -> String {
         let of = |ip: IpAddr, egress: bool| {
             self.pod_of(ip).map_or_else(
                 || format!("{ip} is outside"),
@@ -101,7 +101,7 @@ impl Compiled {
         format!("{}; {}", of(src, true), of(dst, false))
     }
 
-    fn allowed(&self, src: IpAddr, dst: IpAddr, proto: Protocol, port: u16) -> bool {
+    pub(crate) fn allowed(&self, src: IpAddr, dst: IpAddr, proto: Protocol, port: u16) -> bool {
         let judge = |v: &Verdicts, peer: IpAddr| match v {
             Verdicts::Open => true,
             Verdicts::Closed(_) => false,
