@@ -8,6 +8,10 @@
 //! - [`cases`]: the cases of kubernetes `test/e2e/network/netpol/network_policy.go`,
 //!   re-expressed as data: the policies (as the API takes them), label changes, and the
 //!   reachability each probe expects.
+//! - [`cluster_cases`]: the cases of the network-policy-api conformance suite for
+//!   ClusterNetworkPolicy, re-expressed as data over a four-namespace universe with two
+//!   Nodes: the policies in force at each step, label changes, and the connections
+//!   upstream pokes with what each must find.
 //! - [`model`]: which connections the API reference says a set of policies allows,
 //!   written from the reference alone (it shares no code with the plugin's compiler), so
 //!   that the compiler and the datapath can be checked against it.
@@ -18,11 +22,12 @@ use std::{
 };
 
 use k8s_openapi::{
-    api::core::v1::{Container, ContainerPort, Namespace, Pod, PodIP, PodSpec, PodStatus},
+    api::core::v1::{Container, ContainerPort, Namespace, Node, Pod, PodIP, PodSpec, PodStatus},
     apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 
 pub mod cases;
+pub mod cluster_cases;
 pub mod model;
 pub mod probe;
 
@@ -77,17 +82,19 @@ pub fn pod_string(namespace: &str, pod: &str) -> String {
     format!("{namespace}/{pod}")
 }
 
-/// The objects of a cluster: namespaces and pods, with their labels.
+/// The objects of a cluster: namespaces and pods, with their labels, and the Nodes (whose
+/// labels and addresses cluster policies' node peers pick).
 #[derive(Debug, Clone)]
 pub struct Universe {
     pub namespaces: Vec<Namespace>,
     pub pods: Vec<Pod>,
+    pub nodes: Vec<Node>,
 }
 
 impl Universe {
     /// Upstream's cluster: namespaces labelled `ns=<name>`, pods labelled `pod=<name>`,
     /// each pod with one IPv4 address in 10.244.0.0/16 and one IPv6 address in
-    /// fd00:10:244::/48.
+    /// fd00:10:244::/48; no Nodes.
     #[must_use]
     pub fn upstream() -> Self {
         let mut namespaces = Vec::new();
@@ -101,7 +108,11 @@ impl Universe {
                 pods.push(pod(ns, name, &[("pod", name)], &[v4, v6]));
             }
         }
-        Self { namespaces, pods }
+        Self {
+            namespaces,
+            pods,
+            nodes: Vec::new(),
+        }
     }
 
     /// The namespace called `name`.

@@ -43,7 +43,7 @@ use std::{collections::BTreeMap, net::IpAddr};
 use ipnet::IpNet;
 use k8s_openapi::{
     api::{
-        core::v1::{Namespace, Pod},
+        core::v1::{Namespace, Node, Pod},
         networking::v1::{IPBlock, NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
     },
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
@@ -464,10 +464,11 @@ fn policy_namespace(policy: &NetworkPolicy) -> &str {
 ///   entry matches: `tcp`/`udp`/`sctp` with no `destinationPort` = every port of it, a
 ///   `number`, or a `range` `start..=end`; `destinationNamedPort` = the destination
 ///   pod's container port of that name (any protocol);
-/// - peers: `namespaces`, `pods` as for subjects (pods only); `nodes` = a Node's
-///   addresses (the universe has none); `networks` = addresses in one of the CIDRs, of
-///   the same family; `domainNames` = what a DNS answer taught (none here). Ingress peers
-///   have only `namespaces` and `pods`;
+/// - peers: `namespaces`, `pods` as for subjects (pods only); `nodes` = the addresses
+///   (`status.addresses`) of the universe's Nodes whose labels the selector matches;
+///   `networks` = addresses in one of the CIDRs, of the same family; `domainNames` =
+///   what a DNS answer taught (none here). Ingress peers have only `namespaces` and
+///   `pods`;
 /// - a peer none of whose fields is known fails closed: an `Accept` rule with one matches
 ///   nothing, a `Deny` or `Pass` rule with one denies everything.
 #[must_use]
@@ -599,6 +600,15 @@ fn cluster_rule_matches(
         if peer.get("namespaces").is_some() || peer.get("pods").is_some() {
             return peer_pod.is_some_and(|p| subject_selects(universe, peer, p));
         }
+        if let Some(nodes) = peer.get("nodes") {
+            let Some(sel) = label_selector(nodes) else {
+                return false;
+            };
+            return universe.nodes.iter().any(|node| {
+                selector_matches(&sel, node.metadata.labels.as_ref())
+                    && node_addresses(node).contains(&peer_addr)
+            });
+        }
         if let Some(networks) = peer.get("networks").and_then(|n| n.as_array()) {
             return networks
                 .iter()
@@ -641,6 +651,15 @@ fn cluster_rule_matches(
     peer_ok && port_ok
 }
 
+/// The addresses a Node publishes (`status.addresses` that are IP addresses).
+fn node_addresses(node: &Node) -> Vec<IpAddr> {
+    node.status
+        .iter()
+        .flat_map(|s| s.addresses.iter().flatten())
+        .filter_map(|a| a.address.parse().ok())
+        .collect()
+}
+
 /// Every protocol a port can be over.
 const PROTOCOLS_ALL: [Protocol; 3] = [Protocol::Tcp, Protocol::Udp, Protocol::Sctp];
 
@@ -654,7 +673,7 @@ mod tests {
     };
     use serde_json::{json, Value};
 
-    use super::{allowed, effective_policy_types, isolated};
+    use super::{allowed, allowed_with_cluster_policies, effective_policy_types, isolated};
     use crate::netpol::{Protocol, Universe};
 
     const OUTSIDE_V4: IpAddr = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 1));
@@ -1100,5 +1119,50 @@ mod tests {
         assert!(!tcp(&u, &ps, "x/b", "x/a", 80));
         // `podSelector: {}` alone is every pod of the policy's namespace, and no other.
         assert!(!tcp(&u, &ps, "y/b", "x/a", 80));
+    }
+    #[test]
+    fn node_peers_are_the_addresses_of_the_nodes_a_selector_picks() {
+        let mut u = Universe::upstream();
+        let node = |name: &str, os: &str, ip: &str| {
+            let mut n = crate::apiserver::node_object(name, &[], &[ip]);
+            n["metadata"]["labels"]["kubernetes.io/os"] = json!(os);
+            serde_json::from_value(n).unwrap_or_else(|e| panic!("{e}"))
+        };
+        u.nodes = vec![
+            node("linux", "linux", "198.18.0.1"),
+            node("windows", "windows", "198.18.0.3"),
+        ];
+        let cnp = json!({
+            "metadata": {"name": "nodes"},
+            "spec": {"tier": "Admin", "priority": 1, "subject": {"namespaces": {}},
+                "egress": [{"name": "r", "action": "Deny", "to": [{"nodes": {
+                    "matchLabels": {"kubernetes.io/os": "linux"}}}]}]},
+        });
+        let to = |ip: &str| {
+            let dst: IpAddr = ip.parse().unwrap_or_else(|e| panic!("{e}"));
+            allowed_with_cluster_policies(
+                &u,
+                &[],
+                std::slice::from_ref(&cnp),
+                v4(&u, "x/a"),
+                dst,
+                Protocol::Tcp,
+                80,
+            )
+        };
+        assert!(!to("198.18.0.1"));
+        assert!(to("198.18.0.3"));
+        assert!(to("198.18.0.2"));
+        // A Node's name (a Hostname entry) is no address; pods are never node peers.
+        let (src, dst) = (v4(&u, "x/a"), v4(&u, "y/a"));
+        assert!(allowed_with_cluster_policies(
+            &u,
+            &[],
+            &[cnp],
+            src,
+            dst,
+            Protocol::Tcp,
+            80
+        ));
     }
 }

@@ -13,6 +13,7 @@ mod agent;
 mod apiserver;
 mod bandwidth;
 mod churn;
+mod cnp_conformance;
 mod connectivity;
 mod crash;
 #[cfg(feature = "cri")]

@@ -30,7 +30,7 @@ use testbed::netpol::{
 };
 
 /// The compiled policies of a cluster, looked up as the datapath does.
-struct Compiled {
+pub(crate) struct Compiled {
     cluster: Cluster,
     pods: BTreeMap<String, (Verdicts, Verdicts)>,
 }
@@ -40,13 +40,17 @@ impl Compiled {
         Self::with_cluster_policies(universe, policies, &[])
     }
 
-    /// [`Self::new`] with cluster policies too.
-    fn with_cluster_policies(
+    /// [`Self::new`] with cluster policies too (and the universe's Nodes, which node
+    /// peers pick).
+    pub(crate) fn with_cluster_policies(
         universe: &Universe,
         policies: &[NetworkPolicy],
         cluster_policies: &[ClusterNetworkPolicy],
     ) -> Self {
-        let cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        let mut cluster = Cluster::from_api(&universe.namespaces, &universe.pods);
+        for node in &universe.nodes {
+            cluster.apply_node(node);
+        }
         let (parsed, broken) = parse_all(policies);
         let (tiered, broken_tiered) = cluster_network_policy::parse_all(cluster_policies);
         assert!(
@@ -78,7 +82,7 @@ impl Compiled {
     }
 
     /// The compiled verdicts of the pods at `src` (egress) and `dst` (ingress).
-    fn explain(&self, src: IpAddr, dst: IpAddr) -> String {
+    pub(crate) fn explain(&self, src: IpAddr, dst: IpAddr) -> String {
         let of = |ip: IpAddr, egress: bool| {
             self.pod_of(ip).map_or_else(
                 || format!("{ip} is outside"),
@@ -97,7 +101,7 @@ impl Compiled {
         format!("{}; {}", of(src, true), of(dst, false))
     }
 
-    fn allowed(&self, src: IpAddr, dst: IpAddr, proto: Protocol, port: u16) -> bool {
+    pub(crate) fn allowed(&self, src: IpAddr, dst: IpAddr, proto: Protocol, port: u16) -> bool {
         let judge = |v: &Verdicts, peer: IpAddr| match v {
             Verdicts::Open => true,
             Verdicts::Closed(_) => false,
@@ -1189,11 +1193,11 @@ fn the_agent_is_ready_once_its_first_rounds_are_made_and_its_datapaths_are_whole
 
 /// One pod of the end-to-end matrix: where it runs, what it serves and, with the kube-proxy
 /// replacement, its prober in the socket hooks' cgroup. Field order is drop order.
-struct MatrixPod {
-    name: String,
+pub(crate) struct MatrixPod {
+    pub(crate) name: String,
     prober: Option<testbed::netpol::probe::ProcessProber>,
-    servers: testbed::netpol::probe::MatrixServer,
-    pod: testbed::Pod,
+    pub(crate) servers: testbed::netpol::probe::MatrixServer,
+    pub(crate) pod: testbed::Pod,
 }
 
 /// One probe of the matrix and what it must find.
@@ -1211,7 +1215,7 @@ struct Cell {
 
 /// What translates the matrix's Services (see [`MatrixWorld`]).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum MatrixProxy {
+pub(crate) enum MatrixProxy {
     /// No Services: the probes go to the pods' addresses only.
     None,
     /// kube-proxy's rules in this mode on both nodes.
@@ -1221,7 +1225,7 @@ enum MatrixProxy {
 }
 
 /// The ClusterIP of the Service of the matrix pod at `index` (upstream's `s-<ns>-<pod>`).
-fn service_ip(index: usize, v6: bool) -> IpAddr {
+pub(crate) fn service_ip(index: usize, v6: bool) -> IpAddr {
     if v6 {
         IpAddr::V6(Ipv6Addr::new(
             0xfd00,
@@ -1323,25 +1327,26 @@ const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
 /// The end-to-end world: two nodes, the nine pods of x, y and z spread over them (ADDed
 /// by the plugin, dual-stack, each serving TCP, UDP and SCTP on ports 80 and 81), an
 /// agent on each node watching the stand-in API server, which holds the namespaces and
-/// pods as [`Universe`] objects with the pods' real addresses. Field order is drop order:
+/// pods as [`Universe`] objects with the pods' real addresses. [`MatrixWorld::of`] makes
+/// it of another universe's namespaces, pods and Nodes. Field order is drop order:
 /// the agents stop before their nodes' directories go (an agent still running writes its
 /// policy state there, and would make the directory again), the pods' servers before
 /// their namespaces.
-struct MatrixWorld {
+pub(crate) struct MatrixWorld {
     _agents: [testbed::Background; 2],
-    pods: Vec<MatrixPod>,
-    api: testbed::ApiServer,
+    pub(crate) pods: Vec<MatrixPod>,
+    pub(crate) api: testbed::ApiServer,
     /// The replacement's socket hooks' cgroup (the pods' probers run in it; removed once
     /// they are gone).
     _cgroup: Option<testbed::TestCgroup>,
-    cluster: testbed::Cluster,
+    pub(crate) cluster: testbed::Cluster,
     proxy: MatrixProxy,
-    initial: Universe,
+    pub(crate) initial: Universe,
     /// The cluster policies in force (as the API holds them), which the model's
     /// expectations take in.
     cluster_policies: Vec<Value>,
-    probes: usize,
-    retried: usize,
+    pub(crate) probes: usize,
+    pub(crate) retried: usize,
 }
 
 impl MatrixWorld {
@@ -1352,14 +1357,20 @@ impl MatrixWorld {
     /// families), translated by kube-proxy's rules or the agents' replacement, and every
     /// step probes each pod both by its address and through its Service.
     fn new(test: &str, tunnel: bool, proxy: MatrixProxy) -> Self {
+        Self::of(test, tunnel, proxy, &Universe::upstream())
+    }
+
+    /// The world of `template`'s namespaces, pods and Nodes, as they are (labels, node
+    /// placement by `spec.nodeName`, `node-a` or `node-b`; pods without one alternate,
+    /// first on `node-a`): each pod that is not on the host network ADDed by the plugin and
+    /// published with the addresses ADD gave it; host-network pods and Nodes published as
+    /// the template has them.
+    pub(crate) fn of(test: &str, tunnel: bool, proxy: MatrixProxy, template: &Universe) -> Self {
         use std::time::Duration;
 
         use serde_json::json;
         use testbed::datapath::wait_until;
-        use testbed::{
-            netpol::{namespace, pod, probe::MatrixServer},
-            ApiServer, Cluster, EXT_IP4,
-        };
+        use testbed::{netpol::probe::MatrixServer, ApiServer, Cluster, EXT_IP4};
 
         let cluster = if tunnel {
             Cluster::across_subnets(test)
@@ -1387,20 +1398,48 @@ impl MatrixWorld {
         let mut initial = Universe {
             namespaces: Vec::new(),
             pods: Vec::new(),
+            nodes: Vec::new(),
         };
-        for ns in NAMESPACES {
-            let obj = namespace(ns, &[("ns", ns)]);
-            api.put("namespaces", serde_json::to_value(&obj).unwrap_or_default());
-            initial.namespaces.push(obj);
+        for obj in &template.namespaces {
+            api.put("namespaces", serde_json::to_value(obj).unwrap_or_default());
+            initial.namespaces.push(obj.clone());
+        }
+        for node in &template.nodes {
+            api.put_node(serde_json::to_value(node).unwrap_or_default());
+            initial.nodes.push(node.clone());
         }
         let mut pods = Vec::new();
         let mut endpoints = Vec::new();
-        for (i, (ns, name)) in NAMESPACES
+        let host_network = |p: &k8s_openapi::api::core::v1::Pod| {
+            p.spec.as_ref().and_then(|s| s.host_network) == Some(true)
+        };
+        for p in template.pods.iter().filter(|p| host_network(p)) {
+            api.put("pods", serde_json::to_value(p).unwrap_or_default());
+            initial.pods.push(p.clone());
+        }
+        for (i, template_pod) in template
+            .pods
             .iter()
-            .flat_map(|ns| PODS.iter().map(move |p| (*ns, *p)))
+            .filter(|p| !host_network(p))
             .enumerate()
         {
-            let node = if i % 2 == 0 { cluster.a() } else { cluster.b() };
+            let ns = template_pod
+                .metadata
+                .namespace
+                .as_deref()
+                .unwrap_or_default();
+            let name = template_pod.metadata.name.as_deref().unwrap_or_default();
+            let node_name = template_pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref());
+            let node = match node_name {
+                Some(n) if n == cluster.a().name() => cluster.a(),
+                Some(n) if n == cluster.b().name() => cluster.b(),
+                Some(n) => panic!("{ns}/{name} is on {n}, which is no node of the world"),
+                None if i % 2 == 0 => cluster.a(),
+                None => cluster.b(),
+            };
             let handle = node.pod(&format!("{ns}-{name}"));
             let env = handle
                 .env("eth0")
@@ -1413,7 +1452,17 @@ impl MatrixWorld {
                 .filter_map(|ip| ip["address"].as_str()?.split('/').next()?.parse().ok())
                 .collect();
             assert_eq!(ips.len(), 2, "{ns}/{name} is not dual-stack: {result}");
-            let obj = pod(ns, name, &[("pod", name)], &ips);
+            let labels: Vec<(&str, &str)> = template_pod
+                .metadata
+                .labels
+                .iter()
+                .flatten()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            let mut obj = testbed::netpol::pod(ns, name, &labels, &ips);
+            if let Some(spec) = obj.spec.as_mut() {
+                spec.node_name = node_name.map(str::to_owned);
+            }
             api.put("pods", serde_json::to_value(&obj).unwrap_or_default());
             endpoints.push((pod_string(ns, name), node, [ips[0], ips[1]]));
             initial.pods.push(obj);
@@ -1488,7 +1537,7 @@ impl MatrixWorld {
         world
     }
 
-    fn agent_logs(&self) -> String {
+    pub(crate) fn agent_logs(&self) -> String {
         self.cluster
             .nodes()
             .iter()
@@ -1497,7 +1546,7 @@ impl MatrixWorld {
             .join("\n--- node b ---\n")
     }
 
-    fn index(&self, name: &str) -> usize {
+    pub(crate) fn index(&self, name: &str) -> usize {
         self.pods
             .iter()
             .position(|p| p.name == name)
@@ -1603,18 +1652,32 @@ impl MatrixWorld {
             .collect()
     }
 
-    /// Makes `cluster_policies` the ClusterNetworkPolicies in force: those of the last
-    /// call deleted, these put, through the API.
-    fn set_cluster_policies(&mut self, cluster_policies: Vec<Value>) {
+    /// The ClusterNetworkPolicies in force (as the last [`Self::set_cluster_policies`]
+    /// put them).
+    pub(crate) fn cluster_policies(&self) -> &[Value] {
+        &self.cluster_policies
+    }
+
+    /// Makes `cluster_policies` the ClusterNetworkPolicies in force, through the API:
+    /// those of the last call that none of these replaces deleted, those that differ from
+    /// the last call's put (a policy of the same name replaced in one update, so that no
+    /// step passes through a state without it).
+    pub(crate) fn set_cluster_policies(&mut self, cluster_policies: Vec<Value>) {
+        let name = |p: &Value| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        };
         for old in &self.cluster_policies {
-            self.api.delete(
-                "clusternetworkpolicies",
-                None,
-                old["metadata"]["name"].as_str().unwrap_or_default(),
-            );
+            if !cluster_policies.iter().any(|p| name(p) == name(old)) {
+                self.api.delete("clusternetworkpolicies", None, &name(old));
+            }
         }
         for p in &cluster_policies {
-            self.api.put("clusternetworkpolicies", p.clone());
+            if !self.cluster_policies.contains(p) {
+                self.api.put("clusternetworkpolicies", p.clone());
+            }
         }
         self.cluster_policies = cluster_policies;
     }
