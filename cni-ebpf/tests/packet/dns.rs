@@ -426,3 +426,47 @@ fn malformed_answers_never_open_anything() {
         "most mutations make answers that cannot be read"
     );
 }
+
+/// What reading an answer costs its delivery, measured in the kernel with
+/// `BPF_PROG_TEST_RUN`'s repeat count (its `duration` is the average per run): the same
+/// answer (a CNAME and two addresses) delivered by `to_pod` to a pod whose rules name
+/// domains (read, its addresses learned again each run) and to one whose rules do not.
+/// Printed (run with `--nocapture`) for docs/networkpolicy.md, and bounded loosely so
+/// that a change making the reading an order of magnitude dearer fails here.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn reading_an_answer_costs_its_delivery_little() {
+    const REPEAT: u32 = 100_000;
+    let fx = fixture();
+    let answer = response(
+        "api.example.org",
+        TYPE_A,
+        0,
+        &[
+            cname(None, "edge.cdn.test"),
+            a(Some("edge.cdn.test"), SITE, 300),
+            a(Some("edge.cdn.test"), OTHER, 300),
+        ],
+    );
+    let to_b = frame(
+        HOST_MAC_B,
+        UPLINK_MAC,
+        RESOLVER,
+        POD_B,
+        UDP,
+        &udp(RESOLVER, POD_B, 53, 33000, &answer, true),
+    );
+    let (v, with) = fx.run_timed("to_pod", IFINDEX_A, &udp_to_a(&answer), REPEAT);
+    assert_eq!(v, PASS);
+    let (v, without) = fx.run_timed("to_pod", IFINDEX_B, &to_b, REPEAT);
+    assert_eq!(v, PASS);
+    assert!(leaves(&fx, SITE, 443), "the timed runs learned");
+    eprintln!(
+        "a DNS answer into a pod: {without} ns without domain rules, {with} ns with \
+         (read, two addresses learned)"
+    );
+    assert!(
+        with < without + 20_000,
+        "reading an answer costs {with} ns against {without} ns"
+    );
+}
