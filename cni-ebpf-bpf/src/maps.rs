@@ -14,13 +14,14 @@ use aya_ebpf::{
 use cni_ebpf_common::{
     Addr6, EndpointFlags, EndpointInfo, EndpointKey, EndpointKey6, EndpointStats, FlowEntry,
     NatDestKey, NatDestKey6, NatEntry, NatEntry6, NatKey, NatKey6, NatUse, NodeAddr, NodeConfig,
-    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyCounts, PolicyDeny, PolicyDomainKey,
-    PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearned,
-    PolicyLearnedKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers, PortKey, PortKey6,
-    PortTarget, PortTarget6, Reason, SockKey, SockKey6, SockPeer, SockPeer6, SockRevKey,
-    SockRevKey6, SockRevValue, SockRevValue6, SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey,
-    MAX_CLUSTER_CIDRS, MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6,
-    MAX_NAT_DEST_USE, MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_COUNTS,
+    NodeConfig6, NodeFlags, NodeState, Owner, Pacing, PolicyClassCounts, PolicyClassKey,
+    PolicyCounts, PolicyDeny, PolicyDomainKey, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey,
+    PolicyFlow, PolicyFlowKey, PolicyLearned, PolicyLearnedKey, PolicyPeerKey, PolicyPortKey,
+    PolicyState, PolicyTiers, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey,
+    SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
+    SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS,
+    MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE,
+    MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_CLASS_COUNTS, MAX_POLICY_COUNTS,
     MAX_POLICY_DOMAINS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS,
     MAX_POLICY_LEARNED, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
     MAX_POLICY_TIERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
@@ -192,6 +193,10 @@ pub(crate) static POLICY_TIERS: HashMap<u32, PolicyTiers> =
 #[map]
 pub(crate) static POLICY_FLOWS: LruHashMap<PolicyFlowKey, PolicyFlow> =
     LruHashMap::pinned(MAX_POLICY_FLOWS, 0);
+/// The verdicts each cluster policy rule's class decided (per CPU, LRU).
+#[map]
+pub(crate) static POLICY_CLASS_COUNTS: LruPerCpuHashMap<PolicyClassKey, PolicyClassCounts> =
+    LruPerCpuHashMap::pinned(MAX_POLICY_CLASS_COUNTS, 0);
 /// Domain names of every rule set (exact, or after `*.`) → the classes of their rules.
 #[map]
 pub(crate) static POLICY_DOMAINS: HashMap<PolicyDomainKey, u64> =

@@ -55,17 +55,19 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, tiers_admit, Addr6, EndpointInfo, NodeFlags, PolicyCounts, PolicyEndpointKey,
-    PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearnedKey, PolicyPeerKey, PolicyPortKey,
-    Reason, POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
+    proto, tiers_decide, Addr6, EndpointInfo, NodeFlags, PolicyClassCounts, PolicyClassKey,
+    PolicyCounts, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearnedKey,
+    PolicyPeerKey, PolicyPortKey, Reason, NO_CLASS, POLICY_DENY_SLOTS, RULESET_CLOSED,
+    RULESET_OPEN,
 };
 
 use crate::{
     family::Family,
     icmp,
     maps::{
-        count, node_config, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS, POLICY_EXACT,
-        POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE, POLICY_TIERS,
+        count, node_config, POLICY_CLASS_COUNTS, POLICY_COUNTS, POLICY_DENIES, POLICY_ENDPOINTS,
+        POLICY_EXACT, POLICY_FLOWS, POLICY_PEERS, POLICY_PORTS, POLICY_SCRATCH, POLICY_STATE,
+        POLICY_TIERS,
     },
     parse::{
         byte_or_zero, read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_DEST_UNREACH,
@@ -120,6 +122,15 @@ pub(crate) struct Scratch {
     to_stack: bool,
     counts_key: u32,
     counts_zero: PolicyCounts,
+    /// The class whose cluster policy rule decided the last [`rules_admit`]
+    /// (`NO_CLASS`: none), and those of the last [`judge`]'s egress and ingress.
+    decided: u32,
+    egress_class: u32,
+    ingress_class: u32,
+    /// The class of the side that refused the packet the forward judgement refused.
+    refused_class: u32,
+    class_key: PolicyClassKey,
+    class_zero: PolicyClassCounts,
 }
 
 /// A local pod on one side of a packet: its host veth, and the owner its `ENDPOINTS`
@@ -400,8 +411,15 @@ fn rules_admit(s: &mut Scratch, rs: u32, which: PeerOf) -> bool {
     classes |= unsafe { POLICY_EXACT.get(&s.exact) }.copied().unwrap_or(0);
     // SAFETY: read at once.
     match unsafe { POLICY_TIERS.get(&rs) } {
-        None => classes != 0,
-        Some(tiers) => tiers_admit(classes, tiers),
+        None => {
+            s.decided = NO_CLASS;
+            classes != 0
+        }
+        Some(tiers) => {
+            let (admitted, class) = tiers_decide(classes, tiers);
+            s.decided = class;
+            admitted
+        }
     }
 }
 
@@ -414,11 +432,27 @@ fn judge(s: &mut Scratch, egress: u32, ingress: u32, reversed: bool) -> Result<(
     } else {
         (PeerOf::FlowDst, PeerOf::FlowSrc)
     };
-    if egress == RULESET_CLOSED || (egress != RULESET_OPEN && !rules_admit(s, egress, to)) {
+    s.egress_class = NO_CLASS;
+    s.ingress_class = NO_CLASS;
+    if egress == RULESET_CLOSED {
         return Err(Reason::DropPolicyEgress);
     }
-    if ingress == RULESET_CLOSED || (ingress != RULESET_OPEN && !rules_admit(s, ingress, from)) {
+    if egress != RULESET_OPEN {
+        let admitted = rules_admit(s, egress, to);
+        s.egress_class = s.decided;
+        if !admitted {
+            return Err(Reason::DropPolicyEgress);
+        }
+    }
+    if ingress == RULESET_CLOSED {
         return Err(Reason::DropPolicyIngress);
+    }
+    if ingress != RULESET_OPEN {
+        let admitted = rules_admit(s, ingress, from);
+        s.ingress_class = s.decided;
+        if !admitted {
+            return Err(Reason::DropPolicyIngress);
+        }
     }
     Ok(())
 }
@@ -495,9 +529,17 @@ pub(crate) fn admits(
             if ingress != RULESET_OPEN {
                 tally(s, dst_ifindex, Tally::IngressAdmitted);
             }
+            tally_classes(egress, ingress, CLASSES_ADMITTED);
             return true;
         }
-        Err(r) => r,
+        Err(r) => {
+            s.refused_class = if r == Reason::DropPolicyEgress {
+                s.egress_class
+            } else {
+                s.ingress_class
+            };
+            r
+        }
     };
     // A reply of a flow admitted the other way: recorded under this generation, or
     // admitted again by the policy in force (the destination sent it, the source
@@ -542,11 +584,58 @@ fn refuse(
     if refused == Reason::DropPolicyEgress {
         tally(s, src_ifindex, Tally::EgressDenied);
         log_deny(s, src_ifindex, egress, true);
+        s.egress_class = s.refused_class;
+        tally_classes(egress, RULESET_OPEN, 0);
     } else {
         tally(s, dst_ifindex, Tally::IngressDenied);
         log_deny(s, dst_ifindex, ingress, false);
+        s.ingress_class = s.refused_class;
+        tally_classes(RULESET_OPEN, ingress, 0);
     }
     false
+}
+
+/// [`tally_classes`]: the verdict was to admit (else: to refuse).
+const CLASSES_ADMITTED: u32 = 1;
+
+/// Adds the verdict (`how`: [`CLASSES_ADMITTED`] or not) to the counts of the classes
+/// that decided it in rule sets `egress` and `ingress` (the scratch area's
+/// `egress_class` and `ingress_class`), where a cluster policy rule decided. A function
+/// of its own with a small frame: it runs under the deepest frames of the programs.
+#[inline(never)]
+fn tally_classes(egress: u32, ingress: u32, how: u32) {
+    let Some(s) = scratch() else {
+        return;
+    };
+    for (rs, class, dir) in [
+        (egress, s.egress_class, 1u8),
+        (ingress, s.ingress_class, 0u8),
+    ] {
+        if rs == RULESET_OPEN || rs == RULESET_CLOSED || class >= NO_CLASS {
+            continue;
+        }
+        s.class_key.ruleset = rs;
+        s.class_key.class = class as u8;
+        s.class_key.egress = dir;
+        s.class_key._pad = [0; 2];
+        let mut p = POLICY_CLASS_COUNTS.get_ptr_mut(&s.class_key);
+        if p.is_none() {
+            s.class_zero = PolicyClassCounts::default();
+            let _ = POLICY_CLASS_COUNTS.insert(&s.class_key, &s.class_zero, 0);
+            p = POLICY_CLASS_COUNTS.get_ptr_mut(&s.class_key);
+        }
+        let Some(c) = p else {
+            continue;
+        };
+        // SAFETY: this CPU's value; a program runs to its end on one CPU.
+        unsafe {
+            if how == CLASSES_ADMITTED {
+                (*c).admitted += 1;
+            } else {
+                (*c).denied += 1;
+            }
+        }
+    }
 }
 
 /// A field of [`PolicyCounts`].

@@ -630,6 +630,8 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyDomainKey {}
     unsafe impl aya::Pod for super::PolicyLearnedKey {}
     unsafe impl aya::Pod for super::PolicyLearned {}
+    unsafe impl aya::Pod for super::PolicyClassKey {}
+    unsafe impl aya::Pod for super::PolicyClassCounts {}
     unsafe impl aya::Pod for super::PolicyDeny {}
     unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::TunnelKey {}

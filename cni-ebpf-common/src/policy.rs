@@ -190,26 +190,74 @@ pub const TIERS_DOMAINS: u32 = 2;
 #[must_use]
 #[inline(always)]
 pub fn tiers_admit(classes: u64, tiers: &PolicyTiers) -> bool {
+    tiers_decide(classes, tiers).0
+}
+
+/// [`tiers_admit`], and the class whose rule decided: the first matching class of the
+/// Admin or Baseline tier that accepted or denied, or [`NO_CLASS`] when NetworkPolicy
+/// decided or nothing matched.
+#[must_use]
+#[inline(always)]
+pub fn tiers_decide(classes: u64, tiers: &PolicyTiers) -> (bool, u32) {
     let admin = classes & tiers.admin;
     if admin != 0 {
         let first = admin & admin.wrapping_neg();
         if first & tiers.accept != 0 {
-            return true;
+            return (true, first.trailing_zeros());
         }
         if first & tiers.deny != 0 {
-            return false;
+            return (false, first.trailing_zeros());
         }
     }
     if tiers.flags & TIERS_NETWORK_POLICY != 0 {
-        return classes & tiers.network_policy != 0;
+        return (classes & tiers.network_policy != 0, NO_CLASS);
     }
     let baseline = classes & tiers.baseline;
     if baseline != 0 {
         let first = baseline & baseline.wrapping_neg();
-        return first & tiers.deny == 0;
+        if first & tiers.deny != 0 {
+            return (false, first.trailing_zeros());
+        }
+        if first & tiers.accept != 0 {
+            return (true, first.trailing_zeros());
+        }
     }
-    true
+    (true, NO_CLASS)
 }
+
+/// [`tiers_decide`]: no cluster policy rule decided.
+pub const NO_CLASS: u32 = 64;
+
+/// Capacity of [`crate::map::POLICY_CLASS_COUNTS`] (an LRU).
+pub const MAX_POLICY_CLASS_COUNTS: u32 = 65_536;
+
+/// Key of [`crate::map::POLICY_CLASS_COUNTS`]: a cluster policy rule's class of a rule
+/// set, in one direction.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyClassKey {
+    /// Rule set id, native order.
+    pub ruleset: u32,
+    /// The class (0..64).
+    pub class: u8,
+    /// 1: the rule set judged a pod's egress; 0: its ingress.
+    pub egress: u8,
+    /// Explicit padding, always zero.
+    pub _pad: [u8; 2],
+}
+const _: () = assert!(size_of::<PolicyClassKey>() == 8);
+
+/// Value of [`crate::map::POLICY_CLASS_COUNTS`] (per CPU): the verdicts a cluster policy
+/// rule's class decided, native order.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PolicyClassCounts {
+    /// Flows it admitted (counted once per flow, on its first packet).
+    pub admitted: u64,
+    /// Packets it refused.
+    pub denied: u64,
+}
+const _: () = assert!(size_of::<PolicyClassCounts>() == 16);
 
 /// Slots of each CPU's ring in [`crate::map::POLICY_DENIES`]: the latest refused packets
 /// a CPU judged, the oldest overwritten first.

@@ -18,7 +18,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use cni_ebpf_common::PolicyCounts;
+use cni_ebpf_common::{PolicyClassCounts, PolicyClassKey, PolicyCounts};
 
 use crate::{datapath::policy::describe_ruleset, error::Result};
 
@@ -114,17 +114,38 @@ pub fn read_state(dir: &Path, network: &str) -> Option<NetworkState> {
 /// The key of one total: network, policy namespace, policy name, direction, verdict.
 pub type TotalKey = (String, String, String, &'static str, &'static str);
 
+/// The key of one cluster policy total: the rule that decided, and the verdict.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClusterTotalKey {
+    pub network: String,
+    /// The cluster policy's name.
+    pub policy: String,
+    /// The rule's `name` (empty when it has none).
+    pub rule: String,
+    /// `Admin` or `Baseline`.
+    pub tier: String,
+    /// `Accept` or `Deny`.
+    pub action: String,
+    pub direction: &'static str,
+    /// `admitted` (flows) or `denied` (packets).
+    pub verdict: &'static str,
+}
+
 /// Verdict totals per policy, and what each network's last round left closed.
 #[derive(Debug, Default)]
 pub struct Totals {
     /// Per policy, direction and verdict (`admitted`: flows, `denied`: packets).
     pub verdicts: BTreeMap<TotalKey, u64>,
+    /// Per cluster policy rule that decided, direction and verdict.
+    pub cluster_verdicts: BTreeMap<ClusterTotalKey, u64>,
     /// Per network: pod interfaces closed because a policy cannot be held.
     pub closed_pods: BTreeMap<String, u64>,
     /// Per network: the policy generation in force.
     pub generation: BTreeMap<String, u32>,
     /// The counts last read per (network, ifindex).
     last: BTreeMap<(String, u32), PolicyCounts>,
+    /// The class counts last read per network.
+    last_classes: BTreeMap<(String, PolicyClassKey), PolicyClassCounts>,
 }
 
 /// [`Totals`] shared between the policy thread and the metrics server.
@@ -199,6 +220,63 @@ impl Totals {
         self.last
             .retain(|(n, i), _| n != network || state.pods.iter().any(|p| p.ifindex == *i));
     }
+
+    /// Adds what each cluster policy rule's class of `network`'s rule sets decided since
+    /// the last call (`counts`, from the datapath) to the rules `state` says the class
+    /// stands for. The datapath counts the class of the first rule that matched in the
+    /// tier that decided; consecutive rules of one action with the same ports share a
+    /// class, and are credited together. A class count lower than the last one belongs to
+    /// a rule set written again under a reused id: all of it is new.
+    pub fn account_classes(
+        &mut self,
+        network: &str,
+        state: &NetworkState,
+        counts: &BTreeMap<PolicyClassKey, PolicyClassCounts>,
+    ) {
+        let delta = |now: u64, then: u64| if now >= then { now - then } else { now };
+        for (key, now) in counts {
+            let then = self
+                .last_classes
+                .insert((network.to_owned(), *key), *now)
+                .unwrap_or_default();
+            let (direction, side): (&'static str, fn(&PodState) -> &DirectionState) =
+                if key.egress == 1 {
+                    ("egress", |p| &p.egress)
+                } else {
+                    ("ingress", |p| &p.ingress)
+                };
+            let Some(origin) = state
+                .pods
+                .iter()
+                .map(side)
+                .find(|d| d.ruleset == key.ruleset)
+                .and_then(|d| d.classes.get(usize::from(key.class)))
+            else {
+                continue;
+            };
+            if origin.tier == "NetworkPolicy" {
+                continue;
+            }
+            for label in &origin.rules {
+                let (policy, rule) = label.split_once('/').unwrap_or((label, ""));
+                for (verdict, n) in [
+                    ("admitted", delta(now.admitted, then.admitted)),
+                    ("denied", delta(now.denied, then.denied)),
+                ] {
+                    let k = ClusterTotalKey {
+                        network: network.to_owned(),
+                        policy: policy.to_owned(),
+                        rule: rule.to_owned(),
+                        tier: origin.tier.clone(),
+                        action: origin.action.clone(),
+                        direction,
+                        verdict,
+                    };
+                    *self.cluster_verdicts.entry(k).or_default() += n;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -272,5 +350,71 @@ mod tests {
         write_state(dir.path(), "net", &state).unwrap();
         assert_eq!(read_state(dir.path(), "net"), Some(state));
         assert_eq!(read_state(dir.path(), "other"), None);
+    }
+
+    #[test]
+    fn cluster_totals_credit_the_rules_of_the_class_that_decided() {
+        use crate::policy::classes::ClassOrigin;
+        let origin = |tier: &str, action: &str, rules: &[&str]| ClassOrigin {
+            tier: tier.to_owned(),
+            action: action.to_owned(),
+            rules: rules.iter().map(|r| (*r).to_owned()).collect(),
+        };
+        let mut p = pod(10, &[], &[]);
+        p.egress.ruleset = 5;
+        p.egress.classes = vec![
+            origin(
+                "Admin",
+                "Deny",
+                &["no-metadata/deny-169-254", "no-metadata/deny-other"],
+            ),
+            origin("NetworkPolicy", "Accept", &["x/allow"]),
+            origin("Baseline", "Accept", &["tenants"]),
+        ];
+        let state = NetworkState {
+            generation: 1,
+            pods: vec![p],
+            broken: Vec::new(),
+        };
+        let key = |class: u8, egress: u8| PolicyClassKey {
+            ruleset: 5,
+            class,
+            egress,
+            _pad: [0; 2],
+        };
+        let counts = |admitted, denied| PolicyClassCounts { admitted, denied };
+        let mut t = Totals::default();
+        t.account_classes(
+            "n",
+            &state,
+            &[
+                (key(0, 1), counts(0, 3)),
+                (key(1, 1), counts(7, 0)),
+                (key(2, 1), counts(2, 0)),
+                (key(0, 0), counts(0, 9)),
+            ]
+            .into(),
+        );
+        t.account_classes("n", &state, &[(key(0, 1), counts(0, 5))].into());
+        let get = |policy: &str, rule: &str, verdict| {
+            t.cluster_verdicts
+                .iter()
+                .find(|(k, _)| k.policy == policy && k.rule == rule && k.verdict == verdict)
+                .map(|(k, n)| (k.tier.clone(), k.action.clone(), k.direction, *n))
+        };
+        // Both rules of the deciding class, with every denial once: 3, then 2 more.
+        let denied = Some(("Admin".to_owned(), "Deny".to_owned(), "egress", 5));
+        assert_eq!(get("no-metadata", "deny-169-254", "denied"), denied);
+        assert_eq!(get("no-metadata", "deny-other", "denied"), denied);
+        assert_eq!(
+            get("tenants", "", "admitted"),
+            Some(("Baseline".to_owned(), "Accept".to_owned(), "egress", 2))
+        );
+        // NetworkPolicy's classes are not cluster policies; a class of a rule set no pod
+        // holds in that direction (ingress here) is not credited.
+        assert!(t
+            .cluster_verdicts
+            .keys()
+            .all(|k| k.policy != "x" && k.direction == "egress"));
     }
 }

@@ -726,7 +726,8 @@ impl Enforcer {
     }
 }
 
-/// Adds what `network`'s interfaces counted since the last reading to the totals.
+/// Adds what `network`'s interfaces and cluster policy rules counted since the last
+/// reading to the totals.
 fn account(totals: &SharedTotals, network: &str, dp: &Datapath, state: &NetworkState) {
     match dp.policy_counts() {
         Ok(counts) => match totals.lock() {
@@ -734,6 +735,15 @@ fn account(totals: &SharedTotals, network: &str, dp: &Datapath, state: &NetworkS
             Err(poisoned) => poisoned.into_inner().account(network, state, &counts),
         },
         Err(e) => tracing::warn!("{network}: reading the policy counts: {e}"),
+    }
+    match dp.policy_class_counts() {
+        Ok(counts) => match totals.lock() {
+            Ok(mut t) => t.account_classes(network, state, &counts),
+            Err(poisoned) => poisoned
+                .into_inner()
+                .account_classes(network, state, &counts),
+        },
+        Err(e) => tracing::warn!("{network}: reading the cluster policy counts: {e}"),
     }
 }
 

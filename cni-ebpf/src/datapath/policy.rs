@@ -16,9 +16,10 @@ use std::{
 
 use aya::maps::lpm_trie::Key;
 use cni_ebpf_common::{
-    fnv1a64, map as map_name, PolicyCounts, PolicyDeny, PolicyDomainKey, PolicyEndpoint,
-    PolicyEndpointKey, PolicyExactKey, PolicyPeerKey, PolicyPortKey, PolicyState, PolicyTiers,
-    POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN, TIERS_NETWORK_POLICY,
+    fnv1a64, map as map_name, PolicyClassCounts, PolicyClassKey, PolicyCounts, PolicyDeny,
+    PolicyDomainKey, PolicyEndpoint, PolicyEndpointKey, PolicyExactKey, PolicyPeerKey,
+    PolicyPortKey, PolicyState, PolicyTiers, POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
+    TIERS_NETWORK_POLICY,
 };
 
 use super::{maps, Datapath};
@@ -210,6 +211,24 @@ impl Datapath {
                 sum.egress_denied += c.egress_denied;
             }
             out.insert(ifindex, sum);
+        }
+        Ok(out)
+    }
+
+    /// The verdicts each cluster policy rule's class decided, summed over the CPUs.
+    pub fn policy_class_counts(&self) -> Result<BTreeMap<PolicyClassKey, PolicyClassCounts>> {
+        let mut m = self.maps()?;
+        let counts = m.policy_class_counts()?;
+        let mut out = BTreeMap::new();
+        for item in counts.iter() {
+            let (key, per_cpu) =
+                item.map_err(|e| maps::err(map_name::POLICY_CLASS_COUNTS, "read", e))?;
+            let mut sum = PolicyClassCounts::default();
+            for c in per_cpu.iter() {
+                sum.admitted += c.admitted;
+                sum.denied += c.denied;
+            }
+            out.insert(key, sum);
         }
         Ok(out)
     }

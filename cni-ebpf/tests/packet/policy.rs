@@ -377,6 +377,48 @@ fn cluster_policy_tiers_decide_before_and_after_network_policy() {
     assert_eq!(verdict(80), SHOT, "and isolates the pod");
 }
 
+/// The programs count each verdict a cluster policy rule decided under its class: flows
+/// it admitted (once per flow) and packets it refused; NetworkPolicy's verdicts and the
+/// default are not counted there.
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn the_cluster_policy_rule_that_decided_is_counted() {
+    let fx = Fixture::with_two_pods();
+    let from_a = |action: &str, port: Option<u16>| {
+        let mut rule = json!({"action": action,
+            "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]});
+        if let Some(p) = port {
+            rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": p}}}]);
+        }
+        rule
+    };
+    let deny_80 = cnp_on_b("deny-80", "Admin", 10, json!([from_a("Deny", Some(80))]));
+    let accept = cnp_on_b("accept", "Admin", 20, json!([from_a("Accept", Some(81))]));
+    enforce_all(&fx, &[], &[deny_80, accept], 1);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, SHOT);
+    assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, REDIRECT);
+    assert_eq!(fx.run("from_pod", &a_to_b(81, ACK)).0, REDIRECT);
+    assert_eq!(
+        fx.run("from_pod", &a_to_b(82, SYN)).0,
+        REDIRECT,
+        "no rule: admitted"
+    );
+    let counts: Vec<_> = fx
+        .dp()
+        .policy_class_counts()
+        .unwrap()
+        .into_iter()
+        .map(|(k, c)| (k.class, k.egress, c.admitted, c.denied))
+        .collect();
+    assert_eq!(
+        counts,
+        [(0, 0, 0, 2), (1, 0, 1, 0)],
+        "class 0 (the Deny) refused two packets at b's ingress, class 1 (the Accept) \
+         admitted one flow"
+    );
+}
+
 #[test]
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn a_verdict_does_not_outlive_the_policy_that_gave_it() {

@@ -14,7 +14,7 @@ use std::{
 };
 
 use crate::{
-    agent::report::{SharedTotals, TotalKey},
+    agent::report::{ClusterTotalKey, SharedTotals, TotalKey},
     datapath::{load, Datapath, EndpointView, FlowSummary, MapStats, ReasonCount, SnatUsage},
     error::Result,
     ipam::{record, PodRef},
@@ -86,6 +86,8 @@ pub struct AgentSnapshot {
 pub struct PolicySnapshot {
     /// Per (network, policy namespace, policy name, direction, verdict).
     pub verdicts: BTreeMap<TotalKey, u64>,
+    /// Per cluster policy rule that decided, direction and verdict.
+    pub cluster_verdicts: BTreeMap<ClusterTotalKey, u64>,
     /// Per network: pod interfaces closed because a policy cannot be held.
     pub closed_pods: BTreeMap<String, u64>,
     /// Per network: the policy generation in force.
@@ -283,6 +285,7 @@ impl Exporter {
             };
             PolicySnapshot {
                 verdicts: t.verdicts.clone(),
+                cluster_verdicts: t.cluster_verdicts.clone(),
                 closed_pods: t.closed_pods.clone(),
                 generation: t.generation.clone(),
             }

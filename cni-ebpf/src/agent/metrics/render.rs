@@ -267,7 +267,25 @@ fn policy_families(p: &PolicySnapshot) -> Vec<Family> {
     for (network, g) in &p.generation {
         generation.push(&[("network", network)], *g);
     }
-    vec![verdicts, closed, generation]
+    let mut cluster = Family::counter(
+        "cni_ebpf_cluster_policy_verdicts_total",
+        "ClusterNetworkPolicy verdicts, credited to the rule that decided (the first          matching rule of the tier that accepted or denied; consecutive rules of one          action with the same ports are credited together), per direction: flows          admitted (counted on their first packet) and packets denied.",
+    );
+    for (k, n) in &p.cluster_verdicts {
+        cluster.push(
+            &[
+                ("network", &k.network),
+                ("policy", &k.policy),
+                ("rule", &k.rule),
+                ("tier", &k.tier),
+                ("action", &k.action),
+                ("direction", k.direction),
+                ("verdict", k.verdict),
+            ],
+            *n,
+        );
+    }
+    vec![verdicts, cluster, closed, generation]
 }
 
 /// One family with one sample per network, labelled `network`.
@@ -750,6 +768,19 @@ mod tests {
                     4,
                 )]
                 .into(),
+                cluster_verdicts: [(
+                    crate::agent::report::ClusterTotalKey {
+                        network: "k8s-pod-network".to_owned(),
+                        policy: "no-metadata".to_owned(),
+                        rule: "deny-169-254".to_owned(),
+                        tier: "Admin".to_owned(),
+                        action: "Deny".to_owned(),
+                        direction: "egress",
+                        verdict: "denied",
+                    },
+                    9,
+                )]
+                .into(),
                 closed_pods: [("k8s-pod-network".to_owned(), 1)].into(),
                 generation: [("k8s-pod-network".to_owned(), 12)].into(),
             }),
@@ -786,6 +817,7 @@ mod tests {
             "cni_ebpf_policy_verdicts_total{network=\"k8s-pod-network\",namespace=\"x\",policy=\"deny-all\",direction=\"ingress\",verdict=\"denied\"} 4",
             "cni_ebpf_policy_closed_pods{network=\"k8s-pod-network\"} 1",
             "cni_ebpf_policy_generation{network=\"k8s-pod-network\"} 12",
+            "cni_ebpf_cluster_policy_verdicts_total{network=\"k8s-pod-network\",policy=\"no-metadata\",rule=\"deny-169-254\",tier=\"Admin\",action=\"Deny\",direction=\"egress\",verdict=\"denied\"} 9",
         ] {
             assert!(l.contains(want), "missing {want}:\n{out}");
         }
