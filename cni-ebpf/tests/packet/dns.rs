@@ -11,7 +11,10 @@ use cni_ebpf_common::Reason;
 use serde_json::json;
 use testbed::packet::*;
 
-use super::policy::{dual_stack_pods, enforce_all};
+use crate::{
+    frames6::{frame6, l4_6, tcp6},
+    policy::{dual_stack_pods, enforce_all},
+};
 
 /// A DNS server outside the cluster.
 const RESOLVER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 53);
@@ -20,7 +23,6 @@ const RESOLVER6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x53);
 const SITE: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 100);
 const OTHER: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 7);
 const SITE6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 0x100);
-const POD_A6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0x10, 0x244, 1, 0, 0, 0, 2);
 
 const TYPE_A: u16 = 1;
 const TYPE_AAAA: u16 = 28;
@@ -136,13 +138,7 @@ fn udp6_to_a(message: &[u8]) -> Vec<u8> {
     l4[2..4].copy_from_slice(&33000u16.to_be_bytes());
     l4[4..6].copy_from_slice(&((8 + message.len()) as u16).to_be_bytes());
     l4.extend_from_slice(message);
-    let mut ip = vec![0x60, 0, 0, 0];
-    ip.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-    ip.extend_from_slice(&[UDP, 64]);
-    ip.extend_from_slice(&RESOLVER6.octets());
-    ip.extend_from_slice(&POD_A6.octets());
-    ip.extend_from_slice(&l4);
-    eth(HOST_MAC_A, UPLINK_MAC, 0x86dd, &ip)
+    frame6(RESOLVER6, POD_A6, UDP, &l4_6(RESOLVER6, POD_A6, UDP, l4, 6))
 }
 
 /// A source port no earlier probe used: each probe is a new connection, judged afresh
@@ -164,19 +160,9 @@ fn a_out(dst: Ipv4Addr, dport: u16) -> Vec<u8> {
     )
 }
 
+/// Pod a's IPv6 TCP SYN to `dst`:`dport`, leaving the node, on a new connection.
 fn a_out6(dst: Ipv6Addr, dport: u16) -> Vec<u8> {
-    let mut l4 = vec![0u8; 20];
-    l4[0..2].copy_from_slice(&fresh_port().to_be_bytes());
-    l4[2..4].copy_from_slice(&dport.to_be_bytes());
-    l4[12] = 5 << 4;
-    l4[13] = SYN;
-    let mut ip = vec![0x60, 0, 0, 0];
-    ip.extend_from_slice(&(l4.len() as u16).to_be_bytes());
-    ip.extend_from_slice(&[TCP, 64]);
-    ip.extend_from_slice(&POD_A6.octets());
-    ip.extend_from_slice(&dst.octets());
-    ip.extend_from_slice(&l4);
-    eth(HOST_MAC_A, POD_MAC_A, 0x86dd, &ip)
+    tcp6(POD_A6, fresh_port(), dst, dport, SYN)
 }
 
 /// Pod a may reach `example.com` and any name below `example.org` on TCP 443, nothing

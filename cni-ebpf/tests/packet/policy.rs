@@ -313,6 +313,16 @@ fn cnp_on_b(name: &str, tier: &str, priority: i32, ingress: Value) -> ClusterNet
     .unwrap()
 }
 
+/// An ingress rule of `action` from pod `a`, on TCP `port` or every port.
+fn from_a(action: &str, port: Option<u16>) -> Value {
+    let mut rule = json!({"action": action,
+        "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]});
+    if let Some(p) = port {
+        rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": p}}}]);
+    }
+    rule
+}
+
 /// The programs rank a rule set's classes by tier: the Admin tier's first matching rule,
 /// then NetworkPolicy where one selects the pod, then the Baseline tier's, then admitted;
 /// with a fresh verdict after each swap.
@@ -320,14 +330,6 @@ fn cnp_on_b(name: &str, tier: &str, priority: i32, ingress: Value) -> ClusterNet
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn cluster_policy_tiers_decide_before_and_after_network_policy() {
     let fx = Fixture::with_two_pods();
-    let from_a = |action: &str, port: Option<u16>| {
-        let mut rule = json!({"action": action,
-            "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]});
-        if let Some(p) = port {
-            rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": p}}}]);
-        }
-        rule
-    };
     let verdict = |port: u16| fx.run("from_pod", &a_to_b(port, SYN)).0;
     // NetworkPolicy admits a → b:80 only; an Admin Deny of port 80 overrides it.
     let deny_80 = cnp_on_b("deny-80", "Admin", 10, json!([from_a("Deny", Some(80))]));
@@ -384,14 +386,6 @@ fn cluster_policy_tiers_decide_before_and_after_network_policy() {
 #[ignore = "needs root and the eBPF object: run via cargo xtask test"]
 fn the_cluster_policy_rule_that_decided_is_counted() {
     let fx = Fixture::with_two_pods();
-    let from_a = |action: &str, port: Option<u16>| {
-        let mut rule = json!({"action": action,
-            "from": [{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "a"}}}}]});
-        if let Some(p) = port {
-            rule["protocols"] = json!([{"tcp": {"destinationPort": {"number": p}}}]);
-        }
-        rule
-    };
     let deny_80 = cnp_on_b("deny-80", "Admin", 10, json!([from_a("Deny", Some(80))]));
     let accept = cnp_on_b("accept", "Admin", 20, json!([from_a("Accept", Some(81))]));
     enforce_all(&fx, &[], &[deny_80, accept], 1);

@@ -35,6 +35,9 @@ const SITES4: [&str; 4] = [
     "203.0.113.13",
 ];
 const SITES6: [&str; 2] = ["2001:db8:113::10", "2001:db8:113::11"];
+/// Where the agents serve their metrics (in their node's namespace).
+const AGENT_METRICS: std::net::SocketAddr =
+    std::net::SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 9670);
 /// How long a probe waits.
 const T: Duration = Duration::from_secs(2);
 
@@ -192,9 +195,9 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
                     "--state-dir",
                     &state,
                     "--listen",
-                    "127.0.0.1:0",
+                    &AGENT_METRICS.to_string(),
                     "--probe-listen",
-                    "127.0.0.1:0",
+                    &AGENT_METRICS.to_string(),
                     "--node-name",
                     n.name(),
                     "--dns-min-ttl",
@@ -315,6 +318,35 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
     check(
         &format!("and not before ({:?})", renewed.elapsed()),
         renewed.elapsed() >= Duration::from_secs(3),
+    );
+    // The metrics credit each verdict to the rule that decided it.
+    let metric = |rule: &str, verdict: &str| {
+        let Ok((_, _, text)) = testbed::net::http_get(
+            cluster.a().netns(),
+            AGENT_METRICS,
+            "/metrics",
+            Duration::from_secs(2),
+        ) else {
+            return 0.0;
+        };
+        text.lines()
+            .find(|l| {
+                l.starts_with("cni_ebpf_cluster_policy_verdicts_total{")
+                    && l.contains("policy=\"client-egress\"")
+                    && l.contains(&format!("rule=\"{rule}\""))
+                    && l.contains("direction=\"egress\"")
+                    && l.contains(&format!("verdict=\"{verdict}\""))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    check(
+        "the metrics credit the rules that decided",
+        wait_until(Duration::from_secs(5), || {
+            metric("sites", "admitted") >= 3.0
+                && metric("dns", "admitted") >= 1.0
+                && metric("nothing-else", "denied") >= 1.0
+        }),
     );
     drop(agents);
     assert!(
