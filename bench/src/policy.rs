@@ -799,12 +799,13 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     );
     let mut details = Map::new();
     details.insert("podObjects".into(), json!(POD_OBJECTS));
-    let parts: [(&str, PartFn); 5] = [
+    let parts: [(&str, PartFn); 6] = [
         ("API write → enforced", enforcement),
         ("ADD → in force", add_to_open),
         ("memory", memory),
         ("cost on the data path", rates),
         ("through a ClusterIP", through_cluster_ip),
+        ("DNS answers", dns_answers),
     ];
     for (what, part) in parts {
         check_interrupt()?;
@@ -1547,5 +1548,144 @@ fn through_cluster_ip(
         }
     }
     details.insert("clusterIp".into(), json!({ "perRepeat": samples }));
+    Ok(())
+}
+
+/// The name the DNS part's client asks for, and what it resolves to.
+const DNS_NAME: &str = "bench.example.com";
+
+/// A DNS query (id `id`, recursion desired) for an A record of [`DNS_NAME`].
+fn dns_query(id: u16) -> Vec<u8> {
+    let mut q = id.to_be_bytes().to_vec();
+    q.extend_from_slice(&[0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0]);
+    for label in DNS_NAME.split('.') {
+        q.push(u8::try_from(label.len()).unwrap_or(0));
+        q.extend_from_slice(label.as_bytes());
+    }
+    q.extend_from_slice(&[0, 0, 1, 0, 1]);
+    q
+}
+
+/// DNS questions asked one after the other from `netns` of `server` for `seconds`, each
+/// waiting for its answer: answers per second.
+fn dns_rate(netns: &Path, server: SocketAddr, seconds: f64) -> Result<f64> {
+    let netns = netns.to_path_buf();
+    let run = move || -> std::io::Result<f64> {
+        let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        sock.connect(server)?;
+        sock.set_read_timeout(Some(Duration::from_millis(200)))?;
+        let mut buf = [0u8; 512];
+        let (start, mut answered) = (Instant::now(), 0u64);
+        let mut id = 0u16;
+        while start.elapsed().as_secs_f64() < seconds {
+            id = id.wrapping_add(1);
+            sock.send(&dns_query(id))?;
+            if matches!(sock.recv(&mut buf), Ok(n) if n > 12 && buf[..2] == id.to_be_bytes()) {
+                answered += 1;
+            }
+        }
+        Ok(answered as f64 / start.elapsed().as_secs_f64())
+    };
+    testbed::net::in_netns(&netns, run).context("asking the DNS server")
+}
+
+/// What reading DNS answers costs a pod whose egress rules name domains: DNS questions
+/// asked one after the other of a DNS server pod on the same node, answered with an A
+/// record, from a client whose Admin cluster policy names the domain (every answer read
+/// in the datapath, its address learned) and from one no policy selects, taking turns in
+/// each repeat; the rate with ÷ without, median over repeats.
+fn dns_answers(
+    s: &mut Setup,
+    ws: &Workspace,
+    p: &Params,
+    report: &mut Report,
+    details: &mut Map<String, Value>,
+) -> Result<()> {
+    s.put("namespaces", namespace_object("dns", &[("ns", "dns")])?)?;
+    s.add(ws, On::A, "dns", "server", &[("app", "dns-server")])?;
+    s.add(ws, On::A, "dns", "named", &[("app", "named")])?;
+    s.add(ws, On::A, "dns", "plain", &[("app", "plain")])?;
+    let dns = testbed::dns::DnsServer::start(&s.netns("dns/server")?);
+    dns.set(
+        DNS_NAME,
+        vec![testbed::dns::Record::Addr(
+            IpAddr::from([203, 0, 113, 10]),
+            300,
+        )],
+    );
+    let before = generation(s.cluster.a())?;
+    s.put(
+        "clusternetworkpolicies",
+        json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2",
+            "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": "bench-by-name"},
+            "spec": {
+                "tier": "Admin",
+                "priority": 1,
+                "subject": {"pods": {"namespaceSelector": {"matchLabels": {"ns": "dns"}},
+                                     "podSelector": {"matchLabels": {"app": "named"}}}},
+                "egress": [
+                    {"action": "Accept", "to": [{"domainNames": [DNS_NAME]}]},
+                    {"action": "Accept",
+                     "to": [{"pods": {"namespaceSelector": {"matchLabels": {"ns": "dns"}},
+                                      "podSelector": {"matchLabels": {"app": "dns-server"}}}}],
+                     "protocols": [{"udp": {"destinationPort": {"number": 53}}}]},
+                ],
+            },
+        }),
+    )?;
+    let server = s.addr("dns/server", 53)?;
+    let (named, plain) = (s.netns("dns/named")?, s.netns("dns/plain")?);
+    wait_until("the domain rule in force", VERDICT_DEADLINE, || {
+        Ok(generation(s.cluster.a())? > before && dns_rate(&named, server, 0.05)? > 0.0)
+    })?;
+    // The pods' own rounds may have bumped the generation first: one more round's time.
+    std::thread::sleep(Duration::from_secs(1));
+    let mut ratios = Vec::new();
+    let (mut with, mut without) = (Vec::new(), Vec::new());
+    for rep in 0..p.repeats {
+        check_interrupt()?;
+        eprintln!(
+            "bench: policy repeat {}/{}: DNS answers",
+            rep + 1,
+            p.repeats
+        );
+        let (w, wo) = if rep % 2 == 0 {
+            let w = dns_rate(&named, server, p.seconds)?;
+            (w, dns_rate(&plain, server, p.seconds)?)
+        } else {
+            let wo = dns_rate(&plain, server, p.seconds)?;
+            (dns_rate(&named, server, p.seconds)?, wo)
+        };
+        with.push(w);
+        without.push(wo);
+        if wo > 0.0 {
+            ratios.push(w / wo);
+        }
+    }
+    let (w, wo) = (
+        crate::report::median(&with),
+        crate::report::median(&without),
+    );
+    for (key, label, v) in [
+        ("policy.dns.without", "DNS answers/s, the client's rules name no domain", wo),
+        ("policy.dns.with", "DNS answers/s, the client's rules name the domain (each answer read, its address learned)", w),
+    ] {
+        report.put(key, SECTION, label, "/s", true, COL, v);
+    }
+    report.put(
+        "policy.dns.ratio",
+        SECTION,
+        "DNS answers/s with domain rules ÷ without (same repeat, median)",
+        "×",
+        true,
+        COL,
+        crate::report::median(&ratios),
+    );
+    details.insert(
+        "dnsAnswers".into(),
+        json!({"with": with, "without": without}),
+    );
     Ok(())
 }
