@@ -472,6 +472,22 @@ pub fn converse(
     (c, h)
 }
 
+/// The value of the first sample of metric `family` whose labels include every
+/// `labels` pair, scraped from `/metrics` at `addr` inside `netns`; 0 when the scrape
+/// fails or no sample matches.
+#[must_use]
+pub fn metric_value(netns: &Path, addr: SocketAddr, family: &str, labels: &[(&str, &str)]) -> f64 {
+    let Ok((_, _, text)) = http_get(netns, addr, "/metrics", Duration::from_secs(2)) else {
+        return 0.0;
+    };
+    let prefix = format!("{family}{{");
+    let wanted: Vec<String> = labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+    text.lines()
+        .find(|l| l.starts_with(&prefix) && wanted.iter().all(|w| l.contains(w.as_str())))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
 /// `GET path` over HTTP/1.1 from inside `netns`, each step bounded by `timeout`:
 /// (status, headers, body).
 pub fn http_get(

@@ -151,6 +151,16 @@ pub struct Totals {
 /// [`Totals`] shared between the policy thread and the metrics server.
 pub type SharedTotals = Arc<Mutex<Totals>>;
 
+/// What a counter counted since `then`; all of `now` when it is lower (its entry was
+/// created again).
+fn delta(now: u64, then: u64) -> u64 {
+    if now >= then {
+        now - then
+    } else {
+        now
+    }
+}
+
 impl Totals {
     /// Adds what `network`'s interfaces counted since the last call to the policies
     /// `state` says select them. A count lower than the last one is an interface whose
@@ -171,7 +181,6 @@ impl Totals {
             network.to_owned(),
             u64::try_from(closed).unwrap_or(u64::MAX),
         );
-        let delta = |now: u64, then: u64| if now >= then { now - then } else { now };
         for pod in &state.pods {
             let Some(now) = counts.get(&pod.ifindex) else {
                 continue;
@@ -233,7 +242,6 @@ impl Totals {
         state: &NetworkState,
         counts: &BTreeMap<PolicyClassKey, PolicyClassCounts>,
     ) {
-        let delta = |now: u64, then: u64| if now >= then { now - then } else { now };
         for (key, now) in counts {
             let then = self
                 .last_classes

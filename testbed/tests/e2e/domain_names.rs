@@ -321,24 +321,17 @@ fn egress_by_domain_name_follows_what_the_pods_dns_answers_say() {
     );
     // The metrics credit each verdict to the rule that decided it.
     let metric = |rule: &str, verdict: &str| {
-        let Ok((_, _, text)) = testbed::net::http_get(
+        testbed::net::metric_value(
             cluster.a().netns(),
             AGENT_METRICS,
-            "/metrics",
-            Duration::from_secs(2),
-        ) else {
-            return 0.0;
-        };
-        text.lines()
-            .find(|l| {
-                l.starts_with("cni_ebpf_cluster_policy_verdicts_total{")
-                    && l.contains("policy=\"client-egress\"")
-                    && l.contains(&format!("rule=\"{rule}\""))
-                    && l.contains("direction=\"egress\"")
-                    && l.contains(&format!("verdict=\"{verdict}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+            "cni_ebpf_cluster_policy_verdicts_total",
+            &[
+                ("policy", "client-egress"),
+                ("rule", rule),
+                ("direction", "egress"),
+                ("verdict", verdict),
+            ],
+        )
     };
     check(
         "the metrics credit the rules that decided",

@@ -922,23 +922,16 @@ fn the_agent_keeps_the_watched_policies_in_force_and_recovers_by_itself() {
     drop(follow);
     // The metrics credit the policy with its denials.
     let denied = || {
-        let Ok((_, _, text)) = testbed::net::http_get(
+        testbed::net::metric_value(
             node.netns(),
             AGENT_METRICS,
-            "/metrics",
-            Duration::from_secs(2),
-        ) else {
-            return 0.0;
-        };
-        text.lines()
-            .find(|l| {
-                l.starts_with("cni_ebpf_policy_verdicts_total{")
-                    && l.contains("policy=\"b-from-c\"")
-                    && l.contains("direction=\"ingress\"")
-                    && l.contains("verdict=\"denied\"")
-            })
-            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .unwrap_or(0.0)
+            "cni_ebpf_policy_verdicts_total",
+            &[
+                ("policy", "b-from-c"),
+                ("direction", "ingress"),
+                ("verdict", "denied"),
+            ],
+        )
     };
     assert!(
         wait_until(Duration::from_secs(4), || denied() >= 2.0),
