@@ -29,6 +29,8 @@
 //!   host-port flows to nodeIP:hostPort;
 //! - the tunnel device ([`tunnel`]): `to_tunnel` sets the remote node of a pod's packet,
 //!   `from_tunnel` checks who sent one and delivers it;
+//! - with encryption on, `uplink_egress` and `to_tunnel` hand pod traffic for other
+//!   nodes to the node's WireGuard device ([`wireguard`]);
 //! - the node's sockets ([`sock`]): host ports for the node's own sockets, and Services
 //!   for the node's and its pods' sockets ([`service`]) (cgroup `sock_addr` programs).
 //!
@@ -82,6 +84,7 @@ mod sock;
 mod tunnel;
 mod uplink;
 mod v6;
+mod wireguard;
 
 use aya_ebpf::{bindings::TC_ACT_UNSPEC, macros::classifier, programs::TcContext};
 use cni_ebpf_common::{prog, Addr4, Addr6, Reason};

@@ -19,14 +19,14 @@ use cni_ebpf_common::{
     PolicyFlow, PolicyFlowKey, PolicyLearned, PolicyLearnedKey, PolicyPeerKey, PolicyPortKey,
     PolicyState, PolicyTiers, PortKey, PortKey6, PortTarget, PortTarget6, Reason, SockKey,
     SockKey6, SockPeer, SockPeer6, SockRevKey, SockRevKey6, SockRevValue, SockRevValue6,
-    SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey, MAX_CLUSTER_CIDRS, MAX_ENDPOINTS,
-    MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE, MAX_NAT_USE,
-    MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_CLASS_COUNTS, MAX_POLICY_COUNTS,
-    MAX_POLICY_DOMAINS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT, MAX_POLICY_FLOWS,
-    MAX_POLICY_LEARNED, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS, MAX_POLICY_PORTS,
-    MAX_POLICY_TIERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW, MAX_SRC_ALLOW6,
-    MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS, MAX_TUNNEL_NODES,
-    POLICY_DENY_SLOTS, REASON_SLOTS,
+    SrcAllow6Key, SrcAllowKey, TunnelEndpoint, TunnelKey, WireguardPeer, MAX_CLUSTER_CIDRS,
+    MAX_ENDPOINTS, MAX_ENDPOINTS6, MAX_FLOWS, MAX_FLOWS6, MAX_NAT, MAX_NAT6, MAX_NAT_DEST_USE,
+    MAX_NAT_USE, MAX_NODE_ADDRS, MAX_NODE_ADDRS6, MAX_OWNERS, MAX_POLICY_CLASS_COUNTS,
+    MAX_POLICY_COUNTS, MAX_POLICY_DOMAINS, MAX_POLICY_ENDPOINTS, MAX_POLICY_EXACT,
+    MAX_POLICY_FLOWS, MAX_POLICY_LEARNED, MAX_POLICY_NAMESPACES, MAX_POLICY_PEERS,
+    MAX_POLICY_PORTS, MAX_POLICY_TIERS, MAX_PORTMAPS, MAX_SOCK_REVNAT, MAX_SRC_ALLOW,
+    MAX_SRC_ALLOW6, MAX_STACK_SOCKETS, MAX_STACK_SOCKETS6, MAX_TUNNEL_ENDPOINTS, MAX_TUNNEL_NODES,
+    MAX_WIREGUARD_PEERS, POLICY_DENY_SLOTS, REASON_SLOTS,
 };
 use cni_ebpf_common::{
     Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_SERVICES,
@@ -226,6 +226,10 @@ pub(crate) static TUNNEL_ENDPOINTS: LpmTrie<TunnelKey, TunnelEndpoint> =
 #[map]
 pub(crate) static TUNNEL_NODES: HashMap<TunnelKey, u32> =
     HashMap::pinned(MAX_TUNNEL_NODES, BPF_F_NO_PREALLOC);
+/// With encryption on: the other nodes' pod CIDRs, and whether each node has a key.
+#[map]
+pub(crate) static WIREGUARD_PEERS: LpmTrie<TunnelKey, WireguardPeer> =
+    LpmTrie::pinned(MAX_WIREGUARD_PEERS, BPF_F_NO_PREALLOC);
 /// Service frontends translated at the socket (`--kube-proxy-replacement`).
 #[map]
 pub(crate) static SERVICES: HashMap<ServiceKey, Service> =

@@ -59,7 +59,7 @@ use crate::{
     },
     policy,
     uplink::{self, FlowMatch},
-    v6,
+    v6, wireguard,
 };
 
 /// Whether `p`, seen on the uplink, is the node's own tunnel traffic: UDP to the tunnel
@@ -150,6 +150,9 @@ pub(crate) fn to_tunnel(ctx: &TcContext) -> i32 {
     };
     if !egress_admitted(ctx) {
         return TC_ACT_SHOT as i32;
+    }
+    if let Some(v) = wireguard::steer_frame(ctx) {
+        return v;
     }
     let Some(ep) = endpoint(dst) else {
         count(Reason::DropNoTunnelEndpoint);

@@ -36,7 +36,7 @@ use crate::{
     nat::{count_translated, nat_lookup, nat_remove, sweep_if_requested},
     nodeport, policy,
     rewrite::{apply, rewrite_failed},
-    tunnel, PASS,
+    tunnel, wireguard, PASS,
 };
 
 /// The ingress stages of a packet of family `A`.
@@ -114,6 +114,9 @@ fn ingress_known<A: Family>(ctx: &TcContext) -> FlowMatch {
     };
     if tunnel::is_underlay(&p, p.daddr) {
         return FlowMatch::Underlay;
+    }
+    if wireguard::is_underlay(&p, p.daddr, false) {
+        return FlowMatch::Verdict(PASS);
     }
     if A::is_icmp_error(&p) {
         return FlowMatch::IcmpError;
@@ -275,17 +278,22 @@ pub(crate) fn egress<A: Family>(ctx: &TcContext) -> i32 {
     egress_finish(ctx, &g)
 }
 
-/// The verdict before any flow lookup, if there is one: the node's own tunnel traffic
-/// passes ([`tunnel::is_underlay`]); a local pod's packet that NetworkPolicy does not let
-/// leave the node is dropped (see [`policy::admits_leaving`]). A packet that cannot be
-/// parsed is the next stage's.
+/// The verdict before any flow lookup, if there is one: the node's own tunnel and
+/// WireGuard traffic passes ([`tunnel::is_underlay`], [`wireguard::is_underlay`]); a
+/// local pod's packet that NetworkPolicy does not let leave the node is dropped (see
+/// [`policy::admits_leaving`]); with encryption on, pod traffic for another node goes
+/// into WireGuard ([`wireguard::steer`]). A packet that cannot be parsed is the next
+/// stage's.
 #[inline(never)]
 fn egress_first<A: Family>(ctx: &TcContext) -> Option<i32> {
     let p = A::parse(ctx).ok()?;
-    if tunnel::is_underlay(&p, p.saddr) {
+    if tunnel::is_underlay(&p, p.saddr) || wireguard::is_underlay(&p, p.saddr, true) {
         return Some(PASS);
     }
-    (!policy::admits_leaving(ctx, p.saddr, p.daddr, A::IPV6)).then_some(TC_ACT_SHOT as i32)
+    if !policy::admits_leaving(ctx, p.saddr, p.daddr, A::IPV6) {
+        return Some(TC_ACT_SHOT as i32);
+    }
+    wireguard::steer(p.saddr, p.daddr)
 }
 
 /// What [`egress_known`] learnt of a flow with no NAT entry, for [`egress_grant`]: the

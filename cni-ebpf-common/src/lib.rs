@@ -14,7 +14,7 @@ use core::mem::size_of;
 /// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
 /// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
 /// `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 
 mod dns;
 mod hash;
@@ -473,6 +473,13 @@ bitflags::bitflags! {
         /// (`PolicyState::generation` 0: a boot, a purge, a new layout), every pod is
         /// closed but to its node's traffic. Without it, generation 0 judges nothing.
         const ENFORCE_POLICY = 8;
+        /// `encryption: wireguard`: pod traffic to other nodes goes through the node's
+        /// WireGuard device (`wireguard_ifindex`); a cluster destination whose node has
+        /// no key is dropped.
+        const WIREGUARD = 16;
+        /// With [`Self::WIREGUARD`]: a node without a key is reached in clear instead
+        /// (`encryptionStrict: false`).
+        const WIREGUARD_CLEAR_TO_KEYLESS = 32;
         // Bits this build does not know are kept, not dropped.
         const _ = !0;
     }
@@ -555,12 +562,14 @@ pub struct NodeConfig {
     /// The tunnel's UDP port, native order (0: no tunnel). The uplink programs pass the
     /// node's own encapsulated packets on this port at once.
     pub tunnel_port: u16,
-    /// Padding (zero).
-    pub _pad: u16,
+    /// The WireGuard device's UDP port, native order (0: no encryption). The uplink
+    /// programs pass the node's own WireGuard packets on this port at once.
+    pub wireguard_port: u16,
     /// `clusterCIDRs` (IPv4 ones), never masqueraded.
     pub cluster_cidrs: [Cidr4; MAX_CLUSTER_CIDRS],
-    /// Padding (zero).
-    pub _pad2: u32,
+    /// ifindex of the node's WireGuard device (`encryption: wireguard`), native order;
+    /// 0: none.
+    pub wireguard_ifindex: u32,
     /// Cookie of the node's network namespace (`SO_NETNS_COOKIE`), native order: the
     /// socket hooks translate only sockets of this namespace (0: none).
     pub netns_cookie: u64,
@@ -636,6 +645,8 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyCounts {}
     unsafe impl aya::Pod for super::TunnelKey {}
     unsafe impl aya::Pod for super::TunnelEndpoint {}
+    // SAFETY: `#[repr(C)]`, plain integers, no padding.
+    unsafe impl aya::Pod for super::WireguardPeer {}
     unsafe impl aya::Pod for super::ServiceKey {}
     unsafe impl aya::Pod for super::Service {}
     unsafe impl aya::Pod for super::BackendSlot {}

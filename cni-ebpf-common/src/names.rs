@@ -230,6 +230,10 @@ macro_rules! map_table {
             /// [`crate::TunnelKey`] (a node's underlay address) → `u32` (1): the other nodes, whose
             /// own traffic may come out of the tunnel (kept with [`TUNNEL_ENDPOINTS`]).
             TUNNEL_NODES tunnel_nodes: Hash<$crate::TunnelKey, u32>;
+            /// LPM trie of [`crate::TunnelKey`] → [`crate::WireguardPeer`]: with encryption on,
+            /// every other node's pod CIDRs and whether the node has a key, kept by the
+            /// agent; a cluster destination outside it is a node with no key.
+            WIREGUARD_PEERS wireguard_peers: LpmTrie<$crate::TunnelKey, $crate::WireguardPeer>;
             /// [`crate::ServiceKey`] → [`crate::Service`]: the Service frontends the socket
             /// programs translate, kept by the agent in `--kube-proxy-replacement` mode.
             SERVICES services: Hash<$crate::ServiceKey, $crate::Service>;
@@ -306,7 +310,7 @@ mod tests {
     fn a_changed_map_table_raises_the_layout_version() {
         assert_eq!(
             (LAYOUT_VERSION, map_table!(fingerprint)),
-            (9, 8_211_820_949_351_559_805),
+            (10, 10_632_832_693_282_362_558),
             "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
         );
     }

@@ -1,7 +1,7 @@
 //! The decisions and drop reasons the programs count (`REASONS`), and their names.
 
 /// Decision and drop reasons counted per CPU in the `REASONS` map (index = value).
-/// The map has [`REASON_SLOTS`] slots: the datapath's reasons take 16..64, the Service
+/// The map has [`REASON_SLOTS`] slots: the datapath's reasons take 16..67, the Service
 /// translations' and the NetworkPolicy replies' and DNS answers' 1..16; slot 0 is unused.
 #[repr(u32)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,11 +169,20 @@ pub enum Reason {
     /// Dropped: came out of the tunnel with a source that is neither the sending node's
     /// address nor in that node's pod CIDRs.
     DropTunnelSpoofed = 63,
+    /// A packet for another node's pod (or, from a pod, for another node) handed to the
+    /// node's WireGuard device, which encrypts it to that node's key.
+    WireguardEncrypt = 64,
+    /// Dropped: encryption is on and the node that holds the destination has published
+    /// no key (or is unknown), so it would have left the node in clear.
+    DropNoWireguardKey = 65,
+    /// Sent in clear to a node without a published key, as `encryptionStrict: false`
+    /// allows.
+    WireguardClearToKeyless = 66,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 59] = [
+    pub const ALL: [Reason; 62] = [
         Reason::ServiceNew,
         Reason::ServiceNewRouted,
         Reason::ServiceRouted,
@@ -233,6 +242,9 @@ impl Reason {
         Reason::DropNoTunnelEndpoint,
         Reason::TunnelDecap,
         Reason::DropTunnelSpoofed,
+        Reason::WireguardEncrypt,
+        Reason::DropNoWireguardKey,
+        Reason::WireguardClearToKeyless,
     ];
 
     /// Stable snake-case name (used by `inspect`).
@@ -298,13 +310,16 @@ impl Reason {
             Reason::DropNoTunnelEndpoint => "drop_no_tunnel_endpoint",
             Reason::TunnelDecap => "tunnel_decap",
             Reason::DropTunnelSpoofed => "drop_tunnel_spoofed",
+            Reason::WireguardEncrypt => "wireguard_encrypt",
+            Reason::DropNoWireguardKey => "drop_no_wireguard_key",
+            Reason::WireguardClearToKeyless => "wireguard_clear_to_keyless",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
-pub const REASON_SLOTS: u32 = 64;
-const _: () = assert!((Reason::DropTunnelSpoofed as u32) < REASON_SLOTS);
+pub const REASON_SLOTS: u32 = 80;
+const _: () = assert!((Reason::WireguardClearToKeyless as u32) < REASON_SLOTS);
 const _: () = assert!((Reason::PassPodTrafficToStack as u32) < REASON_SLOTS);
 
 #[cfg(test)]

@@ -19,6 +19,32 @@ pub const VXLAN_OVERHEAD4: u32 = 50;
 /// Bytes it adds over an IPv6 underlay (outer IPv6 40).
 pub const VXLAN_OVERHEAD6: u32 = 70;
 
+/// The UDP port of the node's WireGuard device unless configured (`wireguardPort`;
+/// Calico's and flannel's default is 51820, Cilium's 51871: this one avoids both).
+pub const DEFAULT_WIREGUARD_PORT: u16 = 51_872;
+
+/// Bytes WireGuard adds to a packet over an IPv4 underlay (outer IPv4 20, UDP 8,
+/// WireGuard's header 16 and authentication tag 16).
+pub const WIREGUARD_OVERHEAD4: u32 = 60;
+/// Bytes it adds over an IPv6 underlay (outer IPv6 40).
+pub const WIREGUARD_OVERHEAD6: u32 = 80;
+
+/// Capacity of [`crate::map::WIREGUARD_PEERS`]: the other nodes' pod CIDRs.
+pub const MAX_WIREGUARD_PEERS: u32 = 16_384;
+
+/// Value of [`crate::map::WIREGUARD_PEERS`] (key: a [`TunnelKey`] prefix).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WireguardPeer {
+    /// [`WIREGUARD_KEYED`]; native order.
+    pub flags: u32,
+}
+const _: () = assert!(size_of::<WireguardPeer>() == 4);
+
+/// [`WireguardPeer::flags`]: the node has published its key and is a peer of the node's
+/// WireGuard device; without it the node is known but keyless.
+pub const WIREGUARD_KEYED: u32 = 1;
+
 /// Data of a [`crate::map::TUNNEL_ENDPOINTS`] key (an LPM trie; prefix length = 0..=128
 /// bits of the address).
 #[repr(C)]

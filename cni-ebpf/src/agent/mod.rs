@@ -35,6 +35,7 @@ pub mod service_objects;
 pub mod service_table;
 pub mod services;
 pub mod watch;
+pub mod wireguard;
 
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
@@ -87,6 +88,8 @@ pub struct AgentArgs {
     node_name: Option<String>,
     #[command(flatten)]
     host_gw: routes::HostGwArgs,
+    #[command(flatten)]
+    wireguard: wireguard::WireguardArgs,
     /// Enforce NetworkPolicy (`--policy=false`: off; no policy is then put in force on
     /// this node, and the pinned state is left as it is). The conflist's
     /// `networkPolicy`, which `install` writes from the same setting, must agree: a
@@ -154,6 +157,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
             spawn(Job::Nodes, &readiness, move |readiness| {
                 nodes::run(
                     &args.host_gw,
+                    &args.wireguard,
                     &args.api,
                     &own,
                     &args.bpffs_root,
@@ -184,7 +188,8 @@ pub fn run(args: &AgentArgs) -> Result<()> {
     let mut exporter = metrics::Exporter::new(args.bpffs_root.clone(), args.networks.clone())
         .with_readiness(Arc::clone(&readiness))
         .with_liveness(bounds)
-        .with_data_dir(args.data_dir.clone());
+        .with_data_dir(args.data_dir.clone())
+        .with_wireguard(args.wireguard.key.clone());
     if args.policy {
         let totals = report::SharedTotals::default();
         exporter = exporter.with_policy(totals.clone());

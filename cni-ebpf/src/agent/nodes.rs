@@ -10,6 +10,10 @@
 //!   encapsulation). A node whose address moves to or from the uplink's subnet changes
 //!   route at once.
 //!
+//! - **WireGuard peers** (networks with `encryption: wireguard`): the node's key published
+//!   on its Node, every other node with a key a peer of the node's device
+//!   ([`super::wireguard`]).
+//!
 //! The Nodes are listed once, then watched (kube-runtime's watcher and reflector: a
 //! dropped watch resumes, a `410 Gone` lists again, an unreachable or refusing API server
 //! is retried with backoff). Everything is reconciled after every change, whenever a
@@ -35,6 +39,7 @@ use tokio::sync::Notify;
 use super::{
     ready::{Job, Readiness},
     watch::{events, Volume},
+    wireguard,
 };
 use crate::{
     agent::routes::{log, reconcile_routes, wanted_routes, HostGwArgs},
@@ -48,6 +53,8 @@ use crate::{
 const SETTLE: Duration = Duration::from_millis(30);
 /// How often the loop shows it is alive between rounds (liveness).
 const BEAT: Duration = Duration::from_secs(10);
+/// How often the WireGuard key file is looked at for a rotation.
+const KEY_CHECK: Duration = Duration::from_secs(1);
 
 /// A network in a tunnel mode.
 struct TunnelNetwork {
@@ -66,7 +73,7 @@ pub struct Underlay {
 }
 
 impl Underlay {
-    fn has(self, ip: IpAddr) -> bool {
+    pub(super) fn has(self, ip: IpAddr) -> bool {
         if ip.is_ipv4() {
             self.v4
         } else {
@@ -74,7 +81,7 @@ impl Underlay {
         }
     }
 
-    fn describe(self) -> &'static str {
+    pub(super) fn describe(self) -> &'static str {
         match (self.v4, self.v6) {
             (true, true) => "IPv4 or IPv6",
             (true, false) => "IPv4",
@@ -197,6 +204,10 @@ async fn report(
 }
 
 /// One round over `nodes`.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the loop's state, passed through"
+)]
 async fn round(
     nodes: &[Node],
     nl: &Nl,
@@ -205,7 +216,9 @@ async fn round(
     root: &Path,
     last_skipped: &mut Vec<String>,
     (recorder, reported): (&Recorder, &mut Vec<Skipped>),
+    (keeper, node_api): (&mut wireguard::Keeper, &Api<Node>),
 ) {
+    keeper.round(nodes, own, root, node_api).await;
     let tunnels = tunnel_networks(root);
     let mut unreachable = Vec::new();
     for t in &tunnels {
@@ -246,6 +259,7 @@ async fn round(
 /// made.
 pub fn run(
     args: &HostGwArgs,
+    wg: &wireguard::WireguardArgs,
     api: &ApiArgs,
     own: &str,
     root: &Path,
@@ -282,6 +296,8 @@ pub fn run(
             },
         );
         let mut reported = Vec::new();
+        let mut keeper = wireguard::Keeper::new(wg);
+        let node_api = Api::<Node>::all(client.clone());
         let (store, writer) = reflector::store::<Node>();
         let changed = Arc::new(Notify::new());
         {
@@ -317,12 +333,20 @@ pub fn run(
                 root,
                 &mut last_skipped,
                 (&recorder, &mut reported),
+                (&mut keeper, &node_api),
             )
             .await;
             readiness.done(Job::Nodes);
             let next = tokio::time::Instant::now() + Duration::from_secs(args.interval);
+            // With encryption, the key file is looked at every second (a rotation).
+            let key_check = wireguard::Keeper::wanted(root).then_some(KEY_CHECK);
             loop {
                 tokio::select! {
+                    () = tokio::time::sleep(key_check.unwrap_or(BEAT)), if key_check.is_some() => {
+                        let nodes: Vec<Node> =
+                            store.state().iter().map(|n| Node::clone(n)).collect();
+                        keeper.round(&nodes, own, root, &node_api).await;
+                    }
                     () = changed.notified() => {
                         tokio::time::sleep(SETTLE).await;
                         break;

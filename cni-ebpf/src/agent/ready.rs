@@ -296,6 +296,15 @@ pub fn conflist_disagreements(s: &Settings) -> Vec<String> {
                  --policy=false (CNI_EBPF_NETWORK_POLICY): its pods stay closed"
             ));
         }
+        let wants_wireguard = plugin.get("encryption").and_then(Value::as_str) == Some("wireguard");
+        if wants_wireguard {
+            if let Err(e) = crate::kernel::wireguard::Wg::connect() {
+                out.push(format!(
+                    "conflist {file}: encryption is \"wireguard\", but {e}: every ADD fails \
+                     and no pod of this node has a network"
+                ));
+            }
+        }
     }
     out
 }

@@ -76,12 +76,26 @@ enum Cmd {
     /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
     /// store (only when no pods are left on it).
     Uninstall(install::UninstallArgs),
+    /// The node's WireGuard key (`encryption: wireguard`).
+    #[command(subcommand)]
+    Wireguard(WireguardCmd),
     /// The rest of a DEL, in a process of its own that DEL starts and does not wait for:
     /// purging the flows of the pod's addresses and deleting its retired veth pair.
     #[command(hide = true)]
     FinishDel {
         /// What is left, as DEL wrote it.
         job: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum WireguardCmd {
+    /// Make a new key pair for this node: a new private key in the agent's key file. The
+    /// node's agent puts it in force and publishes the public key within a second; each
+    /// other node follows from its Node watch.
+    RotateKey {
+        #[command(flatten)]
+        key: crate::agent::wireguard::WireguardArgs,
     },
 }
 
@@ -120,6 +134,15 @@ pub fn main() -> ExitCode {
         Cmd::Agent(args) => crate::agent::run(&args),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
+        Cmd::Wireguard(WireguardCmd::RotateKey { key }) => {
+            crate::agent::wireguard::rotate(&key.key).map(|public| {
+                println!(
+                    "new key pair in {}: public key {}",
+                    key.key.display(),
+                    crate::agent::wireguard::encode(&public)
+                );
+            })
+        }
         Cmd::FinishDel { job } => crate::verbs::del::FinishJob::run(&job),
     };
     match out {

@@ -63,6 +63,7 @@ mod status;
 pub mod tunnel;
 pub mod upgrade;
 mod uplink;
+pub mod wireguard;
 
 use std::{
     path::Path,
@@ -194,8 +195,21 @@ impl Datapath {
             .ensure_tunnel(nl, conf, tunnel_mtu, old.tunnel_ifindex)
             .await?;
         dp.tunnel_ifindex = tunnel.map_or(0, |t| t.ifindex);
+        let wireguard_mtu = facts
+            .uplink_mtu
+            .saturating_sub(if facts.uplink_addr.is_some() {
+                cni_ebpf_common::WIREGUARD_OVERHEAD4
+            } else {
+                cni_ebpf_common::WIREGUARD_OVERHEAD6
+            });
+        let wireguard = dp.ensure_wireguard(nl, conf, wireguard_mtu).await?;
         let netns_cookie = dp.ensure_socket_hooks(&conf.cgroup_path, old.netns_cookie)?;
-        let snat_ports = node_facts::snat_port_range(tunnel.map(|t| t.port));
+        let avoid: Vec<u16> = tunnel
+            .map(|t| t.port)
+            .into_iter()
+            .chain(wireguard.map(|w| w.port))
+            .collect();
+        let snat_ports = node_facts::snat_port_range(&avoid);
         let settings = NodeConfigSpec {
             node_addr: facts.uplink_addr,
             uplink_ifindex,
@@ -209,6 +223,7 @@ impl Datapath {
             snat_dest_cap: node_config::snat_dest_cap(conf.nat_ports_per_destination, snat_ports),
             netns_cookie,
             tunnel,
+            wireguard,
         };
         dp.write_node_config(&old, &settings)?;
         if all {

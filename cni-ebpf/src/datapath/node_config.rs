@@ -55,6 +55,8 @@ pub struct NodeConfigSpec {
     pub netns_cookie: u64,
     /// The node's tunnel (`None`: other nodes' pods are routed).
     pub tunnel: Option<super::tunnel::TunnelState>,
+    /// The node's WireGuard device (`None`: no encryption).
+    pub wireguard: Option<super::wireguard::WireguardState>,
 }
 
 /// The SNAT ports one pod may hold towards one destination on a node whose SNAT range is
@@ -110,6 +112,11 @@ impl Datapath {
                     NodeFlags::CROSS_SUBNET,
                     s.tunnel.is_some_and(|t| t.cross_subnet),
                 );
+                f.set(NodeFlags::WIREGUARD, s.wireguard.is_some());
+                f.set(
+                    NodeFlags::WIREGUARD_CLEAR_TO_KEYLESS,
+                    s.wireguard.is_some_and(|w| !w.strict),
+                );
                 f
             },
             n_cidrs: u32::try_from(s.cluster_cidrs.len()).unwrap_or(0),
@@ -119,9 +126,9 @@ impl Datapath {
             tunnel_ifindex: s.tunnel.map_or(0, |t| t.ifindex),
             tunnel_vni: s.tunnel.map_or(0, |t| t.vni),
             tunnel_port: s.tunnel.map_or(0, |t| t.port),
-            _pad: 0,
+            wireguard_port: s.wireguard.map_or(0, |w| w.port),
             cluster_cidrs: [Cidr4::default(); MAX_CLUSTER_CIDRS],
-            _pad2: 0,
+            wireguard_ifindex: s.wireguard.map_or(0, |w| w.ifindex),
             netns_cookie: s.netns_cookie,
         };
         for (slot, c) in cfg.cluster_cidrs.iter_mut().zip(&s.cluster_cidrs) {

@@ -29,8 +29,8 @@ pub struct UplinkFacts {
 }
 
 /// The MTU a pod gets: `mtu` when the configuration sets it, else the path's — the
-/// uplink's MTU (`uplink_mtu`), less the encapsulation in the tunnel modes (an IPv6
-/// underlay's when the uplink has no IPv4 address). The second value is a warning when
+/// uplink's MTU (`uplink_mtu`), less the encapsulation in the tunnel modes and with
+/// encryption (an IPv6 underlay's when the uplink has no IPv4 address). The second value is a warning when
 /// a configured MTU exceeds the path's (its packets to other nodes then rely on
 /// fragmentation or path-MTU discovery).
 #[must_use]
@@ -40,10 +40,25 @@ pub fn pod_mtu(
     ipv4_underlay: bool,
 ) -> (u32, Option<String>) {
     use crate::cni::config::CrossNode;
-    let overhead = match conf.cross_node {
-        CrossNode::Routed => 0,
-        _ if ipv4_underlay => cni_ebpf_common::VXLAN_OVERHEAD4,
-        _ => cni_ebpf_common::VXLAN_OVERHEAD6,
+    let (tunnel, wireguard) = if ipv4_underlay {
+        (
+            cni_ebpf_common::VXLAN_OVERHEAD4,
+            cni_ebpf_common::WIREGUARD_OVERHEAD4,
+        )
+    } else {
+        (
+            cni_ebpf_common::VXLAN_OVERHEAD6,
+            cni_ebpf_common::WIREGUARD_OVERHEAD6,
+        )
+    };
+    // With encryption a pod's packet to another node goes into WireGuard in place of the
+    // tunnel, or through the tunnel to a node that has no key (`encryptionStrict:
+    // false`): the larger of the two overheads of the paths it may take.
+    let overhead = match (conf.cross_node, conf.encryption.is_some()) {
+        (CrossNode::Routed, false) => 0,
+        (CrossNode::Routed, true) => wireguard,
+        (_, false) => tunnel,
+        (_, true) => tunnel.max(wireguard),
     };
     let path = uplink_mtu.saturating_sub(overhead).max(68);
     match conf.mtu {
@@ -53,7 +68,7 @@ pub fn pod_mtu(
                 "mtu {m} is larger than the path's {path} (the uplink's {uplink_mtu}{}): \
                  packets to other nodes rely on fragmentation and path-MTU discovery",
                 if overhead > 0 {
-                    format!(" less {overhead} bytes of tunnel headers")
+                    format!(" less {overhead} bytes of tunnel or WireGuard headers")
                 } else {
                     String::new()
                 }
@@ -156,9 +171,9 @@ pub async fn read(nl: &Nl, uplink: Option<&str>, all: bool) -> Result<UplinkFact
 /// listening on such a port is unaffected, since a masqueraded flow only ever shares a
 /// full 4-tuple with a node socket if the outside peer connects from the flow's own
 /// destination port.
-/// The tunnel's UDP port (`avoid`), when the node has a tunnel, is left out of it: the
-/// uplink programs hand every packet to that port on the node to the tunnel.
-pub fn snat_port_range(avoid: Option<u16>) -> (u16, u16) {
+/// The tunnel's and WireGuard's UDP ports (`avoid`), when the node has them, are left
+/// out of it: the uplink programs hand every packet to those ports on the node to them.
+pub fn snat_port_range(avoid: &[u16]) -> (u16, u16) {
     let (lo, hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|s| {
@@ -166,8 +181,9 @@ pub fn snat_port_range(avoid: Option<u16>) -> (u16, u16) {
             Some((it.next()?, it.next()?))
         })
         .unwrap_or((32768, 60999));
-    let range = pick_range(lo, hi);
-    avoid.map_or(range, |port| leave_out(range, port))
+    avoid
+        .iter()
+        .fold(pick_range(lo, hi), |range, port| leave_out(range, *port))
 }
 
 /// The larger part of `range` on either side of `port` (`range` itself when `port` is

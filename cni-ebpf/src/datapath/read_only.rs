@@ -194,6 +194,12 @@ pub struct NodeConfigView {
     pub cross_subnet: bool,
     /// `networkPolicy`: NetworkPolicy enforced, pods closed until the agent's first swap.
     pub network_policy: bool,
+    /// The WireGuard device's ifindex (0: no encryption).
+    pub wireguard_ifindex: u32,
+    /// The WireGuard device's UDP port.
+    pub wireguard_port: u16,
+    /// `encryptionStrict`: a node without a key is unreachable (else reached in clear).
+    pub wireguard_strict: bool,
 }
 
 /// Everything the datapath holds for one (container ID, ifname), for GC.
@@ -480,6 +486,10 @@ impl Datapath {
             node_addrs,
             tunnel_ifindex: cfg.tunnel_ifindex,
             cross_subnet: cfg.flags.contains(NodeFlags::CROSS_SUBNET),
+            wireguard_ifindex: cfg.wireguard_ifindex,
+            wireguard_port: cfg.wireguard_port,
+            wireguard_strict: cfg.flags.contains(NodeFlags::WIREGUARD)
+                && !cfg.flags.contains(NodeFlags::WIREGUARD_CLEAR_TO_KEYLESS),
             network_policy: cfg.flags.contains(NodeFlags::ENFORCE_POLICY),
         })
     }

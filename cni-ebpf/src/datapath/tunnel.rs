@@ -246,13 +246,6 @@ impl Datapath {
     }
 
     fn set_tunnel_prefixes(&self, entries: &[(IpNet, std::net::IpAddr)]) -> Result<usize> {
-        let key = |net: &IpNet| {
-            let (addr, len) = match net {
-                IpNet::V4(n) => (n.network().to_ipv6_mapped().octets(), 96 + n.prefix_len()),
-                IpNet::V6(n) => (n.network().octets(), n.prefix_len()),
-            };
-            Key::new(u32::from(len), TunnelKey { addr })
-        };
         let value = |ip: &std::net::IpAddr| match ip {
             std::net::IpAddr::V4(a) => TunnelEndpoint {
                 node: a.to_ipv6_mapped().octets(),
@@ -269,11 +262,10 @@ impl Datapath {
         let mut trie = m.tunnel_endpoints()?;
         let now: Vec<(Key<TunnelKey>, TunnelEndpoint)> =
             trie.iter().filter_map(std::result::Result::ok).collect();
-        let wanted: Vec<(Key<TunnelKey>, TunnelEndpoint)> =
-            entries.iter().map(|(n, ip)| (key(n), value(ip))).collect();
-        let same_key = |a: &Key<TunnelKey>, b: &Key<TunnelKey>| {
-            a.prefix_len() == b.prefix_len() && a.data().addr == b.data().addr
-        };
+        let wanted: Vec<(Key<TunnelKey>, TunnelEndpoint)> = entries
+            .iter()
+            .map(|(n, ip)| (trie_key(n), value(ip)))
+            .collect();
         let mut changed = 0;
         for (k, v) in &wanted {
             if now.iter().any(|(nk, nv)| same_key(nk, k) && nv == v) {
@@ -300,23 +292,43 @@ impl Datapath {
         let mut out = Vec::new();
         for item in trie.iter() {
             let (k, v) = item.map_err(|e| maps::err(map_name::TUNNEL_ENDPOINTS, "read", e))?;
-            let addr = std::net::Ipv6Addr::from(k.data().addr);
-            let len = u8::try_from(k.prefix_len()).unwrap_or(128);
-            let net = match addr.to_ipv4_mapped() {
-                Some(v4) if len >= 96 => IpNet::new(v4.into(), len - 96),
-                _ => IpNet::new(addr.into(), len),
-            };
+            let net = trie_net(&k);
             let node = std::net::Ipv6Addr::from(v.node);
             let node = if v.flags & TUNNEL_IPV6 == 0 {
                 node.to_ipv4_mapped().map_or(node.into(), Into::into)
             } else {
                 node.into()
             };
-            if let Ok(net) = net {
+            if let Some(net) = net {
                 out.push((net, node));
             }
         }
         out.sort();
         Ok(out)
     }
+}
+
+/// The trie key of a prefix: IPv4 mapped into IPv6 (a /24 is a /120).
+pub(super) fn trie_key(net: &IpNet) -> Key<TunnelKey> {
+    let (addr, len) = match net {
+        IpNet::V4(n) => (n.network().to_ipv6_mapped().octets(), 96 + n.prefix_len()),
+        IpNet::V6(n) => (n.network().octets(), n.prefix_len()),
+    };
+    Key::new(u32::from(len), TunnelKey { addr })
+}
+
+/// The prefix of a trie key ([`trie_key`]'s inverse).
+pub(super) fn trie_net(k: &Key<TunnelKey>) -> Option<IpNet> {
+    let addr = std::net::Ipv6Addr::from(k.data().addr);
+    let len = u8::try_from(k.prefix_len()).unwrap_or(128);
+    match addr.to_ipv4_mapped() {
+        Some(v4) if len >= 96 => IpNet::new(v4.into(), len - 96),
+        _ => IpNet::new(addr.into(), len),
+    }
+    .ok()
+}
+
+/// Whether two trie keys are the same prefix.
+pub(super) fn same_key(a: &Key<TunnelKey>, b: &Key<TunnelKey>) -> bool {
+    a.prefix_len() == b.prefix_len() && a.data().addr == b.data().addr
 }

@@ -554,7 +554,13 @@ pub fn name(node: &Node) -> &str {
 pub fn slim_node(node: &mut Node) {
     let meta = &mut node.metadata;
     meta.managed_fields = None;
-    meta.annotations = None;
+    // Only the node's WireGuard key is read.
+    let key = crate::agent::wireguard::PUBLIC_KEY_ANNOTATION;
+    meta.annotations = meta
+        .annotations
+        .take()
+        .and_then(|mut a| a.remove_entry(key))
+        .map(|kv| [kv].into());
     meta.labels = None;
     meta.owner_references = None;
     meta.finalizers = None;

@@ -50,6 +50,8 @@ pub struct NetworkSnapshot {
     pub host_ports: Option<u64>,
     /// The pod of each endpoint (container ID, ifname) the network's IPAM store names.
     pub pods: HashMap<(String, String), PodRef>,
+    /// Whether its pod traffic between nodes is encrypted (a WireGuard device).
+    pub wireguard: bool,
 }
 
 /// What one scrape read.
@@ -66,6 +68,8 @@ pub struct Snapshot {
     pub policy: Option<PolicySnapshot>,
     /// The agent's own state (`None`: no agent jobs to report).
     pub agent: Option<AgentSnapshot>,
+    /// The node's WireGuard peers (`None`: no WireGuard device).
+    pub wireguard: Option<Vec<crate::agent::wireguard::PeerReport>>,
 }
 
 /// The agent's own state at one scrape.
@@ -128,6 +132,9 @@ pub fn network(root: &Path, data_dir: Option<&Path>, name: &str) -> NetworkSnaps
     out.flows = part(&mut out, "flows", dp.flow_summary());
     out.attachments = part(&mut out, "attachments", dp.attachments()).map(|a| n(a.len()));
     out.host_ports = part(&mut out, "host_ports", dp.port_mappings()).map(|p| n(p.len()));
+    out.wireguard = dp
+        .node_config_view()
+        .is_ok_and(|c| c.wireguard_ifindex != 0);
     out
 }
 
@@ -157,6 +164,7 @@ pub struct Exporter {
     liveness: Option<crate::agent::liveness::Bounds>,
     /// `dataDir` of the networks, whose IPAM stores name each endpoint's pod.
     data_dir: Option<PathBuf>,
+    wireguard_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Default)]
@@ -180,7 +188,16 @@ impl Exporter {
             readiness: None,
             liveness: None,
             data_dir: None,
+            wireguard_key: None,
         }
+    }
+
+    /// Also reports the node's WireGuard peers, named from the agent's files next to
+    /// `key_file`.
+    #[must_use]
+    pub fn with_wireguard(mut self, key_file: PathBuf) -> Self {
+        self.wireguard_key = Some(key_file);
+        self
     }
 
     /// Labels endpoints with their pods, from the IPAM stores below `dir`.
@@ -301,12 +318,19 @@ impl Exporter {
                 .map(|(resource, e)| (resource, (e.requests, e.failures, e.bytes)))
                 .collect(),
         });
+        let wireguard = self
+            .wireguard_key
+            .as_deref()
+            .filter(|_| networks.iter().any(|n| n.wireguard))
+            .and_then(crate::agent::wireguard::report)
+            .map(|(_, peers)| peers);
         Snapshot {
             networks,
             discovery_errors_total: self.networks.is_empty().then_some(errors_discovery),
             duration: started.elapsed(),
             policy,
             agent,
+            wireguard,
         }
     }
 }

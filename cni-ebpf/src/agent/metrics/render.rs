@@ -186,7 +186,40 @@ pub fn families(s: &Snapshot) -> Vec<Family> {
     if let Some(a) = &s.agent {
         out.extend(agent_families(a));
     }
+    if let Some(peers) = &s.wireguard {
+        out.extend(wireguard_families(peers));
+    }
     out
+}
+
+/// The node's WireGuard peers, one sample each, labelled with the peer's node (one
+/// series per other node of the cluster). What strict mode drops for nodes without a
+/// key is `cni_ebpf_reason_packets_total{reason="drop_no_wireguard_key"}`.
+fn wireguard_families(peers: &[crate::agent::wireguard::PeerReport]) -> Vec<Family> {
+    let mut count = Family::gauge(
+        "cni_ebpf_wireguard_peers",
+        "Other nodes that are peers of this node's WireGuard device (published a key).",
+    );
+    count.push(&[], u64::try_from(peers.len()).unwrap_or(u64::MAX));
+    let mut handshake = Family::gauge(
+        "cni_ebpf_wireguard_peer_last_handshake_seconds",
+        "Unix time of the last completed handshake with a peer node (0: none yet).",
+    );
+    let mut rx = Family::counter(
+        "cni_ebpf_wireguard_peer_received_bytes_total",
+        "Bytes received from a peer node through WireGuard.",
+    );
+    let mut tx = Family::counter(
+        "cni_ebpf_wireguard_peer_sent_bytes_total",
+        "Bytes sent to a peer node through WireGuard.",
+    );
+    for p in peers {
+        let labels = [("node", p.node.as_str())];
+        handshake.push(&labels, p.last_handshake.unwrap_or(0));
+        rx.push(&labels, p.rx_bytes);
+        tx.push(&labels, p.tx_bytes);
+    }
+    vec![count, handshake, rx, tx]
 }
 
 /// The agent's own state: its probes, its settings against the conflists, and its traffic
@@ -674,6 +707,7 @@ mod tests {
         let loaded = NetworkSnapshot {
             name: "k8s-pod-network".into(),
             loaded: true,
+            wireguard: false,
             failures: Vec::new(),
             errors_total: 0,
             endpoints: vec![
@@ -756,6 +790,7 @@ mod tests {
             networks: vec![loaded, broken, absent],
             discovery_errors_total: Some(0),
             duration: Duration::from_millis(12),
+            wireguard: None,
             policy: Some(PolicySnapshot {
                 verdicts: [(
                     (

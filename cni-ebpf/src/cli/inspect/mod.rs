@@ -44,6 +44,9 @@ pub struct InspectArgs {
     /// Where the agent writes its NetworkPolicy state (which policies select each pod).
     #[arg(long, default_value = crate::agent::report::DEFAULT_STATE_DIR)]
     state_dir: PathBuf,
+    /// The agent's WireGuard key file (`peers.json` next to it names the peers).
+    #[command(flatten)]
+    wireguard: crate::agent::wireguard::WireguardArgs,
     /// Streams the packets NetworkPolicy refuses (of the pods `--pod`/`--namespace`
     /// select, or all), one line each (`--json`: one object each), until interrupted.
     #[arg(long)]

@@ -162,6 +162,21 @@ pub(super) struct Report {
     pub services: Vec<ServiceView>,
     pub maps: Vec<MapStats>,
     pub reasons: Vec<ReasonCount>,
+    /// The node's WireGuard device (encryption on): its key and peers.
+    pub wireguard: Option<WireguardView>,
+}
+
+/// The node's WireGuard device as `inspect` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct WireguardView {
+    pub device: &'static str,
+    pub public_key: Option<String>,
+    pub port: u16,
+    pub strict: bool,
+    pub peers: Vec<crate::agent::wireguard::PeerReport>,
+    /// Nodes without a peer, and why (as the agent last wrote it).
+    pub keyless: std::collections::BTreeMap<String, String>,
 }
 
 impl Report {
@@ -186,8 +201,22 @@ impl Report {
         if let Some(state) = &agent {
             explain(dp, state, &mut denies)?;
         }
+        let node = dp.node_config_view()?;
+        let wireguard = (node.wireguard_ifindex != 0).then(|| {
+            use crate::agent::wireguard::{report, PeerNames};
+            let (public_key, peers) = report(&args.wireguard.key).unwrap_or_default();
+            WireguardView {
+                device: crate::datapath::wireguard::WIREGUARD_DEVICE,
+                public_key,
+                port: node.wireguard_port,
+                strict: node.wireguard_strict,
+                peers,
+                keyless: PeerNames::read(&args.wireguard.key).keyless,
+            }
+        });
         Ok(Self {
-            node: dp.node_config_view()?,
+            node,
+            wireguard,
             flows: dp.flow_summary()?,
             policy,
             agent,
@@ -254,6 +283,7 @@ impl Report {
             "services": self.services,
             "reasons": self.reasons,
             "maps": self.maps,
+            "wireguard": self.wireguard,
         })
     }
 }

@@ -11,7 +11,7 @@ const SHOWN_SERVICES: usize = 200;
 pub(super) fn render(r: &Report) -> String {
     let mut out = String::new();
     for section in [
-        node, endpoints, host_ports, nat, flows, policy, denies, services, maps, reasons,
+        node, wireguard, endpoints, host_ports, nat, flows, policy, denies, services, maps, reasons,
     ] {
         section(&mut out, r);
     }
@@ -43,6 +43,56 @@ fn node(out: &mut String, r: &Report) {
         node.snat_ports.1,
         node.snat_dest_cap
     );
+}
+
+fn wireguard(out: &mut String, r: &Report) {
+    let Some(w) = &r.wireguard else {
+        return;
+    };
+    line!(
+        out,
+        "\nWIREGUARD {} (UDP {}, {}): public key {}",
+        w.device,
+        w.port,
+        if w.strict {
+            "nodes without a key unreachable"
+        } else {
+            "nodes without a key reached IN CLEAR"
+        },
+        w.public_key.as_deref().unwrap_or("none yet")
+    );
+    line!(
+        out,
+        "{:<20} {:<46} {:<28} {:>20} {:>12} {:>12}",
+        "NODE",
+        "PUBLIC KEY",
+        "ENDPOINT",
+        "LAST HANDSHAKE",
+        "RX BYTES",
+        "TX BYTES"
+    );
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    for p in &w.peers {
+        let handshake = p.last_handshake.map_or_else(
+            || "never".to_owned(),
+            |t| format!("{} s ago", now.saturating_sub(t)),
+        );
+        line!(
+            out,
+            "{:<20} {:<46} {:<28} {:>20} {:>12} {:>12}",
+            p.node,
+            p.public_key,
+            p.endpoint.as_deref().unwrap_or("-"),
+            handshake,
+            p.rx_bytes,
+            p.tx_bytes
+        );
+    }
+    for (node, why) in &w.keyless {
+        line!(out, "{node:<20} no peer: {why}");
+    }
 }
 
 fn endpoints(out: &mut String, r: &Report) {

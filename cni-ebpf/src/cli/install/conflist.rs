@@ -23,6 +23,10 @@ pub(super) struct Plugin<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     cross_node: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    encryption: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    encryption_strict: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     uplink: Option<&'a str>,
     ip_masq: bool,
     network_policy: bool,
@@ -129,6 +133,10 @@ pub fn render_conflist(args: &InstallArgs) -> Result<Vec<u8>> {
             plugin_type: BINARY_NAME,
             mtu: args.mtu,
             cross_node: args.cross_node.as_deref(),
+            encryption: args.encryption.as_deref(),
+            encryption_strict: args
+                .encryption_strict
+                .filter(|_| args.encryption.as_deref() == Some("wireguard")),
             uplink: args.uplink.as_deref(),
             ip_masq: args.ip_masq,
             network_policy: args.network_policy,

@@ -144,6 +144,14 @@ pub struct InstallArgs {
     /// by default none is written (routed).
     #[arg(long, env = "CNI_EBPF_CROSS_NODE", value_parser = ["routed", "tunnel", "crossSubnet"])]
     pub cross_node: Option<String>,
+    /// `encryption`: `wireguard` puts pod traffic between nodes inside WireGuard (the
+    /// agent makes and publishes the keys); by default none is written (no encryption).
+    #[arg(long, env = "CNI_EBPF_ENCRYPTION", value_parser = ["none", "wireguard"])]
+    pub encryption: Option<String>,
+    /// `encryptionStrict`: `false` reaches a node without a published key in clear
+    /// (default: unreachable). Written only with `--encryption wireguard`.
+    #[arg(long, env = "CNI_EBPF_ENCRYPTION_STRICT", action = clap::ArgAction::Set)]
+    pub encryption_strict: Option<bool>,
     /// `attach`: how programs are attached (`tc`, `tcx` or `auto`).
     #[arg(long, value_parser = ["tc", "tcx", "auto"])]
     pub attach: Option<String>,

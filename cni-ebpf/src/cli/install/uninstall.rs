@@ -314,6 +314,12 @@ impl<'a> Purge<'a> {
                         crate::datapath::tunnel::TUNNEL_DEVICE
                     );
                 }
+                if dp.remove_wireguard()? {
+                    tracing::info!(
+                        "removed the WireGuard device {}",
+                        crate::datapath::wireguard::WIREGUARD_DEVICE
+                    );
+                }
                 routes = crate::kernel::link::runtime()?.block_on(async {
                     crate::agent::routes::remove_all_routes(&crate::kernel::link::Nl::connect()?).await
                 })?;

@@ -28,7 +28,7 @@ mod runtime;
 use options::{log_rotation, RawLogOptions};
 use runtime::{fold_go_capability_keys, with_runtime_ranges};
 
-pub use options::{AttachPolicy, CgroupPath, CrossNode, InterfaceKind, TunnelConf};
+pub use options::{AttachPolicy, CgroupPath, CrossNode, EncryptionConf, InterfaceKind, TunnelConf};
 pub use runtime::{Attachment, Bandwidth, EgressRate, PortMapping, RuntimeConfig};
 
 /// Default root of the pinned eBPF objects.
@@ -65,6 +65,12 @@ struct Raw {
     tunnel_port: Option<u32>,
     #[serde(default)]
     tunnel_vni: Option<u32>,
+    #[serde(default)]
+    encryption: Option<String>,
+    #[serde(default)]
+    wireguard_port: Option<u32>,
+    #[serde(default)]
+    encryption_strict: Option<bool>,
     #[serde(default, rename = "clusterCIDRs")]
     cluster_cidrs: Option<Vec<IpNet>>,
     #[serde(default)]
@@ -141,6 +147,9 @@ pub struct NetConf {
     /// `tunnelPort`, `tunnelVni`: the tunnel device's UDP port and VXLAN network
     /// identifier (used by the tunnel modes).
     pub tunnel: TunnelConf,
+    /// `encryption: wireguard` and its settings (`None`: pod traffic between nodes is
+    /// not encrypted).
+    pub encryption: Option<EncryptionConf>,
     /// `clusterCIDRs`: destinations never masqueraded.
     pub cluster_cidrs: Vec<IpNet>,
     /// `bpffsRoot`.
@@ -212,6 +221,19 @@ impl NetConf {
         check_cluster_cidrs(&cluster_cidrs)?;
         let cross_node = CrossNode::parse(raw.cross_node.as_deref())?;
         let tunnel = TunnelConf::parse(raw.tunnel_port, raw.tunnel_vni)?;
+        let encryption = EncryptionConf::parse(
+            raw.encryption.as_deref(),
+            raw.wireguard_port,
+            raw.encryption_strict,
+        )?;
+        if let Some(e) = encryption {
+            if cross_node != CrossNode::Routed && e.port == tunnel.port {
+                return Err(Error::config(
+                    "wireguardPort",
+                    format!("{} is the tunnel's port too (tunnelPort)", e.port),
+                ));
+            }
+        }
         let mtu = raw.mtu;
         if let Some(mtu) = mtu.filter(|m| !(68..=65535).contains(m)) {
             return Err(Error::config("mtu", format!("{mtu} is outside 68..=65535")));
@@ -245,10 +267,26 @@ impl NetConf {
         let log_rotation = log_rotation(raw.log_options.unwrap_or_default())?;
 
         let runtime_config = raw.runtime_config.unwrap_or_default();
-        // In the tunnel modes the tunnel's UDP port is not a host port a pod may map.
-        let tunnel_port = (cross_node != CrossNode::Routed)
-            .then(|| (tunnel.port, raw.cross_node.as_deref().unwrap_or_default()));
-        runtime_config.check(tunnel_port)?;
+        // In the tunnel modes the tunnel's UDP port is not a host port a pod may map, nor
+        // is WireGuard's with encryption on.
+        let mut reserved = Vec::new();
+        if cross_node != CrossNode::Routed {
+            reserved.push((
+                tunnel.port,
+                format!(
+                    "the tunnel's port on this node (tunnelPort, crossNode {:?})",
+                    raw.cross_node.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
+        if let Some(e) = encryption {
+            reserved.push((
+                e.port,
+                "WireGuard's port on this node (wireguardPort, encryption \"wireguard\")"
+                    .to_owned(),
+            ));
+        }
+        runtime_config.check(&reserved)?;
 
         let cgroup_path = CgroupPath::parse(raw.cgroup_path)?;
 
@@ -283,6 +321,7 @@ impl NetConf {
             network_policy: raw.network_policy.unwrap_or(true),
             cross_node,
             tunnel,
+            encryption,
             cluster_cidrs,
             bpffs_root,
             data_dir,

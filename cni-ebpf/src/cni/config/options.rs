@@ -87,6 +87,41 @@ impl TunnelConf {
     }
 }
 
+/// `encryption`, `wireguardPort`, `encryptionStrict`: pod traffic between nodes in
+/// WireGuard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EncryptionConf {
+    /// The WireGuard device's UDP port (`wireguardPort`, default
+    /// [`cni_ebpf_common::DEFAULT_WIREGUARD_PORT`]).
+    pub port: u16,
+    /// `encryptionStrict` (default true): a node that has published no key is
+    /// unreachable; `false` reaches it in clear (logged by the agent, counted).
+    pub strict: bool,
+}
+
+impl EncryptionConf {
+    /// `encryption` (`"none"`, the default, or `"wireguard"`) with its settings checked;
+    /// `None` without encryption. The settings of a mode that is off are still checked.
+    pub(super) fn parse(
+        mode: Option<&str>,
+        port: Option<u32>,
+        strict: Option<bool>,
+    ) -> Result<Option<Self>> {
+        let on = one_of("encryption", mode, &[("none", false), ("wireguard", true)])?;
+        let wanted = port.unwrap_or(u32::from(cni_ebpf_common::DEFAULT_WIREGUARD_PORT));
+        let port = u16::try_from(wanted)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| {
+                Error::config("wireguardPort", format!("{wanted} is outside 1..=65535"))
+            })?;
+        Ok(on.then_some(Self {
+            port,
+            strict: strict.unwrap_or(true),
+        }))
+    }
+}
+
 /// Where the socket hooks (host ports for the node's own sockets) are attached
 /// (`cgroupPath`).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -72,9 +72,9 @@ pub struct RuntimeConfig {
 
 impl RuntimeConfig {
     /// Checks the port mappings and the MAC: both ports set, `tcp` or `udp`, no host
-    /// port mapped twice, and none on `tunnel`, the tunnel's UDP port with the
-    /// `crossNode` value as written (`None` when no tunnel runs).
-    pub(super) fn check(&self, tunnel: Option<(u16, &str)>) -> Result<()> {
+    /// port mapped twice, and no UDP host port on one of the node's `reserved` ones (the
+    /// tunnel's, WireGuard's: the port and what it is, as the error says it).
+    pub(super) fn check(&self, reserved: &[(u16, String)]) -> Result<()> {
         let mut seen = std::collections::HashSet::new();
         for (i, pm) in self.port_mappings.iter().enumerate() {
             let field = format!("runtimeConfig.portMappings[{i}]");
@@ -97,15 +97,11 @@ impl RuntimeConfig {
                     format!("{:?} is not supported (tcp or udp)", pm.protocol),
                 ));
             }
-            if let Some((port, cross_node)) = tunnel {
-                if proto == "udp" && pm.host_port == port {
+            if let Some((_, what)) = reserved.iter().find(|(p, _)| *p == pm.host_port) {
+                if proto == "udp" {
                     return Err(Error::config(
                         format!("{field}.hostPort"),
-                        format!(
-                            "{}/udp is the tunnel's port on this node (tunnelPort, crossNode \
-                             {cross_node:?})",
-                            pm.host_port
-                        ),
+                        format!("{}/udp is {what}", pm.host_port),
                     ));
                 }
             }
@@ -400,5 +396,53 @@ mod tests {
             assert!(NetConf::parse(conf(mode, "tcp").as_bytes(), Command::Add).is_ok());
         }
         assert!(NetConf::parse(conf("routed", "udp").as_bytes(), Command::Add).is_ok());
+    }
+
+    /// `encryption`: its values, its port's range and conflicts, named in the error.
+    #[test]
+    fn encryption_settings_are_checked_and_named() {
+        let parse = |extra: serde_json::Value| {
+            let mut conf = json!({
+                "cniVersion": "1.0.0", "name": "n", "type": "cni-ebpf",
+                "ipam": { "ranges": [[{ "subnet": "10.244.1.0/24" }]] },
+            });
+            if let (Some(c), Some(e)) = (conf.as_object_mut(), extra.as_object()) {
+                c.extend(e.clone());
+            }
+            NetConf::parse(conf.to_string().as_bytes(), Command::Add).map_err(|e| e.to_string())
+        };
+        let on = parse(json!({"encryption": "wireguard"})).unwrap_or_else(|e| panic!("{e}"));
+        let enc = on.encryption.unwrap_or_else(|| panic!("encryption is off"));
+        assert_eq!((enc.port, enc.strict), (51_872, true));
+        assert!(parse(json!({})).is_ok_and(|c| c.encryption.is_none()));
+        assert!(parse(json!({"encryption": "none"})).is_ok_and(|c| c.encryption.is_none()));
+        let off = parse(json!({"encryption": "wireguard", "encryptionStrict": false}));
+        assert!(off.is_ok_and(|c| c.encryption.is_some_and(|e| !e.strict)));
+        let refused = [
+            (json!({"encryption": "ipsec"}), "encryption"),
+            (
+                json!({"encryption": "wireguard", "wireguardPort": 0}),
+                "wireguardPort",
+            ),
+            (
+                json!({"encryption": "wireguard", "wireguardPort": 70000}),
+                "wireguardPort",
+            ),
+            (
+                json!({"encryption": "wireguard", "crossNode": "tunnel", "wireguardPort": 8472}),
+                "wireguardPort",
+            ),
+            (
+                json!({"encryption": "wireguard", "runtimeConfig": {"portMappings": [
+                    {"hostPort": 51872, "containerPort": 53, "protocol": "udp"}]}}),
+                "runtimeConfig.portMappings[0].hostPort",
+            ),
+        ];
+        for (extra, field) in refused {
+            match parse(extra.clone()) {
+                Ok(_) => panic!("{extra} was accepted"),
+                Err(e) => assert!(e.contains(field), "{extra}: {e}"),
+            }
+        }
     }
 }

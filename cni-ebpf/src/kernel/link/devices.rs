@@ -6,7 +6,7 @@ use futures::TryStreamExt;
 use netlink_packet_route::link::{
     InfoData, InfoNetkit, InfoVeth, LinkAttribute, LinkMessage, NetkitMode, NetkitPolicy,
 };
-use rtnetlink::{LinkMessageBuilder, LinkNetkit, LinkUnspec, LinkVeth, LinkVxlan};
+use rtnetlink::{LinkMessageBuilder, LinkNetkit, LinkUnspec, LinkVeth, LinkVxlan, LinkWireguard};
 
 use super::{creating, is_errno, naming::is_pod_pair_end, retry_dump, Link, Nl};
 use crate::{
@@ -110,6 +110,29 @@ impl Nl {
                 e,
             )
         })
+    }
+
+    /// Creates the WireGuard device `name` with MTU `mtu`, down and unlabelled (no key,
+    /// port or peer: the agent gives it those). `Ok(false)`: this kernel has no
+    /// WireGuard (no link kind "wireguard", and no module provides one).
+    pub async fn create_wireguard(&self, name: &str, mtu: u32) -> Result<bool> {
+        let msg = LinkWireguard::new(name).mtu(mtu).build();
+        match self.handle.link().add(msg).execute().await {
+            Ok(()) => Ok(true),
+            Err(e) if is_errno(&e, libc::EOPNOTSUPP) => Ok(false),
+            Err(e) => Err(creating(format!("creating WireGuard device {name}"), e)),
+        }
+    }
+
+    /// Sets link `index`'s MTU.
+    pub async fn set_mtu(&self, index: u32, mtu: u32) -> Result<()> {
+        let msg = LinkUnspec::new_with_index(index).mtu(mtu).build();
+        self.handle
+            .link()
+            .set(msg)
+            .execute()
+            .await
+            .map_err(|e| Error::netlink(format!("setting link #{index}'s MTU to {mtu}"), e))
     }
 
     /// Labels link `index` with `alias` and sets it up (the kernel takes an alias on a
