@@ -43,6 +43,7 @@
 )]
 
 pub mod apiserver;
+pub mod capture;
 pub mod cgroup;
 pub mod cluster;
 pub mod conf;

@@ -780,6 +780,7 @@ pub fn standard_settings(masq: bool) -> NodeConfigSpec {
         snat_dest_cap: cni_ebpf::datapath::snat_dest_cap(None, SNAT_PORTS),
         netns_cookie: 0,
         tunnel: None,
+        wireguard: None,
     }
 }
 

@@ -377,12 +377,17 @@ fn test(args: &[String]) -> Result<()> {
 }
 
 /// The tests that depend on the kernel's features beyond this machine's: egress rates
-/// with `fq` (the bandwidth tests end to end, the pacing packet tests), netkit pods and
-/// kube-proxy's IPVS mode: each test binary with the filters that pick them.
+/// with `fq` (the bandwidth tests end to end, the pacing packet tests), netkit pods,
+/// WireGuard between nodes and kube-proxy's IPVS mode: each test binary with the filters that pick them.
 const SECOND_KERNEL_TESTS: &[(&str, &[&str])] = &[
     (
         "e2e",
-        &["bandwidth::", "netkit::", "kubernetes::kube_proxy_ipvs"],
+        &[
+            "bandwidth::",
+            "netkit::",
+            "kubernetes::kube_proxy_ipvs",
+            "wireguard::",
+        ],
     ),
     ("packet", &["pacing::"]),
 ];

@@ -248,7 +248,7 @@ pub fn work_dir() -> PathBuf {
 fn exports(env: &[(&str, &OsStr)]) -> Result<String> {
     let mut s = String::from(
         "export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n\
-         export HOME=/root RUST_BACKTRACE=1 CNI_EBPF_EXPECT_FQ=1 CNI_EBPF_EXPECT_NETKIT=1 \
+         export HOME=/root RUST_BACKTRACE=1 CNI_EBPF_EXPECT_FQ=1 CNI_EBPF_EXPECT_NETKIT=1 CNI_EBPF_EXPECT_WIREGUARD=1 \
          CNI_EBPF_EXPECT_IPVS=1\n",
     );
     for (k, v) in env {

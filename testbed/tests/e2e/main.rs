@@ -41,3 +41,4 @@ mod source_guard;
 mod status_gc;
 mod tunnel;
 mod upgrade;
+mod wireguard;
