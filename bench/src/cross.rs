@@ -14,6 +14,13 @@
 //!   cni-ebpf in routed mode against bare veth pods (a veth pair, a host route, the
 //!   node forwarding): the floor of any veth datapath.
 //!
+//! - `wireguard` (only where the kernel has WireGuard: `cargo xtask bench --second-kernel`):
+//!   nodes as in `routed`; cni-ebpf with `encryption: wireguard` (its agents making and
+//!   exchanging the keys) against cni-ebpf without encryption (the `routed` column) and
+//!   against the kernel's own WireGuard device with static routes to it and bare veth
+//!   pods (flannel's WireGuard backend's datapath, without its bridge). Pods and devices
+//!   have MTU 1440.
+//!
 //! Each column has a cluster of its own (the two tunnel columns would otherwise share
 //! UDP port 8472). Names carry `cebb-<pid>`, so a later run sweeps what a killed one left.
 
@@ -43,7 +50,7 @@ pub struct Params {
 }
 
 /// Scenario keys and titles.
-const SCENARIOS: [(&str, &str); 2] = [
+const SCENARIOS: [(&str, &str); 3] = [
     (
         "tunnel",
         "pod → pod on another node, through the tunnel (nodes in two subnets)",
@@ -52,6 +59,10 @@ const SCENARIOS: [(&str, &str); 2] = [
         "routed",
         "pod → pod on another node, routed (the fabric routes the pod CIDRs)",
     ),
+    (
+        "wireguard",
+        "pod → pod on another node, encrypted with WireGuard (routed nodes)",
+    ),
 ];
 
 /// The report column of the kernel's VXLAN datapath.
@@ -59,8 +70,15 @@ pub const KERNEL_VXLAN: &str = "kernel VXLAN";
 /// The report column of bare veth pods.
 pub const BARE: &str = "bare veth";
 
+/// The report column of the kernel's WireGuard device.
+pub const KERNEL_WIREGUARD: &str = "kernel WireGuard";
+/// The report column of cni-ebpf without encryption in the WireGuard scenario.
+pub const EBPF_CLEAR: &str = "cni-ebpf, no encryption";
+
 /// The MTU of the bare pods and the kernel's VXLAN device over the fabric's 1500 bytes.
 const TUNNEL_MTU: u32 = 1450;
+/// The MTU of the pods and WireGuard devices over the fabric's 1500 bytes.
+const WIREGUARD_MTU: u32 = 1440;
 
 /// Runs `cmd` (a shell line of `ip`/`bridge` commands) in `netns`.
 fn sh(netns: &Path, cmd: &str) -> Result<()> {
@@ -155,6 +173,119 @@ impl Side {
         Self::serve("cni-ebpf", cluster, client, server, agents, api)
     }
 
+    /// cni-ebpf with `encryption: wireguard` on routed nodes, an agent per node making
+    /// and exchanging the keys.
+    fn ebpf_wireguard(ws: &Workspace) -> Result<Self> {
+        let cluster = Self::cluster(false)?;
+        for node in cluster.nodes() {
+            topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
+        }
+        let add = |node: &ClusterNode, name: &str| {
+            let mut c = chain(ws, Variant::Ebpf, node);
+            if let Some(p) = c.plugins.first_mut().and_then(Value::as_object_mut) {
+                p.insert("encryption".into(), json!("wireguard"));
+                p.remove("mtu");
+            }
+            add_pod_with(&c, Variant::Ebpf, node, name)
+        };
+        let (client, _) = add(cluster.a(), "cross-cli")?;
+        let server = add(cluster.b(), "cross-srv")?;
+        let api = catch("starting the stand-in API server", || {
+            ApiServer::start(cluster.ext_netns(), EXT_IP4)
+        })?;
+        let mut agents = Vec::new();
+        for n in cluster.nodes() {
+            api.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
+        }
+        for n in cluster.nodes() {
+            let key = n.dir().join("wireguard/private.key").display().to_string();
+            let log = n.dir().join("agent.log");
+            agents.push(catch("starting an agent", || {
+                n.start_agent_of(
+                    &ws.plugin,
+                    &api,
+                    &[
+                        "agent",
+                        "--policy=false",
+                        "--network",
+                        Variant::Ebpf.network(),
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--probe-listen",
+                        "127.0.0.1:0",
+                        "--node-name",
+                        n.name(),
+                        "--wireguard-key",
+                        &key,
+                    ],
+                    &log,
+                )
+            })?);
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !testbed::net::ping(client.netns(), &server.1, 1) {
+            if std::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "the WireGuard peers did not come up in 10 s; agent logs:\n{}",
+                    testbed::cluster::agent_logs(cluster.a().dir())
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self::serve("cni-ebpf", cluster, client, server, agents, Some(api))
+    }
+
+    /// Bare veth pods on routed nodes, each node's kernel WireGuard device keyed by
+    /// hand and routing the other node's pod CIDR.
+    fn kernel_wireguard() -> Result<Self> {
+        let cluster = Self::cluster(false)?;
+        let (a, b) = (cluster.a(), cluster.b());
+        let key = |i: u8| {
+            let mut k = [i; 32];
+            k[0] &= 248;
+            k[31] = (k[31] & 127) | 64;
+            k
+        };
+        for (n, i, peer, j) in [(a, 1, b, 2), (b, 2, a, 1)] {
+            sh(
+                n.netns(),
+                &format!(
+                    "ip link add wg0 mtu {WIREGUARD_MTU} type wireguard
+                     ip link set wg0 up
+                     ip route replace {cidr} dev wg0",
+                    cidr = peer.pod_cidr4(),
+                ),
+            )?;
+            let (private, peer_key) = (key(i), key(j));
+            let endpoint: std::net::SocketAddr = format!("{}:51820", peer.ip4()).parse()?;
+            let allowed = vec![peer.pod_cidr4().parse()?];
+            testbed::net::in_netns(n.netns(), move || {
+                use cni_ebpf::kernel::wireguard::{Peer, Wg};
+                let mut wg = Wg::connect()?;
+                wg.set_key_and_port("wg0", &private, 51820)?;
+                wg.set_peers(
+                    "wg0",
+                    &[Peer {
+                        public_key: cni_ebpf::agent::wireguard::public_key(&peer_key),
+                        endpoint,
+                        allowed_ips: allowed,
+                    }],
+                )
+            })
+            .map_err(|e| anyhow::anyhow!("keying the kernel's WireGuard: {e}"))?;
+        }
+        let client = bare_pod(a, "cross-cli", 1, WIREGUARD_MTU)?;
+        let server = bare_pod(b, "cross-srv", 2, WIREGUARD_MTU)?;
+        Self::serve(
+            KERNEL_WIREGUARD,
+            cluster,
+            client,
+            (server, "10.244.2.200".to_owned()),
+            Vec::new(),
+            None,
+        )
+    }
+
     /// Bare veth pods; across subnets with the kernel's VXLAN device between the nodes.
     fn kernel(tunnel: bool) -> Result<Self> {
         let cluster = Self::cluster(tunnel)?;
@@ -193,6 +324,15 @@ impl Side {
     }
 }
 
+/// Whether the kernel of `netns` has WireGuard (a device made and deleted there).
+fn kernel_has_wireguard(netns: &Path) -> bool {
+    sh(
+        netns,
+        "ip link add wgprobe0 type wireguard; ip link del wgprobe0",
+    )
+    .is_ok()
+}
+
 /// A pod on `node` wired by hand: a veth pair of MTU `mtu`, the pod at `10.244.<i>.200`,
 /// the node side owning `10.244.<i>.254` (the pod's gateway) and routing the pod's
 /// address to it, the node forwarding.
@@ -229,6 +369,17 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     eprintln!("bench: across nodes: setting up four two-node clusters (tunnel and routed)");
     let tunnel = [Side::ebpf(ws, true)?, Side::kernel(true)?];
     let routed = [Side::ebpf(ws, false)?, Side::kernel(false)?];
+    let wireguard = if kernel_has_wireguard(routed[1].cluster.a().netns()) {
+        eprintln!("bench: across nodes: two more, with WireGuard (cni-ebpf and the kernel's)");
+        vec![Side::ebpf_wireguard(ws)?, Side::kernel_wireguard()?]
+    } else {
+        report.notes.push(
+            "Across nodes, WireGuard: not measured, this kernel has no WireGuard (run \
+             `cargo xtask bench --second-kernel --only cross`)."
+                .to_owned(),
+        );
+        Vec::new()
+    };
     std::thread::sleep(Duration::from_millis(300));
     let mut samples: Samples = BTreeMap::new();
     for rep in 0..p.repeats {
@@ -238,17 +389,23 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                 rep + 1,
                 p.repeats
             );
-            let sides = if scen == "tunnel" { &tunnel } else { &routed };
-            let targets = sides
-                .iter()
-                .map(|s| Target {
-                    column: s.column,
-                    client: s.client.netns().to_path_buf(),
-                    ip: s.server_ip.clone(),
-                    iperf_port: Some(IPERF_PORT),
-                    echo_port: ECHO_PORT,
-                })
-                .collect();
+            let target = |s: &Side, column: &'static str| Target {
+                column,
+                client: s.client.netns().to_path_buf(),
+                ip: s.server_ip.clone(),
+                iperf_port: Some(IPERF_PORT),
+                echo_port: ECHO_PORT,
+            };
+            let targets: Vec<Target> = match scen {
+                "tunnel" => tunnel.iter().map(|s| target(s, s.column)).collect(),
+                "routed" => routed.iter().map(|s| target(s, s.column)).collect(),
+                _ if wireguard.is_empty() => continue,
+                _ => wireguard
+                    .iter()
+                    .map(|s| target(s, s.column))
+                    .chain([target(&routed[0], EBPF_CLEAR)])
+                    .collect(),
+            };
             check_interrupt()?;
             data::measure_repeat(
                 scen,
@@ -262,6 +419,9 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         }
     }
     for (scen, title) in SCENARIOS {
+        if scen == "wireguard" && wireguard.is_empty() {
+            continue;
+        }
         data::put_medians(
             report,
             &samples,
@@ -272,7 +432,11 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     }
     // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
     let mut counters = Map::new();
-    for (scen, side) in [("tunnel", &tunnel[0]), ("routed", &routed[0])] {
+    let sides = [("tunnel", &tunnel[0]), ("routed", &routed[0])];
+    for (scen, side) in sides
+        .into_iter()
+        .chain(wireguard.first().map(|s| ("wireguard", s)))
+    {
         let nonzero = data::nonzero_reasons(&ws.plugin, side.cluster.a()).unwrap_or_default();
         counters.insert(scen.to_owned(), Value::Object(nonzero));
     }
