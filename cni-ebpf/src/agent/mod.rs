@@ -158,6 +158,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
                 nodes::run(
                     &args.host_gw,
                     &args.wireguard,
+                    &args.cni_conf_dir,
                     &args.api,
                     &own,
                     &args.bpffs_root,

@@ -51,10 +51,10 @@ use crate::{
 
 /// How long a round waits after a Node change for more changes of the same burst.
 const SETTLE: Duration = Duration::from_millis(30);
-/// How often the loop shows it is alive between rounds (liveness).
-const BEAT: Duration = Duration::from_secs(10);
-/// How often the WireGuard key file is looked at for a rotation.
-const KEY_CHECK: Duration = Duration::from_secs(1);
+/// How often the loop shows it is alive between rounds (liveness) and looks at the
+/// networks' encryption setting and the WireGuard key file (turned on by an ADD, a key
+/// rotated).
+const TICK: Duration = Duration::from_secs(1);
 
 /// A network in a tunnel mode.
 struct TunnelNetwork {
@@ -218,7 +218,7 @@ async fn round(
     (recorder, reported): (&Recorder, &mut Vec<Skipped>),
     (keeper, node_api): (&mut wireguard::Keeper, &Api<Node>),
 ) {
-    keeper.round(nodes, own, root, node_api).await;
+    keeper.round(nodes, own, root, nl, node_api).await;
     let tunnels = tunnel_networks(root);
     let mut unreachable = Vec::new();
     for t in &tunnels {
@@ -257,9 +257,14 @@ async fn round(
 /// Runs the Node watcher forever on the calling thread (its own current-thread runtime),
 /// in the calling thread's network namespace; tells `readiness` when its first round is
 /// made.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the job's settings, passed through"
+)]
 pub fn run(
     args: &HostGwArgs,
     wg: &wireguard::WireguardArgs,
+    conf_dir: &Path,
     api: &ApiArgs,
     own: &str,
     root: &Path,
@@ -296,7 +301,7 @@ pub fn run(
             },
         );
         let mut reported = Vec::new();
-        let mut keeper = wireguard::Keeper::new(wg);
+        let mut keeper = wireguard::Keeper::new(wg, conf_dir);
         let node_api = Api::<Node>::all(client.clone());
         let (store, writer) = reflector::store::<Node>();
         let changed = Arc::new(Notify::new());
@@ -338,14 +343,18 @@ pub fn run(
             .await;
             readiness.done(Job::Nodes);
             let next = tokio::time::Instant::now() + Duration::from_secs(args.interval);
-            // With encryption, the key file is looked at every second (a rotation).
-            let key_check = wireguard::Keeper::wanted(root).then_some(KEY_CHECK);
             loop {
                 tokio::select! {
-                    () = tokio::time::sleep(key_check.unwrap_or(BEAT)), if key_check.is_some() => {
-                        let nodes: Vec<Node> =
-                            store.state().iter().map(|n| Node::clone(n)).collect();
-                        keeper.round(&nodes, own, root, &node_api).await;
+                    // Alive between rounds, however long the interval; and encryption
+                    // turned on or off by an ADD, or its key rotated.
+                    () = tokio::time::sleep(TICK) => {
+                        crate::faults::hang("agent-nodes-loop");
+                        readiness.beat(Job::Nodes);
+                        if keeper.due(root) {
+                            let nodes: Vec<Node> =
+                                store.state().iter().map(|n| Node::clone(n)).collect();
+                            keeper.round(&nodes, own, root, &nl, &node_api).await;
+                        }
                     }
                     () = changed.notified() => {
                         tokio::time::sleep(SETTLE).await;
@@ -354,11 +363,6 @@ pub fn run(
                     // A network loaded (or gone) on the node: its tunnel entries now.
                     Ok(()) = datapaths.changed() => break,
                     () = tokio::time::sleep_until(next) => break,
-                    // Alive between rounds, however long the interval.
-                    () = tokio::time::sleep(BEAT) => {
-                        crate::faults::hang("agent-nodes-loop");
-                        readiness.beat(Job::Nodes);
-                    }
                 }
             }
         }

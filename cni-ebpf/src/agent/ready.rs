@@ -242,30 +242,8 @@ fn policy_waiting(root: &Path, named: &[String], policy: bool) -> Vec<String> {
 /// settings, one line each naming the file, the field and both values.
 #[must_use]
 pub fn conflist_disagreements(s: &Settings) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(&s.conf_dir) else {
-        return Vec::new();
-    };
-    let mut files: Vec<PathBuf> = dir
-        .filter_map(std::result::Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            p.extension()
-                .is_some_and(|x| x == "conflist" || x == "conf" || x == "json")
-        })
-        .collect();
-    files.sort();
     let mut out = Vec::new();
-    for f in files {
-        let Some(plugin) = std::fs::read(&f)
-            .ok()
-            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
-            .and_then(|doc| cni_ebpf_plugin(&doc))
-        else {
-            continue;
-        };
-        let file = f
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    for (file, plugin) in cni_ebpf_plugins(&s.conf_dir) {
         let path_of = |key: &str, default: &str| {
             PathBuf::from(plugin.get(key).and_then(Value::as_str).unwrap_or(default))
         };
@@ -307,6 +285,37 @@ pub fn conflist_disagreements(s: &Settings) -> Vec<String> {
         }
     }
     out
+}
+
+/// The cni-ebpf plugin objects of the node's CNI configurations in `conf_dir`, each
+/// with its file's name, in the files' order.
+#[must_use]
+pub fn cni_ebpf_plugins(conf_dir: &Path) -> Vec<(String, Value)> {
+    let Ok(dir) = std::fs::read_dir(conf_dir) else {
+        return Vec::new();
+    };
+    let mut files: Vec<PathBuf> = dir
+        .filter_map(std::result::Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|x| x == "conflist" || x == "conf" || x == "json")
+        })
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .filter_map(|f| {
+            let plugin = std::fs::read(&f)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+                .and_then(|doc| cni_ebpf_plugin(&doc))?;
+            let file = f
+                .file_name()
+                .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+            Some((file, plugin))
+        })
+        .collect()
 }
 
 /// The cni-ebpf plugin object of a conflist (`plugins`) or of a single configuration.

@@ -42,10 +42,17 @@ use serde::{Deserialize, Serialize};
 
 use super::{nodes::Underlay, routes::log};
 use crate::{
-    datapath::{load, wireguard::WIREGUARD_DEVICE, Datapath},
+    datapath::{
+        load, node_facts,
+        wireguard::{ensure_device, WIREGUARD_DEVICE},
+        Datapath,
+    },
     error::{Error, Result},
     k8s,
-    kernel::wireguard::{Key, Peer, Wg},
+    kernel::{
+        link::Nl,
+        wireguard::{Key, Peer, PeerState, Wg},
+    },
 };
 
 /// The Node annotation that carries a node's public key (base64).
@@ -193,6 +200,7 @@ pub fn wanted(nodes: &[Node], own: &str, port: u16, underlay: Underlay) -> Wante
         entries: Vec::new(),
         keyless: Vec::new(),
     };
+    let mut keys = std::collections::HashSet::new();
     for node in nodes {
         let name = k8s::name(node);
         if name == own || name.is_empty() {
@@ -219,7 +227,7 @@ pub fn wanted(nodes: &[Node], own: &str, port: u16, underlay: Underlay) -> Wante
                 "no InternalIP of a family this node's uplink has ({})",
                 underlay.describe()
             )),
-            (Some(Some(k)), Some(_)) if w.peers.iter().any(|(_, p)| p.public_key == k) => {
+            (Some(Some(k)), Some(_)) if !keys.insert(k) => {
                 Err("its key is another node's too".to_owned())
             }
             (Some(Some(k)), Some(ip)) => Ok(Peer {
@@ -250,28 +258,29 @@ pub fn wanted(nodes: &[Node], own: &str, port: u16, underlay: Underlay) -> Wante
     w
 }
 
-/// A network with encryption on, as the agent needs it.
+/// A loaded network, as the agent needs it.
 struct Network {
     name: String,
     dp: Datapath,
-    port: u16,
-    strict: bool,
+    /// Its programs encrypt (its node configuration names the device): with the port
+    /// and `encryptionStrict` of its configuration.
+    encrypting: Option<(u16, bool)>,
     underlay: Underlay,
 }
 
-/// The networks below `root` whose node configuration has a WireGuard device.
+/// The networks loaded below `root`.
 fn networks(root: &Path) -> Vec<Network> {
     load::network_dirs(root)
         .unwrap_or_default()
         .into_iter()
         .filter_map(|name| {
-            let dp = Datapath::open_at(root.join(&name)).ok().flatten()?;
+            let dp = Datapath::open_lazily_at(root.join(&name)).ok().flatten()?;
             let cfg = dp.node_config_view().ok()?;
-            (cfg.wireguard_ifindex != 0).then(|| Network {
+            Some(Network {
                 name,
                 dp,
-                port: cfg.wireguard_port,
-                strict: cfg.wireguard_strict,
+                encrypting: (cfg.wireguard_ifindex != 0)
+                    .then_some((cfg.wireguard_port, cfg.wireguard_strict)),
                 underlay: Underlay {
                     v4: cfg.node_addr.is_some(),
                     v6: cfg.node_addr6.is_some(),
@@ -279,6 +288,27 @@ fn networks(root: &Path) -> Vec<Network> {
             })
         })
         .collect()
+}
+
+/// What the node's CNI configurations in `conf_dir` ask for: the port and
+/// `encryptionStrict` of the first cni-ebpf configuration with `encryption:
+/// wireguard`, if any.
+fn configured(conf_dir: &Path) -> Option<(u16, bool)> {
+    super::ready::cni_ebpf_plugins(conf_dir)
+        .into_iter()
+        .find(|(_, p)| p.get("encryption").and_then(serde_json::Value::as_str) == Some("wireguard"))
+        .map(|(_, p)| {
+            let port = p
+                .get("wireguardPort")
+                .and_then(serde_json::Value::as_u64)
+                .and_then(|p| u16::try_from(p).ok())
+                .unwrap_or(cni_ebpf_common::DEFAULT_WIREGUARD_PORT);
+            let strict = p
+                .get("encryptionStrict")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(true);
+            (port, strict)
+        })
 }
 
 /// Names the device's peers for `inspect` and the metrics: `peers.json` next to the key.
@@ -333,9 +363,9 @@ pub struct PeerReport {
 }
 
 /// The node's device as the kernel has it, its peers named from `peers.json` next to
-/// `key_file`: its public key and peers, or `None` when the node has no device.
+/// `key_file`: its public key, port and peers, or `None` when the node has no device.
 #[must_use]
-pub fn report(key_file: &Path) -> Option<(Option<String>, Vec<PeerReport>)> {
+pub fn report(key_file: &Path) -> Option<(Option<String>, u16, Vec<PeerReport>)> {
     let mut wg = Wg::connect().ok()?;
     let dev = wg.device(WIREGUARD_DEVICE).ok()?;
     let names = PeerNames::read(key_file);
@@ -359,38 +389,65 @@ pub fn report(key_file: &Path) -> Option<(Option<String>, Vec<PeerReport>)> {
             }
         })
         .collect();
-    Some((dev.public_key.as_ref().map(encode), peers))
+    Some((dev.public_key.as_ref().map(encode), dev.listen_port, peers))
 }
 
 /// The agent's WireGuard state between rounds.
 pub struct Keeper {
     key_file: PathBuf,
+    conf_dir: PathBuf,
     /// The key file's modification time and the key in force.
     key: Option<(SystemTime, Key)>,
     wg: Option<Wg>,
     /// What was last logged about keyless nodes and strict mode (logged on change).
     logged: Vec<String>,
+    /// What encryption looked like at the last look ([`Self::due`]).
+    seen: Option<Seen>,
 }
 
+/// What [`Keeper::due`] compares: each loaded network's encryption, and the
+/// configurations'.
+type Seen = (Vec<(String, Option<(u16, bool)>)>, Option<(u16, bool)>);
+
 impl Keeper {
+    /// `conf_dir`: the node's CNI configuration directory (a conflist that asks for
+    /// encryption has the node prepared before its programs encrypt).
     #[must_use]
-    pub fn new(args: &WireguardArgs) -> Self {
+    pub fn new(args: &WireguardArgs, conf_dir: &Path) -> Self {
         Self {
             key_file: args.key.clone(),
+            conf_dir: conf_dir.to_owned(),
             key: None,
             wg: None,
             logged: Vec::new(),
+            seen: None,
         }
     }
 
     /// One round: the key in force and published, the peers and the programs' entries
-    /// as `nodes` say. Does nothing on a node without a network with encryption.
-    pub async fn round(&mut self, nodes: &[Node], own: &str, root: &Path, api: &Api<Node>) {
+    /// as `nodes` say. Does nothing on a node where neither a loaded network nor a CNI
+    /// configuration asks for encryption.
+    ///
+    /// A node whose configuration asks for encryption is prepared before its programs
+    /// encrypt (its next ADD turns them on): its device made, its key published, its
+    /// peers and every network's entries in place. So the other nodes encrypt to it as
+    /// soon as they do, it decrypts what they send, and its own programs have every
+    /// entry the moment they start to use them: turning encryption on across a cluster
+    /// drops nothing between nodes that both have it configured.
+    pub async fn round(
+        &mut self,
+        nodes: &[Node],
+        own: &str,
+        root: &Path,
+        nl: &Nl,
+        api: &Api<Node>,
+    ) {
         let nets = networks(root);
-        let Some(first) = nets.first() else {
+        let configured = configured(&self.conf_dir);
+        let Some((port, strict)) = nets.iter().find_map(|n| n.encrypting).or(configured) else {
             return;
         };
-        if let Err(e) = self.apply(nodes, own, &nets, first, api).await {
+        if let Err(e) = self.apply(nodes, own, &nets, (port, strict), nl, api).await {
             log(&format!("WireGuard: {e}"));
             self.wg = None;
         }
@@ -401,9 +458,34 @@ impl Keeper {
         nodes: &[Node],
         own: &str,
         nets: &[Network],
-        first: &Network,
+        (port, strict): (u16, bool),
+        nl: &Nl,
         api: &Api<Node>,
     ) -> Result<()> {
+        let underlay = match nets
+            .iter()
+            .find(|n| n.encrypting.is_some())
+            .or(nets.first())
+        {
+            Some(n) => n.underlay,
+            None => {
+                let facts = node_facts::read(nl, None, false).await?;
+                Underlay {
+                    v4: facts.uplink_addr.is_some(),
+                    v6: facts.uplink_addr6.is_some(),
+                }
+            }
+        };
+        if !nets.iter().any(|n| n.encrypting.is_some()) {
+            // Prepared ahead of the programs: the device as ADD would make it.
+            let facts = node_facts::read(nl, None, false).await?;
+            let overhead = if facts.uplink_addr.is_some() {
+                cni_ebpf_common::WIREGUARD_OVERHEAD4
+            } else {
+                cni_ebpf_common::WIREGUARD_OVERHEAD6
+            };
+            ensure_device(nl, facts.uplink_mtu.saturating_sub(overhead)).await?;
+        }
         let key = self.key()?;
         let public = public_key(&key);
         let wg = match &mut self.wg {
@@ -411,25 +493,28 @@ impl Keeper {
             None => self.wg.insert(Wg::connect()?),
         };
         let dev = wg.device(WIREGUARD_DEVICE)?;
-        if dev.public_key != Some(public) || dev.listen_port != first.port {
-            wg.set_key_and_port(WIREGUARD_DEVICE, &key, first.port)?;
+        if dev.public_key != Some(public) || dev.listen_port != port {
+            wg.set_key_and_port(WIREGUARD_DEVICE, &key, port)?;
             log(&format!(
-                "{WIREGUARD_DEVICE}: key {} on UDP port {}",
-                encode(&public),
-                first.port
+                "{WIREGUARD_DEVICE}: key {} on UDP port {port}",
+                encode(&public)
             ));
         }
         publish(nodes, own, &encode(&public), api).await?;
-        let want = wanted(nodes, own, first.port, first.underlay);
+        let want = wanted(nodes, own, port, underlay);
         // New and changed peers first, then the programs use them; the programs stop
         // using a gone one before it goes.
+        let have: std::collections::HashMap<Key, &PeerState> =
+            dev.peers.iter().map(|p| (p.public_key, p)).collect();
         let changed: Vec<Peer> = want
             .peers
             .iter()
-            .filter(|(_, w)| !dev.peers.iter().any(|p| p.is(w)))
+            .filter(|(_, w)| !have.get(&w.public_key).is_some_and(|p| p.is(w)))
             .map(|(_, w)| w.clone())
             .collect();
         wg.set_peers(WIREGUARD_DEVICE, &changed)?;
+        // Every loaded network's entries, also of networks whose programs do not
+        // encrypt yet: they read them the moment an ADD turns encryption on.
         for n in nets {
             match n.dp.set_wireguard_peers(&want.entries) {
                 Ok(0) => {}
@@ -442,11 +527,13 @@ impl Keeper {
                 Err(e) => log(&format!("{}: the WireGuard entries: {e}", n.name)),
             }
         }
+        let kept: std::collections::HashSet<Key> =
+            want.peers.iter().map(|(_, w)| w.public_key).collect();
         let gone: Vec<Key> = dev
             .peers
             .iter()
-            .filter(|p| !want.peers.iter().any(|(_, w)| w.public_key == p.public_key))
             .map(|p| p.public_key)
+            .filter(|k| !kept.contains(k))
             .collect();
         wg.remove_peers(WIREGUARD_DEVICE, &gone)?;
         if !changed.is_empty() || !gone.is_empty() {
@@ -471,7 +558,7 @@ impl Keeper {
             .map(|(node, why)| {
                 format!(
                     "no WireGuard peer: node {node}: {why}; {}",
-                    if first.strict {
+                    if strict {
                         "its pods are unreachable (encryptionStrict)"
                     } else {
                         "its pods are reached IN CLEAR (encryptionStrict: false)"
@@ -505,11 +592,36 @@ impl Keeper {
         }
     }
 
-    /// Whether the node has a network with encryption (the rounds of a second are
-    /// needed: key rotation).
-    #[must_use]
-    pub fn wanted(root: &Path) -> bool {
-        !networks(root).is_empty()
+    /// Whether a round is due since the last look: a network's encryption was turned on
+    /// or off or changed (an ADD with a changed conflist), a conflist asks for it now or
+    /// no more, a network was loaded, or, with encryption wanted, the key file changed
+    /// (a rotation). Cheap: what is read is the node configurations, the conflists and
+    /// the key file's time, so the agent looks every second.
+    pub fn due(&mut self, root: &Path) -> bool {
+        let now: Seen = (
+            networks(root)
+                .into_iter()
+                .map(|n| (n.name, n.encrypting))
+                .collect(),
+            configured(&self.conf_dir),
+        );
+        let wanted = now.1.is_some() || now.0.iter().any(|(_, e)| e.is_some());
+        let changed = self.seen.as_ref() != Some(&now);
+        let first = self.seen.is_none();
+        self.seen = Some(now);
+        if changed && !first {
+            return true;
+        }
+        if !wanted {
+            return false;
+        }
+        let stamp = std::fs::metadata(&self.key_file)
+            .and_then(|m| m.modified())
+            .ok();
+        match (&self.key, stamp) {
+            (Some((seen, _)), Some(now)) => *seen != now,
+            _ => true,
+        }
     }
 }
 

@@ -250,6 +250,12 @@ impl Datapath {
         Self::open_existing(network_dir.as_ref(), Maps::open)
     }
 
+    /// Like [`Datapath::open_at`], each map opened at its first use: for a reader of a
+    /// few maps that looks often (the agent's check of the node configuration).
+    pub fn open_lazily_at(network_dir: impl AsRef<Path>) -> Result<Option<Self>> {
+        Self::open_existing(network_dir.as_ref(), |p| Ok(Maps::open_lazily(p)))
+    }
+
     /// Like [`Datapath::open_at`], with read-only map descriptors: a handle for readers
     /// that must never change the datapath (the agent's metrics); every write through it
     /// fails.

@@ -12,8 +12,8 @@ use cni_ebpf_common::{map as map_name, WireguardPeer};
 use ipnet::IpNet;
 
 use super::{
-    load, maps,
-    tunnel::{same_key, trie_key, trie_net},
+    maps,
+    tunnel::{sync_trie, trie_net},
     Datapath,
 };
 use crate::{
@@ -49,55 +49,9 @@ impl Datapath {
         let Some(enc) = conf.encryption else {
             return Ok(None);
         };
-        let mut dev = match nl.link_by_name(WIREGUARD_DEVICE).await? {
-            Some(d) => d,
-            None => {
-                let _lock = load::LoadLock::acquire(&self.pins)?;
-                match nl.link_by_name(WIREGUARD_DEVICE).await? {
-                    Some(d) => d,
-                    None => create(nl, mtu).await?,
-                }
-            }
-        };
-        let foreign = |why: String| {
-            Error::config(
-                "encryption",
-                format!(
-                    "an interface named {WIREGUARD_DEVICE} exists that cni-ebpf did not \
-                     create ({why}); rename or remove it"
-                ),
-            )
-        };
-        if dev.kind.as_deref() != Some("wireguard") {
-            return Err(foreign(format!("kind {:?}", dev.kind.unwrap_or_default())));
-        }
-        // Made but not yet labelled and up: by the creation above, or by an ADD that died
-        // between the two steps.
-        if dev.alias.as_deref().is_none_or(str::is_empty) && !dev.up {
-            nl.label_and_set_up(dev.index, WIREGUARD_ALIAS).await?;
-            // What it decrypts comes from other nodes' pods, whose routes lead elsewhere
-            // (the uplink, the tunnel): no reverse-path check on it.
-            let knob = format!("/proc/sys/net/ipv4/conf/{WIREGUARD_DEVICE}/rp_filter");
-            if let Err(e) = std::fs::write(&knob, "0") {
-                tracing::warn!("{knob}: {e}");
-            }
-            dev.alias = Some(WIREGUARD_ALIAS.to_owned());
-            dev.up = true;
-        }
-        if dev.alias.as_deref() != Some(WIREGUARD_ALIAS) {
-            return Err(foreign(format!(
-                "alias {:?}",
-                dev.alias.unwrap_or_default()
-            )));
-        }
-        if dev.mtu != mtu {
-            nl.set_mtu(dev.index, mtu).await?;
-        }
-        if !dev.up {
-            nl.set_up(dev.index).await?;
-        }
+        let ifindex = ensure_device(nl, mtu).await?;
         Ok(Some(WireguardState {
-            ifindex: dev.index,
+            ifindex,
             port: enc.port,
             strict: enc.strict,
         }))
@@ -110,25 +64,11 @@ impl Datapath {
     pub fn set_wireguard_peers(&self, entries: &[(IpNet, WireguardPeer)]) -> Result<usize> {
         let mut m = self.maps()?;
         let mut trie = m.wireguard_peers()?;
-        let now: Vec<_> = trie.iter().filter_map(std::result::Result::ok).collect();
-        let wanted: Vec<_> = entries.iter().map(|(n, v)| (trie_key(n), *v)).collect();
-        let mut changed = 0;
-        for (k, v) in &wanted {
-            if now.iter().any(|(nk, nv)| same_key(nk, k) && nv == v) {
-                continue;
-            }
-            trie.insert(k, v, 0)
-                .map_err(|e| maps::err(map_name::WIREGUARD_PEERS, "insert", e))?;
-            changed += 1;
-        }
-        for (k, _) in &now {
-            if !wanted.iter().any(|(wk, _)| same_key(wk, k)) {
-                trie.remove(k)
-                    .map_err(|e| maps::err(map_name::WIREGUARD_PEERS, "delete", e))?;
-                changed += 1;
-            }
-        }
-        Ok(changed)
+        sync_trie(
+            &mut trie,
+            map_name::WIREGUARD_PEERS,
+            entries.iter().copied().collect(),
+        )
     }
 
     /// `WIREGUARD_PEERS`, sorted by prefix.
@@ -163,6 +103,58 @@ impl Datapath {
             }
         })
     }
+}
+
+/// The node's WireGuard device made ready, its ifindex: created with MTU `mtu` if
+/// missing (by ADD, or by the agent preparing a node whose conflist asks for encryption;
+/// one that lost a race to create it takes the winner's), labelled, up, its MTU `mtu`.
+/// A device of its name that is not ours is an error naming `encryption`.
+pub async fn ensure_device(nl: &Nl, mtu: u32) -> Result<u32> {
+    let mut dev = match nl.link_by_name(WIREGUARD_DEVICE).await? {
+        Some(d) => d,
+        None => match create(nl, mtu).await {
+            Ok(d) => d,
+            Err(e) => nl.link_by_name(WIREGUARD_DEVICE).await?.ok_or(e)?,
+        },
+    };
+    let foreign = |why: String| {
+        Error::config(
+            "encryption",
+            format!(
+                "an interface named {WIREGUARD_DEVICE} exists that cni-ebpf did not create \
+                 ({why}); rename or remove it"
+            ),
+        )
+    };
+    if dev.kind.as_deref() != Some("wireguard") {
+        return Err(foreign(format!("kind {:?}", dev.kind.unwrap_or_default())));
+    }
+    // Made but not yet labelled and up: by the creation above, or by one that died
+    // between the two steps.
+    if dev.alias.as_deref().is_none_or(str::is_empty) && !dev.up {
+        nl.label_and_set_up(dev.index, WIREGUARD_ALIAS).await?;
+        // What it decrypts comes from other nodes' pods, whose routes lead elsewhere (the
+        // uplink, the tunnel): no reverse-path check on it.
+        let knob = format!("/proc/sys/net/ipv4/conf/{WIREGUARD_DEVICE}/rp_filter");
+        if let Err(e) = std::fs::write(&knob, "0") {
+            tracing::warn!("{knob}: {e}");
+        }
+        dev.alias = Some(WIREGUARD_ALIAS.to_owned());
+        dev.up = true;
+    }
+    if dev.alias.as_deref() != Some(WIREGUARD_ALIAS) {
+        return Err(foreign(format!(
+            "alias {:?}",
+            dev.alias.unwrap_or_default()
+        )));
+    }
+    if dev.mtu != mtu {
+        nl.set_mtu(dev.index, mtu).await?;
+    }
+    if !dev.up {
+        nl.set_up(dev.index).await?;
+    }
+    Ok(dev.index)
 }
 
 /// Creates the device; a kernel without WireGuard is the configuration's error.

@@ -28,3 +28,4 @@ mod pacing;
 mod policy;
 mod routing;
 mod source;
+mod wireguard;

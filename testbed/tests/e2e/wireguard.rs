@@ -39,6 +39,9 @@ const KEY_ANNOTATION: &str = "cni-ebpf.io/wireguard-public-key";
 const ECHO_PORT: u16 = 7070;
 /// Longest wait for the agents to act.
 const WAIT: Duration = Duration::from_secs(10);
+/// Where each node's agent serves its metrics (in the node's namespace).
+const METRICS: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 19_670);
 /// A payload no other traffic carries.
 const MARKER: &[u8] = b"cni-ebpf-plaintext-marker-7d3f";
 
@@ -148,7 +151,7 @@ fn agent(n: &ClusterNode, api: &ApiServer, keys: &Path, logs: &Path) -> Backgrou
             "agent",
             "--policy=false",
             "--listen",
-            "127.0.0.1:0",
+            &METRICS.to_string(),
             "--probe-listen",
             "127.0.0.1:0",
             "--node-name",
@@ -378,6 +381,24 @@ fn pods_cross_only_inside_wireguard(cluster: &Cluster, mode: &str) {
     );
     // The node's own traffic from its own address is not pod traffic: untouched.
     assert_ping(a.netns(), underlay(b));
+
+    // The metrics: the peer, its handshake and bytes each way, named by its node.
+    let metric = |family: &str, labels: &[(&str, &str)]| {
+        testbed::net::metric_value(a.netns(), METRICS, family, labels)
+    };
+    let peer = [("node", "node-b")];
+    assert!(metric("cni_ebpf_wireguard_peer_sent_bytes_total", &peer) > 20_000.0);
+    assert!(metric("cni_ebpf_wireguard_peer_received_bytes_total", &peer) > 20_000.0);
+    assert!(metric("cni_ebpf_wireguard_peer_last_handshake_seconds", &peer) > 1.0e9);
+    let inspected = inspected(a, keys.path());
+    assert_eq!(
+        inspected["publicKey"].as_str(),
+        published(&api, "node-a").as_deref()
+    );
+    assert!(
+        inspected["peers"][0]["lastHandshake"].as_u64().is_some(),
+        "{inspected}"
+    );
 }
 
 #[test]
@@ -503,6 +524,22 @@ fn keys_rotate_and_nodes_come_and_go_without_cleartext() {
     let frames = capture.stop();
     only_wireguard(&frames);
     assert!(a.reason_count("drop_no_wireguard_key") > dropped);
+    let drops = testbed::net::metric_value(
+        a.netns(),
+        METRICS,
+        "cni_ebpf_reason_packets_total",
+        &[("reason", "drop_no_wireguard_key")],
+    );
+    assert!(
+        drops >= 1.0,
+        "{drops} drops for a node without a key in the metrics"
+    );
+    assert!(
+        inspected(a, keys.path())["keyless"]["node-x"]
+            .as_str()
+            .is_some_and(|why| why.contains("no WireGuard key published")),
+        "inspect names the keyless node"
+    );
 
     // Node B leaves: node A's device forgets it, its pods are cut off.
     api.remove_node("node-b");
@@ -555,9 +592,12 @@ fn a_keyless_node_is_reached_in_clear_only_when_the_operator_opts_out() {
     assert!(a.reason_count("wireguard_clear_to_keyless") > clear);
 }
 
-/// Encryption turned on, then off, on a running cluster (each node's next ADD with the
-/// changed conflist), under a conversation between two pods made before: it goes on
-/// across both changes, inside WireGuard while both nodes encrypt and in clear after.
+/// Encryption turned on, then off, on a running cluster, under a conversation between
+/// two pods made before. The rollout first changes the nodes' conflists: the agents
+/// prepare their nodes (device, key, peers) while the programs still send in clear; each
+/// node's next ADD then turns its programs on. The conversation goes on across both
+/// changes with no exchange slower than 2 s: inside WireGuard while the nodes encrypt,
+/// in clear after.
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn turning_encryption_on_and_off_keeps_open_connections() {
@@ -588,23 +628,34 @@ fn turning_encryption_on_and_off_keeps_open_connections() {
         || a.reason_count("wireguard_encrypt") + b.reason_count("wireguard_encrypt");
     assert_eq!(encrypted_so_far(), 0);
 
-    // On: the next ADD on each node, with the conflist asking for it.
-    b.add(&b.pod("on-b"), "eth0", &encrypted(b, "routed"));
-    a.add(&a.pod("on-a"), "eth0", &encrypted(a, "routed"));
+    // The rollout: the conflist (the agents' configuration directory here) asks for
+    // encryption, and the agents prepare both nodes; nothing is encrypted yet.
+    let conflist = api.sa_dir().join("10-cni-ebpf.conflist");
+    let conf = json!({
+        "cniVersion": "1.0.0",
+        "name": "testnet",
+        "plugins": [{"type": "cni-ebpf", "encryption": "wireguard"}],
+    });
+    std::fs::write(&conflist, conf.to_string()).unwrap_or_else(|e| panic!("{e}"));
     wait(
-        "each node's device has the other as its peer",
+        "both nodes prepared: each device has the other as its peer",
         || device_peers(a, keys.path()).len() == 1 && device_peers(b, keys.path()).len() == 1,
         logs.path(),
     );
+    assert_eq!(encrypted_so_far(), 0, "prepared, not encrypting");
+
+    // On: the next ADD on each node, with the conflist asking for it.
+    b.add(&b.pod("on-b"), "eth0", &encrypted(b, "routed"));
+    a.add(&a.pod("on-a"), "eth0", &encrypted(a, "routed"));
     let on = encrypted_so_far();
-    std::thread::sleep(Duration::from_secs(1));
-    let during = encrypted_so_far() - on;
-    assert!(
-        during >= 100,
-        "{during} packets of the conversation encrypted in 1 s"
+    wait(
+        "100 packets of the conversation encrypted",
+        || encrypted_so_far() >= on + 100,
+        logs.path(),
     );
 
-    // Off again.
+    // Off again: the conflist back as it was, then each node's next ADD.
+    std::fs::remove_file(&conflist).unwrap_or_else(|e| panic!("{e}"));
     b.add(&b.pod("off-b"), "eth0", &plain(b));
     a.add(&a.pod("off-a"), "eth0", &plain(a));
     std::thread::sleep(Duration::from_millis(300));

@@ -318,12 +318,14 @@ impl Exporter {
                 .map(|(resource, e)| (resource, (e.requests, e.failures, e.bytes)))
                 .collect(),
         });
+        // A device in use, or one the agent prepared (it made the key): asking a kernel
+        // without WireGuard on every scrape would have it look for the module each time.
         let wireguard = self
             .wireguard_key
             .as_deref()
-            .filter(|_| networks.iter().any(|n| n.wireguard))
+            .filter(|key| networks.iter().any(|n| n.wireguard) || key.exists())
             .and_then(crate::agent::wireguard::report)
-            .map(|(_, peers)| peers);
+            .map(|(_, _, peers)| peers);
         Snapshot {
             networks,
             discovery_errors_total: self.networks.is_empty().then_some(errors_discovery),

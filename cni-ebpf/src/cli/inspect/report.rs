@@ -173,6 +173,8 @@ pub(super) struct WireguardView {
     pub device: &'static str,
     pub public_key: Option<String>,
     pub port: u16,
+    /// This network's programs send pod traffic for other nodes through it.
+    pub encrypting: bool,
     pub strict: bool,
     pub peers: Vec<crate::agent::wireguard::PeerReport>,
     /// Nodes without a peer, and why (as the agent last wrote it).
@@ -202,18 +204,19 @@ impl Report {
             explain(dp, state, &mut denies)?;
         }
         let node = dp.node_config_view()?;
-        let wireguard = (node.wireguard_ifindex != 0).then(|| {
-            use crate::agent::wireguard::{report, PeerNames};
-            let (public_key, peers) = report(&args.wireguard.key).unwrap_or_default();
-            WireguardView {
+        // The node's device, whether this network's programs use it yet or the agent
+        // has only prepared it (its conflist asks for encryption, no ADD turned it on).
+        let wireguard = crate::agent::wireguard::report(&args.wireguard.key).map(
+            |(public_key, port, peers)| WireguardView {
                 device: crate::datapath::wireguard::WIREGUARD_DEVICE,
                 public_key,
-                port: node.wireguard_port,
+                port,
+                encrypting: node.wireguard_ifindex != 0,
                 strict: node.wireguard_strict,
                 peers,
-                keyless: PeerNames::read(&args.wireguard.key).keyless,
-            }
-        });
+                keyless: crate::agent::wireguard::PeerNames::read(&args.wireguard.key).keyless,
+            },
+        );
         Ok(Self {
             node,
             wireguard,

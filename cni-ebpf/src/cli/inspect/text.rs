@@ -49,16 +49,16 @@ fn wireguard(out: &mut String, r: &Report) {
     let Some(w) = &r.wireguard else {
         return;
     };
+    let mode = match (w.encrypting, w.strict) {
+        (false, _) => "prepared: this network's pods do not encrypt yet",
+        (true, true) => "nodes without a key unreachable",
+        (true, false) => "nodes without a key reached IN CLEAR",
+    };
     line!(
         out,
-        "\nWIREGUARD {} (UDP {}, {}): public key {}",
+        "\nWIREGUARD {} (UDP {}, {mode}): public key {}",
         w.device,
         w.port,
-        if w.strict {
-            "nodes without a key unreachable"
-        } else {
-            "nodes without a key reached IN CLEAR"
-        },
         w.public_key.as_deref().unwrap_or("none yet")
     );
     line!(
