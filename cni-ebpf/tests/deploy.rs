@@ -141,8 +141,9 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     let rules = role["rules"].as_array().unwrap();
     assert_eq!(
         rules.len(),
-        7,
-        "read access to what install, host-gw, policy and the Service watcher read; Events"
+        8,
+        "read access to what install, host-gw, policy and the Service watcher read; \
+         Events; the Node's WireGuard key"
     );
     let read: [(&str, &[&str]); 6] = [
         ("", &["nodes", "namespaces", "pods"]),
@@ -163,6 +164,13 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         strings(&rules[6]["verbs"]),
         ["create", "patch"],
         "Events only"
+    );
+    assert_eq!(strings(&rules[7]["apiGroups"]), [""]);
+    assert_eq!(strings(&rules[7]["resources"]), ["nodes"]);
+    assert_eq!(
+        strings(&rules[7]["verbs"]),
+        ["patch"],
+        "the agent's own Node: its WireGuard key"
     );
     let binding = kind(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
@@ -192,8 +200,8 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         .iter()
         .any(|t| t["key"] == "node.kubernetes.io/not-ready" && t["operator"] == "Exists"));
 
-    // Host paths: the CNI directories, bpffs, the IPAM data and the agent's NetworkPolicy
-    // state; every one mounted by some container.
+    // Host paths: the CNI directories, bpffs, the IPAM data, the agent's NetworkPolicy
+    // state and its WireGuard key; every one mounted by some container.
     let volumes = pod["volumes"].as_array().unwrap();
     let mut paths: Vec<&str> = volumes
         .iter()
@@ -206,6 +214,7 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
             "/etc/cni/net.d",
             "/opt/cni/bin",
             "/run/cni-ebpf/policy",
+            "/run/cni-ebpf/wireguard",
             "/sys/fs/bpf",
             "/var/lib/cni-ebpf",
         ]

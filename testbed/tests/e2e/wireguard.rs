@@ -676,3 +676,132 @@ fn turning_encryption_on_and_off_keeps_open_connections() {
         "the conversation across both changes"
     );
 }
+
+/// Three nodes in `crossSubnet` mode (A and C on one segment, B behind the router): a
+/// conversation between A's and C's pods goes on, inside WireGuard, while node B rotates
+/// its key, moves to another address and back, and leaves and joins again, each picked
+/// up by A and C within a second.
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn another_nodes_changes_leave_a_conversation_between_two_nodes_alone() {
+    let cluster = Cluster::three_nodes_across_subnets("wg_three");
+    let (a, b, c) = (cluster.a(), cluster.b(), cluster.c());
+    if !kernel_has_wireguard(a) {
+        refused(a, "crossSubnet");
+        return;
+    }
+    let api = ApiServer::start(cluster.ext_netns(), testbed::EXT_IP4);
+    let publish = |n: &ClusterNode, ip: &str| {
+        api.set_node(n.name(), &[n.pod_cidr4(), n.pod_cidr6()], &[ip]);
+    };
+    for n in [a, b, c] {
+        publish(n, n.ip4());
+    }
+    let (pa, pb, pc) = (a.pod("pa"), b.pod("pb"), c.pod("pc"));
+    a.add(&pa, "eth0", &encrypted(a, "crossSubnet"));
+    let rb = b.add(&pb, "eth0", &encrypted(b, "crossSubnet"));
+    let rc = c.add(&pc, "eth0", &encrypted(c, "crossSubnet"));
+    let keys = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let _agents: Vec<Background> = [a, b, c]
+        .iter()
+        .map(|n| agent(n, &api, keys.path(), logs.path()))
+        .collect();
+    let peer_of = |n: &ClusterNode, of: &str| {
+        device_peers(n, keys.path())
+            .into_iter()
+            .find(|(node, _, _)| node == of)
+    };
+    wait(
+        "every node's device has the two others as peers",
+        || {
+            [a, b, c]
+                .iter()
+                .all(|n| device_peers(n, keys.path()).len() == 2)
+        },
+        logs.path(),
+    );
+    wait(
+        "pod A reaches pods B and C",
+        || {
+            testbed::net::ping(pa.netns(), &rb.ip4(), 1)
+                && testbed::net::ping(pa.netns(), &rc.ip4(), 1)
+        },
+        logs.path(),
+    );
+
+    let _echo = EchoServer::concurrent(pc.netns(), ECHO_PORT);
+    let to: SocketAddr = format!("{}:{ECHO_PORT}", rc.ip4())
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (talk, h) = converse(pa.netns(), to, Arc::clone(&stop), Duration::from_secs(40));
+    let encrypted_before = a.reason_count("wireguard_encrypt");
+    let within_a_second = |what: &str, f: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        wait(what, f, logs.path());
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(2), "{what} took {took:?}");
+    };
+
+    // B rotates its key.
+    let old = published(&api, "node-b").unwrap_or_default();
+    let bin = testbed::plugin::plugin_bin().display().to_string();
+    let key = key_file(keys.path(), b);
+    let out = b.exec(&[
+        bin.as_str(),
+        "wireguard",
+        "rotate-key",
+        "--wireguard-key",
+        &key,
+    ]);
+    assert!(out.status.success(), "rotate-key: {out:?}");
+    within_a_second("A and C to take B's new key", &|| {
+        let new = published(&api, "node-b").filter(|k| *k != old);
+        new.is_some()
+            && [a, c]
+                .iter()
+                .all(|n| peer_of(n, "node-b").map(|p| p.1) == new)
+    });
+
+    // B moves to another address (as a Node update says), and back.
+    publish(b, "198.19.0.33");
+    within_a_second("A's peer B at B's new address", &|| {
+        peer_of(a, "node-b").is_some_and(|p| p.2 == format!("198.19.0.33:{PORT}"))
+    });
+    publish(b, b.ip4());
+    within_a_second("A's peer B back at B's address", &|| {
+        peer_of(a, "node-b").is_some_and(|p| p.2 == format!("{}:{PORT}", b.ip4()))
+    });
+
+    // B leaves, then joins again (its agent publishes its key on the new Node).
+    api.remove_node("node-b");
+    within_a_second("A and C to drop B", &|| {
+        peer_of(a, "node-b").is_none() && peer_of(c, "node-b").is_none()
+    });
+    assert_no_ping(pa.netns(), &rb.ip4());
+    publish(b, b.ip4());
+    within_a_second("A and C to take B back", &|| {
+        peer_of(a, "node-b").is_some() && peer_of(c, "node-b").is_some()
+    });
+    wait(
+        "pod A reaches pod B again",
+        || testbed::net::ping(pa.netns(), &rb.ip4(), 1),
+        logs.path(),
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    h.join()
+        .unwrap_or_else(|_| panic!("the conversation panicked"));
+    assert_eq!(
+        *talk.failure.lock().unwrap_or_else(|e| e.into_inner()),
+        None,
+        "the conversation between A and C while B changed"
+    );
+    let exchanges = talk.exchanges.load(Ordering::Relaxed);
+    assert!(exchanges >= 100, "{exchanges} exchanges");
+    assert!(
+        a.reason_count("wireguard_encrypt") >= encrypted_before + exchanges,
+        "the conversation went through WireGuard"
+    );
+}
