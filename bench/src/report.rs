@@ -69,9 +69,11 @@ pub fn median(samples: &[f64]) -> f64 {
 }
 
 /// The columns of the comparison, in display order.
-pub const COLUMNS: [&str; 7] = [
+pub const COLUMNS: [&str; 9] = [
     "bare veth",
     "kernel VXLAN",
+    "kernel WireGuard",
+    "cni-ebpf, no encryption",
     "cni-ebpf",
     "reference",
     "direct pod → pod",
@@ -391,6 +393,22 @@ impl Report {
             (
                 "pod → pod across nodes, routed: connect rate ≥ 0.95× bare veth",
                 Rule::Min("cross.routed.crr_cps", "bare veth", 0.95),
+            ),
+            // Encrypted across nodes: cni-ebpf's steering into WireGuard as fast as the
+            // kernel's own WireGuard device with routes to it (the encryption, the same
+            // on both sides, is most of the cost; only measured where the kernel has
+            // WireGuard: `cargo xtask bench --second-kernel`).
+            (
+                "pod → pod across nodes with WireGuard: throughput ≥ 0.95× kernel WireGuard",
+                Rule::Min("cross.wireguard.tput", "kernel WireGuard", 0.95),
+            ),
+            (
+                "pod → pod across nodes with WireGuard: transactions/s ≥ 0.95× kernel WireGuard",
+                Rule::Min("cross.wireguard.rr_tps", "kernel WireGuard", 0.95),
+            ),
+            (
+                "pod → pod across nodes with WireGuard: connect rate ≥ 0.95× kernel WireGuard",
+                Rule::Min("cross.wireguard.crr_cps", "kernel WireGuard", 0.95),
             ),
             // NetworkPolicy: a pod selected by policies that admit its peer keeps the rates
             // of a pod no policy selects (the verdict is three lookups, and an admitted
