@@ -81,6 +81,20 @@ impl Underlay {
         }
     }
 
+    /// The address a node is reached at among its InternalIPs `ips`: its first IPv4 one
+    /// of a family this uplink has, else its first IPv6 one (the tunnel's endpoint and
+    /// the WireGuard peer's).
+    pub(super) fn pick(self, ips: &[IpAddr]) -> Option<IpAddr> {
+        let mut usable = ips.iter().copied().filter(|ip| self.has(*ip));
+        let first = usable.next()?;
+        Some(
+            std::iter::once(first)
+                .chain(usable)
+                .find(IpAddr::is_ipv4)
+                .unwrap_or(first),
+        )
+    }
+
     pub(super) fn describe(self) -> &'static str {
         match (self.v4, self.v6) {
             (true, true) => "IPv4 or IPv6",
@@ -139,13 +153,7 @@ pub fn tunnel_entries(
             why,
         };
         let ips = k8s::internal_ips(node);
-        let usable: Vec<IpAddr> = ips.iter().copied().filter(|ip| underlay.has(*ip)).collect();
-        let Some(address) = usable
-            .iter()
-            .find(|ip| ip.is_ipv4())
-            .or_else(|| usable.first())
-            .copied()
-        else {
+        let Some(address) = underlay.pick(&ips) else {
             skipped.push(skip(if ips.is_empty() {
                 "no InternalIP to tunnel to".to_owned()
             } else {

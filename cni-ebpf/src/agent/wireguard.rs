@@ -27,7 +27,7 @@
 use std::{
     collections::BTreeMap,
     io::Write as _,
-    net::{IpAddr, SocketAddr},
+    net::SocketAddr,
     os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     time::SystemTime,
@@ -210,11 +210,7 @@ pub fn wanted(nodes: &[Node], own: &str, port: u16, underlay: Underlay) -> Wante
             continue;
         };
         let ips = k8s::internal_ips(node);
-        let address = ips
-            .iter()
-            .copied()
-            .filter(|ip| underlay.has(*ip))
-            .min_by_key(IpAddr::is_ipv6);
+        let address = underlay.pick(&ips);
         let key = node
             .metadata
             .annotations
@@ -462,30 +458,27 @@ impl Keeper {
         nl: &Nl,
         api: &Api<Node>,
     ) -> Result<()> {
-        let underlay = match nets
-            .iter()
-            .find(|n| n.encrypting.is_some())
-            .or(nets.first())
-        {
+        let underlay = match nets.iter().find(|n| n.encrypting.is_some()) {
             Some(n) => n.underlay,
             None => {
+                // Prepared ahead of the programs: the device as ADD would make it, from
+                // the uplink ADD would read.
                 let facts = node_facts::read(nl, None, false).await?;
-                Underlay {
-                    v4: facts.uplink_addr.is_some(),
-                    v6: facts.uplink_addr6.is_some(),
-                }
+                let overhead = if facts.uplink_addr.is_some() {
+                    cni_ebpf_common::WIREGUARD_OVERHEAD4
+                } else {
+                    cni_ebpf_common::WIREGUARD_OVERHEAD6
+                };
+                ensure_device(nl, facts.uplink_mtu.saturating_sub(overhead)).await?;
+                nets.first().map_or(
+                    Underlay {
+                        v4: facts.uplink_addr.is_some(),
+                        v6: facts.uplink_addr6.is_some(),
+                    },
+                    |n| n.underlay,
+                )
             }
         };
-        if !nets.iter().any(|n| n.encrypting.is_some()) {
-            // Prepared ahead of the programs: the device as ADD would make it.
-            let facts = node_facts::read(nl, None, false).await?;
-            let overhead = if facts.uplink_addr.is_some() {
-                cni_ebpf_common::WIREGUARD_OVERHEAD4
-            } else {
-                cni_ebpf_common::WIREGUARD_OVERHEAD6
-            };
-            ensure_device(nl, facts.uplink_mtu.saturating_sub(overhead)).await?;
-        }
         let key = self.key()?;
         let public = public_key(&key);
         let wg = match &mut self.wg {
@@ -576,20 +569,24 @@ impl Keeper {
 
     /// The private key in force: the file's, read again when it changed.
     fn key(&mut self) -> Result<Key> {
-        let stamp = std::fs::metadata(&self.key_file)
-            .and_then(|m| m.modified())
-            .ok();
-        match (&self.key, stamp) {
-            (Some((seen, key)), Some(now)) if *seen == now => Ok(*key),
-            _ => {
-                let key = load_or_make(&self.key_file)?;
-                let stamp = std::fs::metadata(&self.key_file)
-                    .and_then(|m| m.modified())
-                    .unwrap_or(SystemTime::UNIX_EPOCH);
-                self.key = Some((stamp, key));
-                Ok(key)
-            }
+        if let (true, Some((_, key))) = (self.key_current(), &self.key) {
+            return Ok(*key);
         }
+        let key = load_or_make(&self.key_file)?;
+        self.key = Some((self.key_stamp().unwrap_or(SystemTime::UNIX_EPOCH), key));
+        Ok(key)
+    }
+
+    /// The key file's modification time (`None`: no file yet).
+    fn key_stamp(&self) -> Option<SystemTime> {
+        std::fs::metadata(&self.key_file)
+            .and_then(|m| m.modified())
+            .ok()
+    }
+
+    /// Whether the key in force is the key file's as it is now.
+    fn key_current(&self) -> bool {
+        matches!((&self.key, self.key_stamp()), (Some((seen, _)), Some(now)) if *seen == now)
     }
 
     /// Whether a round is due since the last look: a network's encryption was turned on
@@ -612,16 +609,7 @@ impl Keeper {
         if changed && !first {
             return true;
         }
-        if !wanted {
-            return false;
-        }
-        let stamp = std::fs::metadata(&self.key_file)
-            .and_then(|m| m.modified())
-            .ok();
-        match (&self.key, stamp) {
-            (Some((seen, _)), Some(now)) => *seen != now,
-            _ => true,
-        }
+        wanted && !self.key_current()
     }
 }
 

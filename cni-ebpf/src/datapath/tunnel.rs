@@ -170,16 +170,7 @@ impl Datapath {
         if self.node_config_raw()?.tunnel_ifindex == 0 {
             return Ok(false);
         }
-        crate::kernel::link::runtime()?.block_on(async {
-            let nl = Nl::connect()?;
-            match nl.link_by_name(TUNNEL_DEVICE).await? {
-                Some(dev) if dev.alias.as_deref() == Some(TUNNEL_ALIAS) => {
-                    nl.del_link(dev.index).await?;
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
+        remove_ours(TUNNEL_DEVICE, TUNNEL_ALIAS)
     }
 
     fn tunnel_attached(&self, ifindex: u32) -> Result<bool> {
@@ -285,6 +276,21 @@ impl Datapath {
         out.sort();
         Ok(out)
     }
+}
+
+/// Deletes the node's device `name` if it carries our `alias` (`uninstall --purge`);
+/// whether it did.
+pub(super) fn remove_ours(name: &str, alias: &str) -> Result<bool> {
+    crate::kernel::link::runtime()?.block_on(async {
+        let nl = Nl::connect()?;
+        match nl.link_by_name(name).await? {
+            Some(dev) if dev.alias.as_deref() == Some(alias) => {
+                nl.del_link(dev.index).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    })
 }
 
 /// The trie key of a prefix: IPv4 mapped into IPv6 (a /24 is a /120).

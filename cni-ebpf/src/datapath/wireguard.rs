@@ -13,7 +13,7 @@ use ipnet::IpNet;
 
 use super::{
     maps,
-    tunnel::{sync_trie, trie_net},
+    tunnel::{remove_ours, sync_trie, trie_net},
     Datapath,
 };
 use crate::{
@@ -92,16 +92,7 @@ impl Datapath {
         if self.node_config_raw()?.wireguard_ifindex == 0 {
             return Ok(false);
         }
-        crate::kernel::link::runtime()?.block_on(async {
-            let nl = Nl::connect()?;
-            match nl.link_by_name(WIREGUARD_DEVICE).await? {
-                Some(dev) if dev.alias.as_deref() == Some(WIREGUARD_ALIAS) => {
-                    nl.del_link(dev.index).await?;
-                    Ok(true)
-                }
-                _ => Ok(false),
-            }
-        })
+        remove_ours(WIREGUARD_DEVICE, WIREGUARD_ALIAS)
     }
 }
 
