@@ -120,7 +120,12 @@ pub(crate) fn deliver(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> i
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
-    redirect_into(ep, through_to_pod(ctx, ep, how, false))
+    let how = through_to_pod(ctx, ep, how, false);
+    if matches!(how, PodDelivery::Peer) {
+        // Past the pod's host veth: followed by the program, not by `to_pod`.
+        policy::note_delivered(ep.ifindex);
+    }
+    redirect_into(ep, how)
 }
 
 /// `how`, or [`PodDelivery::Transmit`] (through the pod's host veth, whose `to_pod`
@@ -174,10 +179,11 @@ pub(crate) fn deliver6(ctx: &TcContext, ep: &EndpointInfo, how: PodDelivery) -> 
         return TC_ACT_OK as i32;
     }
     add_stats(ep.ifindex, ctx.len(), true);
-    // Judged by NetworkPolicy once the IPv6 program's stages are done (their frames
-    // leave no room for it here).
-    policy::note_delivery(ep);
-    redirect_into(ep, through_to_pod(ctx, ep, how, true))
+    // Judged by NetworkPolicy (and then followed as a flow) once the IPv6 program's
+    // stages are done (their frames leave no room for it here).
+    let how = through_to_pod(ctx, ep, how, true);
+    policy::note_delivery(ep, matches!(how, PodDelivery::Peer));
+    redirect_into(ep, how)
 }
 
 /// `struct bpf_fib_lookup`. Addresses and ports network order.

@@ -60,7 +60,9 @@
 //! - [`masq`]: masquerade of pod flows leaving the cluster;
 //! - [`icmp`], [`icmp6`]: ICMP and ICMPv6 errors about translated flows;
 //! - [`policy`]: NetworkPolicy verdicts; [`dns`]: the addresses pods learn from DNS
-//!   answers, for rules that name domains.
+//!   answers, for rules that name domains;
+//! - [`observe`]: flow events, every program's packets followed at its end, after its
+//!   verdict.
 
 mod dns;
 mod family;
@@ -74,6 +76,7 @@ mod maps;
 mod masq;
 mod nat;
 mod nodeport;
+mod observe;
 mod pacing;
 mod parse;
 mod pod;
@@ -121,19 +124,24 @@ pub fn from_netkit(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn leaving_pod(ctx: &TcContext, how: PodDelivery) -> i32 {
     count(Reason::Seen);
-    // SAFETY: reading a field of the context.
-    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    let ifindex = ifindex(ctx);
     add_stats(ifindex, ctx.len(), false);
     let sender = match pod::sender(ctx, ifindex, how) {
         Ok(s) => s,
-        Err(v) => return v,
+        Err(v) => {
+            observe::sent(ctx, ifindex, v);
+            return v;
+        }
     };
     if v6::is_ipv6(ctx) {
         return v6::call_from_pod6(ctx, sender);
     }
     policy::begin();
     let v = pod::stages::<Addr4>(ctx, sender);
-    policy::settle(ctx, v, false)
+    let v = policy::settle(ctx, v, false);
+    observe::received(ctx, policy::delivered(), v);
+    observe::sent(ctx, ifindex, v);
+    v
 }
 
 /// `from_pod` for IPv6 (tail-called by it, the source checked and the packet paced). A
@@ -143,14 +151,19 @@ fn leaving_pod(ctx: &TcContext, how: PodDelivery) -> i32 {
 pub fn from_pod6(ctx: TcContext) -> i32 {
     policy::begin();
     let v = pod::stages::<Addr6>(&ctx, v6::sender(&ctx));
-    policy::settle6(&ctx, v)
+    let v = policy::settle6(&ctx, v);
+    observe::received(&ctx, policy::delivered(), v);
+    observe::sent(&ctx, ifindex(&ctx), v);
+    v
 }
 
 /// Host veth egress: what the kernel's routing delivers to a pod (everything not
 /// redirected into it by the programs above), judged by NetworkPolicy (see [`policy`]).
 #[classifier]
 pub fn to_pod(ctx: TcContext) -> i32 {
-    policy::to_pod(&ctx, policy::PodBy::Ifindex)
+    let v = policy::to_pod(&ctx, policy::PodBy::Ifindex);
+    observe::received(&ctx, ifindex(&ctx), v);
+    v
 }
 
 /// A netkit pod's host device transmitting to it (the netkit primary's program): what
@@ -159,7 +172,9 @@ pub fn to_pod(ctx: TcContext) -> i32 {
 /// interface's, so the pod is found by the destination address.
 #[classifier]
 pub fn to_netkit(ctx: TcContext) -> i32 {
-    policy::to_pod(&ctx, policy::PodBy::Destination)
+    let v = policy::to_pod(&ctx, policy::PodBy::Destination);
+    observe::received(&ctx, ifindex(&ctx), v);
+    v
 }
 
 /// The reader of a DNS answer `to_pod` or `to_netkit` lets into a pod whose egress rules
@@ -183,7 +198,10 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
     }
     policy::begin();
     let v = uplink::ingress::<Addr4>(&ctx);
-    policy::settle(&ctx, v, false)
+    let v = policy::settle(&ctx, v, false);
+    observe::received(&ctx, policy::delivered(), v);
+    observe::dropped(&ctx, v);
+    v
 }
 
 /// `uplink_ingress` for IPv6 (tail-called by it), its deliveries judged as
@@ -192,7 +210,10 @@ pub fn uplink_ingress(ctx: TcContext) -> i32 {
 pub fn uplink_ingress6(ctx: TcContext) -> i32 {
     policy::begin();
     let v = uplink::ingress::<Addr6>(&ctx);
-    policy::settle6(&ctx, v)
+    let v = policy::settle6(&ctx, v);
+    observe::received(&ctx, policy::delivered(), v);
+    observe::dropped(&ctx, v);
+    v
 }
 
 /// Uplink egress: masquerade pod traffic leaving the cluster; restore replies of host-port
@@ -203,13 +224,17 @@ pub fn uplink_egress(ctx: TcContext) -> i32 {
     if v6::is_ipv6(&ctx) {
         return v6::call(&ctx, prog::CALL6_UPLINK_EGRESS);
     }
-    uplink::egress::<Addr4>(&ctx)
+    let v = uplink::egress::<Addr4>(&ctx);
+    observe::dropped(&ctx, v);
+    v
 }
 
 /// `uplink_egress` for IPv6 (tail-called by it).
 #[classifier]
 pub fn uplink_egress6(ctx: TcContext) -> i32 {
-    uplink::egress::<Addr6>(&ctx)
+    let v = uplink::egress::<Addr6>(&ctx);
+    observe::dropped(&ctx, v);
+    v
 }
 
 // The tunnel device.
@@ -218,14 +243,26 @@ pub fn uplink_egress6(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn to_tunnel(ctx: TcContext) -> i32 {
     count(Reason::Seen);
-    tunnel::to_tunnel(&ctx)
+    let v = tunnel::to_tunnel(&ctx);
+    observe::dropped(&ctx, v);
+    v
 }
 
 /// Tunnel device ingress: a packet from another node's pod, into its pod.
 #[classifier]
 pub fn from_tunnel(ctx: TcContext) -> i32 {
     count(Reason::Seen);
-    tunnel::from_tunnel(&ctx)
+    let v = tunnel::from_tunnel(&ctx);
+    observe::received(&ctx, policy::delivered(), v);
+    observe::dropped(&ctx, v);
+    v
+}
+
+/// The ifindex of the device the program runs at.
+#[inline(always)]
+fn ifindex(ctx: &TcContext) -> u32 {
+    // SAFETY: reading a field of the context.
+    unsafe { (*ctx.skb.skb).ifindex }
 }
 
 #[cfg(not(test))]

@@ -8,7 +8,7 @@ use aya_ebpf::{
     macros::map,
     maps::{
         lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray,
-        PerCpuHashMap, ProgramArray,
+        PerCpuHashMap, ProgramArray, RingBuf,
     },
 };
 use cni_ebpf_common::{
@@ -31,6 +31,9 @@ use cni_ebpf_common::{
 use cni_ebpf_common::{
     Affinity, AffinityKey, Backend, BackendSlot, MemberKey, Service, ServiceKey, MAX_SERVICES,
     MAX_SERVICE_AFFINITY, MAX_SERVICE_BACKENDS, MAX_SERVICE_NETNS,
+};
+use cni_ebpf_common::{
+    FlowConfig, FlowCpu, FlowLogEntry, FlowLogKey, FLOW_EVENTS_BYTES, MAX_FLOW_LOG,
 };
 
 /// Local pods: pod IPv4 → delivery information.
@@ -255,11 +258,28 @@ pub(crate) static SERVICE_NETNS: HashMap<u64, u32> =
 pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// Pod flows' counters, as each pod interface sees them (see `observe`).
+#[map]
+pub(crate) static FLOW_LOG: LruHashMap<FlowLogKey, FlowLogEntry> =
+    LruHashMap::pinned(MAX_FLOW_LOG, 0);
+/// Flow events for the agent.
+#[map]
+pub(crate) static FLOW_EVENTS: RingBuf = RingBuf::pinned(FLOW_EVENTS_BYTES, 0);
+/// Whether flows are followed, and their events' rate (index 0; the agent writes it).
+#[map]
+pub(crate) static FLOW_CONFIG: Array<FlowConfig> = Array::pinned(1, 0);
+/// Each CPU's share of flow events, and the drop reason of its packet.
+#[map]
+pub(crate) static FLOW_CPU: PerCpuArray<FlowCpu> = PerCpuArray::pinned(1, 0);
+
 #[inline(always)]
 pub(crate) fn count(reason: Reason) {
     if let Some(slot) = REASONS.get_ptr_mut(reason as u32) {
         // SAFETY: per-CPU slot, no concurrent writer on this CPU.
         unsafe { *slot += 1 };
+    }
+    if reason.is_drop() {
+        crate::observe::note_drop(reason);
     }
 }
 

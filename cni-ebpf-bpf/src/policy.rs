@@ -55,10 +55,10 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use cni_ebpf_common::{
-    proto, tiers_decide, Addr6, EndpointInfo, NodeFlags, PolicyClassCounts, PolicyClassKey,
-    PolicyCounts, PolicyEndpointKey, PolicyExactKey, PolicyFlow, PolicyFlowKey, PolicyLearnedKey,
-    PolicyPeerKey, PolicyPortKey, Reason, NO_CLASS, POLICY_DENY_SLOTS, RULESET_CLOSED,
-    RULESET_OPEN,
+    proto, tiers_decide, Addr6, EndpointInfo, FlowLogEntry, FlowLogKey, NodeFlags,
+    PolicyClassCounts, PolicyClassKey, PolicyCounts, PolicyEndpointKey, PolicyExactKey, PolicyFlow,
+    PolicyFlowKey, PolicyLearnedKey, PolicyPeerKey, PolicyPortKey, Reason, NO_CLASS,
+    POLICY_DENY_SLOTS, RULESET_CLOSED, RULESET_OPEN,
 };
 
 use crate::{
@@ -106,9 +106,16 @@ pub(crate) struct Scratch {
     pub(crate) learned: PolicyLearnedKey,
     admitted: PolicyFlow,
     /// The pod an IPv6 program's stage armed a redirect into ([`note_delivery`]): its
-    /// host veth (0: none) and owner.
+    /// host veth (0: none) and owner, and whether the redirect skips its host veth (the
+    /// flow is followed here, not by `to_pod`).
     delivery_ifindex: u32,
     delivery_owner: u64,
+    delivery_peer: bool,
+    /// The pod a redirect past its host veth was admitted into ([`delivered`]).
+    delivered: u32,
+    /// The rule sets the last [`admits`] found for the egress and the ingress of `flow`.
+    judged_egress: u32,
+    judged_ingress: u32,
     /// This CPU's count of refused packets (the last `PolicyDeny::seq` written) and a key of
     /// `POLICY_COUNTS`, with a zeroed value to create its entry from.
     denies: u64,
@@ -495,6 +502,10 @@ pub(crate) fn admits(
     } else {
         (ruleset(s, src, slot, true), ruleset(s, dst, slot, false))
     };
+    s.judged_egress = egress;
+    s.judged_ingress = ingress;
+    s.egress_class = NO_CLASS;
+    s.ingress_class = NO_CLASS;
     // SAFETY: copied out at once.
     let recorded = unsafe { POLICY_FLOWS.get(&s.flow) }.is_some_and(|f| f.generation == gen);
     if egress == RULESET_OPEN && ingress == RULESET_OPEN {
@@ -731,6 +742,33 @@ pub(crate) fn admits_delivery(ctx: &TcContext, ifindex: u32, owner: u64, ipv6: b
     )
 }
 
+/// A new flow's entry `f` (key `key`, `received`: the pod is the destination) gets the
+/// rule sets and the deciding classes of the last judgement, when it was of this flow's
+/// tuple (the packet that makes the entry, or an earlier one of the flow).
+#[inline(always)]
+pub(crate) fn judged(key: &FlowLogKey, received: bool, f: &mut FlowLogEntry) {
+    let Some(s) = scratch() else {
+        return;
+    };
+    let (src, dst, sport, dport) = if received {
+        (&key.peer, &key.pod, key.peer_port, key.pod_port)
+    } else {
+        (&key.pod, &key.peer, key.pod_port, key.peer_port)
+    };
+    if s.flow.proto != key.proto
+        || s.flow.sport != sport
+        || s.flow.dport != dport
+        || s.flow.saddr != *src
+        || s.flow.daddr != *dst
+    {
+        return;
+    }
+    f.egress_ruleset = s.judged_egress;
+    f.ingress_ruleset = s.judged_ingress;
+    f.egress_class = s.egress_class as u8;
+    f.ingress_class = s.ingress_class as u8;
+}
+
 /// The programs that hand packets into pods or to the stack, first thing: no delivery
 /// armed yet ([`note_delivery`]), no packet noted as going to the stack
 /// ([`note_to_stack`]).
@@ -865,11 +903,33 @@ fn note_node_flow(ctx: &TcContext, ipv6: bool) {
 
 /// `deliver6`: the packet is about to be redirected into `ep`.
 #[inline(always)]
-pub(crate) fn note_delivery(ep: &EndpointInfo) {
+pub(crate) fn note_delivery(ep: &EndpointInfo, peer: bool) {
     if let Some(s) = scratch() {
         s.delivery_ifindex = ep.ifindex;
         s.delivery_owner = ep.owner;
+        s.delivery_peer = peer;
     }
+}
+
+/// A redirect into pod interface `ifindex` past its host veth was admitted.
+#[inline(always)]
+pub(crate) fn note_delivered(ifindex: u32) {
+    if let Some(s) = scratch() {
+        s.delivered = ifindex;
+    }
+}
+
+/// The last step of the programs that redirect into pods: the pod interface an admitted
+/// redirect puts the packet into past its host veth (0: none; cleared), for the program
+/// to follow as received, in its shallowest frame.
+#[inline(always)]
+pub(crate) fn delivered() -> u32 {
+    let Some(s) = scratch() else {
+        return 0;
+    };
+    let d = s.delivered;
+    s.delivered = 0;
+    d
 }
 
 /// The IPv6 programs, last thing: [`judge_delivery6`], then [`settle`].
@@ -893,6 +953,9 @@ fn judge_delivery6(ctx: &TcContext, verdict: i32) -> i32 {
         return verdict;
     }
     if admits_delivery(ctx, ifindex, owner, true) {
+        if s.delivery_peer {
+            note_delivered(ifindex);
+        }
         verdict
     } else {
         TC_ACT_SHOT as i32

@@ -14,12 +14,13 @@ use core::mem::size_of;
 /// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
 /// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
 /// `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 10;
+pub const LAYOUT_VERSION: u32 = 11;
 
 mod dns;
 mod hash;
 mod names;
 mod nat;
+mod observe;
 mod policy;
 mod reason;
 mod service;
@@ -29,6 +30,7 @@ pub use dns::*;
 pub use hash::{fnv1a64, owner_id};
 pub use names::{global, map, prog};
 pub use nat::*;
+pub use observe::*;
 pub use policy::*;
 pub use reason::{Reason, REASON_SLOTS};
 pub use service::*;
@@ -635,6 +637,11 @@ mod pod {
     unsafe impl aya::Pod for super::PolicyExactKey {}
     unsafe impl aya::Pod for super::PolicyFlowKey {}
     unsafe impl aya::Pod for super::PolicyFlow {}
+    unsafe impl aya::Pod for super::FlowConfig {}
+    unsafe impl aya::Pod for super::FlowCpu {}
+    unsafe impl aya::Pod for super::FlowLogKey {}
+    unsafe impl aya::Pod for super::FlowLogEntry {}
+    unsafe impl aya::Pod for super::FlowEvent {}
     unsafe impl aya::Pod for super::PolicyTiers {}
     unsafe impl aya::Pod for super::PolicyDomainKey {}
     unsafe impl aya::Pod for super::PolicyLearnedKey {}

@@ -260,6 +260,17 @@ macro_rules! map_table {
             /// [`crate::PolicyClassKey`] → [`crate::PolicyClassCounts`] (per CPU, LRU): the
             /// verdicts each cluster policy rule decided, read by the agent's metrics.
             POLICY_CLASS_COUNTS policy_class_counts: PerCpuHash<$crate::PolicyClassKey, $crate::PolicyClassCounts>;
+            /// [`crate::FlowLogKey`] → [`crate::FlowLogEntry`] (LRU): each pod flow's counters,
+            /// as each pod interface sees it; the agent removes flows idle past their timeout.
+            FLOW_LOG flow_log: Hash<$crate::FlowLogKey, $crate::FlowLogEntry>;
+            /// Ring buffer of [`crate::FlowEvent`] records ([`crate::FLOW_EVENTS_BYTES`]), read
+            /// by the agent.
+            FLOW_EVENTS flow_events: RingBuf<>;
+            /// Index 0 → [`crate::FlowConfig`]: whether flows are followed, written by the agent.
+            FLOW_CONFIG flow_config: Array<$crate::FlowConfig>;
+            /// Per-CPU [`crate::FlowCpu`]: the flow events' rate limit, and the drop reason of
+            /// the packet being handled.
+            FLOW_CPU flow_cpu: PerCpuArray<$crate::FlowCpu>;
         }
     };
 }
@@ -310,7 +321,7 @@ mod tests {
     fn a_changed_map_table_raises_the_layout_version() {
         assert_eq!(
             (LAYOUT_VERSION, map_table!(fingerprint)),
-            (10, 10_632_832_693_282_362_558),
+            (11, 1_918_170_066_947_845_035),
             "the maps' table changed: raise LAYOUT_VERSION, then write the new pair here"
         );
     }

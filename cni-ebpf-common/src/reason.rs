@@ -178,11 +178,17 @@ pub enum Reason {
     /// Sent in clear to a node without a published key, as `encryptionStrict: false`
     /// allows.
     WireguardClearToKeyless = 66,
+    /// A flow event not sent: its CPU had used its share of events per second
+    /// (`--flow-events-per-second`). The flow's counters are kept.
+    FlowEventRateLimited = 67,
+    /// A flow event not sent: the ring was full (the agent reads too slowly, or none
+    /// reads). The flow's counters are kept.
+    FlowEventRingFull = 68,
 }
 
 impl Reason {
     /// Every reason, for userspace listings.
-    pub const ALL: [Reason; 62] = [
+    pub const ALL: [Reason; 64] = [
         Reason::ServiceNew,
         Reason::ServiceNewRouted,
         Reason::ServiceRouted,
@@ -245,7 +251,36 @@ impl Reason {
         Reason::WireguardEncrypt,
         Reason::DropNoWireguardKey,
         Reason::WireguardClearToKeyless,
+        Reason::FlowEventRateLimited,
+        Reason::FlowEventRingFull,
     ];
+
+    /// Whether the packet counted is dropped for it.
+    #[must_use]
+    pub const fn is_drop(self) -> bool {
+        matches!(
+            self,
+            Reason::DropServiceNoBackend
+                | Reason::DropServiceUnroutable
+                | Reason::DropNoSnatPort
+                | Reason::DropSpoofedSource
+                | Reason::DropRewriteFailed
+                | Reason::DropEgressRate
+                | Reason::DropNatPodCap
+                | Reason::DropSnatDestCap
+                | Reason::DropPolicyEgress
+                | Reason::DropPolicyIngress
+                | Reason::DropNoTunnelEndpoint
+                | Reason::DropTunnelSpoofed
+                | Reason::DropNoWireguardKey
+        )
+    }
+
+    /// The reason of value `v`, if any.
+    #[must_use]
+    pub fn from_u32(v: u32) -> Option<Self> {
+        Self::ALL.iter().copied().find(|r| *r as u32 == v)
+    }
 
     /// Stable snake-case name (used by `inspect`).
     #[must_use]
@@ -313,13 +348,15 @@ impl Reason {
             Reason::WireguardEncrypt => "wireguard_encrypt",
             Reason::DropNoWireguardKey => "drop_no_wireguard_key",
             Reason::WireguardClearToKeyless => "wireguard_clear_to_keyless",
+            Reason::FlowEventRateLimited => "flow_event_rate_limited",
+            Reason::FlowEventRingFull => "flow_event_ring_full",
         }
     }
 }
 
 /// Number of slots in the reasons map (must exceed every [`Reason`] value).
 pub const REASON_SLOTS: u32 = 80;
-const _: () = assert!((Reason::WireguardClearToKeyless as u32) < REASON_SLOTS);
+const _: () = assert!((Reason::FlowEventRingFull as u32) < REASON_SLOTS);
 const _: () = assert!((Reason::PassPodTrafficToStack as u32) < REASON_SLOTS);
 
 #[cfg(test)]

@@ -96,6 +96,7 @@ macro_rules! typed {
 /// loader fills).
 macro_rules! accessor {
     (ProgramArray, $name:ident $accessor:ident) => {};
+    (RingBuf, $name:ident $accessor:ident) => {};
     ($kind:ident, $name:ident $accessor:ident $($ty:ty),+) => {
         #[doc = concat!("[`map::", stringify!($name), "`], opened on first use.")]
         pub fn $accessor<'a>(&'a mut self) -> Result<typed!($kind, $($ty),+)> {
@@ -107,6 +108,7 @@ macro_rules! accessor {
 /// Opens one map of the table through its accessor.
 macro_rules! open {
     (ProgramArray, $m:ident . $accessor:ident) => {};
+    (RingBuf, $m:ident . $accessor:ident) => {};
     ($kind:ident, $m:ident . $accessor:ident) => {
         $m.$accessor()?;
     };

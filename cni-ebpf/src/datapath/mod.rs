@@ -52,6 +52,7 @@ pub mod netkit;
 mod node_config;
 pub mod node_facts;
 pub mod object;
+pub mod observe;
 pub mod pacing;
 pub mod pins;
 pub mod policy;

@@ -24,6 +24,7 @@ mod hostport;
 mod metrics;
 mod nat;
 mod natshare;
+mod observe;
 mod pacing;
 mod policy;
 mod routing;

@@ -76,7 +76,7 @@ pub(crate) fn dual_stack_pods(fx: &Fixture) {
 /// Compiles `policies` and swaps them in as the agent does: each rule set under a fresh
 /// id, then both pods' entries in the slot not in force, then the swap. Returns the ids
 /// used (to be removed by a later swap).
-fn enforce(
+pub(crate) fn enforce(
     fx: &Fixture,
     policies: &[k8s_openapi::api::networking::v1::NetworkPolicy],
     first_id: u32,
@@ -132,7 +132,7 @@ pub(crate) fn enforce_all(
     fx.dp().swap_policy(&entries).unwrap();
 }
 
-fn a_to_b(dport: u16, flags: u8) -> Vec<u8> {
+pub(crate) fn a_to_b(dport: u16, flags: u8) -> Vec<u8> {
     frame(
         HOST_MAC_A,
         POD_MAC_A,
@@ -143,7 +143,7 @@ fn a_to_b(dport: u16, flags: u8) -> Vec<u8> {
     )
 }
 
-fn b_to_a(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
+pub(crate) fn b_to_a(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
     frame(
         HOST_MAC_B,
         POD_MAC_B,
@@ -155,7 +155,7 @@ fn b_to_a(sport: u16, dport: u16, flags: u8) -> Vec<u8> {
 }
 
 /// `b` admits only `a` on TCP 80 and sends nothing of its own.
-fn b_admits_a_on_80() -> Vec<k8s_openapi::api::networking::v1::NetworkPolicy> {
+pub(crate) fn b_admits_a_on_80() -> Vec<k8s_openapi::api::networking::v1::NetworkPolicy> {
     vec![policy(
         "b-from-a",
         json!({

@@ -1,0 +1,409 @@
+//! Flow events: every pod flow's start, end and drops, reported through the ring
+//! `FLOW_EVENTS`, aggregated per flow in `FLOW_LOG` (see `cni_ebpf_common::observe`).
+//!
+//! Where flows are seen: at a pod's interfaces, each packet once after its verdict —
+//! what the pod sends at the end of `from_pod` ([`sent`]: the packet as the pod sent it,
+//! before any translation the node applies further on), what is delivered into it where
+//! it is delivered (a redirect into the pod, or `to_pod` for what the kernel delivers:
+//! [`received`]) — and the drops of the uplink and the tunnel device's programs
+//! ([`dropped`]). A flow is keyed by the pod interface and its tuple as the pod sees it,
+//! so a flow between two pods of the node is followed at each of them, as each sees it.
+//!
+//! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
+//! event; its later packets add to the entry's counters (one lookup, atomic adds) and send
+//! nothing, but the first TCP FIN or RST (an end event) and the first drop, or a drop for
+//! another reason (a drop event). The agent reports a flow idle past its timeout as
+//! ended, from the entry's counters, and removes it. Each CPU may send
+//! `FlowConfig::events_per_sec` events a second (a token bucket `burst` deep); an event
+//! beyond it, or one the full ring refuses, is counted (`flow_event_rate_limited`,
+//! `flow_event_ring_full`) and not sent, its flow's counters kept. With
+//! `FlowConfig::enabled` 0 (no agent turned flows on) nothing is followed: one array
+//! lookup a packet.
+
+#[cfg(target_arch = "bpf")]
+use core::intrinsics::{atomic_xadd, AtomicOrdering};
+#[cfg(not(target_arch = "bpf"))]
+use core::sync::atomic::{AtomicU64, Ordering};
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    macros::map,
+    maps::PerCpuArray,
+    programs::TcContext,
+};
+use cni_ebpf_common::{
+    proto, FlowLogEntry, FlowLogKey, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST,
+    FLOW_EVENT_DROP, FLOW_EVENT_END, FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD,
+    FLOW_REPORTED, NO_CLASS, RULESET_OPEN,
+};
+
+use crate::{
+    maps::{count, FLOW_CONFIG, FLOW_CPU, FLOW_EVENTS, FLOW_LOG},
+    nat::now,
+    parse::{
+        read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_ECHO,
+        ICMP_ECHO_ID, ICMP_ECHO_REPLY, IP6_DADDR, IP6_SADDR, IP_DADDR, IP_FRAG_OFF, IP_OFF,
+        IP_PROTO, IP_SADDR, L4_OFF, L4_OFF6, TCP_ACK, TCP_FIN, TCP_FLAGS, TCP_RST, TCP_SYN,
+    },
+};
+
+/// SCTP's protocol number (its ports are where TCP's and UDP's are).
+const SCTP: u8 = 132;
+
+/// Per-CPU room for a flow's key and a new entry (not pinned: nothing outlives a packet).
+pub(crate) struct Scratch {
+    key: FlowLogKey,
+    fresh: FlowLogEntry,
+}
+
+#[map]
+static OBSERVE_SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// How a pod interface saw a packet.
+const SENT: u32 = 0;
+const RECEIVED: u32 = 1;
+/// A drop outside a pod's interfaces (the uplink, the tunnel device).
+const ELSEWHERE: u32 = 2;
+
+/// The end of `from_pod` (either family): the packet pod interface `ifindex` sent, and
+/// what became of it (`verdict`).
+#[inline(always)]
+pub(crate) fn sent(ctx: &TcContext, ifindex: u32, verdict: i32) {
+    observe(ctx, ifindex, verdict, SENT);
+}
+
+/// A packet delivered into pod interface `ifindex` (`verdict` [`TC_ACT_SHOT`]: refused
+/// there).
+#[inline(always)]
+pub(crate) fn received(ctx: &TcContext, ifindex: u32, verdict: i32) {
+    if ifindex != 0 {
+        observe(ctx, ifindex, verdict, RECEIVED);
+    }
+}
+
+/// The end of a program of the uplink or the tunnel device: a packet it drops is reported.
+#[inline(always)]
+pub(crate) fn dropped(ctx: &TcContext, verdict: i32) {
+    if verdict == TC_ACT_SHOT as i32 {
+        observe(ctx, 0, verdict, ELSEWHERE);
+    }
+}
+
+/// Notes the drop reason of the packet being handled (called by `count` for every drop
+/// reason): the drop event that may follow names it.
+#[inline(always)]
+pub(crate) fn note_drop(reason: Reason) {
+    if let Some(c) = FLOW_CPU.get_ptr_mut(0) {
+        // SAFETY: per-CPU value, no concurrent writer on this CPU.
+        unsafe { (*c).drop_reason = reason as u32 };
+    }
+}
+
+/// The drop reason noted for the packet being handled, cleared.
+#[inline(always)]
+fn take_drop_reason() -> u32 {
+    let Some(c) = FLOW_CPU.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU value, no concurrent writer on this CPU.
+    unsafe {
+        let r = (*c).drop_reason;
+        (*c).drop_reason = 0;
+        r
+    }
+}
+
+/// Follows one packet (see the module's documentation). A function of its own, so that
+/// its frame is not under its callers'.
+#[inline(never)]
+fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
+    let on = FLOW_CONFIG.get(0).is_some_and(|c| c.enabled != 0);
+    if !on {
+        return;
+    }
+    let Some(s) = OBSERVE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no concurrent user on this CPU.
+    let s = unsafe { &mut *s };
+    let Some((ipv6, tcp_flags)) = load_key(ctx, &mut s.key, ifindex, side == RECEIVED) else {
+        return;
+    };
+    let dropped = verdict == TC_ACT_SHOT as i32;
+    let reason = if dropped { take_drop_reason() } else { 0 };
+    let len = u64::from(ctx.len());
+    let at = now();
+    let syn_only = s.key.proto == proto::TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    let end = if s.key.proto != proto::TCP {
+        0
+    } else if tcp_flags & TCP_RST != 0 {
+        FLOW_END_RST
+    } else if tcp_flags & TCP_FIN != 0 {
+        FLOW_END_FIN
+    } else {
+        0
+    };
+    let mut insert = BPF_NOEXIST as u64;
+    if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
+        // SAFETY: LRU values may be recycled under us; counters are added atomically,
+        // flags and times written whole.
+        unsafe {
+            // A SYN on a flow that ended opens a new one on the same tuple (its entry
+            // replaced).
+            if syn_only && (*e).flags & FLOW_ENDED != 0 {
+                insert = 0;
+            } else {
+                (*e).last_ns = at;
+                if dropped {
+                    add(&raw mut (*e).dropped_packets, 1);
+                    if (*e).flags & FLOW_DROPPED == 0 || (*e).drop_reason != reason {
+                        (*e).flags |= FLOW_DROPPED;
+                        (*e).drop_reason = reason;
+                        emit(FLOW_EVENT_DROP, reason, &s.key, e);
+                    }
+                    return;
+                }
+                if side == SENT {
+                    add(&raw mut (*e).sent_packets, 1);
+                    add(&raw mut (*e).sent_bytes, len);
+                } else {
+                    add(&raw mut (*e).received_packets, 1);
+                    add(&raw mut (*e).received_bytes, len);
+                }
+                if end != 0 && (*e).flags & FLOW_ENDED == 0 {
+                    (*e).flags |= FLOW_ENDED;
+                    emit(FLOW_EVENT_END, end, &s.key, e);
+                }
+                return;
+            }
+        }
+    }
+    let f = &mut s.fresh;
+    // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
+    // the stack.
+    unsafe { core::ptr::write_bytes(&raw mut *f, 0, 1) };
+    f.started_ns = at;
+    f.last_ns = at;
+    f.egress_ruleset = RULESET_OPEN;
+    f.ingress_ruleset = RULESET_OPEN;
+    f.egress_class = NO_CLASS as u8;
+    f.ingress_class = NO_CLASS as u8;
+    if side == SENT {
+        f.flags = FLOW_OPENED_BY_POD;
+    }
+    if ipv6 {
+        f.flags |= FLOW_IPV6;
+    }
+    crate::policy::judged(&s.key, side == RECEIVED, f);
+    let (kind, why) = if dropped {
+        f.dropped_packets = 1;
+        f.flags |= FLOW_DROPPED;
+        f.drop_reason = reason;
+        (FLOW_EVENT_DROP, reason)
+    } else {
+        if side == SENT {
+            f.sent_packets = 1;
+            f.sent_bytes = len;
+        } else {
+            f.received_packets = 1;
+            f.received_bytes = len;
+        }
+        if end != 0 {
+            // Its first packet seen is its end: a flow older than the entry (flows
+            // were off, or its entry was evicted).
+            f.flags |= FLOW_ENDED;
+            (FLOW_EVENT_END, end)
+        } else {
+            (FLOW_EVENT_START, 0)
+        }
+    };
+    // Only the CPU whose entry went in reports the flow: two packets of a new flow on
+    // two CPUs make one event.
+    if FLOW_LOG.insert(&s.key, f, insert).is_ok() {
+        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
+            emit(kind, why, &s.key, e);
+        }
+    }
+}
+
+/// Sends an event of `kind` for the flow `key` whose entry is `e` (copied as it is now),
+/// if the CPU's rate allows and the ring has room; records in the entry that its start
+/// or end was reported.
+#[inline(always)]
+fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *mut FlowLogEntry) {
+    if !take_token() {
+        count(Reason::FlowEventRateLimited);
+        return;
+    }
+    let Some(mut slot) = FLOW_EVENTS.reserve::<cni_ebpf_common::FlowEvent>(0) else {
+        count(Reason::FlowEventRingFull);
+        return;
+    };
+    let ev = slot.as_mut_ptr();
+    // SAFETY: `ev` is the reserved record, written whole before it is submitted; `e` a
+    // live map value.
+    unsafe {
+        if kind == FLOW_EVENT_START {
+            (*e).flags |= FLOW_REPORTED;
+        }
+        (*ev).kind = kind;
+        (*ev)._pad = [0; 3];
+        (*ev).reason = reason;
+        (*ev).time_ns = now();
+        // Copied map to ring, not through the stack.
+        core::ptr::copy_nonoverlapping(key, &raw mut (*ev).key, 1);
+        (*ev)._pad2 = 0;
+        core::ptr::copy_nonoverlapping(e, &raw mut (*ev).entry, 1);
+    }
+    slot.submit(0);
+}
+
+/// Takes one event from the CPU's bucket, filled at `events_per_sec` up to `burst`.
+#[inline(always)]
+fn take_token() -> bool {
+    let Some(cfg) = FLOW_CONFIG.get(0).copied() else {
+        return false;
+    };
+    let Some(c) = FLOW_CPU.get_ptr_mut(0) else {
+        return false;
+    };
+    let at = now();
+    // SAFETY: per-CPU value, no concurrent writer on this CPU.
+    unsafe {
+        let depth = u64::from(cfg.burst.max(1)) * 1000;
+        let elapsed = at.saturating_sub((*c).filled_ns).min(1_000_000_000_000);
+        // Thousandths of an event: `rate` events/s is `rate` thousandths per ms.
+        let gained = elapsed / 1_000_000 * u64::from(cfg.events_per_sec);
+        if gained > 0 {
+            (*c).tokens_milli = ((*c).tokens_milli + gained).min(depth);
+            (*c).filled_ns = at;
+        }
+        if (*c).tokens_milli < 1000 {
+            return false;
+        }
+        (*c).tokens_milli -= 1000;
+    }
+    true
+}
+
+/// Atomically adds `delta` to `*p`.
+///
+/// # Safety
+/// `p` must be a valid, aligned `u64` inside a map value.
+#[inline(always)]
+unsafe fn add(p: *mut u64, delta: u64) {
+    #[cfg(target_arch = "bpf")]
+    atomic_xadd::<u64, u64, { AtomicOrdering::Relaxed }>(p, delta);
+    #[cfg(not(target_arch = "bpf"))]
+    AtomicU64::from_ptr(p).fetch_add(delta, Ordering::Relaxed);
+}
+
+/// Writes the key of the packet's flow as pod interface `ifindex` sees it (`received`:
+/// the pod is the destination) into `key`; `(ipv6, tcp flags)`. `None`: not IP. An IPv4
+/// packet with options, a later fragment or an IPv6 packet with extension headers is
+/// keyed without ports.
+#[inline(always)]
+fn load_key(
+    ctx: &TcContext,
+    key: &mut FlowLogKey,
+    ifindex: u32,
+    received: bool,
+) -> Option<(bool, u8)> {
+    let ethertype = read::<u16>(ctx, ETH_TYPE_OFF).ok()?;
+    // The addresses go straight into the key, word by word (not through the stack).
+    let (src, dst) = if received {
+        (&raw mut key.peer, &raw mut key.pod)
+    } else {
+        (&raw mut key.pod, &raw mut key.peer)
+    };
+    let (ipv6, proto_, (sport, dport, flags)) = if ethertype == ETH_P_IP.to_be() {
+        let vihl = read::<u8>(ctx, IP_OFF).ok()?;
+        let frag = read::<u16>(ctx, IP_OFF + IP_FRAG_OFF).ok()?;
+        let p = read::<u8>(ctx, IP_OFF + IP_PROTO).ok()?;
+        let s = read::<u32>(ctx, IP_OFF + IP_SADDR).ok()?;
+        let d = read::<u32>(ctx, IP_OFF + IP_DADDR).ok()?;
+        // SAFETY: `src` and `dst` are the key's address fields (4-byte aligned: the key
+        // is `repr(C)` of alignment 4 and they sit at offsets 8 and 24).
+        unsafe {
+            set_addr(src, [0, 0, MAPPED4_PREFIX, s]);
+            set_addr(dst, [0, 0, MAPPED4_PREFIX, d]);
+        }
+        let ports = if vihl == 0x45 && frag & 0x1fffu16.to_be() == 0 {
+            l4_fields::<L4_OFF>(ctx, p, false)
+        } else {
+            (0, 0, 0)
+        };
+        (false, p, ports)
+    } else if ethertype == ETH_P_IPV6.to_be() {
+        let p = read::<u8>(ctx, IP_OFF + 6).ok()?;
+        let s = read::<[u32; 4]>(ctx, IP_OFF + IP6_SADDR).ok()?;
+        let d = read::<[u32; 4]>(ctx, IP_OFF + IP6_DADDR).ok()?;
+        // SAFETY: as above.
+        unsafe {
+            set_addr(src, s);
+            set_addr(dst, d);
+        }
+        (true, p, l4_fields::<L4_OFF6>(ctx, p, true))
+    } else {
+        return None;
+    };
+    key.ifindex = ifindex;
+    key.proto = proto_;
+    key._pad = [0; 3];
+    (key.pod_port, key.peer_port) = if received {
+        (dport, sport)
+    } else {
+        (sport, dport)
+    };
+    Some((ipv6, flags))
+}
+
+/// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), wire bytes as a
+/// native `u32`.
+const MAPPED4_PREFIX: u32 = u32::from_ne_bytes([0, 0, 0xff, 0xff]);
+
+/// Writes address `words` (wire bytes as native `u32`s) to `*at`.
+///
+/// # Safety
+/// `at` must be a writable, 4-byte aligned address field.
+#[inline(always)]
+unsafe fn set_addr(at: *mut [u8; 16], words: [u32; 4]) {
+    let w = at.cast::<u32>();
+    for (i, v) in words.into_iter().enumerate() {
+        w.add(i).write(v);
+    }
+}
+
+/// The source and destination ports (ICMP: an echo's identifier, else the type and code,
+/// both ways) and the TCP flags of a packet whose L4 header of protocol `proto_` is at
+/// `L4` (a constant: the verifier checks every read at a known offset).
+#[inline(always)]
+fn l4_fields<const L4: usize>(ctx: &TcContext, proto_: u8, ipv6: bool) -> (u16, u16, u8) {
+    match proto_ {
+        proto::TCP | proto::UDP | SCTP => {
+            let sport = read::<u16>(ctx, L4).unwrap_or(0);
+            let dport = read::<u16>(ctx, L4 + 2).unwrap_or(0);
+            let flags = if proto_ == proto::TCP {
+                read::<u8>(ctx, L4 + TCP_FLAGS).unwrap_or(0)
+            } else {
+                0
+            };
+            (sport, dport, flags)
+        }
+        proto::ICMP | proto::ICMPV6 => {
+            let ty = read::<u8>(ctx, L4).unwrap_or(0);
+            let echo = if ipv6 {
+                ty == ICMP6_ECHO_REQUEST || ty == ICMP6_ECHO_REPLY
+            } else {
+                ty == ICMP_ECHO || ty == ICMP_ECHO_REPLY
+            };
+            let id = if echo {
+                read::<u16>(ctx, L4 + ICMP_ECHO_ID).unwrap_or(0)
+            } else {
+                read::<u16>(ctx, L4).unwrap_or(0)
+            };
+            (id, id, 0)
+        }
+        _ => (0, 0, 0),
+    }
+}

@@ -1,0 +1,127 @@
+//! The maps of the flow events (see `cni-ebpf-bpf/src/observe.rs`): whether flows are
+//! followed and how many events a CPU may send (`FLOW_CONFIG`, the agent's to write), the
+//! flows followed (`FLOW_LOG`), and the ring the events arrive by (`FLOW_EVENTS`).
+
+use std::net::{IpAddr, Ipv6Addr};
+
+use aya::maps::{MapData, RingBuf};
+use cni_ebpf_common::{map as map_name, FlowConfig, FlowEvent, FlowLogEntry, FlowLogKey};
+
+use super::{load, maps, Datapath};
+use crate::error::{Error, Result};
+
+impl Datapath {
+    /// Turns flows on or off, at `events_per_sec` events a second per CPU (`burst` at
+    /// once).
+    pub fn set_flow_config(&self, enabled: bool, events_per_sec: u32, burst: u32) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut a = m.flow_config()?;
+        let cfg = FlowConfig {
+            enabled: u32::from(enabled),
+            events_per_sec,
+            burst,
+            _pad: 0,
+        };
+        a.set(0, cfg, 0)
+            .map_err(|e| maps::err(map_name::FLOW_CONFIG, "write", e))
+    }
+
+    /// What `FLOW_CONFIG` says.
+    pub fn flow_config(&self) -> Result<FlowConfig> {
+        let mut m = self.maps()?;
+        let a = m.flow_config()?;
+        a.get(&0, 0)
+            .map_err(|e| maps::err(map_name::FLOW_CONFIG, "read", e))
+    }
+
+    /// Every flow followed.
+    pub fn flow_log(&self) -> Result<Vec<(FlowLogKey, FlowLogEntry)>> {
+        let mut m = self.maps()?;
+        let h = m.flow_log()?;
+        let mut out = Vec::new();
+        for item in h.iter() {
+            match item {
+                Ok(kv) => out.push(kv),
+                // An LRU entry evicted while the walk passed it.
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(maps::err(map_name::FLOW_LOG, "read", e)),
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stops following `key` (its next packet starts it afresh). Gone already is fine.
+    pub fn forget_flow(&self, key: &FlowLogKey) -> Result<()> {
+        let mut m = self.maps()?;
+        let mut h = m.flow_log()?;
+        match h.remove(key) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(maps::err(map_name::FLOW_LOG, "delete", e)),
+        }
+    }
+
+    /// The ring the flow events arrive by, to read on its own (it is not shared with the
+    /// datapath's other maps: a reader waits on its descriptor).
+    pub fn flow_events(&self) -> Result<FlowEvents> {
+        let map = load::open_map(self.pins(), map_name::FLOW_EVENTS)?;
+        let ring =
+            RingBuf::try_from(map).map_err(|e| maps::err(map_name::FLOW_EVENTS, "open", e))?;
+        Ok(FlowEvents { ring })
+    }
+}
+
+/// The consumer side of `FLOW_EVENTS`.
+pub struct FlowEvents {
+    ring: RingBuf<MapData>,
+}
+
+impl std::fmt::Debug for FlowEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FlowEvents")
+    }
+}
+
+impl FlowEvents {
+    /// The next event waiting, if any. A record of another size (never written by this
+    /// object) is skipped.
+    pub fn next_event(&mut self) -> Option<FlowEvent> {
+        loop {
+            let item = self.ring.next()?;
+            if item.len() != size_of::<FlowEvent>() {
+                continue;
+            }
+            // SAFETY: a `FlowEvent` (plain integers, any bit pattern valid) of the right
+            // size, read unaligned.
+            return Some(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<FlowEvent>()) });
+        }
+    }
+
+    /// Every event waiting.
+    pub fn drain(&mut self) -> Vec<FlowEvent> {
+        std::iter::from_fn(|| self.next_event()).collect()
+    }
+}
+
+impl std::os::fd::AsFd for FlowEvents {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.ring.as_fd()
+    }
+}
+
+/// An address of a flow key (IPv4 mapped into IPv6 shown as IPv4).
+#[must_use]
+pub fn flow_addr(a: &[u8; 16]) -> IpAddr {
+    Ipv6Addr::from(*a).to_canonical()
+}
+
+/// A port of a flow key, in host order.
+#[must_use]
+pub fn flow_port(p: u16) -> u16 {
+    u16::from_be(p)
+}
+
+/// An error for a flow event ring that cannot be read.
+#[must_use]
+pub fn ring_error(e: std::io::Error) -> Error {
+    Error::io("reading the flow events", e)
+}

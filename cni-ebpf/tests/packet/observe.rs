@@ -1,0 +1,232 @@
+//! Flow events (`cni-ebpf-bpf/src/observe.rs`): each kind of event from the programs —
+//! a flow's start at each pod it crosses, its end with the counters of both ways, a drop
+//! with its reason and the rule set that refused it — in both families and for TCP, UDP
+//! and ICMP; the rate limit and a full ring, which hold events back without touching a
+//! packet's verdict.
+
+use std::net::{IpAddr, Ipv4Addr};
+
+use cni_ebpf::datapath::observe::{flow_addr, flow_port};
+use cni_ebpf_common::{
+    FlowEvent, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_EVENT_DROP, FLOW_EVENT_END,
+    FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD, RULESET_OPEN,
+};
+use testbed::packet::*;
+
+use crate::{
+    frames6::{echo6, POD_B6},
+    policy::{a_to_b, b_admits_a_on_80, b_to_a, dual_stack_pods, enforce},
+};
+
+/// TCP FIN.
+const FIN: u8 = 0x01;
+
+/// A node with pods A and B whose programs follow flows, `rate` events a second per
+/// CPU.
+fn following(rate: u32, burst: u32) -> Fixture {
+    let fx = Fixture::with_two_pods();
+    fx.dp().set_flow_config(true, rate, burst).unwrap();
+    fx
+}
+
+/// The events waiting in the ring.
+fn events(fx: &Fixture) -> Vec<FlowEvent> {
+    fx.dp().flow_events().unwrap().drain()
+}
+
+/// The event of `kind` seen at pod interface `ifindex`.
+fn one(evs: &[FlowEvent], kind: u8, ifindex: u32) -> FlowEvent {
+    let found: Vec<_> = evs
+        .iter()
+        .filter(|e| e.kind == kind && e.key.ifindex == ifindex)
+        .collect();
+    assert_eq!(found.len(), 1, "one event {kind} at {ifindex} in {evs:#?}");
+    *found[0]
+}
+
+fn ip(a: Ipv4Addr) -> IpAddr {
+    a.into()
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_flow_starts_and_ends_at_each_pod_with_both_ways_counted() {
+    let fx = following(1000, 1000);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    let evs = events(&fx);
+    assert_eq!(evs.len(), 2, "{evs:#?}");
+    // Pod a opened it; pod b received it: one start at each, as each sees it.
+    let a = one(&evs, FLOW_EVENT_START, IFINDEX_A);
+    assert_eq!(
+        (flow_addr(&a.key.pod), flow_addr(&a.key.peer)),
+        (ip(POD_A), ip(POD_B))
+    );
+    assert_eq!(
+        (flow_port(a.key.pod_port), flow_port(a.key.peer_port)),
+        (40000, 80)
+    );
+    assert_eq!(a.entry.flags & FLOW_OPENED_BY_POD, FLOW_OPENED_BY_POD);
+    assert_eq!((a.entry.sent_packets, a.entry.received_packets), (1, 0));
+    let b = one(&evs, FLOW_EVENT_START, IFINDEX_B);
+    assert_eq!(
+        (flow_addr(&b.key.pod), flow_addr(&b.key.peer)),
+        (ip(POD_B), ip(POD_A))
+    );
+    assert_eq!(b.entry.flags & FLOW_OPENED_BY_POD, 0, "b did not open it");
+    assert_eq!((b.entry.sent_packets, b.entry.received_packets), (0, 1));
+    // The rest of the connection sends nothing until its end.
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(80, 40000, SYN | ACK)).0,
+        REDIRECT
+    );
+    assert_eq!(fx.run("from_pod", &a_to_b(80, ACK)).0, REDIRECT);
+    assert!(events(&fx).is_empty(), "no event per packet");
+    assert_eq!(fx.run("from_pod", &a_to_b(80, FIN | ACK)).0, REDIRECT);
+    let evs = events(&fx);
+    let a = one(&evs, FLOW_EVENT_END, IFINDEX_A);
+    assert_eq!(a.reason, FLOW_END_FIN);
+    assert_eq!((a.entry.sent_packets, a.entry.received_packets), (3, 1));
+    assert!(a.entry.sent_bytes > 3 * 54 && a.entry.received_bytes > 54);
+    let b = one(&evs, FLOW_EVENT_END, IFINDEX_B);
+    assert_eq!((b.entry.sent_packets, b.entry.received_packets), (1, 3));
+    assert_eq!(b.entry.flags & FLOW_ENDED, FLOW_ENDED);
+    assert!(b.time_ns >= b.entry.started_ns);
+    // A new connection on the same tuple is a new flow.
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    let evs = events(&fx);
+    assert_eq!(one(&evs, FLOW_EVENT_START, IFINDEX_A).entry.sent_packets, 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_refused_flow_is_one_drop_event_naming_the_rule_set() {
+    let fx = following(1000, 1000);
+    enforce(&fx, &b_admits_a_on_80(), 1);
+    for _ in 0..3 {
+        assert_eq!(fx.run("from_pod", &a_to_b(81, SYN)).0, SHOT);
+    }
+    let evs = events(&fx);
+    assert_eq!(evs.len(), 1, "the retries add to its counters: {evs:#?}");
+    let d = one(&evs, FLOW_EVENT_DROP, IFINDEX_A);
+    assert_eq!(d.reason, Reason::DropPolicyIngress as u32);
+    assert_ne!(
+        d.entry.ingress_ruleset, RULESET_OPEN,
+        "b's ingress refused it"
+    );
+    assert_eq!(d.entry.flags & FLOW_DROPPED, FLOW_DROPPED);
+    let log = fx.dp().flow_log().unwrap();
+    let (_, e) = log
+        .iter()
+        .find(|(k, _)| k.ifindex == IFINDEX_A && flow_port(k.peer_port) == 81)
+        .unwrap();
+    assert_eq!(e.dropped_packets, 3);
+    // The admitted flow names the rule set that admitted it.
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    let evs = events(&fx);
+    let s = one(&evs, FLOW_EVENT_START, IFINDEX_B);
+    assert_eq!(s.entry.ingress_ruleset, d.entry.ingress_ruleset);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn udp_icmp_and_ipv6_flows_are_followed() {
+    let fx = following(1000, 1000);
+    dual_stack_pods(&fx);
+    // UDP to the outside (masquerade is the uplink's, after the pod's side is seen).
+    let (v, _) = fx.run("from_pod", &udp_frame(POD_A, 5353, EXT, 53));
+    assert_ne!(v, SHOT);
+    // An ICMP echo: its flow is its identifier.
+    let ping = frame(HOST_MAC_A, POD_MAC_A, POD_A, EXT, ICMP, &echo(8, 77, 1));
+    assert_ne!(fx.run("from_pod", &ping).0, SHOT);
+    // IPv6: UDP from a to b, and an echo.
+    assert_ne!(fx.run("from_pod", &udp6_frame(POD_A6, POD_B6)).0, SHOT);
+    assert_ne!(fx.run("from_pod", &echo6(POD_A6, POD_B6, 128, 99)).0, SHOT);
+    let evs = events(&fx);
+    let starts: Vec<_> = evs
+        .iter()
+        .filter(|e| e.kind == FLOW_EVENT_START && e.key.ifindex == IFINDEX_A)
+        .map(|e| {
+            (
+                e.key.proto,
+                flow_addr(&e.key.peer),
+                flow_port(e.key.peer_port),
+                e.entry.flags & FLOW_IPV6 != 0,
+            )
+        })
+        .collect();
+    assert!(starts.contains(&(UDP, ip(EXT), 53, false)), "{starts:?}");
+    assert!(starts.contains(&(ICMP, ip(EXT), 77, false)), "{starts:?}");
+    assert!(
+        starts
+            .iter()
+            .any(|s| s.0 == UDP && s.1 == IpAddr::from(POD_B6) && s.3),
+        "{starts:?}"
+    );
+    assert!(
+        starts.contains(&(58, IpAddr::from(POD_B6), 99, true)),
+        "{starts:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_drop_of_another_kind_names_its_reason() {
+    let fx = following(1000, 1000);
+    // Pod A sending as pod B: the source check drops it.
+    let spoofed = tcp_frame(POD_B, 40000, EXT, 443, SYN);
+    assert_eq!(fx.run_on("from_pod", IFINDEX_A, &spoofed).0, SHOT);
+    let evs = events(&fx);
+    let d = one(&evs, FLOW_EVENT_DROP, IFINDEX_A);
+    assert_eq!(d.reason, Reason::DropSpoofedSource as u32);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn the_rate_limit_holds_events_back_and_keeps_the_counters() {
+    let fx = following(1, 3);
+    for port in 0..10 {
+        let f = tcp_frame(POD_A, 41000 + port, EXT, 443, SYN);
+        assert_ne!(fx.run("from_pod", &f).0, SHOT);
+    }
+    let evs = events(&fx);
+    assert_eq!(evs.len(), 3, "the burst: {evs:#?}");
+    assert_eq!(fx.reason(Reason::FlowEventRateLimited), 7);
+    let followed = fx
+        .dp()
+        .flow_log()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| k.ifindex == IFINDEX_A)
+        .count();
+    assert_eq!(followed, 10, "every flow is still followed");
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_full_ring_holds_events_back_and_no_verdict_changes() {
+    let fx = following(1_000_000, 1_000_000);
+    let ring_records =
+        cni_ebpf_common::FLOW_EVENTS_BYTES as usize / (std::mem::size_of::<FlowEvent>() + 8);
+    let flows = u16::try_from(ring_records + 500).unwrap();
+    for i in 0..flows {
+        let f = udp_frame(POD_A, 1024 + i, EXT, 53);
+        assert_ne!(fx.run("from_pod", &f).0, SHOT);
+    }
+    let full = fx.reason(Reason::FlowEventRingFull);
+    assert!(full >= 500, "{full} events found the ring full");
+    let read = events(&fx).len();
+    assert_eq!(read as u64 + full, u64::from(flows));
+    // Read, the ring takes events again.
+    let f = udp_frame(POD_A, 9, EXT, 53);
+    assert_ne!(fx.run("from_pod", &f).0, SHOT);
+    assert_eq!(events(&fx).len(), 1);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn with_flows_off_nothing_is_followed() {
+    let fx = Fixture::with_two_pods();
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    assert!(events(&fx).is_empty());
+    assert!(fx.dp().flow_log().unwrap().is_empty());
+}
