@@ -43,6 +43,12 @@
 //! - `POST` (create: 201, 409 `AlreadyExists`, `generateName`), merge `PATCH` and
 //!   `DELETE` of one object, for every resource (the events a client records go through
 //!   here: [`ApiServer::events`]);
+//! - `TokenReview` (authentication.k8s.io/v1) and `SubjectAccessReview`
+//!   (authorization.k8s.io/v1) for a server that checks its own clients (the agent's
+//!   flows endpoint): a token [`ApiServer::add_user`] registered names its user, any
+//!   other is unauthenticated; a user's `get` of a non-resource path is allowed once
+//!   [`ApiServer::grant`] granted it (as a ClusterRole with `nonResourceURLs` and its
+//!   binding would), and nothing else is;
 //! - [`ApiServer::forbid`]: every request answered 403 with the API server's RBAC message
 //!   (`User "system:serviceaccount:…" cannot list resource "pods" …`);
 //! - [`ApiServer::set_delay`]: answers held back (for the clients' time limits);
@@ -357,6 +363,10 @@ struct State {
     no_streaming_lists: bool,
     /// The custom resources whose CRD is installed, by plural name.
     crds: BTreeSet<&'static str>,
+    /// Tokens `TokenReview` authenticates, and the user each names.
+    users: BTreeMap<String, String>,
+    /// What `SubjectAccessReview` allows: (user, verb, non-resource path).
+    grants: BTreeSet<(String, String, String)>,
 }
 
 /// What the accept loop, the connections and the test's handle share.
@@ -964,11 +974,16 @@ impl ApiServer {
 
     /// The argv of the plugin binary `bin` running `args` (a subcommand and its own flags:
     /// `agent …`) against this server: its URL, ServiceAccount directory and a 5 s API
-    /// timeout, with `pin_root` as the bpffs root.
+    /// timeout, with `pin_root` as the bpffs root, and (unless `args` name one) flows
+    /// served on a free port of the loopback, so that agents of one namespace never
+    /// contend for a port (the address is in the agent's log).
     #[must_use]
     pub fn agent_argv(&self, bin: &Path, pin_root: &Path, args: &[&str]) -> Vec<String> {
         let mut argv = vec![bin.display().to_string()];
         argv.extend(args.iter().map(|a| (*a).to_owned()));
+        if args.first() == Some(&"agent") && !args.iter().any(|a| a.starts_with("--flows-listen")) {
+            argv.extend(["--flows-listen".to_owned(), "127.0.0.1:0".to_owned()]);
+        }
         argv.extend([
             "--bpffs-root".to_owned(),
             pin_root.display().to_string(),
@@ -1212,6 +1227,22 @@ impl ApiServer {
     #[must_use]
     pub fn watch_count(&self) -> usize {
         self.shared.watches.load(Ordering::SeqCst)
+    }
+
+    /// A token `TokenReview` authenticates as `user`.
+    pub fn add_user(&self, token: &str, user: &str) {
+        self.shared
+            .lock()
+            .users
+            .insert(token.to_owned(), user.to_owned());
+    }
+
+    /// Lets `user` `verb` the non-resource URL `path` (what `SubjectAccessReview` answers).
+    pub fn grant(&self, user: &str, verb: &str, path: &str) {
+        self.shared
+            .lock()
+            .grants
+            .insert((user.to_owned(), verb.to_owned(), path.to_owned()));
     }
 
     /// Answers every request 403 (RBAC denies the ServiceAccount) while `on`.
@@ -1643,12 +1674,58 @@ fn invalid(res: &Resource, name: &str, field: &str, message: &str) -> Value {
     )
 }
 
+/// A `TokenReview` or `SubjectAccessReview` (created, never stored: 201 with its
+/// `status`), or `None` for any other request.
+fn review(shared: &Shared, req: &Request) -> Option<Answer> {
+    let kind = match req.path.as_str() {
+        "/apis/authentication.k8s.io/v1/tokenreviews" => "TokenReview",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews" => "SubjectAccessReview",
+        _ => return None,
+    };
+    if req.method != "POST" {
+        return Some(Answer::Full(
+            405,
+            status(405, "MethodNotAllowed", "only create", None),
+        ));
+    }
+    let Ok(mut obj) = serde_json::from_slice::<Value>(&req.body) else {
+        return Some(Answer::Full(400, bad_request("the body is not JSON")));
+    };
+    let s = shared.lock();
+    let spec = obj["spec"].clone();
+    obj["status"] = if kind == "TokenReview" {
+        match spec["token"].as_str().and_then(|t| s.users.get(t)) {
+            Some(user) => {
+                json!({"authenticated": true, "user": {"username": user, "groups": ["system:authenticated"]}})
+            }
+            None => json!({"authenticated": false, "error": "invalid bearer token"}),
+        }
+    } else {
+        let user = spec["user"].as_str().unwrap_or_default().to_owned();
+        let attrs = &spec["nonResourceAttributes"];
+        let verb = attrs["verb"].as_str().unwrap_or_default().to_owned();
+        let path = attrs["path"].as_str().unwrap_or_default().to_owned();
+        let allowed = s.grants.contains(&(user, verb, path));
+        json!({"allowed": allowed})
+    };
+    obj["apiVersion"] = json!(if kind == "TokenReview" {
+        "authentication.k8s.io/v1"
+    } else {
+        "authorization.k8s.io/v1"
+    });
+    obj["kind"] = json!(kind);
+    Some(Answer::Full(201, obj))
+}
+
 /// The answer the API server would give `req` (`query` parsed from it).
 fn answer(shared: &Shared, req: &Request, query: &Query) -> Answer {
     use Answer::Full;
     let token = shared.token.lock().map(|t| t.clone()).unwrap_or_default();
     if req.auth.as_deref() != Some(format!("Bearer {token}").as_str()) {
         return Full(401, status(401, "Unauthorized", "Unauthorized", None));
+    }
+    if let Some(review) = review(shared, req) {
+        return review;
     }
     let Some(route) =
         route(&req.path).filter(|r| !r.res.crd || shared.lock().crds.contains(r.res.plural))

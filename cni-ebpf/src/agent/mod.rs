@@ -22,6 +22,7 @@
 //! of it.
 
 pub mod datapaths;
+pub mod flows;
 pub mod health_check_ports;
 pub mod http;
 pub mod liveness;
@@ -90,6 +91,8 @@ pub struct AgentArgs {
     host_gw: routes::HostGwArgs,
     #[command(flatten)]
     wireguard: wireguard::WireguardArgs,
+    #[command(flatten)]
+    pub(crate) flows: flows::FlowArgs,
     /// Enforce NetworkPolicy (`--policy=false`: off; no policy is then put in force on
     /// this node, and the pinned state is left as it is). The conflist's
     /// `networkPolicy`, which `install` writes from the same setting, must agree: a
@@ -149,6 +152,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
     for why in ready::conflist_disagreements(&settings) {
         tracing::error!("{why}");
     }
+    args.flows.check()?;
     let readiness = Arc::new(Readiness::default().with_conflists(settings));
     let datapaths = datapaths::watch(&args.bpffs_root)?;
     match (args.node(), args.host_gw.enabled) {
@@ -181,6 +185,20 @@ pub fn run(args: &AgentArgs) -> Result<()> {
         })?;
     } else {
         services::clear(&args.bpffs_root, &args.networks);
+    }
+    if args.flows.enabled {
+        let args = args.clone();
+        spawn(Job::Flows, &readiness, move |readiness| {
+            let sources = flows::Sources {
+                bpffs_root: args.bpffs_root.clone(),
+                networks: args.networks.clone(),
+                state_dir: args.state_dir.clone(),
+                node: args.node().unwrap_or_default().to_owned(),
+            };
+            flows::run(&args.flows, &args.api, &sources, readiness)
+        })?;
+    } else {
+        flows::turn_off(&args.bpffs_root, &args.networks);
     }
     let bounds = liveness::Bounds::new(
         Duration::from_secs(args.stall_timeout),

@@ -35,6 +35,8 @@ pub enum Job {
     Policy,
     /// Services (`--kube-proxy-replacement`).
     Services,
+    /// Flows (`--flows`): the flow events read, named and served.
+    Flows,
 }
 
 impl Job {
@@ -43,6 +45,7 @@ impl Job {
             Job::Nodes => "the Node watcher has not made its first round yet",
             Job::Policy => "NetworkPolicy has not made its first round yet",
             Job::Services => "the Service watcher has not made its first round yet",
+            Job::Flows => "the flow reader has not opened the datapaths' flow events yet",
         }
     }
 }
@@ -61,6 +64,7 @@ impl Job {
                 "policy.networking.k8s.io/clusternetworkpolicies",
             ],
             Job::Services => &["services", "discovery.k8s.io/endpointslices"],
+            Job::Flows => &["pods", "services", "nodes"],
         }
     }
 
@@ -71,6 +75,7 @@ impl Job {
             Job::Nodes => "nodes",
             Job::Policy => "policy",
             Job::Services => "services",
+            Job::Flows => "flows",
         }
     }
 
@@ -81,6 +86,7 @@ impl Job {
             Job::Nodes => "the Node watcher",
             Job::Policy => "NetworkPolicy",
             Job::Services => "the Service watcher",
+            Job::Flows => "the flow reader",
         }
     }
 }

@@ -172,6 +172,8 @@ impl Exporter {
             listen.clone(),
             "--probe-listen".into(),
             listen,
+            "--flows-listen".into(),
+            "127.0.0.1:0".into(),
             "--bpffs-root".into(),
             root,
             "--data-dir".into(),

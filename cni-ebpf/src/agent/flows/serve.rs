@@ -1,0 +1,219 @@
+//! The flows' HTTP endpoint (`--flows-listen`), each request checked by [`Authorizer`]:
+//!
+//! - `GET /flows?<filter>`: the records the node keeps that match, oldest first, as a
+//!   JSON array (the filter: [`Filter::from_query`]);
+//! - `GET /flows?follow=true&<filter>`: the same, then every new record that matches as
+//!   it comes, one JSON object per line, until the reader goes; a reader that falls
+//!   behind gets a `{"lost": n}` line for the records it missed (never waited for);
+//!
+//! (The live map of who talks to whom is `cni-ebpf observe --ui`'s, which holds the
+//! reader's token: a browser would have none to present here.)
+//!
+//! The limits of the agent's other endpoints apply ([`bounded_http1`]): a bounded request
+//! head received in time, one request per connection, at most [`MAX_CONNECTIONS`]
+//! connections at once; an answer that is not a follow is cut off
+//! [`CONNECTION_DEADLINE`] after the connection was accepted.
+
+use std::{convert::Infallible, sync::Arc, time::SystemTime};
+
+use futures::StreamExt as _;
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::{
+    body::{Bytes, Frame, Incoming},
+    header::{self, HeaderValue},
+    service::service_fn,
+    Method, Request, Response, StatusCode,
+};
+use hyper_util::rt::TokioIo;
+use tokio::{net::TcpListener, sync::Semaphore};
+
+use super::{
+    authz::Authorizer,
+    window::{Filter, Window},
+};
+use crate::agent::http::{bounded_http1, CONNECTION_DEADLINE, MAX_CONNECTIONS};
+
+type Body = BoxBody<Bytes, Infallible>;
+
+const TEXT: &str = "text/plain; charset=utf-8";
+const JSON: &str = "application/json";
+const JSON_LINES: &str = "application/jsonl";
+
+/// Accepts connections on `listener` and answers them, at most [`MAX_CONNECTIONS`] at
+/// once. Returns only if its connection slots are gone (never, in practice).
+pub async fn run(listener: TcpListener, window: Arc<Window>, auth: Arc<Authorizer>, node: String) {
+    let http = bounded_http1();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let node: Arc<str> = Arc::from(node);
+    loop {
+        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                tracing::warn!("flows: accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let (window, auth, node) = (Arc::clone(&window), Arc::clone(&auth), Arc::clone(&node));
+        let following = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let marked = Arc::clone(&following);
+        let service = service_fn(move |req| {
+            answer(
+                Arc::clone(&window),
+                Arc::clone(&auth),
+                Arc::clone(&node),
+                Arc::clone(&marked),
+                req,
+            )
+        });
+        let conn = http.serve_connection(TokioIo::new(stream), service);
+        tokio::spawn(async move {
+            tokio::pin!(conn);
+            let deadline = tokio::time::sleep(CONNECTION_DEADLINE);
+            tokio::pin!(deadline);
+            // A follow outlives the deadline; anything else is cut off by it.
+            let mut bounded = true;
+            loop {
+                tokio::select! {
+                    r = &mut conn => {
+                        if let Err(e) = r {
+                            tracing::debug!("flows: connection from {peer}: {e}");
+                        }
+                        break;
+                    }
+                    () = &mut deadline, if bounded => {
+                        if following.load(std::sync::atomic::Ordering::Relaxed) {
+                            bounded = false;
+                        } else {
+                            tracing::debug!("flows: connection from {peer}: deadline passed");
+                            break;
+                        }
+                    }
+                }
+            }
+            drop(slot);
+        });
+    }
+}
+
+/// Answers one request.
+async fn answer(
+    window: Arc<Window>,
+    auth: Arc<Authorizer>,
+    node: Arc<str>,
+    following: Arc<std::sync::atomic::AtomicBool>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    if req.method() != Method::GET {
+        let mut r = reply(StatusCode::METHOD_NOT_ALLOWED, TEXT, "only GET\n");
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET"));
+        return Ok(r);
+    }
+    let path = req.uri().path().to_owned();
+    if path == "/" {
+        return Ok(reply(
+            StatusCode::OK,
+            TEXT,
+            format!(
+                "cni-ebpf agent on {node}\n\
+                 /flows   flow records (JSON; ?follow=true: JSON lines as they come)\n"
+            ),
+        ));
+    }
+    if path != "/flows" {
+        return Ok(reply(StatusCode::NOT_FOUND, TEXT, "not found: try /\n"));
+    }
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = match auth.check(authorization).await {
+        Ok(u) => u,
+        Err(r) => {
+            let status = StatusCode::from_u16(r.status).unwrap_or(StatusCode::FORBIDDEN);
+            let mut resp = reply(status, TEXT, format!("{}\n", r.message));
+            if r.status == 401 {
+                resp.headers_mut()
+                    .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            return Ok(resp);
+        }
+    };
+    let (filter, follow) =
+        match Filter::from_query(req.uri().query().unwrap_or(""), now_unix_nano()) {
+            Ok(f) => f,
+            Err(e) => return Ok(reply(StatusCode::BAD_REQUEST, TEXT, format!("{e}\n"))),
+        };
+    tracing::debug!("flows: {user} reads {}", req.uri());
+    if !follow {
+        let kept = window.query(&filter);
+        let kept: Vec<&super::record::Flow> = kept.iter().map(|f| &**f).collect();
+        let body = serde_json::to_vec(&kept).unwrap_or_default();
+        return Ok(reply(StatusCode::OK, JSON, body));
+    }
+    following.store(true, std::sync::atomic::Ordering::Relaxed);
+    // Subscribed before the query: nothing falls between the two (a record in both is
+    // sent once, by its time).
+    let rx = window.follow();
+    let history = if filter.since_unix_nano.is_some() || filter.last.is_some() {
+        window.query(&filter)
+    } else {
+        Vec::new()
+    };
+    let after = history.last().map_or(0, |f| f.time_unix_nano);
+    let live_filter = Filter {
+        last: None,
+        ..filter
+    };
+    let first = futures::stream::iter(history.into_iter().map(|f| line(&f)));
+    let live = futures::stream::unfold(rx, move |mut rx| {
+        let filter = live_filter.clone();
+        async move {
+            loop {
+                match rx.recv().await {
+                    Ok(f) if f.time_unix_nano > after && filter.keeps(&f) => {
+                        return Some((line(&f), rx));
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                        return Some((Bytes::from(format!("{{\"lost\":{n}}}\n")), rx));
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        }
+    });
+    let frames = first
+        .chain(live)
+        .map(|b| Ok::<_, Infallible>(Frame::data(b)));
+    let mut r = Response::new(BodyExt::boxed(StreamBody::new(frames)));
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(JSON_LINES));
+    Ok(r)
+}
+
+fn line(f: &super::record::Flow) -> Bytes {
+    let mut v = serde_json::to_vec(f).unwrap_or_default();
+    v.push(b'\n');
+    Bytes::from(v)
+}
+
+/// Nanoseconds since the epoch, now.
+#[must_use]
+pub fn now_unix_nano() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(Full::new(body.into()).boxed());
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
