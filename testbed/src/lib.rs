@@ -43,6 +43,7 @@
 )]
 
 pub mod apiserver;
+pub mod browser;
 pub mod capture;
 pub mod cgroup;
 pub mod cluster;

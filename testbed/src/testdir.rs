@@ -38,3 +38,12 @@ impl Drop for TestDir {
         }
     }
 }
+
+/// Where a test keeps what it made for a reader (a screenshot for the docs):
+/// `target/test-artifacts/<name>` of the workspace, created if missing.
+#[must_use]
+pub fn artifact(name: &str) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/test-artifacts");
+    let _ = std::fs::create_dir_all(&dir);
+    dir.join(name)
+}

@@ -4,6 +4,7 @@
 
 pub mod inspect;
 pub mod install;
+pub mod observe;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -76,6 +77,10 @@ enum Cmd {
     /// Remove the conflist and the binary; with --purge also the network's pins and IPAM
     /// store (only when no pods are left on it).
     Uninstall(install::UninstallArgs),
+    /// The flows the agents saw: one node's, several, or every node's (`--all-nodes`),
+    /// merged in time order; `--follow` streams them; `--ui` serves the live map of who
+    /// talks to whom.
+    Observe(Box<observe::ObserveArgs>),
     /// The node's WireGuard key (`encryption: wireguard`).
     #[command(subcommand)]
     Wireguard(WireguardCmd),
@@ -131,6 +136,7 @@ pub fn main() -> ExitCode {
             cgroup_path,
         } => load(&net, uplink, ip_masq, cgroup_path),
         Cmd::Inspect(args) => inspect::run(&args),
+        Cmd::Observe(args) => observe::run(&args),
         Cmd::Agent(args) => crate::agent::run(&args),
         Cmd::Install(args) => return install::run_install(&args),
         Cmd::Uninstall(args) => return install::run_uninstall(&args),
@@ -219,4 +225,30 @@ fn load(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::{Cli, Cmd};
+
+    /// The command line is well formed (every argument's id unique across the flattened
+    /// settings), and the agent starts from its defaults alone.
+    #[test]
+    fn the_command_line_is_consistent_and_the_agent_needs_no_argument() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["cni-ebpf", "agent"]).unwrap();
+        let Cmd::Agent(args) = cli.command else {
+            unreachable!("parsed as agent");
+        };
+        assert!(args.flows.enabled);
+        let off = Cli::try_parse_from(["cni-ebpf", "agent", "--flows=false", "--host-gw"]).unwrap();
+        let Cmd::Agent(args) = off.command else {
+            unreachable!("parsed as agent");
+        };
+        assert!(!args.flows.enabled);
+    }
 }

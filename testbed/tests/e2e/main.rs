@@ -36,6 +36,7 @@ mod nat_share;
 mod netkit;
 mod netpol;
 mod node_lookup;
+mod observe;
 mod services;
 mod source_guard;
 mod status_gc;

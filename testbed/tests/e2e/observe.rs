@@ -1,0 +1,621 @@
+//! Flows end to end: two nodes whose agents follow flows (NetworkPolicy in force,
+//! kube-proxy's iptables rules for a ClusterIP), known traffic between pods named in
+//! the API server, and what `cni-ebpf observe` reads from every node at once (found
+//! through the API server, each agent checking the reader with TokenReview and
+//! SubjectAccessReview): allowed flows started and ended at each pod with both ways
+//! counted, a refused one with the policy that refused it, one to a Service's ClusterIP,
+//! a masqueraded one, drops for a full NAT share; filters, `--follow`, a reader that
+//! never reads, unauthorized readers; and the live map in a real headless Chromium.
+
+use std::{
+    io::{Read as _, Write as _},
+    net::{IpAddr, SocketAddr, TcpStream},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use serde_json::{json, Value};
+use testbed::{
+    apiserver::ApiServer,
+    browser::Browser,
+    datapath::{greet, many_udp, wait_until, Mode as Serving, TaggedServer},
+    kubeproxy::{Mode, Protocol, ServicePort},
+    net::in_netns,
+    process::{netns_exec, Background, Output},
+    service_objects, Cluster, ClusterNode, ConfBuilder, Pod, ResultView, WhoAmIServer, EXT_IP4,
+};
+
+/// Where every agent serves flows (on its node's address).
+const FLOWS_PORT: u16 = 9672;
+/// The web pods' port.
+const WEB: u16 = 8080;
+/// The Service in front of them.
+const CLUSTER_IP: &str = "10.96.0.50";
+/// A server outside the cluster (in `ext`).
+const OUTSIDE: u16 = 7100;
+/// Tokens: a reader granted `get /flows`, a user without the grant.
+const READER: &str = "flows-reader-token";
+const STRANGER: &str = "stranger-token";
+/// The NAT share of pod `a3`.
+const NAT_CAP: usize = 4;
+/// Longest wait for the agents.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A pod, its address and the server it runs.
+struct Running {
+    pod: Pod,
+    ip4: String,
+}
+
+/// Pods `shop/a1` (web, of Deployment `web`), `a2` (client), `a3` (client, a NAT share of
+/// [`NAT_CAP`]) on node A; `b1` (web, Deployment `web`), `b2` (other) on node B; a policy
+/// that lets clients (only) reach the web pods on [`WEB`]; kube-proxy's rules for
+/// `shop/web` at [`CLUSTER_IP`]:80; each node's agent. Field order is drop order.
+struct World {
+    agents: Vec<Background>,
+    _servers: Vec<TaggedServer>,
+    _outside: WhoAmIServer,
+    api: ApiServer,
+    logs: tempfile::TempDir,
+    a1: Running,
+    a2: Running,
+    a3: Running,
+    b1: Running,
+    b2: Running,
+    cluster: Cluster,
+}
+
+fn conf(n: &ClusterNode) -> ConfBuilder {
+    n.conf().set("ipMasq", json!(true))
+}
+
+#[expect(clippy::panic, reason = "tests fail by panicking with a message")]
+fn world(test: &str) -> World {
+    let cluster = Cluster::new(test);
+    let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
+    api.add_user(READER, "alice");
+    api.grant("alice", "get", "/flows");
+    api.add_user(STRANGER, "mallory");
+    let ns = testbed::netpol::namespace("shop", &[("ns", "shop")]);
+    api.put("namespaces", serde_json::to_value(&ns).unwrap_or_default());
+    for n in cluster.nodes() {
+        api.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
+    }
+    let add =
+        |n: &ClusterNode, name: &str, label: (&str, &str), deployment: bool, cap: Option<usize>| {
+            let pod = n.pod(name);
+            let env = pod
+                .env("eth0")
+                .with_args(&format!("K8S_POD_NAMESPACE=shop;K8S_POD_NAME={name}"));
+            let mut c = conf(n);
+            if let Some(cap) = cap {
+                c = c.set("natFlowsPerPod", json!(cap));
+            }
+            let r = ResultView::parse(&n.exec_plugin("ADD", &env, &c.plugin()).result());
+            let ips: Vec<IpAddr> = r.ip4().parse().into_iter().collect();
+            let mut object =
+                serde_json::to_value(testbed::netpol::pod("shop", name, &[label], &ips))
+                    .unwrap_or_default();
+            if deployment {
+                object["metadata"]["labels"]["pod-template-hash"] = json!("5d8f7");
+                object["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                "kind": "ReplicaSet", "name": "web-5d8f7", "uid": "rs-web", "controller": true}]);
+            }
+            object["spec"]["nodeName"] = json!(n.name());
+            api.put("pods", object);
+            Running { pod, ip4: r.ip4() }
+        };
+    let (a, b) = (cluster.a(), cluster.b());
+    let (web, client, other) = (("app", "web"), ("role", "client"), ("role", "other"));
+    let a1 = add(a, "a1", web, true, None);
+    let a2 = add(a, "a2", client, false, None);
+    let a3 = add(a, "a3", client, false, Some(NAT_CAP));
+    let b1 = add(b, "b1", web, true, None);
+    let b2 = add(b, "b2", other, false, None);
+    put_web_policy(&api, WEB);
+    let servers = [(&a1, "a1"), (&b1, "b1")]
+        .iter()
+        .map(|(p, tag)| TaggedServer::start(p.pod.netns(), WEB, tag, Serving::Greet))
+        .collect();
+    let outside = WhoAmIServer::start(cluster.ext_netns(), OUTSIDE);
+    let svc = ServicePort::new("shop/web", "http", Protocol::Tcp, CLUSTER_IP, 80)
+        .endpoint(&format!("{}:{WEB}", a1.ip4), a.name())
+        .endpoint(&format!("{}:{WEB}", b1.ip4), b.name());
+    for (resource, obj) in service_objects::objects(std::slice::from_ref(&svc)) {
+        api.put(resource, obj);
+    }
+    cluster.install_kube_proxy(Mode::Iptables, std::slice::from_ref(&svc));
+    let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
+    let agents = cluster
+        .nodes()
+        .iter()
+        .map(|n| {
+            let state = n.dir().join("policy-state").display().to_string();
+            let flows = format!("{}:{FLOWS_PORT}", n.ip4());
+            n.start_agent_of(
+                &testbed::plugin_bin(),
+                &api,
+                &[
+                    "agent",
+                    "--state-dir",
+                    &state,
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--probe-listen",
+                    "127.0.0.1:0",
+                    "--node-name",
+                    n.name(),
+                    "--flows-listen",
+                    &flows,
+                    "--flow-idle-timeout",
+                    "2",
+                ],
+                &logs.path().join(format!("agent-{}.log", n.name())),
+            )
+        })
+        .collect();
+    let w = World {
+        agents,
+        _servers: servers,
+        _outside: outside,
+        api,
+        logs,
+        a1,
+        a2,
+        a3,
+        b1,
+        b2,
+        cluster,
+    };
+    w.wait_for_policy(1);
+    w
+}
+
+/// `shop/web`: pods `app=web` admit `role=client` pods on `port` only.
+fn put_web_policy(api: &ApiServer, port: u16) {
+    api.put(
+        "networkpolicies",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"namespace": "shop", "name": "web"},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": "web"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": {"matchLabels": {"role": "client"}}}],
+                    "ports": [{"protocol": "TCP", "port": port}]}],
+            },
+        }),
+    );
+}
+
+impl World {
+    fn agent_logs(&self) -> String {
+        testbed::cluster::agent_logs(self.logs.path())
+    }
+
+    /// Waits until both nodes' policy is at a generation past `after`.
+    #[track_caller]
+    fn wait_for_policy(&self, after: u32) {
+        for n in self.cluster.nodes() {
+            let ok = wait_until(WAIT, || n.policy_generation_of("testnet") >= after);
+            assert!(
+                ok,
+                "{}'s policy never came in force:\n{}",
+                n.name(),
+                self.agent_logs()
+            );
+        }
+    }
+
+    /// `cni-ebpf observe` from `ext` against every node, with `args`.
+    fn observe(&self, args: &[&str]) -> Output {
+        let mut argv: Vec<String> = vec![
+            testbed::plugin_bin().display().to_string(),
+            "observe".into(),
+            "--all-nodes".into(),
+            "--api-server".into(),
+            self.api.url(),
+            "--service-account-dir".into(),
+            self.api.sa_dir().display().to_string(),
+        ];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        netns_exec(self.cluster.ext_netns(), &argv)
+    }
+
+    /// The records `observe -o json` prints for `args` (as the reader).
+    #[track_caller]
+    fn records(&self, args: &[&str]) -> Vec<Value> {
+        let mut all = vec!["--token", READER, "-o", "json"];
+        all.extend_from_slice(args);
+        let out = self.observe(&all);
+        assert!(
+            out.success(),
+            "observe failed: {out}\n{}",
+            self.agent_logs()
+        );
+        out.stdout
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+            .collect()
+    }
+
+    /// Waits until the records of `args` hold one that `want` accepts; all of them.
+    #[track_caller]
+    fn wait_record(&self, what: &str, args: &[&str], want: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        let ok = wait_until(WAIT, || {
+            seen = self.records(args);
+            seen.iter().any(&want)
+        });
+        assert!(
+            ok,
+            "no record of {what} among {}:\n{}\n{}",
+            seen.len(),
+            seen.iter()
+                .map(Value::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+            self.agent_logs()
+        );
+        seen
+    }
+}
+
+/// `namespace/name` of a record's side.
+fn side(r: &Value, which: &str) -> String {
+    format!(
+        "{}/{}",
+        r[which]["namespace"].as_str().unwrap_or("-"),
+        r[which]["name"].as_str().unwrap_or("-")
+    )
+}
+
+/// One TCP exchange with a tagged echo server at `addr`: its greeting.
+#[track_caller]
+fn exchange(netns: &Path, addr: &str) -> String {
+    greet(netns, addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn observe_names_every_kind_of_flow_from_every_node() {
+    let w = world("ob_kinds");
+    let (a2, b1_addr) = (&w.a2, format!("{}:{WEB}", w.b1.ip4));
+
+    // Allowed, across nodes: a start at a2 (node A) and at b1 (node B), an end with
+    // both ways counted once the connection closed.
+    assert!(exchange(a2.pod.netns(), &b1_addr).starts_with("b1"));
+    let seen = w.wait_record("a2 → b1's end", &["--pod", "shop/a2"], |r| {
+        r["kind"] == "end" && side(r, "destination") == "shop/b1" && r["node"] == "node-a"
+    });
+    let start = seen
+        .iter()
+        .find(|r| {
+            r["kind"] == "start" && side(r, "destination") == "shop/b1" && r["node"] == "node-a"
+        })
+        .unwrap_or_else(|| panic!("no start at a2: {seen:?}"));
+    assert_eq!(start["direction"], "egress");
+    assert_eq!(start["source"]["kind"], "pod");
+    assert_eq!(start["destination"]["workload"], "Deployment/web");
+    assert_eq!(start["destination"]["node"], "node-b");
+    assert_eq!(start["protocol"], "TCP");
+    assert_eq!(start["verdict"], "forwarded");
+    let end = seen
+        .iter()
+        .find(|r| {
+            r["kind"] == "end" && r["node"] == "node-a" && side(r, "destination") == "shop/b1"
+        })
+        .unwrap_or_else(|| panic!("no end: {seen:?}"));
+    assert!(
+        end["counters"]["packetsToDestination"].as_u64() >= Some(3),
+        "{end}"
+    );
+    assert!(
+        end["counters"]["packetsToSource"].as_u64() >= Some(2),
+        "{end}"
+    );
+    assert!(
+        end["counters"]["bytesToSource"].as_u64() > Some(100),
+        "{end}"
+    );
+    assert!(
+        matches!(end["reason"].as_str(), Some("fin" | "rst")),
+        "{end}"
+    );
+    let at_b1 = w.wait_record("a2 → b1 at b1", &["--pod", "shop/b1"], |r| {
+        r["node"] == "node-b" && r["direction"] == "ingress" && side(r, "source") == "shop/a2"
+    });
+    let ingress = at_b1
+        .iter()
+        .find(|r| r["kind"] == "start" && r["node"] == "node-b" && side(r, "source") == "shop/a2")
+        .unwrap_or_else(|| panic!("no start at b1: {at_b1:?}"));
+    let policies = &ingress["policy"]["ingress"]["policies"];
+    assert_eq!(policies, &json!(["shop/web"]), "{ingress}");
+
+    // Refused: b2 is not a client. Dropped at node A with the policy named.
+    assert!(greet(w.b2.pod.netns(), &format!("{}:{WEB}", w.a1.ip4)).is_err());
+    let refused = w.wait_record(
+        "b2 → a1 refused",
+        &["--verdict", "dropped", "--pod", "shop/b2"],
+        |r| r["reason"] == "drop_policy_ingress" && side(r, "destination") == "shop/a1",
+    );
+    let drop = &refused[0];
+    assert_eq!(drop["node"], "node-a");
+    assert_eq!(drop["kind"], "drop");
+    assert_eq!(
+        drop["policy"]["ingress"]["policies"],
+        json!(["shop/web"]),
+        "{drop}"
+    );
+    assert!(
+        refused.iter().all(|r| r["verdict"] == "dropped"),
+        "the filter keeps only drops"
+    );
+
+    // To the Service: named at a2 as the Service, before kube-proxy's DNAT.
+    let answer = exchange(a2.pod.netns(), &format!("{CLUSTER_IP}:80"));
+    assert!(
+        answer.starts_with("a1") || answer.starts_with("b1"),
+        "{answer}"
+    );
+    w.wait_record("a2 → the Service", &["--service", "shop/web"], |r| {
+        r["kind"] == "start"
+            && r["destination"]["kind"] == "service"
+            && side(r, "source") == "shop/a2"
+    });
+
+    // Leaving the cluster: masqueraded to node A's address.
+    let outside = format!("{EXT_IP4}:{OUTSIDE}");
+    let (answers, _socks) = many_udp(
+        a2.pod.netns(),
+        &[outside.parse().unwrap_or_else(|e| panic!("{e}"))],
+        1,
+        1,
+    );
+    assert!(answers[0].is_ok(), "{answers:?}");
+    let masq = w.wait_record(
+        "a2 → outside",
+        &["--pod", "shop/a2", "--protocol", "udp"],
+        |r| r["destination"]["kind"] == "world" && r["destination"]["port"] == OUTSIDE,
+    );
+    let m = masq
+        .iter()
+        .find(|r| r["destination"]["kind"] == "world")
+        .unwrap_or_else(|| panic!("{masq:?}"));
+    assert_eq!(m["masqueradedAs"], w.cluster.a().ip4(), "{m}");
+
+    // A full NAT share: a3's flows beyond its share are dropped, each reported once.
+    let to: SocketAddr = outside.parse().unwrap_or_else(|e| panic!("{e}"));
+    let (answers, _socks) = many_udp(w.a3.pod.netns(), &[to], 3 * NAT_CAP, 2);
+    let answered = answers.iter().filter(|a| a.is_ok()).count();
+    assert_eq!(answered, NAT_CAP, "{answers:?}");
+    let capped = w.wait_record(
+        "a3's capped flows",
+        &["--reason", "drop_nat_pod_cap"],
+        |r| side(r, "source") == "shop/a3",
+    );
+    let flows: std::collections::BTreeSet<_> = capped
+        .iter()
+        .filter(|r| side(r, "source") == "shop/a3")
+        .map(|r| r["source"]["port"].as_u64())
+        .collect();
+    assert!(
+        flows.len() >= 2 * NAT_CAP,
+        "{} of {} capped flows reported: {capped:?}",
+        flows.len(),
+        2 * NAT_CAP
+    );
+    assert!(capped
+        .iter()
+        .all(|r| r["direction"] == "node" && r["node"] == "node-a"));
+
+    // Both nodes' records, merged in time order; `--last` of them all.
+    let all = w.records(&["--since", "10m"]);
+    let nodes: std::collections::BTreeSet<_> = all.iter().map(|r| r["node"].to_string()).collect();
+    assert_eq!(nodes.len(), 2, "{nodes:?}");
+    let times: Vec<u64> = all
+        .iter()
+        .filter_map(|r| r["timeUnixNano"].as_u64())
+        .collect();
+    assert!(times.windows(2).all(|t| t[0] <= t[1]), "not in time order");
+    assert_eq!(w.records(&["--last", "3"]).len(), 3);
+    // Text: one line each, the sides named.
+    let text = w.observe(&[
+        "--token",
+        READER,
+        "--pod",
+        "shop/b2",
+        "--verdict",
+        "dropped",
+    ]);
+    assert!(
+        text.stdout.lines().any(|l| l.contains("DROP")
+            && l.contains("shop/b2")
+            && l.contains("drop_policy_ingress")),
+        "{text}"
+    );
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() {
+    let w = world("ob_auth");
+    let out = w.observe(&["--token", STRANGER]);
+    assert!(!out.success(), "{out}");
+    assert!(
+        out.stderr.contains("403") && out.stderr.contains("may not get /flows"),
+        "{out}"
+    );
+    let out = w.observe(&["--token", "not-a-token"]);
+    assert!(!out.success() && out.stderr.contains("401"), "{out}");
+    // Straight to an agent without a token.
+    let node_a = SocketAddr::new(
+        w.cluster
+            .a()
+            .ip4()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}")),
+        FLOWS_PORT,
+    );
+    let (status, _, body) = testbed::net::http_get(
+        w.cluster.ext_netns(),
+        node_a,
+        "/flows",
+        Duration::from_secs(3),
+    )
+    .unwrap_or_else(|e| panic!("GET /flows: {e}"));
+    assert_eq!(status, 401, "{body}");
+
+    // A follower that never reads holds no one up: its connection open, flows go on and
+    // other readers are answered.
+    let ext = w.cluster.ext_netns().to_path_buf();
+    let mut stalled = in_netns(&ext, move || {
+        TcpStream::connect_timeout(&node_a, Duration::from_secs(2))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let req = format!("GET /flows?follow=true HTTP/1.1\r\nHost: {node_a}\r\nAuthorization: Bearer {READER}\r\n\r\n");
+    stalled
+        .write_all(req.as_bytes())
+        .unwrap_or_else(|e| panic!("{e}"));
+
+    // `--follow`: records as they come.
+    let log = w.logs.path().join("follow.log");
+    let mut argv: Vec<String> = vec![
+        testbed::plugin_bin().display().to_string(),
+        "observe".into(),
+        "--all-nodes".into(),
+        "--api-server".into(),
+        w.api.url(),
+        "--service-account-dir".into(),
+        w.api.sa_dir().display().to_string(),
+        "--token".into(),
+        READER.into(),
+        "--follow".into(),
+        "--pod".into(),
+        "shop/a2".into(),
+        "-o".into(),
+        "json".into(),
+    ];
+    let follower = Background::spawn_logged(w.cluster.ext_netns(), &argv, &log);
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    let b1 = format!("{}:{WEB}", w.b1.ip4);
+    for _ in 0..200 {
+        assert!(exchange(w.a2.pod.netns(), &b1).starts_with("b1"));
+    }
+    let spent = started.elapsed();
+    let followed = wait_until(WAIT, || {
+        std::fs::read_to_string(&log).is_ok_and(|t| {
+            t.lines()
+                .filter(|l| l.contains("\"kind\":\"start\"") && l.contains("\"node\":\"node-b\""))
+                .count()
+                >= 200
+        })
+    });
+    assert!(
+        followed,
+        "the follower missed flows:\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert!(
+        spent < Duration::from_secs(20),
+        "200 connections took {spent:?}"
+    );
+    assert!(
+        w.records(&["--last", "1"]).len() == 1,
+        "another reader is answered"
+    );
+    let mut buf = [0u8; 64];
+    stalled.set_read_timeout(Some(Duration::from_secs(1))).ok();
+    assert!(
+        stalled.read(&mut buf).is_ok_and(|n| n > 0),
+        "the stalled follower's connection is open"
+    );
+    drop(follower);
+    argv.clear();
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn the_live_map_shows_the_traffic_and_a_refusal_in_chromium() {
+    let mut w = world("ob_ui");
+    let ui = w.logs.path().join("ui.log");
+    let argv: Vec<String> = vec![
+        testbed::plugin_bin().display().to_string(),
+        "observe".into(),
+        "--all-nodes".into(),
+        "--api-server".into(),
+        w.api.url(),
+        "--service-account-dir".into(),
+        w.api.sa_dir().display().to_string(),
+        "--token".into(),
+        READER.into(),
+        "--ui".into(),
+        "--ui-listen".into(),
+        "127.0.0.1:9680".into(),
+    ];
+    let _ui = Background::spawn_logged(w.cluster.ext_netns(), &argv, &ui);
+    let b1 = format!("{}:{WEB}", w.b1.ip4);
+    assert!(exchange(w.a2.pod.netns(), &b1).starts_with("b1"));
+    assert!(greet(w.b2.pod.netns(), &format!("{}:{WEB}", w.a1.ip4)).is_err());
+    assert!(exchange(w.a2.pod.netns(), &format!("{CLUSTER_IP}:80")).len() > 1);
+
+    let browser = Browser::start(w.cluster.ext_netns(), 9515, 1280, 800);
+    browser.open("http://127.0.0.1:9680/");
+    let edge = |from: &str, to: &str, state: &str| {
+        format!(
+            "return [...document.querySelectorAll('.edge')].some(e => e.dataset.from === '{from}' \
+             && e.dataset.to === '{to}' && e.dataset.state === '{state}');"
+        )
+    };
+    let shown = browser.wait_for(&edge("shop/a2", "shop/Deployment/web", "forwarded"), WAIT)
+        && browser.wait_for(&edge("shop/b2", "shop/Deployment/web", "refused"), WAIT)
+        && browser.wait_for(&edge("shop/a2", "shop/Service/web", "forwarded"), WAIT);
+    let edges = browser.eval(
+        "return [...document.querySelectorAll('.edge')].map(e => [e.dataset.from, e.dataset.to, e.dataset.state]);",
+    );
+    assert!(
+        shown,
+        "edges drawn: {edges}\n{}",
+        std::fs::read_to_string(&ui).unwrap_or_default()
+    );
+
+    // A click on an edge lists its flows and what decided them.
+    browser.click(".edge[data-from='shop/b2'] text");
+    let listed = browser.wait_for(
+        "const t = document.getElementById('edge-flows'); \
+         return !!t && t.textContent.includes('drop_policy_ingress') && t.textContent.includes('shop/web');",
+        WAIT,
+    );
+    assert!(
+        listed,
+        "{}",
+        browser.eval("return document.getElementById('detail').textContent;")
+    );
+
+    // The policy stops admitting a2 (its port moves): the edge turns refused.
+    put_web_policy(&w.api, 9999);
+    w.wait_for_policy(2);
+    assert!(greet(w.a2.pod.netns(), &b1).is_err(), "a2 is refused now");
+    let refused = browser.wait_for(&edge("shop/a2", "shop/Deployment/web", "refused"), WAIT);
+    assert!(
+        refused,
+        "{}",
+        browser.eval("return document.getElementById('status').textContent;")
+    );
+
+    let errors = browser.eval("return document.getElementById('errors').textContent;");
+    assert_eq!(errors, json!(""), "the page reported errors");
+    let console: Vec<_> = browser
+        .console()
+        .into_iter()
+        .filter(|(level, _)| level == "SEVERE")
+        .collect();
+    assert!(console.is_empty(), "console errors: {console:?}");
+    let png = browser.screenshot();
+    assert!(png.starts_with(b"\x89PNG"), "not a PNG");
+    let kept = testbed::testdir::artifact("observe-ui.png");
+    std::fs::write(&kept, &png).unwrap_or_else(|e| panic!("writing {}: {e}", kept.display()));
+    eprintln!("the live map: {}", kept.display());
+    w.agents.clear();
+}
