@@ -21,6 +21,10 @@
 //!   pods (flannel's WireGuard backend's datapath, without its bridge). Pods and devices
 //!   have MTU 1440.
 //!
+//! - `flows`: nodes as in `routed`; cni-ebpf with flow events on (an agent per node
+//!   reading them, as the DaemonSet runs it) against cni-ebpf with them off (the
+//!   `routed` column, no agent): what following every flow costs, in the same run.
+//!
 //! Each column has a cluster of its own (the two tunnel columns would otherwise share
 //! UDP port 8472). Names carry `cebb-<pid>`, so a later run sweeps what a killed one left.
 
@@ -50,7 +54,7 @@ pub struct Params {
 }
 
 /// Scenario keys and titles.
-const SCENARIOS: [(&str, &str); 3] = [
+const SCENARIOS: [(&str, &str); 4] = [
     (
         "tunnel",
         "pod → pod on another node, through the tunnel (nodes in two subnets)",
@@ -63,6 +67,10 @@ const SCENARIOS: [(&str, &str); 3] = [
         "wireguard",
         "pod → pod on another node, encrypted with WireGuard (routed nodes)",
     ),
+    (
+        "flows",
+        "pod → pod on another node, flow events on and off (routed nodes)",
+    ),
 ];
 
 /// The report column of the kernel's VXLAN datapath.
@@ -74,6 +82,9 @@ pub const BARE: &str = "bare veth";
 pub const KERNEL_WIREGUARD: &str = "kernel WireGuard";
 /// The report column of cni-ebpf without encryption in the WireGuard scenario.
 pub const EBPF_CLEAR: &str = "cni-ebpf, no encryption";
+/// The report column of cni-ebpf with flow events off in the flows scenario (the one
+/// with them on is `cni-ebpf`, as the DaemonSet runs it).
+pub const FLOWS_OFF: &str = "cni-ebpf, flow events off";
 
 /// The MTU of the bare pods and the kernel's VXLAN device over the fabric's 1500 bytes.
 const TUNNEL_MTU: u32 = 1450;
@@ -171,6 +182,69 @@ impl Side {
             api = Some(server);
         }
         Self::serve("cni-ebpf", cluster, client, server, agents, api)
+    }
+
+    /// cni-ebpf on routed nodes, an agent per node following flows (its defaults: every
+    /// flow's events read, named and kept).
+    fn ebpf_flows(ws: &Workspace) -> Result<Self> {
+        let cluster = Self::cluster(false)?;
+        for node in cluster.nodes() {
+            topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
+        }
+        let add = |node: &ClusterNode, name: &str| {
+            let mut c = chain(ws, Variant::Ebpf, node);
+            if let Some(p) = c.plugins.first_mut().and_then(Value::as_object_mut) {
+                p.insert("crossNode".into(), json!("routed"));
+                p.remove("mtu");
+            }
+            add_pod_with(&c, Variant::Ebpf, node, name)
+        };
+        let (client, _) = add(cluster.a(), "cross-cli")?;
+        let server = add(cluster.b(), "cross-srv")?;
+        let api = catch("starting the stand-in API server", || {
+            ApiServer::start(cluster.ext_netns(), EXT_IP4)
+        })?;
+        let mut agents = Vec::new();
+        for n in cluster.nodes() {
+            let log = n.dir().join("agent.log");
+            agents.push(catch("starting an agent", || {
+                n.start_agent_of(
+                    &ws.plugin,
+                    &api,
+                    &[
+                        "agent",
+                        "--policy=false",
+                        "--network",
+                        Variant::Ebpf.network(),
+                        "--listen",
+                        "127.0.0.1:0",
+                        "--probe-listen",
+                        "127.0.0.1:0",
+                        "--node-name",
+                        n.name(),
+                        "--flows=true",
+                        "--flows-auth",
+                        "none",
+                    ],
+                    &log,
+                )
+            })?);
+        }
+        // Flows are on once each agent opened its network's ring.
+        let on = |n: &ClusterNode| {
+            n.pinned_datapath_of(Variant::Ebpf.network())
+                .flow_config()
+                .is_ok_and(|c| c.enabled == 1)
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !cluster.nodes().iter().all(|n| on(n)) {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "the agents did not turn flow events on"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Self::serve("cni-ebpf", cluster, client, server, agents, Some(api))
     }
 
     /// cni-ebpf with `encryption: wireguard` on routed nodes, an agent per node making
@@ -380,6 +454,8 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         );
         Vec::new()
     };
+    eprintln!("bench: across nodes: one more, with flow events on");
+    let flows = Side::ebpf_flows(ws)?;
     std::thread::sleep(Duration::from_millis(300));
     let mut samples: Samples = BTreeMap::new();
     for rep in 0..p.repeats {
@@ -399,6 +475,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             let targets: Vec<Target> = match scen {
                 "tunnel" => tunnel.iter().map(|s| target(s, s.column)).collect(),
                 "routed" => routed.iter().map(|s| target(s, s.column)).collect(),
+                "flows" => vec![target(&flows, flows.column), target(&routed[0], FLOWS_OFF)],
                 _ if wireguard.is_empty() => continue,
                 _ => wireguard
                     .iter()
@@ -432,7 +509,11 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     }
     // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
     let mut counters = Map::new();
-    let sides = [("tunnel", &tunnel[0]), ("routed", &routed[0])];
+    let sides = [
+        ("tunnel", &tunnel[0]),
+        ("routed", &routed[0]),
+        ("flows", &flows),
+    ];
     for (scen, side) in sides
         .into_iter()
         .chain(wireguard.first().map(|s| ("wireguard", s)))

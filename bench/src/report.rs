@@ -69,11 +69,12 @@ pub fn median(samples: &[f64]) -> f64 {
 }
 
 /// The columns of the comparison, in display order.
-pub const COLUMNS: [&str; 9] = [
+pub const COLUMNS: [&str; 10] = [
     "bare veth",
     "kernel VXLAN",
     "kernel WireGuard",
     "cni-ebpf, no encryption",
+    "cni-ebpf, flow events off",
     "cni-ebpf",
     "reference",
     "direct pod → pod",
@@ -409,6 +410,16 @@ impl Report {
             (
                 "pod → pod across nodes with WireGuard: connect rate ≥ 0.95× kernel WireGuard",
                 Rule::Min("cross.wireguard.crr_cps", "kernel WireGuard", 0.95),
+            ),
+            // Flow events: following every flow (a lookup and counters per packet, an
+            // event per flow, the agent reading them) costs at most 3 %.
+            (
+                "pod → pod across nodes with flow events on: transactions/s ≥ 0.97× off",
+                Rule::Min("cross.flows.rr_tps", crate::cross::FLOWS_OFF, 0.97),
+            ),
+            (
+                "pod → pod across nodes with flow events on: connect rate ≥ 0.97× off",
+                Rule::Min("cross.flows.crr_cps", crate::cross::FLOWS_OFF, 0.97),
             ),
             // NetworkPolicy: a pod selected by policies that admit its peer keeps the rates
             // of a pod no policy selects (the verdict is three lookups, and an admitted

@@ -128,6 +128,7 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         [
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
             "DaemonSet"
@@ -137,13 +138,17 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
     let sa = kind(&docs, "ServiceAccount");
     let ns = sa["metadata"]["namespace"].as_str().unwrap();
     assert_eq!(ns, "kube-system");
-    let role = kind(&docs, "ClusterRole");
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "cni-ebpf")
+        .unwrap();
     let rules = role["rules"].as_array().unwrap();
+    assert_eq!(role["metadata"]["name"], "cni-ebpf");
     assert_eq!(
         rules.len(),
-        8,
+        10,
         "read access to what install, host-gw, policy and the Service watcher read; \
-         Events; the Node's WireGuard key"
+         Events; the Node's WireGuard key; the flows readers' reviews"
     );
     let read: [(&str, &[&str]); 6] = [
         ("", &["nodes", "namespaces", "pods"]),
@@ -171,6 +176,22 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         strings(&rules[7]["verbs"]),
         ["patch"],
         "the agent's own Node: its WireGuard key"
+    );
+    for (r, (group, resource)) in rules[8..].iter().zip([
+        ("authentication.k8s.io", "tokenreviews"),
+        ("authorization.k8s.io", "subjectaccessreviews"),
+    ]) {
+        assert_eq!(strings(&r["apiGroups"]), [group]);
+        assert_eq!(strings(&r["resources"]), [resource]);
+        assert_eq!(strings(&r["verbs"]), ["create"], "reviews only");
+    }
+    let reader = docs
+        .iter()
+        .find(|d| d["metadata"]["name"] == "cni-ebpf-flows-reader")
+        .unwrap();
+    assert_eq!(
+        reader["rules"],
+        serde_json::json!([{"nonResourceURLs": ["/flows"], "verbs": ["get"]}])
     );
     let binding = kind(&docs, "ClusterRoleBinding");
     assert_eq!(binding["roleRef"]["name"], role["metadata"]["name"]);
@@ -298,6 +319,12 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         "{env:?}"
     );
     assert_eq!(main["ports"][0]["containerPort"], 9670);
+    assert_eq!(
+        env.get("CNI_EBPF_FLOWS_LISTEN").map(String::as_str),
+        Some("198.18.0.1:9672"),
+        "{env:?}"
+    );
+    assert_eq!(main["ports"][1]["containerPort"], 9672);
 }
 
 /// What the kubelet gives `fieldRef` environment variables on the node these tests

@@ -58,6 +58,10 @@ const TEST_PACKAGES: &[&str] = &[
     "containerd",
     "busybox-static",
     "protobuf-compiler",
+    // The live map of `cni-ebpf observe --ui` in a real browser (testbed/src/browser.rs):
+    // headless Chromium driven through ChromeDriver.
+    "chromium",
+    "chromium-driver",
     // The second kernel (xtask/src/vm.rs): Debian's 6.12 kernel, unpacked into the cache
     // (not installed), booted in qemu; depmod indexes its modules, xz unpacks the boot
     // ones.

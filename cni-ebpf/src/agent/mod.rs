@@ -186,8 +186,9 @@ pub fn run(args: &AgentArgs) -> Result<()> {
     } else {
         services::clear(&args.bpffs_root, &args.networks);
     }
+    let flow_totals = flows::metrics::SharedFlowTotals::default();
     if args.flows.enabled {
-        let args = args.clone();
+        let (args, totals) = (args.clone(), flow_totals.clone());
         spawn(Job::Flows, &readiness, move |readiness| {
             let sources = flows::Sources {
                 bpffs_root: args.bpffs_root.clone(),
@@ -195,7 +196,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
                 state_dir: args.state_dir.clone(),
                 node: args.node().unwrap_or_default().to_owned(),
             };
-            flows::run(&args.flows, &args.api, &sources, readiness)
+            flows::run(&args.flows, &args.api, &sources, &totals, readiness)
         })?;
     } else {
         flows::turn_off(&args.bpffs_root, &args.networks);
@@ -209,6 +210,9 @@ pub fn run(args: &AgentArgs) -> Result<()> {
         .with_liveness(bounds)
         .with_data_dir(args.data_dir.clone())
         .with_wireguard(args.wireguard.key.clone());
+    if args.flows.enabled {
+        exporter = exporter.with_flows(flow_totals);
+    }
     if args.policy {
         let totals = report::SharedTotals::default();
         exporter = exporter.with_policy(totals.clone());

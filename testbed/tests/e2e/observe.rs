@@ -40,6 +40,8 @@ const STRANGER: &str = "stranger-token";
 const NAT_CAP: usize = 4;
 /// Longest wait for the agents.
 const WAIT: Duration = Duration::from_secs(15);
+/// Where each agent serves `/metrics` (in its node's namespace).
+const METRICS: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 19_670);
 
 /// A pod, its address and the server it runs.
 struct Running {
@@ -140,7 +142,7 @@ fn world(test: &str) -> World {
                     "--state-dir",
                     &state,
                     "--listen",
-                    "127.0.0.1:0",
+                    &METRICS.to_string(),
                     "--probe-listen",
                     "127.0.0.1:0",
                     "--node-name",
@@ -419,6 +421,23 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         .collect();
     assert!(times.windows(2).all(|t| t[0] <= t[1]), "not in time order");
     assert_eq!(w.records(&["--last", "3"]).len(), 3);
+    // Metrics: the records by namespace pair, the drops by reason.
+    let (_, _, metrics) = testbed::net::http_get(
+        w.cluster.a().netns(),
+        METRICS,
+        "/metrics",
+        Duration::from_secs(3),
+    )
+    .unwrap_or_else(|e| panic!("/metrics: {e}"));
+    for want in [
+        "cni_ebpf_flows_total{source_namespace=\"shop\",destination_namespace=\"shop\",kind=\"start\",verdict=\"forwarded\"}",
+        "cni_ebpf_flows_total{source_namespace=\"shop\",destination_namespace=\"world\",kind=\"start\",verdict=\"forwarded\"}",
+        "cni_ebpf_flow_drops_total{source_namespace=\"shop\",destination_namespace=\"shop\",reason=\"drop_policy_ingress\"}",
+        "cni_ebpf_flow_drops_total{source_namespace=\"shop\",destination_namespace=\"world\",reason=\"drop_nat_pod_cap\"}",
+        "cni_ebpf_flow_window_capacity 20000",
+    ] {
+        assert!(metrics.contains(want), "no {want} in:\n{metrics}");
+    }
     // Text: one line each, the sides named.
     let text = w.observe(&[
         "--token",

@@ -13,6 +13,7 @@
 
 pub mod authz;
 pub mod directory;
+pub mod metrics;
 pub mod record;
 pub mod serve;
 pub mod window;
@@ -134,7 +135,13 @@ struct Network {
 ///
 /// # Errors
 /// The runtime or the listener cannot start.
-pub fn run(args: &FlowArgs, api: &ApiArgs, sources: &Sources, readiness: &Readiness) -> Result<()> {
+pub fn run(
+    args: &FlowArgs,
+    api: &ApiArgs,
+    sources: &Sources,
+    totals: &metrics::SharedFlowTotals,
+    readiness: &Readiness,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -177,13 +184,26 @@ pub fn run(args: &FlowArgs, api: &ApiArgs, sources: &Sources, readiness: &Readin
                 last_sweep = Instant::now();
             }
             for (name, n) in &mut networks {
-                for flow in read(name, n, sources, &directory, args, sweep) {
+                let flows = read(name, n, sources, &directory, args, sweep);
+                if !flows.is_empty() {
+                    let mut t = totals
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    for f in &flows {
+                        t.count(f);
+                    }
+                }
+                for flow in flows {
                     if let Some(s) = sink.as_mut() {
                         write_line(s, &flow);
                     }
                     window.push(flow);
                 }
             }
+            totals
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .window = (window.len() as u64, window.capacity() as u64);
             readiness.done(Job::Flows);
         }
     })

@@ -70,6 +70,8 @@ pub struct Snapshot {
     pub agent: Option<AgentSnapshot>,
     /// The node's WireGuard peers (`None`: no WireGuard device).
     pub wireguard: Option<Vec<crate::agent::wireguard::PeerReport>>,
+    /// What the flow reader counted (`None`: flows are off).
+    pub flows: Option<crate::agent::flows::metrics::FlowTotals>,
 }
 
 /// The agent's own state at one scrape.
@@ -165,6 +167,8 @@ pub struct Exporter {
     /// `dataDir` of the networks, whose IPAM stores name each endpoint's pod.
     data_dir: Option<PathBuf>,
     wireguard_key: Option<PathBuf>,
+    /// What the flow reader counts, when flows are on.
+    flows: Option<crate::agent::flows::metrics::SharedFlowTotals>,
 }
 
 #[derive(Debug, Default)]
@@ -189,6 +193,7 @@ impl Exporter {
             liveness: None,
             data_dir: None,
             wireguard_key: None,
+            flows: None,
         }
     }
 
@@ -248,6 +253,13 @@ impl Exporter {
             ),
             _ => Ok(()),
         }
+    }
+
+    /// Also serves what the flow reader counts.
+    #[must_use]
+    pub fn with_flows(mut self, totals: crate::agent::flows::metrics::SharedFlowTotals) -> Self {
+        self.flows = Some(totals);
+        self
     }
 
     /// Also serves the agent's NetworkPolicy totals.
@@ -333,6 +345,11 @@ impl Exporter {
             policy,
             agent,
             wireguard,
+            flows: self.flows.as_ref().map(|t| {
+                t.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone()
+            }),
         }
     }
 }

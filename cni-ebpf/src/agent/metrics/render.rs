@@ -189,6 +189,9 @@ pub fn families(s: &Snapshot) -> Vec<Family> {
     if let Some(peers) = &s.wireguard {
         out.extend(wireguard_families(peers));
     }
+    if let Some(t) = &s.flows {
+        out.extend(crate::agent::flows::metrics::families(t));
+    }
     out
 }
 
@@ -791,6 +794,7 @@ mod tests {
             discovery_errors_total: Some(0),
             duration: Duration::from_millis(12),
             wireguard: None,
+            flows: None,
             policy: Some(PolicySnapshot {
                 verdicts: [(
                     (
