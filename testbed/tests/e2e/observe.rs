@@ -430,8 +430,8 @@ fn observe_names_every_kind_of_flow_from_every_node() {
     )
     .unwrap_or_else(|e| panic!("/metrics: {e}"));
     for want in [
-        "cni_ebpf_flows_total{source_namespace=\"shop\",destination_namespace=\"shop\",kind=\"start\",verdict=\"forwarded\"}",
-        "cni_ebpf_flows_total{source_namespace=\"shop\",destination_namespace=\"world\",kind=\"start\",verdict=\"forwarded\"}",
+        "cni_ebpf_flow_records_total{source_namespace=\"shop\",destination_namespace=\"shop\",kind=\"start\",verdict=\"forwarded\"}",
+        "cni_ebpf_flow_records_total{source_namespace=\"shop\",destination_namespace=\"world\",kind=\"start\",verdict=\"forwarded\"}",
         "cni_ebpf_flow_drops_total{source_namespace=\"shop\",destination_namespace=\"shop\",reason=\"drop_policy_ingress\"}",
         "cni_ebpf_flow_drops_total{source_namespace=\"shop\",destination_namespace=\"world\",reason=\"drop_nat_pod_cap\"}",
         "cni_ebpf_flow_window_capacity 20000",

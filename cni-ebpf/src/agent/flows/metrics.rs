@@ -73,7 +73,7 @@ impl FlowTotals {
 #[must_use]
 pub fn families(t: &FlowTotals) -> Vec<Family> {
     let mut records = Family::counter(
-        "cni_ebpf_flows_total",
+        "cni_ebpf_flow_records_total",
         "Flow records the node made (a start, an end, a drop), by the namespaces of their \
          source and destination (world, node: not a pod's), kind and verdict.",
     );
@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(
             text,
             [
-                "cni_ebpf_flows_total",
+                "cni_ebpf_flow_records_total",
                 "cni_ebpf_flow_drops_total",
                 "cni_ebpf_flow_window_records",
                 "cni_ebpf_flow_window_capacity"

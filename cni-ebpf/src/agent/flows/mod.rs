@@ -44,7 +44,7 @@ use super::{
 use crate::{
     datapath::{observe::FlowEvents, Datapath},
     error::{Error, Result},
-    k8s::ApiArgs,
+    k8s::{ApiArgs, ApiClient},
 };
 
 /// Default address flows are served on: the node's loopback (the DaemonSet's manifest
@@ -152,12 +152,7 @@ pub fn run(
             Auth::None => Authorizer::open(),
             Auth::Kubernetes => Authorizer::kubernetes(api.clone()),
         };
-        let (api_for_names, names) = (api.clone(), directory.clone());
-        tokio::spawn(async move {
-            let client = super::watch::client(&api_for_names, "flows").await;
-            let mut watchers = directory::watch(&client, &api_for_names.watcher_config(), &names);
-            while watchers.next().await.is_some() {}
-        });
+        tokio::spawn(keep_names(api.clone(), directory.clone()));
         let window = Arc::new(Window::new(
             usize::try_from(args.flow_window).unwrap_or(20_000),
         ));
@@ -207,6 +202,26 @@ pub fn run(
             readiness.done(Job::Flows);
         }
     })
+}
+
+/// Keeps `directory` from the API server. Without one to reach (none configured, no
+/// credentials), flows are served with addresses only: said once, then looked for again
+/// every 30 s without a word.
+async fn keep_names(api: ApiArgs, directory: Directory) {
+    let mut said = false;
+    let client = loop {
+        match ApiClient::new(&api) {
+            Ok(c) => break c.client(),
+            Err(e) if !said => {
+                tracing::info!("flows: no API server to name the flows' addresses with: {e}");
+                said = true;
+            }
+            Err(e) => tracing::debug!("flows: still no API server: {e}"),
+        }
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    };
+    let mut watchers = directory::watch(&client, &api.watcher_config(), &directory);
+    while watchers.next().await.is_some() {}
 }
 
 /// Turns flows on (at the configured rate) in every network with pins, and opens its
