@@ -96,6 +96,16 @@ fn sh(netns: &Path, cmd: &str) -> Result<()> {
     proc::run_in(Some(netns), &["sh", "-ec", cmd], topo::OP_TIMEOUT).map(|_| ())
 }
 
+/// A routed cluster with an agent per node: the cluster, the client pod, the server pod
+/// and its address, the agents, the stand-in API server.
+type WithAgents = (
+    Cluster,
+    testbed::Pod,
+    (testbed::Pod, String),
+    Vec<testbed::Background>,
+    ApiServer,
+);
+
 /// One column: a cluster, the client pod on node A and the server pod on node B with its
 /// iperf3 and echo servers. Field order is drop order: servers and agents first, then the
 /// pods' namespaces, then the cluster.
@@ -184,9 +194,17 @@ impl Side {
         Self::serve("cni-ebpf", cluster, client, server, agents, api)
     }
 
-    /// cni-ebpf on routed nodes, an agent per node following flows (its defaults: every
-    /// flow's events read, named and kept).
-    fn ebpf_flows(ws: &Workspace) -> Result<Self> {
+    /// cni-ebpf on routed nodes with `setting` in its conflist entry (if any), an agent per
+    /// node run with `agent_args` besides the usual ones (`key`: each node's WireGuard
+    /// key file as a further argument's value, after `--wireguard-key`), its Node object
+    /// on the stand-in API server. Returns the cluster's client, server, agents and API
+    /// server.
+    fn ebpf_with_agents(
+        ws: &Workspace,
+        setting: Option<(&str, Value)>,
+        agent_args: &[&str],
+        wireguard_key: bool,
+    ) -> Result<WithAgents> {
         let cluster = Self::cluster(false)?;
         for node in cluster.nodes() {
             topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
@@ -194,7 +212,9 @@ impl Side {
         let add = |node: &ClusterNode, name: &str| {
             let mut c = chain(ws, Variant::Ebpf, node);
             if let Some(p) = c.plugins.first_mut().and_then(Value::as_object_mut) {
-                p.insert("crossNode".into(), json!("routed"));
+                if let Some((k, v)) = &setting {
+                    p.insert((*k).into(), v.clone());
+                }
                 p.remove("mtu");
             }
             add_pod_with(&c, Variant::Ebpf, node, name)
@@ -204,32 +224,41 @@ impl Side {
         let api = catch("starting the stand-in API server", || {
             ApiServer::start(cluster.ext_netns(), EXT_IP4)
         })?;
+        for n in cluster.nodes() {
+            api.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
+        }
         let mut agents = Vec::new();
         for n in cluster.nodes() {
+            let key = n.dir().join("wireguard/private.key").display().to_string();
             let log = n.dir().join("agent.log");
+            let mut args = vec![
+                "agent",
+                "--policy=false",
+                "--network",
+                Variant::Ebpf.network(),
+                "--listen",
+                "127.0.0.1:0",
+                "--probe-listen",
+                "127.0.0.1:0",
+                "--node-name",
+                n.name(),
+            ];
+            args.extend_from_slice(agent_args);
+            if wireguard_key {
+                args.extend(["--wireguard-key", &key]);
+            }
             agents.push(catch("starting an agent", || {
-                n.start_agent_of(
-                    &ws.plugin,
-                    &api,
-                    &[
-                        "agent",
-                        "--policy=false",
-                        "--network",
-                        Variant::Ebpf.network(),
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--probe-listen",
-                        "127.0.0.1:0",
-                        "--node-name",
-                        n.name(),
-                        "--flows=true",
-                        "--flows-auth",
-                        "none",
-                    ],
-                    &log,
-                )
+                n.start_agent_of(&ws.plugin, &api, &args, &log)
             })?);
         }
+        Ok((cluster, client, server, agents, api))
+    }
+
+    /// cni-ebpf on routed nodes, an agent per node following flows (its defaults: every
+    /// flow's events read, named and kept).
+    fn ebpf_flows(ws: &Workspace) -> Result<Self> {
+        let (cluster, client, server, agents, api) =
+            Self::ebpf_with_agents(ws, None, &["--flows=true", "--flows-auth", "none"], false)?;
         // Flows are on once each agent opened its network's ring.
         let on = |n: &ClusterNode| {
             n.pinned_datapath_of(Variant::Ebpf.network())
@@ -250,52 +279,8 @@ impl Side {
     /// cni-ebpf with `encryption: wireguard` on routed nodes, an agent per node making
     /// and exchanging the keys.
     fn ebpf_wireguard(ws: &Workspace) -> Result<Self> {
-        let cluster = Self::cluster(false)?;
-        for node in cluster.nodes() {
-            topo::fill_cni_bin(&node.dir().join("bench-bin"), &ws.plugin)?;
-        }
-        let add = |node: &ClusterNode, name: &str| {
-            let mut c = chain(ws, Variant::Ebpf, node);
-            if let Some(p) = c.plugins.first_mut().and_then(Value::as_object_mut) {
-                p.insert("encryption".into(), json!("wireguard"));
-                p.remove("mtu");
-            }
-            add_pod_with(&c, Variant::Ebpf, node, name)
-        };
-        let (client, _) = add(cluster.a(), "cross-cli")?;
-        let server = add(cluster.b(), "cross-srv")?;
-        let api = catch("starting the stand-in API server", || {
-            ApiServer::start(cluster.ext_netns(), EXT_IP4)
-        })?;
-        let mut agents = Vec::new();
-        for n in cluster.nodes() {
-            api.set_node(n.name(), &[n.pod_cidr4()], &[n.ip4()]);
-        }
-        for n in cluster.nodes() {
-            let key = n.dir().join("wireguard/private.key").display().to_string();
-            let log = n.dir().join("agent.log");
-            agents.push(catch("starting an agent", || {
-                n.start_agent_of(
-                    &ws.plugin,
-                    &api,
-                    &[
-                        "agent",
-                        "--policy=false",
-                        "--network",
-                        Variant::Ebpf.network(),
-                        "--listen",
-                        "127.0.0.1:0",
-                        "--probe-listen",
-                        "127.0.0.1:0",
-                        "--node-name",
-                        n.name(),
-                        "--wireguard-key",
-                        &key,
-                    ],
-                    &log,
-                )
-            })?);
-        }
+        let (cluster, client, server, agents, api) =
+            Self::ebpf_with_agents(ws, Some(("encryption", json!("wireguard"))), &[], true)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !testbed::net::ping(client.netns(), &server.1, 1) {
             if std::time::Instant::now() > deadline {

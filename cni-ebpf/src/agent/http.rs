@@ -168,17 +168,8 @@ async fn run(listener: TcpListener, app: Arc<App>, serves: Serves) {
     http.title_case_headers(true);
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+        let Some((stream, peer, slot)) = accept(&listener, &slots, "metrics").await else {
             return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // EMFILE and the like: back off instead of spinning.
-                tracing::warn!("metrics: accept: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
         };
         let app = Arc::clone(&app);
         let service = service_fn(move |req| answer(Arc::clone(&app), req, serves));
@@ -191,6 +182,31 @@ async fn run(listener: TcpListener, app: Arc<App>, serves: Serves) {
             }
             drop(slot);
         });
+    }
+}
+
+/// The next connection on `listener` once one of `slots` is free: the connection, its
+/// peer and the slot it holds until dropped. `None` once the slots are gone (never, in
+/// practice). A failed accept (EMFILE and the like) is logged as `what`'s and waited out.
+pub async fn accept(
+    listener: &TcpListener,
+    slots: &Arc<Semaphore>,
+    what: &str,
+) -> Option<(
+    tokio::net::TcpStream,
+    SocketAddr,
+    tokio::sync::OwnedSemaphorePermit,
+)> {
+    let slot = Arc::clone(slots).acquire_owned().await.ok()?;
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => return Some((stream, peer, slot)),
+            Err(e) => {
+                // Back off instead of spinning.
+                tracing::warn!("{what}: accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 

@@ -209,8 +209,9 @@ impl World {
         }
     }
 
-    /// `cni-ebpf observe` from `ext` against every node, with `args`.
-    fn observe(&self, args: &[&str]) -> Output {
+    /// The argv of `cni-ebpf observe` against every node (found through the API server),
+    /// with `args`.
+    fn observe_argv(&self, args: &[&str]) -> Vec<String> {
         let mut argv: Vec<String> = vec![
             testbed::plugin_bin().display().to_string(),
             "observe".into(),
@@ -221,7 +222,12 @@ impl World {
             self.api.sa_dir().display().to_string(),
         ];
         argv.extend(args.iter().map(|a| (*a).to_owned()));
-        netns_exec(self.cluster.ext_netns(), &argv)
+        argv
+    }
+
+    /// `cni-ebpf observe` from `ext` against every node, with `args`.
+    fn observe(&self, args: &[&str]) -> Output {
+        netns_exec(self.cluster.ext_netns(), &self.observe_argv(args))
     }
 
     /// The records `observe -o json` prints for `args` (as the reader).
@@ -499,22 +505,9 @@ fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() 
 
     // `--follow`: records as they come.
     let log = w.logs.path().join("follow.log");
-    let mut argv: Vec<String> = vec![
-        testbed::plugin_bin().display().to_string(),
-        "observe".into(),
-        "--all-nodes".into(),
-        "--api-server".into(),
-        w.api.url(),
-        "--service-account-dir".into(),
-        w.api.sa_dir().display().to_string(),
-        "--token".into(),
-        READER.into(),
-        "--follow".into(),
-        "--pod".into(),
-        "shop/a2".into(),
-        "-o".into(),
-        "json".into(),
-    ];
+    let argv = w.observe_argv(&[
+        "--token", READER, "--follow", "--pod", "shop/a2", "-o", "json",
+    ]);
     let follower = Background::spawn_logged(w.cluster.ext_netns(), &argv, &log);
     std::thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
@@ -551,7 +544,6 @@ fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() 
         "the stalled follower's connection is open"
     );
     drop(follower);
-    argv.clear();
 }
 
 #[test]
@@ -559,20 +551,7 @@ fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() 
 fn the_live_map_shows_the_traffic_and_a_refusal_in_chromium() {
     let mut w = world("ob_ui");
     let ui = w.logs.path().join("ui.log");
-    let argv: Vec<String> = vec![
-        testbed::plugin_bin().display().to_string(),
-        "observe".into(),
-        "--all-nodes".into(),
-        "--api-server".into(),
-        w.api.url(),
-        "--service-account-dir".into(),
-        w.api.sa_dir().display().to_string(),
-        "--token".into(),
-        READER.into(),
-        "--ui".into(),
-        "--ui-listen".into(),
-        "127.0.0.1:9680".into(),
-    ];
+    let argv = w.observe_argv(&["--token", READER, "--ui", "--ui-listen", "127.0.0.1:9680"]);
     let _ui = Background::spawn_logged(w.cluster.ext_netns(), &argv, &ui);
     let b1 = format!("{}:{WEB}", w.b1.ip4);
     assert!(exchange(w.a2.pod.netns(), &b1).starts_with("b1"));

@@ -31,7 +31,7 @@ use super::{
     authz::Authorizer,
     window::{Filter, Window},
 };
-use crate::agent::http::{bounded_http1, CONNECTION_DEADLINE, MAX_CONNECTIONS};
+use crate::agent::http::{accept, bounded_http1, CONNECTION_DEADLINE, MAX_CONNECTIONS};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -46,16 +46,8 @@ pub async fn run(listener: TcpListener, window: Arc<Window>, auth: Arc<Authorize
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let node: Arc<str> = Arc::from(node);
     loop {
-        let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+        let Some((stream, peer, slot)) = accept(&listener, &slots, "flows").await else {
             return;
-        };
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                tracing::warn!("flows: accept: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                continue;
-            }
         };
         let (window, auth, node) = (Arc::clone(&window), Arc::clone(&auth), Arc::clone(&node));
         let following = Arc::new(std::sync::atomic::AtomicBool::new(false));
