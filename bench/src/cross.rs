@@ -22,8 +22,8 @@
 //!   have MTU 1440.
 //!
 //! - `flows`: nodes as in `routed`; cni-ebpf with flow events on (an agent per node
-//!   reading them, as the DaemonSet runs it) against cni-ebpf with them off (the
-//!   `routed` column, no agent): what following every flow costs, in the same run.
+//!   reading them, as the DaemonSet runs it) against cni-ebpf with an agent per node
+//!   run with `--flows=false`: what following every flow costs, in the same run.
 //!
 //! Each column has a cluster of its own (the two tunnel columns would otherwise share
 //! UDP port 8472). Names carry `cebb-<pid>`, so a later run sweeps what a killed one left.
@@ -255,25 +255,28 @@ impl Side {
     }
 
     /// cni-ebpf on routed nodes, an agent per node following flows (its defaults: every
-    /// flow's events read, named and kept).
-    fn ebpf_flows(ws: &Workspace) -> Result<Self> {
+    /// flow's events read, named and kept) when `on`, else run with `--flows=false`.
+    fn ebpf_flows(ws: &Workspace, on: bool) -> Result<Self> {
+        let flows = if on { "--flows=true" } else { "--flows=false" };
         let (cluster, client, server, agents, api) =
-            Self::ebpf_with_agents(ws, None, &["--flows=true", "--flows-auth", "none"], false)?;
-        // Flows are on once each agent opened its network's ring.
-        let on = |n: &ClusterNode| {
+            Self::ebpf_with_agents(ws, None, &[flows, "--flows-auth", "none"], false)?;
+        // Flows are on (off) once each agent opened its network's ring (turned it off).
+        let ready = |n: &ClusterNode| {
             n.pinned_datapath_of(Variant::Ebpf.network())
                 .flow_config()
-                .is_ok_and(|c| c.enabled == 1)
+                .is_ok_and(|c| (c.enabled == 1) == on)
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        while !cluster.nodes().iter().all(|n| on(n)) {
+        while !cluster.nodes().iter().all(|n| ready(n)) {
             anyhow::ensure!(
                 std::time::Instant::now() < deadline,
-                "the agents did not turn flow events on"
+                "the agents did not turn flow events {}",
+                if on { "on" } else { "off" }
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Self::serve("cni-ebpf", cluster, client, server, agents, Some(api))
+        let column = if on { "cni-ebpf" } else { FLOWS_OFF };
+        Self::serve(column, cluster, client, server, agents, Some(api))
     }
 
     /// cni-ebpf with `encryption: wireguard` on routed nodes, an agent per node making
@@ -439,8 +442,8 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         );
         Vec::new()
     };
-    eprintln!("bench: across nodes: one more, with flow events on");
-    let flows = Side::ebpf_flows(ws)?;
+    eprintln!("bench: across nodes: two more, with agents following flows and not");
+    let flows = [Side::ebpf_flows(ws, true)?, Side::ebpf_flows(ws, false)?];
     std::thread::sleep(Duration::from_millis(300));
     let mut samples: Samples = BTreeMap::new();
     for rep in 0..p.repeats {
@@ -460,7 +463,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             let targets: Vec<Target> = match scen {
                 "tunnel" => tunnel.iter().map(|s| target(s, s.column)).collect(),
                 "routed" => routed.iter().map(|s| target(s, s.column)).collect(),
-                "flows" => vec![target(&flows, flows.column), target(&routed[0], FLOWS_OFF)],
+                "flows" => flows.iter().map(|s| target(s, s.column)).collect(),
                 _ if wireguard.is_empty() => continue,
                 _ => wireguard
                     .iter()
@@ -497,7 +500,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     let sides = [
         ("tunnel", &tunnel[0]),
         ("routed", &routed[0]),
-        ("flows", &flows),
+        ("flows", &flows[0]),
     ];
     for (scen, side) in sides
         .into_iter()
