@@ -76,13 +76,16 @@ fn route_to(netns: &Path, dst: &str) -> String {
     ip_json(netns, &["route", "show", dst]).to_string()
 }
 
-/// Starts `cni-ebpf agent --policy=false --host-gw` in `node`'s namespace, logging to `log`.
+/// Starts `cni-ebpf agent --policy=false --flows=false --host-gw` in `node`'s namespace,
+/// logging to `log`: an agent that keeps routes and nothing else, whose every request to
+/// the API server is its Node watcher's.
 fn start_host_gw(node: &ClusterNode, api: &ApiServer, log: &Path) -> Background {
     node.start_agent(
         api,
         &[
             "agent",
             "--policy=false",
+            "--flows=false",
             "--listen",
             "127.0.0.1:0",
             "--host-gw",
