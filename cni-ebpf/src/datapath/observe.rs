@@ -8,7 +8,7 @@ use aya::maps::{MapData, RingBuf};
 use cni_ebpf_common::{map as map_name, FlowConfig, FlowEvent, FlowLogEntry, FlowLogKey};
 
 use super::{load, maps, Datapath};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 impl Datapath {
     /// Turns flows on or off, at `events_per_sec` events a second per CPU (`burst` at
@@ -118,10 +118,4 @@ pub fn flow_addr(a: &[u8; 16]) -> IpAddr {
 #[must_use]
 pub fn flow_port(p: u16) -> u16 {
     u16::from_be(p)
-}
-
-/// An error for a flow event ring that cannot be read.
-#[must_use]
-pub fn ring_error(e: std::io::Error) -> Error {
-    Error::io("reading the flow events", e)
 }

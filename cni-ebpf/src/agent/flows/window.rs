@@ -183,9 +183,8 @@ impl Filter {
     pub fn from_query(query: &str, now_unix_nano: u64) -> Result<(Self, bool), String> {
         let mut f = Filter::default();
         let mut follow = false;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            let v = percent_decode(v);
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            let (k, v) = (k.as_ref(), v.into_owned());
             let time = |v: &str| {
                 parse_time(v, now_unix_nano).ok_or_else(|| {
                     format!("{k}: {v:?} is not a time (RFC 3339, or a duration ago: 30s, 5m, 2h)")
@@ -225,10 +224,10 @@ impl Filter {
     /// The query string that asks for this filter (`follow` added when asked).
     #[must_use]
     pub fn to_query(&self, follow: bool) -> String {
-        let mut parts = Vec::new();
+        let mut query = form_urlencoded::Serializer::new(String::new());
         let mut put = |k: &str, v: Option<String>| {
             if let Some(v) = v {
-                parts.push(format!("{k}={}", percent_encode(&v)));
+                query.append_pair(k, &v);
             }
         };
         put("pod", self.pod.clone());
@@ -245,9 +244,9 @@ impl Filter {
         put("until", self.until_unix_nano.map(super::record::rfc3339));
         put("last", self.last.map(|n| n.to_string()));
         if follow {
-            parts.push("follow=true".to_owned());
+            put("follow", Some("true".to_owned()));
         }
-        parts.join("&")
+        query.finish()
     }
 }
 
@@ -275,41 +274,6 @@ pub fn parse_time(v: &str, now_unix_nano: u64) -> Option<u64> {
         _ => return None,
     };
     Some(now_unix_nano.saturating_sub(secs.saturating_mul(1_000_000_000)))
-}
-
-fn percent_decode(v: &str) -> String {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                match u8::from_str_radix(v.get(i + 1..i + 3).unwrap_or(""), 16) {
-                    Ok(x) => {
-                        out.push(x);
-                        i += 3;
-                        continue;
-                    }
-                    Err(_) => out.push(b'%'),
-                }
-            }
-            b'+' => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn percent_encode(v: &str) -> String {
-    v.bytes()
-        .map(|c| match c {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' | b':' => {
-                (c as char).to_string()
-            }
-            _ => format!("%{c:02X}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]
