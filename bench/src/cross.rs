@@ -53,7 +53,7 @@ pub struct Params {
     pub seconds: f64,
 }
 
-/// Scenario keys and titles.
+/// Scenario keys and titles (`flows` is its own phase: [`run_flows`]).
 const SCENARIOS: [(&str, &str); 4] = [
     (
         "tunnel",
@@ -386,6 +386,62 @@ impl Side {
     }
 }
 
+/// Runs the flows phase into `report`: the `flows` scenario of [`SCENARIOS`], its two
+/// columns measured in turns, the medians under `cross.flows`.
+pub fn run_flows(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
+    let (scen, title) = SCENARIOS[3];
+    eprintln!("bench: flow events: two two-node clusters, agents following flows and not");
+    let flows = [Side::ebpf_flows(ws, true)?, Side::ebpf_flows(ws, false)?];
+    std::thread::sleep(Duration::from_millis(300));
+    let mut samples: Samples = BTreeMap::new();
+    for rep in 0..p.repeats {
+        eprintln!(
+            "bench: flow events repeat {}/{}: {title}",
+            rep + 1,
+            p.repeats
+        );
+        let targets = flows
+            .iter()
+            .map(|s| Target {
+                column: s.column,
+                client: s.client.netns().to_path_buf(),
+                ip: s.server_ip.clone(),
+                iperf_port: Some(IPERF_PORT),
+                echo_port: ECHO_PORT,
+            })
+            .collect();
+        check_interrupt()?;
+        data::measure_repeat(
+            scen,
+            title,
+            targets,
+            rep,
+            p.seconds,
+            &mut samples,
+            &mut report.notes,
+        )?;
+    }
+    data::put_medians(
+        report,
+        &samples,
+        scen,
+        &format!("cross.{scen}"),
+        &format!("Across nodes: {title} (median of {} repeats)", p.repeats),
+    );
+    let mut counters = Map::new();
+    for side in &flows {
+        let nonzero = data::nonzero_reasons(&ws.plugin, side.cluster.a()).unwrap_or_default();
+        counters.insert(side.column.to_owned(), Value::Object(nonzero));
+    }
+    let mut details = Map::new();
+    details.insert("perRepeat".into(), json!(samples));
+    details.insert("cniEbpfReasonCountersNodeA".into(), Value::Object(counters));
+    report
+        .details
+        .insert("flows".into(), Value::Object(details));
+    Ok(())
+}
+
 /// Whether the kernel of `netns` has WireGuard (a device made and deleted there).
 fn kernel_has_wireguard(netns: &Path) -> bool {
     sh(
@@ -442,12 +498,13 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         );
         Vec::new()
     };
-    eprintln!("bench: across nodes: two more, with agents following flows and not");
-    let flows = [Side::ebpf_flows(ws, true)?, Side::ebpf_flows(ws, false)?];
     std::thread::sleep(Duration::from_millis(300));
     let mut samples: Samples = BTreeMap::new();
     for rep in 0..p.repeats {
         for (i, (scen, title)) in SCENARIOS.into_iter().enumerate() {
+            if scen == "flows" {
+                continue;
+            }
             eprintln!(
                 "bench: across nodes repeat {}/{}: {title}",
                 rep + 1,
@@ -463,7 +520,6 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
             let targets: Vec<Target> = match scen {
                 "tunnel" => tunnel.iter().map(|s| target(s, s.column)).collect(),
                 "routed" => routed.iter().map(|s| target(s, s.column)).collect(),
-                "flows" => flows.iter().map(|s| target(s, s.column)).collect(),
                 _ if wireguard.is_empty() => continue,
                 _ => wireguard
                     .iter()
@@ -484,7 +540,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         }
     }
     for (scen, title) in SCENARIOS {
-        if scen == "wireguard" && wireguard.is_empty() {
+        if scen == "flows" || scen == "wireguard" && wireguard.is_empty() {
             continue;
         }
         data::put_medians(
@@ -497,11 +553,7 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
     }
     // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
     let mut counters = Map::new();
-    let sides = [
-        ("tunnel", &tunnel[0]),
-        ("routed", &routed[0]),
-        ("flows", &flows[0]),
-    ];
+    let sides = [("tunnel", &tunnel[0]), ("routed", &routed[0])];
     for (scen, side) in sides
         .into_iter()
         .chain(wireguard.first().map(|s| ("wireguard", s)))

@@ -79,6 +79,8 @@ pub enum Phase {
     /// pod → pod across nodes: the tunnel against the kernel's VXLAN, routed against bare
     /// veth.
     Cross,
+    /// pod → pod across nodes with flow events on against off, agents on both sides.
+    Flows,
     /// NetworkPolicy with the real agent: data-path cost with 0–1000 policies, API write →
     /// enforced, ADD → in force, policy map memory.
     Policy,
@@ -233,6 +235,7 @@ impl Args {
                 Phase::Data,
                 Phase::Service,
                 Phase::Cross,
+                Phase::Flows,
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
@@ -245,6 +248,7 @@ impl Args {
                 Phase::Data,
                 Phase::Service,
                 Phase::Cross,
+                Phase::Flows,
                 Phase::Policy,
                 Phase::Bandwidth,
                 Phase::Scale,
@@ -413,6 +417,7 @@ pub fn run(args: &Args, host: &dyn Host) -> Result<()> {
                 Phase::Scale => scale::run(&ws, &sizes.scale, &mut report),
                 Phase::Service => service::run(&ws, &sizes.service, &mut report),
                 Phase::Cross => cross::run(&ws, &sizes.cross, &mut report),
+                Phase::Flows => cross::run_flows(&ws, &sizes.cross, &mut report),
                 Phase::Bandwidth => bandwidth::run(&ws, &sizes.bandwidth, &mut report),
                 Phase::Policy => policy::run(&ws, &sizes.policy, &mut report),
                 Phase::AgentScale => agent_scale::run(&ws, &sizes.agent_scale, &mut report),
