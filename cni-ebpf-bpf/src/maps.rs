@@ -4,7 +4,7 @@
 //! directory (`<bpffsRoot>/<network>/v<LAYOUT_VERSION>/maps`), so every later invocation reuses them.
 
 use aya_ebpf::{
-    bindings::BPF_F_NO_PREALLOC,
+    bindings::{BPF_F_NO_COMMON_LRU, BPF_F_NO_PREALLOC},
     macros::map,
     maps::{
         lpm_trie::Key, Array, HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray,
@@ -261,7 +261,7 @@ pub(crate) static POLICY_SCRATCH: PerCpuArray<crate::policy::Scratch> =
 /// Pod flows' counters, as each pod interface sees them (see `observe`).
 #[map]
 pub(crate) static FLOW_LOG: LruHashMap<FlowLogKey, FlowLogEntry> =
-    LruHashMap::pinned(MAX_FLOW_LOG, 0);
+    LruHashMap::pinned(MAX_FLOW_LOG, BPF_F_NO_COMMON_LRU);
 /// Flow events for the agent.
 #[map]
 pub(crate) static FLOW_EVENTS: RingBuf = RingBuf::pinned(FLOW_EVENTS_BYTES, 0);

@@ -12,8 +12,13 @@
 //! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
 //! event; its later packets add to the entry's counters (one lookup, atomic adds) and send
 //! nothing, but the first TCP FIN or RST (an end event) and the first drop, or a drop for
-//! another reason (a drop event). The agent reports a flow idle past its timeout as
-//! ended, from the entry's counters, and removes it. Each CPU may send
+//! another reason (a drop event). A TCP flow's entry goes with its RST or its last ACK
+//! (after a FIN each way): its slot is free again at once, while its memory is still in
+//! the cache, and the LRU never has closed connections to evict; a FIN or RST of a flow
+//! not followed starts nothing. The agent reports a flow idle past its timeout as
+//! ended, from the entry's counters, and removes it. A new flow's start event also
+//! names the Service the pod's socket asked for when the socket hooks connected it to
+//! a backend ([`asked_for`]). Each CPU may send
 //! `FlowConfig::events_per_sec` events a second (a token bucket `burst` deep); an event
 //! beyond it, or one the full ring refuses, is counted (`flow_event_rate_limited`,
 //! `flow_event_ring_full`) and not sent, its flow's counters kept. With
@@ -27,18 +32,21 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_SHOT},
+    helpers::bpf_get_socket_cookie,
     macros::map,
     maps::PerCpuArray,
     programs::TcContext,
+    EbpfContext,
 };
 use cni_ebpf_common::{
-    proto, FlowLogEntry, FlowLogKey, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST,
-    FLOW_EVENT_DROP, FLOW_EVENT_END, FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD,
-    FLOW_REPORTED, NO_CLASS, RULESET_OPEN,
+    bytes6, mapped4, proto, FlowLogEntry, FlowLogKey, Reason, SockRevKey, SockRevKey6,
+    FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP, FLOW_EVENT_END,
+    FLOW_EVENT_START, FLOW_FIN_RECEIVED, FLOW_FIN_SENT, FLOW_IPV6, FLOW_OPENED_BY_POD, NO_CLASS,
+    RULESET_OPEN,
 };
 
 use crate::{
-    maps::{count, FLOW_CONFIG, FLOW_CPU, FLOW_EVENTS, FLOW_LOG},
+    maps::{count, FLOW_CONFIG, FLOW_CPU, FLOW_EVENTS, FLOW_LOG, SOCK_REVNAT, SOCK_REVNAT6},
     nat::now,
     parse::{
         read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_ECHO,
@@ -153,7 +161,6 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
             if syn_only && (*e).flags & FLOW_ENDED != 0 {
                 insert = 0;
             } else {
-                (*e).last_ns = at;
                 if dropped {
                     add(&raw mut (*e).dropped_packets, 1);
                     if (*e).flags & FLOW_DROPPED == 0 || (*e).drop_reason != reason {
@@ -163,6 +170,7 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
                     }
                     return;
                 }
+                (*e).last_ns = at;
                 if side == SENT {
                     add(&raw mut (*e).sent_packets, 1);
                     add(&raw mut (*e).sent_bytes, len);
@@ -170,13 +178,36 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
                     add(&raw mut (*e).received_packets, 1);
                     add(&raw mut (*e).received_bytes, len);
                 }
-                if end != 0 && (*e).flags & FLOW_ENDED == 0 {
+                let flags = (*e).flags;
+                if end != 0 && flags & FLOW_ENDED == 0 {
                     (*e).flags |= FLOW_ENDED;
                     emit(FLOW_EVENT_END, end, &s.key, e);
+                }
+                if tcp_flags & TCP_FIN != 0 {
+                    (*e).flags |= if side == SENT {
+                        FLOW_FIN_SENT
+                    } else {
+                        FLOW_FIN_RECEIVED
+                    };
+                }
+                // The conversation is over — a RST, or the last ACK after a FIN each
+                // way: the entry goes at once (its end was reported), so that a busy
+                // node's closed connections leave room and nothing for the LRU to
+                // evict.
+                let closed = FLOW_FIN_SENT | FLOW_FIN_RECEIVED;
+                if end == FLOW_END_RST
+                    || (flags & closed == closed && tcp_flags & (TCP_SYN | TCP_FIN) == 0)
+                {
+                    let _ = FLOW_LOG.remove(&s.key);
                 }
                 return;
             }
         }
+    }
+    // A TCP FIN or RST passing for a flow not followed (its entry went with its end)
+    // starts nothing.
+    if end != 0 && !syn_only && !dropped {
+        return;
     }
     let f = &mut s.fresh;
     // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
@@ -190,6 +221,7 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     f.ingress_class = NO_CLASS as u8;
     if side == SENT {
         f.flags = FLOW_OPENED_BY_POD;
+        asked_for(ctx, &s.key, ipv6, f);
     }
     if ipv6 {
         f.flags |= FLOW_IPV6;
@@ -208,29 +240,65 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
             f.received_packets = 1;
             f.received_bytes = len;
         }
-        if end != 0 {
-            // Its first packet seen is its end: a flow older than the entry (flows
-            // were off, or its entry was evicted).
-            f.flags |= FLOW_ENDED;
-            (FLOW_EVENT_END, end)
-        } else {
-            (FLOW_EVENT_START, 0)
-        }
+        (FLOW_EVENT_START, 0)
     };
     // Only the CPU whose entry went in reports the flow: two packets of a new flow on
-    // two CPUs make one event.
-    if FLOW_LOG.insert(&s.key, f, insert).is_ok() {
-        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
-            emit(kind, why, &s.key, e);
+    // two CPUs make one event. The event is the entry as it went in (no second lookup).
+    if FLOW_LOG.insert(&s.key, &*f, insert).is_ok() {
+        emit(kind, why, &s.key, f);
+    }
+}
+
+/// Fills `f`'s Service from the socket hooks' reverse map when the pod's socket that
+/// sent the packet asked for a Service (or a host port) and was connected to `key`'s
+/// peer instead (`sock.rs`; the socket travels with its packets into `from_pod`).
+#[inline(always)]
+fn asked_for(ctx: &TcContext, key: &FlowLogKey, ipv6: bool, f: &mut FlowLogEntry) {
+    // SAFETY: plain helper call on our context (0: the packet has no socket).
+    let cookie = unsafe { bpf_get_socket_cookie(ctx.as_ptr()) };
+    if cookie == 0 {
+        return;
+    }
+    let w = |i: usize| {
+        u32::from_ne_bytes([
+            key.peer[i * 4],
+            key.peer[i * 4 + 1],
+            key.peer[i * 4 + 2],
+            key.peer[i * 4 + 3],
+        ])
+    };
+    if ipv6 {
+        let k = SockRevKey6 {
+            cookie,
+            addr: [w(0), w(1), w(2), w(3)],
+            port: key.peer_port,
+            _pad: 0,
+            _pad2: 0,
+        };
+        // SAFETY: copied out at once.
+        if let Some(v) = unsafe { SOCK_REVNAT6.get(&k) } {
+            f.service = bytes6(&v.addr);
+            f.service_port = v.port;
+        }
+    } else {
+        let k = SockRevKey {
+            cookie,
+            addr: w(3),
+            port: key.peer_port,
+            _pad: 0,
+        };
+        // SAFETY: copied out at once.
+        if let Some(v) = unsafe { SOCK_REVNAT.get(&k) } {
+            f.service = mapped4(v.addr);
+            f.service_port = v.port;
         }
     }
 }
 
 /// Sends an event of `kind` for the flow `key` whose entry is `e` (copied as it is now),
-/// if the CPU's rate allows and the ring has room; records in the entry that its start
-/// or end was reported.
+/// if the CPU's rate allows and the ring has room.
 #[inline(always)]
-fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *mut FlowLogEntry) {
+fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *const FlowLogEntry) {
     if !take_token() {
         count(Reason::FlowEventRateLimited);
         return;
@@ -243,9 +311,6 @@ fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *mut FlowLogEntry) {
     // SAFETY: `ev` is the reserved record, written whole before it is submitted; `e` a
     // live map value.
     unsafe {
-        if kind == FLOW_EVENT_START {
-            (*e).flags |= FLOW_REPORTED;
-        }
         (*ev).kind = kind;
         (*ev)._pad = [0; 3];
         (*ev).reason = reason;

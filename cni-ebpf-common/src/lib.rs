@@ -14,7 +14,7 @@ use core::mem::size_of;
 /// key/value layout, a map's name or the pin tree changes (a unit test of the maps' table,
 /// `map_table!`, fails until it is); userspace refuses to use pins of another version (see
 /// `cni-ebpf/src/datapath/pins.rs`).
-pub const LAYOUT_VERSION: u32 = 11;
+pub const LAYOUT_VERSION: u32 = 12;
 
 mod dns;
 mod hash;

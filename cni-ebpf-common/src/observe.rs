@@ -80,8 +80,10 @@ pub const FLOW_ENDED: u32 = 2;
 pub const FLOW_DROPPED: u32 = 4;
 /// The flow is IPv6.
 pub const FLOW_IPV6: u32 = 8;
-/// Its start was reported (an event the rate limit held back is not).
-pub const FLOW_REPORTED: u32 = 16;
+/// The pod sent a TCP FIN.
+pub const FLOW_FIN_SENT: u32 = 16;
+/// A TCP FIN was delivered to the pod.
+pub const FLOW_FIN_RECEIVED: u32 = 32;
 
 /// Value of [`crate::map::FLOW_LOG`]: one flow's counters, native order.
 #[repr(C)]
@@ -110,10 +112,16 @@ pub struct FlowLogEntry {
     pub ingress_ruleset: u32,
     pub egress_class: u8,
     pub ingress_class: u8,
+    /// The Service port the pod's socket asked for, when the node's socket hooks sent it
+    /// to the peer instead (`--kube-proxy-replacement`), wire order; 0: none.
+    pub service_port: u16,
     /// Explicit padding, always zero.
-    pub _pad: [u8; 6],
+    pub _pad: u32,
+    /// The Service address it asked for (IPv4 mapped into IPv6), wire order; all zero:
+    /// none.
+    pub service: [u8; 16],
 }
-const _: () = assert!(size_of::<FlowLogEntry>() == 80);
+const _: () = assert!(size_of::<FlowLogEntry>() == 96);
 
 /// [`FlowEvent::kind`]: a flow's first packet passed.
 pub const FLOW_EVENT_START: u8 = 1;
@@ -148,4 +156,4 @@ pub struct FlowEvent {
     pub _pad2: u32,
     pub entry: FlowLogEntry,
 }
-const _: () = assert!(size_of::<FlowEvent>() == 144);
+const _: () = assert!(size_of::<FlowEvent>() == 160);

@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use cni_ebpf::datapath::observe::{flow_addr, flow_port};
 use cni_ebpf_common::{
-    FlowEvent, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_EVENT_DROP, FLOW_EVENT_END,
-    FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD, RULESET_OPEN,
+    FlowEvent, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP,
+    FLOW_EVENT_END, FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD, RULESET_OPEN,
 };
 use testbed::packet::*;
 
@@ -18,8 +18,9 @@ use crate::{
     policy::{a_to_b, b_admits_a_on_80, b_to_a, dual_stack_pods, enforce},
 };
 
-/// TCP FIN.
+/// TCP FIN and RST.
 const FIN: u8 = 0x01;
+const RST: u8 = 0x04;
 
 /// A node with pods A and B whose programs follow flows, `rate` events a second per
 /// CPU.
@@ -91,10 +92,40 @@ fn a_flow_starts_and_ends_at_each_pod_with_both_ways_counted() {
     assert_eq!((b.entry.sent_packets, b.entry.received_packets), (1, 3));
     assert_eq!(b.entry.flags & FLOW_ENDED, FLOW_ENDED);
     assert!(b.time_ns >= b.entry.started_ns);
+    // The close: b's FIN, then a's last ACK. The entries go with that ACK, at each pod,
+    // and nothing more is reported.
+    let followed = |fx: &Fixture| {
+        fx.dp()
+            .flow_log()
+            .unwrap()
+            .into_iter()
+            .filter(|(k, _)| flow_port(k.peer_port) == 80 || flow_port(k.pod_port) == 80)
+            .count()
+    };
+    assert_eq!(followed(&fx), 2, "a's and b's entries");
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(80, 40000, FIN | ACK)).0,
+        REDIRECT
+    );
+    assert_eq!(followed(&fx), 2, "the last ACK is still to come");
+    assert_eq!(fx.run("from_pod", &a_to_b(80, ACK)).0, REDIRECT);
+    assert_eq!(followed(&fx), 0, "closed: both entries gone");
+    // A FIN retransmitted after the close starts nothing.
+    assert_eq!(
+        fx.run("from_pod", &b_to_a(80, 40000, FIN | ACK)).0,
+        REDIRECT
+    );
+    assert!(events(&fx).is_empty());
+    assert_eq!(followed(&fx), 0);
     // A new connection on the same tuple is a new flow.
     assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
     let evs = events(&fx);
     assert_eq!(one(&evs, FLOW_EVENT_START, IFINDEX_A).entry.sent_packets, 1);
+    // A RST ends it and takes its entries at once.
+    assert_eq!(fx.run("from_pod", &a_to_b(80, RST | ACK)).0, REDIRECT);
+    let evs = events(&fx);
+    assert_eq!(one(&evs, FLOW_EVENT_END, IFINDEX_A).reason, FLOW_END_RST);
+    assert_eq!(followed(&fx), 0);
 }
 
 #[test]
@@ -229,4 +260,40 @@ fn with_flows_off_nothing_is_followed() {
     assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
     assert!(events(&fx).is_empty());
     assert!(fx.dp().flow_log().unwrap().is_empty());
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn following_a_flow_costs_little_per_packet() {
+    // A packet of an open flow between two pods of the node: followed where pod A sends
+    // it and where pod B receives it (two flow entries), measured with flows off and on
+    // (`BPF_PROG_TEST_RUN`'s average of many runs). Printed (`--nocapture`) for
+    // docs/observability.md and bounded loosely, so that a change making it an order of
+    // magnitude dearer fails here.
+    const REPEAT: u32 = 200_000;
+    let fx = Fixture::with_two_pods();
+    let pkt = a_to_b(80, ACK);
+    let mut cost = Vec::new();
+    for on in [false, true, false, true] {
+        fx.dp().set_flow_config(on, 1000, 1000).unwrap();
+        assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+        assert_eq!(fx.run_on("from_pod", IFINDEX_A, &pkt).0, REDIRECT);
+        let (_, ns) = fx.run_timed("from_pod", IFINDEX_A, &pkt, REPEAT);
+        eprintln!(
+            "from_pod, pod → pod, flows {}: {ns} ns per packet",
+            if on { "on" } else { "off" }
+        );
+        cost.push(ns);
+    }
+    let (off, on) = (cost[0].min(cost[2]), cost[1].min(cost[3]));
+    assert!(
+        on < off + 1_000,
+        "following a flow costs {} ns per packet ({on} against {off})",
+        on.saturating_sub(off)
+    );
+    let evs = events(&fx);
+    assert!(
+        evs.iter().all(|e| e.kind == FLOW_EVENT_START),
+        "nothing but the starts of its two sides: {evs:#?}"
+    );
 }

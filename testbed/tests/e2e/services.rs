@@ -1268,3 +1268,94 @@ fn ten_thousand_services_with_a_hundred_thousand_endpoints() {
         );
     }
 }
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn a_flow_to_a_service_names_the_service_and_the_backend_it_was_sent_to() {
+    // The socket hooks connect a2's socket straight to the backend: its packets carry
+    // b1's address from the first one on. Node A's flow record still names the Service
+    // a2 asked for, beside the backend it got.
+    let w = world("svc_flows");
+    let vip = "10.96.1.7";
+    w.put_service("named", vip, &json!({}));
+    w.put_slice("named", &[ready(&w.b1.ip4, "node-b")]);
+    w.wait_everywhere(vip, PORT, &[at(&w.b1.ip4)]);
+    assert_eq!(
+        w.served_by(w.a2.pod.netns(), &at(vip)).as_deref(),
+        Ok(w.b1.ip4.as_str())
+    );
+    // A direct connection to the backend, for contrast: no Service on its record.
+    assert_eq!(
+        w.served_by(w.a2.pod.netns(), &at(&w.b1.ip4)).as_deref(),
+        Ok(w.b1.ip4.as_str())
+    );
+    w.api.add_user("svc-flows-reader", "alice");
+    w.api.grant("alice", "get", "/flows");
+    let log = w.logs.path().join("agent-node-a.log");
+    let mut listen = String::new();
+    let found = testbed::datapath::wait_until(Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        listen = text
+            .lines()
+            .find_map(|l| l.split("serving /flows on http://").nth(1))
+            .unwrap_or_default()
+            .trim()
+            .to_owned();
+        !listen.is_empty()
+    });
+    assert!(found, "node A's agent serves no flows:\n{}", w.agent_logs());
+    let records = |filter: &[&str]| -> Vec<Value> {
+        let mut argv: Vec<String> = vec![
+            testbed::plugin_bin().display().to_string(),
+            "observe".into(),
+            "--node".into(),
+            listen.clone(),
+            "--token".into(),
+            "svc-flows-reader".into(),
+            "-o".into(),
+            "json".into(),
+            "--kind".into(),
+            "start".into(),
+        ];
+        argv.extend(filter.iter().map(|a| (*a).to_owned()));
+        let out = testbed::process::netns_exec(w.cluster.a().netns(), &argv);
+        out.stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let mut seen = Vec::new();
+    let to_b1 = |r: &Value| {
+        r["direction"] == "egress"
+            && r["source"]["ip"] == json!(w.a2.ip4)
+            && r["destination"]["ip"] == json!(w.b1.ip4)
+            && r["destination"]["port"] == json!(PORT)
+    };
+    let named = |r: &Value| {
+        to_b1(r)
+            && r["service"]["ip"] == json!(vip)
+            && r["service"]["port"] == json!(PORT)
+            && r["service"]["kind"] == "service"
+            && r["service"]["namespace"] == "default"
+            && r["service"]["name"] == "named"
+    };
+    let both = testbed::datapath::wait_until(Duration::from_secs(10), || {
+        seen = records(&[]);
+        seen.iter().any(named) && seen.iter().any(|r| to_b1(r) && r.get("service").is_none())
+    });
+    assert!(
+        both,
+        "no start through the Service and one straight to b1 among:\n{}\n{}",
+        seen.iter()
+            .map(Value::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        w.agent_logs()
+    );
+    // The Service filter finds the flow by the Service it asked for.
+    let by_service = records(&["--service", "default/named"]);
+    assert!(
+        !by_service.is_empty() && by_service.iter().all(named),
+        "{by_service:#?}"
+    );
+}

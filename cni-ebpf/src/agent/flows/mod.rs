@@ -54,6 +54,8 @@ pub const DEFAULT_FLOWS_LISTEN: &str = "127.0.0.1:9672";
 pub const TICK: Duration = Duration::from_millis(100);
 /// How often the flows followed are walked for idle ones.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often the bpffs is looked at for networks that came or went.
+const NETWORKS_EVERY: Duration = Duration::from_secs(1);
 /// How long an ended flow's entry is kept after its end (its last packets still counted).
 const ENDED_LINGER_NS: u64 = 5_000_000_000;
 
@@ -170,10 +172,14 @@ pub fn run(
         let mut sink = open_sink(args.flow_log.as_deref())?;
         let mut networks: BTreeMap<String, Network> = BTreeMap::new();
         let mut last_sweep = Instant::now();
+        let mut last_scan: Option<Instant> = None;
         let mut tick = tokio::time::interval(TICK);
         loop {
             tick.tick().await;
-            open_networks(args, sources, &mut networks);
+            if last_scan.is_none_or(|t| t.elapsed() >= NETWORKS_EVERY) {
+                open_networks(args, sources, &mut networks);
+                last_scan = Some(Instant::now());
+            }
             let sweep = last_sweep.elapsed() >= SWEEP_EVERY;
             if sweep {
                 last_sweep = Instant::now();
@@ -188,12 +194,12 @@ pub fn run(
                         t.count(f);
                     }
                 }
-                for flow in flows {
-                    if let Some(s) = sink.as_mut() {
-                        write_line(s, &flow);
+                if let Some(s) = sink.as_mut() {
+                    for flow in &flows {
+                        write_line(s, flow);
                     }
-                    window.push(flow);
                 }
+                window.push_all(flows);
             }
             totals
                 .lock()

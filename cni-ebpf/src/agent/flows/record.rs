@@ -45,6 +45,12 @@ pub struct Flow {
     pub source: Endpoint,
     /// The side it was opened to.
     pub destination: Endpoint,
+    /// The Service the source asked for, when the node's socket hooks connected it to
+    /// `destination`, one of the Service's backends, instead (the agent's kube-proxy
+    /// replacement). Under kube-proxy's rules the source's egress sees the Service's
+    /// address as the destination (`kind: service`) and the backend's ingress the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<Endpoint>,
     /// The address the node masquerades the source to, for a pod's flow leaving the
     /// cluster (the network's `ipMasq`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -96,6 +102,7 @@ impl Default for Flow {
             protocol: String::new(),
             source: Endpoint::default(),
             destination: Endpoint::default(),
+            service: None,
             masqueraded_as: None,
             policy: None,
             counters: Counters::default(),
@@ -285,6 +292,13 @@ fn make(
             (e.sent_packets, e.sent_bytes),
         )
     };
+    let service = (e.service_port != 0).then(|| {
+        endpoint(
+            flow_addr(&e.service),
+            flow_port(e.service_port),
+            cx.directory,
+        )
+    });
     let masqueraded_as = cx
         .masquerade
         .filter(|_| opened_by_pod && source.kind == "pod")
@@ -310,6 +324,7 @@ fn make(
         policy: decision(e, cx.state),
         source,
         destination,
+        service,
         counters: Counters {
             packets_to_destination: to_dst.0,
             bytes_to_destination: to_dst.1,
@@ -434,6 +449,9 @@ impl Flow {
             self.destination.port,
             self.protocol,
         );
+        if let Some(s) = &self.service {
+            let _ = write!(out, " via {}:{}", s.label(), s.port);
+        }
         if let Some(r) = &self.reason {
             let _ = write!(out, " {r}");
         }

@@ -67,16 +67,27 @@ impl Window {
     /// Adds `flow`, dropping the oldest beyond the capacity, and hands it to the
     /// followers.
     pub fn push(&self, flow: Flow) {
-        let flow = Arc::new(flow);
+        self.push_all(vec![flow]);
+    }
+
+    /// Adds `flows` in order (the window locked once), as [`Self::push`] does each.
+    pub fn push_all(&self, flows: Vec<Flow>) {
+        let flows: Vec<Arc<Flow>> = flows.into_iter().map(Arc::new).collect();
         {
             let mut kept = self.lock();
-            if kept.len() >= self.capacity {
-                kept.pop_front();
+            for flow in &flows {
+                if kept.len() >= self.capacity {
+                    kept.pop_front();
+                }
+                kept.push_back(Arc::clone(flow));
             }
-            kept.push_back(Arc::clone(&flow));
         }
-        // No follower: nothing to do.
-        let _ = self.live.send(flow);
+        if self.live.receiver_count() > 0 {
+            for flow in flows {
+                // A follower gone meanwhile: nothing to do.
+                let _ = self.live.send(flow);
+            }
+        }
     }
 
     /// The records `filter` keeps, oldest first (at most its `last`).
@@ -134,7 +145,7 @@ impl Filter {
     pub fn keeps(&self, f: &Flow) -> bool {
         let sides = [&f.source, &f.destination];
         let named = |want: &str, kind: &str| {
-            sides.iter().any(|e| {
+            sides.iter().copied().chain(f.service.as_ref()).any(|e| {
                 e.kind == kind
                     && match want.split_once('/') {
                         Some((ns, n)) => {

@@ -163,10 +163,13 @@ function add(f) {
   if (seen.has(id)) return;
   seen.add(id);
   flows.push(f);
-  const from = group(f.source), to = group(f.destination);
+  // A flow the socket hooks sent to a Service's backend is drawn to its Service, as
+  // under kube-proxy.
+  const dest = f.service || f.destination;
+  const from = group(f.source), to = group(dest);
   const key = from + "\u2192" + to;
   let e = edges.get(key);
-  if (!e) { e = { from, to, fromKind: kindOf(f.source), toKind: kindOf(f.destination), recent: [], times: [] }; edges.set(key, e); }
+  if (!e) { e = { from, to, fromKind: kindOf(f.source), toKind: kindOf(dest), recent: [], times: [] }; edges.set(key, e); }
   e.recent.push(f);
   if (e.recent.length > RECENT) e.recent.shift();
   if (f.kind !== "end") e.times.push(f.timeUnixNano);
@@ -244,13 +247,15 @@ function detail() {
   const h = document.createElement("h1"); h.textContent = e.from + " \u2192 " + e.to;
   const table = document.createElement("table"); table.id = "edge-flows";
   const head = document.createElement("tr");
-  for (const c of ["time", "kind", "port", "decided by"]) { const th = document.createElement("th"); th.textContent = c; head.append(th); }
+  for (const c of ["time", "kind", "port", "backend", "decided by"]) { const th = document.createElement("th"); th.textContent = c; head.append(th); }
   table.append(head);
   for (const f of [...e.recent].reverse()) {
     const tr = document.createElement("tr");
     cell(tr, f.time.slice(11, 23));
     cell(tr, f.kind, f.verdict === "dropped" ? "dropped" : "");
-    cell(tr, f.protocol + "/" + f.destination.port);
+    cell(tr, f.protocol + "/" + (f.service || f.destination).port);
+    // The pod a Service's flow went to, when the node chose it.
+    cell(tr, f.service ? (f.destination.name || f.destination.ip) + ":" + f.destination.port : "");
     cell(tr, decided(f));
     table.append(tr);
   }
