@@ -3,7 +3,8 @@
 //! the API server, and what `cni-ebpf observe` reads from every node at once (found
 //! through the API server, each agent checking the reader with TokenReview and
 //! SubjectAccessReview): allowed flows started and ended at each pod with both ways
-//! counted, a refused one with the policy that refused it, one to a Service's ClusterIP,
+//! counted (across nodes, within one, over IPv6), refused ones with the policy that
+//! refused them (IPv4 and IPv6), one to a Service's ClusterIP,
 //! a masqueraded one, drops for a full NAT share; filters, `--follow`, a reader that
 //! never reads, unauthorized readers; and the live map in a real headless Chromium.
 
@@ -43,10 +44,11 @@ const WAIT: Duration = Duration::from_secs(15);
 /// Where each agent serves `/metrics` (in its node's namespace).
 const METRICS: SocketAddr = SocketAddr::new(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 19_670);
 
-/// A pod, its address and the server it runs.
+/// A pod and its addresses.
 struct Running {
     pod: Pod,
     ip4: String,
+    ip6: String,
 }
 
 /// Pods `shop/a1` (web, of Deployment `web`), `a2` (client), `a3` (client, a NAT share of
@@ -68,7 +70,7 @@ struct World {
 }
 
 fn conf(n: &ClusterNode) -> ConfBuilder {
-    n.conf().set("ipMasq", json!(true))
+    n.conf_dual_stack().set("ipMasq", json!(true))
 }
 
 #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
@@ -94,7 +96,10 @@ fn world(test: &str) -> World {
                 c = c.set("natFlowsPerPod", json!(cap));
             }
             let r = ResultView::parse(&n.exec_plugin("ADD", &env, &c.plugin()).result());
-            let ips: Vec<IpAddr> = r.ip4().parse().into_iter().collect();
+            let ips: Vec<IpAddr> = [r.ip4(), r.ip6()]
+                .iter()
+                .filter_map(|ip| ip.parse().ok())
+                .collect();
             let mut object =
                 serde_json::to_value(testbed::netpol::pod("shop", name, &[label], &ips))
                     .unwrap_or_default();
@@ -105,7 +110,11 @@ fn world(test: &str) -> World {
             }
             object["spec"]["nodeName"] = json!(n.name());
             api.put("pods", object);
-            Running { pod, ip4: r.ip4() }
+            Running {
+                pod,
+                ip4: r.ip4(),
+                ip6: r.ip6(),
+            }
         };
     let (a, b) = (cluster.a(), cluster.b());
     let (web, client, other) = (("app", "web"), ("role", "client"), ("role", "other"));
@@ -339,6 +348,50 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         .unwrap_or_else(|| panic!("no start at b1: {at_b1:?}"));
     let policies = &ingress["policy"]["ingress"]["policies"];
     assert_eq!(policies, &json!(["shop/web"]), "{ingress}");
+
+    // Between two pods of one node: a start where a2 sends it and where a1 receives it.
+    assert!(exchange(a2.pod.netns(), &format!("{}:{WEB}", w.a1.ip4)).starts_with("a1"));
+    let same = w.wait_record(
+        "a2 → a1 at a1",
+        &["--pod", "shop/a1", "--kind", "start"],
+        |r| r["direction"] == "ingress" && side(r, "source") == "shop/a2",
+    );
+    assert!(
+        same.iter().any(|r| r["direction"] == "egress"
+            && r["node"] == "node-a"
+            && side(r, "source") == "shop/a2"
+            && side(r, "destination") == "shop/a1"),
+        "no start at a2: {same:?}"
+    );
+
+    // Over IPv6: a2's echo to b2 (no policy selects b2) starts at each end, named;
+    // one to b1 (its policy admits TCP on the web port only) is refused at node B.
+    assert!(testbed::net::ping(a2.pod.netns(), &w.b2.ip6, 3));
+    let six = w.wait_record(
+        "a2 → b2 over IPv6",
+        &["--pod", "shop/b2", "--protocol", "ICMPv6"],
+        |r| r["kind"] == "start" && r["node"] == "node-b" && r["direction"] == "ingress",
+    );
+    assert!(
+        six.iter().any(|r| r["kind"] == "start"
+            && r["node"] == "node-a"
+            && r["direction"] == "egress"
+            && r["destination"]["ip"] == json!(w.b2.ip6)
+            && side(r, "source") == "shop/a2"
+            && side(r, "destination") == "shop/b2"),
+        "{six:?}"
+    );
+    assert!(!testbed::net::ping(a2.pod.netns(), &w.b1.ip6, 1));
+    w.wait_record(
+        "a2 → b1 over IPv6, refused",
+        &["--verdict", "dropped", "--protocol", "ICMPv6"],
+        |r| {
+            r["reason"] == "drop_policy_ingress"
+                && r["destination"]["ip"] == json!(w.b1.ip6)
+                && side(r, "source") == "shop/a2"
+                && side(r, "destination") == "shop/b1"
+        },
+    );
 
     // Refused: b2 is not a client. Dropped at node A with the policy named.
     assert!(greet(w.b2.pod.netns(), &format!("{}:{WEB}", w.a1.ip4)).is_err());
