@@ -400,16 +400,7 @@ pub fn run_flows(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> 
             rep + 1,
             p.repeats
         );
-        let targets = flows
-            .iter()
-            .map(|s| Target {
-                column: s.column,
-                client: s.client.netns().to_path_buf(),
-                ip: s.server_ip.clone(),
-                iperf_port: Some(IPERF_PORT),
-                echo_port: ECHO_PORT,
-            })
-            .collect();
+        let targets = flows.iter().map(|s| target(s, s.column)).collect();
         check_interrupt()?;
         data::measure_repeat(
             scen,
@@ -421,24 +412,9 @@ pub fn run_flows(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> 
             &mut report.notes,
         )?;
     }
-    data::put_medians(
-        report,
-        &samples,
-        scen,
-        &format!("cross.{scen}"),
-        &format!("Across nodes: {title} (median of {} repeats)", p.repeats),
-    );
-    let mut counters = Map::new();
-    for side in &flows {
-        let nonzero = data::nonzero_reasons(&ws.plugin, side.cluster.a()).unwrap_or_default();
-        counters.insert(side.column.to_owned(), Value::Object(nonzero));
-    }
-    let mut details = Map::new();
-    details.insert("perRepeat".into(), json!(samples));
-    details.insert("cniEbpfReasonCountersNodeA".into(), Value::Object(counters));
-    report
-        .details
-        .insert("flows".into(), Value::Object(details));
+    put_medians(report, &samples, (scen, title), p.repeats);
+    let sides = flows.iter().map(|s| (s.column, s));
+    put_details(ws, report, "flows", samples, sides);
     Ok(())
 }
 
@@ -510,13 +486,6 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
                 rep + 1,
                 p.repeats
             );
-            let target = |s: &Side, column: &'static str| Target {
-                column,
-                client: s.client.netns().to_path_buf(),
-                ip: s.server_ip.clone(),
-                iperf_port: Some(IPERF_PORT),
-                echo_port: ECHO_PORT,
-            };
             let targets: Vec<Target> = match scen {
                 "tunnel" => tunnel.iter().map(|s| target(s, s.column)).collect(),
                 "routed" => routed.iter().map(|s| target(s, s.column)).collect(),
@@ -543,29 +512,59 @@ pub fn run(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> {
         if scen == "flows" || scen == "wireguard" && wireguard.is_empty() {
             continue;
         }
-        data::put_medians(
-            report,
-            &samples,
-            scen,
-            &format!("cross.{scen}"),
-            &format!("Across nodes: {title} (median of {} repeats)", p.repeats),
-        );
+        put_medians(report, &samples, (scen, title), p.repeats);
     }
-    // Which path cni-ebpf's packets took on the sending node, non-zero counters only.
-    let mut counters = Map::new();
     let sides = [("tunnel", &tunnel[0]), ("routed", &routed[0])];
-    for (scen, side) in sides
+    let sides = sides
         .into_iter()
-        .chain(wireguard.first().map(|s| ("wireguard", s)))
-    {
+        .chain(wireguard.first().map(|s| ("wireguard", s)));
+    put_details(ws, report, "crossNode", samples, sides);
+    Ok(())
+}
+
+/// The target of column `column` measured on `s`'s pods.
+fn target(s: &Side, column: &'static str) -> Target {
+    Target {
+        column,
+        client: s.client.netns().to_path_buf(),
+        ip: s.server_ip.clone(),
+        iperf_port: Some(IPERF_PORT),
+        echo_port: ECHO_PORT,
+    }
+}
+
+/// The medians of scenario `(key, title)` as the rows `cross.<key>`.
+fn put_medians(
+    report: &mut Report,
+    samples: &Samples,
+    (scen, title): (&str, &str),
+    repeats: usize,
+) {
+    data::put_medians(
+        report,
+        samples,
+        scen,
+        &format!("cross.{scen}"),
+        &format!("Across nodes: {title} (median of {repeats} repeats)"),
+    );
+}
+
+/// `samples` and node A's non-zero reason counters of each named side (which path
+/// cni-ebpf's packets took on the sending node), as `report.details[name]`.
+fn put_details<'a>(
+    ws: &Workspace,
+    report: &mut Report,
+    name: &str,
+    samples: Samples,
+    sides: impl Iterator<Item = (&'a str, &'a Side)>,
+) {
+    let mut counters = Map::new();
+    for (key, side) in sides {
         let nonzero = data::nonzero_reasons(&ws.plugin, side.cluster.a()).unwrap_or_default();
-        counters.insert(scen.to_owned(), Value::Object(nonzero));
+        counters.insert(key.to_owned(), Value::Object(nonzero));
     }
     let mut details = Map::new();
     details.insert("perRepeat".into(), json!(samples));
     details.insert("cniEbpfReasonCountersNodeA".into(), Value::Object(counters));
-    report
-        .details
-        .insert("crossNode".into(), Value::Object(details));
-    Ok(())
+    report.details.insert(name.into(), Value::Object(details));
 }
