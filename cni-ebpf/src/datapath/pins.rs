@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! <bpffsRoot>/<network>/                 network directory; flock()ed while loading
-//! <bpffsRoot>/<network>/v11/              layout version (cni_ebpf_common::LAYOUT_VERSION)
+//! <bpffsRoot>/<network>/v12/              layout version (cni_ebpf_common::LAYOUT_VERSION)
 //!     maps/<MAP>                         every map of the object, pinned by name
 //!     progs/<program>                    from_pod, uplink_ingress, uplink_egress, …
 //!     links/ep-<host veth name>          tcx link of from_pod on a host veth (ingress),
@@ -254,19 +254,19 @@ mod tests {
         let p = Pins::new("/sys/fs/bpf/cni-ebpf/net1");
         assert_eq!(
             p.map("NAT"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v11/maps/NAT")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v12/maps/NAT")
         );
         assert_eq!(
             p.prog("from_pod"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v11/progs/from_pod")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v12/progs/from_pod")
         );
         assert_eq!(
             p.endpoint_link("veth1234"),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v11/links/ep-veth1234")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v12/links/ep-veth1234")
         );
         assert_eq!(
             p.uplink_link("eth0", Direction::Egress),
-            Path::new("/sys/fs/bpf/cni-ebpf/net1/v11/links/uplink-eth0-egress")
+            Path::new("/sys/fs/bpf/cni-ebpf/net1/v12/links/uplink-eth0-egress")
         );
     }
 
