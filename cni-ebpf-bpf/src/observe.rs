@@ -39,14 +39,13 @@ use aya_ebpf::{
     EbpfContext,
 };
 use cni_ebpf_common::{
-    bytes6, mapped4, proto, FlowLogEntry, FlowLogKey, Reason, SockRevKey, SockRevKey6,
-    FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP, FLOW_EVENT_END,
-    FLOW_EVENT_START, FLOW_FIN_RECEIVED, FLOW_FIN_SENT, FLOW_IPV6, FLOW_OPENED_BY_POD, NO_CLASS,
-    RULESET_OPEN,
+    addr6, bytes6, mapped4, proto, FlowLogEntry, FlowLogKey, Reason, FLOW_DROPPED, FLOW_ENDED,
+    FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP, FLOW_EVENT_END, FLOW_EVENT_START,
+    FLOW_FIN_RECEIVED, FLOW_FIN_SENT, FLOW_IPV6, FLOW_OPENED_BY_POD, NO_CLASS, RULESET_OPEN,
 };
 
 use crate::{
-    maps::{count, FLOW_CONFIG, FLOW_CPU, FLOW_EVENTS, FLOW_LOG, SOCK_REVNAT, SOCK_REVNAT6},
+    maps::{count, FLOW_CONFIG, FLOW_CPU, FLOW_EVENTS, FLOW_LOG},
     nat::now,
     parse::{
         read, ETH_P_IP, ETH_P_IPV6, ETH_TYPE_OFF, ICMP6_ECHO_REPLY, ICMP6_ECHO_REQUEST, ICMP_ECHO,
@@ -259,39 +258,15 @@ fn asked_for(ctx: &TcContext, key: &FlowLogKey, ipv6: bool, f: &mut FlowLogEntry
     if cookie == 0 {
         return;
     }
-    let w = |i: usize| {
-        u32::from_ne_bytes([
-            key.peer[i * 4],
-            key.peer[i * 4 + 1],
-            key.peer[i * 4 + 2],
-            key.peer[i * 4 + 3],
-        ])
-    };
+    let peer = addr6(&key.peer);
     if ipv6 {
-        let k = SockRevKey6 {
-            cookie,
-            addr: [w(0), w(1), w(2), w(3)],
-            port: key.peer_port,
-            _pad: 0,
-            _pad2: 0,
-        };
-        // SAFETY: copied out at once.
-        if let Some(v) = unsafe { SOCK_REVNAT6.get(&k) } {
+        if let Some(v) = crate::sock::recall6(cookie, peer, key.peer_port) {
             f.service = bytes6(&v.addr);
             f.service_port = v.port;
         }
-    } else {
-        let k = SockRevKey {
-            cookie,
-            addr: w(3),
-            port: key.peer_port,
-            _pad: 0,
-        };
-        // SAFETY: copied out at once.
-        if let Some(v) = unsafe { SOCK_REVNAT.get(&k) } {
-            f.service = mapped4(v.addr);
-            f.service_port = v.port;
-        }
+    } else if let Some(v) = crate::sock::recall(cookie, peer[3], key.peer_port) {
+        f.service = mapped4(v.addr);
+        f.service_port = v.port;
     }
 }
 

@@ -172,7 +172,7 @@ fn remember(cookie: u64, to: (u32, u16), addr: u32, port: u16) {
 /// What the socket `cookie` asked for before it was sent to `addr:port` (IPv4), if the
 /// hooks translated it.
 #[inline(always)]
-fn recall(cookie: u64, addr: u32, port: u16) -> Option<SockRevValue> {
+pub(crate) fn recall(cookie: u64, addr: u32, port: u16) -> Option<SockRevValue> {
     let key = SockRevKey {
         cookie,
         addr,
@@ -350,7 +350,7 @@ fn remember6(cookie: u64, to: (Addr6, u16), addr: Addr6, port: u16) {
 
 /// [`recall`] for an IPv6 pod address (`SOCK_REVNAT6`).
 #[inline(always)]
-fn recall6(cookie: u64, addr: Addr6, port: u16) -> Option<SockRevValue6> {
+pub(crate) fn recall6(cookie: u64, addr: Addr6, port: u16) -> Option<SockRevValue6> {
     let key = SockRevKey6 {
         cookie,
         addr,
