@@ -61,7 +61,8 @@ impl Datapath {
     }
 
     /// The ring the flow events arrive by, to read on its own (it is not shared with the
-    /// datapath's other maps: a reader waits on its descriptor).
+    /// datapath's other maps). The datapath sends no wakeups: a reader drains it on a
+    /// timer.
     pub fn flow_events(&self) -> Result<FlowEvents> {
         let map = load::open_map(self.pins(), map_name::FLOW_EVENTS)?;
         let ring =
@@ -99,12 +100,6 @@ impl FlowEvents {
     /// Every event waiting.
     pub fn drain(&mut self) -> Vec<FlowEvent> {
         std::iter::from_fn(|| self.next_event()).collect()
-    }
-}
-
-impl std::os::fd::AsFd for FlowEvents {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.ring.as_fd()
     }
 }
 

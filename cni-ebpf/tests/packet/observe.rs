@@ -76,12 +76,25 @@ fn a_flow_starts_and_ends_at_each_pod_with_both_ways_counted() {
     assert_eq!(b.entry.flags & FLOW_OPENED_BY_POD, 0, "b did not open it");
     assert_eq!((b.entry.sent_packets, b.entry.received_packets), (0, 1));
     // The rest of the connection sends nothing until its end.
+    std::thread::sleep(std::time::Duration::from_millis(60));
     assert_eq!(
         fx.run("from_pod", &b_to_a(80, 40000, SYN | ACK)).0,
         REDIRECT
     );
     assert_eq!(fx.run("from_pod", &a_to_b(80, ACK)).0, REDIRECT);
     assert!(events(&fx).is_empty(), "no event per packet");
+    // Each packet moves the time it was last seen (the kernel's last tick, at most a few
+    // ms behind): what the idle timeout reads.
+    let log = fx.dp().flow_log().unwrap();
+    let (_, e) = log
+        .iter()
+        .find(|(k, _)| k.ifindex == IFINDEX_A && flow_port(k.peer_port) == 80)
+        .expect("a's entry");
+    assert!(
+        e.last_ns >= e.started_ns + 40_000_000,
+        "last seen {} ns after the start",
+        e.last_ns.saturating_sub(e.started_ns)
+    );
     assert_eq!(fx.run("from_pod", &a_to_b(80, FIN | ACK)).0, REDIRECT);
     let evs = events(&fx);
     let a = one(&evs, FLOW_EVENT_END, IFINDEX_A);

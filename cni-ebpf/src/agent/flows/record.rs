@@ -245,14 +245,15 @@ pub fn from_event(ev: &FlowEvent, cx: &Context<'_>) -> Flow {
         FLOW_EVENT_END => Some(end_reason(ev.reason).to_owned()),
         _ => None,
     };
-    make(&ev.key, &ev.entry, kind, reason, ev.time_ns, cx)
+    make(&ev.key, &ev.entry, kind, reason, ev.time_ns, ev.time_ns, cx)
 }
 
-/// The record of a flow the agent found idle past its timeout (its entry removed).
+/// The record of a flow the agent found idle past its timeout (its entry removed): its
+/// duration runs to its last packet (the datapath's tick-precise time of it), not to now.
 #[must_use]
 pub fn expired(key: &FlowLogKey, entry: &FlowLogEntry, now_ns: u64, cx: &Context<'_>) -> Flow {
     let reason = Some(end_reason(FLOW_END_EXPIRED).to_owned());
-    make(key, entry, "end", reason, now_ns, cx)
+    make(key, entry, "end", reason, now_ns, entry.last_ns, cx)
 }
 
 fn end_reason(r: u32) -> &'static str {
@@ -270,6 +271,7 @@ fn make(
     kind: &str,
     reason: Option<String>,
     at_ns: u64,
+    until_ns: u64,
     cx: &Context<'_>,
 ) -> Flow {
     let pod = endpoint(flow_addr(&key.pod), flow_port(key.pod_port), cx.directory);
@@ -333,7 +335,7 @@ fn make(
             dropped_packets: e.dropped_packets,
         },
         started: rfc3339(wall(e.started_ns)),
-        duration_seconds: at_ns.saturating_sub(e.started_ns) as f64 / 1e9,
+        duration_seconds: until_ns.saturating_sub(e.started_ns) as f64 / 1e9,
     }
 }
 
@@ -549,5 +551,30 @@ mod tests {
             "{}",
             f.text()
         );
+    }
+
+    #[test]
+    fn an_idle_flow_lasted_until_its_last_packet_not_until_it_was_found_idle() {
+        let dir = Directory::default();
+        let cx = Context {
+            node: "node-a",
+            network: "net",
+            directory: &dir,
+            state: None,
+            clock_offset_ns: 0,
+            masquerade: None,
+        };
+        let entry = FlowLogEntry {
+            started_ns: 1_000_000_000,
+            last_ns: 1_750_000_000,
+            sent_packets: 2,
+            flags: FLOW_OPENED_BY_POD,
+            ..FlowLogEntry::default()
+        };
+        let k = key([10, 244, 1, 2], [10, 244, 2, 9], (40000, 53), 3);
+        let f = expired(&k, &entry, 301_000_000_000, &cx);
+        assert_eq!(f.reason.as_deref(), Some("expired"));
+        assert!((f.duration_seconds - 0.75).abs() < 1e-9, "{}", f.duration_seconds);
+        assert_eq!(f.time_unix_nano, 301_000_000_000);
     }
 }
