@@ -10,8 +10,8 @@
 //! so a flow between two pods of the node is followed at each of them, as each sees it.
 //!
 //! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
-//! event; its later packets add to the entry's counters (one lookup, atomic adds) and send
-//! nothing, but the first TCP FIN or RST (an end event) and the first drop, or a drop for
+//! event; its later packets add to the entry's counters (one lookup, atomic adds, the
+//! last tick's time rather than a clock source read) and send nothing, but the first TCP FIN or RST (an end event) and the first drop, or a drop for
 //! another reason (a drop event). A TCP flow's entry goes with its RST or its last ACK
 //! (after a FIN each way): its slot is free again at once, while its memory is still in
 //! the cache, and the LRU never has closed connections to evict; a FIN or RST of a flow

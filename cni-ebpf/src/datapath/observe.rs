@@ -2,10 +2,12 @@
 //! followed and how many events a CPU may send (`FLOW_CONFIG`, the agent's to write), the
 //! flows followed (`FLOW_LOG`), and the ring the events arrive by (`FLOW_EVENTS`).
 
-use std::net::{IpAddr, Ipv6Addr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use aya::maps::{MapData, RingBuf};
-use cni_ebpf_common::{map as map_name, FlowConfig, FlowEvent, FlowLogEntry, FlowLogKey};
+use cni_ebpf_common::{
+    map as map_name, FlowConfig, FlowEvent, FlowLogEntry, FlowLogKey, NatKey, NatKey6, NatKind,
+};
 
 use super::{load, maps, Datapath};
 use crate::error::Result;
@@ -58,6 +60,45 @@ impl Datapath {
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
             Err(e) => Err(maps::err(map_name::FLOW_LOG, "delete", e)),
         }
+    }
+
+    /// The address and port pod flow `key` (as the pod sees it) leaves the node with when
+    /// it is masqueraded: its SNAT entry's, while it has one (`None`: no entry, or the
+    /// maps could not be read).
+    #[must_use]
+    pub fn masqueraded_source(&self, key: &FlowLogKey) -> Option<SocketAddr> {
+        let mut m = self.maps().ok()?;
+        let (pod, peer) = (Ipv6Addr::from(key.pod), Ipv6Addr::from(key.peer));
+        let (addr, port) = match (pod.to_ipv4_mapped(), peer.to_ipv4_mapped()) {
+            (Some(pod), Some(peer)) => {
+                let k = NatKey {
+                    saddr: u32::from_ne_bytes(pod.octets()),
+                    daddr: u32::from_ne_bytes(peer.octets()),
+                    sport: key.pod_port,
+                    dport: key.peer_port,
+                    proto: key.proto,
+                    _pad: [0; 3],
+                };
+                let v = m.nat().ok()?.get(&k, 0).ok()?;
+                (v.kind == NatKind::SNAT_FWD)
+                    .then(|| (IpAddr::from(maps::ipv4_from_map(v.saddr)), v.sport))?
+            }
+            (None, None) => {
+                let k = NatKey6 {
+                    saddr: maps::ipv6_to_map(pod),
+                    daddr: maps::ipv6_to_map(peer),
+                    sport: key.pod_port,
+                    dport: key.peer_port,
+                    proto: key.proto,
+                    _pad: [0; 3],
+                };
+                let v = m.nat6().ok()?.get(&k, 0).ok()?;
+                (v.kind == NatKind::SNAT_FWD)
+                    .then(|| (IpAddr::from(maps::ipv6_from_map(v.saddr)), v.sport))?
+            }
+            _ => return None,
+        };
+        Some(SocketAddr::new(addr, maps::port_from_map(port)))
     }
 
     /// The ring the flow events arrive by, to read on its own (it is not shared with the

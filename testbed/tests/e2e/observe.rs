@@ -444,6 +444,23 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         .find(|r| r["destination"]["kind"] == "world")
         .unwrap_or_else(|| panic!("{masq:?}"));
     assert_eq!(m["masqueradedAs"], w.cluster.a().ip4(), "{m}");
+    // The port is the one the outside saw (its answer names the peer it saw).
+    let seen_from = answers[0]
+        .as_ref()
+        .map_or("", |a| a.lines().next().unwrap_or(""));
+    let start = masq
+        .iter()
+        .find(|r| r["destination"]["kind"] == "world" && r["kind"] == "start")
+        .unwrap_or_else(|| panic!("{masq:?}"));
+    assert_eq!(
+        format!(
+            "{}:{}",
+            start["masqueradedAs"].as_str().unwrap_or(""),
+            start["masqueradedPort"]
+        ),
+        seen_from,
+        "{start}"
+    );
 
     // A full NAT share: a3's flows beyond its share are dropped, each reported once.
     let to: SocketAddr = outside.parse().unwrap_or_else(|e| panic!("{e}"));

@@ -27,7 +27,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use cni_ebpf_common::{DEFAULT_FLOW_EVENTS_PER_SEC, FLOW_ENDED};
+use cni_ebpf_common::{FlowLogKey, DEFAULT_FLOW_EVENTS_PER_SEC, FLOW_ENDED};
 use futures::StreamExt as _;
 
 use self::{
@@ -309,6 +309,7 @@ fn read(
         state: n.state.as_ref(),
         clock_offset_ns: offset,
         masquerade: n.masquerade.as_ref(),
+        snat: Some(&|key: &FlowLogKey| n.dp.masqueraded_source(key)),
     };
     let mut out: Vec<Flow> = n
         .ring

@@ -2,7 +2,10 @@
 //! docs/observability.md): a datapath event ([`cni_ebpf_common::FlowEvent`]) with its
 //! addresses named, its time on the wall clock, and the policies that decided it.
 
-use std::{fmt::Write as _, net::IpAddr};
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, SocketAddr},
+};
 
 use cni_ebpf_common::{
     proto, FlowEvent, FlowLogEntry, FlowLogKey, Reason, FLOW_END_EXPIRED, FLOW_END_FIN,
@@ -55,6 +58,10 @@ pub struct Flow {
     /// cluster (the network's `ipMasq`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub masqueraded_as: Option<IpAddr>,
+    /// The source port it is masqueraded to (its SNAT entry's), when the agent found the
+    /// entry: a start or drop read while the flow is open; not after its close.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub masqueraded_port: Option<u16>,
     /// The NetworkPolicy rule sets that judged its first packet, when any did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyDecision>,
@@ -104,6 +111,7 @@ impl Default for Flow {
             destination: Endpoint::default(),
             service: None,
             masqueraded_as: None,
+            masqueraded_port: None,
             policy: None,
             counters: Counters::default(),
             started: String::new(),
@@ -202,7 +210,13 @@ pub struct Context<'a> {
     pub clock_offset_ns: i128,
     /// What the network masquerades, if it does.
     pub masquerade: Option<&'a Masquerade>,
+    /// The address and port a pod's flow is masqueraded to now (its SNAT entry), if it
+    /// has an entry.
+    pub snat: Option<&'a SnatLookup<'a>>,
 }
+
+/// Finds the address and port a pod's flow is masqueraded to (see [`Context::snat`]).
+pub type SnatLookup<'a> = dyn Fn(&FlowLogKey) -> Option<SocketAddr> + 'a;
 
 /// A network's masquerade: pod traffic for addresses outside its cluster CIDRs (and not
 /// the nodes') leaves with the node's address of its family.
@@ -301,10 +315,13 @@ fn make(
             cx.directory,
         )
     });
-    let masqueraded_as = cx
+    // The network's masquerade address; the flow's own SNAT entry, when it has one, says
+    // exactly (address and port).
+    let masqueraded_to = cx
         .masquerade
         .filter(|_| opened_by_pod && source.kind == "pod")
         .and_then(|m| m.source_for(destination.ip));
+    let translated = masqueraded_to.and(cx.snat).and_then(|f| f(key));
     let wall = |ns: u64| u64::try_from(i128::from(ns) + cx.clock_offset_ns).unwrap_or(0);
     let time_unix_nano = wall(at_ns);
     Flow {
@@ -322,7 +339,8 @@ fn make(
         reason,
         direction: direction.to_owned(),
         protocol: protocol_name(key.proto),
-        masqueraded_as,
+        masqueraded_as: translated.map(|t| t.ip()).or(masqueraded_to),
+        masqueraded_port: translated.map(|t| t.port()),
         policy: decision(e, cx.state),
         source,
         destination,
@@ -454,6 +472,15 @@ impl Flow {
         if let Some(s) = &self.service {
             let _ = write!(out, " via {}:{}", s.label(), s.port);
         }
+        match (self.masqueraded_as, self.masqueraded_port) {
+            (Some(a), Some(p)) => {
+                let _ = write!(out, " as {}", SocketAddr::new(a, p));
+            }
+            (Some(a), None) => {
+                let _ = write!(out, " as {a}");
+            }
+            _ => {}
+        }
         if let Some(r) = &self.reason {
             let _ = write!(out, " {r}");
         }
@@ -513,6 +540,7 @@ mod tests {
             state: None,
             clock_offset_ns: 1_000_000_000_000_000_000,
             masquerade: None,
+            snat: None,
         };
         let ev = FlowEvent {
             kind: FLOW_EVENT_END,
@@ -563,6 +591,7 @@ mod tests {
             state: None,
             clock_offset_ns: 0,
             masquerade: None,
+            snat: None,
         };
         let entry = FlowLogEntry {
             started_ns: 1_000_000_000,
@@ -574,7 +603,77 @@ mod tests {
         let k = key([10, 244, 1, 2], [10, 244, 2, 9], (40000, 53), 3);
         let f = expired(&k, &entry, 301_000_000_000, &cx);
         assert_eq!(f.reason.as_deref(), Some("expired"));
-        assert!((f.duration_seconds - 0.75).abs() < 1e-9, "{}", f.duration_seconds);
+        assert!(
+            (f.duration_seconds - 0.75).abs() < 1e-9,
+            "{}",
+            f.duration_seconds
+        );
         assert_eq!(f.time_unix_nano, 301_000_000_000);
+    }
+
+    #[test]
+    fn a_masqueraded_flow_names_the_address_and_port_of_its_snat_entry() {
+        let dir = Directory::default();
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "shop", "name": "a2"},
+            "spec": {"nodeName": "node-a", "containers": []},
+            "status": {"phase": "Running", "podIPs": [{"ip": "10.244.1.2"}]},
+        }))
+        .unwrap();
+        dir.apply_pod(&pod);
+        let masq = Masquerade {
+            node4: Some("192.0.2.10".parse().unwrap()),
+            cluster: vec!["10.244.0.0/16".parse().unwrap()],
+            ..Masquerade::default()
+        };
+        let entry = FlowLogEntry {
+            flags: FLOW_OPENED_BY_POD,
+            sent_packets: 1,
+            ..FlowLogEntry::default()
+        };
+        let outside = key([10, 244, 1, 2], [198, 51, 100, 7], (40000, 53), 3);
+        let seen = std::cell::Cell::new(None);
+        let snat = |k: &FlowLogKey| {
+            seen.set(Some(*k));
+            Some("192.0.2.10:61001".parse().unwrap())
+        };
+        let mut cx = Context {
+            node: "node-a",
+            network: "net",
+            directory: &dir,
+            state: None,
+            clock_offset_ns: 0,
+            masquerade: Some(&masq),
+            snat: Some(&snat),
+        };
+        let ev = FlowEvent {
+            kind: FLOW_EVENT_START,
+            key: outside,
+            entry,
+            ..FlowEvent::default()
+        };
+        let f = from_event(&ev, &cx);
+        assert_eq!(seen.get(), Some(outside), "looked up by the pod's tuple");
+        assert_eq!(f.masqueraded_as, Some("192.0.2.10".parse().unwrap()));
+        assert_eq!(f.masqueraded_port, Some(61001));
+        assert!(f.text().contains(" as 192.0.2.10:61001"), "{}", f.text());
+        // Without an entry (the flow closed): the network's address, no port.
+        let none = |_: &FlowLogKey| None;
+        cx.snat = Some(&none);
+        let f = from_event(&ev, &cx);
+        assert_eq!(
+            (f.masqueraded_as, f.masqueraded_port),
+            (Some("192.0.2.10".parse().unwrap()), None)
+        );
+        // Inside the cluster: nothing masqueraded, nothing looked up.
+        seen.set(None);
+        cx.snat = Some(&snat);
+        let inside = FlowEvent {
+            key: key([10, 244, 1, 2], [10, 244, 2, 9], (40000, 80), 6),
+            ..ev
+        };
+        let f = from_event(&inside, &cx);
+        assert_eq!((f.masqueraded_as, f.masqueraded_port), (None, None));
+        assert_eq!(seen.get(), None);
     }
 }
