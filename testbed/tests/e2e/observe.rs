@@ -4,8 +4,8 @@
 //! through the API server, each agent checking the reader with TokenReview and
 //! SubjectAccessReview): allowed flows started and ended at each pod with both ways
 //! counted (across nodes, within one, over IPv6), refused ones with the policy that
-//! refused them (IPv4 and IPv6), one to a Service's ClusterIP,
-//! a masqueraded one, drops for a full NAT share; filters, `--follow`, a reader that
+//! refused them (IPv4 and IPv6), one to a Service's ClusterIP found by its name (the
+//! name's lookup through the DNS Service reported too), a masqueraded one, drops for a full NAT share; filters, `--follow`, a reader that
 //! never reads, unauthorized readers; and the live map in a real headless Chromium.
 
 use std::{
@@ -20,6 +20,7 @@ use testbed::{
     apiserver::ApiServer,
     browser::Browser,
     datapath::{greet, many_udp, wait_until, Mode as Serving, TaggedServer},
+    dns::{DnsServer, Record},
     kubeproxy::{Mode, Protocol, ServicePort},
     net::in_netns,
     process::{netns_exec, Background, Output},
@@ -32,6 +33,12 @@ const FLOWS_PORT: u16 = 9672;
 const WEB: u16 = 8080;
 /// The Service in front of them.
 const CLUSTER_IP: &str = "10.96.0.50";
+/// The DNS Service (`shop/dns`, in front of pod `dns` on node B), and the web Service's
+/// name in it.
+const DNS_IP: &str = "10.96.0.10";
+const WEB_NAME: &str = "web.shop.svc.cluster.local";
+/// The resolver the pods' names are looked up with.
+const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
 /// A server outside the cluster (in `ext`).
 const OUTSIDE: u16 = 7100;
 /// Tokens: a reader granted `get /flows`, a user without the grant.
@@ -54,10 +61,12 @@ struct Running {
 /// Pods `shop/a1` (web, of Deployment `web`), `a2` (client), `a3` (client, a NAT share of
 /// [`NAT_CAP`]) on node A; `b1` (web, Deployment `web`), `b2` (other) on node B; a policy
 /// that lets clients (only) reach the web pods on [`WEB`]; kube-proxy's rules for
-/// `shop/web` at [`CLUSTER_IP`]:80; each node's agent. Field order is drop order.
+/// `shop/web` at [`CLUSTER_IP`]:80 and for `shop/dns` at [`DNS_IP`]:53 (pod `dns` on node
+/// B, which knows [`WEB_NAME`]); each node's agent. Field order is drop order.
 struct World {
     agents: Vec<Background>,
     _servers: Vec<TaggedServer>,
+    _dns: DnsServer,
     _outside: WhoAmIServer,
     api: ApiServer,
     logs: tempfile::TempDir,
@@ -123,19 +132,27 @@ fn world(test: &str) -> World {
     let a3 = add(a, "a3", client, false, Some(NAT_CAP));
     let b1 = add(b, "b1", web, true, None);
     let b2 = add(b, "b2", other, false, None);
+    let dns_pod = add(b, "dns", ("app", "dns"), false, None);
+    let dns = DnsServer::start(dns_pod.pod.netns());
+    let web_ip: IpAddr = CLUSTER_IP.parse().unwrap_or_else(|e| panic!("{e}"));
+    dns.set(WEB_NAME, vec![Record::Addr(web_ip, 30)]);
     put_web_policy(&api, WEB);
     let servers = [(&a1, "a1"), (&b1, "b1")]
         .iter()
         .map(|(p, tag)| TaggedServer::start(p.pod.netns(), WEB, tag, Serving::Greet))
         .collect();
     let outside = WhoAmIServer::start(cluster.ext_netns(), OUTSIDE);
-    let svc = ServicePort::new("shop/web", "http", Protocol::Tcp, CLUSTER_IP, 80)
-        .endpoint(&format!("{}:{WEB}", a1.ip4), a.name())
-        .endpoint(&format!("{}:{WEB}", b1.ip4), b.name());
-    for (resource, obj) in service_objects::objects(std::slice::from_ref(&svc)) {
+    let services = [
+        ServicePort::new("shop/web", "http", Protocol::Tcp, CLUSTER_IP, 80)
+            .endpoint(&format!("{}:{WEB}", a1.ip4), a.name())
+            .endpoint(&format!("{}:{WEB}", b1.ip4), b.name()),
+        ServicePort::new("shop/dns", "dns", Protocol::Udp, DNS_IP, 53)
+            .endpoint(&format!("{}:53", dns_pod.ip4), b.name()),
+    ];
+    for (resource, obj) in service_objects::objects(&services) {
         api.put(resource, obj);
     }
-    cluster.install_kube_proxy(Mode::Iptables, std::slice::from_ref(&svc));
+    cluster.install_kube_proxy(Mode::Iptables, &services);
     let logs = tempfile::tempdir().unwrap_or_else(|e| panic!("a log directory: {e}"));
     let agents = cluster
         .nodes()
@@ -168,6 +185,7 @@ fn world(test: &str) -> World {
     let w = World {
         agents,
         _servers: servers,
+        _dns: dns,
         _outside: outside,
         api,
         logs,
@@ -293,6 +311,24 @@ fn exchange(netns: &Path, addr: &str) -> String {
     greet(netns, addr).unwrap_or_else(|e| panic!("connecting to {addr}: {e}"))
 }
 
+/// The addresses the C library's resolver in `netns` finds for `name`, asking the DNS
+/// Service ([`DNS_IP`]); `conf` is where its configuration is written.
+#[track_caller]
+fn resolve(netns: &Path, conf: &Path, name: &str) -> Vec<IpAddr> {
+    std::fs::write(
+        conf,
+        format!("nameserver {DNS_IP}\noptions timeout:1 attempts:2\n"),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
+    let conf = conf.display().to_string();
+    let out = netns_exec(netns, &[NETCLIENT, "resolve", name, &conf, "4000"]);
+    assert!(out.success(), "resolving {name}: {out}");
+    out.stdout
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
 #[test]
 #[ignore = "privileged: run via cargo xtask test"]
 fn observe_names_every_kind_of_flow_from_every_node() {
@@ -413,8 +449,39 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         "the filter keeps only drops"
     );
 
-    // To the Service: named at a2 as the Service, before kube-proxy's DNAT.
-    let answer = exchange(a2.pod.netns(), &format!("{CLUSTER_IP}:80"));
+    // To the Service by its name, as an application reaches it: the name looked up with
+    // the C library's resolver through the DNS Service (that lookup a flow of its own, at
+    // a2 to the Service and at the DNS pod from a2), then the address it gave.
+    let resolved = resolve(a2.pod.netns(), &w.logs.path().join("resolv.conf"), WEB_NAME);
+    assert_eq!(
+        resolved,
+        [CLUSTER_IP
+            .parse::<IpAddr>()
+            .unwrap_or_else(|e| panic!("{e}"))]
+    );
+    let lookups = w.wait_record("a2's lookup", &["--port", "53"], |r| {
+        r["kind"] == "start" && side(r, "destination") == "shop/dns" && r["node"] == "node-b"
+    });
+    assert!(
+        lookups.iter().any(|r| r["kind"] == "start"
+            && r["node"] == "node-a"
+            && side(r, "source") == "shop/a2"
+            && r["destination"]["kind"] == "service"
+            && r["destination"]["ip"] == DNS_IP
+            && r["protocol"] == "UDP"),
+        "no lookup at a2 to the DNS Service: {lookups:?}"
+    );
+    let answered = lookups
+        .iter()
+        .find(|r| r["node"] == "node-b" && side(r, "destination") == "shop/dns")
+        .unwrap_or_else(|| panic!("{lookups:?}"));
+    assert_eq!(
+        (side(answered, "source"), answered["direction"].as_str()),
+        ("shop/a2".to_owned(), Some("ingress")),
+        "{answered}"
+    );
+    // Named at a2 as the Service, before kube-proxy's DNAT.
+    let answer = exchange(a2.pod.netns(), &format!("{}:80", resolved[0]));
     assert!(
         answer.starts_with("a1") || answer.starts_with("b1"),
         "{answer}"
