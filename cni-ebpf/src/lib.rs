@@ -26,6 +26,7 @@ pub mod k8s;
 pub mod kernel;
 pub mod logging;
 pub mod policy;
+pub mod tls;
 pub mod verbs;
 
 pub use error::{Error, Result};

@@ -432,32 +432,13 @@ fn random_hex(bytes: usize) -> String {
 /// A CA and a server certificate for `ip` (and the in-cluster DNS names) signed by it:
 /// (CA PEM, server certificate DER, server key DER).
 fn certificates(ip: std::net::IpAddr) -> (String, Vec<u8>, Vec<u8>) {
-    let fail = |e: rcgen::Error| -> ! { panic!("generating the stand-in's certificates: {e}") };
-    let ca_key = rcgen::KeyPair::generate().unwrap_or_else(|e| fail(e));
-    let mut ca_params =
-        rcgen::CertificateParams::new(Vec::<String>::new()).unwrap_or_else(|e| fail(e));
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "stand-in kubernetes CA");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params.self_signed(&ca_key).unwrap_or_else(|e| fail(e));
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap_or_else(|e| fail(e));
-    let mut params = rcgen::CertificateParams::new(vec![
-        "kubernetes".to_owned(),
-        "kubernetes.default.svc".to_owned(),
-    ])
-    .unwrap_or_else(|e| fail(e));
-    params.subject_alt_names.push(rcgen::SanType::IpAddress(ip));
-    params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "kube-apiserver");
-    let cert = params.signed_by(&key, &issuer).unwrap_or_else(|e| fail(e));
-    (ca_cert.pem(), cert.der().to_vec(), key.serialize_der())
+    let ca = crate::tls::Authority::new("stand-in kubernetes CA");
+    let server = ca.issue(
+        "kube-apiserver",
+        &["kubernetes", "kubernetes.default.svc"],
+        &[ip],
+    );
+    (ca.ca_pem(), server.cert_der, server.key_der)
 }
 
 /// A Node object as the API server serves it. `pod_cidrs` become `spec.podCIDRs` (and the

@@ -66,6 +66,7 @@ pub mod servers;
 pub mod service_objects;
 pub mod snapshot;
 pub mod testdir;
+pub mod tls;
 
 pub use apiserver::ApiServer;
 pub use cgroup::TestCgroup;

@@ -35,6 +35,7 @@ pub mod routes;
 pub mod service_objects;
 pub mod service_table;
 pub mod services;
+pub mod tls;
 pub mod watch;
 pub mod wireguard;
 

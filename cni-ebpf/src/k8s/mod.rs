@@ -15,7 +15,7 @@
 //! Nothing here is reachable from the CNI verbs: only `install` and the agent
 //! subcommands build a client, so ADD/DEL never initialise TLS or an HTTP stack.
 
-use std::{net::IpAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{net::IpAddr, path::PathBuf, time::Duration};
 
 use hyper_util::{client::legacy::connect::HttpConnector, rt::TokioExecutor};
 use ipnet::IpNet;
@@ -302,51 +302,21 @@ impl ApiClient {
             path: creds.ca_source.clone(),
             reason,
         };
-        let mut roots = rustls::RootCertStore::empty();
-        for p in pem::parse_many(&creds.ca_pem).map_err(|e| bad_ca(format!("not PEM: {e}")))? {
-            if p.tag() == "CERTIFICATE" {
-                roots
-                    .add(p.into_contents().into())
-                    .map_err(|e| bad_ca(format!("a certificate rustls refuses: {e}")))?;
-            }
-        }
-        if roots.is_empty() {
-            return Err(bad_ca("holds no CERTIFICATE".into()));
-        }
+        let roots = crate::tls::roots(&creds.ca_pem).map_err(bad_ca)?;
         let client_err = |e: &dyn std::fmt::Display| ApiError::Client {
             server: server.clone(),
             reason: e.to_string(),
         };
-        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| client_err(&e))?
-        .with_root_certificates(roots);
+        let tls = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| client_err(&e))?
+            .with_root_certificates(roots);
         let tls = match &creds.auth {
             credentials::Auth::ClientCert { chain, key } => {
-                let chain: Vec<rustls::pki_types::CertificateDer<'static>> = pem::parse_many(chain)
-                    .map_err(|e| client_err(&format!("the client certificate: {e}")))?
-                    .into_iter()
-                    .filter(|p| p.tag() == "CERTIFICATE")
-                    .map(|p| p.into_contents().into())
-                    .collect();
-                let key = pem::parse_many(key)
-                    .map_err(|e| client_err(&format!("the client key: {e}")))?
-                    .into_iter()
-                    .find_map(|p| match p.tag() {
-                        "PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Pkcs8(
-                            p.into_contents().into(),
-                        )),
-                        "RSA PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Pkcs1(
-                            p.into_contents().into(),
-                        )),
-                        "EC PRIVATE KEY" => Some(rustls::pki_types::PrivateKeyDer::Sec1(
-                            p.into_contents().into(),
-                        )),
-                        _ => None,
-                    })
-                    .ok_or_else(|| client_err(&"the client key holds no private key"))?;
+                let chain = crate::tls::certificates(chain)
+                    .map_err(|e| client_err(&format!("the client certificate {e}")))?;
+                let key = crate::tls::private_key(key)
+                    .map_err(|e| client_err(&format!("the client key {e}")))?;
                 tls.with_client_auth_cert(chain, key)
                     .map_err(|e| client_err(&format!("the client certificate: {e}")))?
             }

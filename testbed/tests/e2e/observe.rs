@@ -82,8 +82,14 @@ fn conf(n: &ClusterNode) -> ConfBuilder {
     n.conf_dual_stack().set("ipMasq", json!(true))
 }
 
-#[expect(clippy::panic, reason = "tests fail by panicking with a message")]
 fn world(test: &str) -> World {
+    world_serving(test, None)
+}
+
+/// [`world`], its agents serving `/flows` over HTTPS with `tls` (certificate and key
+/// files) when given.
+#[expect(clippy::panic, reason = "tests fail by panicking with a message")]
+fn world_serving(test: &str, tls: Option<(&Path, &Path)>) -> World {
     let cluster = Cluster::new(test);
     let api = ApiServer::start(cluster.ext_netns(), EXT_IP4);
     api.add_user(READER, "alice");
@@ -160,24 +166,30 @@ fn world(test: &str) -> World {
         .map(|n| {
             let state = n.dir().join("policy-state").display().to_string();
             let flows = format!("{}:{FLOWS_PORT}", n.ip4());
+            let metrics = METRICS.to_string();
+            let mut args = vec![
+                "agent",
+                "--state-dir",
+                &state,
+                "--listen",
+                &metrics,
+                "--probe-listen",
+                "127.0.0.1:0",
+                "--node-name",
+                n.name(),
+                "--flows-listen",
+                &flows,
+                "--flow-idle-timeout",
+                "2",
+            ];
+            let files = tls.map(|(c, k)| (c.display().to_string(), k.display().to_string()));
+            if let Some((cert, key)) = &files {
+                args.extend(["--flows-tls-cert", cert, "--flows-tls-key", key]);
+            }
             n.start_agent_of(
                 &testbed::plugin_bin(),
                 &api,
-                &[
-                    "agent",
-                    "--state-dir",
-                    &state,
-                    "--listen",
-                    &METRICS.to_string(),
-                    "--probe-listen",
-                    "127.0.0.1:0",
-                    "--node-name",
-                    n.name(),
-                    "--flows-listen",
-                    &flows,
-                    "--flow-idle-timeout",
-                    "2",
-                ],
+                &args,
                 &logs.path().join(format!("agent-{}.log", n.name())),
             )
         })
@@ -459,21 +471,30 @@ fn observe_names_every_kind_of_flow_from_every_node() {
             .parse::<IpAddr>()
             .unwrap_or_else(|e| panic!("{e}"))]
     );
-    let lookups = w.wait_record("a2's lookup", &["--port", "53"], |r| {
-        r["kind"] == "start" && side(r, "destination") == "shop/dns" && r["node"] == "node-b"
-    });
-    assert!(
-        lookups.iter().any(|r| r["kind"] == "start"
+    // Each node's agent reads its ring on its own timer: waited for at both.
+    let at_a2 = |r: &Value| {
+        r["kind"] == "start"
             && r["node"] == "node-a"
             && side(r, "source") == "shop/a2"
             && r["destination"]["kind"] == "service"
             && r["destination"]["ip"] == DNS_IP
-            && r["protocol"] == "UDP"),
-        "no lookup at a2 to the DNS Service: {lookups:?}"
+            && r["protocol"] == "UDP"
+    };
+    let at_dns = |r: &Value| {
+        r["kind"] == "start" && side(r, "destination") == "shop/dns" && r["node"] == "node-b"
+    };
+    let mut lookups = Vec::new();
+    let both = wait_until(WAIT, || {
+        lookups = w.records(&["--port", "53"]);
+        lookups.iter().any(at_a2) && lookups.iter().any(at_dns)
+    });
+    assert!(
+        both,
+        "a2's lookup not seen at a2 and at the DNS pod: {lookups:?}"
     );
     let answered = lookups
         .iter()
-        .find(|r| r["node"] == "node-b" && side(r, "destination") == "shop/dns")
+        .find(|r| at_dns(r))
         .unwrap_or_else(|| panic!("{lookups:?}"));
     assert_eq!(
         (side(answered, "source"), answered["direction"].as_str()),
@@ -753,4 +774,114 @@ fn the_live_map_shows_the_traffic_and_a_refusal_in_chromium() {
     std::fs::write(&kept, &png).unwrap_or_else(|e| panic!("writing {}: {e}", kept.display()));
     eprintln!("the live map: {}", kept.display());
     w.agents.clear();
+}
+
+#[test]
+#[ignore = "privileged: run via cargo xtask test"]
+fn over_tls_flows_and_tokens_go_only_between_agents_and_readers_that_trust_them() {
+    let files = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let path = |name: &str| files.path().join(name);
+    let write = |name: &str, text: &str| {
+        std::fs::write(path(name), text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    };
+    // One certificate for every agent (as a DaemonSet mounts one Secret): the nodes'
+    // addresses and a name of its own.
+    let nodes: Vec<IpAddr> = [testbed::cluster::NODE_A_IP4, testbed::cluster::NODE_B_IP4]
+        .iter()
+        .map(|ip| ip.parse().unwrap_or_else(|e| panic!("{e}")))
+        .collect();
+    let ca = testbed::tls::Authority::new("flows CA");
+    let issued = ca.issue("cni-ebpf agent", &["agents.flows.cni-ebpf"], &nodes);
+    write("ca.pem", &ca.ca_pem());
+    write("tls.crt", &issued.cert_pem);
+    write("tls.key", &issued.key_pem);
+    let w = world_serving("ob_tls", Some((&path("tls.crt"), &path("tls.key"))));
+    for n in w.cluster.nodes() {
+        assert!(
+            nodes.contains(&n.ip4().parse().unwrap_or_else(|e| panic!("{e}"))),
+            "the certificate names {nodes:?}, not {}",
+            n.ip4()
+        );
+    }
+    assert!(exchange(w.a2.pod.netns(), &format!("{}:{WEB}", w.b1.ip4)).starts_with("b1"));
+    let ca_file = path("ca.pem").display().to_string();
+    let trusting = ["--flows-ca", ca_file.as_str(), "--pod", "shop/a2"];
+    let seen = w.wait_record("a2 → b1 over TLS", &trusting, |r| {
+        r["kind"] == "start" && side(r, "destination") == "shop/b1"
+    });
+    assert!(seen.iter().any(|r| r["node"] == "node-a"), "{seen:?}");
+    // The certificate's own name instead of the address.
+    let named = [
+        "--flows-ca",
+        ca_file.as_str(),
+        "--flows-server-name",
+        "agents.flows.cni-ebpf",
+        "--last",
+        "1",
+    ];
+    assert_eq!(w.records(&named).len(), 1);
+
+    // Nothing in clear: a plain request gets no HTTP answer, and `observe` without the CA
+    // (plain HTTP) reads no node.
+    let node_a = SocketAddr::new(
+        w.cluster
+            .a()
+            .ip4()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}")),
+        FLOWS_PORT,
+    );
+    let plain = testbed::net::http_get(
+        w.cluster.ext_netns(),
+        node_a,
+        "/flows",
+        Duration::from_secs(3),
+    );
+    // (At most a TLS alert: no HTTP status.)
+    assert!(
+        plain.as_ref().map_or(true, |(status, _, _)| *status == 0),
+        "answered in clear: {plain:?}"
+    );
+    let out = w.observe(&["--token", READER]);
+    assert!(!out.success() && out.stdout.is_empty(), "{out}");
+    // Another CA: the agents do not prove themselves, and are not sent the token.
+    let other = testbed::tls::Authority::new("another CA");
+    write("other.pem", &other.ca_pem());
+    let other_file = path("other.pem").display().to_string();
+    let out = w.observe(&["--token", READER, "--flows-ca", &other_file]);
+    assert!(
+        !out.success() && out.stderr.contains("TLS with") && out.stderr.contains("UnknownIssuer"),
+        "{out}"
+    );
+    // A wrong name: refused too.
+    let out = w.observe(&[
+        "--token",
+        READER,
+        "--flows-ca",
+        &ca_file,
+        "--flows-server-name",
+        "elsewhere.example",
+    ]);
+    assert!(!out.success() && out.stderr.contains("TLS with"), "{out}");
+
+    // A rotation: the files replaced by a certificate of the other CA (key first, as a
+    // Secret's files change one by one) are served from the next connection on, without
+    // a restart.
+    let rotated = other.issue("cni-ebpf agent", &[], &nodes);
+    write("tls.key", &rotated.key_pem);
+    write("tls.crt", &rotated.cert_pem);
+    let served = wait_until(WAIT, || {
+        w.observe(&["--token", READER, "--flows-ca", &other_file, "--last", "1"])
+            .success()
+    });
+    assert!(
+        served,
+        "the new certificate is not served:\n{}",
+        w.agent_logs()
+    );
+    let out = w.observe(&["--token", READER, "--flows-ca", &ca_file]);
+    assert!(
+        !out.success() && out.stderr.contains("UnknownIssuer"),
+        "{out}"
+    );
 }

@@ -40,6 +40,7 @@ use super::{
     http::parse_listen,
     ready::{Job, Readiness},
     report::{read_state, NetworkState},
+    tls::ServingCert,
 };
 use crate::{
     datapath::{observe::FlowEvents, Datapath},
@@ -77,6 +78,14 @@ pub struct FlowArgs {
         default_value = "kubernetes"
     )]
     pub flows_auth: Auth,
+    /// Serve `/flows` over HTTPS with this certificate (PEM, the chain leaf first; read
+    /// again when it changes). Without it, readers' tokens and flows cross the network in
+    /// clear.
+    #[arg(long, env = "CNI_EBPF_FLOWS_TLS_CERT", requires = "flows_tls_key")]
+    pub flows_tls_cert: Option<PathBuf>,
+    /// The private key of `--flows-tls-cert` (PEM).
+    #[arg(long, env = "CNI_EBPF_FLOWS_TLS_KEY", requires = "flows_tls_cert")]
+    pub flows_tls_key: Option<PathBuf>,
     /// Flow records the node keeps in memory for queries (about 1 KiB each).
     #[arg(long, env = "CNI_EBPF_FLOW_WINDOW", default_value_t = 20_000, value_parser = clap::value_parser!(u64).range(100..=1_000_000))]
     pub flow_window: u64,
@@ -93,10 +102,11 @@ pub struct FlowArgs {
 }
 
 impl FlowArgs {
-    /// `--flows-auth=none` on a listener other hosts can reach is refused.
+    /// `--flows-auth=none` on a listener other hosts can reach is refused; a serving
+    /// certificate that does not load is.
     ///
     /// # Errors
-    /// That case, naming the setting.
+    /// Those cases, naming the setting.
     pub fn check(&self) -> Result<()> {
         if self.enabled && self.flows_auth == Auth::None && !self.flows_listen.ip().is_loopback() {
             return Err(Error::config(
@@ -106,6 +116,11 @@ impl FlowArgs {
                     self.flows_listen
                 ),
             ));
+        }
+        if let (true, Some(cert), Some(key)) =
+            (self.enabled, &self.flows_tls_cert, &self.flows_tls_key)
+        {
+            ServingCert::load(cert, key)?;
         }
         Ok(())
     }
@@ -162,12 +177,27 @@ pub fn run(
             .await
             .map_err(|e| Error::io(format!("listening on {}", args.flows_listen), e))?;
         let bound = listener.local_addr().unwrap_or(args.flows_listen);
-        eprintln!("cni-ebpf agent: serving /flows on http://{bound}");
+        let tls = match (&args.flows_tls_cert, &args.flows_tls_key) {
+            (Some(cert), Some(key)) => Some(Arc::new(ServingCert::load(cert, key)?)),
+            _ => None,
+        };
+        if tls.is_some() {
+            eprintln!("cni-ebpf agent: serving /flows on https://{bound}");
+        } else {
+            eprintln!("cni-ebpf agent: serving /flows on http://{bound}");
+            if args.flows_auth == Auth::Kubernetes && !bound.ip().is_loopback() {
+                tracing::warn!(
+                    "flows: readers' tokens and the flows cross the network in clear on \
+                     {bound}: give --flows-tls-cert and --flows-tls-key"
+                );
+            }
+        }
         tokio::spawn(serve::run(
             listener,
             Arc::clone(&window),
             Arc::new(authorizer),
             sources.node.clone(),
+            tls,
         ));
         let mut sink = open_sink(args.flow_log.as_deref())?;
         let mut networks: BTreeMap<String, Network> = BTreeMap::new();

@@ -1,4 +1,5 @@
-//! The flows' HTTP endpoint (`--flows-listen`), each request checked by [`Authorizer`]:
+//! The flows' HTTP endpoint (`--flows-listen`; HTTPS with `--flows-tls-cert` and
+//! `--flows-tls-key`, see [`ServingCert`]), each request checked by [`Authorizer`]:
 //!
 //! - `GET /flows?<filter>`: the records the node keeps that match, oldest first, as a
 //!   JSON array (the filter: [`Filter::from_query`]);
@@ -31,7 +32,10 @@ use super::{
     authz::Authorizer,
     window::{Filter, Window},
 };
-use crate::agent::http::{accept, bounded_http1, CONNECTION_DEADLINE, MAX_CONNECTIONS};
+use crate::agent::{
+    http::{accept, bounded_http1, CONNECTION_DEADLINE, MAX_CONNECTIONS},
+    tls::ServingCert,
+};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -39,10 +43,16 @@ const TEXT: &str = "text/plain; charset=utf-8";
 const JSON: &str = "application/json";
 const JSON_LINES: &str = "application/jsonl";
 
-/// Accepts connections on `listener` and answers them, at most [`MAX_CONNECTIONS`] at
-/// once. Returns only if its connection slots are gone (never, in practice).
-pub async fn run(listener: TcpListener, window: Arc<Window>, auth: Arc<Authorizer>, node: String) {
-    let http = bounded_http1();
+/// Accepts connections on `listener` and answers them (over TLS with `tls`), at most
+/// [`MAX_CONNECTIONS`] at once. Returns only if its connection slots are gone (never, in
+/// practice).
+pub async fn run(
+    listener: TcpListener,
+    window: Arc<Window>,
+    auth: Arc<Authorizer>,
+    node: String,
+    tls: Option<Arc<ServingCert>>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let node: Arc<str> = Arc::from(node);
     loop {
@@ -50,44 +60,75 @@ pub async fn run(listener: TcpListener, window: Arc<Window>, auth: Arc<Authorize
             return;
         };
         let (window, auth, node) = (Arc::clone(&window), Arc::clone(&auth), Arc::clone(&node));
-        let following = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let marked = Arc::clone(&following);
-        let service = service_fn(move |req| {
-            answer(
-                Arc::clone(&window),
-                Arc::clone(&auth),
-                Arc::clone(&node),
-                Arc::clone(&marked),
-                req,
-            )
-        });
-        let conn = http.serve_connection(TokioIo::new(stream), service);
+        let acceptor = tls.as_ref().map(|t| t.acceptor());
         tokio::spawn(async move {
-            tokio::pin!(conn);
             let deadline = tokio::time::sleep(CONNECTION_DEADLINE);
             tokio::pin!(deadline);
-            // A follow outlives the deadline; anything else is cut off by it.
-            let mut bounded = true;
-            loop {
-                tokio::select! {
-                    r = &mut conn => {
-                        if let Err(e) = r {
-                            tracing::debug!("flows: connection from {peer}: {e}");
+            match acceptor {
+                Some(acceptor) => {
+                    // The handshake within the connection's deadline too.
+                    let handshake = tokio::select! {
+                        r = acceptor.accept(stream) => r,
+                        () = &mut deadline => {
+                            tracing::debug!("flows: connection from {peer}: no TLS handshake in time");
+                            return;
                         }
-                        break;
-                    }
-                    () = &mut deadline, if bounded => {
-                        if following.load(std::sync::atomic::Ordering::Relaxed) {
-                            bounded = false;
-                        } else {
-                            tracing::debug!("flows: connection from {peer}: deadline passed");
-                            break;
-                        }
+                    };
+                    match handshake {
+                        Ok(s) => serve_one(s, peer, deadline, window, auth, node).await,
+                        Err(e) => tracing::debug!("flows: connection from {peer}: TLS: {e}"),
                     }
                 }
+                None => serve_one(stream, peer, deadline, window, auth, node).await,
             }
             drop(slot);
         });
+    }
+}
+
+/// Answers the request of one connection `io`, cut off at `deadline` unless it follows.
+async fn serve_one<I>(
+    io: I,
+    peer: std::net::SocketAddr,
+    mut deadline: std::pin::Pin<&mut tokio::time::Sleep>,
+    window: Arc<Window>,
+    auth: Arc<Authorizer>,
+    node: Arc<str>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let following = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let marked = Arc::clone(&following);
+    let service = service_fn(move |req| {
+        answer(
+            Arc::clone(&window),
+            Arc::clone(&auth),
+            Arc::clone(&node),
+            Arc::clone(&marked),
+            req,
+        )
+    });
+    let conn = bounded_http1().serve_connection(TokioIo::new(io), service);
+    tokio::pin!(conn);
+    // A follow outlives the deadline; anything else is cut off by it.
+    let mut bounded = true;
+    loop {
+        tokio::select! {
+            r = &mut conn => {
+                if let Err(e) = r {
+                    tracing::debug!("flows: connection from {peer}: {e}");
+                }
+                break;
+            }
+            () = &mut deadline, if bounded => {
+                if following.load(std::sync::atomic::Ordering::Relaxed) {
+                    bounded = false;
+                } else {
+                    tracing::debug!("flows: connection from {peer}: deadline passed");
+                    break;
+                }
+            }
+        }
     }
 }
 

@@ -6,8 +6,10 @@
 //!
 //! Each agent checks the reader (`--flows-auth`): the token given (`--token`,
 //! `--token-file`), else the one the API credentials carry (the ServiceAccount's, the
-//! kubeconfig user's). A node that cannot be read is named on stderr and the others are
-//! shown.
+//! kubeconfig user's). With `--flows-ca` the agents are read over HTTPS, each one's
+//! certificate checked against that CA (for its address, or `--flows-server-name`); the
+//! token is never sent to an agent that does not prove itself. A node that cannot be read
+//! is named on stderr and the others are shown.
 
 pub mod ui;
 
@@ -51,6 +53,13 @@ pub struct ObserveArgs {
     /// A file holding the token to present.
     #[arg(long)]
     pub token_file: Option<PathBuf>,
+    /// Read the agents over HTTPS, trusting only this CA (PEM) for their certificates
+    /// (the agents' `--flows-tls-cert`).
+    #[arg(long)]
+    pub flows_ca: Option<PathBuf>,
+    /// The name the agents' certificates must hold (default: the address each is read at).
+    #[arg(long, requires = "flows_ca")]
+    pub flows_server_name: Option<String>,
     /// Keep streaming new flows as they come.
     #[arg(long, short = 'f')]
     pub follow: bool,
@@ -200,11 +209,67 @@ pub fn run(args: &ObserveArgs) -> Result<()> {
     })
 }
 
-/// The agents read, and the token presented to them.
+/// The agents read, the token presented to them, and how they are trusted.
 #[derive(Debug, Clone)]
 pub struct Readers {
     nodes: Vec<String>,
     token: Option<Arc<str>>,
+    tls: Option<Tls>,
+}
+
+/// HTTPS to the agents: the CA their certificates are checked with, and the name they
+/// must hold (`None`: the address read).
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: Option<rustls::pki_types::ServerName<'static>>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tls {
+    fn new(args: &ObserveArgs) -> Result<Option<Self>> {
+        let Some(ca) = &args.flows_ca else {
+            return Ok(None);
+        };
+        let pem = std::fs::read(ca)
+            .map_err(|e| Error::io(format!("reading --flows-ca {}", ca.display()), e))?;
+        let config = crate::tls::client_trusting(&pem)
+            .map_err(|e| Error::config("--flows-ca", format!("{}: {e}", ca.display())))?;
+        let name = args
+            .flows_server_name
+            .as_deref()
+            .map(|n| {
+                rustls::pki_types::ServerName::try_from(n.to_owned())
+                    .map_err(|e| Error::config("--flows-server-name", format!("{n:?}: {e}")))
+            })
+            .transpose()?;
+        Ok(Some(Self {
+            connector: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            name,
+        }))
+    }
+
+    /// The name `node` (`host:port`) must prove.
+    fn name_of(
+        &self,
+        node: &str,
+    ) -> std::result::Result<rustls::pki_types::ServerName<'static>, String> {
+        if let Some(n) = &self.name {
+            return Ok(n.clone());
+        }
+        let host = node
+            .parse::<SocketAddr>()
+            .map(|a| a.ip().to_string())
+            .unwrap_or_else(|_| node.rsplit_once(':').map_or(node, |(h, _)| h).to_owned());
+        rustls::pki_types::ServerName::try_from(host).map_err(|e| e.to_string())
+    }
 }
 
 impl Readers {
@@ -235,6 +300,7 @@ impl Readers {
         Ok(Self {
             nodes,
             token: token.map(Arc::from),
+            tls: Tls::new(args)?,
         })
     }
 
@@ -242,9 +308,12 @@ impl Readers {
     /// `last` of them all), and how many nodes could not be read (each named on stderr).
     pub async fn query(&self, filter: &Filter) -> (Vec<Flow>, usize) {
         let path = format!("/flows?{}", filter.to_query(false));
-        let answers =
-            futures::future::join_all(self.nodes.iter().map(|n| get(n, &path, self.token.clone())))
-                .await;
+        let answers = futures::future::join_all(
+            self.nodes
+                .iter()
+                .map(|n| get(n, &path, self.token.clone(), self.tls.as_ref())),
+        )
+        .await;
         let mut all = Vec::new();
         let mut failed = 0;
         for (node, a) in self.nodes.iter().zip(answers) {
@@ -275,7 +344,14 @@ impl Readers {
         let q = filter.to_query(true);
         let mut streams = Vec::new();
         for node in &self.nodes {
-            match stream(node, &format!("/flows?{q}"), self.token.clone()).await {
+            match stream(
+                node,
+                &format!("/flows?{q}"),
+                self.token.clone(),
+                self.tls.as_ref(),
+            )
+            .await
+            {
                 Ok(s) => streams.push(s),
                 Err(e) => eprintln!("cni-ebpf observe: {e}"),
             }
@@ -313,11 +389,12 @@ async fn cluster_nodes(api: &ApiArgs, port: u16) -> Result<Vec<String>> {
 /// The time allowed to connect to an agent and get its answer's head.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Sends `GET path` to `node`; the response once its head is in.
+/// Sends `GET path` to `node` (over `tls` when given); the response once its head is in.
 async fn request(
     node: &str,
     path: &str,
     token: Option<Arc<str>>,
+    tls: Option<&Tls>,
 ) -> Result<hyper::Response<hyper::body::Incoming>> {
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         Error::datapath(format!("{what} {node}"), e.to_string())
@@ -326,10 +403,28 @@ async fn request(
         let tcp = tokio::net::TcpStream::connect(node)
             .await
             .map_err(|e| fail("connecting to", &e))?;
-        let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| fail("talking to", &e))?;
-        tokio::spawn(conn);
+        let mut send = match tls {
+            Some(tls) => {
+                let name = tls.name_of(node).map_err(|e| fail("naming", &e))?;
+                let io = tls
+                    .connector
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| fail("TLS with", &e))?;
+                let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+                    .await
+                    .map_err(|e| fail("talking to", &e))?;
+                tokio::spawn(conn);
+                send
+            }
+            None => {
+                let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                    .await
+                    .map_err(|e| fail("talking to", &e))?;
+                tokio::spawn(conn);
+                send
+            }
+        };
         let mut req = Request::get(path).header(hyper::header::HOST, node);
         if let Some(t) = &token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
@@ -359,8 +454,8 @@ async fn request(
 }
 
 /// The whole body of `GET path` on `node`.
-async fn get(node: &str, path: &str, token: Option<Arc<str>>) -> Result<Bytes> {
-    let resp = request(node, path, token).await?;
+async fn get(node: &str, path: &str, token: Option<Arc<str>>, tls: Option<&Tls>) -> Result<Bytes> {
+    let resp = request(node, path, token, tls).await?;
     let body = tokio::time::timeout(Duration::from_secs(30), resp.into_body().collect())
         .await
         .map_err(|_| Error::datapath(format!("reading flows of {node}"), "timeout"))?
@@ -374,8 +469,9 @@ async fn stream(
     node: &str,
     path: &str,
     token: Option<Arc<str>>,
+    tls: Option<&Tls>,
 ) -> Result<std::pin::Pin<Box<dyn futures::Stream<Item = Flow> + Send>>> {
-    let resp = request(node, path, token).await?;
+    let resp = request(node, path, token, tls).await?;
     let node = node.to_owned();
     let body = resp.into_body().into_data_stream();
     let lines = futures::stream::unfold(

@@ -1,0 +1,117 @@
+//! A serving certificate read from two PEM files (`--flows-tls-cert`, `--flows-tls-key`)
+//! and read again when either changes, so that a rotation (cert-manager writing a new
+//! Secret into the mounted files) takes effect at the next connection, without a restart.
+//! A pair that does not load is refused at start; later, the last good pair is kept and
+//! the failure logged.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::SystemTime,
+};
+
+use tokio_rustls::TlsAcceptor;
+
+use crate::error::{Error, Result};
+
+/// The files, and what was last loaded from them.
+pub struct ServingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    loaded: Mutex<Loaded>,
+}
+
+struct Loaded {
+    /// The files' modification times when read.
+    stamps: (Option<SystemTime>, Option<SystemTime>),
+    acceptor: TlsAcceptor,
+}
+
+impl std::fmt::Debug for ServingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingCert")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServingCert {
+    /// Loads `cert` and `key`.
+    ///
+    /// # Errors
+    /// Either cannot be read, does not parse, or they do not go together (named as
+    /// `--flows-tls-cert`).
+    pub fn load(cert: &Path, key: &Path) -> Result<Self> {
+        let loaded = read(cert, key).map_err(|e| Error::config("--flows-tls-cert", e))?;
+        Ok(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            loaded: Mutex::new(loaded),
+        })
+    }
+
+    /// The acceptor for a new connection: from the files as they are now if they changed
+    /// since they were read (and load), else as loaded.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let mut l = self
+            .loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stamps(&self.cert, &self.key) != l.stamps {
+            match read(&self.cert, &self.key) {
+                Ok(fresh) => {
+                    tracing::info!(
+                        "flows: serving certificate {} read again",
+                        self.cert.display()
+                    );
+                    *l = fresh;
+                }
+                Err(e) => {
+                    tracing::warn!("flows: keeping the serving certificate in use: {e}");
+                    // Not read again until the files change once more.
+                    l.stamps = stamps(&self.cert, &self.key);
+                }
+            }
+        }
+        l.acceptor.clone()
+    }
+}
+
+fn stamps(cert: &Path, key: &Path) -> (Option<SystemTime>, Option<SystemTime>) {
+    let at = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    (at(cert), at(key))
+}
+
+fn read(cert: &Path, key: &Path) -> std::result::Result<Loaded, String> {
+    let stamps = stamps(cert, key);
+    let file = |p: &Path| std::fs::read(p).map_err(|e| format!("reading {}: {e}", p.display()));
+    let config = crate::tls::server(&file(cert)?, &file(key)?)
+        .map_err(|e| format!("{} and {}: {e}", cert.display(), key.display()))?;
+    Ok(Loaded {
+        stamps,
+        acceptor: TlsAcceptor::from(Arc::new(config)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, reason = "tests")]
+
+    use super::*;
+
+    #[test]
+    fn a_pair_that_does_not_load_is_refused_naming_the_setting_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        let e = ServingCert::load(&cert, &key).unwrap_err().to_string();
+        assert!(
+            e.contains("--flows-tls-cert") && e.contains("tls.crt"),
+            "{e}"
+        );
+        std::fs::write(&cert, "not a certificate").unwrap();
+        std::fs::write(&key, "not a key").unwrap();
+        let e = ServingCert::load(&cert, &key).unwrap_err().to_string();
+        assert!(e.contains("holds no CERTIFICATE"), "{e}");
+    }
+}
