@@ -230,6 +230,17 @@ fn put_web_policy(api: &ApiServer, port: u16) {
 }
 
 impl World {
+    /// Where node A's agent serves `/flows`.
+    fn flows_of_a(&self) -> SocketAddr {
+        let ip = self
+            .cluster
+            .a()
+            .ip4()
+            .parse()
+            .unwrap_or_else(|e| panic!("{e}"));
+        SocketAddr::new(ip, FLOWS_PORT)
+    }
+
     fn agent_logs(&self) -> String {
         testbed::cluster::agent_logs(self.logs.path())
     }
@@ -632,14 +643,7 @@ fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() 
     let out = w.observe(&["--token", "not-a-token"]);
     assert!(!out.success() && out.stderr.contains("401"), "{out}");
     // Straight to an agent without a token.
-    let node_a = SocketAddr::new(
-        w.cluster
-            .a()
-            .ip4()
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}")),
-        FLOWS_PORT,
-    );
+    let node_a = w.flows_of_a();
     let (status, _, body) = testbed::net::http_get(
         w.cluster.ext_netns(),
         node_a,
@@ -823,14 +827,7 @@ fn over_tls_flows_and_tokens_go_only_between_agents_and_readers_that_trust_them(
 
     // Nothing in clear: a plain request gets no HTTP answer, and `observe` without the CA
     // (plain HTTP) reads no node.
-    let node_a = SocketAddr::new(
-        w.cluster
-            .a()
-            .ip4()
-            .parse()
-            .unwrap_or_else(|e| panic!("{e}")),
-        FLOWS_PORT,
-    );
+    let node_a = w.flows_of_a();
     let plain = testbed::net::http_get(
         w.cluster.ext_netns(),
         node_a,

@@ -530,18 +530,23 @@ mod tests {
         }
     }
 
+    /// A context of node `node-a` naming from `dir`, nothing masqueraded.
+    fn context(dir: &Directory, clock_offset_ns: i128) -> Context<'_> {
+        Context {
+            node: "node-a",
+            network: "net",
+            directory: dir,
+            state: None,
+            clock_offset_ns,
+            masquerade: None,
+            snat: None,
+        }
+    }
+
     #[test]
     fn an_end_seen_at_the_destination_pod_is_written_from_the_source() {
         let dir = Directory::default();
-        let cx = Context {
-            node: "node-a",
-            network: "net",
-            directory: &dir,
-            state: None,
-            clock_offset_ns: 1_000_000_000_000_000_000,
-            masquerade: None,
-            snat: None,
-        };
+        let cx = context(&dir, 1_000_000_000_000_000_000);
         let ev = FlowEvent {
             kind: FLOW_EVENT_END,
             reason: FLOW_END_FIN,
@@ -584,15 +589,7 @@ mod tests {
     #[test]
     fn an_idle_flow_lasted_until_its_last_packet_not_until_it_was_found_idle() {
         let dir = Directory::default();
-        let cx = Context {
-            node: "node-a",
-            network: "net",
-            directory: &dir,
-            state: None,
-            clock_offset_ns: 0,
-            masquerade: None,
-            snat: None,
-        };
+        let cx = context(&dir, 0);
         let entry = FlowLogEntry {
             started_ns: 1_000_000_000,
             last_ns: 1_750_000_000,
@@ -638,13 +635,9 @@ mod tests {
             Some("192.0.2.10:61001".parse().unwrap())
         };
         let mut cx = Context {
-            node: "node-a",
-            network: "net",
-            directory: &dir,
-            state: None,
-            clock_offset_ns: 0,
             masquerade: Some(&masq),
             snat: Some(&snat),
+            ..context(&dir, 0)
         };
         let ev = FlowEvent {
             kind: FLOW_EVENT_START,
