@@ -426,20 +426,23 @@ fn observe_names_every_kind_of_flow_from_every_node() {
     // Over IPv6: a2's echo to b2 (no policy selects b2) starts at each end, named;
     // one to b1 (its policy admits TCP on the web port only) is refused at node B.
     assert!(testbed::net::ping(a2.pod.netns(), &w.b2.ip6, 3));
-    let six = w.wait_record(
-        "a2 → b2 over IPv6",
-        &["--pod", "shop/b2", "--protocol", "ICMPv6"],
-        |r| r["kind"] == "start" && r["node"] == "node-b" && r["direction"] == "ingress",
-    );
-    assert!(
-        six.iter().any(|r| r["kind"] == "start"
+    // (Each node's agent reads its ring on its own timer: waited for at both ends.)
+    let at_b2 =
+        |r: &Value| r["kind"] == "start" && r["node"] == "node-b" && r["direction"] == "ingress";
+    let at_a2 = |r: &Value| {
+        r["kind"] == "start"
             && r["node"] == "node-a"
             && r["direction"] == "egress"
             && r["destination"]["ip"] == json!(w.b2.ip6)
             && side(r, "source") == "shop/a2"
-            && side(r, "destination") == "shop/b2"),
-        "{six:?}"
-    );
+            && side(r, "destination") == "shop/b2"
+    };
+    let mut six = Vec::new();
+    let both = wait_until(WAIT, || {
+        six = w.records(&["--pod", "shop/b2", "--protocol", "ICMPv6"]);
+        six.iter().any(at_b2) && six.iter().any(at_a2)
+    });
+    assert!(both, "a2 → b2 over IPv6 not started at both ends: {six:?}");
     assert!(!testbed::net::ping(a2.pod.netns(), &w.b1.ip6, 1));
     w.wait_record(
         "a2 → b1 over IPv6, refused",
@@ -811,9 +814,13 @@ fn over_tls_flows_and_tokens_go_only_between_agents_and_readers_that_trust_them(
     let ca_file = path("ca.pem").display().to_string();
     let trusting = ["--flows-ca", ca_file.as_str(), "--pod", "shop/a2"];
     let seen = w.wait_record("a2 → b1 over TLS", &trusting, |r| {
-        r["kind"] == "start" && side(r, "destination") == "shop/b1"
+        r["kind"] == "start" && side(r, "destination") == "shop/b1" && r["node"] == "node-a"
     });
-    assert!(seen.iter().any(|r| r["node"] == "node-a"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .all(|r| side(r, "source") == "shop/a2" || side(r, "destination") == "shop/a2"),
+        "{seen:?}"
+    );
     // The certificate's own name instead of the address.
     let named = [
         "--flows-ca",

@@ -235,6 +235,15 @@ impl Masquerade {
         if self.cluster.iter().any(|n| n.contains(&dst)) || self.node_addrs.contains(&dst) {
             return None;
         }
+        // Link-local and multicast destinations (neighbour discovery, mDNS) never leave
+        // the pod's link through the uplink.
+        let on_link = match dst {
+            IpAddr::V4(a) => a.is_link_local() || a.is_multicast() || a.is_broadcast(),
+            IpAddr::V6(a) => a.is_unicast_link_local() || a.is_multicast(),
+        };
+        if on_link {
+            return None;
+        }
         match dst {
             IpAddr::V4(_) => self.node4.map(IpAddr::V4),
             IpAddr::V6(_) => self.node6.map(IpAddr::V6),
@@ -668,5 +677,21 @@ mod tests {
         let f = from_event(&inside, &cx);
         assert_eq!((f.masqueraded_as, f.masqueraded_port), (None, None));
         assert_eq!(seen.get(), None);
+        // Nor a link-local or multicast destination.
+        for peer in [[169, 254, 1, 1], [224, 0, 0, 251]] {
+            let on_link = FlowEvent {
+                key: key([10, 244, 1, 2], peer, (5353, 5353), 17),
+                ..ev
+            };
+            assert_eq!(from_event(&on_link, &cx).masqueraded_as, None, "{peer:?}");
+        }
+        let v6 = Masquerade {
+            node6: Some("fd00::10".parse().unwrap()),
+            ..Masquerade::default()
+        };
+        for dst in ["fe80::1", "ff02::1"] {
+            assert_eq!(v6.source_for(dst.parse().unwrap()), None, "{dst}");
+        }
+        assert!(v6.source_for("2001:db8::1".parse().unwrap()).is_some());
     }
 }
