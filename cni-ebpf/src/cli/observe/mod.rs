@@ -411,20 +411,11 @@ async fn request(
                     .connect(name, tcp)
                     .await
                     .map_err(|e| fail("TLS with", &e))?;
-                let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
-                    .await
-                    .map_err(|e| fail("talking to", &e))?;
-                tokio::spawn(conn);
-                send
+                http1(io).await
             }
-            None => {
-                let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                    .await
-                    .map_err(|e| fail("talking to", &e))?;
-                tokio::spawn(conn);
-                send
-            }
-        };
+            None => http1(tcp).await,
+        }
+        .map_err(|e| fail("talking to", &e))?;
         let mut req = Request::get(path).header(hyper::header::HOST, node);
         if let Some(t) = &token {
             req = req.header(hyper::header::AUTHORIZATION, format!("Bearer {t}"));
@@ -451,6 +442,16 @@ async fn request(
         ));
     }
     Ok(resp)
+}
+
+/// An HTTP/1.1 client connection over `io`, driven on the runtime.
+async fn http1<I>(io: I) -> hyper::Result<hyper::client::conn::http1::SendRequest<Empty<Bytes>>>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
+    tokio::spawn(conn);
+    Ok(send)
 }
 
 /// The whole body of `GET path` on `node`.
