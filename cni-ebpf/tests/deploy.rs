@@ -222,10 +222,12 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         .any(|t| t["key"] == "node.kubernetes.io/not-ready" && t["operator"] == "Exists"));
 
     // Host paths: the CNI directories, bpffs, the IPAM data, the agent's NetworkPolicy
-    // state and its WireGuard key; every one mounted by some container.
+    // state and its WireGuard key; beside them one Secret (/flows' certificate, below);
+    // every one mounted by some container.
     let volumes = pod["volumes"].as_array().unwrap();
     let mut paths: Vec<&str> = volumes
         .iter()
+        .filter(|v| v["secret"].is_null())
         .map(|v| v["hostPath"]["path"].as_str().unwrap())
         .collect();
     paths.sort_unstable();
@@ -325,6 +327,26 @@ fn the_base_holds_rbac_a_config_map_and_a_daemonset() {
         "{env:?}"
     );
     assert_eq!(main["ports"][1]["containerPort"], 9672);
+    // /flows over HTTPS only, with the certificate of an optional Secret: mounted where
+    // the agent's settings look, never a reason for the agent not to start.
+    let tls = mount("/etc/cni-ebpf/flows-tls");
+    assert_eq!(tls["readOnly"], true);
+    assert_eq!(
+        env.get("CNI_EBPF_FLOWS_TLS_CERT").map(String::as_str),
+        Some("/etc/cni-ebpf/flows-tls/tls.crt")
+    );
+    assert_eq!(
+        env.get("CNI_EBPF_FLOWS_TLS_KEY").map(String::as_str),
+        Some("/etc/cni-ebpf/flows-tls/tls.key")
+    );
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == tls["name"])
+        .unwrap();
+    assert_eq!(volume["secret"]["secretName"], "cni-ebpf-flows-tls");
+    assert_eq!(volume["secret"]["optional"], true);
 }
 
 /// What the kubelet gives `fieldRef` environment variables on the node these tests

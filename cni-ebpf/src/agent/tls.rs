@@ -2,7 +2,9 @@
 //! and read again when either changes, so that a rotation (cert-manager writing a new
 //! Secret into the mounted files) takes effect at the next connection, without a restart.
 //! A pair that does not load is refused at start; later, the last good pair is kept and
-//! the failure logged.
+//! the failure logged. Files that are not there yet (an optional Secret the operator has
+//! still to make) are waited for: until they load, no connection is served at all, never
+//! one in clear.
 
 use std::{
     path::{Path, PathBuf},
@@ -22,9 +24,10 @@ pub struct ServingCert {
 }
 
 struct Loaded {
-    /// The files' modification times when read.
+    /// The files' modification times when last read.
     stamps: (Option<SystemTime>, Option<SystemTime>),
-    acceptor: TlsAcceptor,
+    /// `None`: no pair has loaded yet.
+    acceptor: Option<TlsAcceptor>,
 }
 
 impl std::fmt::Debug for ServingCert {
@@ -37,13 +40,27 @@ impl std::fmt::Debug for ServingCert {
 }
 
 impl ServingCert {
-    /// Loads `cert` and `key`.
+    /// Loads `cert` and `key`; when neither file is there yet, waits for them (see
+    /// [`Self::acceptor`]).
     ///
     /// # Errors
-    /// Either cannot be read, does not parse, or they do not go together (named as
-    /// `--flows-tls-cert`).
+    /// Either is there but cannot be read, does not parse, or they do not go together
+    /// (named as `--flows-tls-cert`).
     pub fn load(cert: &Path, key: &Path) -> Result<Self> {
-        let loaded = read(cert, key).map_err(|e| Error::config("--flows-tls-cert", e))?;
+        let loaded = if stamps(cert, key) == (None, None) {
+            tracing::warn!(
+                "flows: no serving certificate at {} yet: /flows serves no connection until \
+                 it and {} are there",
+                cert.display(),
+                key.display()
+            );
+            Loaded {
+                stamps: (None, None),
+                acceptor: None,
+            }
+        } else {
+            read(cert, key).map_err(|e| Error::config("--flows-tls-cert", e))?
+        };
         Ok(Self {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
@@ -52,25 +69,28 @@ impl ServingCert {
     }
 
     /// The acceptor for a new connection: from the files as they are now if they changed
-    /// since they were read (and load), else as loaded.
-    pub fn acceptor(&self) -> TlsAcceptor {
+    /// since they were read (and load), else as loaded. `None`: no pair has loaded yet,
+    /// and the connection is not to be served.
+    pub fn acceptor(&self) -> Option<TlsAcceptor> {
         let mut l = self
             .loaded
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if stamps(&self.cert, &self.key) != l.stamps {
+        let now = stamps(&self.cert, &self.key);
+        if now != l.stamps {
             match read(&self.cert, &self.key) {
                 Ok(fresh) => {
-                    tracing::info!(
-                        "flows: serving certificate {} read again",
-                        self.cert.display()
-                    );
+                    tracing::info!("flows: serving certificate {} read", self.cert.display());
                     *l = fresh;
                 }
                 Err(e) => {
-                    tracing::warn!("flows: keeping the serving certificate in use: {e}");
+                    if l.acceptor.is_some() {
+                        tracing::warn!("flows: keeping the serving certificate in use: {e}");
+                    } else {
+                        tracing::warn!("flows: no serving certificate loads yet: {e}");
+                    }
                     // Not read again until the files change once more.
-                    l.stamps = stamps(&self.cert, &self.key);
+                    l.stamps = now;
                 }
             }
         }
@@ -90,7 +110,7 @@ fn read(cert: &Path, key: &Path) -> std::result::Result<Loaded, String> {
         .map_err(|e| format!("{} and {}: {e}", cert.display(), key.display()))?;
     Ok(Loaded {
         stamps,
-        acceptor: TlsAcceptor::from(Arc::new(config)),
+        acceptor: Some(TlsAcceptor::from(Arc::new(config))),
     })
 }
 
@@ -104,12 +124,13 @@ mod tests {
     fn a_pair_that_does_not_load_is_refused_naming_the_setting_and_the_file() {
         let dir = tempfile::tempdir().unwrap();
         let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+        // The certificate without its key.
+        std::fs::write(&cert, "not a certificate").unwrap();
         let e = ServingCert::load(&cert, &key).unwrap_err().to_string();
         assert!(
-            e.contains("--flows-tls-cert") && e.contains("tls.crt"),
+            e.contains("--flows-tls-cert") && e.contains("tls.key"),
             "{e}"
         );
-        std::fs::write(&cert, "not a certificate").unwrap();
         std::fs::write(&key, "not a key").unwrap();
         let e = ServingCert::load(&cert, &key).unwrap_err().to_string();
         assert!(e.contains("holds no CERTIFICATE"), "{e}");

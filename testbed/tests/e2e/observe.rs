@@ -800,9 +800,33 @@ fn over_tls_flows_and_tokens_go_only_between_agents_and_readers_that_trust_them(
     let ca = testbed::tls::Authority::new("flows CA");
     let issued = ca.issue("cni-ebpf agent", &["agents.flows.cni-ebpf"], &nodes);
     write("ca.pem", &ca.ca_pem());
-    write("tls.crt", &issued.cert_pem);
-    write("tls.key", &issued.key_pem);
+    let ca_file = path("ca.pem").display().to_string();
+    // The agents start before their certificate is there (an optional Secret the
+    // operator makes after the install): they serve nothing meanwhile, not even in
+    // clear, and the certificate is taken up once it comes.
     let w = world_serving("ob_tls", Some((&path("tls.crt"), &path("tls.key"))));
+    let waiting = wait_until(WAIT, || {
+        w.agent_logs().matches("no serving certificate at").count() == 2
+    });
+    assert!(
+        waiting,
+        "both agents say what they wait for:\n{}",
+        w.agent_logs()
+    );
+    let plain = testbed::net::http_get(
+        w.cluster.ext_netns(),
+        w.flows_of_a(),
+        "/flows",
+        Duration::from_secs(3),
+    );
+    assert!(
+        plain.as_ref().map_or(true, |(status, _, _)| *status == 0),
+        "answered without a certificate: {plain:?}"
+    );
+    let out = w.observe(&["--token", READER, "--flows-ca", &ca_file, "--last", "1"]);
+    assert!(!out.success() && out.stdout.is_empty(), "{out}");
+    write("tls.key", &issued.key_pem);
+    write("tls.crt", &issued.cert_pem);
     for n in w.cluster.nodes() {
         assert!(
             nodes.contains(&n.ip4().parse().unwrap_or_else(|e| panic!("{e}"))),
@@ -811,7 +835,6 @@ fn over_tls_flows_and_tokens_go_only_between_agents_and_readers_that_trust_them(
         );
     }
     assert!(exchange(w.a2.pod.netns(), &format!("{}:{WEB}", w.b1.ip4)).starts_with("b1"));
-    let ca_file = path("ca.pem").display().to_string();
     let trusting = ["--flows-ca", ca_file.as_str(), "--pod", "shop/a2"];
     let seen = w.wait_record("a2 → b1 over TLS", &trusting, |r| {
         r["kind"] == "start" && side(r, "destination") == "shop/b1" && r["node"] == "node-a"

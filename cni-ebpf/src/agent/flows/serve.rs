@@ -60,7 +60,16 @@ pub async fn run(
             return;
         };
         let (window, auth, node) = (Arc::clone(&window), Arc::clone(&auth), Arc::clone(&node));
-        let acceptor = tls.as_ref().map(|t| t.acceptor());
+        let acceptor = match tls.as_ref().map(|t| t.acceptor()) {
+            Some(None) => {
+                // HTTPS is configured and its certificate not there yet: nothing is
+                // served, least of all in clear.
+                tracing::debug!("flows: connection from {peer} closed: no serving certificate");
+                continue;
+            }
+            Some(Some(a)) => Some(a),
+            None => None,
+        };
         tokio::spawn(async move {
             let deadline = tokio::time::sleep(CONNECTION_DEADLINE);
             tokio::pin!(deadline);
