@@ -10,15 +10,17 @@
 //! so a flow between two pods of the node is followed at each of them, as each sees it.
 //!
 //! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
-//! event; its later packets add to the entry's counters (one lookup, atomic adds, the
-//! last tick's time rather than a clock source read) and send nothing, but the first TCP FIN or RST (an end event) and the first drop, or a drop for
-//! another reason (a drop event). A TCP flow's entry goes with its RST or its last ACK
-//! (after a FIN each way): its slot is free again at once, while its memory is still in
-//! the cache, and the LRU never has closed connections to evict; a FIN or RST of a flow
-//! not followed starts nothing. The agent reports a flow idle past its timeout as
-//! ended, from the entry's counters, and removes it. A new flow's start event also
-//! names the Service the pod's socket asked for when the socket hooks connected it to
-//! a backend ([`asked_for`]). Each CPU may send
+//! event (a SYN without a lookup first: it nearly always opens a flow); its later
+//! packets add to the entry's counters (one lookup, atomic adds, the last tick's time
+//! rather than a clock source read) and send nothing, but the first TCP FIN or RST (an
+//! end event) and the first drop, or a drop for another reason (a drop event). A TCP
+//! flow's entry goes with its RST or its last ACK (after a FIN each way): its slot is
+//! free again at once, while its memory is still in the cache, and the LRU never has
+//! closed connections to evict; a FIN or RST of a flow not followed starts nothing. The
+//! agent reports a flow idle past its timeout as ended, from the entry's counters, and
+//! removes it. Where the node's socket hooks connect pods' sockets to Service backends
+//! (`FLOW_CONFIG_SOCKET_SERVICES`), a new flow's start event also names the Service the
+//! pod's socket asked for ([`asked_for`]). Each CPU may send
 //! `FlowConfig::events_per_sec` events a second (a token bucket `burst` deep); an event
 //! beyond it, or one the full ring refuses, is counted (`flow_event_rate_limited`,
 //! `flow_event_ring_full`) and not sent, its flow's counters kept. With
@@ -39,9 +41,10 @@ use aya_ebpf::{
     EbpfContext,
 };
 use cni_ebpf_common::{
-    addr6, bytes6, mapped4, proto, FlowLogEntry, FlowLogKey, Reason, FLOW_DROPPED, FLOW_ENDED,
-    FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP, FLOW_EVENT_END, FLOW_EVENT_START,
-    FLOW_FIN_RECEIVED, FLOW_FIN_SENT, FLOW_IPV6, FLOW_OPENED_BY_POD, NO_CLASS, RULESET_OPEN,
+    addr6, bytes6, mapped4, proto, FlowLogEntry, FlowLogKey, Reason, FLOW_CONFIG_SOCKET_SERVICES,
+    FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP, FLOW_EVENT_END,
+    FLOW_EVENT_START, FLOW_FIN_RECEIVED, FLOW_FIN_SENT, FLOW_IPV6, FLOW_OPENED_BY_POD, NO_CLASS,
+    RULESET_OPEN,
 };
 
 use crate::{
@@ -124,10 +127,13 @@ fn take_drop_reason() -> u32 {
 /// its frame is not under its callers'.
 #[inline(never)]
 fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
-    let on = FLOW_CONFIG.get(0).is_some_and(|c| c.enabled != 0);
-    if !on {
+    let Some(cfg) = FLOW_CONFIG.get(0) else {
+        return;
+    };
+    if cfg.enabled == 0 {
         return;
     }
+    let socket_services = cfg.flags & FLOW_CONFIG_SOCKET_SERVICES != 0;
     let Some(s) = OBSERVE_SCRATCH.get_ptr_mut(0) else {
         return;
     };
@@ -149,65 +155,31 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     } else {
         0
     };
+    let pkt = Packet {
+        sent: side == SENT,
+        dropped,
+        reason,
+        len,
+        tcp_flags,
+        end,
+        syn_only,
+    };
+    // A SYN almost always opens a flow not followed yet: its entry is made without a
+    // lookup first, which would miss.
+    let syn_first = syn_only && !dropped;
     let mut insert = BPF_NOEXIST as u64;
-    if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
-        // SAFETY: LRU values may be recycled under us; counters are added atomically,
-        // flags and times written whole.
-        unsafe {
-            // A SYN on a flow that ended opens a new one on the same tuple (its entry
-            // replaced).
-            if syn_only && (*e).flags & FLOW_ENDED != 0 {
-                insert = 0;
-            } else {
-                if dropped {
-                    add(&raw mut (*e).dropped_packets, 1);
-                    if (*e).flags & FLOW_DROPPED == 0 || (*e).drop_reason != reason {
-                        (*e).flags |= FLOW_DROPPED;
-                        (*e).drop_reason = reason;
-                        emit(FLOW_EVENT_DROP, reason, &s.key, e, now());
-                    }
-                    return;
-                }
-                // Only the idle timeout reads it: the last tick's time does (no clock
-                // source read on every packet).
-                (*e).last_ns = tick_now();
-                if side == SENT {
-                    add(&raw mut (*e).sent_packets, 1);
-                    add(&raw mut (*e).sent_bytes, len);
-                } else {
-                    add(&raw mut (*e).received_packets, 1);
-                    add(&raw mut (*e).received_bytes, len);
-                }
-                let flags = (*e).flags;
-                if end != 0 && flags & FLOW_ENDED == 0 {
-                    (*e).flags |= FLOW_ENDED;
-                    emit(FLOW_EVENT_END, end, &s.key, e, now());
-                }
-                if tcp_flags & TCP_FIN != 0 {
-                    (*e).flags |= if side == SENT {
-                        FLOW_FIN_SENT
-                    } else {
-                        FLOW_FIN_RECEIVED
-                    };
-                }
-                // The conversation is over — a RST, or the last ACK after a FIN each
-                // way: the entry goes at once (its end was reported), so that a busy
-                // node's closed connections leave room and nothing for the LRU to
-                // evict.
-                let closed = FLOW_FIN_SENT | FLOW_FIN_RECEIVED;
-                if end == FLOW_END_RST
-                    || (flags & closed == closed && tcp_flags & (TCP_SYN | TCP_FIN) == 0)
-                {
-                    let _ = FLOW_LOG.remove(&s.key);
-                }
+    if !syn_first {
+        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
+            if counted(e, &s.key, &pkt) {
                 return;
             }
+            insert = 0;
         }
-    }
-    // A TCP FIN or RST passing for a flow not followed (its entry went with its end)
-    // starts nothing.
-    if end != 0 && !syn_only && !dropped {
-        return;
+        // A TCP FIN or RST passing for a flow not followed (its entry went with its end)
+        // starts nothing.
+        if end != 0 && !syn_only && !dropped {
+            return;
+        }
     }
     let f = &mut s.fresh;
     // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
@@ -222,7 +194,9 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     f.ingress_class = NO_CLASS as u8;
     if side == SENT {
         f.flags = FLOW_OPENED_BY_POD;
-        asked_for(ctx, &s.key, ipv6, f);
+        if socket_services {
+            asked_for(ctx, &s.key, ipv6, f);
+        }
     }
     if ipv6 {
         f.flags |= FLOW_IPV6;
@@ -247,7 +221,88 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     // two CPUs make one event. The event is the entry as it went in (no second lookup).
     if FLOW_LOG.insert(&s.key, &*f, insert).is_ok() {
         emit(kind, why, &s.key, f, at);
+        return;
     }
+    // The SYN's flow is followed already: a SYN sent again, counted; or one that opens
+    // the tuple of a flow that ended again, whose entry it replaces.
+    if syn_first {
+        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
+            if !counted(e, &s.key, &pkt) && FLOW_LOG.insert(&s.key, &*f, 0).is_ok() {
+                emit(kind, why, &s.key, f, at);
+            }
+        }
+    }
+}
+
+/// What [`counted`] needs of a packet.
+struct Packet {
+    /// The pod sent it (else it was delivered to the pod, or dropped elsewhere).
+    sent: bool,
+    dropped: bool,
+    /// Its drop reason (`dropped`).
+    reason: u32,
+    len: u64,
+    tcp_flags: u8,
+    /// `FLOW_END_*` when it is a TCP FIN or RST, else 0.
+    end: u32,
+    /// A TCP SYN without ACK.
+    syn_only: bool,
+}
+
+/// Adds packet `p` to the followed flow `key` whose entry is `e`, sending the event it
+/// makes (a drop, an end), and removes the entry when `p` closes the flow. `false`: `p`
+/// is a SYN opening the tuple of a flow that ended, counted nowhere: a new flow's entry
+/// is to replace `e`.
+#[inline(always)]
+fn counted(e: *mut FlowLogEntry, key: &FlowLogKey, p: &Packet) -> bool {
+    // SAFETY: LRU values may be recycled under us; counters are added atomically, flags
+    // and times written whole.
+    unsafe {
+        if p.syn_only && (*e).flags & FLOW_ENDED != 0 {
+            return false;
+        }
+        if p.dropped {
+            add(&raw mut (*e).dropped_packets, 1);
+            if (*e).flags & FLOW_DROPPED == 0 || (*e).drop_reason != p.reason {
+                (*e).flags |= FLOW_DROPPED;
+                (*e).drop_reason = p.reason;
+                emit(FLOW_EVENT_DROP, p.reason, key, e, now());
+            }
+            return true;
+        }
+        // Only the idle timeout reads it: the last tick's time does (no clock source
+        // read on every packet).
+        (*e).last_ns = tick_now();
+        if p.sent {
+            add(&raw mut (*e).sent_packets, 1);
+            add(&raw mut (*e).sent_bytes, p.len);
+        } else {
+            add(&raw mut (*e).received_packets, 1);
+            add(&raw mut (*e).received_bytes, p.len);
+        }
+        let flags = (*e).flags;
+        if p.end != 0 && flags & FLOW_ENDED == 0 {
+            (*e).flags |= FLOW_ENDED;
+            emit(FLOW_EVENT_END, p.end, key, e, now());
+        }
+        if p.tcp_flags & TCP_FIN != 0 {
+            (*e).flags |= if p.sent {
+                FLOW_FIN_SENT
+            } else {
+                FLOW_FIN_RECEIVED
+            };
+        }
+        // The conversation is over — a RST, or the last ACK after a FIN each way: the
+        // entry goes at once (its end was reported), so that a busy node's closed
+        // connections leave room and nothing for the LRU to evict.
+        let closed = FLOW_FIN_SENT | FLOW_FIN_RECEIVED;
+        if p.end == FLOW_END_RST
+            || (flags & closed == closed && p.tcp_flags & (TCP_SYN | TCP_FIN) == 0)
+        {
+            let _ = FLOW_LOG.remove(key);
+        }
+    }
+    true
 }
 
 /// Fills `f`'s Service from the socket hooks' reverse map when the pod's socket that

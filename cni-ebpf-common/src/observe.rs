@@ -26,10 +26,16 @@ pub struct FlowConfig {
     pub events_per_sec: u32,
     /// Events each CPU may send at once after a quiet time (the bucket's depth).
     pub burst: u32,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// `FLOW_CONFIG_*` switches, native order.
+    pub flags: u32,
 }
 const _: () = assert!(size_of::<FlowConfig>() == 16);
+
+/// [`FlowConfig::flags`]: the node's socket hooks connect pods' sockets to Service
+/// backends (`--kube-proxy-replacement`), so a flow a pod opens may have asked for a
+/// Service its packets no longer name: its start looks up which (the socket's cookie and
+/// the hooks' reverse map). Without it that lookup, which could only miss, is not made.
+pub const FLOW_CONFIG_SOCKET_SERVICES: u32 = 1;
 
 /// Value of [`crate::map::FLOW_CPU`] (per CPU): the rate limit's bucket and the drop
 /// reason of the packet being handled.

@@ -196,6 +196,7 @@ pub fn run(args: &AgentArgs) -> Result<()> {
                 networks: args.networks.clone(),
                 state_dir: args.state_dir.clone(),
                 node: args.node().unwrap_or_default().to_owned(),
+                socket_services: args.kube_proxy_replacement,
             };
             flows::run(&args.flows, &args.api, &sources, &totals, readiness)
         })?;

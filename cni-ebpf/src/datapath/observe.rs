@@ -7,22 +7,40 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use aya::maps::{MapData, RingBuf};
 use cni_ebpf_common::{
     map as map_name, FlowConfig, FlowEvent, FlowLogEntry, FlowLogKey, NatKey, NatKey6, NatKind,
+    FLOW_CONFIG_SOCKET_SERVICES,
 };
 
 use super::{load, maps, Datapath};
+
+/// What [`Datapath::set_flow_config`] writes; the default turns flows off.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FlowSettings {
+    /// Follow flows and send their events.
+    pub enabled: bool,
+    /// Events each CPU may send a second.
+    pub events_per_sec: u32,
+    /// Events each CPU may send at once after a quiet time.
+    pub burst: u32,
+    /// The node's socket hooks connect pods' sockets to Service backends: a flow's start
+    /// names the Service its socket asked for.
+    pub socket_services: bool,
+}
 use crate::error::Result;
 
 impl Datapath {
-    /// Turns flows on or off, at `events_per_sec` events a second per CPU (`burst` at
-    /// once).
-    pub fn set_flow_config(&self, enabled: bool, events_per_sec: u32, burst: u32) -> Result<()> {
+    /// Turns flows on or off as `settings` say.
+    pub fn set_flow_config(&self, settings: &FlowSettings) -> Result<()> {
         let mut m = self.maps()?;
         let mut a = m.flow_config()?;
         let cfg = FlowConfig {
-            enabled: u32::from(enabled),
-            events_per_sec,
-            burst,
-            _pad: 0,
+            enabled: u32::from(settings.enabled),
+            events_per_sec: settings.events_per_sec,
+            burst: settings.burst,
+            flags: if settings.socket_services {
+                FLOW_CONFIG_SOCKET_SERVICES
+            } else {
+                0
+            },
         };
         a.set(0, cfg, 0)
             .map_err(|e| maps::err(map_name::FLOW_CONFIG, "write", e))

@@ -6,7 +6,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 
-use cni_ebpf::datapath::observe::{flow_addr, flow_port};
+use cni_ebpf::datapath::observe::{flow_addr, flow_port, FlowSettings};
 use cni_ebpf_common::{
     FlowEvent, Reason, FLOW_DROPPED, FLOW_ENDED, FLOW_END_FIN, FLOW_END_RST, FLOW_EVENT_DROP,
     FLOW_EVENT_END, FLOW_EVENT_START, FLOW_IPV6, FLOW_OPENED_BY_POD, RULESET_OPEN,
@@ -26,7 +26,14 @@ const RST: u8 = 0x04;
 /// CPU.
 fn following(rate: u32, burst: u32) -> Fixture {
     let fx = Fixture::with_two_pods();
-    fx.dp().set_flow_config(true, rate, burst).unwrap();
+    fx.dp()
+        .set_flow_config(&FlowSettings {
+            enabled: true,
+            events_per_sec: rate,
+            burst,
+            socket_services: false,
+        })
+        .unwrap();
     fx
 }
 
@@ -139,6 +146,44 @@ fn a_flow_starts_and_ends_at_each_pod_with_both_ways_counted() {
     let evs = events(&fx);
     assert_eq!(one(&evs, FLOW_EVENT_END, IFINDEX_A).reason, FLOW_END_RST);
     assert_eq!(followed(&fx), 0);
+}
+
+#[test]
+#[ignore = "needs root and the eBPF object: run via cargo xtask test"]
+fn a_syn_sent_again_is_counted_and_one_on_an_ended_tuple_starts_a_new_flow() {
+    let fx = following(1000, 1000);
+    let a_entry = |fx: &Fixture| {
+        fx.dp()
+            .flow_log()
+            .unwrap()
+            .into_iter()
+            .find(|(k, _)| k.ifindex == IFINDEX_A && flow_port(k.peer_port) == 80)
+            .map(|(_, e)| e)
+    };
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    assert_eq!(events(&fx).len(), 2);
+    // The SYN retransmitted: the flow's second packet at each pod, no second start.
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    assert!(events(&fx).is_empty(), "no start for a SYN sent again");
+    let e = a_entry(&fx).expect("a's entry");
+    assert_eq!((e.sent_packets, e.received_packets), (2, 0));
+    // Ended by a's FIN, its entry kept until the close: a SYN on the tuple now opens a
+    // new flow in its place, started afresh.
+    assert_eq!(fx.run("from_pod", &a_to_b(80, FIN | ACK)).0, REDIRECT);
+    let evs = events(&fx);
+    assert_eq!(one(&evs, FLOW_EVENT_END, IFINDEX_A).entry.sent_packets, 3);
+    assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
+    let evs = events(&fx);
+    let a = one(&evs, FLOW_EVENT_START, IFINDEX_A);
+    assert_eq!((a.entry.sent_packets, a.entry.flags & FLOW_ENDED), (1, 0));
+    assert_eq!(
+        one(&evs, FLOW_EVENT_START, IFINDEX_B)
+            .entry
+            .received_packets,
+        1
+    );
+    let e = a_entry(&fx).expect("a's new entry");
+    assert_eq!((e.sent_packets, e.flags & FLOW_ENDED), (1, 0));
 }
 
 #[test]
@@ -288,7 +333,14 @@ fn following_a_flow_costs_little_per_packet() {
     let pkt = a_to_b(80, ACK);
     let mut cost = Vec::new();
     for on in [false, true, false, true] {
-        fx.dp().set_flow_config(on, 1000, 1000).unwrap();
+        fx.dp()
+            .set_flow_config(&FlowSettings {
+                enabled: on,
+                events_per_sec: 1000,
+                burst: 1000,
+                socket_services: false,
+            })
+            .unwrap();
         assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
         assert_eq!(fx.run_on("from_pod", IFINDEX_A, &pkt).0, REDIRECT);
         let (_, ns) = fx.run_timed("from_pod", IFINDEX_A, &pkt, REPEAT);

@@ -43,7 +43,10 @@ use super::{
     tls::ServingCert,
 };
 use crate::{
-    datapath::{observe::FlowEvents, Datapath},
+    datapath::{
+        observe::{FlowEvents, FlowSettings},
+        Datapath,
+    },
     error::{Error, Result},
     k8s::{ApiArgs, ApiClient},
 };
@@ -133,6 +136,9 @@ pub struct Sources {
     pub networks: Vec<String>,
     pub state_dir: PathBuf,
     pub node: String,
+    /// The agent connects pods' sockets to Service backends (`--kube-proxy-replacement`):
+    /// a flow's start asks the socket which Service it was for.
+    pub socket_services: bool,
 }
 
 /// One network whose flows are read.
@@ -280,7 +286,12 @@ fn open_networks(args: &FlowArgs, sources: &Sources, networks: &mut BTreeMap<Str
         };
         let rate = args.flow_events_per_second;
         let on = dp
-            .set_flow_config(args.enabled, rate, rate.saturating_mul(2))
+            .set_flow_config(&FlowSettings {
+                enabled: args.enabled,
+                events_per_sec: rate,
+                burst: rate.saturating_mul(2),
+                socket_services: sources.socket_services,
+            })
             .and_then(|()| dp.flow_events());
         match on {
             Ok(ring) if args.enabled => {
@@ -428,7 +439,7 @@ fn write_line(sink: &mut Box<dyn std::io::Write + Send>, flow: &Flow) {
 pub fn turn_off(bpffs_root: &Path, networks: &[String]) {
     for dir in super::watch::networks(bpffs_root, networks) {
         if let Ok(Some(dp)) = Datapath::open_at(&dir) {
-            if let Err(e) = dp.set_flow_config(false, 0, 0) {
+            if let Err(e) = dp.set_flow_config(&FlowSettings::default()) {
                 tracing::warn!("flows: network {}: {e}", network_name(&dir));
             }
         }
