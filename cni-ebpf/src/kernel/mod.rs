@@ -2,8 +2,10 @@
 //! datapath's maps or of CNI: [`netns`] (entering and creating network namespaces),
 //! [`link`] (veth pairs, addresses, routes, interface names), [`tc`] (clsact qdiscs and
 //! tc filters), [`ndp`] (IPv6 neighbour discovery on a pod's interface), [`wireguard`] (WireGuard
-//! devices' keys and peers).
+//! devices' keys and peers), [`conntrack`] (where netfilter sent a connection it
+//! translated).
 
+pub mod conntrack;
 pub mod link;
 pub mod ndp;
 pub mod netns;

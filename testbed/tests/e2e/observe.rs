@@ -4,9 +4,11 @@
 //! through the API server, each agent checking the reader with TokenReview and
 //! SubjectAccessReview): allowed flows started and ended at each pod with both ways
 //! counted (across nodes, within one, over IPv6), refused ones with the policy that
-//! refused them (IPv4 and IPv6), one to a Service's ClusterIP found by its name (the
-//! name's lookup through the DNS Service reported too), a masqueraded one, drops for a full NAT share; filters, `--follow`, a reader that
-//! never reads, unauthorized readers; and the live map in a real headless Chromium.
+//! refused them (IPv4 and IPv6), one to a Service's ClusterIP found by its name and
+//! named with the backend kube-proxy sent it to (the name's lookup through the DNS
+//! Service reported so too), a masqueraded one, drops for a full NAT share; filters,
+//! `--follow`, a reader that never reads, unauthorized readers; and the live map in a
+//! real headless Chromium.
 
 use std::{
     io::{Read as _, Write as _},
@@ -485,13 +487,19 @@ fn observe_names_every_kind_of_flow_from_every_node() {
             .parse::<IpAddr>()
             .unwrap_or_else(|e| panic!("{e}"))]
     );
-    // Each node's agent reads its ring on its own timer: waited for at both.
+    // Each node's agent reads its ring on its own timer: waited for at both. At a2 the
+    // lookup names the Service it was sent to and the backend kube-proxy's DNAT chose
+    // (the node's connection tracking says which).
     let at_a2 = |r: &Value| {
         r["kind"] == "start"
             && r["node"] == "node-a"
             && side(r, "source") == "shop/a2"
-            && r["destination"]["kind"] == "service"
-            && r["destination"]["ip"] == DNS_IP
+            && r["service"]["kind"] == "service"
+            && r["service"]["ip"] == DNS_IP
+            && side(r, "service") == "shop/dns"
+            && r["destination"]["kind"] == "pod"
+            && side(r, "destination") == "shop/dns"
+            && r["destination"]["port"] == 53
             && r["protocol"] == "UDP"
     };
     let at_dns = |r: &Value| {
@@ -515,16 +523,21 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         ("shop/a2".to_owned(), Some("ingress")),
         "{answered}"
     );
-    // Named at a2 as the Service, before kube-proxy's DNAT.
+    // Named at a2 by the Service and by the backend that answered.
     let answer = exchange(a2.pod.netns(), &format!("{}:80", resolved[0]));
-    assert!(
-        answer.starts_with("a1") || answer.starts_with("b1"),
-        "{answer}"
-    );
+    let backend = if answer.starts_with("a1") {
+        "shop/a1"
+    } else {
+        assert!(answer.starts_with("b1"), "{answer}");
+        "shop/b1"
+    };
     w.wait_record("a2 → the Service", &["--service", "shop/web"], |r| {
         r["kind"] == "start"
-            && r["destination"]["kind"] == "service"
             && side(r, "source") == "shop/a2"
+            && side(r, "service") == "shop/web"
+            && r["service"]["ip"] == CLUSTER_IP
+            && side(r, "destination") == backend
+            && r["destination"]["kind"] == "pod"
     });
 
     // Leaving the cluster: masqueraded to node A's address.

@@ -44,11 +44,12 @@ use super::{
 };
 use crate::{
     datapath::{
-        observe::{FlowEvents, FlowSettings},
+        observe::{flow_addr, flow_port, FlowEvents, FlowSettings},
         Datapath,
     },
     error::{Error, Result},
     k8s::{ApiArgs, ApiClient},
+    kernel::conntrack::{Conntrack, Original},
 };
 
 /// Default address flows are served on: the node's loopback (the DaemonSet's manifest
@@ -207,6 +208,7 @@ pub fn run(
         ));
         let mut sink = open_sink(args.flow_log.as_deref())?;
         let mut networks: BTreeMap<String, Network> = BTreeMap::new();
+        let tracked = std::cell::RefCell::new(Tracked::default());
         let mut last_sweep = Instant::now();
         let mut last_scan: Option<Instant> = None;
         let mut tick = tokio::time::interval(TICK);
@@ -221,7 +223,7 @@ pub fn run(
                 last_sweep = Instant::now();
             }
             for (name, n) in &mut networks {
-                let flows = read(name, n, sources, &directory, args, sweep);
+                let flows = read(name, n, sources, &directory, &tracked, args, sweep);
                 if !flows.is_empty() {
                     let mut t = totals
                         .lock()
@@ -326,6 +328,7 @@ fn read(
     n: &mut Network,
     sources: &Sources,
     directory: &Directory,
+    tracked: &std::cell::RefCell<Tracked>,
     args: &FlowArgs,
     sweep: bool,
 ) -> Vec<Flow> {
@@ -351,6 +354,7 @@ fn read(
         clock_offset_ns: offset,
         masquerade: n.masquerade.as_ref(),
         snat: Some(&|key: &FlowLogKey| n.dp.masqueraded_source(key)),
+        dnat: Some(&|key: &FlowLogKey| tracked.borrow_mut().reply_source(key)),
     };
     let mut out: Vec<Flow> = n
         .ring
@@ -380,6 +384,50 @@ fn read(
         out.sort_by_key(|f| f.time_unix_nano);
     }
     out
+}
+
+/// The node's connection tracking, asked where its netfilter sent a pod's flow to a
+/// Service's address; opened when first needed, and again after a failure.
+#[derive(Debug, Default)]
+struct Tracked {
+    conntrack: Option<Conntrack>,
+    /// A failure was logged (once, not at every flow).
+    warned: bool,
+}
+
+impl Tracked {
+    /// The source of the reply tuple of the pod's flow `key` as the node tracks it.
+    fn reply_source(&mut self, key: &FlowLogKey) -> Option<SocketAddr> {
+        let orig = Original {
+            proto: key.proto,
+            src: SocketAddr::new(flow_addr(&key.pod), flow_port(key.pod_port)),
+            dst: SocketAddr::new(flow_addr(&key.peer), flow_port(key.peer_port)),
+        };
+        let found = match self.conntrack.as_mut() {
+            Some(c) => c.reply_source(&orig).map_err(|e| e.to_string()),
+            None => Conntrack::connect()
+                .map_err(|e| e.to_string())
+                .and_then(|mut c| {
+                    let found = c.reply_source(&orig).map_err(|e| e.to_string());
+                    self.conntrack = Some(c);
+                    found
+                }),
+        };
+        match found {
+            Ok(found) => found,
+            Err(e) => {
+                if !self.warned {
+                    tracing::warn!(
+                        "flows: the node's connection tracking cannot be asked where a \
+                         Service's flow went ({e}): its records name the Service only"
+                    );
+                    self.warned = true;
+                }
+                self.conntrack = None;
+                None
+            }
+        }
+    }
 }
 
 /// What `dp`'s network masquerades (`None`: nothing, or its configuration unreadable).

@@ -212,11 +212,15 @@ pub struct Context<'a> {
     pub masquerade: Option<&'a Masquerade>,
     /// The address and port a pod's flow is masqueraded to now (its SNAT entry), if it
     /// has an entry.
-    pub snat: Option<&'a SnatLookup<'a>>,
+    pub snat: Option<&'a Translation<'a>>,
+    /// Where the node's netfilter sent a pod's flow to a Service's address (kube-proxy's
+    /// DNAT, as the node's connection tracking has it), if it did.
+    pub dnat: Option<&'a Translation<'a>>,
 }
 
-/// Finds the address and port a pod's flow is masqueraded to (see [`Context::snat`]).
-pub type SnatLookup<'a> = dyn Fn(&FlowLogKey) -> Option<SocketAddr> + 'a;
+/// Finds the address and port a translation put in a pod's flow (see [`Context::snat`],
+/// [`Context::dnat`]).
+pub type Translation<'a> = dyn Fn(&FlowLogKey) -> Option<SocketAddr> + 'a;
 
 /// A network's masquerade: pod traffic for addresses outside its cluster CIDRs (and not
 /// the nodes') leaves with the node's address of its family.
@@ -324,6 +328,21 @@ fn make(
             cx.directory,
         )
     });
+    // A flow the pod sent to a Service's address that the node's own rules (kube-proxy)
+    // translated: the backend they chose is the destination, beside the Service, as when
+    // the socket hooks connected the socket to it.
+    let (destination, service) = match cx.dnat {
+        Some(dnat) if service.is_none() && opened_by_pod && destination.kind == "service" => {
+            match dnat(key) {
+                Some(backend) => (
+                    endpoint(backend.ip(), backend.port(), cx.directory),
+                    Some(destination),
+                ),
+                None => (destination, None),
+            }
+        }
+        _ => (destination, service),
+    };
     // The network's masquerade address; the flow's own SNAT entry, when it has one, says
     // exactly (address and port).
     let masqueraded_to = cx
@@ -549,6 +568,7 @@ mod tests {
             clock_offset_ns,
             masquerade: None,
             snat: None,
+            dnat: None,
         }
     }
 
@@ -693,5 +713,81 @@ mod tests {
             assert_eq!(v6.source_for(dst.parse().unwrap()), None, "{dst}");
         }
         assert!(v6.source_for("2001:db8::1".parse().unwrap()).is_some());
+    }
+
+    #[test]
+    fn a_flow_to_a_service_address_names_the_backend_the_node_sent_it_to() {
+        let dir = Directory::default();
+        for (name, ip) in [("a2", "10.244.1.2"), ("web-1", "10.244.2.9")] {
+            let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"namespace": "shop", "name": name},
+                "spec": {"containers": []},
+                "status": {"phase": "Running", "podIPs": [{"ip": ip}]},
+            }))
+            .unwrap();
+            dir.apply_pod(&pod);
+        }
+        let svc: k8s_openapi::api::core::v1::Service = serde_json::from_value(serde_json::json!({
+            "metadata": {"namespace": "shop", "name": "web"},
+            "spec": {"clusterIP": "10.96.0.20", "clusterIPs": ["10.96.0.20"]},
+        }))
+        .unwrap();
+        dir.apply_service(&svc);
+        let seen = std::cell::Cell::new(None);
+        let dnat = |k: &FlowLogKey| {
+            seen.set(Some(*k));
+            Some("10.244.2.9:8080".parse().unwrap())
+        };
+        let cx = Context {
+            dnat: Some(&dnat),
+            ..context(&dir, 0)
+        };
+        let ev = FlowEvent {
+            kind: FLOW_EVENT_START,
+            key: key([10, 244, 1, 2], [10, 96, 0, 20], (40000, 80), 3),
+            entry: FlowLogEntry {
+                flags: FLOW_OPENED_BY_POD,
+                sent_packets: 1,
+                ..FlowLogEntry::default()
+            },
+            ..FlowEvent::default()
+        };
+        let f = from_event(&ev, &cx);
+        assert_eq!(seen.get(), Some(ev.key), "asked by the pod's tuple");
+        let service = f.service.as_ref().unwrap();
+        assert_eq!(
+            (service.kind.as_str(), service.name.as_deref(), service.port),
+            ("service", Some("web"), 80)
+        );
+        assert_eq!(
+            (f.destination.name.as_deref(), f.destination.port),
+            (Some("web-1"), 8080)
+        );
+        // Not translated (no tracked connection): the Service stays the destination.
+        let none = |_: &FlowLogKey| None;
+        let cx = Context {
+            dnat: Some(&none),
+            ..context(&dir, 0)
+        };
+        let f = from_event(&ev, &cx);
+        assert_eq!(
+            (f.destination.kind.as_str(), f.service.is_none()),
+            ("service", true)
+        );
+        // A flow to a pod's address is not asked about.
+        seen.set(None);
+        let cx = Context {
+            dnat: Some(&dnat),
+            ..context(&dir, 0)
+        };
+        let direct = FlowEvent {
+            key: key([10, 244, 1, 2], [10, 244, 2, 9], (40000, 8080), 3),
+            ..ev
+        };
+        assert_eq!(
+            from_event(&direct, &cx).destination.name.as_deref(),
+            Some("web-1")
+        );
+        assert_eq!(seen.get(), None);
     }
 }

@@ -1,0 +1,195 @@
+//! The kernel's connection tracking through ctnetlink (`NETLINK_NETFILTER`, what
+//! `conntrack -G` asks): where a connection the node's netfilter translated went. A
+//! connection kube-proxy's rules sent from a Service's address to one of its backends is
+//! tracked with that backend as the source of its reply tuple.
+//!
+//! A [`Conntrack`] handle is bound to the network namespace its socket was created in,
+//! and asks for one connection at a time (a lookup by tuple, never a dump of the table).
+
+use std::net::{IpAddr, SocketAddr};
+
+use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_netfilter::{
+    conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple},
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr as NlAddr};
+
+use crate::error::{Error, Result};
+
+/// A ctnetlink socket.
+pub struct Conntrack {
+    socket: Socket,
+    seq: u32,
+}
+
+impl std::fmt::Debug for Conntrack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conntrack").finish_non_exhaustive()
+    }
+}
+
+/// A connection's original direction: its protocol number, source and destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Original {
+    pub proto: u8,
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+impl Conntrack {
+    /// Connects in the caller's network namespace (`CAP_NET_ADMIN` there to ask).
+    ///
+    /// # Errors
+    /// The socket cannot be opened, bound or connected.
+    pub fn connect() -> Result<Self> {
+        let io = |what: &str, e: std::io::Error| Error::netlink(what, e);
+        let mut socket = Socket::new(NETLINK_NETFILTER)
+            .map_err(|e| io("opening a netfilter netlink socket", e))?;
+        socket
+            .bind_auto()
+            .map_err(|e| io("binding a netfilter netlink socket", e))?;
+        socket
+            .connect(&NlAddr::new(0, 0))
+            .map_err(|e| io("connecting a netfilter netlink socket", e))?;
+        Ok(Self { socket, seq: 0 })
+    }
+
+    /// The source of the reply tuple of the tracked connection `orig` — where the node
+    /// sent it (a Service's backend, after a DNAT) — if it is tracked and is TCP, UDP or
+    /// SCTP of one family.
+    ///
+    /// # Errors
+    /// The kernel's answer is an error other than "no such connection", or unreadable.
+    pub fn reply_source(&mut self, orig: &Original) -> std::io::Result<Option<SocketAddr>> {
+        let protocol = match orig.proto {
+            6 => Protocol::Tcp,
+            17 => Protocol::Udp,
+            132 => Protocol::Sctp,
+            _ => return Ok(None),
+        };
+        let family = match (orig.src.ip(), orig.dst.ip()) {
+            (IpAddr::V4(_), IpAddr::V4(_)) => NetfilterProtoFamily::IPv4,
+            (IpAddr::V6(_), IpAddr::V6(_)) => NetfilterProtoFamily::IPv6,
+            _ => return Ok(None),
+        };
+        let ask = ConntrackMessage::Get(vec![ConntrackAttribute::CtaTupleOrig(vec![
+            Tuple::Ip(vec![
+                IPTuple::SourceAddress(orig.src.ip()),
+                IPTuple::DestinationAddress(orig.dst.ip()),
+            ]),
+            Tuple::Proto(vec![
+                ProtoTuple::Protocol(protocol),
+                ProtoTuple::SourcePort(orig.src.port()),
+                ProtoTuple::DestinationPort(orig.dst.port()),
+            ]),
+        ])]);
+        self.seq = self.seq.wrapping_add(1);
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST;
+        header.sequence_number = self.seq;
+        let mut nl = NetlinkMessage::new(
+            header,
+            NetlinkPayload::from(NetfilterMessage::new(
+                NetfilterHeader::new(family, 0, 0),
+                ask,
+            )),
+        );
+        nl.finalize();
+        let mut buf = vec![0; nl.buffer_len()];
+        nl.serialize(&mut buf);
+        self.socket.send(&buf, 0)?;
+        loop {
+            let (data, _) = self.socket.recv_from_full()?;
+            let mut off = 0;
+            while off < data.len() {
+                let rest = data.get(off..).unwrap_or_default();
+                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
+                    .map_err(|e| std::io::Error::other(e.to_string()))?;
+                let len = msg.header.length as usize;
+                if msg.header.sequence_number == self.seq {
+                    match msg.payload {
+                        NetlinkPayload::InnerMessage(m) => return Ok(reply_source(&m)),
+                        NetlinkPayload::Error(e) if e.code.is_some() => {
+                            let e = e.to_io();
+                            return if e.raw_os_error() == Some(libc::ENOENT) {
+                                Ok(None)
+                            } else {
+                                Err(e)
+                            };
+                        }
+                        NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(None),
+                        _ => {}
+                    }
+                }
+                if len == 0 {
+                    break;
+                }
+                off += (len + 3) & !3;
+            }
+        }
+    }
+}
+
+/// The reply tuple's source address and port in a ctnetlink answer.
+fn reply_source(m: &NetfilterMessage) -> Option<SocketAddr> {
+    let NetfilterMessageInner::Conntrack(ConntrackMessage::Get(attrs)) = &m.inner else {
+        return None;
+    };
+    let reply = attrs.iter().find_map(|a| match a {
+        ConntrackAttribute::CtaTupleReply(t) => Some(t),
+        _ => None,
+    })?;
+    let ip = reply.iter().find_map(|t| match t {
+        Tuple::Ip(parts) => parts.iter().find_map(|p| match p {
+            IPTuple::SourceAddress(a) => Some(*a),
+            _ => None,
+        }),
+        _ => None,
+    })?;
+    let port = reply.iter().find_map(|t| match t {
+        Tuple::Proto(parts) => parts.iter().find_map(|p| match p {
+            ProtoTuple::SourcePort(p) => Some(*p),
+            _ => None,
+        }),
+        _ => None,
+    })?;
+    Some(SocketAddr::new(ip, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_names_its_reply_source() {
+        let m = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+            ConntrackMessage::Get(vec![
+                ConntrackAttribute::CtaTupleOrig(vec![Tuple::Ip(vec![IPTuple::SourceAddress(
+                    IpAddr::from([10, 244, 1, 2]),
+                )])]),
+                ConntrackAttribute::CtaTupleReply(vec![
+                    Tuple::Ip(vec![
+                        IPTuple::SourceAddress(IpAddr::from([10, 244, 2, 7])),
+                        IPTuple::DestinationAddress(IpAddr::from([10, 244, 1, 2])),
+                    ]),
+                    Tuple::Proto(vec![
+                        ProtoTuple::Protocol(Protocol::Tcp),
+                        ProtoTuple::SourcePort(8080),
+                        ProtoTuple::DestinationPort(40000),
+                    ]),
+                ]),
+            ]),
+        );
+        assert_eq!(
+            reply_source(&m),
+            Some(SocketAddr::from(([10, 244, 2, 7], 8080)))
+        );
+        let none = NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+            ConntrackMessage::Get(Vec::new()),
+        );
+        assert_eq!(reply_source(&none), None);
+    }
+}
