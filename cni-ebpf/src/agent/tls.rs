@@ -48,12 +48,6 @@ impl ServingCert {
     /// (named as `--flows-tls-cert`).
     pub fn load(cert: &Path, key: &Path) -> Result<Self> {
         let loaded = if stamps(cert, key) == (None, None) {
-            tracing::warn!(
-                "flows: no serving certificate at {} yet: /flows serves no connection until \
-                 it and {} are there",
-                cert.display(),
-                key.display()
-            );
             Loaded {
                 stamps: (None, None),
                 acceptor: None,
@@ -66,6 +60,20 @@ impl ServingCert {
             key: key.to_path_buf(),
             loaded: Mutex::new(loaded),
         })
+    }
+
+    /// Neither file was there when it was loaded: no connection is served until they are.
+    pub fn waiting(&self) -> bool {
+        self.loaded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .acceptor
+            .is_none()
+    }
+
+    /// What it serves with, for the log.
+    pub fn describe(&self) -> String {
+        format!("{} and {}", self.cert.display(), self.key.display())
     }
 
     /// The acceptor for a new connection: from the files as they are now if they changed

@@ -131,10 +131,14 @@ impl Conntrack {
     }
 }
 
-/// The reply tuple's source address and port in a ctnetlink answer.
+/// The reply tuple's source address and port in a ctnetlink answer (the kernel answers
+/// a get with a connection's description, typed as a new one).
 fn reply_source(m: &NetfilterMessage) -> Option<SocketAddr> {
-    let NetfilterMessageInner::Conntrack(ConntrackMessage::Get(attrs)) = &m.inner else {
-        return None;
+    let attrs = match &m.inner {
+        NetfilterMessageInner::Conntrack(
+            ConntrackMessage::New(attrs) | ConntrackMessage::Get(attrs),
+        ) => attrs,
+        _ => return None,
     };
     let reply = attrs.iter().find_map(|a| match a {
         ConntrackAttribute::CtaTupleReply(t) => Some(t),
@@ -163,9 +167,10 @@ mod tests {
 
     #[test]
     fn an_answer_names_its_reply_source() {
+        // As the kernel answers a get: typed as a new connection.
         let m = NetfilterMessage::new(
             NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
-            ConntrackMessage::Get(vec![
+            ConntrackMessage::New(vec![
                 ConntrackAttribute::CtaTupleOrig(vec![Tuple::Ip(vec![IPTuple::SourceAddress(
                     IpAddr::from([10, 244, 1, 2]),
                 )])]),

@@ -188,8 +188,15 @@ pub fn run(
             (Some(cert), Some(key)) => Some(Arc::new(ServingCert::load(cert, key)?)),
             _ => None,
         };
-        if tls.is_some() {
+        if let Some(t) = &tls {
             eprintln!("cni-ebpf agent: serving /flows on https://{bound}");
+            if t.waiting() {
+                tracing::warn!(
+                    "flows: no serving certificate at {} yet: /flows serves no connection \
+                     until they are there",
+                    t.describe()
+                );
+            }
         } else {
             eprintln!("cni-ebpf agent: serving /flows on http://{bound}");
             if args.flows_auth == Auth::Kubernetes && !bound.ip().is_loopback() {
