@@ -71,11 +71,6 @@ impl ServingCert {
             .is_none()
     }
 
-    /// What it serves with, for the log.
-    pub fn describe(&self) -> String {
-        format!("{} and {}", self.cert.display(), self.key.display())
-    }
-
     /// The acceptor for a new connection: from the files as they are now if they changed
     /// since they were read (and load), else as loaded. `None`: no pair has loaded yet,
     /// and the connection is not to be served.

@@ -185,18 +185,22 @@ pub fn run(
             .map_err(|e| Error::io(format!("listening on {}", args.flows_listen), e))?;
         let bound = listener.local_addr().unwrap_or(args.flows_listen);
         let tls = match (&args.flows_tls_cert, &args.flows_tls_key) {
-            (Some(cert), Some(key)) => Some(Arc::new(ServingCert::load(cert, key)?)),
+            (Some(cert), Some(key)) => {
+                let t = ServingCert::load(cert, key)?;
+                if t.waiting() {
+                    tracing::warn!(
+                        "flows: no serving certificate at {} yet: /flows serves no \
+                         connection until it and {} are there",
+                        cert.display(),
+                        key.display()
+                    );
+                }
+                Some(Arc::new(t))
+            }
             _ => None,
         };
-        if let Some(t) = &tls {
+        if tls.is_some() {
             eprintln!("cni-ebpf agent: serving /flows on https://{bound}");
-            if t.waiting() {
-                tracing::warn!(
-                    "flows: no serving certificate at {} yet: /flows serves no connection \
-                     until they are there",
-                    t.describe()
-                );
-            }
         } else {
             eprintln!("cni-ebpf agent: serving /flows on http://{bound}");
             if args.flows_auth == Auth::Kubernetes && !bound.ip().is_loopback() {
@@ -410,30 +414,26 @@ impl Tracked {
             src: SocketAddr::new(flow_addr(&key.pod), flow_port(key.pod_port)),
             dst: SocketAddr::new(flow_addr(&key.peer), flow_port(key.peer_port)),
         };
-        let found = match self.conntrack.as_mut() {
-            Some(c) => c.reply_source(&orig).map_err(|e| e.to_string()),
-            None => Conntrack::connect()
-                .map_err(|e| e.to_string())
-                .and_then(|mut c| {
-                    let found = c.reply_source(&orig).map_err(|e| e.to_string());
-                    self.conntrack = Some(c);
-                    found
-                }),
-        };
-        match found {
-            Ok(found) => found,
-            Err(e) => {
-                if !self.warned {
-                    tracing::warn!(
-                        "flows: the node's connection tracking cannot be asked where a \
-                         Service's flow went ({e}): its records name the Service only"
-                    );
-                    self.warned = true;
-                }
-                self.conntrack = None;
-                None
-            }
+        let found = match self.conntrack.take() {
+            Some(c) => Ok(c),
+            None => Conntrack::connect().map_err(|e| e.to_string()),
         }
+        .and_then(|mut c| {
+            let found = c.reply_source(&orig).map_err(|e| e.to_string())?;
+            // Kept only while it answers: a failed socket is opened afresh next time.
+            self.conntrack = Some(c);
+            Ok(found)
+        });
+        found.unwrap_or_else(|e| {
+            if !self.warned {
+                tracing::warn!(
+                    "flows: the node's connection tracking cannot be asked where a \
+                     Service's flow went ({e}): its records name the Service only"
+                );
+                self.warned = true;
+            }
+            None
+        })
     }
 }
 
