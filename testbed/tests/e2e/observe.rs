@@ -24,7 +24,7 @@ use testbed::{
     datapath::{greet, many_udp, wait_until, Mode as Serving, TaggedServer},
     dns::{DnsServer, Record},
     kubeproxy::{Mode, Protocol, ServicePort},
-    net::in_netns,
+    net::{in_netns, tcp_request},
     process::{netns_exec, Background, Output},
     service_objects, Cluster, ClusterNode, ConfBuilder, Pod, ResultView, WhoAmIServer, EXT_IP4,
 };
@@ -576,6 +576,29 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         ),
         seen_from,
         "{start}"
+    );
+    // A masqueraded TCP connection, closed: its end names the address and port it left
+    // with as its start did, though its SNAT entry may have gone with the close.
+    let answer = tcp_request(a2.pod.netns(), &outside, b"x", Duration::from_secs(2))
+        .unwrap_or_else(|e| panic!("a2 → {outside} over TCP: {e}"));
+    let seen_from = answer.lines().next().unwrap_or("").to_owned();
+    let closed = w.wait_record(
+        "a2's closed connection to outside",
+        &["--pod", "shop/a2", "--protocol", "tcp"],
+        |r| r["destination"]["kind"] == "world" && r["kind"] == "end",
+    );
+    let end = closed
+        .iter()
+        .find(|r| r["destination"]["kind"] == "world" && r["kind"] == "end")
+        .unwrap_or_else(|| panic!("{closed:?}"));
+    assert_eq!(
+        format!(
+            "{}:{}",
+            end["masqueradedAs"].as_str().unwrap_or(""),
+            end["masqueradedPort"]
+        ),
+        seen_from,
+        "{end}"
     );
 
     // A full NAT share: a3's flows beyond its share are dropped, each reported once.

@@ -2,7 +2,8 @@
 //! (`cni-ebpf-bpf/src/observe.rs`), reads them, names their addresses ([`directory`]),
 //! keeps the latest in a bounded [`window`], serves them to authorized readers
 //! ([`serve`], [`authz`]) and, when asked, writes each as a JSON line for a log pipeline
-//! (`--flow-log`). The record's schema: [`record`].
+//! (`--flow-log`). The record's schema: [`record`]; what the node's translations did to a
+//! flow, remembered from its first record to its end: [`translated`].
 //!
 //! One loop on a thread of its own, every [`TICK`]: each network's ring is read to the
 //! end (a network whose datapath appears is turned on and opened at once); every
@@ -16,6 +17,7 @@ pub mod directory;
 pub mod metrics;
 pub mod record;
 pub mod serve;
+pub mod translated;
 pub mod window;
 
 use std::{
@@ -27,13 +29,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use cni_ebpf_common::{FlowLogKey, DEFAULT_FLOW_EVENTS_PER_SEC, FLOW_ENDED};
+use cni_ebpf_common::{
+    FlowLogKey, DEFAULT_FLOW_EVENTS_PER_SEC, FLOW_ENDED, FLOW_EVENT_END, FLOW_EVENT_START,
+};
 use futures::StreamExt as _;
 
 use self::{
     authz::{Auth, Authorizer},
     directory::Directory,
     record::{Context, Flow, Masquerade},
+    translated::Translations,
     window::Window,
 };
 use super::{
@@ -44,12 +49,11 @@ use super::{
 };
 use crate::{
     datapath::{
-        observe::{flow_addr, flow_port, FlowEvents, FlowSettings},
+        observe::{FlowEvents, FlowSettings},
         Datapath,
     },
     error::{Error, Result},
     k8s::{ApiArgs, ApiClient},
-    kernel::conntrack::{Conntrack, Original},
 };
 
 /// Default address flows are served on: the node's loopback (the DaemonSet's manifest
@@ -219,7 +223,7 @@ pub fn run(
         ));
         let mut sink = open_sink(args.flow_log.as_deref())?;
         let mut networks: BTreeMap<String, Network> = BTreeMap::new();
-        let tracked = std::cell::RefCell::new(Tracked::default());
+        let translations = std::cell::RefCell::new(Translations::default());
         let mut last_sweep = Instant::now();
         let mut last_scan: Option<Instant> = None;
         let mut tick = tokio::time::interval(TICK);
@@ -234,7 +238,7 @@ pub fn run(
                 last_sweep = Instant::now();
             }
             for (name, n) in &mut networks {
-                let flows = read(name, n, sources, &directory, &tracked, args, sweep);
+                let flows = read(name, n, sources, &directory, &translations, args, sweep);
                 if !flows.is_empty() {
                     let mut t = totals
                         .lock()
@@ -339,7 +343,7 @@ fn read(
     n: &mut Network,
     sources: &Sources,
     directory: &Directory,
-    tracked: &std::cell::RefCell<Tracked>,
+    translations: &std::cell::RefCell<Translations>,
     args: &FlowArgs,
     sweep: bool,
 ) -> Vec<Flow> {
@@ -364,14 +368,27 @@ fn read(
         state: n.state.as_ref(),
         clock_offset_ns: offset,
         masquerade: n.masquerade.as_ref(),
-        snat: Some(&|key: &FlowLogKey| n.dp.masqueraded_source(key)),
-        dnat: Some(&|key: &FlowLogKey| tracked.borrow_mut().reply_source(key)),
+        snat: Some(&|key: &FlowLogKey| {
+            translations
+                .borrow_mut()
+                .snat(key, |k| n.dp.masqueraded_source(k))
+        }),
+        dnat: Some(&|key: &FlowLogKey| translations.borrow_mut().dnat(key)),
     };
     let mut out: Vec<Flow> = n
         .ring
         .drain()
         .iter()
-        .map(|ev| record::from_event(ev, &cx))
+        .map(|ev| {
+            if ev.kind == FLOW_EVENT_START {
+                translations.borrow_mut().starts(&ev.key);
+            }
+            let flow = record::from_event(ev, &cx);
+            if ev.kind == FLOW_EVENT_END {
+                translations.borrow_mut().forget(&ev.key);
+            }
+            flow
+        })
         .collect();
     if sweep {
         let idle_ns = args.flow_idle_timeout.saturating_mul(1_000_000_000);
@@ -383,6 +400,7 @@ fn read(
                     if (ended && quiet >= ENDED_LINGER_NS) || (!ended && quiet >= idle_ns) {
                         if !ended {
                             out.push(record::expired(&key, &entry, now_mono, &cx));
+                            translations.borrow_mut().forget(&key);
                         }
                         if let Err(e) = n.dp.forget_flow(&key) {
                             tracing::warn!("flows: network {name}: {e}");
@@ -395,46 +413,6 @@ fn read(
         out.sort_by_key(|f| f.time_unix_nano);
     }
     out
-}
-
-/// The node's connection tracking, asked where its netfilter sent a pod's flow to a
-/// Service's address; opened when first needed, and again after a failure.
-#[derive(Debug, Default)]
-struct Tracked {
-    conntrack: Option<Conntrack>,
-    /// A failure was logged (once, not at every flow).
-    warned: bool,
-}
-
-impl Tracked {
-    /// The source of the reply tuple of the pod's flow `key` as the node tracks it.
-    fn reply_source(&mut self, key: &FlowLogKey) -> Option<SocketAddr> {
-        let orig = Original {
-            proto: key.proto,
-            src: SocketAddr::new(flow_addr(&key.pod), flow_port(key.pod_port)),
-            dst: SocketAddr::new(flow_addr(&key.peer), flow_port(key.peer_port)),
-        };
-        let found = match self.conntrack.take() {
-            Some(c) => Ok(c),
-            None => Conntrack::connect().map_err(|e| e.to_string()),
-        }
-        .and_then(|mut c| {
-            let found = c.reply_source(&orig).map_err(|e| e.to_string())?;
-            // Kept only while it answers: a failed socket is opened afresh next time.
-            self.conntrack = Some(c);
-            Ok(found)
-        });
-        found.unwrap_or_else(|e| {
-            if !self.warned {
-                tracing::warn!(
-                    "flows: the node's connection tracking cannot be asked where a \
-                     Service's flow went ({e}): its records name the Service only"
-                );
-                self.warned = true;
-            }
-            None
-        })
-    }
 }
 
 /// What `dp`'s network masquerades (`None`: nothing, or its configuration unreadable).
