@@ -184,7 +184,7 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     let f = &mut s.fresh;
     // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
     // the stack.
-    unsafe { core::ptr::write_bytes(&raw mut *f, 0, 1) };
+    unsafe { zero(&raw mut *f) };
     let at = now();
     f.started_ns = at;
     f.last_ns = at;
@@ -343,8 +343,7 @@ fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *const FlowLogEntry, at: u64
     // SAFETY: `ev` is the reserved record, written whole before it is submitted; `e` a
     // live map value.
     unsafe {
-        (*ev).kind = kind;
-        (*ev)._pad = [0; 3];
+        first_byte(&raw mut (*ev).kind, kind);
         (*ev).reason = reason;
         (*ev).time_ns = at;
         // Copied map to ring, not through the stack.
@@ -391,6 +390,35 @@ fn take_token() -> bool {
 fn tick_now() -> u64 {
     // SAFETY: plain helper call.
     unsafe { bpf_ktime_get_coarse_ns() }
+}
+
+/// Zeroes `*p` a word at a time. `write_bytes` (and a loop of plain stores, which LLVM
+/// turns back into one) is a call to `memset`, which in BPF writes a byte at a time: a
+/// hundred-odd instructions for an entry, on every new flow.
+///
+/// # Safety
+/// `p` must be valid for writes, and all zeros a valid `T`.
+#[inline(always)]
+unsafe fn zero<T>(p: *mut T) {
+    const {
+        assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8);
+    }
+    let w = p.cast::<u64>();
+    let mut i = 0;
+    while i < size_of::<T>() / 8 {
+        w.add(i).write_volatile(0);
+        i += 1;
+    }
+}
+
+/// Writes `v` into the byte at `p` and zeroes the three after it, as one 4-byte store
+/// (three zero bytes alone would be a call to `memset`, see [`zero`]).
+///
+/// # Safety
+/// `p` must be 4-byte aligned and followed by three bytes of padding of the same value.
+#[inline(always)]
+unsafe fn first_byte(p: *mut u8, v: u8) {
+    p.cast::<u32>().write(u32::from_ne_bytes([v, 0, 0, 0]));
 }
 
 /// Atomically adds `delta` to `*p`.
@@ -455,8 +483,9 @@ fn load_key(
         return None;
     };
     key.ifindex = ifindex;
-    key.proto = proto_;
-    key._pad = [0; 3];
+    // SAFETY: `proto` and `_pad` are the 4 bytes at offset 40 of the `repr(C)` key of
+    // alignment 4.
+    unsafe { first_byte(&raw mut key.proto, proto_) };
     (key.pod_port, key.peer_port) = if received {
         (dport, sport)
     } else {
