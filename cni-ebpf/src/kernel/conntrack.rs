@@ -8,25 +8,20 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use netlink_packet_core::{NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_REQUEST};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_REQUEST};
 use netlink_packet_netfilter::{
     conntrack::{ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple},
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
 };
-use netlink_sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr as NlAddr};
+use netlink_sys::protocols::NETLINK_NETFILTER;
 
+use super::netlink::Netlink;
 use crate::error::{Error, Result};
 
 /// A ctnetlink socket.
+#[derive(Debug)]
 pub struct Conntrack {
-    socket: Socket,
-    seq: u32,
-}
-
-impl std::fmt::Debug for Conntrack {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conntrack").finish_non_exhaustive()
-    }
+    nl: Netlink,
 }
 
 /// A connection's original direction: its protocol number, source and destination.
@@ -43,16 +38,9 @@ impl Conntrack {
     /// # Errors
     /// The socket cannot be opened, bound or connected.
     pub fn connect() -> Result<Self> {
-        let io = |what: &str, e: std::io::Error| Error::netlink(what, e);
-        let mut socket = Socket::new(NETLINK_NETFILTER)
-            .map_err(|e| io("opening a netfilter netlink socket", e))?;
-        socket
-            .bind_auto()
-            .map_err(|e| io("binding a netfilter netlink socket", e))?;
-        socket
-            .connect(&NlAddr::new(0, 0))
-            .map_err(|e| io("connecting a netfilter netlink socket", e))?;
-        Ok(Self { socket, seq: 0 })
+        let nl = Netlink::connect(NETLINK_NETFILTER)
+            .map_err(|e| Error::netlink("opening a netfilter netlink socket", e))?;
+        Ok(Self { nl })
     }
 
     /// The source of the reply tuple of the tracked connection `orig` — where the node
@@ -84,49 +72,11 @@ impl Conntrack {
                 ProtoTuple::DestinationPort(orig.dst.port()),
             ]),
         ])]);
-        self.seq = self.seq.wrapping_add(1);
-        let mut header = NetlinkHeader::default();
-        header.flags = NLM_F_REQUEST;
-        header.sequence_number = self.seq;
-        let mut nl = NetlinkMessage::new(
-            header,
-            NetlinkPayload::from(NetfilterMessage::new(
-                NetfilterHeader::new(family, 0, 0),
-                ask,
-            )),
-        );
-        nl.finalize();
-        let mut buf = vec![0; nl.buffer_len()];
-        nl.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
-        loop {
-            let (data, _) = self.socket.recv_from_full()?;
-            let mut off = 0;
-            while off < data.len() {
-                let rest = data.get(off..).unwrap_or_default();
-                let msg = NetlinkMessage::<NetfilterMessage>::deserialize(rest)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let len = msg.header.length as usize;
-                if msg.header.sequence_number == self.seq {
-                    match msg.payload {
-                        NetlinkPayload::InnerMessage(m) => return Ok(reply_source(&m)),
-                        NetlinkPayload::Error(e) if e.code.is_some() => {
-                            let e = e.to_io();
-                            return if e.raw_os_error() == Some(libc::ENOENT) {
-                                Ok(None)
-                            } else {
-                                Err(e)
-                            };
-                        }
-                        NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(None),
-                        _ => {}
-                    }
-                }
-                if len == 0 {
-                    break;
-                }
-                off += (len + 3) & !3;
-            }
+        let ask = NetfilterMessage::new(NetfilterHeader::new(family, 0, 0), ask);
+        match self.nl.request(ask, NLM_F_REQUEST | NLM_F_ACK) {
+            Ok(answer) => Ok(answer.iter().find_map(reply_source)),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }

@@ -16,7 +16,9 @@ use netlink_packet_route::{
     tc::{TcAttribute, TcBpfFlags, TcFilterBpfOption, TcHandle, TcMessage, TcOption},
     RouteNetlinkMessage,
 };
-use netlink_sys::{protocols::NETLINK_ROUTE, Socket, SocketAddr};
+use netlink_sys::protocols::NETLINK_ROUTE;
+
+use super::netlink::{messages, Netlink};
 
 /// The clsact hook a filter sits on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -251,42 +253,7 @@ fn index_lossy(ifindex: u32) -> i32 {
 /// Sends one request and collects the replies up to the dump's end or the ack. A netlink
 /// error becomes an `io::Error` with its errno.
 fn request(payload: RouteNetlinkMessage, flags: u16) -> io::Result<Vec<RouteNetlinkMessage>> {
-    let socket = connected()?;
-    let mut buf = Vec::new();
-    encode(&mut buf, payload, flags, 1);
-    socket.send(&buf, 0)?;
-    let dump = flags & NLM_F_DUMP == NLM_F_DUMP;
-    let mut out = Vec::new();
-    let mut rx = Vec::with_capacity(64 * 1024);
-    loop {
-        for m in receive(&socket, &mut rx)? {
-            match m.payload {
-                NetlinkPayload::Done(_) => return Ok(out),
-                NetlinkPayload::Error(e) => {
-                    return match e.code {
-                        // An ack: the request succeeded.
-                        None => Ok(out),
-                        Some(code) => Err(io::Error::from_raw_os_error(-code.get())),
-                    };
-                }
-                NetlinkPayload::InnerMessage(inner) => {
-                    out.push(inner);
-                    if !dump {
-                        continue;
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-}
-
-/// A netlink socket of the current namespace, bound and connected to the kernel.
-fn connected() -> io::Result<Socket> {
-    let mut socket = Socket::new(NETLINK_ROUTE)?;
-    socket.bind_auto()?;
-    socket.connect(&SocketAddr::new(0, 0))?;
-    Ok(socket)
+    Netlink::connect(NETLINK_ROUTE)?.request(payload, flags)
 }
 
 /// Appends request `payload` with `flags` and sequence number `seq` to `buf`.
@@ -300,47 +267,22 @@ fn encode(buf: &mut Vec<u8>, payload: RouteNetlinkMessage, flags: u16, seq: u32)
     msg.serialize(&mut buf[start..]);
 }
 
-/// The messages of the next datagram `socket` receives (into `rx`).
-fn receive(
-    socket: &Socket,
-    rx: &mut Vec<u8>,
-) -> io::Result<Vec<NetlinkMessage<RouteNetlinkMessage>>> {
-    rx.clear();
-    let n = socket.recv(rx, 0)?;
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off < n {
-        let m = NetlinkMessage::<RouteNetlinkMessage>::deserialize(&rx[off..n])
-            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-        let len = usize::try_from(m.header.length).unwrap_or(0);
-        if len == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "a netlink message of length 0",
-            ));
-        }
-        off += (len + 3) & !3;
-        out.push(m);
-    }
-    Ok(out)
-}
-
 /// Sends requests that each end in an ack (no dumps) in one datagram, numbered from 1;
 /// the kernel handles them in order. The first one that failed, as an `io::Error` with
 /// its errno (those after it were still tried).
 fn requests(batch: Vec<(RouteNetlinkMessage, u16)>) -> io::Result<()> {
-    let socket = connected()?;
+    let nl = Netlink::connect(NETLINK_ROUTE)?;
     let mut buf = Vec::new();
     let count = batch.len();
     for (seq, (payload, flags)) in (1..).zip(batch) {
         encode(&mut buf, payload, flags, seq);
     }
-    socket.send(&buf, 0)?;
+    nl.socket().send(&buf, 0)?;
     let mut acked = 0;
     let mut first_error: Option<(u32, io::Error)> = None;
-    let mut rx = Vec::with_capacity(16 * 1024);
     while acked < count {
-        for m in receive(&socket, &mut rx)? {
+        let (data, _) = nl.socket().recv_from_full()?;
+        for m in messages::<RouteNetlinkMessage>(&data)? {
             let NetlinkPayload::Error(e) = m.payload else {
                 continue;
             };

@@ -11,9 +11,7 @@ use std::{
 };
 
 use ipnet::IpNet;
-use netlink_packet_core::{
-    NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST,
-};
+use netlink_packet_core::{NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST};
 use netlink_packet_generic::{
     ctrl::{nlas::GenlCtrlAttrs, GenlCtrl, GenlCtrlCmd},
     GenlFamily, GenlMessage,
@@ -22,8 +20,9 @@ use netlink_packet_wireguard::{
     WireguardAddressFamily, WireguardAllowedIp, WireguardAllowedIpAttr, WireguardAttribute,
     WireguardCmd, WireguardMessage, WireguardPeer, WireguardPeerAttribute, WireguardPeerFlags,
 };
-use netlink_sys::{protocols::NETLINK_GENERIC, Socket, SocketAddr as NlAddr};
+use netlink_sys::protocols::NETLINK_GENERIC;
 
+use super::netlink::Netlink;
 use crate::error::{Error, Result};
 
 /// A WireGuard key (private or public), 32 bytes.
@@ -79,30 +78,19 @@ impl PeerState {
 }
 
 /// A generic netlink socket with the `wireguard` family resolved.
+#[derive(Debug)]
 pub struct Wg {
-    socket: Socket,
+    nl: Netlink,
     family: u16,
-    seq: u32,
 }
 
 impl Wg {
     /// Connects in the caller's network namespace. A kernel without WireGuard (no
     /// `wireguard` family, the module absent) is an error that says so.
     pub fn connect() -> Result<Self> {
-        let io = |what: &str, e: std::io::Error| Error::netlink(what, e);
-        let mut socket =
-            Socket::new(NETLINK_GENERIC).map_err(|e| io("opening a generic netlink socket", e))?;
-        socket
-            .bind_auto()
-            .map_err(|e| io("binding a generic netlink socket", e))?;
-        socket
-            .connect(&NlAddr::new(0, 0))
-            .map_err(|e| io("connecting a generic netlink socket", e))?;
-        let mut wg = Self {
-            socket,
-            family: 0,
-            seq: 0,
-        };
+        let nl = Netlink::connect(NETLINK_GENERIC)
+            .map_err(|e| Error::netlink("opening a generic netlink socket", e))?;
+        let mut wg = Self { nl, family: 0 };
         let ask = GenlMessage::from_payload(GenlCtrl {
             cmd: GenlCtrlCmd::GetFamily,
             nlas: vec![GenlCtrlAttrs::FamilyName(
@@ -150,39 +138,7 @@ impl Wg {
         if self.family != 0 {
             msg.set_resolved_family_id(self.family);
         }
-        self.seq = self.seq.wrapping_add(1);
-        let mut header = NetlinkHeader::default();
-        header.flags = flags;
-        header.sequence_number = self.seq;
-        let mut nl = NetlinkMessage::new(header, NetlinkPayload::from(msg));
-        nl.finalize();
-        let mut buf = vec![0; nl.buffer_len()];
-        nl.serialize(&mut buf);
-        self.socket.send(&buf, 0)?;
-        let mut out = Vec::new();
-        loop {
-            let (data, _) = self.socket.recv_from_full()?;
-            let mut off = 0;
-            while off < data.len() {
-                let rest = data.get(off..).unwrap_or_default();
-                let msg = NetlinkMessage::<GenlMessage<F>>::deserialize(rest)
-                    .map_err(|e| std::io::Error::other(e.to_string()))?;
-                let len = msg.header.length as usize;
-                if msg.header.sequence_number == self.seq {
-                    match msg.payload {
-                        NetlinkPayload::InnerMessage(m) => out.push(m),
-                        NetlinkPayload::Error(e) if e.code.is_some() => return Err(e.to_io()),
-                        NetlinkPayload::Error(_) | NetlinkPayload::Done(_) => return Ok(out),
-                        NetlinkPayload::Noop | NetlinkPayload::Overrun(_) => {}
-                        _ => {}
-                    }
-                }
-                if len == 0 {
-                    break;
-                }
-                off += (len + 3) & !3;
-            }
-        }
+        self.nl.request(msg, flags)
     }
 
     /// Device `ifname` as the kernel has it.
