@@ -38,6 +38,8 @@ const CLUSTER_IP: &str = "10.96.0.50";
 /// The DNS Service (`shop/dns`, in front of pod `dns` on node B), and the web Service's
 /// name in it.
 const DNS_IP: &str = "10.96.0.10";
+/// The DNS Service's IPv6 ClusterIP (a dual-stack Service).
+const DNS_IP6: &str = "fd00:10:96::10";
 const WEB_NAME: &str = "web.shop.svc.cluster.local";
 /// The resolver the pods' names are looked up with.
 const NETCLIENT: &str = env!("CARGO_BIN_EXE_cni-ebpf-netclient");
@@ -63,8 +65,9 @@ struct Running {
 /// Pods `shop/a1` (web, of Deployment `web`), `a2` (client), `a3` (client, a NAT share of
 /// [`NAT_CAP`]) on node A; `b1` (web, Deployment `web`), `b2` (other) on node B; a policy
 /// that lets clients (only) reach the web pods on [`WEB`]; kube-proxy's rules for
-/// `shop/web` at [`CLUSTER_IP`]:80 and for `shop/dns` at [`DNS_IP`]:53 (pod `dns` on node
-/// B, which knows [`WEB_NAME`]); each node's agent. Field order is drop order.
+/// `shop/web` at [`CLUSTER_IP`]:80 and for `shop/dns` at [`DNS_IP`]:53 and [`DNS_IP6`]:53
+/// (pod `dns` on node B, which knows [`WEB_NAME`]); each node's agent. Field order is drop
+/// order.
 struct World {
     agents: Vec<Background>,
     _servers: Vec<TaggedServer>,
@@ -77,6 +80,8 @@ struct World {
     a3: Running,
     b1: Running,
     b2: Running,
+    /// The DNS pod's IPv6 address.
+    dns_ip6: String,
     cluster: Cluster,
 }
 
@@ -156,6 +161,8 @@ fn world_serving(test: &str, tls: Option<(&Path, &Path)>) -> World {
             .endpoint(&format!("{}:{WEB}", b1.ip4), b.name()),
         ServicePort::new("shop/dns", "dns", Protocol::Udp, DNS_IP, 53)
             .endpoint(&format!("{}:53", dns_pod.ip4), b.name()),
+        ServicePort::new("shop/dns", "dns", Protocol::Udp, DNS_IP6, 53)
+            .endpoint(&format!("[{}]:53", dns_pod.ip6), b.name()),
     ];
     for (resource, obj) in service_objects::objects(&services) {
         api.put(resource, obj);
@@ -208,6 +215,7 @@ fn world_serving(test: &str, tls: Option<(&Path, &Path)>) -> World {
         a3,
         b1,
         b2,
+        dns_ip6: dns_pod.ip6.clone(),
         cluster,
     };
     w.wait_for_policy(1);
@@ -340,9 +348,15 @@ fn exchange(netns: &Path, addr: &str) -> String {
 /// Service ([`DNS_IP`]); `conf` is where its configuration is written.
 #[track_caller]
 fn resolve(netns: &Path, conf: &Path, name: &str) -> Vec<IpAddr> {
+    resolve_with(netns, conf, DNS_IP, name)
+}
+
+/// [`resolve`], asking the DNS Service at `server` (either of its ClusterIPs).
+#[track_caller]
+fn resolve_with(netns: &Path, conf: &Path, server: &str, name: &str) -> Vec<IpAddr> {
     std::fs::write(
         conf,
-        format!("nameserver {DNS_IP}\noptions timeout:1 attempts:2\n"),
+        format!("nameserver {server}\noptions timeout:1 attempts:2\n"),
     )
     .unwrap_or_else(|e| panic!("{}: {e}", conf.display()));
     let conf = conf.display().to_string();
@@ -524,6 +538,26 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         ("shop/a2".to_owned(), Some("ingress")),
         "{answered}"
     );
+    // The same lookup over IPv6, to the DNS Service's IPv6 ClusterIP: kube-proxy's
+    // ip6tables DNAT, the backend asked of the node's IPv6 connection tracking.
+    let resolved6 = resolve_with(
+        a2.pod.netns(),
+        &w.logs.path().join("resolv6.conf"),
+        DNS_IP6,
+        WEB_NAME,
+    );
+    assert_eq!(resolved, resolved6);
+    let dns6 = w.dns_ip6.clone();
+    w.wait_record("a2's lookup over IPv6", &["--port", "53"], |r| {
+        r["kind"] == "start"
+            && r["node"] == "node-a"
+            && side(r, "source") == "shop/a2"
+            && r["service"]["ip"] == DNS_IP6
+            && side(r, "service") == "shop/dns"
+            && side(r, "destination") == "shop/dns"
+            && r["destination"]["ip"] == dns6.as_str()
+            && r["protocol"] == "UDP"
+    });
     // Named at a2 by the Service and by the backend that answered.
     let answer = exchange(a2.pod.netns(), &format!("{}:80", resolved[0]));
     let backend = if answer.starts_with("a1") {
