@@ -338,6 +338,15 @@ fn side(r: &Value, which: &str) -> String {
     )
 }
 
+/// `address:port` a record says its flow was masqueraded to.
+fn left_as(r: &Value) -> String {
+    format!(
+        "{}:{}",
+        r["masqueradedAs"].as_str().unwrap_or(""),
+        r["masqueradedPort"]
+    )
+}
+
 /// One TCP exchange with a tagged echo server at `addr`: its greeting.
 #[track_caller]
 fn exchange(netns: &Path, addr: &str) -> String {
@@ -602,15 +611,7 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         .iter()
         .find(|r| r["destination"]["kind"] == "world" && r["kind"] == "start")
         .unwrap_or_else(|| panic!("{masq:?}"));
-    assert_eq!(
-        format!(
-            "{}:{}",
-            start["masqueradedAs"].as_str().unwrap_or(""),
-            start["masqueradedPort"]
-        ),
-        seen_from,
-        "{start}"
-    );
+    assert_eq!(left_as(start), seen_from, "{start}");
     // A masqueraded TCP connection, closed: its end names the address and port it left
     // with as its start did, though its SNAT entry may have gone with the close.
     let answer = tcp_request(a2.pod.netns(), &outside, b"x", Duration::from_secs(2))
@@ -625,15 +626,7 @@ fn observe_names_every_kind_of_flow_from_every_node() {
         .iter()
         .find(|r| r["destination"]["kind"] == "world" && r["kind"] == "end")
         .unwrap_or_else(|| panic!("{closed:?}"));
-    assert_eq!(
-        format!(
-            "{}:{}",
-            end["masqueradedAs"].as_str().unwrap_or(""),
-            end["masqueradedPort"]
-        ),
-        seen_from,
-        "{end}"
-    );
+    assert_eq!(left_as(end), seen_from, "{end}");
 
     // A full NAT share: a3's flows beyond its share are dropped, each reported once.
     let to: SocketAddr = outside.parse().unwrap_or_else(|e| panic!("{e}"));
