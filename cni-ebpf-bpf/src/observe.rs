@@ -29,6 +29,7 @@
 
 #[cfg(target_arch = "bpf")]
 use core::intrinsics::{atomic_xadd, AtomicOrdering};
+use core::mem::MaybeUninit;
 #[cfg(not(target_arch = "bpf"))]
 use core::sync::atomic::{AtomicU64, Ordering};
 
@@ -60,9 +61,9 @@ use crate::{
 /// SCTP's protocol number (its ports are where TCP's and UDP's are).
 const SCTP: u8 = 132;
 
-/// Per-CPU room for a flow's key and a new entry (not pinned: nothing outlives a packet).
+/// Per-CPU room for a new flow's entry (not pinned: nothing outlives a packet), not on
+/// the stack, where the frames of the programs that call [`observe`] leave little room.
 pub(crate) struct Scratch {
-    key: FlowLogKey,
     fresh: FlowLogEntry,
 }
 
@@ -79,7 +80,7 @@ const ELSEWHERE: u32 = 2;
 /// what became of it (`verdict`).
 #[inline(always)]
 pub(crate) fn sent(ctx: &TcContext, ifindex: u32, verdict: i32) {
-    observe(ctx, ifindex, verdict, SENT);
+    observe::<SENT>(ctx, ifindex, verdict);
 }
 
 /// A packet delivered into pod interface `ifindex` (`verdict` [`TC_ACT_SHOT`]: refused
@@ -87,7 +88,7 @@ pub(crate) fn sent(ctx: &TcContext, ifindex: u32, verdict: i32) {
 #[inline(always)]
 pub(crate) fn received(ctx: &TcContext, ifindex: u32, verdict: i32) {
     if ifindex != 0 {
-        observe(ctx, ifindex, verdict, RECEIVED);
+        observe::<RECEIVED>(ctx, ifindex, verdict);
     }
 }
 
@@ -95,7 +96,7 @@ pub(crate) fn received(ctx: &TcContext, ifindex: u32, verdict: i32) {
 #[inline(always)]
 pub(crate) fn dropped(ctx: &TcContext, verdict: i32) {
     if verdict == TC_ACT_SHOT as i32 {
-        observe(ctx, 0, verdict, ELSEWHERE);
+        observe::<ELSEWHERE>(ctx, 0, verdict);
     }
 }
 
@@ -124,9 +125,13 @@ fn take_drop_reason() -> u32 {
 }
 
 /// Follows one packet (see the module's documentation). A function of its own, so that
-/// its frame is not under its callers'.
+/// its frame is not under its callers'. Its code is the path of most packets — the key,
+/// the lookup, the counters of a flow followed — and stays small: a new flow's entry
+/// ([`fresh`]), an event ([`emit`]) and the keys of uncommon packets ([`load_key_any`])
+/// are functions of their own, out of its way (each called from here, so that no chain
+/// of calls adds a third frame to the callers').
 #[inline(never)]
-fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
+fn observe<const SIDE: u32>(ctx: &TcContext, ifindex: u32, verdict: i32) {
     let Some(cfg) = FLOW_CONFIG.get(0) else {
         return;
     };
@@ -134,19 +139,21 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
         return;
     }
     let socket_services = cfg.flags & FLOW_CONFIG_SOCKET_SERVICES != 0;
-    let Some(s) = OBSERVE_SCRATCH.get_ptr_mut(0) else {
+    // On the stack, which is in the cache: every packet's key is written and read.
+    let mut key = MaybeUninit::<FlowLogKey>::uninit();
+    // SAFETY: a plain-integer struct, all zeros valid, zeroed before it is referenced.
+    let key = unsafe {
+        zero(key.as_mut_ptr());
+        key.assume_init_mut()
+    };
+    let Some((ipv6, tcp_flags)) = load_key(ctx, key, ifindex, SIDE == RECEIVED) else {
         return;
     };
-    // SAFETY: per-CPU scratch, no concurrent user on this CPU.
-    let s = unsafe { &mut *s };
-    let Some((ipv6, tcp_flags)) = load_key(ctx, &mut s.key, ifindex, side == RECEIVED) else {
-        return;
-    };
+    let key: &FlowLogKey = key;
     let dropped = verdict == TC_ACT_SHOT as i32;
     let reason = if dropped { take_drop_reason() } else { 0 };
-    let len = u64::from(ctx.len());
-    let syn_only = s.key.proto == proto::TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    let end = if s.key.proto != proto::TCP {
+    let syn_only = key.proto == proto::TCP && tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
+    let end = if key.proto != proto::TCP {
         0
     } else if tcp_flags & TCP_RST != 0 {
         FLOW_END_RST
@@ -156,24 +163,25 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
         0
     };
     let pkt = Packet {
-        sent: side == SENT,
+        sent: SIDE == SENT,
         dropped,
         reason,
-        len,
+        len: u64::from(ctx.len()),
         tcp_flags,
         end,
         syn_only,
     };
+    let syn_first = syn_only && !dropped;
+    // A new flow's entry replaces the one of an ended flow of its tuple.
+    let mut replace = false;
     // A SYN almost always opens a flow not followed yet: its entry is made without a
     // lookup first, which would miss.
-    let syn_first = syn_only && !dropped;
-    let mut insert = BPF_NOEXIST as u64;
     if !syn_first {
-        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
-            if counted(e, &s.key, &pkt) {
+        if let Some(e) = FLOW_LOG.get_ptr_mut(key) {
+            if counted(e, key, &pkt) {
                 return;
             }
-            insert = 0;
+            replace = true;
         }
         // A TCP FIN or RST passing for a flow not followed (its entry went with its end)
         // starts nothing.
@@ -181,7 +189,58 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
             return;
         }
     }
-    let f = &mut s.fresh;
+    let Some(s) = OBSERVE_SCRATCH.get_ptr_mut(0) else {
+        return;
+    };
+    // SAFETY: per-CPU scratch, no concurrent user on this CPU.
+    let f = unsafe { &mut (*s).fresh };
+    fresh::<SIDE>(
+        ctx,
+        key,
+        f,
+        u32::from(ipv6) | u32::from(socket_services) << 1,
+    );
+    let (kind, why) = if dropped {
+        f.dropped_packets = 1;
+        f.flags |= FLOW_DROPPED;
+        f.drop_reason = reason;
+        (FLOW_EVENT_DROP, reason)
+    } else {
+        if SIDE == SENT {
+            f.sent_packets = 1;
+            f.sent_bytes = pkt.len;
+        } else {
+            f.received_packets = 1;
+            f.received_bytes = pkt.len;
+        }
+        (FLOW_EVENT_START, 0)
+    };
+    let f = &*f;
+    let insert = if replace { 0 } else { BPF_NOEXIST as u64 };
+    // Only the CPU whose entry went in reports the flow: two packets of a new flow on
+    // two CPUs make one event. The event is the entry as it went in (no second lookup).
+    if FLOW_LOG.insert(key, f, insert).is_ok() {
+        emit(kind, why, key, f, f.started_ns);
+        return;
+    }
+    // The SYN's flow is followed already: a SYN sent again, counted; or one that opens
+    // the tuple of a flow that ended again, whose entry it replaces.
+    if syn_first {
+        if let Some(e) = FLOW_LOG.get_ptr_mut(key) {
+            if !counted(e, key, &pkt) && FLOW_LOG.insert(key, f, 0).is_ok() {
+                emit(kind, why, key, f, f.started_ns);
+            }
+        }
+    }
+}
+
+/// Writes the entry of a new flow `key` into `f`, but its first packet's counts: its
+/// start, its rule sets, where it came from. `how`: bit 0, IPv6; bit 1, name the
+/// Service its socket asked for ([`FLOW_CONFIG_SOCKET_SERVICES`]). A function of its
+/// own, out of the way of the packets of flows followed already.
+#[inline(never)]
+fn fresh<const SIDE: u32>(ctx: &TcContext, key: &FlowLogKey, f: &mut FlowLogEntry, how: u32) {
+    let ipv6 = how & 1 != 0;
     // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
     // the stack.
     unsafe { zero(&raw mut *f) };
@@ -192,46 +251,16 @@ fn observe(ctx: &TcContext, ifindex: u32, verdict: i32, side: u32) {
     f.ingress_ruleset = RULESET_OPEN;
     f.egress_class = NO_CLASS as u8;
     f.ingress_class = NO_CLASS as u8;
-    if side == SENT {
+    if SIDE == SENT {
         f.flags = FLOW_OPENED_BY_POD;
-        if socket_services {
-            asked_for(ctx, &s.key, ipv6, f);
+        if how & 2 != 0 {
+            asked_for(ctx, key, ipv6, f);
         }
     }
     if ipv6 {
         f.flags |= FLOW_IPV6;
     }
-    crate::policy::judged(&s.key, side == RECEIVED, f);
-    let (kind, why) = if dropped {
-        f.dropped_packets = 1;
-        f.flags |= FLOW_DROPPED;
-        f.drop_reason = reason;
-        (FLOW_EVENT_DROP, reason)
-    } else {
-        if side == SENT {
-            f.sent_packets = 1;
-            f.sent_bytes = len;
-        } else {
-            f.received_packets = 1;
-            f.received_bytes = len;
-        }
-        (FLOW_EVENT_START, 0)
-    };
-    // Only the CPU whose entry went in reports the flow: two packets of a new flow on
-    // two CPUs make one event. The event is the entry as it went in (no second lookup).
-    if FLOW_LOG.insert(&s.key, &*f, insert).is_ok() {
-        emit(kind, why, &s.key, f, at);
-        return;
-    }
-    // The SYN's flow is followed already: a SYN sent again, counted; or one that opens
-    // the tuple of a flow that ended again, whose entry it replaces.
-    if syn_first {
-        if let Some(e) = FLOW_LOG.get_ptr_mut(&s.key) {
-            if !counted(e, &s.key, &pkt) && FLOW_LOG.insert(&s.key, &*f, 0).is_ok() {
-                emit(kind, why, &s.key, f, at);
-            }
-        }
-    }
+    crate::policy::judged(key, SIDE == RECEIVED, f);
 }
 
 /// What [`counted`] needs of a packet.
@@ -329,7 +358,7 @@ fn asked_for(ctx: &TcContext, key: &FlowLogKey, ipv6: bool, f: &mut FlowLogEntry
 
 /// Sends an event of `kind` for the flow `key` whose entry is `e` (copied as it is now),
 /// happening `at`, if the CPU's rate allows and the ring has room.
-#[inline(always)]
+#[inline(never)]
 fn emit(kind: u8, reason: u32, key: &FlowLogKey, e: *const FlowLogEntry, at: u64) {
     if !take_token() {
         count(Reason::FlowEventRateLimited);
@@ -392,22 +421,32 @@ fn tick_now() -> u64 {
     unsafe { bpf_ktime_get_coarse_ns() }
 }
 
-/// Zeroes `*p` a word at a time. `write_bytes` (and a loop of plain stores, which LLVM
-/// turns back into one) is a call to `memset`, which in BPF writes a byte at a time: a
-/// hundred-odd instructions for an entry, on every new flow.
+/// Zeroes `*p` a word at a time (8 bytes, or 4 for a type of size or alignment 4).
+/// `write_bytes` (and a loop of plain stores, which LLVM turns back into one) is a call
+/// to `memset`, which in BPF writes a byte at a time: a hundred-odd instructions for an
+/// entry, on every new flow.
 ///
 /// # Safety
 /// `p` must be valid for writes, and all zeros a valid `T`.
 #[inline(always)]
 unsafe fn zero<T>(p: *mut T) {
     const {
-        assert!(size_of::<T>() % 8 == 0 && align_of::<T>() >= 8);
+        assert!(size_of::<T>().is_multiple_of(4) && align_of::<T>() >= 4);
     }
-    let w = p.cast::<u64>();
-    let mut i = 0;
-    while i < size_of::<T>() / 8 {
-        w.add(i).write_volatile(0);
-        i += 1;
+    if size_of::<T>().is_multiple_of(8) && align_of::<T>() >= 8 {
+        let w = p.cast::<u64>();
+        let mut i = 0;
+        while i < size_of::<T>() / 8 {
+            w.add(i).write_volatile(0);
+            i += 1;
+        }
+    } else {
+        let w = p.cast::<u32>();
+        let mut i = 0;
+        while i < size_of::<T>() / 4 {
+            w.add(i).write_volatile(0);
+            i += 1;
+        }
     }
 }
 
@@ -439,6 +478,90 @@ unsafe fn add(p: *mut u64, delta: u64) {
 /// keyed without ports.
 #[inline(always)]
 fn load_key(
+    ctx: &TcContext,
+    key: &mut FlowLogKey,
+    ifindex: u32,
+    received: bool,
+) -> Option<(bool, u8)> {
+    if let Some(flags) = load_key4(ctx, key, ifindex, received) {
+        return Some((false, flags));
+    }
+    load_key_any(ctx, key, ifindex, received)
+}
+
+/// [`load_key`] of most packets: IPv4 without options, TCP, UDP or SCTP, not a later
+/// fragment, whose headers up to the TCP flags are in the linear data, read after one
+/// bounds check and copied into the key byte by byte (the packet's alignment is not
+/// known: a wider read would be assembled from bytes anyway). Its TCP flags; `None`:
+/// another packet, for [`load_key_any`].
+#[inline(always)]
+fn load_key4(ctx: &TcContext, key: &mut FlowLogKey, ifindex: u32, received: bool) -> Option<u8> {
+    let start = ctx.data();
+    if start + L4_OFF + TCP_FLAGS + 1 > ctx.data_end() {
+        return None;
+    }
+    let at = |off: usize| (start + off) as *const u8;
+    // SAFETY: every packet read below is within [data, data + L4_OFF + TCP_FLAGS + 1),
+    // which lies within [data, data_end) (checked just above); every write is within
+    // the key.
+    unsafe {
+        let ethertype = core::ptr::read_unaligned(at(ETH_TYPE_OFF).cast::<u16>());
+        let vihl = *at(IP_OFF);
+        let frag = core::ptr::read_unaligned(at(IP_OFF + IP_FRAG_OFF).cast::<u16>());
+        let p = *at(IP_OFF + IP_PROTO);
+        if ethertype != ETH_P_IP.to_be()
+            || vihl != 0x45
+            || frag & 0x1fffu16.to_be() != 0
+            || !(p == proto::TCP || p == proto::UDP || p == SCTP)
+        {
+            return None;
+        }
+        let (src, dst, sport, dport) = if received {
+            (
+                &raw mut key.peer,
+                &raw mut key.pod,
+                (&raw mut key.peer_port).cast::<u8>(),
+                (&raw mut key.pod_port).cast::<u8>(),
+            )
+        } else {
+            (
+                &raw mut key.pod,
+                &raw mut key.peer,
+                (&raw mut key.pod_port).cast::<u8>(),
+                (&raw mut key.peer_port).cast::<u8>(),
+            )
+        };
+        set_addr(src, [0, 0, MAPPED4_PREFIX, 0]);
+        copy_bytes::<4>(at(IP_OFF + IP_SADDR), src.cast::<u8>().add(12));
+        set_addr(dst, [0, 0, MAPPED4_PREFIX, 0]);
+        copy_bytes::<4>(at(IP_OFF + IP_DADDR), dst.cast::<u8>().add(12));
+        copy_bytes::<2>(at(L4_OFF), sport);
+        copy_bytes::<2>(at(L4_OFF + 2), dport);
+        key.ifindex = ifindex;
+        first_byte(&raw mut key.proto, p);
+        Some(if p == proto::TCP {
+            *at(L4_OFF + TCP_FLAGS)
+        } else {
+            0
+        })
+    }
+}
+
+/// Copies `N` bytes from `from` to `to`, one load and one store each.
+///
+/// # Safety
+/// `from` must be valid for `N` reads and `to` for `N` writes.
+#[inline(always)]
+unsafe fn copy_bytes<const N: usize>(from: *const u8, to: *mut u8) {
+    for i in 0..N {
+        to.add(i).write(from.add(i).read());
+    }
+}
+
+/// [`load_key`] of any packet, each header field read on its own (in the linear data
+/// or through `bpf_skb_load_bytes`).
+#[inline(never)]
+fn load_key_any(
     ctx: &TcContext,
     key: &mut FlowLogKey,
     ifindex: u32,
@@ -482,16 +605,24 @@ fn load_key(
     } else {
         return None;
     };
+    finish_key(key, ifindex, proto_, (sport, dport), received);
+    Some((ipv6, flags))
+}
+
+/// Writes the key's interface, protocol and ports (`(source, destination)` of the
+/// packet).
+#[inline(always)]
+fn finish_key(key: &mut FlowLogKey, ifindex: u32, proto_: u8, ports: (u16, u16), received: bool) {
     key.ifindex = ifindex;
     // SAFETY: `proto` and `_pad` are the 4 bytes at offset 40 of the `repr(C)` key of
     // alignment 4.
     unsafe { first_byte(&raw mut key.proto, proto_) };
+    let (sport, dport) = ports;
     (key.pod_port, key.peer_port) = if received {
         (dport, sport)
     } else {
         (sport, dport)
     };
-    Some((ipv6, flags))
 }
 
 /// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), wire bytes as a
