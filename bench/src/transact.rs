@@ -9,7 +9,7 @@
 //! each had its `secs`. A shared machine changes speed within seconds — this one moves
 //! between two speeds a third apart, a few times a minute — so two targets measured
 //! seconds apart can land on different speeds and their ratio says more about the machine
-//! than about them. RemovedEntries in turns, every target sees the same moments. Only one client
+//! than about them. Taken in turns, every target sees the same moments. Only one client
 //! runs at a time; the others wait on their channel, their connections idle.
 
 use std::{

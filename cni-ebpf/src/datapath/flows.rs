@@ -55,7 +55,7 @@ impl Datapath {
     /// Whether a purge of removed addresses' flows (or an ADD taking such an address
     /// over) is walking the NAT table now: another process holds the flows lock.
     pub fn purge_running(&self) -> Result<bool> {
-        // RemovedEntries here, nobody else holds it; released as the file drops.
+        // Taken here, nobody else holds it; released as the file drops.
         Ok(try_lock_dir(&self.pins.maps_dir())?.is_none())
     }
 

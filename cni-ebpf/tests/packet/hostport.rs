@@ -517,7 +517,7 @@ fn an_ipv6_host_port_reaches_the_pod_with_the_clients_address() {
         err.to_string().contains("hostIP") && err.to_string().contains("IPv6"),
         "{err}"
     );
-    // RemovedEntries: the wildcard IPv6 8080 is ctr-a's.
+    // Taken: the wildcard IPv6 8080 is ctr-a's.
     let err = fx
         .dp()
         .add_port_mappings(
