@@ -26,15 +26,21 @@ const RST: u8 = 0x04;
 /// CPU.
 fn following(rate: u32, burst: u32) -> Fixture {
     let fx = Fixture::with_two_pods();
+    follow(&fx, true, rate, burst);
+    fx
+}
+
+/// Turns following flows on or off on `fx`'s node (`rate` events a second per CPU, a
+/// bucket `burst` deep).
+fn follow(fx: &Fixture, on: bool, rate: u32, burst: u32) {
     fx.dp()
         .set_flow_config(&FlowSettings {
-            enabled: true,
+            enabled: on,
             events_per_sec: rate,
             burst,
             socket_services: false,
         })
         .unwrap();
-    fx
 }
 
 /// The events waiting in the ring.
@@ -333,14 +339,7 @@ fn following_a_flow_costs_little_per_packet() {
     let pkt = a_to_b(80, ACK);
     let mut cost = Vec::new();
     for on in [false, true, false, true] {
-        fx.dp()
-            .set_flow_config(&FlowSettings {
-                enabled: on,
-                events_per_sec: 1000,
-                burst: 1000,
-                socket_services: false,
-            })
-            .unwrap();
+        follow(&fx, on, 1000, 1000);
         assert_eq!(fx.run("from_pod", &a_to_b(80, SYN)).0, REDIRECT);
         assert_eq!(fx.run_on("from_pod", IFINDEX_A, &pkt).0, REDIRECT);
         let (_, ns) = fx.run_timed("from_pod", IFINDEX_A, &pkt, REPEAT);
@@ -377,14 +376,7 @@ fn a_flows_whole_life_costs_little_per_packet() {
     let fx = Fixture::with_two_pods();
     let mut cost = Vec::new();
     for on in [false, true, false, true] {
-        fx.dp()
-            .set_flow_config(&FlowSettings {
-                enabled: on,
-                events_per_sec: 1_000_000,
-                burst: 1_000_000,
-                socket_services: false,
-            })
-            .unwrap();
+        follow(&fx, on, 1_000_000, 1_000_000);
         let mut ns = [0u64; 3];
         for i in 0..CONNECTIONS {
             let port = 10_000 + i;
