@@ -413,9 +413,92 @@ pub fn run_flows(ws: &Workspace, p: &Params, report: &mut Report) -> Result<()> 
         )?;
     }
     put_medians(report, &samples, (scen, title), p.repeats);
+    let times = program_times(&flows, |targets| {
+        let mut scratch: Samples = BTreeMap::new();
+        data::measure_repeat(
+            scen,
+            title,
+            targets,
+            0,
+            p.seconds,
+            &mut scratch,
+            &mut Vec::new(),
+        )
+    });
     let sides = flows.iter().map(|s| (s.column, s));
     put_details(ws, report, "flows", samples, sides);
+    match times {
+        Ok(times) => {
+            if let Some(Value::Object(d)) = report.details.get_mut("flows") {
+                d.insert("programNsPerRun".into(), times);
+            }
+        }
+        Err(e) => report.notes.push(format!(
+            "flow events: the programs' run times were not measured: {e:#}"
+        )),
+    }
     Ok(())
+}
+
+/// The programs whose run time per packet the flows phase reports.
+const TIMED_PROGRAMS: [&str; 4] = ["from_pod", "uplink_ingress", "uplink_egress", "to_pod"];
+
+/// Each side's programs' average run time per packet (ns, both nodes together), over
+/// one more repeat run by `repeat` with the kernel's run-time statistics on
+/// (`BPF_ENABLE_STATS`). Not part of the figures: the statistics add a clock read or
+/// two to every run of every program, which would narrow the gap the figures measure.
+/// Where flows cost a connection, per program, in the same turns as the figures.
+fn program_times(
+    sides: &[Side],
+    repeat: impl FnOnce(Vec<data::Target>) -> Result<()>,
+) -> Result<Value> {
+    eprintln!("bench: flow events: one more repeat, the programs' run times measured");
+    let stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+        .map_err(|e| anyhow::anyhow!("BPF_ENABLE_STATS: {e}"))?;
+    let before: Vec<_> = sides.iter().map(run_times).collect::<Result<_>>()?;
+    check_interrupt()?;
+    repeat(sides.iter().map(|s| target(s, s.column)).collect())?;
+    let after: Vec<_> = sides.iter().map(run_times).collect::<Result<_>>()?;
+    drop(stats);
+    let mut out = Map::new();
+    for ((side, b), a) in sides.iter().zip(before).zip(after) {
+        let mut per = Map::new();
+        for (name, (ns, runs)) in a {
+            let (ns0, runs0) = b.get(name).copied().unwrap_or_default();
+            let runs = runs.saturating_sub(runs0);
+            if runs > 0 {
+                let avg = ns.saturating_sub(ns0) as f64 / runs as f64;
+                eprintln!(
+                    "bench:   {:<28} {name:<16} {avg:>7.1} ns ({runs} runs)",
+                    side.column
+                );
+                per.insert(name.to_owned(), json!({ "ns": avg, "runs": runs }));
+            }
+        }
+        out.insert(side.column.to_owned(), Value::Object(per));
+    }
+    Ok(Value::Object(out))
+}
+
+/// The accumulated run time (ns) and runs of [`TIMED_PROGRAMS`] on `side`'s two nodes.
+fn run_times(side: &Side) -> Result<BTreeMap<&'static str, (u64, u64)>> {
+    let mut out = BTreeMap::new();
+    for node in [side.cluster.a(), side.cluster.b()] {
+        let dir = node.pin_root().join(Variant::Ebpf.network());
+        let dp = cni_ebpf::datapath::Datapath::open_at(&dir)?
+            .ok_or_else(|| anyhow::anyhow!("nothing pinned at {}", dir.display()))?;
+        for name in TIMED_PROGRAMS {
+            // A program the node does not have (no such pin) is left out.
+            let Ok(prog) = dp.program(name) else {
+                continue;
+            };
+            let info = prog.info()?;
+            let e: &mut (u64, u64) = out.entry(name).or_default();
+            e.0 += u64::try_from(info.run_time().as_nanos()).unwrap_or(u64::MAX);
+            e.1 += info.run_count();
+        }
+    }
+    Ok(out)
 }
 
 /// Whether the kernel of `netns` has WireGuard (a device made and deleted there).
