@@ -484,9 +484,7 @@ fn program_times(
 fn run_times(side: &Side) -> Result<BTreeMap<&'static str, (u64, u64)>> {
     let mut out = BTreeMap::new();
     for node in [side.cluster.a(), side.cluster.b()] {
-        let dir = node.pin_root().join(Variant::Ebpf.network());
-        let dp = cni_ebpf::datapath::Datapath::open_at(&dir)?
-            .ok_or_else(|| anyhow::anyhow!("nothing pinned at {}", dir.display()))?;
+        let dp = node.pinned_datapath_of(Variant::Ebpf.network());
         for name in TIMED_PROGRAMS {
             // A program the node does not have (no such pin) is left out.
             let Ok(prog) = dp.program(name) else {

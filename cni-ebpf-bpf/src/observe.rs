@@ -194,12 +194,7 @@ fn observe<const SIDE: u32>(ctx: &TcContext, ifindex: u32, verdict: i32) {
     };
     // SAFETY: per-CPU scratch, no concurrent user on this CPU.
     let f = unsafe { &mut (*s).fresh };
-    fresh::<SIDE>(
-        ctx,
-        key,
-        f,
-        u32::from(ipv6) | u32::from(socket_services) << 1,
-    );
+    fresh::<SIDE>(ctx, key, f, ipv6, socket_services);
     let (kind, why) = if dropped {
         f.dropped_packets = 1;
         f.flags |= FLOW_DROPPED;
@@ -235,12 +230,17 @@ fn observe<const SIDE: u32>(ctx: &TcContext, ifindex: u32, verdict: i32) {
 }
 
 /// Writes the entry of a new flow `key` into `f`, but its first packet's counts: its
-/// start, its rule sets, where it came from. `how`: bit 0, IPv6; bit 1, name the
-/// Service its socket asked for ([`FLOW_CONFIG_SOCKET_SERVICES`]). A function of its
-/// own, out of the way of the packets of flows followed already.
+/// start, its rule sets, where it came from (`socket_services`: the Service its socket
+/// asked for, [`FLOW_CONFIG_SOCKET_SERVICES`]). A function of its own, out of the way
+/// of the packets of flows followed already.
 #[inline(never)]
-fn fresh<const SIDE: u32>(ctx: &TcContext, key: &FlowLogKey, f: &mut FlowLogEntry, how: u32) {
-    let ipv6 = how & 1 != 0;
+fn fresh<const SIDE: u32>(
+    ctx: &TcContext,
+    key: &FlowLogKey,
+    f: &mut FlowLogEntry,
+    ipv6: bool,
+    socket_services: bool,
+) {
     // SAFETY: a plain-integer struct, all zeros valid; written in place, not built on
     // the stack.
     unsafe { zero(&raw mut *f) };
@@ -253,7 +253,7 @@ fn fresh<const SIDE: u32>(ctx: &TcContext, key: &FlowLogKey, f: &mut FlowLogEntr
     f.ingress_class = NO_CLASS as u8;
     if SIDE == SENT {
         f.flags = FLOW_OPENED_BY_POD;
-        if how & 2 != 0 {
+        if socket_services {
             asked_for(ctx, key, ipv6, f);
         }
     }
@@ -605,24 +605,16 @@ fn load_key_any(
     } else {
         return None;
     };
-    finish_key(key, ifindex, proto_, (sport, dport), received);
-    Some((ipv6, flags))
-}
-
-/// Writes the key's interface, protocol and ports (`(source, destination)` of the
-/// packet).
-#[inline(always)]
-fn finish_key(key: &mut FlowLogKey, ifindex: u32, proto_: u8, ports: (u16, u16), received: bool) {
     key.ifindex = ifindex;
     // SAFETY: `proto` and `_pad` are the 4 bytes at offset 40 of the `repr(C)` key of
     // alignment 4.
     unsafe { first_byte(&raw mut key.proto, proto_) };
-    let (sport, dport) = ports;
     (key.pod_port, key.peer_port) = if received {
         (dport, sport)
     } else {
         (sport, dport)
     };
+    Some((ipv6, flags))
 }
 
 /// The third word of an IPv4-mapped IPv6 address (`::ffff:0:0/96`), wire bytes as a
