@@ -773,6 +773,43 @@ fn only_an_authorized_reader_gets_flows_and_a_follower_gets_them_as_they_come() 
         "the stalled follower's connection is open"
     );
     drop(follower);
+
+    // The records are made by a thread that yields to the pods (nice 10), the agent's
+    // other jobs keeping their priority.
+    let threads = threads_nice(w.agents[0].pid());
+    let flows: Vec<_> = threads.iter().filter(|(name, _)| name == "flows").collect();
+    assert!(
+        !flows.is_empty() && flows.iter().all(|(_, nice)| *nice == 10),
+        "{threads:?}"
+    );
+    assert!(
+        threads
+            .iter()
+            .any(|(name, nice)| name != "flows" && *nice == 0),
+        "{threads:?}"
+    );
+}
+
+/// The name and nice value of each thread of process `pid`.
+fn threads_nice(pid: u32) -> Vec<(String, i64)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("the agent's threads: {e}"));
+    tasks
+        .filter_map(|t| {
+            let dir = t.ok()?.path();
+            let name = std::fs::read_to_string(dir.join("comm")).ok()?;
+            let stat = std::fs::read_to_string(dir.join("stat")).ok()?;
+            // The fields after the name (which ends with the last `)`): nice is the 17th.
+            let nice = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(16)?
+                .parse()
+                .ok()?;
+            Some((name.trim().to_owned(), nice))
+        })
+        .collect()
 }
 
 #[test]

@@ -11,6 +11,11 @@
 //! `--flow-idle-timeout` are reported as ended (`expired`) and forgotten. The datapath
 //! never waits for this loop: a ring it does not empty in time fills, and the programs
 //! count the events that found it full (`flow_event_ring_full`).
+//!
+//! The thread runs at a lower priority ([`FLOWS_NICE`]): what it does waits in the ring
+//! for the next tick anyway, and the pods' own work should not wait for it. On a busy
+//! node its burst of records each tick would otherwise take a core from a pod's
+//! connection in the middle of its exchange.
 
 pub mod authz;
 pub mod directory;
@@ -63,6 +68,10 @@ pub const DEFAULT_FLOWS_LISTEN: &str = "127.0.0.1:9672";
 pub const TICK: Duration = Duration::from_millis(100);
 /// How often the flows followed are walked for idle ones.
 pub const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// The flows thread's nice value: below the pods' and the agent's other jobs, never
+/// idle-only (it still gets its share of a fully busy node, about a tenth of a nice-0
+/// task's).
+const FLOWS_NICE: libc::c_int = 10;
 /// How often the bpffs is looked at for networks that came or went.
 const NETWORKS_EVERY: Duration = Duration::from_secs(1);
 /// How long an ended flow's entry is kept after its end (its last packets still counted).
@@ -170,6 +179,14 @@ pub fn run(
     totals: &metrics::SharedFlowTotals,
     readiness: &Readiness,
 ) -> Result<()> {
+    // Linux's nice value is per thread: this one, and the threads the runtime starts.
+    // SAFETY: plain syscall on the calling thread.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, FLOWS_NICE) } != 0 {
+        tracing::debug!(
+            "flows: cannot lower the thread's priority: {}",
+            std::io::Error::last_os_error()
+        );
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
