@@ -11,8 +11,8 @@
 //!
 //! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
 //! event (a SYN without a lookup first: it nearly always opens a flow); its later
-//! packets add to the entry's counters (one lookup, atomic adds, the last tick's time
-//! rather than a clock source read) and send nothing, but the first TCP FIN or RST (an
+//! packets add to the entry's counters (one lookup, atomic adds, and once a kernel tick
+//! that tick's time rather than a clock source read) and send nothing, but the first TCP FIN or RST (an
 //! end event) and the first drop, or a drop for another reason (a drop event). A TCP
 //! flow's entry goes with its RST or its last ACK (after a FIN each way): its slot is
 //! free again at once, while its memory is still in the cache, and the LRU never has
@@ -35,7 +35,7 @@ use core::sync::atomic::{AtomicU64, Ordering};
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, BPF_RB_NO_WAKEUP, TC_ACT_SHOT},
-    helpers::{bpf_get_socket_cookie, bpf_ktime_get_coarse_ns},
+    helpers::{bpf_get_socket_cookie, bpf_jiffies64, bpf_ktime_get_coarse_ns},
     macros::map,
     maps::PerCpuArray,
     programs::TcContext,
@@ -247,6 +247,7 @@ fn fresh<const SIDE: u32>(
     let at = now();
     f.started_ns = at;
     f.last_ns = at;
+    f.last_tick = ticks();
     f.egress_ruleset = RULESET_OPEN;
     f.ingress_ruleset = RULESET_OPEN;
     f.egress_class = NO_CLASS as u8;
@@ -299,9 +300,13 @@ fn counted(e: *mut FlowLogEntry, key: &FlowLogKey, p: &Packet) -> bool {
             }
             return true;
         }
-        // Only the idle timeout reads it: the last tick's time does (no clock source
-        // read on every packet).
-        (*e).last_ns = tick_now();
+        // Only the idle timeout reads it: the last tick's time does, read once a tick
+        // (the tick count is one load; the coarse clock a helper call).
+        let tick = ticks();
+        if (*e).last_tick != tick {
+            (*e).last_tick = tick;
+            (*e).last_ns = tick_now();
+        }
         if p.sent {
             add(&raw mut (*e).sent_packets, 1);
             add(&raw mut (*e).sent_bytes, p.len);
@@ -393,17 +398,22 @@ fn take_token() -> bool {
     let Some(c) = FLOW_CPU.get_ptr_mut(0) else {
         return false;
     };
-    // Filled by the millisecond: the last tick's time is precise enough.
-    let at = tick_now();
     // SAFETY: per-CPU value, no concurrent writer on this CPU.
     unsafe {
-        let depth = u64::from(cfg.burst.max(1)) * 1000;
-        let elapsed = at.saturating_sub((*c).filled_ns).min(1_000_000_000_000);
-        // Thousandths of an event: `rate` events/s is `rate` thousandths per ms.
-        let gained = elapsed / 1_000_000 * u64::from(cfg.events_per_sec);
-        if gained > 0 {
-            (*c).tokens_milli = ((*c).tokens_milli + gained).min(depth);
-            (*c).filled_ns = at;
+        // Filled by the millisecond from the last tick's time, which only moves at a
+        // tick: filled once a tick.
+        let tick = ticks();
+        if (*c).tick != tick {
+            (*c).tick = tick;
+            let at = tick_now();
+            let depth = u64::from(cfg.burst.max(1)) * 1000;
+            let elapsed = at.saturating_sub((*c).filled_ns).min(1_000_000_000_000);
+            // Thousandths of an event: `rate` events/s is `rate` thousandths per ms.
+            let gained = elapsed / 1_000_000 * u64::from(cfg.events_per_sec);
+            if gained > 0 {
+                (*c).tokens_milli = ((*c).tokens_milli + gained).min(depth);
+                (*c).filled_ns = at;
+            }
         }
         if (*c).tokens_milli < 1000 {
             return false;
@@ -411,6 +421,14 @@ fn take_token() -> bool {
         (*c).tokens_milli -= 1000;
     }
     true
+}
+
+/// The low 32 bits of the kernel's tick count (`jiffies`): one load (the verifier
+/// inlines the helper), where [`tick_now`] is a call that reads the clock.
+#[inline(always)]
+fn ticks() -> u32 {
+    // SAFETY: plain helper call.
+    unsafe { bpf_jiffies64() as u32 }
 }
 
 /// The kernel's coarse monotonic clock: the time of the last tick (1–4 ms behind at

@@ -49,8 +49,9 @@ pub struct FlowCpu {
     /// The last drop reason counted on this CPU ([`crate::Reason`]; 0: none since the last
     /// drop reported).
     pub drop_reason: u32,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// The low 32 bits of the kernel's tick count (`jiffies`) when the bucket was last
+    /// looked at: it is filled once a tick.
+    pub tick: u32,
 }
 const _: () = assert!(size_of::<FlowCpu>() == 24);
 
@@ -97,7 +98,7 @@ pub const FLOW_FIN_RECEIVED: u32 = 32;
 pub struct FlowLogEntry {
     /// When its first packet was seen (`bpf_ktime_get_ns`).
     pub started_ns: u64,
-    /// When its last packet was seen.
+    /// When its last packet was seen, to the kernel's tick (its first packet: exactly).
     pub last_ns: u64,
     /// Packets and bytes the pod sent.
     pub sent_packets: u64,
@@ -121,8 +122,9 @@ pub struct FlowLogEntry {
     /// The Service port the pod's socket asked for, when the node's socket hooks sent it
     /// to the peer instead (`--kube-proxy-replacement`), wire order; 0: none.
     pub service_port: u16,
-    /// Explicit padding, always zero.
-    pub _pad: u32,
+    /// The low 32 bits of the kernel's tick count (`jiffies`) when `last_ns` was last
+    /// written: a packet in the same tick leaves `last_ns` as it is, without a clock read.
+    pub last_tick: u32,
     /// The Service address it asked for (IPv4 mapped into IPv6), wire order; all zero:
     /// none.
     pub service: [u8; 16],

@@ -294,6 +294,21 @@ fn the_rate_limit_holds_events_back_and_keeps_the_counters() {
         .filter(|(k, _)| k.ifindex == IFINDEX_A)
         .count();
     assert_eq!(followed, 10, "every flow is still followed");
+
+    // The bucket fills again as time goes by (from the kernel's tick), up to its depth.
+    let fx = following(100, 2);
+    let mut port = 42000;
+    let mut burst = |n: u16| {
+        for _ in 0..n {
+            let f = tcp_frame(POD_A, port, EXT, 443, SYN);
+            port += 1;
+            assert_ne!(fx.run("from_pod", &f).0, SHOT);
+        }
+        events(&fx).len()
+    };
+    assert_eq!(burst(4), 2, "the burst");
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert_eq!(burst(4), 2, "filled again, to the bucket's depth");
 }
 
 #[test]
