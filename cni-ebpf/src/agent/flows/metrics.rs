@@ -20,53 +20,85 @@ use crate::agent::metrics::render::Family;
 /// Label sets a family holds at most.
 pub const MAX_SERIES: usize = 2_000;
 
-/// (source namespace, destination namespace, kind, verdict).
-type RecordKey = (String, String, String, String);
-/// (source namespace, destination namespace, reason).
-type DropKey = (String, String, String);
+/// Separates the labels of a series' key (never in a namespace, kind, verdict or
+/// reason).
+const SEP: char = '\u{1f}';
 
-/// What the flow reader counted.
+/// What the flow reader counted, by series: the key is the series' label values joined
+/// by [`SEP`] — records: source namespace, destination namespace, kind, verdict; drops:
+/// source namespace, destination namespace, reason. One string, so that a record of a
+/// series already counted is looked up without a copy of its labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FlowTotals {
-    pub records: BTreeMap<RecordKey, u64>,
-    pub drops: BTreeMap<DropKey, u64>,
+    pub records: BTreeMap<String, u64>,
+    pub drops: BTreeMap<String, u64>,
     /// Records in the window, and its capacity.
     pub window: (u64, u64),
+    /// Where a record's key is written.
+    scratch: String,
 }
 
 /// [`FlowTotals`] shared by the reader and the exporter.
 pub type SharedFlowTotals = Arc<Mutex<FlowTotals>>;
 
-fn namespace(e: &Endpoint) -> String {
-    e.namespace.clone().unwrap_or_else(|| e.kind.clone())
+fn namespace(e: &Endpoint) -> &str {
+    e.namespace.as_deref().unwrap_or(&e.kind)
 }
 
-/// Counts `key` in `map`, under the "other" pair once the map is full.
-fn bump<K: Ord>(map: &mut BTreeMap<K, u64>, key: K, other: impl FnOnce() -> K) {
-    if map.len() < MAX_SERIES || map.contains_key(&key) {
-        *map.entry(key).or_default() += 1;
-    } else {
-        *map.entry(other()).or_default() += 1;
+/// Writes the key of label values `labels` into `out`.
+fn key_of(out: &mut String, labels: &[&str]) {
+    out.clear();
+    for (i, l) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(SEP);
+        }
+        out.push_str(l);
     }
+}
+
+/// Counts the series `labels` in `map`, under the "other" pair (the labels after the
+/// first two kept) once the map is full.
+fn bump(map: &mut BTreeMap<String, u64>, scratch: &mut String, labels: &mut [&str]) {
+    key_of(scratch, labels);
+    if let Some(n) = map.get_mut(scratch.as_str()) {
+        *n += 1;
+        return;
+    }
+    if map.len() >= MAX_SERIES {
+        labels[0] = "other";
+        labels[1] = "other";
+        key_of(scratch, labels);
+        if let Some(n) = map.get_mut(scratch.as_str()) {
+            *n += 1;
+            return;
+        }
+    }
+    map.insert(scratch.clone(), 1);
 }
 
 impl FlowTotals {
     /// Counts one record.
     pub fn count(&mut self, f: &Flow) {
         let (src, dst) = (namespace(&f.source), namespace(&f.destination));
-        let other = || "other".to_owned();
         bump(
             &mut self.records,
-            (src.clone(), dst.clone(), f.kind.clone(), f.verdict.clone()),
-            || (other(), other(), f.kind.clone(), f.verdict.clone()),
+            &mut self.scratch,
+            &mut [src, dst, &f.kind, &f.verdict],
         );
         if f.kind == "drop" {
-            let reason = f.reason.clone().unwrap_or_default();
-            bump(&mut self.drops, (src, dst, reason.clone()), || {
-                (other(), other(), reason)
-            });
+            let reason = f.reason.as_deref().unwrap_or_default();
+            bump(&mut self.drops, &mut self.scratch, &mut [src, dst, reason]);
         }
     }
+}
+
+/// The label values of series key `key`, `N` of them (missing ones empty).
+fn labels<const N: usize>(key: &str) -> [&str; N] {
+    let mut out = [""; N];
+    for (slot, v) in out.iter_mut().zip(key.split(SEP)) {
+        *slot = v;
+    }
+    out
 }
 
 /// The families of `t`.
@@ -77,7 +109,8 @@ pub fn families(t: &FlowTotals) -> Vec<Family> {
         "Flow records the node made (a start, an end, a drop), by the namespaces of their \
          source and destination (world, node: not a pod's), kind and verdict.",
     );
-    for ((src, dst, kind, verdict), n) in &t.records {
+    for (key, n) in &t.records {
+        let [src, dst, kind, verdict] = labels(key);
         records.push(
             &[
                 ("source_namespace", src),
@@ -93,7 +126,8 @@ pub fn families(t: &FlowTotals) -> Vec<Family> {
         "Flows the datapath dropped (each reported once per flow and reason), by the \
          namespaces of their source and destination and the drop reason.",
     );
-    for ((src, dst, reason), n) in &t.drops {
+    for (key, n) in &t.drops {
+        let [src, dst, reason] = labels(key);
         drops.push(
             &[
                 ("source_namespace", src),
@@ -144,27 +178,15 @@ mod tests {
         t.count(&flow("shop", "start"));
         t.count(&flow("shop", "start"));
         t.count(&flow("shop", "drop"));
-        let key = |k: &str, v: &str| {
-            (
-                "shop".to_owned(),
-                "world".to_owned(),
-                k.to_owned(),
-                v.to_owned(),
-            )
-        };
-        assert_eq!(t.records[&key("start", "forwarded")], 2);
+        let key = |labels: &[&str]| labels.join(&SEP.to_string());
+        assert_eq!(t.records[&key(&["shop", "world", "start", "forwarded"])], 2);
+        assert_eq!(t.drops[&key(&["shop", "world", "drop_policy_ingress"])], 1);
         assert_eq!(t.drops.values().sum::<u64>(), 1);
         for i in 0..MAX_SERIES + 50 {
             t.count(&flow(&format!("ns{i}"), "start"));
         }
         assert!(t.records.len() <= MAX_SERIES + 1, "{}", t.records.len());
-        let other = (
-            "other".to_owned(),
-            "other".to_owned(),
-            "start".to_owned(),
-            "forwarded".to_owned(),
-        );
-        assert!(t.records[&other] >= 50);
+        assert!(t.records[&key(&["other", "other", "start", "forwarded"])] >= 50);
         let text: Vec<_> = families(&t).iter().map(|f| f.name).collect();
         assert_eq!(
             text,

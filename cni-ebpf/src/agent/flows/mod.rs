@@ -363,7 +363,7 @@ fn read(
     translations: &std::cell::RefCell<Translations>,
     args: &FlowArgs,
     sweep: bool,
-) -> Vec<Flow> {
+) -> Vec<Arc<Flow>> {
     let written = std::fs::metadata(super::report::state_file(&sources.state_dir, name))
         .and_then(|m| m.modified())
         .ok();
@@ -392,19 +392,19 @@ fn read(
         }),
         dnat: Some(&|key: &FlowLogKey| translations.borrow_mut().dnat(key)),
     };
-    let mut out: Vec<Flow> = n
-        .ring
-        .drain()
-        .iter()
+    // Each event read from the ring straight into its record, in the memory the window
+    // keeps it in: no list of events or of records copied on the way (at full rate a
+    // tick's thousand records would be a fresh mapping of pages each time).
+    let mut out: Vec<Arc<Flow>> = std::iter::from_fn(|| n.ring.next_event())
         .map(|ev| {
             if ev.kind == FLOW_EVENT_START {
                 translations.borrow_mut().starts(&ev.key);
             }
-            let flow = record::from_event(ev, &cx);
+            let flow = record::from_event(&ev, &cx);
             if ev.kind == FLOW_EVENT_END {
                 translations.borrow_mut().forget(&ev.key);
             }
-            flow
+            Arc::new(flow)
         })
         .collect();
     if sweep {
@@ -416,7 +416,7 @@ fn read(
                     let ended = entry.flags & FLOW_ENDED != 0;
                     if (ended && quiet >= ENDED_LINGER_NS) || (!ended && quiet >= idle_ns) {
                         if !ended {
-                            out.push(record::expired(&key, &entry, now_mono, &cx));
+                            out.push(Arc::new(record::expired(&key, &entry, now_mono, &cx)));
                             translations.borrow_mut().forget(&key);
                         }
                         if let Err(e) = n.dp.forget_flow(&key) {

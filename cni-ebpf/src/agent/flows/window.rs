@@ -67,12 +67,11 @@ impl Window {
     /// Adds `flow`, dropping the oldest beyond the capacity, and hands it to the
     /// followers.
     pub fn push(&self, flow: Flow) {
-        self.push_all(vec![flow]);
+        self.push_all(vec![Arc::new(flow)]);
     }
 
     /// Adds `flows` in order (the window locked once), as [`Self::push`] does each.
-    pub fn push_all(&self, flows: Vec<Flow>) {
-        let flows: Vec<Arc<Flow>> = flows.into_iter().map(Arc::new).collect();
+    pub fn push_all(&self, flows: Vec<Arc<Flow>>) {
         {
             let mut kept = self.lock();
             for flow in &flows {
