@@ -23,6 +23,8 @@ pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 /// The W3C key of an element reference.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// Clicks tried on an element the page keeps replacing (see [`Browser::click`]).
+const CLICK_TRIES: usize = 20;
 
 /// A headless Chromium session in a namespace. Dropping it ends the session and
 /// ChromeDriver.
@@ -101,13 +103,21 @@ impl Browser {
     #[track_caller]
     #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
     fn command(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        self.try_command(method, path, body)
+            .unwrap_or_else(|e| panic!("WebDriver {method} {path}: {e}"))
+    }
+
+    /// [`Self::command`], the error WebDriver answered returned (its `value`).
+    #[track_caller]
+    #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
+    fn try_command(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Value> {
         let full = format!("/session/{}{path}", self.session);
         let answer = request(&self.netns, self.driver, method, &full, body)
             .unwrap_or_else(|e| panic!("WebDriver {method} {path}: {e}"));
         if answer["value"]["error"].is_string() {
-            panic!("WebDriver {method} {path}: {}", answer["value"]);
+            return Err(answer["value"].clone());
         }
-        answer["value"].clone()
+        Ok(answer["value"].clone())
     }
 
     /// Loads `url`.
@@ -127,20 +137,33 @@ impl Browser {
         )
     }
 
-    /// Clicks the first element `css` selects (fails if none).
+    /// Clicks the first element `css` selects (fails if none). A page that redraws as
+    /// data comes may replace the element found before the click reaches it (WebDriver's
+    /// "stale element reference"): it is then found again, a few times.
     #[track_caller]
     #[expect(clippy::panic, reason = "tests fail by panicking with a message")]
     pub fn click(&self, css: &str) {
-        let found = self.command(
-            "POST",
-            "/element",
-            Some(&json!({"using": "css selector", "value": css})),
-        );
-        let id = found[ELEMENT]
-            .as_str()
-            .unwrap_or_else(|| panic!("no element {css}: {found}"))
-            .to_owned();
-        self.command("POST", &format!("/element/{id}/click"), Some(&json!({})));
+        let mut stale = Value::Null;
+        for _ in 0..CLICK_TRIES {
+            let found = self.command(
+                "POST",
+                "/element",
+                Some(&json!({"using": "css selector", "value": css})),
+            );
+            let id = found[ELEMENT]
+                .as_str()
+                .unwrap_or_else(|| panic!("no element {css}: {found}"))
+                .to_owned();
+            match self.try_command("POST", &format!("/element/{id}/click"), Some(&json!({}))) {
+                Ok(_) => return,
+                Err(e) if e["error"] == "stale element reference" => {
+                    stale = e;
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                Err(e) => panic!("WebDriver: clicking {css}: {e}"),
+            }
+        }
+        panic!("{css} was replaced before each of {CLICK_TRIES} clicks: {stale}");
     }
 
     /// The page as a PNG.
