@@ -12,15 +12,15 @@
 //! What an event costs: a flow's first packet makes its `FLOW_LOG` entry and a start
 //! event (a SYN without a lookup first: it nearly always opens a flow); its later
 //! packets add to the entry's counters (one lookup, atomic adds, and once a kernel tick
-//! that tick's time rather than a clock source read) and send nothing, but the first TCP FIN or RST (an
-//! end event) and the first drop, or a drop for another reason (a drop event). A TCP
-//! flow's entry goes with its RST or its last ACK (after a FIN each way): its slot is
-//! free again at once, while its memory is still in the cache, and the LRU never has
-//! closed connections to evict; a FIN or RST of a flow not followed starts nothing. The
-//! agent reports a flow idle past its timeout as ended, from the entry's counters, and
-//! removes it. Where the node's socket hooks connect pods' sockets to Service backends
-//! (`FLOW_CONFIG_SOCKET_SERVICES`), a new flow's start event also names the Service the
-//! pod's socket asked for ([`asked_for`]). Each CPU may send
+//! that tick's time rather than a clock source read) and send nothing, but the first TCP
+//! FIN or RST (an end event) and the first drop, or a drop for another reason (a drop
+//! event). A TCP flow's entry goes with its RST or its last ACK (after a FIN each way):
+//! its slot is free again at once, while its memory is still in the cache, and the LRU
+//! never has closed connections to evict; a FIN or RST of a flow not followed starts
+//! nothing. The agent reports a flow idle past its timeout as ended, from the entry's
+//! counters, and removes it. Where the node's socket hooks connect pods' sockets to
+//! Service backends (`FLOW_CONFIG_SOCKET_SERVICES`), a new flow's start event also names
+//! the Service the pod's socket asked for ([`asked_for`]). Each CPU may send
 //! `FlowConfig::events_per_sec` events a second (a token bucket `burst` deep); an event
 //! beyond it, or one the full ring refuses, is counted (`flow_event_rate_limited`,
 //! `flow_event_ring_full`) and not sent, its flow's counters kept. With
