@@ -219,6 +219,7 @@ fn world_serving(test: &str, tls: Option<(&Path, &Path)>) -> World {
         cluster,
     };
     w.wait_for_policy(1);
+    w.wait_for_flows();
     w
 }
 
@@ -257,6 +258,24 @@ impl World {
 
     /// Waits until both nodes' policy is at a generation past `after`.
     #[track_caller]
+    /// Until every node's agent turned flows on (its flows thread runs at a lower
+    /// priority than the policy's: a flow sent before would be seen by one node only).
+    fn wait_for_flows(&self) {
+        for n in self.cluster.nodes() {
+            let on = wait_until(WAIT, || {
+                n.pinned_datapath_of("testnet")
+                    .flow_config()
+                    .is_ok_and(|c| c.enabled == 1)
+            });
+            assert!(
+                on,
+                "{} never turned flows on:\n{}",
+                n.name(),
+                self.agent_logs()
+            );
+        }
+    }
+
     fn wait_for_policy(&self, after: u32) {
         for n in self.cluster.nodes() {
             let ok = wait_until(WAIT, || n.policy_generation_of("testnet") >= after);

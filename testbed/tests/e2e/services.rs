@@ -1276,6 +1276,15 @@ fn a_flow_to_a_service_names_the_service_and_the_backend_it_was_sent_to() {
     // b1's address from the first one on. Node A's flow record still names the Service
     // a2 asked for, beside the backend it got.
     let w = world("svc_flows");
+    // Node A's agent turns flows on from a thread of lower priority than its Services'.
+    let on = testbed::datapath::wait_until(Duration::from_secs(15), || {
+        w.cluster
+            .a()
+            .pinned_datapath()
+            .flow_config()
+            .is_ok_and(|c| c.enabled == 1)
+    });
+    assert!(on, "node A never turned flows on:\n{}", w.agent_logs());
     let vip = "10.96.1.7";
     w.put_service("named", vip, &json!({}));
     w.put_slice("named", &[ready(&w.b1.ip4, "node-b")]);
