@@ -261,11 +261,7 @@ impl Side {
         let (cluster, client, server, agents, api) =
             Self::ebpf_with_agents(ws, None, &[flows, "--flows-auth", "none"], false)?;
         // Flows are on (off) once each agent opened its network's ring (turned it off).
-        let ready = |n: &ClusterNode| {
-            n.pinned_datapath_of(Variant::Ebpf.network())
-                .flow_config()
-                .is_ok_and(|c| (c.enabled == 1) == on)
-        };
+        let ready = |n: &ClusterNode| n.flows_on_of(Variant::Ebpf.network()) == on;
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while !cluster.nodes().iter().all(|n| ready(n)) {
             anyhow::ensure!(

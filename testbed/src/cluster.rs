@@ -284,6 +284,17 @@ impl ClusterNode {
         )
     }
 
+    /// Whether an agent turned flows on in `network` (false: not, or nothing is pinned).
+    #[must_use]
+    pub fn flows_on_of(&self, network: &str) -> bool {
+        let dir = self.pin_root().join(network);
+        Datapath::open_at(&dir)
+            .ok()
+            .flatten()
+            .and_then(|d| d.flow_config().ok())
+            .is_some_and(|c| c.enabled == 1)
+    }
+
     /// The policy generation in force on `network` (0: no agent has swapped one in, or
     /// nothing is pinned).
     #[must_use]

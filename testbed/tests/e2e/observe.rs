@@ -256,17 +256,12 @@ impl World {
         testbed::cluster::agent_logs(self.logs.path())
     }
 
-    /// Waits until both nodes' policy is at a generation past `after`.
-    #[track_caller]
-    /// Until every node's agent turned flows on (its flows thread runs at a lower
+    /// Waits until every node's agent turned flows on (its flows thread runs at a lower
     /// priority than the policy's: a flow sent before would be seen by one node only).
+    #[track_caller]
     fn wait_for_flows(&self) {
         for n in self.cluster.nodes() {
-            let on = wait_until(WAIT, || {
-                n.pinned_datapath_of("testnet")
-                    .flow_config()
-                    .is_ok_and(|c| c.enabled == 1)
-            });
+            let on = wait_until(WAIT, || n.flows_on_of("testnet"));
             assert!(
                 on,
                 "{} never turned flows on:\n{}",
@@ -276,6 +271,8 @@ impl World {
         }
     }
 
+    /// Waits until both nodes' policy is at a generation past `after`.
+    #[track_caller]
     fn wait_for_policy(&self, after: u32) {
         for n in self.cluster.nodes() {
             let ok = wait_until(WAIT, || n.policy_generation_of("testnet") >= after);

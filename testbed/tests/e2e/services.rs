@@ -1278,11 +1278,7 @@ fn a_flow_to_a_service_names_the_service_and_the_backend_it_was_sent_to() {
     let w = world("svc_flows");
     // Node A's agent turns flows on from a thread of lower priority than its Services'.
     let on = testbed::datapath::wait_until(Duration::from_secs(15), || {
-        w.cluster
-            .a()
-            .pinned_datapath()
-            .flow_config()
-            .is_ok_and(|c| c.enabled == 1)
+        w.cluster.a().flows_on_of("testnet")
     });
     assert!(on, "node A never turned flows on:\n{}", w.agent_logs());
     let vip = "10.96.1.7";
