@@ -300,12 +300,9 @@ fn counted(e: *mut FlowLogEntry, key: &FlowLogKey, p: &Packet) -> bool {
             }
             return true;
         }
-        // Only the idle timeout reads it: the last tick's time does, read once a tick
-        // (the tick count is one load; the coarse clock a helper call).
-        let tick = ticks();
-        if (*e).last_tick != tick {
-            (*e).last_tick = tick;
-            (*e).last_ns = tick_now();
+        // Only the idle timeout reads it: the last tick's time does.
+        if let Some(at) = new_tick(&raw mut (*e).last_tick) {
+            (*e).last_ns = at;
         }
         if p.sent {
             add(&raw mut (*e).sent_packets, 1);
@@ -400,12 +397,8 @@ fn take_token() -> bool {
     };
     // SAFETY: per-CPU value, no concurrent writer on this CPU.
     unsafe {
-        // Filled by the millisecond from the last tick's time, which only moves at a
-        // tick: filled once a tick.
-        let tick = ticks();
-        if (*c).tick != tick {
-            (*c).tick = tick;
-            let at = tick_now();
+        // Filled by the millisecond from the last tick's time.
+        if let Some(at) = new_tick(&raw mut (*c).tick) {
             let depth = u64::from(cfg.burst.max(1)) * 1000;
             let elapsed = at.saturating_sub((*c).filled_ns).min(1_000_000_000_000);
             // Thousandths of an event: `rate` events/s is `rate` thousandths per ms.
@@ -429,6 +422,21 @@ fn take_token() -> bool {
 fn ticks() -> u32 {
     // SAFETY: plain helper call.
     unsafe { bpf_jiffies64() as u32 }
+}
+
+/// The last tick's time ([`tick_now`]) when the tick count ([`ticks`]) has moved since
+/// the one `*seen` holds (written there), else `None`: that time only moves at a tick.
+///
+/// # Safety
+/// `seen` must be valid for reads and writes.
+#[inline(always)]
+unsafe fn new_tick(seen: *mut u32) -> Option<u64> {
+    let tick = ticks();
+    if *seen == tick {
+        return None;
+    }
+    *seen = tick;
+    Some(tick_now())
 }
 
 /// The kernel's coarse monotonic clock: the time of the last tick (1–4 ms behind at
