@@ -287,22 +287,23 @@ impl ClusterNode {
     /// Whether an agent turned flows on in `network` (false: not, or nothing is pinned).
     #[must_use]
     pub fn flows_on_of(&self, network: &str) -> bool {
-        let dir = self.pin_root().join(network);
-        Datapath::open_at(&dir)
-            .ok()
-            .flatten()
+        self.open_pinned(network)
             .and_then(|d| d.flow_config().ok())
             .is_some_and(|c| c.enabled == 1)
+    }
+
+    /// The datapath of `network` pinned on this node, if there is one.
+    fn open_pinned(&self, network: &str) -> Option<Datapath> {
+        Datapath::open_at(self.pin_root().join(network))
+            .ok()
+            .flatten()
     }
 
     /// The policy generation in force on `network` (0: no agent has swapped one in, or
     /// nothing is pinned).
     #[must_use]
     pub fn policy_generation_of(&self, network: &str) -> u32 {
-        let dir = self.pin_root().join(network);
-        Datapath::open_at(&dir)
-            .ok()
-            .flatten()
+        self.open_pinned(network)
             .and_then(|d| d.policy_state().ok())
             .map_or(0, |s| s.generation)
     }
